@@ -1,0 +1,43 @@
+"""Engine flags shared by the commands that build an engine."""
+
+from __future__ import annotations
+
+import argparse
+
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default="default", help="default (SmolLM2-135M-Instruct), tiny, or a HF dir / .gguf path")
+    g.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-seqs", type=int, default=256)
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--num-kv-blocks", type=int, default=None)
+    g.add_argument("--kv-cache-gb", type=float, default=None)
+    g.add_argument("--no-prefix-caching", action="store_true")
+    g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
+    sched = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                            **overrides.pop("scheduler", {}))
+    cache = CacheConfig(block_size=args.block_size, num_blocks=args.num_kv_blocks, kv_cache_memory_gb=args.kv_cache_gb,
+                        enable_prefix_caching=not args.no_prefix_caching)
+    return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
+                        attention_backend=args.attention_backend, num_threads=args.threads, scheduler=sched,
+                        cache=cache, **overrides)
+
+
+def progress_printer(quiet: bool):
+    import sys
+
+    def say(msg: str) -> None:
+        if not quiet:
+            print(f"[baton] {msg}", file=sys.stderr, flush=True)
+
+    return say

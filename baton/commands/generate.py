@@ -1,0 +1,59 @@
+"""``baton generate``: run prompts through the engine and print the completions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from baton.commands.engine_args import add_engine_args, engine_config_from_args, progress_printer
+from engine.sampling_params import SamplingParams
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="generate completions for prompts")
+    p.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
+    p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
+    add_sampling_args(p)
+    p.add_argument("--json", action="store_true", help="one JSON object per prompt")
+    add_engine_args(p)
+    p.set_defaults(run=run)
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true")
+
+
+def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.engine import LLMEngine
+
+    params = sampling_params_from_args(args)  # validate before loading anything
+    engine = LLMEngine(engine_config_from_args(args), progress=progress_printer(args.json))
+    tok = engine.tokenizer
+    if tok is None:
+        raise ValueError(f"model {args.model!r} has no tokenizer; text prompts need one")
+    prompts = [tok.encode_chat([{"role": "user", "content": p}]) if args.chat else tok.encode(p) for p in args.prompt]
+    outputs = engine.generate(prompts, params)
+    for text, out in zip(args.prompt, outputs):
+        if args.json:
+            print(json.dumps({
+                "prompt": text,
+                "text": out.text,
+                "token_ids": out.token_ids,
+                "finish_reason": out.finish_reason,
+                "num_prompt_tokens": out.num_prompt_tokens,
+            }), flush=True)
+        else:
+            print(f"=== {text}\n{out.text}\n", flush=True)
+    return 0

@@ -1,0 +1,1 @@
+"""Benchmarks for Baton: offline workloads and the baselines Baton is compared against."""

@@ -1,0 +1,6 @@
+"""Baton's model-execution core, shared by both pools.
+
+Torch-free modules (importable by the router): ``errors``, ``sampling_params``, ``request``,
+``block_hash``, ``block_manager``, ``scheduler``, ``scheduler_policies``, ``config``, ``outputs``,
+``model.config`` and ``model.tokenizer``. Everything else may import torch.
+"""

@@ -1,0 +1,36 @@
+"""Chooses the attention implementation for a device: Triton kernels on CUDA, torch reference on CPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from engine.attention import reference
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    name: str
+    write_kv: Callable
+    decode: Callable
+    prefill: Callable
+
+
+def select_backend(device: torch.device, requested: str = "auto") -> AttentionBackend:
+    use_triton = requested == "triton" or (requested == "auto" and device.type == "cuda")
+    if not use_triton:
+        return AttentionBackend("torch", reference.write_kv, reference.paged_decode_attention, reference.paged_prefill_attention)
+    try:
+        from engine.attention import triton_decode, triton_prefill
+    except ImportError as e:  # triton missing: say so rather than silently running the slow path
+        raise RuntimeError(f"attention_backend=triton needs the triton package: {e}") from e
+    write_kv = reference.write_kv
+    try:
+        from engine.attention import triton_kv_write
+
+        write_kv = triton_kv_write.write_kv
+    except ImportError:
+        pass
+    return AttentionBackend("triton", write_kv, triton_decode.paged_decode_attention, triton_prefill.paged_prefill_attention)

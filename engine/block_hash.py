@@ -1,0 +1,55 @@
+"""Chained hashes of full KV blocks, identical in every process (router, prefill, decode).
+
+``hash(block i) = H(hash(block i-1), token ids of block i)`` with a keyed BLAKE2b whose key is a
+fixed constant: unlike Python's ``hash`` it does not change with PYTHONHASHSEED, so a router can
+compute the same hashes as the workers that store the blocks. The root parent depends on the
+optional cache salt, which isolates tenants' caches from each other. Pure Python (no torch).
+"""
+
+from __future__ import annotations
+
+from array import array
+from hashlib import blake2b
+from typing import Sequence
+
+BlockHash = bytes
+_KEY = b"baton-kv-block-v1"
+_DIGEST = 16
+
+
+def root_hash(cache_salt: str | None = None) -> BlockHash:
+    """Parent of the first block; distinct salts give disjoint caches."""
+    h = blake2b(key=_KEY, digest_size=_DIGEST)
+    h.update(b"root")
+    if cache_salt:
+        h.update(cache_salt.encode())
+    return h.digest()
+
+
+def hash_block(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
+    h = blake2b(parent, key=_KEY, digest_size=_DIGEST)
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
+
+
+def hash_blocks(
+    token_ids: Sequence[int],
+    block_size: int,
+    cache_salt: str | None = None,
+    *,
+    start: int = 0,
+    parent: BlockHash | None = None,
+) -> list[BlockHash]:
+    """Hashes of the full blocks of ``token_ids`` from block index ``start`` on.
+
+    ``parent`` must be the hash of block ``start - 1`` (or None when ``start == 0``).
+    """
+    if parent is None:
+        if start != 0:
+            raise ValueError("parent hash is required when start > 0")
+        parent = root_hash(cache_salt)
+    out: list[BlockHash] = []
+    for i in range(start, len(token_ids) // block_size):
+        parent = hash_block(parent, token_ids[i * block_size : (i + 1) * block_size])
+        out.append(parent)
+    return out

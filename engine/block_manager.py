@@ -1,0 +1,271 @@
+"""Paged KV block manager: ref-counted blocks, LRU free list with lazy eviction, prefix caching.
+
+Pure Python (no torch); everything here is O(blocks touched).
+
+- A block is *in use* while its ref count is > 0. At ref count 0 it goes to the tail of the free
+  list but keeps its hash: it is still a prefix-cache entry until the allocator takes it from the
+  head of the free list (lazy eviction), at which point its hash is dropped.
+- Prefix caching covers full blocks only. A block is found by its chained hash
+  (``engine.block_hash``), and every hit is verified against the block's stored parent hash and
+  token ids, so a hash collision can never serve wrong KV.
+- The last prompt token is always recomputed: a hit never covers the whole prompt, since the step
+  must produce logits for it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from engine.block_hash import BlockHash, hash_block, root_hash
+from engine.kv_events import AllBlocksCleared, BlocksRemoved, BlocksStored, KVCacheEvent
+from engine.request import Request
+
+
+@dataclass(slots=True)
+class KVBlock:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: BlockHash | None = None
+    parent_hash: BlockHash | None = None
+    token_ids: tuple[int, ...] | None = None
+
+
+class BlockPool:
+    """The blocks, the free list (LRU order) and the hash → block map."""
+
+    def __init__(self, num_blocks: int, *, record_events: bool = False) -> None:
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        # Free blocks in eviction order: head = least recently freed. Values unused.
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.cached: dict[BlockHash, int] = {}
+        self.record_events = record_events
+        self._events: list[KVCacheEvent] = []
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def allocate(self, n: int) -> list[int]:
+        """Take n blocks from the head of the free list, evicting their cache entries."""
+        if n > len(self.free):
+            raise RuntimeError(f"allocate({n}) with only {len(self.free)} free blocks")
+        out = []
+        removed = []
+        free, blocks = self.free, self.blocks
+        for _ in range(n):
+            bid, _ = free.popitem(last=False)
+            blk = blocks[bid]
+            if blk.block_hash is not None:
+                removed.append(self._uncache(blk))
+            blk.ref_cnt = 1
+            out.append(bid)
+        if removed and self.record_events:
+            self._events.append(BlocksRemoved(tuple(removed)))
+        return out
+
+    def touch(self, block_ids: list[int]) -> None:
+        """Take a reference on cached blocks (prefix hit); revive them from the free list."""
+        for bid in block_ids:
+            blk = self.blocks[bid]
+            if blk.ref_cnt == 0:
+                del self.free[bid]
+            blk.ref_cnt += 1
+
+    def release(self, block_ids: list[int]) -> None:
+        """Drop one reference from each block; blocks reaching 0 go to the free-list tail in order."""
+        blocks, free = self.blocks, self.free
+        for bid in block_ids:
+            blk = blocks[bid]
+            blk.ref_cnt -= 1
+            if blk.ref_cnt == 0:
+                free[bid] = None
+            elif blk.ref_cnt < 0:
+                raise RuntimeError(f"block {bid} freed twice")
+
+    def lookup(self, block_hash: BlockHash, parent: BlockHash, token_ids: list[int]) -> int | None:
+        bid = self.cached.get(block_hash)
+        if bid is None:
+            return None
+        blk = self.blocks[bid]
+        if blk.parent_hash != parent or blk.token_ids != tuple(token_ids):
+            return None  # a hash collision: never serve someone else's KV
+        return bid
+
+    def register(self, bid: int, block_hash: BlockHash, parent: BlockHash, token_ids: list[int]) -> bool:
+        """Make a full, computed block findable. False if another block already holds that hash."""
+        if block_hash in self.cached:
+            return False
+        blk = self.blocks[bid]
+        blk.block_hash, blk.parent_hash, blk.token_ids = block_hash, parent, tuple(token_ids)
+        self.cached[block_hash] = bid
+        return True
+
+    def record_stored(self, hashes: list[BlockHash]) -> None:
+        if hashes and self.record_events:
+            self._events.append(BlocksStored(tuple(hashes)))
+
+    def _uncache(self, blk: KVBlock) -> BlockHash:
+        h = blk.block_hash
+        assert h is not None
+        if self.cached.get(h) == blk.block_id:
+            del self.cached[h]
+        blk.block_hash = blk.parent_hash = blk.token_ids = None
+        return h
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash. Only possible when no block is in use."""
+        if len(self.free) != self.num_blocks:
+            return False
+        for blk in self.blocks:
+            blk.block_hash = blk.parent_hash = blk.token_ids = None
+        self.cached.clear()
+        if self.record_events:
+            self._events.append(AllBlocksCleared())
+        return True
+
+    def take_events(self) -> list[KVCacheEvent]:
+        events, self._events = self._events, []
+        return events
+
+
+class BlockManager:
+    """Per-request block accounting on top of a ``BlockPool``."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        record_events: bool = False,
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks, record_events=record_events)
+        self.num_prefix_queries = 0  # tokens looked up
+        self.num_prefix_hits = 0  # tokens found
+
+    # -- capacity ---------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.pool.num_free / self.pool.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- hashing ----------------------------------------------------------------------------
+    def update_block_hashes(self, req: Request) -> None:
+        """Extend ``req.block_hashes`` to cover every full block of its known tokens."""
+        bs = self.block_size
+        tokens = req.all_token_ids
+        hashes = req.block_hashes
+        n_full = len(tokens) // bs
+        if len(hashes) >= n_full:
+            return
+        parent = hashes[-1] if hashes else root_hash(req.cache_salt)
+        for i in range(len(hashes), n_full):
+            parent = hash_block(parent, tokens[i * bs : (i + 1) * bs])
+            hashes.append(parent)
+
+    def _parent_of(self, req: Request, i: int) -> BlockHash:
+        return req.block_hashes[i - 1] if i else root_hash(req.cache_salt)
+
+    # -- prefix hits --------------------------------------------------------------------------
+    def find_cached_prefix(self, req: Request, max_tokens: int | None = None) -> list[int]:
+        """Block ids of the longest cached prefix of ``req`` (not yet referenced).
+
+        Covers at most ``max_tokens`` tokens (default: all but the last known token, which is always
+        recomputed so the step produces its logits).
+        """
+        if not self.enable_prefix_caching:
+            return []
+        self.update_block_hashes(req)
+        limit = req.num_tokens - 1 if max_tokens is None else max_tokens
+        max_blocks = min(len(req.block_hashes), limit // self.block_size)
+        hit: list[int] = []
+        bs, tokens = self.block_size, req.all_token_ids
+        for i in range(max_blocks):
+            bid = self.pool.lookup(req.block_hashes[i], self._parent_of(req, i), tokens[i * bs : (i + 1) * bs])
+            if bid is None:
+                break
+            hit.append(bid)
+        self.num_prefix_queries += req.num_tokens
+        self.num_prefix_hits += len(hit) * bs
+        return hit
+
+    # -- allocation ---------------------------------------------------------------------------
+    def can_allocate(self, req: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
+        need = self._num_new_blocks(req, num_new_tokens, len(cached_blocks))
+        revived = sum(1 for b in cached_blocks if self.pool.blocks[b].ref_cnt == 0)
+        return need <= self.pool.num_free - revived
+
+    def _num_new_blocks(self, req: Request, num_new_tokens: int, num_cached_blocks: int) -> int:
+        have = len(req.block_ids) + num_cached_blocks
+        total = req.num_computed_tokens + num_cached_blocks * self.block_size + num_new_tokens
+        return max(0, -(-total // self.block_size) - have)
+
+    def allocate(self, req: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
+        """Give ``req`` blocks for ``num_new_tokens`` more tokens, after taking ``cached_blocks``.
+
+        ``cached_blocks`` (from ``find_cached_prefix``) advance ``num_computed_tokens``. Returns
+        False, changing nothing, when the pool cannot satisfy the request.
+        """
+        pool = self.pool
+        if cached_blocks:
+            if not self.can_allocate(req, num_new_tokens, cached_blocks):
+                return False
+            pool.touch(cached_blocks)
+            req.block_ids.extend(cached_blocks)
+            req.num_computed_tokens += len(cached_blocks) * self.block_size
+            req.num_registered_blocks = len(req.block_ids)
+        total = req.num_computed_tokens + num_new_tokens
+        need = -(-total // self.block_size) - len(req.block_ids)
+        if need > 0:
+            if need > pool.num_free:
+                return False
+            req.block_ids.extend(pool.allocate(need))
+        return True
+
+    def register_full_blocks(self, req: Request, num_tokens: int) -> None:
+        """Add the full blocks among the first ``num_tokens`` tokens of ``req`` to the prefix cache.
+
+        Called once those tokens' KV is (being) written by the step, so a later request can reuse it.
+        """
+        if not self.enable_prefix_caching:
+            return
+        n_full = min(num_tokens, req.num_tokens) // self.block_size
+        start = req.num_registered_blocks
+        if n_full <= start:
+            return
+        self.update_block_hashes(req)
+        bs, tokens, pool = self.block_size, req.all_token_ids, self.pool
+        stored = []
+        for i in range(start, n_full):
+            h = req.block_hashes[i]
+            if pool.register(req.block_ids[i], h, self._parent_of(req, i), tokens[i * bs : (i + 1) * bs]):
+                stored.append(h)
+        req.num_registered_blocks = n_full
+        pool.record_stored(stored)
+
+    def free(self, req: Request) -> None:
+        """Release all of ``req``'s blocks. Tail blocks are released first so they are evicted first."""
+        self.pool.release(req.block_ids[::-1])
+        req.block_ids = []
+        req.num_registered_blocks = 0
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return self.pool.take_events()

@@ -1,0 +1,86 @@
+"""Engine configuration, validated where it is built (pure Python)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+def _positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Token-budget continuous batching limits.
+
+    ``policy='static'`` is the static-batching baseline: a batch of ``static_batch_size`` requests
+    is admitted only when the previous one has fully finished, and rows that finish early keep
+    computing (as padding) until the batch's longest request ends.
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    policy: Literal["continuous", "static"] = "continuous"
+    static_batch_size: int = 16
+    # Free blocks kept back when admitting new requests, so running ones can grow without preemption.
+    admission_watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive("static_batch_size", self.static_batch_size)
+        if self.policy not in ("continuous", "static"):
+            raise ValueError(f"scheduler policy must be 'continuous' or 'static', got {self.policy!r}")
+        if not 0 <= self.admission_watermark < 1:
+            raise ValueError(f"admission_watermark must be in [0, 1), got {self.admission_watermark!r}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache. ``num_blocks=None`` sizes the pool from ``kv_cache_memory_gb``, which defaults
+    to 2 GiB on CPU and 80% of the GPU memory left after loading the weights on CUDA."""
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_memory_gb: float | None = None
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        _positive("block_size", self.block_size)
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.num_blocks is not None:
+            _positive("num_blocks", self.num_blocks)
+        if self.kv_cache_memory_gb is not None and not self.kv_cache_memory_gb > 0:
+            raise ValueError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything an engine needs besides the model weights.
+
+    ``model`` is a path to a Hugging Face directory or a .gguf file, ``default`` (SmolLM2-135M-Instruct)
+    or ``tiny`` (a seeded random 4-layer Llama). ``device='auto'`` picks CUDA when available.
+    """
+
+    model: str = "default"
+    device: str = "auto"
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    max_model_len: int | None = None  # default: the model's own context length
+    attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    num_threads: int | None = None  # torch intra-op threads on CPU; None keeps torch's default
+    seed: int = 0
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
+        if self.max_model_len is not None:
+            _positive("max_model_len", self.max_model_len)
+        if self.num_threads is not None:
+            _positive("num_threads", self.num_threads)

@@ -1,0 +1,147 @@
+"""The offline engine: ``add_request / abort / step() -> outputs`` and ``generate``.
+
+The step loop is three lines: schedule → run → update. Requests move between states only in the
+scheduler (``engine.scheduler``) and the output processor (stop strings).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Callable, Sequence
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.errors import ContextLengthError, InvalidParameterError
+from engine.kv_events import KVCacheEvent
+from engine.model_loader import LoadedModel, load_model
+from engine.output_processor import OutputProcessor
+from engine.outputs import RequestOutput
+from engine.request import Request
+from engine.runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, *, progress: Callable[[str], None] | None = None,
+                 record_kv_events: bool = False) -> None:
+        self.config = config
+        loaded: LoadedModel = load_model(config, progress=progress)
+        self.model_config = loaded.model_config
+        self.model_dir = loaded.model_dir
+        self.tokenizer = loaded.tokenizer
+        self.max_model_len = loaded.max_model_len
+        self.device = loaded.device
+        self.block_manager = BlockManager(
+            loaded.num_blocks,
+            config.cache.block_size,
+            enable_prefix_caching=config.cache.enable_prefix_caching,
+            record_events=record_kv_events,
+        )
+        self.scheduler = Scheduler(config.scheduler, self.block_manager, self.max_model_len)
+        self.runner = ModelRunner(
+            loaded.model,
+            loaded.kv_cache,
+            loaded.attention,
+            max_num_seqs=config.scheduler.max_num_seqs,
+            max_model_len=self.max_model_len,
+            block_size=config.cache.block_size,
+            seed=config.seed,
+        )
+        self.output_processor = OutputProcessor(self.scheduler, self.tokenizer)
+        self.eos_token_ids = self.tokenizer.eos_token_ids if self.tokenizer else self.model_config.eos_token_ids
+        self._ids = itertools.count()
+        self.num_steps = 0
+
+    # -- requests ---------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str | None,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        arrival_time: float | None = None,
+    ) -> str:
+        """Queue a request (text is tokenized as is; use ``tokenizer.encode_chat`` for chat)."""
+        params = params or SamplingParams()
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self.validate_prompt(token_ids, params)
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        req = Request(rid, token_ids, params, eos_token_ids=tuple(self.eos_token_ids), priority=priority,
+                      cache_salt=cache_salt, arrival_time=arrival_time)
+        self.scheduler.add_request(req)
+        self.output_processor.add(req)
+        return rid
+
+    def validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise InvalidParameterError("prompt", "the prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidParameterError("prompt", f"token id {bad!r} is outside the vocabulary [0, {vocab})")
+        total = len(token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ContextLengthError(
+                "max_tokens",
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{total} tokens ({len(token_ids)} in the prompt, {params.max_tokens} for the completion). "
+                "Please reduce the prompt or max_tokens.",
+            )
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        req = self.scheduler.abort(request_id)
+        if req is None:
+            return None
+        return self.output_processor.abort_output(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the loop ---------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        scheduled = self.scheduler.schedule()
+        ran = self.runner.execute(scheduled)
+        self.num_steps += 1
+        return self.output_processor.process(self.scheduler.update_from_output(ran))
+
+    def generate(
+        self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Run prompts to completion; outputs in prompt order."""
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError("generate: one SamplingParams per prompt, or one for all")
+        ids = [self.add_request(None, p, sp) for p, sp in zip(prompts, params)]
+        done: dict[str, RequestOutput] = {}
+        while self.has_unfinished_requests():
+            for out in self.step():
+                if out.finished:
+                    done[out.request_id] = out
+        return [done[i] for i in ids]
+
+    # -- introspection ----------------------------------------------------------------------
+    def take_kv_events(self) -> list[KVCacheEvent]:
+        return self.block_manager.take_events()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_manager.num_free_blocks
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.block_manager.num_blocks
+
+    def kv_slot_usage(self) -> tuple[int, int]:
+        """(token slots holding KV, token slots allocated) over running requests."""
+        bs = self.block_manager.block_size
+        used = sum(min(r.num_computed_tokens, len(r.block_ids) * bs) for r in self.scheduler.running)
+        allocated = sum(len(r.block_ids) for r in self.scheduler.running) * bs
+        return used, allocated
+

@@ -1,0 +1,145 @@
+"""The runner's persistent batch: token ids and block tables per request row, in numpy.
+
+The scheduler sends deltas (``engine.scheduler_output``); this keeps the full state so that each
+step's inputs are built with a handful of vectorized numpy operations, never a Python loop over
+tokens. Rows are recycled as requests leave.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.sampling_params import SamplingParams
+from engine.scheduler_output import SchedulerOutput
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """Everything one forward pass needs, as numpy arrays (batch order: single-token rows first)."""
+
+    request_ids: list[str]
+    input_ids: np.ndarray  # [T] int64
+    positions: np.ndarray  # [T] int64
+    slot_block: np.ndarray  # [T] int64
+    slot_offset: np.ndarray  # [T] int64
+    num_decode_tokens: int
+    decode_block_tables: np.ndarray  # [D, nb] int32
+    decode_seq_lens: np.ndarray  # [D] int32
+    prefill_block_tables: np.ndarray  # [P, nb] int32
+    prefill_cu_seqlens_q: np.ndarray  # [P + 1] int32
+    prefill_seq_lens: np.ndarray  # [P] int32
+    logits_indices: np.ndarray  # [N] rows of the hidden states to sample from
+    sample_rows: np.ndarray  # [N] batch rows (into the persistent arrays) that sample
+    sample_request_ids: list[str]
+
+
+class InputBatch:
+    def __init__(self, max_num_seqs: int, max_model_len: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.max_blocks = -(-max_model_len // block_size)
+        self.token_ids = np.zeros((max_num_seqs, max_model_len + 1), dtype=np.int64)
+        self.num_tokens = np.zeros(max_num_seqs, dtype=np.int64)
+        self.num_computed = np.zeros(max_num_seqs, dtype=np.int64)
+        self.block_table = np.zeros((max_num_seqs, self.max_blocks), dtype=np.int32)
+        self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)
+        self.row_of: dict[str, int] = {}
+        self.params: list[SamplingParams | None] = [None] * max_num_seqs
+        self.num_prompt_tokens = np.zeros(max_num_seqs, dtype=np.int64)
+        self._free_rows = list(range(max_num_seqs - 1, -1, -1))
+
+    def __len__(self) -> int:
+        return len(self.row_of)
+
+    # -- deltas -----------------------------------------------------------------------------
+    def apply(self, so: SchedulerOutput) -> None:
+        for rid in so.finished_request_ids:
+            row = self.row_of.pop(rid, None)
+            if row is not None:
+                self.params[row] = None
+                self._free_rows.append(row)
+        for new in so.new_requests:
+            if new.request_id in self.row_of:
+                raise RuntimeError(f"request {new.request_id!r} added twice to the batch")
+            row = self._free_rows.pop()
+            self.row_of[new.request_id] = row
+            n = len(new.token_ids)
+            self.token_ids[row, :n] = new.token_ids
+            self.num_tokens[row] = n
+            self.num_computed[row] = new.num_computed_tokens
+            nb = len(new.block_ids)
+            self.block_table[row, :nb] = new.block_ids
+            self.num_blocks[row] = nb
+            self.params[row] = new.sampling_params
+            self.num_prompt_tokens[row] = new.num_prompt_tokens
+        cached = so.cached_requests
+        for rid, blocks in zip(cached.request_ids, cached.new_block_ids):
+            if blocks:
+                row = self.row_of[rid]
+                start = self.num_blocks[row]
+                self.block_table[row, start : start + len(blocks)] = blocks
+                self.num_blocks[row] = start + len(blocks)
+
+    # -- inputs of one step -----------------------------------------------------------------
+    def prepare(self, so: SchedulerOutput) -> StepInputs:
+        rids = list(so.num_scheduled_tokens)
+        counts = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64, count=len(rids))
+        row_of = self.row_of
+        rows = np.fromiter((row_of[r] for r in rids), dtype=np.int64, count=len(rids))
+        multi = counts != 1
+        if multi.any() and not (np.diff(multi.astype(np.int8)) >= 0).all():
+            order = np.argsort(multi, kind="stable")  # single-token rows first
+            rows, counts = rows[order], counts[order]
+            rids = [rids[i] for i in order.tolist()]
+        num_decode = int(len(counts) - multi.sum())
+
+        starts = self.num_computed[rows]
+        seq_lens = starts + counts
+        cu = np.cumsum(counts)
+        total = int(cu[-1])
+        rep_rows = np.repeat(rows, counts)
+        positions = np.arange(total, dtype=np.int64) + np.repeat(starts - (cu - counts), counts)
+        input_ids = self.token_ids[rep_rows, positions]
+        bs = self.block_size
+        slot_block = self.block_table[rep_rows, positions // bs].astype(np.int64)
+        slot_offset = positions % bs
+
+        # Sample where the step reaches the end of the known tokens (not mid-prompt chunks).
+        samples = seq_lens == self.num_tokens[rows]
+        logits_indices = (cu - 1)[samples]
+        sample_rows = rows[samples]
+        sample_ids = [r for r, s in zip(rids, samples.tolist()) if s]
+
+        d_rows = rows[:num_decode]
+        d_lens = seq_lens[:num_decode]
+        d_nb = -(-int(d_lens.max()) // bs) if num_decode else 0
+        p_rows = rows[num_decode:]
+        p_lens = seq_lens[num_decode:]
+        p_nb = -(-int(p_lens.max()) // bs) if len(p_rows) else 0
+        p_cu = np.zeros(len(p_rows) + 1, dtype=np.int32)
+        np.cumsum(counts[num_decode:], out=p_cu[1:])
+
+        self.num_computed[rows] = seq_lens
+        return StepInputs(
+            request_ids=rids,
+            input_ids=input_ids,
+            positions=positions,
+            slot_block=slot_block,
+            slot_offset=slot_offset,
+            num_decode_tokens=num_decode,
+            decode_block_tables=self.block_table[d_rows, :d_nb],
+            decode_seq_lens=d_lens.astype(np.int32),
+            prefill_block_tables=self.block_table[p_rows, :p_nb],
+            prefill_cu_seqlens_q=p_cu,
+            prefill_seq_lens=p_lens.astype(np.int32),
+            logits_indices=logits_indices,
+            sample_rows=sample_rows,
+            sample_request_ids=sample_ids,
+        )
+
+    def append_sampled(self, rows: np.ndarray, token_ids: np.ndarray) -> None:
+        n = self.num_tokens[rows]
+        self.token_ids[rows, n] = token_ids
+        self.num_tokens[rows] = n + 1

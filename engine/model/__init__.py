@@ -1,0 +1,1 @@
+"""Llama-family models: config, weights loaders (HF directory, GGUF import), tokenizer."""

@@ -1,0 +1,380 @@
+"""Import a GGUF file (llama.cpp's format) as a Hugging Face-format model directory.
+
+The engine and transformers (the tests' oracle) both load HF directories, so a GGUF is converted
+once: weights dequantized to fp32 safetensors, metadata to ``config.json``, and the vocabulary to a
+``tokenizer.json``. Everything mirrors transformers' own GGUF loader (integrations/ggml.py,
+integrations/gguf/gguf_tokenizer_mapping.py, modeling_gguf_pytorch_utils.py) so that our directory
+yields the same tensors and token ids as ``from_pretrained(..., gguf_file=...)``; it is
+re-implemented here because transformers is only a test dependency.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.models import BPE
+
+from engine.errors import ModelLoadError
+from engine.model.tokenizer import bos_eos_post_processor
+from engine.model.weights import SINGLE_FILE, atomic_model_dir, write_safetensors
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
+
+# GGUF tensor-name leaf -> HF module path (inside model.layers.N for blk.N.*).
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# Tensors llama.cpp writes for its own use that have no HF counterpart (transformers drops them too).
+_IGNORED = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd\.weight)$")
+
+# Pre-tokenizer split regexes keyed by `tokenizer.ggml.pre`, as transformers' GGUF converter uses
+# them. Any other value (e.g. SmolLM2's "smollm") keeps GPT-2's default byte-level regex.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_PRE_TOKENIZER_SPLITS = {
+    **dict.fromkeys(
+        ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+         "jina-v5-nano", "dbrx", "smaug-bpe"),
+        _LLAMA3_SPLIT,
+    ),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"), _QWEN2_SPLIT),
+}
+
+
+def import_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None] | None = None) -> Path:
+    """Convert ``gguf_path`` into an HF directory at ``out_dir`` (replaced atomically if present)."""
+    gguf_path = Path(gguf_path)
+    say = progress or (lambda _msg: None)
+    reader = _open(gguf_path)
+    meta = _Metadata(reader, gguf_path)
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ModelLoadError(
+            f"{gguf_path}: unsupported GGUF architecture {arch!r}; supported: {', '.join(ARCHITECTURES)}"
+        )
+    config = _hf_config(meta, arch, {t.name: t for t in reader.tensors})
+    plan = _tensor_plan(reader, gguf_path, arch, config)
+    tokenizer, tokenizer_config = _tokenizer(meta, config)
+
+    with atomic_model_dir(Path(out_dir)) as tmp:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        ids = ("bos_token_id", "eos_token_id", "pad_token_id")
+        generation = {k: config[k] for k in ids if config.get(k) is not None}
+        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        tokenizer.save(str(tmp / "tokenizer.json"))
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
+        say(f"dequantizing {len(plan)} tensors from {gguf_path.name}")
+        specs = [(hf_name, torch.float32, shape) for _, hf_name, shape, _ in plan]
+        write_safetensors(tmp / SINGLE_FILE, specs, _dequantized(plan, gguf_path, say), metadata={"format": "pt"})
+    say(f"imported {gguf_path.name} into {out_dir}")
+    return Path(out_dir)
+
+
+class _Metadata:
+    """Typed access to a GGUF's key/value metadata."""
+
+    def __init__(self, reader: Any, path: Path) -> None:
+        self._fields = reader.fields
+        self.path = path
+
+    def get(self, key: str, default: Any = None) -> Any:
+        field = self._fields.get(key)
+        if field is None:
+            return default
+        try:
+            return field.contents()
+        except Exception as e:  # a malformed field (wrong type / bad UTF-8)
+            raise ModelLoadError(f"{self.path}: cannot read metadata {key!r} ({e})") from None
+
+    def require(self, key: str) -> Any:
+        value = self.get(key)
+        if value is None:
+            raise ModelLoadError(f"{self.path}: missing required GGUF metadata {key!r}")
+        return value
+
+
+def _open(path: Path) -> Any:
+    """A GGUFReader over ``path``, with every tensor's bytes checked to lie inside the file."""
+    import gguf  # deferred: only importing a GGUF needs it
+
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: GGUF file not found")
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # bad magic, truncated header, unknown value type...
+        raise ModelLoadError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
+    size = path.stat().st_size
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
+            raise ModelLoadError(f"{path}: truncated GGUF file (tensor {t.name!r} extends past the end)")
+    return reader
+
+
+def _hf_config(meta: _Metadata, arch: str, tensors: dict[str, Any]) -> dict[str, Any]:
+    """config.json from the GGUF metadata (keys as transformers' GGUF_CONFIG_MAPPING reads them)."""
+    key = lambda name, default=None: meta.get(f"{arch}.{name}", default)  # noqa: E731
+    embed = tensors.get("token_embd.weight")
+    if embed is None:
+        raise ModelLoadError(f"{meta.path}: missing tensor 'token_embd.weight'")
+    hidden = int(meta.require(f"{arch}.embedding_length"))
+    heads = int(meta.require(f"{arch}.attention.head_count"))
+    kv_heads = key("attention.head_count_kv", heads)
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    config: dict[str, Any] = {
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": arch,
+        "hidden_act": "silu",
+        "hidden_size": hidden,
+        "intermediate_size": int(meta.require(f"{arch}.feed_forward_length")),
+        "num_hidden_layers": int(meta.require(f"{arch}.block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(kv_heads if isinstance(kv_heads, int) else max(kv_heads)),
+        "max_position_embeddings": int(key("context_length", 2048)),
+        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "vocab_size": int(key("vocab_size") or len(tokens) or int(embed.shape[-1])),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "mlp_bias": False,
+        "torch_dtype": "float32",
+    }
+    if arch == "llama":
+        # llama/mistral only: rope.dimension_count is the head size (transformers relies on it too).
+        config["head_dim"] = int(key("rope.dimension_count") or key("attention.key_length") or hidden // heads)
+    else:
+        config["use_sliding_window"] = False
+    if key("rope.scaling.type") == "linear" and key("rope.scaling.factor"):
+        config["rope_scaling"] = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
+    for name, gguf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                           ("pad_token_id", "padding_token_id")):
+        value = meta.get(f"tokenizer.ggml.{gguf_key}")
+        if value is not None:
+            config[name] = int(value)
+    return config
+
+
+_Plan = list[tuple[Any, str, tuple[int, ...], int | None]]
+
+
+def _tensor_plan(reader: Any, path: Path, arch: str, config: dict[str, Any]) -> _Plan:
+    """(GGUF tensor, HF name, HF shape, heads to un-permute or None) for every tensor to write."""
+    plan = []
+    for t in reader.tensors:
+        if _IGNORED.match(t.name):
+            continue
+        hf_name = _hf_name(t.name)
+        if hf_name is None:
+            raise ModelLoadError(f"{path}: unexpected tensor {t.name!r} for architecture {arch!r}")
+        heads = None
+        if arch == "llama" and re.search(r"\.attn_q\.", t.name):
+            heads = config["num_attention_heads"]
+        elif arch == "llama" and re.search(r"\.attn_k\.", t.name):
+            heads = config["num_key_value_heads"]
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims innermost-first
+        plan.append((t, hf_name, shape, heads))
+    present = {hf for _, hf, _, _ in plan}
+    required = ["model.embed_tokens.weight", "model.norm.weight"] + [
+        f"model.layers.{i}.{module}.weight"
+        for i in range(config["num_hidden_layers"])
+        for module in _LAYER_NAMES.values()
+    ]
+    missing = [name for name in required if name not in present]
+    if missing:
+        raise ModelLoadError(f"{path}: incomplete GGUF, missing tensor(s) for {', '.join(missing[:5])}")
+    return plan
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    base, _, suffix = gguf_name.rpartition(".")
+    if suffix not in ("weight", "bias"):
+        return None
+    if base in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[base]}.{suffix}"
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{suffix}"
+    return None
+
+
+def _dequantized(plan: _Plan, path: Path, say: Callable[[str], None]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield fp32 tensors one at a time (dequantized, Q/K rows un-permuted)."""
+    from gguf.quants import dequantize
+
+    for n, (t, hf_name, shape, heads) in enumerate(plan):
+        try:
+            weights = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        except NotImplementedError:
+            raise ModelLoadError(f"{path}: tensor {t.name!r} uses unsupported GGML type {t.tensor_type.name}") from None
+        weights = weights.reshape(shape)
+        if not weights.flags.writeable:  # F32 tensors come back as views of the read-only memmap
+            weights = weights.copy()
+        if heads is not None:
+            weights = reverse_permute(weights, heads)
+        if n % 32 == 0:
+            say(f"tensor {n + 1}/{len(plan)}: {t.name} ({t.tensor_type.name})")
+        yield hf_name, torch.from_numpy(np.ascontiguousarray(weights))
+
+
+def reverse_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation (its convert_hf_to_gguf ``permute``).
+
+    llama.cpp interleaves the two rotary halves of each head ((x0, x_half, x1, ...) row order) for
+    its GPT-J-style rope; HF's rotate_half rope wants each head's halves contiguous again.
+    """
+    dim = weights.shape[0] // n_head // 2
+    w = weights.reshape(n_head, dim, 2, *weights.shape[1:])
+    return w.swapaxes(2, 1).reshape(weights.shape)
+
+
+def _tokenizer(meta: _Metadata, config: dict[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]:
+    """tokenizer.json + tokenizer_config.json contents, as transformers' GGUF converter builds them."""
+    model = meta.get("tokenizer.ggml.model")
+    tokens: list[str] = meta.require("tokenizer.ggml.tokens")
+    token_types: list[int] = meta.get("tokenizer.ggml.token_type") or []
+    if model == "gpt2":
+        tok, alphabet = _byte_level_bpe(meta, tokens), set(_bytes_to_unicode().values())
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    elif model == "llama":
+        tok, alphabet = _sentencepiece_bpe(meta, tokens), None
+        # llama.cpp adds BOS to a sentencepiece vocabulary unless the file says otherwise
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True))
+    else:
+        raise ModelLoadError(
+            f"{meta.path}: unsupported GGUF tokenizer model {model!r}; supported: 'gpt2' (byte-level BPE), "
+            "'llama' (sentencepiece BPE)"
+        )
+    # Control tokens become special added tokens (matched whole, skipped on decode). In a byte-level
+    # vocabulary one spelled outside the byte alphabet is a llama.cpp mislabel: skip it.
+    typed = list(zip(tokens, token_types, strict=False))  # older files may lack token types
+    tok.add_special_tokens([
+        AddedToken(t, normalized=False, special=True)
+        for t, ty in typed if ty == _CONTROL and (alphabet is None or set(t) <= alphabet)
+    ])
+    current = tok.get_vocab(with_added_tokens=True)
+    user = [AddedToken(t, normalized=False, special=False) for t, ty in typed if ty == _USER_DEFINED and t in current]
+    if user:
+        tok.add_tokens(user)
+
+    special = {}
+    for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
+                      ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
+        token_id = meta.get(f"tokenizer.ggml.{key}")
+        special[name] = tokens[int(token_id)] if token_id is not None and int(token_id) < len(tokens) else None
+    added = {t.content for t in tok.get_added_tokens_decoder().values()}
+    missing = [t for t in special.values() if t is not None and t not in added]
+    if missing:  # named special tokens are always added tokens in transformers
+        tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in dict.fromkeys(missing)])
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+    tok.post_processor = bos_eos_post_processor(tok, special, add_bos, add_eos)
+
+    tokenizer_config: dict[str, Any] = {
+        # the generic class: transformers then uses tokenizer.json as written instead of rebuilding it
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **special,
+        "add_bos_token": add_bos,
+        "add_eos_token": add_eos,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": config["max_position_embeddings"],
+    }
+    template = meta.get("tokenizer.chat_template")
+    if template:
+        tokenizer_config["chat_template"] = template
+    return tok, tokenizer_config
+
+
+def _merges(meta: _Metadata) -> list[tuple[str, str]] | None:
+    raw = meta.get("tokenizer.ggml.merges")
+    if raw is None:
+        return None
+    merges = [tuple(m.split(" ")) for m in raw]
+    if any(len(m) != 2 for m in merges):
+        raise ModelLoadError(f"{meta.path}: malformed tokenizer.ggml.merges entry")
+    return merges  # type: ignore[return-value]
+
+
+def _byte_level_bpe(meta: _Metadata, tokens: list[str]) -> HFTokenizer:
+    """GPT-2-style byte-level BPE (transformers' GPT2Tokenizer + the file's pre-tokenizer split)."""
+    spelling = _bytes_to_unicode()
+    alphabet = set(spelling.values())
+    # A token using characters outside the byte alphabet is stored as raw text: respell its bytes.
+    vocab = {
+        t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")): i for i, t in enumerate(tokens)
+    }
+    tok = HFTokenizer(BPE(vocab=vocab, merges=_merges(meta) or [], dropout=None, continuing_subword_prefix="",
+                          end_of_word_suffix="", fuse_unk=False))
+    split = _PRE_TOKENIZER_SPLITS.get(meta.get("tokenizer.ggml.pre"))
+    if split is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _sentencepiece_bpe(meta: _Metadata, tokens: list[str]) -> HFTokenizer:
+    """Sentencepiece BPE with byte fallback (Llama 2, Mistral, TinyLlama), as transformers'
+    LlamaTokenizer builds it. Files usually carry no merges: they are rebuilt from the scores."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = _merges(meta)
+    if merges is None:
+        scores = meta.get("tokenizer.ggml.scores")
+        if scores is None or len(scores) != len(tokens):
+            raise ModelLoadError(f"{meta.path}: sentencepiece vocabulary without merges or scores")
+        merges = _merges_from_scores(vocab, dict(zip(tokens, scores, strict=True)))
+    tok = HFTokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Sequence([
+        decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(content=" ", left=1),
+    ])
+    return tok
+
+
+def _merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
+    """Every split of a piece into two vocabulary pieces, best score first (transformers'
+    ``generate_merges``: ties broken by the pieces' lengths, then their ids)."""
+    merges = []
+    for piece, score in scores.items():
+        splits = ((piece[:i], piece[i:]) for i in range(1, len(piece)))
+        local = [(left, right, score) for left, right in splits if left in vocab and right in vocab]
+        merges.extend(sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]])))
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(left, right) for left, right, _ in merges]
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table used by byte-level BPE vocabularies."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table

@@ -1,0 +1,172 @@
+"""Llama-family decoder (Llama 2/3, Qwen2/2.5, Mistral, SmolLM2) over a flat ragged batch.
+
+Tokens of all sequences in a step are one ``[T, hidden]`` matrix (no padding); attention reads and
+writes the paged KV cache through ``AttentionMetadata``. Q/K/V and gate/up projections are fused
+into single matmuls. Weights arrive with Hugging Face names and are checked against the config.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.backend import AttentionBackend
+from engine.attention.metadata import AttentionMetadata
+from engine.errors import ModelLoadError
+from engine.model.config import ModelConfig
+from engine.model.rope import RotaryEmbedding
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Same operation order as transformers' LlamaRMSNorm (variance in float32).
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class DecoderLayer:
+    __slots__ = ("qkv_w", "qkv_b", "o_w", "gate_up_w", "down_w", "ln1", "ln2")
+
+    def __init__(self) -> None:
+        self.qkv_w = self.qkv_b = self.o_w = self.gate_up_w = self.down_w = self.ln1 = self.ln2 = None
+
+
+class LlamaModel:
+    def __init__(self, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, max_positions: int) -> None:
+        self.cfg = cfg
+        self.device = device
+        self.dtype = dtype
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim**-0.5
+        self.rope = RotaryEmbedding(cfg, max_positions, device, dtype)
+        self.layers = [DecoderLayer() for _ in range(cfg.num_hidden_layers)]
+        self.embed: torch.Tensor | None = None
+        self.norm: torch.Tensor | None = None
+        self.lm_head: torch.Tensor | None = None
+
+    # -- weights ----------------------------------------------------------------------------
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        c = self.cfg
+        h, i = c.hidden_size, c.intermediate_size
+        shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
+        if not c.tie_word_embeddings:
+            shapes["lm_head.weight"] = (c.vocab_size, h)
+        for n in range(c.num_hidden_layers):
+            p = f"model.layers.{n}."
+            shapes[p + "self_attn.q_proj.weight"] = (self.q_size, h)
+            shapes[p + "self_attn.k_proj.weight"] = (self.kv_size, h)
+            shapes[p + "self_attn.v_proj.weight"] = (self.kv_size, h)
+            if c.attention_bias:
+                shapes[p + "self_attn.q_proj.bias"] = (self.q_size,)
+                shapes[p + "self_attn.k_proj.bias"] = (self.kv_size,)
+                shapes[p + "self_attn.v_proj.bias"] = (self.kv_size,)
+            shapes[p + "self_attn.o_proj.weight"] = (h, self.q_size)
+            shapes[p + "mlp.gate_proj.weight"] = (i, h)
+            shapes[p + "mlp.up_proj.weight"] = (i, h)
+            shapes[p + "mlp.down_proj.weight"] = (h, i)
+            shapes[p + "input_layernorm.weight"] = (h,)
+            shapes[p + "post_attention_layernorm.weight"] = (h,)
+        return shapes
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor, str]]) -> None:
+        """Take (name, tensor, source file) triples; fail naming the file on any mismatch."""
+        expected = self.expected_shapes()
+        got: dict[str, torch.Tensor] = {}
+        for name, tensor, source in weights:
+            if name.endswith("rotary_emb.inv_freq"):
+                continue  # a buffer some checkpoints carry; recomputed from the config
+            if name == "lm_head.weight" and self.cfg.tie_word_embeddings:
+                continue  # tied: the embedding is the head
+            if name not in expected:
+                raise ModelLoadError(f"{source}: unexpected tensor {name!r} for {self.cfg.architecture}")
+            if tuple(tensor.shape) != expected[name]:
+                raise ModelLoadError(
+                    f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                    f"but config.json implies {expected[name]}"
+                )
+            got[name] = tensor.to(device=self.device, dtype=self.dtype)
+        missing = sorted(set(expected) - set(got))
+        if missing:
+            more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+            raise ModelLoadError(f"weights are missing tensors: {', '.join(missing[:3])}{more}")
+        self._assemble(got)
+
+    def _assemble(self, w: dict[str, torch.Tensor]) -> None:
+        self.embed = w.pop("model.embed_tokens.weight")
+        self.norm = w.pop("model.norm.weight")
+        self.lm_head = self.embed if self.cfg.tie_word_embeddings else w.pop("lm_head.weight")
+        for n, layer in enumerate(self.layers):
+            p = f"model.layers.{n}."
+            a = p + "self_attn."
+            layer.qkv_w = torch.cat([w.pop(a + "q_proj.weight"), w.pop(a + "k_proj.weight"), w.pop(a + "v_proj.weight")])
+            if self.cfg.attention_bias:
+                layer.qkv_b = torch.cat([w.pop(a + "q_proj.bias"), w.pop(a + "k_proj.bias"), w.pop(a + "v_proj.bias")])
+            layer.o_w = w.pop(a + "o_proj.weight")
+            layer.gate_up_w = torch.cat([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
+            layer.down_w = w.pop(p + "mlp.down_proj.weight")
+            layer.ln1 = w.pop(p + "input_layernorm.weight")
+            layer.ln2 = w.pop(p + "post_attention_layernorm.weight")
+
+    # -- forward ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        attn: AttentionBackend,
+    ) -> torch.Tensor:
+        """input_ids, positions: [T]. kv_cache: [blocks, layers, 2, block, kv_heads, head_dim]. -> [T, hidden]."""
+        eps = self.cfg.rms_norm_eps
+        h = F.embedding(input_ids, self.embed)
+        for n, layer in enumerate(self.layers):
+            x = rms_norm(h, layer.ln1, eps)
+            x = self._attention(x, positions, kv_cache[:, n, 0], kv_cache[:, n, 1], layer, meta, attn)
+            h = h + x
+            x = rms_norm(h, layer.ln2, eps)
+            gate, up = F.linear(x, layer.gate_up_w).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, layer.down_w)
+        return rms_norm(h, self.norm, eps)
+
+    def _attention(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        layer: DecoderLayer,
+        meta: AttentionMetadata,
+        attn: AttentionBackend,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = F.linear(x, layer.qkv_w, layer.qkv_b)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.rope.apply(q.view(t, self.num_heads, self.head_dim), positions)
+        k = self.rope.apply(k.view(t, self.num_kv_heads, self.head_dim), positions)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        attn.write_kv(k_cache, v_cache, k, v, meta.slot_block, meta.slot_offset)
+        nd = meta.num_decode_tokens
+        if meta.num_prefill_tokens == 0:
+            out = attn.decode(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale)
+        elif nd == 0:
+            out = attn.prefill(
+                q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, self.scale
+            )
+        else:
+            out = torch.empty_like(q)
+            out[:nd] = attn.decode(q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale)
+            out[nd:] = attn.prefill(
+                q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens,
+                self.scale,
+            )
+        return F.linear(out.view(t, self.q_size), layer.o_w)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head).float()

@@ -1,0 +1,326 @@
+"""The model's tokenizer: encode/decode, chat templates and streaming detokenization.
+
+Deliberately torch-free (``tokenizers``, ``jinja2`` and the standard library only) because the
+router imports it to count and render prompts without loading a model. It reads the same files as
+transformers' ``AutoTokenizer`` and reproduces its behaviour for the generic ``tokenizers``-backed
+tokenizer (transformers is the oracle in the tests): the ``tokenizer.json`` pipeline, the
+``add_bos_token``/``add_eos_token`` post-processor override, and chat templates rendered in the
+same sandboxed jinja2 environment.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as _Backend
+from tokenizers import processors
+
+from engine.errors import InvalidParameterError, ModelLoadError
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+_SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
+# Prompt tokens kept as left context for the first decoded token (vLLM uses the same 5): enough
+# for decoders that treat the first token specially (sentencepiece's leading-space strip).
+_DETOKENIZER_CONTEXT = 5
+
+
+class Tokenizer:
+    """A loaded tokenizer. Build it with :meth:`from_dir`."""
+
+    def __init__(
+        self,
+        backend: _Backend,
+        *,
+        special_tokens: Mapping[str, str | None],
+        chat_template: str | Mapping[str, str] | None,
+        generation_eos_ids: Sequence[int] = (),
+        source: str = "<memory>",
+    ) -> None:
+        self._backend = backend
+        self._special = {k: v for k, v in special_tokens.items() if v is not None}
+        self._chat_template = chat_template
+        self._compiled: dict[str, jinja2.Template] = {}
+        self.source = source
+        eos_ids: list[int] = []
+        tok_eos = self._token_id(self._special.get("eos_token"))
+        for i in ([tok_eos] if tok_eos is not None else []) + [int(x) for x in generation_eos_ids]:
+            if i not in eos_ids:
+                eos_ids.append(i)
+        self._eos_ids = tuple(eos_ids)
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Tokenizer:
+        """Load ``tokenizer.json`` plus the optional config, generation config and template files."""
+        path = Path(path)
+        tok_file = path / TOKENIZER_FILE
+        if not tok_file.is_file():
+            raise ModelLoadError(f"{tok_file}: not found (a model directory needs {TOKENIZER_FILE})")
+        try:
+            backend = _Backend.from_file(str(tok_file))
+        except Exception as e:  # tokenizers raises a bare Exception for every parse problem
+            raise ModelLoadError(f"{tok_file}: invalid tokenizer file ({e})") from None
+        cfg = _read_json(path / TOKENIZER_CONFIG_FILE)
+        gen = _read_json(path / GENERATION_CONFIG_FILE)
+        special = {name: _token_content(cfg.get(name)) for name in _SPECIAL_TOKEN_NAMES}
+
+        # transformers rebuilds the post-processor when the config states add_bos/eos_token, or
+        # when tokenizer.json has none; otherwise tokenizer.json's own post-processor stands.
+        if "add_bos_token" in cfg or "add_eos_token" in cfg or backend.post_processor is None:
+            backend.post_processor = bos_eos_post_processor(
+                backend, special, bool(cfg.get("add_bos_token")), bool(cfg.get("add_eos_token"))
+            )
+
+        template: str | Mapping[str, str] | None = cfg.get("chat_template")
+        if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
+            template = {t["name"]: t["template"] for t in template if isinstance(t, dict)}
+        template_file = path / CHAT_TEMPLATE_FILE
+        if template_file.is_file():
+            template = template_file.read_text(encoding="utf-8")
+        eos = gen.get("eos_token_id")
+        eos_list = eos if isinstance(eos, list) else [eos]
+        gen_eos = [e for e in eos_list if isinstance(e, int) and not isinstance(e, bool)]
+        return cls(
+            backend, special_tokens=special, chat_template=template, generation_eos_ids=gen_eos, source=str(path)
+        )
+
+    # ---- basic properties -------------------------------------------------------------------
+
+    @property
+    def backend(self) -> _Backend:
+        """The underlying ``tokenizers.Tokenizer`` (read-only use, please)."""
+        return self._backend
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every id that ends generation: the tokenizer's eos plus generation_config's."""
+        return self._eos_ids
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._token_id(self._special.get("bos_token"))
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._token_id(self._special.get("pad_token"))
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """bos/eos/unk/pad token strings, as the chat template sees them."""
+        return dict(self._special)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self._chat_template)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._backend.id_to_token(token_id)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._backend.token_to_id(token)
+
+    def _token_id(self, token: str | None) -> int | None:
+        return None if token is None else self._backend.token_to_id(token)
+
+    # ---- encode / decode ----------------------------------------------------------------------
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def new_detokenizer(
+        self, prompt_token_ids: Sequence[int], skip_special_tokens: bool = True
+    ) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self, prompt_token_ids, skip_special_tokens)
+
+    # ---- chat ---------------------------------------------------------------------------------
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
+        """Render ``messages`` to prompt text exactly as transformers' ``apply_chat_template(tokenize=False)``.
+
+        A template's ``raise_exception`` (e.g. "roles must alternate") is the caller's fault, so it
+        surfaces as ``InvalidParameterError('messages', ...)``, as does a model without a template.
+        """
+        template = self._template(kwargs.get("tools") is not None)
+        chat = [{k: v for k, v in dict(m).items() if v is not None} for m in messages]
+        context = {**self._special, "tools": None, "documents": None, **kwargs}
+        try:
+            return template.render(messages=chat, add_generation_prompt=add_generation_prompt, **context)
+        except jinja2.TemplateError as e:
+            raise InvalidParameterError("messages", f"chat template error: {e}") from None
+
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> list[int]:
+        """Template text encoded without adding special tokens (the template writes its own)."""
+        text = self.apply_chat_template(messages, add_generation_prompt, **kwargs)
+        return self.encode(text, add_special_tokens=False)
+
+    def _template(self, with_tools: bool) -> jinja2.Template:
+        source = self._chat_template
+        if isinstance(source, Mapping):
+            name = "tool_use" if with_tools and "tool_use" in source else "default"
+            if name not in source:
+                raise InvalidParameterError(
+                    "messages", f"{self.source}: the model has several chat templates and no 'default' one"
+                )
+            source = source[name]
+        if not source:
+            raise InvalidParameterError(
+                "messages",
+                f"{self.source}: the model has no chat template (none in {TOKENIZER_CONFIG_FILE} or "
+                f"{CHAT_TEMPLATE_FILE}); use the completions API with a raw prompt instead",
+            )
+        if source not in self._compiled:
+            try:
+                self._compiled[source] = _jinja_env().from_string(source)
+            except jinja2.TemplateSyntaxError as e:
+                raise ModelLoadError(f"{self.source}: invalid chat template (line {e.lineno}: {e.message})") from None
+        return self._compiled[source]
+
+
+class IncrementalDetokenizer:
+    """Turns generated ids into text deltas for streaming, vLLM style (prefix/read offsets).
+
+    Each step decodes two short windows, ``ids[prefix:read]`` (already emitted) and ``ids[prefix:]``,
+    and emits the difference. Text that ends in U+FFFD is held back, because with byte-level BPE
+    that usually means an incomplete UTF-8 sequence that the next token completes. Decoding windows
+    rather than single tokens also gets leading spaces right for decoders that strip them from the
+    first token. ``finish()`` flushes whatever is held back when generation stops, after which the
+    concatenated deltas equal ``tokenizer.decode(generated_ids)`` for byte-level BPE tokenizers
+    (sentencepiece-style decoders keep the first token's leading space, as vLLM does, where
+    decoding the generated ids alone strips it).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int], skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        context = [int(i) for i in prompt_token_ids[-_DETOKENIZER_CONTEXT:]] if prompt_token_ids else []
+        if context and self._decode(context).endswith("\ufffd"):
+            # The prompt ends inside a UTF-8 sequence: as context it would absorb the first generated
+            # bytes and make the stream differ from decode(generated ids), so do without it.
+            context = []
+        self._ids = context
+        self._prefix = 0
+        self._read = len(self._ids)
+        self.text = ""
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
+
+    def add(self, token_ids: Sequence[int]) -> str:
+        """Append generated ids; return the newly decodable text (possibly empty)."""
+        out: list[str] = []
+        for token_id in token_ids:
+            self._ids.append(int(token_id))
+            prefix_text = self._decode(self._ids[self._prefix : self._read])
+            new_text = self._decode(self._ids[self._prefix :])
+            if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+                out.append(new_text[len(prefix_text) :])
+                # Drop ids left of the new prefix so the windows (and memory) stay small.
+                self._ids = self._ids[self._read :]
+                self._prefix, self._read = 0, len(self._ids)
+        delta = "".join(out)
+        self.text += delta
+        return delta
+
+    def finish(self) -> str:
+        """Flush held-back text (an incomplete/invalid byte sequence at the very end)."""
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        new_text = self._decode(self._ids[self._prefix :])
+        delta = new_text[len(prefix_text) :] if len(new_text) > len(prefix_text) else ""
+        self._ids = self._ids[self._read :]
+        self._prefix, self._read = 0, len(self._ids)
+        self.text += delta
+        return delta
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}`` (assistant-mask markers some templates use): render the body."""
+
+    tags: ClassVar[set[str]] = {"generation"}
+
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller: Any) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    # Jinja's own tojson HTML-escapes; chat templates expect plain JSON (as transformers renders it).
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _jinja_env() -> ImmutableSandboxedEnvironment:
+    """The environment transformers renders chat templates in (templates are untrusted code)."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def bos_eos_post_processor(backend: _Backend, special: Mapping[str, str | None], add_bos: bool, add_eos: bool) -> Any:
+    """The TemplateProcessing transformers installs for add_bos_token/add_eos_token."""
+    bos, eos = special.get("bos_token"), special.get("eos_token")
+    bos_id = backend.token_to_id(bos) if bos else None
+    eos_id = backend.token_to_id(eos) if eos else None
+    add_bos = add_bos and bos_id is not None
+    add_eos = add_eos and eos_id is not None
+    single = f"{(bos + ':0 ') if add_bos else ''}$A:0{(' ' + eos + ':0') if add_eos else ''}"
+    pair = f"{single}{(' ' + bos + ':1') if add_bos else ''} $B:1{(' ' + eos + ':1') if add_eos else ''}"
+    tokens = ([(bos, bos_id)] if add_bos else []) + ([(eos, eos_id)] if add_eos else [])
+    return processors.TemplateProcessing(single=single, pair=pair, special_tokens=tokens)
+
+
+def _token_content(value: Any) -> str | None:
+    """A special token as tokenizer_config.json spells it: a string or a serialized AddedToken."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_json(path: Path) -> dict:
+    """An optional JSON object file: {} when absent, ModelLoadError when unreadable."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path}: invalid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object")
+    return data

@@ -1,0 +1,96 @@
+"""Turns requests that got new tokens into ``RequestOutput`` deltas: incremental detokenization and
+stop strings. A stop string ends the request through the scheduler and is cut from the text; text
+that might still become the start of a stop string is held back until it cannot."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from engine.outputs import RequestMetrics, RequestOutput
+from engine.request import FinishReason, Request
+from engine.scheduler import Scheduler
+
+
+@dataclass(slots=True)
+class _Stream:
+    detokenizer: object | None
+    num_sent_tokens: int
+    text: str = ""
+    num_sent_chars: int = 0
+    hold: int = 0  # characters held back: longest stop string - 1
+
+
+class OutputProcessor:
+    def __init__(self, scheduler: Scheduler, tokenizer) -> None:
+        self.scheduler = scheduler
+        self.tokenizer = tokenizer
+        self._streams: dict[str, _Stream] = {}
+
+    def add(self, req: Request) -> None:
+        sp = req.sampling_params
+        detok = None
+        if self.tokenizer is not None and sp.detokenize:
+            detok = self.tokenizer.new_detokenizer(req.prompt_token_ids, skip_special_tokens=sp.skip_special_tokens)
+        hold = max((len(s) for s in sp.stop), default=1) - 1
+        self._streams[req.request_id] = _Stream(detok, req.num_prompt_tokens, hold=hold)
+
+    def discard(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    def process(self, updated: list[Request]) -> list[RequestOutput]:
+        outs = []
+        for req in updated:
+            st = self._streams.get(req.request_id)
+            if st is None:
+                continue
+            new_ids = req.all_token_ids[st.num_sent_tokens :]
+            st.num_sent_tokens = req.num_tokens
+            if st.detokenizer is not None:
+                self._detokenize(req, st, new_ids)
+            outs.append(self._output(req, st, new_ids))
+        return outs
+
+    def _detokenize(self, req: Request, st: _Stream, new_ids: list[int]) -> None:
+        delta = st.detokenizer.add(new_ids)
+        if req.is_finished:
+            delta += st.detokenizer.finish()  # release a held-back partial character
+        if not delta:
+            return
+        before = len(st.text)
+        st.text += delta
+        sp = req.sampling_params
+        for stop in sp.stop:
+            i = st.text.find(stop, max(0, before - len(stop) + 1))
+            if i >= 0:
+                st.text = st.text[: i + len(stop)] if sp.include_stop_str_in_output else st.text[:i]
+                req.stop_reason = stop
+                if not req.is_finished:
+                    self.scheduler.finish(req, FinishReason.STOP)
+                break
+
+    def _output(self, req: Request, st: _Stream, new_ids: list[int]) -> RequestOutput:
+        finished = req.is_finished
+        end = len(st.text) if finished else max(st.num_sent_chars, len(st.text) - st.hold)
+        text_delta = st.text[st.num_sent_chars : end]
+        st.num_sent_chars = end
+        out = RequestOutput(req.request_id, new_ids, text_delta)
+        if finished:
+            self._streams.pop(req.request_id, None)
+            out.finished = True
+            out.finish_reason = req.finish_reason.value if req.finish_reason else None
+            out.stop_reason = req.stop_reason
+            out.num_prompt_tokens = req.num_prompt_tokens
+            out.num_cached_tokens = req.num_cached_tokens
+            out.token_ids = req.output_token_ids
+            out.text = st.text
+            out.metrics = RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, time.monotonic())
+        return out
+
+    def abort_output(self, req: Request) -> RequestOutput:
+        st = self._streams.pop(req.request_id, None)
+        text = st.text if st else ""
+        return RequestOutput(
+            req.request_id, [], text[st.num_sent_chars :] if st else "", finished=True, finish_reason="abort",
+            num_prompt_tokens=req.num_prompt_tokens, token_ids=req.output_token_ids, text=text,
+        )

@@ -1,0 +1,31 @@
+"""What an engine step returns per request (pure Python)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """A delta: the tokens and text this step added. When ``finished``, ``token_ids`` and ``text``
+    hold the whole generation."""
+
+    request_id: str
+    new_token_ids: list[int]
+    text_delta: str
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    metrics: RequestMetrics | None = None

@@ -1,0 +1,177 @@
+"""A request's state inside one engine, and the one request-state enum every part of Baton shares.
+
+Lifecycle (each arrow is a legal transition; ``Request.transition`` enforces the table)::
+
+    QUEUED ──schedule──► PREFILLING ──prompt done, first token──► DECODING ──stop/length──► FINISHED
+      │                     │   └──(prefill role) last chunk sent──► TRANSFERRING ──ack──► FINISHED
+      │                     └──out of blocks──► PREEMPTED ──rescheduled (recompute)──► PREFILLING
+      └──(decode role) reserve──► RESERVED ──KV + first token arrived──► DECODING
+                                     └──transfer failed / deadline──► PREFILLING (local recompute)
+    DECODING ──out of blocks──► PREEMPTED
+    any live state ──worker died──► MIGRATING ──resubmitted elsewhere──► QUEUED
+    any live state ──client gone / abort──► ABORTED;  ──internal error──► FAILED
+
+Who moves requests: ``engine.scheduler`` (QUEUED/PREEMPTED→PREFILLING, →PREEMPTED, →DECODING,
+→FINISHED, →ABORTED), the decode worker (→RESERVED, RESERVED→DECODING/PREFILLING), the prefill worker
+(→TRANSFERRING→FINISHED), and the router (→MIGRATING→QUEUED, →FAILED).
+
+This module is pure Python (no torch): the router imports it.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from engine.sampling_params import SamplingParams
+
+
+class RequestState(enum.Enum):
+    QUEUED = "queued"
+    RESERVED = "reserved"
+    PREFILLING = "prefilling"
+    TRANSFERRING = "transferring"
+    DECODING = "decoding"
+    PREEMPTED = "preempted"
+    MIGRATING = "migrating"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or the context length
+    ABORT = "abort"
+    ERROR = "error"
+
+
+_TERMINAL = frozenset({RequestState.FINISHED, RequestState.ABORTED, RequestState.FAILED})
+_S = RequestState
+ALLOWED_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
+    _S.QUEUED: frozenset({_S.PREFILLING, _S.RESERVED, _S.MIGRATING, _S.ABORTED, _S.FAILED}),
+    _S.RESERVED: frozenset({_S.DECODING, _S.PREFILLING, _S.MIGRATING, _S.ABORTED, _S.FAILED}),
+    _S.PREFILLING: frozenset(
+        {_S.DECODING, _S.TRANSFERRING, _S.PREEMPTED, _S.FINISHED, _S.MIGRATING, _S.ABORTED, _S.FAILED}
+    ),
+    _S.TRANSFERRING: frozenset({_S.FINISHED, _S.MIGRATING, _S.ABORTED, _S.FAILED}),
+    _S.DECODING: frozenset({_S.FINISHED, _S.PREEMPTED, _S.MIGRATING, _S.ABORTED, _S.FAILED}),
+    _S.PREEMPTED: frozenset({_S.PREFILLING, _S.MIGRATING, _S.ABORTED, _S.FAILED}),
+    _S.MIGRATING: frozenset({_S.QUEUED, _S.ABORTED, _S.FAILED}),
+    _S.FINISHED: frozenset(),
+    _S.ABORTED: frozenset(),
+    _S.FAILED: frozenset(),
+}
+
+
+class IllegalTransitionError(RuntimeError):
+    pass
+
+
+class Request:
+    """One request as an engine sees it: computed tokens chasing total tokens.
+
+    ``all_token_ids`` is prompt + generated; ``num_computed_tokens`` counts the tokens whose KV is in
+    the cache (or is being computed by the step in flight). Prefix-cache hits, prefill chunks and KV
+    received from a prefill worker all advance it.
+    """
+
+    __slots__ = (
+        "request_id",
+        "prompt_token_ids",
+        "all_token_ids",
+        "num_prompt_tokens",
+        "sampling_params",
+        "eos_token_ids",
+        "priority",
+        "arrival_time",
+        "arrival_seq",
+        "cache_salt",
+        "state",
+        "finish_reason",
+        "num_computed_tokens",
+        "num_cached_tokens",
+        "block_ids",
+        "block_hashes",
+        "num_registered_blocks",
+        "num_preemptions",
+        "stop_reason",
+        "first_scheduled_time",
+        "first_token_time",
+        "is_padding",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        *,
+        eos_token_ids: tuple[int, ...] = (),
+        priority: int = 0,
+        arrival_time: float | None = None,
+        arrival_seq: int = 0,
+        cache_salt: str | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.all_token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_ids = eos_token_ids
+        self.priority = priority  # lower is more important (lanes map onto it)
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.arrival_seq = arrival_seq
+        self.cache_salt = cache_salt
+        self.state = RequestState.QUEUED
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: int | str | None = None
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prefix-cache hit at (first) admission
+        self.block_ids: list[int] = []
+        self.block_hashes: list[bytes] = []  # one per full block of all_token_ids, chained
+        self.num_registered_blocks = 0  # how many of block_ids are in the prefix cache
+        self.num_preemptions = 0
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.is_padding = False  # static-batching baseline: finished, but its row still computes
+
+    # -- token accounting -------------------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens :]
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.num_prompt_tokens + self.sampling_params.max_tokens
+
+    def append_token(self, token_id: int) -> None:
+        self.all_token_ids.append(token_id)
+
+    # -- state ------------------------------------------------------------------------------
+    def transition(self, new_state: RequestState) -> None:
+        if new_state not in ALLOWED_TRANSITIONS[self.state]:
+            raise IllegalTransitionError(f"request {self.request_id}: {self.state.name} -> {new_state.name}")
+        self.state = new_state
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state.is_terminal
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.state.name}, computed={self.num_computed_tokens}/"
+            f"{self.num_tokens}, blocks={len(self.block_ids)})"
+        )

@@ -1,0 +1,81 @@
+"""Model runner: applies the scheduler's deltas to the persistent batch, runs one forward pass,
+samples. Owns the KV cache tensor."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.attention.backend import AttentionBackend
+from engine.attention.metadata import AttentionMetadata
+from engine.input_batch import InputBatch, StepInputs
+from engine.model.llama import LlamaModel
+from engine.sampler import Sampler
+from engine.scheduler_output import RunnerOutput, SchedulerOutput
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv_cache: torch.Tensor,
+        attn: AttentionBackend,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        block_size: int,
+        seed: int,
+    ) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.attn = attn
+        self.device = kv_cache.device
+        self.batch = InputBatch(max_num_seqs, max_model_len, block_size)
+        self.sampler = Sampler(seed, self.device)
+
+    def execute(self, so: SchedulerOutput) -> RunnerOutput:
+        self.batch.apply(so)
+        if so.is_empty:
+            return RunnerOutput([], [])
+        inputs = self.batch.prepare(so)
+        hidden = self.model.forward(
+            self._tensor(inputs.input_ids),
+            self._tensor(inputs.positions),
+            self.kv_cache,
+            self._metadata(inputs),
+            self.attn,
+        )
+        if not len(inputs.logits_indices):
+            return RunnerOutput([], [])
+        return self._sample(hidden, inputs)
+
+    @torch.inference_mode()
+    def _sample(self, hidden: torch.Tensor, inputs: StepInputs) -> RunnerOutput:
+        logits = self.model.compute_logits(hidden[self._tensor(inputs.logits_indices)])
+        batch = self.batch
+        rows = inputs.sample_rows
+        params = [batch.params[r] for r in rows.tolist()]
+        out_pos = (batch.num_tokens[rows] - batch.num_prompt_tokens[rows]).tolist()
+        sampled = self.sampler.sample(logits, params, out_pos).cpu().numpy()
+        batch.append_sampled(rows, sampled)
+        return RunnerOutput(inputs.sample_request_ids, sampled.tolist())
+
+    def _metadata(self, x: StepInputs) -> AttentionMetadata:
+        t = self._tensor
+        has_decode = x.num_decode_tokens > 0
+        has_prefill = len(x.prefill_seq_lens) > 0
+        return AttentionMetadata(
+            num_decode_tokens=x.num_decode_tokens,
+            num_prefill_tokens=len(x.input_ids) - x.num_decode_tokens,
+            slot_block=t(x.slot_block),
+            slot_offset=t(x.slot_offset),
+            decode_block_tables=t(x.decode_block_tables) if has_decode else None,
+            decode_seq_lens=t(x.decode_seq_lens) if has_decode else None,
+            prefill_block_tables=t(x.prefill_block_tables) if has_prefill else None,
+            prefill_cu_seqlens_q=t(x.prefill_cu_seqlens_q) if has_prefill else None,
+            prefill_seq_lens=t(x.prefill_seq_lens) if has_prefill else None,
+        )
+
+    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(np.ascontiguousarray(a))
+        return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)

@@ -1,0 +1,75 @@
+"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds.
+
+A seeded request draws the noise for output position p from a generator seeded with (seed, p), so
+its tokens do not depend on what it is batched with, nor on being preempted and recomputed.
+Unseeded requests share the engine's generator.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+_SEED_MIX = 0x9E3779B97F4A7C15
+_MASK64 = (1 << 63) - 1
+
+
+class Sampler:
+    def __init__(self, seed: int, device: torch.device) -> None:
+        self.device = device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self._row_generator = torch.Generator(device=device)
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, params: list[SamplingParams], output_positions: list[int]) -> torch.Tensor:
+        """logits [N, V] float32 -> token ids [N] (int64, on the logits' device)."""
+        greedy = [p.temperature == 0.0 for p in params]
+        if all(greedy):
+            return logits.argmax(dim=-1)
+        out = logits.argmax(dim=-1)
+        rows = [i for i, g in enumerate(greedy) if not g]
+        sub = logits[rows]
+        sp = [params[i] for i in rows]
+        temps = torch.tensor([p.temperature for p in sp], device=logits.device, dtype=logits.dtype)
+        sub = sub / temps[:, None]
+        if any(p.top_k for p in sp):
+            sub = _apply_top_k(sub, [p.top_k for p in sp])
+        if any(p.top_p < 1.0 for p in sp):
+            sub = _apply_top_p(sub, torch.tensor([p.top_p for p in sp], device=logits.device, dtype=sub.dtype))
+        probs = torch.softmax(sub, dim=-1)
+        # Exponential race (Gumbel-max): argmax(p / E), E ~ Exp(1), samples from p.
+        noise = torch.empty_like(probs)
+        unseeded = [j for j, p in enumerate(sp) if p.seed is None]
+        if unseeded:
+            noise[unseeded] = torch.empty((len(unseeded), probs.shape[1]), device=probs.device).exponential_(
+                generator=self.generator
+            )
+        for j, p in enumerate(sp):
+            if p.seed is not None:
+                pos = output_positions[rows[j]]
+                self._row_generator.manual_seed((p.seed * _SEED_MIX + pos) & _MASK64)
+                noise[j].exponential_(generator=self._row_generator)
+        out[rows] = (probs / noise).argmax(dim=-1)
+        return out
+
+
+def _apply_top_k(logits: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    vocab = logits.shape[1]
+    k_max = min(max(ks), vocab)
+    kth_values = torch.topk(logits, k_max, dim=-1).values
+    idx = torch.tensor([min(k, vocab) - 1 if k else k_max - 1 for k in ks], device=logits.device)
+    thresholds = kth_values.gather(1, idx[:, None])
+    disabled = torch.tensor([k == 0 for k in ks], device=logits.device)
+    thresholds = thresholds.masked_fill(disabled[:, None], float("-inf"))
+    return logits.masked_fill(logits < thresholds, float("-inf"))
+
+
+def _apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # Drop a token when the mass strictly before it already reaches top_p (the first always stays).
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop_sorted = mass_before >= top_p[:, None]
+    drop = torch.zeros_like(drop_sorted).scatter(1, sorted_idx, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))

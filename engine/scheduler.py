@@ -1,0 +1,286 @@
+"""Token-budget continuous-batching scheduler (pure Python, no torch).
+
+A request is "computed tokens chasing total tokens": each step gives it
+``min(num_tokens - num_computed_tokens, remaining budget)`` tokens, which is one token for a decode,
+a chunk for a prompt (chunked prefill), and the whole known sequence again after preemption.
+Prefix-cache hits advance ``num_computed_tokens`` at admission.
+
+Queues and transitions (``engine.request`` has the full table)::
+
+    add_request ─► waiting (QUEUED) ──admit──► running (PREFILLING) ──first token──► (DECODING)
+                        ▲                          │
+                        └──── preempt (PREEMPTED) ◄┘ out of blocks: least important, newest first
+    running ──stop / length──► FINISHED (blocks freed)      abort ──► ABORTED (blocks freed)
+
+Each step serves running requests first (decodes, then continuing prefill chunks), then admits
+waiting requests in priority order while budget, ``max_num_seqs`` and free blocks allow. A step in
+which something was preempted admits nothing new.
+"""
+
+from __future__ import annotations
+
+import time
+
+from engine.block_manager import BlockManager
+from engine.config import SchedulerConfig
+from engine.request import FinishReason, Request, RequestState
+from engine.scheduler_output import CachedRequestData, NewRequestData, RunnerOutput, SchedulerOutput
+from engine.scheduler_policies import AdmissionPolicy, PreemptionPolicy, StaticBatchAdmission, WaitingQueue
+
+_S = RequestState
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.max_model_len = max_model_len
+        self.admission: AdmissionPolicy = (
+            StaticBatchAdmission(config.static_batch_size) if config.policy == "static" else AdmissionPolicy()
+        )
+        self.preemption = PreemptionPolicy()
+        self.waiting = WaitingQueue()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._left_batch: set[str] = set()  # finished/aborted/preempted since the last schedule()
+        self._watermark_blocks = int(config.admission_watermark * block_manager.num_blocks)
+        self._arrivals = 0
+        self.num_preemptions = 0
+
+    # -- requests in and out ----------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"duplicate request id {req.request_id!r}")
+        if req.num_prompt_tokens == 0:
+            raise ValueError(f"request {req.request_id!r} has an empty prompt")
+        bm = self.block_manager
+        need = bm.blocks_needed(min(req.max_total_tokens, self.max_model_len))
+        if need > bm.num_blocks:
+            raise ValueError(
+                f"request {req.request_id!r} needs {need} KV blocks but the cache has only {bm.num_blocks}"
+            )
+        req.arrival_seq = self._arrivals
+        self._arrivals += 1
+        self.requests[req.request_id] = req
+        self.waiting.push(req)
+
+    def abort(self, request_id: str) -> Request | None:
+        """Stop a request wherever it is; its blocks are freed now. Returns it, or None if unknown."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        if req.is_finished:  # a static-batching padding row: it leaves with its batch
+            return req
+        if req.state in (_S.QUEUED, _S.PREEMPTED):
+            self.waiting.remove(req)
+        self._finish(req, FinishReason.ABORT, _S.ABORTED)
+        return req
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # -- the step ---------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        bm = self.block_manager
+        bs = bm.block_size
+        scheduled: list[Request] = []
+        num_sched: dict[str, int] = {}
+        new_block_counts: dict[str, int] = {}  # request id -> len(block_ids) before this step
+        preempted = 0
+
+        # Decodes first, then continuing prefill chunks.
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        if len(decodes) != len(self.running):
+            decodes += [r for r in self.running if r.num_tokens - r.num_computed_tokens != 1]
+        for req in decodes:
+            if req.state is _S.PREEMPTED:  # a victim earlier in this loop
+                continue
+            if budget == 0:
+                break
+            n = 1 if req.is_padding else req.num_tokens - req.num_computed_tokens
+            if n > budget:
+                n = budget
+            have = len(req.block_ids)
+            if req.num_computed_tokens + n > have * bs:
+                while not bm.allocate(req, n):
+                    victim = self.preemption.pick_victim(self.running)
+                    if victim.request_id in num_sched:
+                        budget += num_sched.pop(victim.request_id)
+                        scheduled.remove(victim)
+                        new_block_counts.pop(victim.request_id, None)
+                    self._preempt(victim)
+                    preempted += 1
+                    if victim is req:
+                        break
+                if req.state is _S.PREEMPTED:
+                    continue
+                new_block_counts[req.request_id] = have
+            scheduled.append(req)
+            num_sched[req.request_id] = n
+            budget -= n
+
+        new_reqs: list[Request] = []
+        if not preempted:
+            budget = self._admit(budget, scheduled, num_sched, new_reqs)
+
+        return self._build_output(scheduled, num_sched, new_block_counts, new_reqs, preempted)
+
+    def _admit(self, budget: int, scheduled: list[Request], num_sched: dict[str, int], new_reqs: list[Request]) -> int:
+        bm = self.block_manager
+        limit = self.admission.admission_limit(len(self.running), self.config.max_num_seqs)
+        while budget > 0 and limit > 0 and len(self.waiting):
+            req = self.waiting.peek()
+            cached = bm.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
+            n = req.num_tokens - req.num_computed_tokens - len(cached) * bm.block_size
+            if n > budget:
+                n = budget
+            need = bm._num_new_blocks(req, n, len(cached))
+            if need > bm.num_free_blocks - self._watermark_blocks and self.running:
+                break  # leave room for the running requests to grow
+            if not bm.allocate(req, n, cached):
+                break
+            self.waiting.pop()
+            if req.num_cached_tokens == 0:
+                req.num_cached_tokens = len(cached) * bm.block_size
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = time.monotonic()
+            req.transition(_S.PREFILLING)
+            self.running.append(req)
+            scheduled.append(req)
+            new_reqs.append(req)
+            num_sched[req.request_id] = n
+            budget -= n
+            limit -= 1
+        return budget
+
+    def _build_output(
+        self,
+        scheduled: list[Request],
+        num_sched: dict[str, int],
+        new_block_counts: dict[str, int],
+        new_reqs: list[Request],
+        preempted: int,
+    ) -> SchedulerOutput:
+        new_ids = {r.request_id for r in new_reqs}
+        new_data = [
+            NewRequestData(
+                r.request_id, list(r.all_token_ids), list(r.block_ids), r.num_computed_tokens, r.num_prompt_tokens,
+                r.sampling_params,
+            )
+            for r in new_reqs
+        ]
+        cached = CachedRequestData()
+        bm = self.block_manager
+        bs = bm.block_size
+        for req in scheduled:
+            rid = req.request_id
+            if rid not in new_ids:
+                before = new_block_counts.get(rid)
+                cached.request_ids.append(rid)
+                cached.new_block_ids.append(None if before is None else req.block_ids[before:])
+            # Advance optimistically: the step in flight computes these tokens.
+            end = req.num_computed_tokens + num_sched[rid]
+            req.num_computed_tokens = end
+            if end // bs > req.num_registered_blocks:
+                bm.register_full_blocks(req, end)
+        left, self._left_batch = self._left_batch, set()
+        return SchedulerOutput(
+            new_requests=new_data,
+            cached_requests=cached,
+            num_scheduled_tokens=num_sched,
+            total_num_scheduled_tokens=sum(num_sched.values()),
+            finished_request_ids=left,
+            num_preempted=preempted,
+        )
+
+    # -- after the step ---------------------------------------------------------------------
+    def update_from_output(self, out: RunnerOutput) -> list[Request]:
+        """Append sampled tokens, apply token-level stops; return requests that got a token."""
+        updated: list[Request] = []
+        requests = self.requests
+        max_len = self.max_model_len
+        for rid, tok in zip(out.request_ids, out.sampled_token_ids):
+            req = requests.get(rid)
+            if req is None:
+                continue  # aborted while the step ran
+            if req.is_padding:  # its token is discarded; the row only occupies the batch
+                if req.num_computed_tokens + 1 >= max_len:
+                    self._release_padding(req)
+                continue
+            req.all_token_ids.append(tok)
+            if req.state is _S.PREFILLING:
+                req.transition(_S.DECODING)
+                req.first_token_time = time.monotonic()
+            reason = self._check_stop(req, tok, max_len)
+            if reason is not None:
+                self.finish(req, reason)
+            updated.append(req)
+        if self.admission.hold_finished and self.running and all(r.is_padding for r in self.running):
+            for r in list(self.running):
+                self._release_padding(r)
+        return updated
+
+    @staticmethod
+    def _check_stop(req: Request, tok: int, max_len: int) -> FinishReason | None:
+        sp = req.sampling_params
+        n_out = req.num_tokens - req.num_prompt_tokens
+        if n_out >= sp.min_tokens:
+            if not sp.ignore_eos and tok in req.eos_token_ids:
+                req.stop_reason = tok
+                return FinishReason.STOP
+            if tok in sp.stop_token_ids:
+                req.stop_reason = tok
+                return FinishReason.STOP
+        if n_out >= sp.max_tokens or req.num_tokens >= max_len:
+            return FinishReason.LENGTH
+        return None
+
+    def finish(self, req: Request, reason: FinishReason) -> None:
+        """Finish a running request (token stop, or a stop string found by the detokenizer)."""
+        if req.is_finished:
+            return
+        self._finish(req, reason, _S.FINISHED)
+
+    def _finish(self, req: Request, reason: FinishReason, state: RequestState) -> None:
+        req.finish_reason = reason
+        was_running = req.state not in (_S.QUEUED, _S.PREEMPTED)
+        req.transition(state)
+        if (
+            was_running
+            and self.admission.hold_finished
+            and state is _S.FINISHED
+            and req.num_computed_tokens + 1 < self.max_model_len
+        ):
+            req.is_padding = True  # static baseline: the row keeps computing until the batch ends
+            return
+        self._drop(req, was_running)
+
+    def _release_padding(self, req: Request) -> None:
+        req.is_padding = False
+        self._drop(req, was_running=True)
+
+    def _drop(self, req: Request, was_running: bool) -> None:
+        if was_running:
+            self.running.remove(req)
+            self._left_batch.add(req.request_id)
+        self.block_manager.free(req)
+        del self.requests[req.request_id]
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.block_manager.free(req)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.transition(_S.PREEMPTED)
+        self._left_batch.add(req.request_id)
+        self.waiting.push(req)
+        self.num_preemptions += 1

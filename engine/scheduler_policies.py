@@ -1,0 +1,76 @@
+"""Small policy objects the scheduler composes: queue order, admission, preemption victims.
+
+Pure Python. Priority: lower value is more important (lanes map onto it); ties go to arrival order.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from engine.request import Request
+
+
+class WaitingQueue:
+    """Requests waiting for admission, most important first, then oldest first."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, Request]] = []
+        self._removed: set[str] = set()
+        self._len = 0
+
+    def push(self, req: Request) -> None:
+        heapq.heappush(self._heap, (req.priority, req.arrival_seq, req))
+        self._len += 1
+
+    def peek(self) -> Request | None:
+        self._drop_removed()
+        return self._heap[0][2] if self._heap else None
+
+    def pop(self) -> Request:
+        self._drop_removed()
+        self._len -= 1
+        return heapq.heappop(self._heap)[2]
+
+    def remove(self, req: Request) -> None:
+        """Lazy removal (abort); the entry is skipped when it reaches the head."""
+        self._removed.add(req.request_id)
+        self._len -= 1
+
+    def _drop_removed(self) -> None:
+        heap = self._heap
+        while heap and heap[0][2].request_id in self._removed:
+            self._removed.discard(heapq.heappop(heap)[2].request_id)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self):
+        return (r for _, _, r in sorted(self._heap) if r.request_id not in self._removed)
+
+
+class AdmissionPolicy:
+    """Continuous batching: admit whenever there is room."""
+
+    hold_finished = False  # whether finished rows stay in the batch as padding
+
+    def admission_limit(self, num_running: int, max_num_seqs: int) -> int:
+        return max_num_seqs - num_running
+
+
+class StaticBatchAdmission(AdmissionPolicy):
+    """Static batching baseline: a new batch only once the whole previous batch has finished."""
+
+    hold_finished = True
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+
+    def admission_limit(self, num_running: int, max_num_seqs: int) -> int:
+        return min(self.batch_size, max_num_seqs) if num_running == 0 else 0
+
+
+class PreemptionPolicy:
+    """Victim: the least important running request, newest first (it has the least work to redo)."""
+
+    def pick_victim(self, running: list[Request]) -> Request:
+        return max(running, key=lambda r: (r.priority, r.arrival_seq))

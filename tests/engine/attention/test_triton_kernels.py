@@ -1,0 +1,303 @@
+"""Triton paged-attention kernels against the torch reference, and the reference against dense attention.
+
+Without a GPU the kernels run under Triton's interpreter, which must be enabled (``TRITON_INTERPRET=1``)
+before any kernel is decorated. So the kernel comparisons run in one child process started with that
+environment; it reports every case's max error as JSON and the parametrised tests here judge it. Nothing
+in this pytest process imports the kernel modules, so other tests are unaffected. On a CUDA machine
+the child runs the same cases natively on the GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.attention import reference as ref
+
+_ROOT = Path(__file__).resolve().parents[3]
+_MARKER = "TRITON_CASES_JSON:"
+_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+# Cases are plain data so that pytest can collect them without importing triton.
+# "layer" picks which layer's strided view of the block-major cache the kernels see.
+DECODE_CASES: dict[str, dict[str, Any]] = {
+    "gqa1_bs8_d64": dict(heads=4, kv_heads=4, head_dim=64, block_size=8, lens=[1, 8, 13, 24]),
+    "gqa3_bs16_d64_smollm2": dict(heads=9, kv_heads=3, head_dim=64, block_size=16, lens=[1, 16, 33, 47]),
+    "gqa4_bs32_d128": dict(heads=8, kv_heads=2, head_dim=128, block_size=32, lens=[32, 64, 5], layer=0),
+    "gqa8_bs16_d64_split": dict(heads=8, kv_heads=1, head_dim=64, block_size=16, lens=[100, 3, 64], partition=32),
+    "gqa3_bs8_split_at_partition_edges": dict(
+        heads=6, kv_heads=2, head_dim=64, block_size=8, lens=[32, 64, 65, 1], partition=32
+    ),
+    "gqa2_bs16_auto_split_long": dict(heads=4, kv_heads=2, head_dim=64, block_size=16, lens=[600, 1]),
+    "fp16_gqa4_split": dict(
+        heads=8, kv_heads=2, head_dim=64, block_size=16, lens=[40, 7], partition=32, dtype="float16"
+    ),
+    "bf16_gqa3": dict(heads=9, kv_heads=3, head_dim=64, block_size=16, lens=[40, 7], dtype="bfloat16"),
+}
+PREFILL_CASES: dict[str, dict[str, Any]] = {
+    "no_prefix_gqa1_bs8": dict(heads=4, kv_heads=4, head_dim=64, block_size=8, q_lens=[1, 8, 20], ctx=[1, 8, 20]),
+    "long_prefix_gqa3_bs16_smollm2": dict(
+        heads=9, kv_heads=3, head_dim=64, block_size=16, q_lens=[5, 30], ctx=[150, 40]
+    ),
+    "mixed_gqa4_bs32_d128": dict(
+        heads=8, kv_heads=2, head_dim=128, block_size=32, q_lens=[32, 1, 0, 70], ctx=[64, 33, 10, 70], layer=0
+    ),
+    "gqa8_bs16_multi_tile": dict(
+        heads=8, kv_heads=1, head_dim=64, block_size=16, q_lens=[64, 3, 20], ctx=[64, 96, 39]
+    ),
+    "fp16_gqa4": dict(heads=8, kv_heads=2, head_dim=64, block_size=16, q_lens=[40, 7], ctx=[60, 7], dtype="float16"),
+    "bf16_gqa3": dict(heads=9, kv_heads=3, head_dim=64, block_size=16, q_lens=[20, 7], ctx=[60, 7], dtype="bfloat16"),
+}
+KV_WRITE_CASES: dict[str, dict[str, Any]] = {
+    "kvh3_bs16_d64": dict(kv_heads=3, head_dim=64, block_size=16, tokens=40),
+    "kvh2_bs8_d128_fp16": dict(kv_heads=2, head_dim=128, block_size=8, tokens=17, dtype="float16"),
+}
+# The interpreter's tl.dot multiplies bf16 operands as their raw uint16 bits (Triton 3.9), so
+# bf16 attention is only checked on a GPU.
+_CUDA_ONLY = {("decode", "bf16_gqa3"), ("prefill", "bf16_gqa3")}
+
+
+# ---- inputs (shared by the child process and the reference checks) -------------------------------
+
+
+def _paged_cache(
+    gen: torch.Generator, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype, layer: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A block-major ``[blocks, layers=2, 2, bs, kvh, D]`` cache and one layer's strided K/V views."""
+    kv = torch.randn(num_blocks, 2, 2, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    return kv, kv[:, layer, 0], kv[:, layer, 1]
+
+
+def _block_tables(gen: torch.Generator, lens: list[int], block_size: int, num_blocks: int) -> torch.Tensor:
+    """Each sequence's blocks are a random (non-contiguous) set of ids; unused entries are garbage."""
+    width = max(max(-(-n // block_size) for n in lens), 1)
+    rows = [torch.randperm(num_blocks, generator=gen)[:width] for _ in lens]
+    return torch.stack(rows).to(torch.int32)
+
+
+def decode_inputs(case: dict[str, Any], device: str = "cpu") -> tuple[Any, ...]:
+    gen = torch.Generator().manual_seed(0)
+    dtype = getattr(torch, case.get("dtype", "float32"))
+    bs, lens = case["block_size"], case["lens"]
+    num_blocks = sum(-(-n // bs) for n in lens) + 8
+    _, kc, vc = _paged_cache(gen, num_blocks, bs, case["kv_heads"], case["head_dim"], dtype, case.get("layer", 1))
+    q = torch.randn(len(lens), case["heads"], case["head_dim"], generator=gen).to(dtype)
+    bt = _block_tables(gen, lens, bs, num_blocks)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    to = lambda t: t.to(device)  # noqa: E731
+    return to(q), to(kc), to(vc), to(bt), to(seq_lens), case["head_dim"] ** -0.5
+
+
+def prefill_inputs(case: dict[str, Any], device: str = "cpu") -> tuple[Any, ...]:
+    gen = torch.Generator().manual_seed(1)
+    dtype = getattr(torch, case.get("dtype", "float32"))
+    bs, ctx, q_lens = case["block_size"], case["ctx"], case["q_lens"]
+    num_blocks = sum(-(-n // bs) for n in ctx) + 8
+    _, kc, vc = _paged_cache(gen, num_blocks, bs, case["kv_heads"], case["head_dim"], dtype, case.get("layer", 1))
+    q = torch.randn(sum(q_lens), case["heads"], case["head_dim"], generator=gen).to(dtype)
+    bt = _block_tables(gen, ctx, bs, num_blocks)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    seq_lens = torch.tensor(ctx, dtype=torch.int32)
+    to = lambda t: t.to(device)  # noqa: E731
+    return to(q), to(kc), to(vc), to(bt), to(cu), to(seq_lens), case["head_dim"] ** -0.5
+
+
+# ---- the child process: run every case, print errors as JSON -------------------------------------
+
+
+def _err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Max abs difference; NaN anywhere counts as infinitely wrong."""
+    d = (a.float() - b.float()).abs()
+    return float("inf") if d.isnan().any() else (d.max().item() if d.numel() else 0.0)
+
+
+def _run_kv_write(case: dict[str, Any], device: str) -> float:
+    from engine.attention.triton_kv_write import write_kv
+
+    gen = torch.Generator().manual_seed(2)
+    dtype = getattr(torch, case.get("dtype", "float32"))
+    bs, t = case["block_size"], case["tokens"]
+    num_blocks = -(-t // bs) + 4
+    kv, kc, vc = _paged_cache(gen, num_blocks, bs, case["kv_heads"], case["head_dim"], dtype, 1)
+    slots = torch.randperm(num_blocks * bs, generator=gen)[:t]  # distinct slots, scattered
+    blk, off = (slots // bs).to(torch.int32), (slots % bs).to(torch.int32)
+    k = torch.randn(t, case["kv_heads"], case["head_dim"], generator=gen).to(dtype)
+    v = torch.randn(t, case["kv_heads"], case["head_dim"], generator=gen).to(dtype)
+    want = kv.clone()
+    ref.write_kv(want[:, 1, 0], want[:, 1, 1], k, v, blk, off)
+    got = kv.to(device)
+    write_kv(got[:, 1, 0], got[:, 1, 1], k.to(device), v.to(device), blk.to(device), off.to(device))
+    # A padding token (negative block) must leave the cache untouched.
+    neg = torch.tensor([-1], dtype=torch.int32, device=device)
+    write_kv(got[:, 1, 0], got[:, 1, 1], k[:1].to(device) + 100, v[:1].to(device) + 100, neg, neg + 1)
+    return _err(got.cpu(), want)  # compares every layer, so stray writes show up too
+
+
+def run_cases(device: str) -> dict[str, dict[str, Any]]:
+    """Every case's max abs error (or its traceback), keyed ``kind/name``."""
+    from engine.attention.triton_decode import paged_decode_attention
+    from engine.attention.triton_prefill import paged_prefill_attention
+
+    results: dict[str, dict[str, Any]] = {}
+
+    def record(key: str, fn: Any) -> None:
+        try:
+            results[key] = {"err": fn()}
+        except Exception:  # noqa: BLE001 - reported to the parent test
+            results[key] = {"error": traceback.format_exc()}
+
+    for name, case in DECODE_CASES.items():
+        if ("decode", name) in _CUDA_ONLY and device != "cuda":
+            continue
+
+        def decode(case: dict[str, Any] = case) -> float:
+            args = decode_inputs(case, device)
+            got = paged_decode_attention(*args, partition_size=case.get("partition"))
+            return _err(got.cpu(), ref.paged_decode_attention(*(a.cpu() if torch.is_tensor(a) else a for a in args)))
+
+        record(f"decode/{name}", decode)
+    for name, case in PREFILL_CASES.items():
+        if ("prefill", name) in _CUDA_ONLY and device != "cuda":
+            continue
+
+        def prefill(case: dict[str, Any] = case) -> float:
+            args = prefill_inputs(case, device)
+            got = paged_prefill_attention(*args)
+            return _err(got.cpu(), ref.paged_prefill_attention(*(a.cpu() if torch.is_tensor(a) else a for a in args)))
+
+        record(f"prefill/{name}", prefill)
+    for name, case in KV_WRITE_CASES.items():
+        record(f"kv_write/{name}", lambda case=case: _run_kv_write(case, device))
+    return results
+
+
+def _child_main() -> None:
+    device = sys.argv[1]
+    print(_MARKER + json.dumps(run_cases(device)), flush=True)
+
+
+@pytest.fixture(scope="module")
+def kernel_results() -> dict[str, dict[str, Any]]:
+    pytest.importorskip("triton")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    code = "from tests.engine.attention.test_triton_kernels import _child_main; _child_main()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, device], cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_MARKER)]
+    if proc.returncode != 0 or not lines:
+        tail = f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        pytest.fail(f"kernel child process failed (rc={proc.returncode}):\n{tail}")
+    out: dict[str, dict[str, Any]] = json.loads(lines[-1][len(_MARKER) :])
+    out["_device"] = {"name": device}
+    return out
+
+
+def _check(results: dict[str, dict[str, Any]], kind: str, name: str, case: dict[str, Any]) -> None:
+    if (kind, name) in _CUDA_ONLY and results["_device"]["name"] != "cuda":
+        pytest.skip("the Triton interpreter's tl.dot is wrong for bf16; checked on CUDA only")
+    res = results[f"{kind}/{name}"]
+    assert "error" not in res, res.get("error")
+    tol = 0.0 if kind == "kv_write" else _TOL[getattr(torch, case.get("dtype", "float32"))]
+    assert res["err"] <= tol, f"max abs error {res['err']:.3g} > {tol:.3g}"
+
+
+@pytest.mark.parametrize("name", list(DECODE_CASES))
+def test_decode_kernel_matches_reference(kernel_results: dict[str, dict[str, Any]], name: str) -> None:
+    _check(kernel_results, "decode", name, DECODE_CASES[name])
+
+
+@pytest.mark.parametrize("name", list(PREFILL_CASES))
+def test_prefill_kernel_matches_reference(kernel_results: dict[str, dict[str, Any]], name: str) -> None:
+    _check(kernel_results, "prefill", name, PREFILL_CASES[name])
+
+
+@pytest.mark.parametrize("name", list(KV_WRITE_CASES))
+def test_kv_write_kernel_matches_reference(kernel_results: dict[str, dict[str, Any]], name: str) -> None:
+    _check(kernel_results, "kv_write", name, KV_WRITE_CASES[name])
+
+
+# ---- the oracle itself: reference vs naive dense attention (no triton needed) ---------------------
+
+
+def _dense_context(
+    kc: torch.Tensor, vc: torch.Tensor, table: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sequence's first n K/V rows ``[n, kvh, D]``, read position by position (float64)."""
+    bs = kc.shape[1]
+    rows = [(int(table[p // bs]), p % bs) for p in range(n)]
+    k = torch.stack([kc[b, o] for b, o in rows]).double()
+    v = torch.stack([vc[b, o] for b, o in rows]).double()
+    return k, v
+
+
+def _dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first_pos: int, scale: float) -> torch.Tensor:
+    """Query row i (context position first_pos + i) attends to keys 0..first_pos + i, head by head."""
+    out = torch.empty(q.shape, dtype=torch.float64)
+    group = q.shape[1] // k.shape[1]
+    for i in range(q.shape[0]):
+        visible = first_pos + i + 1
+        for h in range(q.shape[1]):
+            kk, vv = k[:visible, h // group], v[:visible, h // group]
+            w = torch.softmax((kk @ q[i, h].double()) * scale, dim=0)
+            out[i, h] = w @ vv
+    return out
+
+
+@pytest.mark.parametrize("name", [n for n in DECODE_CASES if "dtype" not in DECODE_CASES[n]])
+def test_reference_decode_matches_dense(name: str) -> None:
+    q, kc, vc, bt, seq_lens, scale = decode_inputs(DECODE_CASES[name])
+    assert not kc.is_contiguous()
+    got = ref.paged_decode_attention(q, kc, vc, bt, seq_lens, scale)
+    for s, n in enumerate(seq_lens.tolist()):
+        k, v = _dense_context(kc, vc, bt[s], n)
+        want = _dense_attention(q[s : s + 1], k, v, n - 1, scale)[0]
+        assert _err(got[s], want) <= 1e-5
+
+
+@pytest.mark.parametrize("name", [n for n in PREFILL_CASES if "dtype" not in PREFILL_CASES[n]])
+def test_reference_prefill_matches_dense(name: str) -> None:
+    q, kc, vc, bt, cu, seq_lens, scale = prefill_inputs(PREFILL_CASES[name])
+    got = ref.paged_prefill_attention(q, kc, vc, bt, cu, seq_lens, scale)
+    for s, n in enumerate(seq_lens.tolist()):
+        lo, hi = int(cu[s]), int(cu[s + 1])
+        k, v = _dense_context(kc, vc, bt[s], n)
+        want = _dense_attention(q[lo:hi], k, v, n - (hi - lo), scale)
+        assert _err(got[lo:hi], want) <= 1e-5
+
+
+def test_reference_write_kv_reaches_the_right_slots() -> None:
+    gen = torch.Generator().manual_seed(3)
+    kv, kc, vc = _paged_cache(gen, 6, 8, 3, 64, torch.float32, 1)
+    before = kv.clone()
+    k, v = torch.randn(5, 3, 64, generator=gen), torch.randn(5, 3, 64, generator=gen)
+    blk, off = torch.tensor([4, 0, 4, 5, 2], dtype=torch.int32), torch.tensor([7, 0, 1, 3, 3], dtype=torch.int32)
+    ref.write_kv(kc, vc, k, v, blk, off)
+    for t in range(5):
+        b, o = int(blk[t]), int(off[t])
+        assert torch.equal(kv[b, 1, 0, o], k[t]) and torch.equal(kv[b, 1, 1, o], v[t])
+        before[b, 1, :, o] = kv[b, 1, :, o]
+    assert torch.equal(kv, before)  # nothing else changed
+
+
+def test_cases_cover_the_brief() -> None:
+    """Guard against the case tables silently losing coverage."""
+    groups = {c["heads"] // c["kv_heads"] for c in (*DECODE_CASES.values(), *PREFILL_CASES.values())}
+    assert {1, 3, 4, 8} <= groups
+    sizes = {c["block_size"] for c in (*DECODE_CASES.values(), *PREFILL_CASES.values())}
+    assert {8, 16, 32} <= sizes
+    assert {64, 128} <= {c["head_dim"] for c in (*DECODE_CASES.values(), *PREFILL_CASES.values())}
+    assert any(c["ctx"] == c["q_lens"] for c in PREFILL_CASES.values())
+    assert any(1 in c["lens"] for c in DECODE_CASES.values())

@@ -1,0 +1,88 @@
+"""SmolLM2-135M-Instruct (the default model): greedy outputs equal Hugging Face transformers token for
+token for 8 prompts of mixed lengths batched together, and again with prefix caching over shared
+prefixes, chunked prefill, and a KV pool small enough to force preemption."""
+
+import pytest
+
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from tests.engine.hf_oracle import hf_greedy, load_hf
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in two sentences why the sky is blue, and mention Rayleigh scattering by name.",
+    "List three prime numbers.",
+    "Translate 'good morning' into Spanish.",
+    "Summarize the plot of a story where a robot learns to paint, in a short paragraph that a child "
+    "could read, with a happy ending and a lesson about patience and practice.",
+    "2+2=",
+    "Give me a Python function that reverses a string, with a docstring.",
+]
+MAX_NEW = [24, 32, 40, 16, 12, 40, 8, 32]
+SYSTEM = (
+    "You are Baton's test assistant. Answer carefully and briefly. This long system prompt is shared by "
+    "every conversation so that its KV blocks can be reused from the prefix cache across requests."
+)
+
+
+@pytest.fixture(scope="module")
+def oracle(default_model_dir):
+    return load_hf(default_model_dir)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_dir):
+    from engine.model.tokenizer import Tokenizer
+
+    return Tokenizer.from_dir(default_model_dir)
+
+
+def _chat(tok, q, system=None):
+    msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": q}]
+    return tok.encode_chat(msgs)
+
+
+def _engine(model_dir, **kw):
+    return LLMEngine(EngineConfig(model=str(model_dir), scheduler=SchedulerConfig(**kw.pop("scheduler", {})),
+                                  cache=CacheConfig(**kw.pop("cache", {})), **kw))
+
+
+def _generate(engine, prompts, max_new):
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_new]
+    outs = engine.generate(prompts, params)
+    assert engine.num_free_blocks == engine.num_total_blocks
+    return [o.token_ids for o in outs], outs
+
+
+def test_batched_greedy_equals_transformers(default_model_dir, oracle, tokenizer):
+    prompts = [_chat(tokenizer, q) for q in QUESTIONS]
+    assert len({len(p) for p in prompts}) >= 6  # mixed lengths
+    got, outs = _generate(_engine(default_model_dir), prompts, MAX_NEW)
+    assert got == hf_greedy(oracle, prompts, MAX_NEW)
+    assert outs[0].text == tokenizer.decode(got[0])
+
+
+def test_prefix_cache_chunked_and_preempted_equal_transformers(default_model_dir, oracle, tokenizer):
+    prompts = [_chat(tokenizer, q, SYSTEM) for q in QUESTIONS]
+    expected = hf_greedy(oracle, prompts, MAX_NEW)
+
+    cached = _engine(default_model_dir, scheduler={"max_num_batched_tokens": 64})
+    first, _ = _generate(cached, prompts[:1], MAX_NEW[:1])
+    rest, _ = _generate(cached, prompts[1:], MAX_NEW[1:])
+    shared = next(i for i, toks in enumerate(zip(*prompts)) if len(set(toks)) > 1)
+    assert shared >= 32
+    # Every later request found the shared system prompt's full blocks in the cache.
+    assert cached.block_manager.num_prefix_hits >= 7 * (shared // 16 * 16)
+    assert first + rest == expected
+
+    # A 32-token budget splits every prompt into several chunks; 30 blocks of 16 tokens cannot hold
+    # all eight requests at once, so the scheduler must preempt and recompute.
+    tight = _engine(default_model_dir, scheduler={"max_num_batched_tokens": 32, "admission_watermark": 0.0},
+                    cache={"num_blocks": 30, "enable_prefix_caching": False})
+    got, _ = _generate(tight, prompts, MAX_NEW)
+    assert tight.scheduler.num_preemptions > 0
+    assert got == expected

@@ -1,0 +1,37 @@
+import pytest
+
+from engine.errors import InvalidParameterError
+from engine.sampling_params import SamplingParams
+
+
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"max_tokens": 2.5}, "max_tokens"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"seed": 1.5}, "seed"),
+        ({"stop": ["ok", ""]}, "stop"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+    ],
+)
+def test_bad_parameters_name_the_parameter(kwargs, param):
+    with pytest.raises(InvalidParameterError) as e:
+        SamplingParams(**kwargs)
+    assert e.value.param == param
+    assert param in str(e.value)
+
+
+def test_lists_become_tuples_and_defaults_are_greedy():
+    sp = SamplingParams(stop=["a", "b"], stop_token_ids=[3])
+    assert sp.stop == ("a", "b") and sp.stop_token_ids == (3,)
+    assert SamplingParams(stop="x").stop == ("x",)
+    assert SamplingParams().greedy and not SamplingParams(temperature=0.7).greedy

@@ -1,0 +1,160 @@
+"""Scheduler behaviour with the fake runner (pure Python, milliseconds)."""
+
+import pytest
+
+from engine.block_manager import BlockManager
+from engine.config import SchedulerConfig
+from engine.fake_runner import FakeModelRunner, fake_next_token
+from engine.request import FinishReason, Request, RequestState
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+
+BS = 4
+VOCAB = 1000
+
+
+def make(num_blocks=64, max_model_len=256, **cfg):
+    sched = Scheduler(SchedulerConfig(**cfg), BlockManager(num_blocks, BS), max_model_len)
+    runner = FakeModelRunner(max_num_seqs=sched.config.max_num_seqs, max_model_len=max_model_len, block_size=BS,
+                             vocab_size=VOCAB)
+    return sched, runner
+
+
+def req(rid, n_prompt, max_tokens, priority=0, start=10):
+    return Request(rid, list(range(start, start + n_prompt)), SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                   priority=priority)
+
+
+def expected_output(prompt, max_tokens):
+    toks = list(prompt)
+    for _ in range(max_tokens):
+        toks.append(fake_next_token(toks[-1], len(toks), VOCAB))
+    return toks[len(prompt):]
+
+
+def run(sched, runner, max_steps=10_000):
+    steps = []
+    for _ in range(max_steps):
+        if not sched.has_unfinished():
+            return steps
+        so = sched.schedule()
+        steps.append(so)
+        sched.update_from_output(runner.execute(so))
+    raise AssertionError("did not finish")
+
+
+def test_outputs_and_no_leak():
+    sched, runner = make(max_num_batched_tokens=16)
+    reqs = [req(f"r{i}", 5 + 3 * i, 6 + i) for i in range(6)]
+    for r in reqs:
+        sched.add_request(r)
+    run(sched, runner)
+    for r in reqs:
+        assert r.state is RequestState.FINISHED and r.finish_reason is FinishReason.LENGTH
+        assert r.output_token_ids == expected_output(r.prompt_token_ids, r.sampling_params.max_tokens)
+    assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
+    assert not sched.requests and not sched.running
+
+
+def test_token_budget_chunked_prefill_and_decode_first():
+    sched, runner = make(max_num_batched_tokens=8)
+    a, b = req("a", 3, 5), req("b", 20, 2)
+    sched.add_request(a)
+    so = sched.schedule()
+    sched.update_from_output(runner.execute(so))
+    sched.add_request(b)
+    so = sched.schedule()
+    assert list(so.num_scheduled_tokens.items()) == [("a", 1), ("b", 7)]  # decode first, prefill chunk
+    sched.update_from_output(runner.execute(so))
+    so = sched.schedule()
+    assert so.num_scheduled_tokens == {"a": 1, "b": 7}
+    sched.update_from_output(runner.execute(so))
+    run(sched, runner)
+    assert b.output_token_ids == expected_output(b.prompt_token_ids, 2)
+
+
+def test_max_num_seqs():
+    sched, runner = make(max_num_seqs=2)
+    for i in range(4):
+        sched.add_request(req(f"r{i}", 4, 3))
+    so = sched.schedule()
+    assert len(so.num_scheduled_tokens) == 2 and sched.num_waiting == 2
+
+
+def test_priority_orders_admission():
+    sched, runner = make(max_num_seqs=1)
+    sched.add_request(req("low", 4, 1, priority=5))
+    sched.add_request(req("high", 4, 1, priority=0))
+    so = sched.schedule()
+    assert list(so.num_scheduled_tokens) == ["high"]
+
+
+def test_preemption_picks_lowest_priority_newest_and_recomputes():
+    # 10 blocks of 4 tokens; three requests that cannot all grow to completion at once.
+    sched, runner = make(num_blocks=10, max_num_batched_tokens=64, admission_watermark=0.0)
+    a = req("a", 8, 8, priority=0, start=10)
+    b = req("b", 8, 8, priority=1, start=40)
+    c = req("c", 8, 8, priority=1, start=70)
+    for r in (a, b, c):
+        sched.add_request(r)
+    steps = run(sched, runner)
+    assert sum(s.num_preempted for s in steps) >= 1
+    assert a.num_preemptions == 0  # the most important request is never the victim
+    assert c.num_preemptions >= 1  # newest of the least important goes first
+    for r in (a, b, c):
+        assert r.output_token_ids == expected_output(r.prompt_token_ids, 8)
+    assert sched.block_manager.num_free_blocks == 10
+
+
+def test_abort_in_every_state_frees_blocks():
+    sched, runner = make(max_num_batched_tokens=4)
+    waiting, prefilling, decoding = req("w", 4, 5), req("p", 12, 5), req("d", 2, 50)
+    sched.add_request(decoding)
+    sched.update_from_output(runner.execute(sched.schedule()))
+    sched.add_request(prefilling)
+    sched.update_from_output(runner.execute(sched.schedule()))
+    sched.add_request(waiting)
+    assert decoding.state is RequestState.DECODING and prefilling.state is RequestState.PREFILLING
+    for r in (waiting, prefilling, decoding):
+        assert sched.abort(r.request_id) is r and r.state is RequestState.ABORTED
+    assert sched.abort("unknown") is None
+    assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
+    assert not sched.has_unfinished()
+    so = sched.schedule()
+    assert {"p", "d"} <= so.finished_request_ids  # the runner is told to drop their rows
+
+
+def test_request_needing_more_blocks_than_the_cache_is_rejected():
+    sched, _ = make(num_blocks=4)
+    with pytest.raises(ValueError, match="KV blocks"):
+        sched.add_request(req("big", 10, 10))
+
+
+def test_static_policy_runs_batches_to_their_longest_request():
+    sched, runner = make(policy="static", static_batch_size=2)
+    a, b, c = req("a", 4, 2), req("b", 4, 6), req("c", 4, 2)
+    for r in (a, b, c):
+        sched.add_request(r)
+    steps = run(sched, runner)
+    first_c = next(i for i, s in enumerate(steps) if "c" in s.num_scheduled_tokens)
+    # c starts only after b, the longest of the first batch, has finished all its tokens,
+    # and a's row kept computing (padding) until then.
+    assert first_c == 6
+    assert sum("a" in s.num_scheduled_tokens for s in steps) == 6
+    for r in (a, b, c):
+        assert r.output_token_ids == expected_output(r.prompt_token_ids, r.sampling_params.max_tokens)
+    assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
+
+
+def test_prefix_cache_hit_skips_computed_tokens():
+    sched, runner = make()
+    a = req("a", 12, 2)
+    sched.add_request(a)
+    run(sched, runner)
+    b = req("b", 12, 2)
+    sched.add_request(b)
+    so = sched.schedule()
+    assert so.num_scheduled_tokens == {"b": 4} and b.num_cached_tokens == 8
+    sched.update_from_output(runner.execute(so))
+    run(sched, runner)
+    assert b.output_token_ids == a.output_token_ids
