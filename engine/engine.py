@@ -55,6 +55,7 @@ class LLMEngine:
         self.eos_token_ids = self.tokenizer.eos_token_ids if self.tokenizer else self.model_config.eos_token_ids
         self._ids = itertools.count()
         self.num_steps = 0
+        self.last_scheduler_output = None  # what the latest step computed (the prefill role ships it)
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(
@@ -66,26 +67,41 @@ class LLMEngine:
         priority: int = 0,
         cache_salt: str | None = None,
         arrival_time: float | None = None,
+        resume_token_ids: Sequence[int] | None = None,
+        prefill_only: bool = False,
     ) -> str:
-        """Queue a request (text is tokenized as is; use ``tokenizer.encode_chat`` for chat)."""
+        """Queue a request (text is tokenized as is; use ``tokenizer.encode_chat`` for chat).
+
+        ``resume_token_ids``: tokens this request already generated elsewhere (migration); they are
+        recomputed, not re-emitted. ``prefill_only``: the prefill role; the request stops after its
+        first token and holds its blocks until ``release_transferred``.
+        """
+        req = self._new_request(request_id, prompt, params, priority, cache_salt, arrival_time, resume_token_ids,
+                                prefill_only)
+        self.scheduler.add_request(req)
+        if not prefill_only:
+            self.output_processor.add(req)
+        return req.request_id
+
+    def _new_request(self, request_id, prompt, params, priority, cache_salt, arrival_time, resume_token_ids=None,
+                     prefill_only=False) -> Request:
         params = params or SamplingParams()
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self.validate_prompt(token_ids, params)
+        resume = list(resume_token_ids or ())
+        self.validate_prompt(token_ids + resume, params, num_generated=len(resume))
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        req = Request(rid, token_ids, params, eos_token_ids=tuple(self.eos_token_ids), priority=priority,
-                      cache_salt=cache_salt, arrival_time=arrival_time)
-        self.scheduler.add_request(req)
-        self.output_processor.add(req)
-        return rid
+        return Request(rid, token_ids, params, eos_token_ids=tuple(self.eos_token_ids), priority=priority,
+                       cache_salt=cache_salt, arrival_time=arrival_time, resume_token_ids=resume,
+                       prefill_only=prefill_only)
 
-    def validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
+    def validate_prompt(self, token_ids: list[int], params: SamplingParams, num_generated: int = 0) -> None:
         if not token_ids:
             raise InvalidParameterError("prompt", "the prompt is empty")
         vocab = self.model_config.vocab_size
         bad = next((t for t in token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidParameterError("prompt", f"token id {bad!r} is outside the vocabulary [0, {vocab})")
-        total = len(token_ids) + params.max_tokens
+        total = len(token_ids) - num_generated + params.max_tokens
         if total > self.max_model_len:
             raise ContextLengthError(
                 "max_tokens",
@@ -103,9 +119,31 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    # -- disaggregation ---------------------------------------------------------------------
+    def reserve(self, request_id: str, prompt: Sequence[int], params: SamplingParams, *, priority: int = 0,
+                cache_salt: str | None = None, arrival_time: float | None = None) -> Request | None:
+        """Decode role: reserve blocks for a prompt a prefill worker will compute. None if no room now."""
+        req = self._new_request(request_id, prompt, params, priority, cache_salt, arrival_time)
+        if not self.scheduler.reserve(req):
+            return None
+        self.output_processor.add(req)
+        return req
+
+    def kv_arrived(self, request_id: str, first_token: int) -> list[RequestOutput]:
+        """Decode role: the KV is in the reserved blocks; emit the first token and start decoding."""
+        req = self.scheduler.kv_arrived(request_id, first_token)
+        return self.output_processor.process([req]) if req is not None else []
+
+    def fallback_to_local_prefill(self, request_id: str) -> bool:
+        return self.scheduler.fallback_to_local_prefill(request_id) is not None
+
+    def release_transferred(self, request_id: str) -> bool:
+        """Prefill role: the decode side has the KV (or gave up); drop this request's block references."""
+        return self.scheduler.release_transferred(request_id) is not None
+
     # -- the loop ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        scheduled = self.scheduler.schedule()
+        scheduled = self.last_scheduler_output = self.scheduler.schedule()
         ran = self.runner.execute(scheduled)
         self.num_steps += 1
         return self.output_processor.process(self.scheduler.update_from_output(ran))

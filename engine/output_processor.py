@@ -31,9 +31,10 @@ class OutputProcessor:
         sp = req.sampling_params
         detok = None
         if self.tokenizer is not None and sp.detokenize:
-            detok = self.tokenizer.new_detokenizer(req.prompt_token_ids, skip_special_tokens=sp.skip_special_tokens)
+            # A resumed (migrated) request continues after the tokens it already produced elsewhere.
+            detok = self.tokenizer.new_detokenizer(req.all_token_ids, skip_special_tokens=sp.skip_special_tokens)
         hold = max((len(s) for s in sp.stop), default=1) - 1
-        self._streams[req.request_id] = _Stream(detok, req.num_prompt_tokens, hold=hold)
+        self._streams[req.request_id] = _Stream(detok, req.num_tokens, hold=hold)
 
     def discard(self, request_id: str) -> None:
         self._streams.pop(request_id, None)

@@ -103,6 +103,7 @@ class Request:
         "first_scheduled_time",
         "first_token_time",
         "is_padding",
+        "prefill_only",
     )
 
     def __init__(
@@ -116,10 +117,13 @@ class Request:
         arrival_time: float | None = None,
         arrival_seq: int = 0,
         cache_salt: str | None = None,
+        resume_token_ids: list[int] | None = None,
+        prefill_only: bool = False,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
-        self.all_token_ids = list(prompt_token_ids)
+        # A migrated request resumes with the tokens it already generated elsewhere (recomputed).
+        self.all_token_ids = list(prompt_token_ids) + list(resume_token_ids or ())
         self.num_prompt_tokens = len(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_ids = eos_token_ids
@@ -139,6 +143,7 @@ class Request:
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.is_padding = False  # static-batching baseline: finished, but its row still computes
+        self.prefill_only = prefill_only  # prefill role: stop after the first token, then hand off
 
     # -- token accounting -------------------------------------------------------------------
     @property

@@ -42,6 +42,11 @@ class Scheduler:
         self.waiting = WaitingQueue()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
+        # Disaggregation: decode side holds blocks for KV in flight; prefill side holds blocks
+        # until the decode side has acknowledged the KV.
+        self.reserved: dict[str, Request] = {}
+        self.transferring: dict[str, Request] = {}
+        self._runner_unseen: set[str] = set()  # running requests the runner has no row for yet
         self._left_batch: set[str] = set()  # finished/aborted/preempted since the last schedule()
         self._watermark_blocks = int(config.admission_watermark * block_manager.num_blocks)
         self._arrivals = 0
@@ -59,10 +64,13 @@ class Scheduler:
             raise ValueError(
                 f"request {req.request_id!r} needs {need} KV blocks but the cache has only {bm.num_blocks}"
             )
+        self._register(req)
+        self.waiting.push(req)
+
+    def _register(self, req: Request) -> None:
         req.arrival_seq = self._arrivals
         self._arrivals += 1
         self.requests[req.request_id] = req
-        self.waiting.push(req)
 
     def abort(self, request_id: str) -> Request | None:
         """Stop a request wherever it is; its blocks are freed now. Returns it, or None if unknown."""
@@ -128,13 +136,16 @@ class Scheduler:
             num_sched[req.request_id] = n
             budget -= n
 
-        new_reqs: list[Request] = []
         if not preempted:
-            budget = self._admit(budget, scheduled, num_sched, new_reqs)
+            budget = self._admit(budget, scheduled, num_sched)
 
-        return self._build_output(scheduled, num_sched, new_block_counts, new_reqs, preempted)
+        return self._build_output(scheduled, num_sched, new_block_counts, preempted)
 
-    def _admit(self, budget: int, scheduled: list[Request], num_sched: dict[str, int], new_reqs: list[Request]) -> int:
+    def _join_running(self, req: Request) -> None:
+        self.running.append(req)
+        self._runner_unseen.add(req.request_id)
+
+    def _admit(self, budget: int, scheduled: list[Request], num_sched: dict[str, int]) -> int:
         bm = self.block_manager
         limit = self.admission.admission_limit(len(self.running), self.config.max_num_seqs)
         while budget > 0 and limit > 0 and len(self.waiting):
@@ -154,9 +165,8 @@ class Scheduler:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = time.monotonic()
             req.transition(_S.PREFILLING)
-            self.running.append(req)
+            self._join_running(req)
             scheduled.append(req)
-            new_reqs.append(req)
             num_sched[req.request_id] = n
             budget -= n
             limit -= 1
@@ -167,23 +177,20 @@ class Scheduler:
         scheduled: list[Request],
         num_sched: dict[str, int],
         new_block_counts: dict[str, int],
-        new_reqs: list[Request],
         preempted: int,
     ) -> SchedulerOutput:
-        new_ids = {r.request_id for r in new_reqs}
-        new_data = [
-            NewRequestData(
-                r.request_id, list(r.all_token_ids), list(r.block_ids), r.num_computed_tokens, r.num_prompt_tokens,
-                r.sampling_params,
-            )
-            for r in new_reqs
-        ]
+        new_data = []
         cached = CachedRequestData()
         bm = self.block_manager
         bs = bm.block_size
+        unseen = self._runner_unseen
         for req in scheduled:
             rid = req.request_id
-            if rid not in new_ids:
+            if unseen and rid in unseen:
+                unseen.discard(rid)
+                new_data.append(NewRequestData(rid, list(req.all_token_ids), list(req.block_ids),
+                                               req.num_computed_tokens, req.num_prompt_tokens, req.sampling_params))
+            else:
                 before = new_block_counts.get(rid)
                 cached.request_ids.append(rid)
                 cached.new_block_ids.append(None if before is None else req.block_ids[before:])
@@ -218,8 +225,12 @@ class Scheduler:
                 continue
             req.all_token_ids.append(tok)
             if req.state is _S.PREFILLING:
-                req.transition(_S.DECODING)
                 req.first_token_time = time.monotonic()
+                if req.prefill_only:  # prefill role: hold the blocks until the KV is acknowledged
+                    self._hand_off(req)
+                    updated.append(req)
+                    continue
+                req.transition(_S.DECODING)
             reason = self._check_stop(req, tok, max_len)
             if reason is not None:
                 self.finish(req, reason)
@@ -252,7 +263,9 @@ class Scheduler:
 
     def _finish(self, req: Request, reason: FinishReason, state: RequestState) -> None:
         req.finish_reason = reason
-        was_running = req.state not in (_S.QUEUED, _S.PREEMPTED)
+        was_running = req.state in (_S.PREFILLING, _S.DECODING)
+        self.reserved.pop(req.request_id, None)
+        self.transferring.pop(req.request_id, None)
         req.transition(state)
         if (
             was_running
@@ -272,11 +285,13 @@ class Scheduler:
         if was_running:
             self.running.remove(req)
             self._left_batch.add(req.request_id)
+            self._runner_unseen.discard(req.request_id)
         self.block_manager.free(req)
         del self.requests[req.request_id]
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
+        self._runner_unseen.discard(req.request_id)
         self.block_manager.free(req)
         req.num_computed_tokens = 0
         req.num_preemptions += 1
@@ -284,3 +299,70 @@ class Scheduler:
         self._left_batch.add(req.request_id)
         self.waiting.push(req)
         self.num_preemptions += 1
+
+    # -- disaggregation ---------------------------------------------------------------------
+    def _hand_off(self, req: Request) -> None:
+        """Prefill role: the first token is sampled; keep the blocks until the decode side has the KV."""
+        req.transition(_S.TRANSFERRING)
+        self.running.remove(req)
+        self._left_batch.add(req.request_id)
+        self.transferring[req.request_id] = req
+
+    def release_transferred(self, request_id: str) -> Request | None:
+        """Prefill role: the decode side acknowledged (or gave up on) the KV; free the blocks.
+        They stay in the prefix cache for later hits."""
+        req = self.transferring.get(request_id)
+        if req is not None:
+            self._finish(req, FinishReason.LENGTH, _S.FINISHED)
+        return req
+
+    def reserve(self, req: Request) -> bool:
+        """Decode role: allocate blocks for ``req``'s known tokens, to be filled by a prefill worker.
+
+        Blocks this worker already caches are reused, so only the rest needs to be shipped
+        (``req.num_cached_tokens`` says how many tokens). False if the pool cannot hold it now.
+        """
+        if req.request_id in self.requests:
+            raise ValueError(f"duplicate request id {req.request_id!r}")
+        bm = self.block_manager
+        cached = bm.find_cached_prefix(req, max_tokens=req.num_tokens)
+        need = bm._num_new_blocks(req, req.num_tokens - len(cached) * bm.block_size, len(cached))
+        if need > bm.num_free_blocks - self._watermark_blocks and self.running:
+            return False
+        if not bm.allocate(req, req.num_tokens - len(cached) * bm.block_size, cached):
+            return False
+        req.num_cached_tokens = len(cached) * bm.block_size
+        req.first_scheduled_time = time.monotonic()
+        self._register(req)
+        req.transition(_S.RESERVED)
+        self.reserved[req.request_id] = req
+        return True
+
+    def kv_arrived(self, request_id: str, first_token: int) -> Request | None:
+        """Decode role: the prompt's KV and the first token are here; join the decode batch."""
+        req = self.reserved.pop(request_id, None)
+        if req is None:
+            return None
+        req.num_computed_tokens = req.num_tokens
+        self.block_manager.register_full_blocks(req, req.num_tokens)
+        req.transition(_S.DECODING)
+        req.first_token_time = time.monotonic()
+        req.all_token_ids.append(first_token)
+        self._join_running(req)
+        reason = self._check_stop(req, first_token, self.max_model_len)
+        if reason is not None:
+            self.finish(req, reason)
+        return req
+
+    def fallback_to_local_prefill(self, request_id: str) -> Request | None:
+        """Decode role: the KV did not come in time; compute the prompt here instead.
+
+        Only the locally cached prefix is trusted; whatever part of the transfer arrived is recomputed.
+        """
+        req = self.reserved.pop(request_id, None)
+        if req is None:
+            return None
+        req.num_computed_tokens = req.num_cached_tokens
+        req.transition(_S.PREFILLING)
+        self._join_running(req)
+        return req

@@ -14,3 +14,11 @@ def default_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from engine.model.registry import resolve_model
 
     return resolve_model("default", cache_dir=tmp_path_factory.mktemp("baton-models"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The seeded random 4-layer Llama with a byte-level BPE tokenizer (``--model tiny``)."""
+    from engine.model.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-seed0", seed=0)

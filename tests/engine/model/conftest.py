@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from engine.model.tiny import build_tiny_model
 
 _HF_TO_GGUF = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -23,9 +22,6 @@ _HF_TO_GGUF = {
 }
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-seed0", seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,188 @@
+"""``LocalCluster``: a Ray local cluster with P prefill and D decode workers, and streaming generate.
+
+The driver hosts the rendezvous ``TCPStore`` the workers form their pair groups from, resolves the
+model once (so workers never race to import it), starts the actors and the dispatcher.
+
+On CPU each worker is one Ray actor with one CPU and one torch thread; on GPU, one actor per GPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import logging
+import os
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator, Sequence
+
+import ray
+import torch.distributed as dist
+from ray.exceptions import GetTimeoutError, RayError
+
+from decode_worker.worker import DecodeWorker
+from engine.config import EngineConfig
+from engine.model.registry import resolve_model
+from engine.model.tokenizer import Tokenizer
+from engine.outputs import RequestOutput
+from engine.request_spec import RequestSpec
+from engine.sampling_params import SamplingParams
+from kv_transfer.peer import StoreAddress
+from prefill_worker.worker import PrefillWorker
+from router.dispatcher import Dispatcher
+from router.stream import RequestStream
+from router.worker_pool import WorkerHandle, WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    prefill_workers: int = 1
+    decode_workers: int = 1
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    gpus_per_worker: float = 0.0  # 0 on CPU
+    cpus_per_worker: float = 1.0
+    torch_threads_per_worker: int = 1  # CPU only
+    local_prefill_threshold: int = 0  # prompts shorter than this skip the prefill pool
+    transfer_timeout_s: float = 10.0
+    max_restarts: int = 0
+    start_timeout_s: float = 300.0
+    ray_address: str | None = None  # None: start a local Ray instance
+
+    def __post_init__(self) -> None:
+        if self.prefill_workers < 0 or self.decode_workers < 1:
+            raise ValueError("a cluster needs at least one decode worker and a non-negative number of prefill workers")
+        if self.transfer_timeout_s <= 0:
+            raise ValueError("transfer_timeout_s must be > 0")
+
+
+class LocalCluster:
+    def __init__(self, config: ClusterConfig, progress: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        say = progress or (lambda m: log.info(m))
+        model_dir = resolve_model(config.engine.model, progress=say)
+        self.model_dir = model_dir
+        engine_cfg = replace(config.engine, model=str(model_dir),
+                             num_threads=config.torch_threads_per_worker if not config.gpus_per_worker else None)
+        self.tokenizer = Tokenizer.from_dir(model_dir) if (model_dir / "tokenizer.json").exists() else None
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            say("starting Ray")
+            n = config.prefill_workers + config.decode_workers
+            ray.init(address=config.ray_address, num_cpus=None if config.ray_address else max(2, int(n * config.cpus_per_worker) + 1),
+                     include_dashboard=False, log_to_driver=True, configure_logging=False)
+        self._store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False,
+                                    timeout=datetime.timedelta(seconds=60))
+        store = StoreAddress(_driver_ip(), self._store.port)
+        opts = dict(num_cpus=config.cpus_per_worker, num_gpus=config.gpus_per_worker,
+                    max_restarts=config.max_restarts, max_concurrency=16)
+        say(f"starting {config.prefill_workers} prefill and {config.decode_workers} decode workers")
+        prefill_cls = ray.remote(PrefillWorker).options(**opts)
+        decode_cls = ray.remote(DecodeWorker).options(**opts)
+        prefill = [WorkerHandle(f"prefill-{i}", "prefill", prefill_cls.remote(f"prefill-{i}", engine_cfg, store))
+                   for i in range(config.prefill_workers)]
+        decode = [WorkerHandle(f"decode-{i}", "decode",
+                               decode_cls.remote(f"decode-{i}", engine_cfg, store,
+                                                 transfer_timeout_s=config.transfer_timeout_s))
+                  for i in range(config.decode_workers)]
+        self.pool = WorkerPool(prefill, decode)
+        try:
+            infos = ray.get([w.actor.info.remote() for w in self.pool.all()], timeout=config.start_timeout_s)
+        except GetTimeoutError:
+            self._kill_actors()
+            raise RuntimeError(
+                f"the workers did not start within {config.start_timeout_s:.0f}s; does the Ray cluster have "
+                f"{config.cpus_per_worker} CPU(s) and {config.gpus_per_worker} GPU(s) free for each of them?"
+            ) from None
+        for w, info in zip(self.pool.all(), infos):
+            w.info, w.alive = info, True
+        first = decode[0].info
+        self.max_model_len, self.vocab_size = first.max_model_len, first.vocab_size
+        self.dispatcher = Dispatcher(self.pool, local_prefill_threshold=config.local_prefill_threshold)
+        self.dispatcher.start()
+        self._ids = itertools.count()
+        say("cluster ready")
+
+    # -- requests -----------------------------------------------------------------------------
+    def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+               request_id: str | None = None, priority: int = 0, cache_salt: str | None = None) -> RequestStream:
+        params = params or SamplingParams()
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(f"This model's maximum context length is {self.max_model_len} tokens; the request "
+                             f"needs {len(ids) + params.max_tokens}")
+        rid = request_id or f"req-{next(self._ids)}"
+        return self.dispatcher.submit(RequestSpec(rid, tuple(ids), params, priority, cache_salt))
+
+    def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        yield from self.submit(prompt, params)
+
+    def generate(self, prompts: Sequence[str | Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 timeout: float | None = 600.0) -> list[RequestOutput]:
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        streams = [self.submit(p, sp) for p, sp in zip(prompts, params)]
+        return [s.result(timeout) for s in streams]
+
+    def abort(self, request_id: str) -> bool:
+        return self.dispatcher.abort(request_id)
+
+    # -- operations ---------------------------------------------------------------------------
+    def actor(self, worker_id: str):
+        w = self.pool.get(worker_id)
+        if w is None:
+            raise KeyError(worker_id)
+        return w.actor
+
+    def loads(self) -> dict:
+        """The current load report of every live worker (dead or unreachable ones are left out)."""
+        refs = {w.worker_id: w.actor.load.remote() for w in self.pool.all() if w.alive}
+        out = {}
+        for wid, ref in refs.items():
+            try:
+                out[wid] = ray.get(ref, timeout=30)
+            except (RayError, GetTimeoutError):
+                continue
+        return out
+
+    def wait_until_drained(self, timeout: float = 10.0) -> dict:
+        """Wait until no worker holds a block (nothing running, reserved or awaiting an ack); return
+        the last loads. Raises TimeoutError naming the workers that still hold blocks."""
+        deadline = time.monotonic() + timeout
+        while True:
+            loads = self.loads()
+            busy = {wid: l for wid, l in loads.items()
+                    if l.num_free_blocks != l.num_total_blocks or l.num_running or l.num_waiting
+                    or l.num_reserved or l.num_transferring}
+            if not busy and not self.dispatcher.num_in_flight:
+                return loads
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers still hold blocks: {busy}")
+            time.sleep(0.1)
+
+    def shutdown(self) -> None:
+        self.dispatcher.stop()
+        self._kill_actors()
+        if self._owns_ray:
+            ray.shutdown()
+
+    def _kill_actors(self) -> None:
+        for w in self.pool.all():
+            try:
+                ray.kill(w.actor)
+            except Exception:  # already gone
+                pass
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def _driver_ip() -> str:
+    return os.environ.get("BATON_NODE_IP") or ray.util.get_node_ip_address()

@@ -1,0 +1,27 @@
+"""Messages between the router and decode workers (pure Python)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.outputs import RequestOutput
+from engine.worker_stats import WorkerLoad
+from kv_transfer.peer import PeerInfo
+
+
+@dataclass(frozen=True)
+class ReserveResult:
+    accepted: bool
+    transfer_id: int = -1
+    num_cached_blocks: int = 0  # blocks the prefill worker need not ship
+    reason: str = ""
+
+
+@dataclass
+class OutputBatch:
+    """Everything a decode worker produced since the last poll: one message per poll, never per token."""
+
+    worker_id: str
+    incarnation: str
+    outputs: list[RequestOutput] = field(default_factory=list)
+    load: WorkerLoad | None = None

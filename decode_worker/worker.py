@@ -1,0 +1,173 @@
+"""The decode worker (a Ray actor): reserves blocks for prompts a prefill worker computes, receives
+their KV, joins them to its decode batch, and hands outputs back in per-step batches (``poll``).
+
+It can also prefill locally: short or mostly cached prompts (conditional disaggregation), migrated
+requests (recomputing prompt + tokens generated so far), and any reservation whose KV missed its
+deadline or whose prefill worker died (fallback, counted as a failed transfer).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+
+from decode_worker.messages import OutputBatch, ReserveResult
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.engine_loop import EngineLoop
+from engine.errors import InvalidParameterError
+from engine.request_spec import RequestSpec
+from engine.worker_stats import WorkerLoad, queued_prefill_tokens
+from kv_transfer.agent import TransferAgent
+from kv_transfer.peer import PeerInfo, StoreAddress, WorkerInfo
+
+log = logging.getLogger(__name__)
+
+
+class DecodeWorker:
+    def __init__(self, worker_id: str, engine_config: EngineConfig, store: StoreAddress, *,
+                 transfer_timeout_s: float = 10.0, connect_timeout_s: float = 30.0) -> None:
+        self.worker_id = worker_id
+        self.peer = PeerInfo(worker_id, uuid.uuid4().hex[:12], "decode")
+        self.transfer_timeout_s = transfer_timeout_s
+        self.engine = LLMEngine(engine_config)
+        self.loop = EngineLoop(self.engine, name=f"{worker_id}-engine")
+        self.agent = TransferAgent(self.peer, store, self.engine.runner.kv_cache, connect_timeout_s=connect_timeout_s,
+                                   on_received=self._on_received, on_receive_failed=self._on_receive_failed)
+        self._transfer_ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._transfer_of: dict[str, int] = {}  # request id -> transfer id, while reserved
+        self.num_fallbacks = 0
+        self._load_snapshot = self._load(self.engine)
+        self.loop.add_ticker(self._expire_transfers)
+        self.loop.add_ticker(self._snapshot_load)
+        self.loop.start()
+
+    # -- Ray-facing API ---------------------------------------------------------------------
+    def info(self) -> WorkerInfo:
+        e = self.engine
+        return WorkerInfo(self.peer, e.num_total_blocks, e.block_manager.block_size, e.max_model_len,
+                          e.model_config.vocab_size, e.config.model)
+
+    def connect(self, prefill: PeerInfo) -> None:
+        self.agent.connect(prefill)
+
+    def reserve(self, spec: RequestSpec, prefill: PeerInfo) -> ReserveResult:
+        """Reserve blocks for ``spec``'s prompt; its KV will come from ``prefill``."""
+        tid = next(self._transfer_ids)
+
+        def do(engine: LLMEngine) -> ReserveResult:
+            req = engine.reserve(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
+                                 priority=spec.priority, cache_salt=spec.cache_salt)
+            if req is None:
+                return ReserveResult(False, reason="no free KV blocks")
+            # Expect before returning: the first chunk may arrive as soon as the caller hears back.
+            self.agent.expect(prefill, tid, spec.request_id, req.block_ids)
+            with self._lock:
+                self._transfer_of[spec.request_id] = tid
+            return ReserveResult(True, tid, req.num_cached_tokens // engine.block_manager.block_size)
+
+        try:
+            return self.loop.call(do)
+        except InvalidParameterError as e:
+            return ReserveResult(False, reason=str(e))
+
+    def generate_local(self, spec: RequestSpec) -> bool:
+        """Prefill and decode here (short or cached prompts, migrated requests)."""
+
+        def do(engine: LLMEngine) -> bool:
+            engine.add_request(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
+                               priority=spec.priority, cache_salt=spec.cache_salt,
+                               resume_token_ids=list(spec.resume_token_ids))
+            return True
+
+        return self.loop.call(do)
+
+    def prefill_locally(self, request_id: str) -> bool:
+        """Give up on the transfer for a reserved request (its prefill worker is gone) and prefill here."""
+
+        def do(engine: LLMEngine) -> bool:
+            self._cancel_transfer(request_id)
+            return self._fallback(engine, request_id)
+
+        return self.loop.call(do)
+
+    def abort(self, request_id: str) -> bool:
+        def do(engine: LLMEngine) -> bool:
+            self._cancel_transfer(request_id)
+            out = engine.abort(request_id)
+            return out is not None
+
+        return self.loop.call(do)
+
+    def poll(self, timeout_s: float = 0.5) -> OutputBatch:
+        """Every output produced since the last poll (a long poll): one call per step at most."""
+        outputs = self.loop.poll_outputs(timeout_s)
+        return OutputBatch(self.worker_id, self.peer.incarnation, outputs, self._load_snapshot)
+
+    def load(self) -> WorkerLoad:
+        return self._load_snapshot
+
+    def ping(self) -> str:
+        return self.peer.incarnation
+
+    def shutdown(self) -> None:
+        self.loop.stop()
+        self.agent.close()
+
+    # -- transfer callbacks (channel threads) ------------------------------------------------
+    def _on_received(self, request_id: str, first_token: int) -> None:
+        with self._lock:
+            self._transfer_of.pop(request_id, None)
+
+        def arrived(engine: LLMEngine) -> None:
+            self.loop.push_outputs(engine.kv_arrived(request_id, first_token))
+
+        self.loop.call_async(arrived)
+
+    def _on_receive_failed(self, request_id: str, reason: str) -> None:
+        with self._lock:
+            self._transfer_of.pop(request_id, None)
+        log.warning("%s: KV for %s failed (%s); prefilling locally", self.worker_id, request_id, reason)
+        self.loop.call_async(lambda engine: self._fallback(engine, request_id))
+
+    # -- engine thread ------------------------------------------------------------------------
+    def _expire_transfers(self, engine: LLMEngine) -> None:
+        now = time.monotonic()
+        for tid, rid, started in self.agent.pending_transfers():
+            if now - started > self.transfer_timeout_s and self.agent.cancel(tid):
+                with self._lock:
+                    self._transfer_of.pop(rid, None)
+                self.agent.stats.failed += 1
+                log.warning("%s: KV for %s missed its %.1fs deadline; prefilling locally", self.worker_id, rid,
+                            self.transfer_timeout_s)
+                self._fallback(engine, rid)
+
+    def _snapshot_load(self, engine: LLMEngine) -> None:
+        self._load_snapshot = self._load(engine)  # read by poll() without waiting for the step
+
+    def _fallback(self, engine: LLMEngine, request_id: str) -> bool:
+        if engine.fallback_to_local_prefill(request_id):
+            self.num_fallbacks += 1
+            return True
+        return False
+
+    def _cancel_transfer(self, request_id: str) -> None:
+        with self._lock:
+            tid = self._transfer_of.pop(request_id, None)
+        if tid is not None:
+            self.agent.cancel(tid)
+
+    def _load(self, engine: LLMEngine) -> WorkerLoad:
+        s, st, bm = engine.scheduler, self.agent.stats, engine.block_manager
+        return WorkerLoad(
+            worker_id=self.worker_id, incarnation=self.peer.incarnation, role="decode",
+            num_running=s.num_running, num_waiting=s.num_waiting, num_free_blocks=bm.num_free_blocks,
+            num_total_blocks=bm.num_blocks, queued_prefill_tokens=queued_prefill_tokens(s),
+            num_reserved=len(s.reserved), transfers_completed=st.completed, transfers_failed=st.failed,
+            transfer_bytes=st.bytes_received, transfer_seconds=st.seconds, prefix_queries=bm.num_prefix_queries,
+            prefix_hits=bm.num_prefix_hits, steps=self.loop.num_steps, busy_seconds=self.loop.busy_seconds,
+        )

@@ -1,0 +1,22 @@
+"""What to run, as the router hands it to a worker (pure Python, picklable, no engine state)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling_params: SamplingParams
+    priority: int = 0
+    cache_salt: str | None = None
+    # Tokens already generated for this request elsewhere (migration after a worker died).
+    resume_token_ids: tuple[int, ...] = field(default=())
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)

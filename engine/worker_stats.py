@@ -1,0 +1,42 @@
+"""The load report every worker sends with its outputs and heartbeats (pure Python).
+
+It carries what placement and admission need (free KV, queued prefill tokens, running sequences)
+and the counters the router turns into metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    worker_id: str
+    incarnation: str
+    role: str
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_total_blocks: int
+    queued_prefill_tokens: int  # prompt tokens admitted but not yet computed
+    num_reserved: int = 0  # decode role: reservations waiting for KV
+    num_transferring: int = 0  # prefill role: KV shipped, not yet acknowledged
+    transfers_completed: int = 0
+    transfers_failed: int = 0
+    transfer_bytes: int = 0
+    transfer_seconds: float = 0.0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    steps: int = 0
+    busy_seconds: float = 0.0
+
+    @property
+    def kv_usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_total_blocks if self.num_total_blocks else 0.0
+
+
+def queued_prefill_tokens(scheduler) -> int:
+    """Prompt tokens not yet computed, over waiting and running requests."""
+    waiting = sum(r.num_tokens - r.num_computed_tokens for r in scheduler.waiting)
+    running = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in scheduler.running)
+    return waiting + running

@@ -1,0 +1,253 @@
+"""A worker's transfer agent: its channels to peers, the sending side (gather blocks after a
+prefill chunk, ship them FIFO) and the receiving side (scatter into reserved blocks, acknowledge).
+
+Every transfer is keyed by a transfer id the decode side allocates when it reserves blocks.
+The receiver only writes into a transfer's blocks while the transfer is *expected*; cancelling it
+(deadline passed, request aborted) and writing into it are serialized by one lock, so once
+``cancel`` returns True no byte of that transfer will land in the cache (the blocks can be
+recomputed locally safely).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from kv_transfer.channel import Channel
+from kv_transfer.fault import FaultInjector
+from kv_transfer.pair_group import connect_store
+from kv_transfer.peer import PeerInfo, StoreAddress
+from kv_transfer.wire import FLAG_LAST, Header, Kind
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TransferStats:
+    completed: int = 0
+    failed: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    blocks_sent: int = 0
+    blocks_received: int = 0
+    seconds: float = 0.0  # receive side: reserve -> last chunk scattered, summed over completed transfers
+
+
+@dataclass
+class _Expected:
+    request_id: str
+    peer_key: str
+    block_ids: list[int]
+    started: float
+    chunks: int = 0
+
+
+@dataclass
+class _Outgoing:
+    request_id: str
+    peer: PeerInfo
+    chunks: int = 0
+    dropped: bool = False
+
+
+class TransferAgent:
+    def __init__(
+        self,
+        me: PeerInfo,
+        store_addr: StoreAddress,
+        kv_cache: torch.Tensor,
+        *,
+        connect_timeout_s: float = 30.0,
+        faults: FaultInjector | None = None,
+        on_received: Callable[[str, int], None] | None = None,
+        on_receive_failed: Callable[[str, str], None] | None = None,
+        on_acked: Callable[[str, bool], None] | None = None,
+    ) -> None:
+        self.me = me
+        self.kv_cache = kv_cache
+        self.device = kv_cache.device
+        self.faults = faults or FaultInjector()
+        self.connect_timeout_s = connect_timeout_s
+        self._store = connect_store(store_addr, connect_timeout_s)
+        self._channels: dict[str, Channel] = {}
+        self._lock = threading.Lock()
+        self._expected: dict[int, _Expected] = {}  # decode side
+        self._outgoing: dict[tuple[str, int], _Outgoing] = {}  # prefill side: (peer key, transfer id)
+        self._delay_until: dict[int, float] = {}  # injected delays, by transfer id
+        # Callbacks run on channel threads: (request id, first token), (request id, reason),
+        # (request id, acknowledged) — False when the peer failed or refused.
+        self.on_received = on_received or (lambda rid, tok: None)
+        self.on_receive_failed = on_receive_failed or (lambda rid, why: None)
+        self.on_acked = on_acked or (lambda rid, ok: None)
+        self.stats = TransferStats()
+
+    # -- channels ---------------------------------------------------------------------------
+    def channel(self, peer: PeerInfo) -> Channel:
+        with self._lock:
+            ch = self._channels.get(peer.worker_id)
+            if ch is not None and ch.peer == peer and not ch.failed:
+                return ch
+            if ch is not None:
+                ch.close()
+            ch = Channel(
+                self._store, self.me, peer, self.device, tuple(self.kv_cache.shape[1:]), self.kv_cache.dtype,
+                self._on_message, self._on_channel_failure, self.connect_timeout_s, self._before_send,
+            )
+            self._channels[peer.worker_id] = ch
+            return ch
+
+    def connect(self, peer: PeerInfo) -> None:
+        """Start forming the pair group now (both sides must do so); returns at once."""
+        self.channel(peer)
+
+    # -- decode side --------------------------------------------------------------------------
+    def expect(self, peer: PeerInfo, transfer_id: int, request_id: str, block_ids: list[int]) -> None:
+        with self._lock:
+            self._expected[transfer_id] = _Expected(request_id, peer.key, list(block_ids), time.monotonic())
+        self.channel(peer)
+
+    def cancel(self, transfer_id: int) -> bool:
+        """Stop accepting a transfer. True if it was still pending: its blocks will not be written."""
+        with self._lock:
+            return self._expected.pop(transfer_id, None) is not None
+
+    def pending_transfers(self) -> list[tuple[int, str, float]]:
+        """(transfer id, request id, start time) of transfers still expected."""
+        with self._lock:
+            return [(tid, e.request_id, e.started) for tid, e in self._expected.items()]
+
+    # -- prefill side -------------------------------------------------------------------------
+    def send_blocks(
+        self,
+        peer: PeerInfo,
+        transfer_id: int,
+        request_id: str,
+        block_offset: int,
+        block_ids: list[int],
+        *,
+        chunk_index: int,
+        last: bool,
+        first_token: int = -1,
+    ) -> bool:
+        """Gather ``block_ids`` now (the caller may reuse them right after) and queue them."""
+        key = (peer.key, transfer_id)
+        with self._lock:
+            out = self._outgoing.get(key)
+            if out is None:
+                out = self._outgoing[key] = _Outgoing(request_id, peer)
+        if out.dropped or self.faults.should_drop(transfer_id):
+            out.dropped = True
+            if last:  # nothing was sent: release as if refused, the decode side will time out
+                self._finish_outgoing(key, acked=False)
+            return False
+        if out.chunks == 0:
+            delay = self.faults.delay_for(transfer_id)
+            if delay:
+                self._delay_until[transfer_id] = time.monotonic() + delay
+        payload = None
+        if block_ids:
+            idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+            payload = self.kv_cache.index_select(0, idx)
+        header = Header(Kind.KV, transfer_id, chunk_index, block_offset, len(block_ids), FLAG_LAST if last else 0,
+                        first_token)
+        out.chunks += 1
+        self.stats.blocks_sent += len(block_ids)
+        ok = self.channel(peer).send(header, payload)
+        if not ok:
+            self._finish_outgoing(key, acked=False)
+        return ok
+
+    def send_abort(self, peer: PeerInfo, transfer_id: int) -> None:
+        self.channel(peer).send(Header(Kind.ABORT, transfer_id))
+        self._finish_outgoing((peer.key, transfer_id), acked=False)
+
+    # -- channel callbacks (channel threads) --------------------------------------------------
+    def _before_send(self, header: Header) -> bool:
+        if header.kind is Kind.KV:
+            until = self._delay_until.pop(header.transfer_id, None)
+            if until is not None and until > time.monotonic():
+                time.sleep(until - time.monotonic())
+            self.faults.before_chunk()
+        return True
+
+    def _on_message(self, ch: Channel, header: Header, payload: torch.Tensor | None) -> None:
+        if header.kind is Kind.KV:
+            self._receive_kv(ch, header, payload)
+        elif header.kind is Kind.ABORT:
+            with self._lock:
+                exp = self._expected.pop(header.transfer_id, None)
+            if exp is not None:
+                self.stats.failed += 1
+                self.on_receive_failed(exp.request_id, "the prefill worker aborted the transfer")
+        elif header.kind in (Kind.ACK, Kind.NACK):
+            self._finish_outgoing((ch.peer.key, header.transfer_id), acked=header.kind is Kind.ACK)
+
+    def _receive_kv(self, ch: Channel, header: Header, payload: torch.Tensor | None) -> None:
+        with self._lock:
+            exp = self._expected.get(header.transfer_id)
+            if exp is not None and payload is not None:
+                dst = exp.block_ids[header.block_offset : header.block_offset + header.num_blocks]
+                if len(dst) != header.num_blocks:
+                    exp = None  # a malformed chunk: refuse the transfer rather than corrupt blocks
+                    self._expected.pop(header.transfer_id, None)
+                else:
+                    idx = torch.tensor(dst, dtype=torch.long, device=self.device)
+                    self.kv_cache.index_copy_(0, idx, payload)
+                    exp.chunks += 1
+                    self.stats.bytes_received += payload.numel() * payload.element_size()
+                    self.stats.blocks_received += header.num_blocks
+            if exp is not None and header.is_last:
+                del self._expected[header.transfer_id]
+        if not header.is_last:
+            return
+        if exp is None:
+            ch.send(Header(Kind.NACK, header.transfer_id))
+            return
+        ch.send(Header(Kind.ACK, header.transfer_id))
+        self.stats.completed += 1
+        self.stats.seconds += time.monotonic() - exp.started
+        self.on_received(exp.request_id, header.first_token)
+
+    def _finish_outgoing(self, key: tuple[str, int], acked: bool) -> None:
+        with self._lock:
+            out = self._outgoing.pop(key, None)
+        if out is None:
+            return
+        if acked:
+            self.stats.completed += 1
+        else:
+            self.stats.failed += 1
+        self.on_acked(out.request_id, acked)
+
+    def _on_channel_failure(self, ch: Channel, reason: str) -> None:
+        """The peer is gone: fail everything in flight with it, on both sides."""
+        with self._lock:
+            lost = [(tid, e) for tid, e in self._expected.items() if e.peer_key == ch.peer.key]
+            for tid, _ in lost:
+                del self._expected[tid]
+            orphans = [k for k in self._outgoing if k[0] == ch.peer.key]
+            if self._channels.get(ch.peer.worker_id) is ch:
+                del self._channels[ch.peer.worker_id]
+        for _, e in lost:
+            self.stats.failed += 1
+            self.on_receive_failed(e.request_id, reason)
+        for k in orphans:
+            self._finish_outgoing(k, acked=False)
+        self.stats.bytes_sent += ch.bytes_sent
+
+    def bytes_sent(self) -> int:
+        with self._lock:
+            return self.stats.bytes_sent + sum(ch.bytes_sent for ch in self._channels.values())
+
+    def close(self) -> None:
+        with self._lock:
+            chans = list(self._channels.values())
+            self._channels.clear()
+        for ch in chans:
+            ch.close()

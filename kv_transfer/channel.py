@@ -1,0 +1,118 @@
+"""One pair's full-duplex message channel: a sender thread draining a FIFO queue and a receiver
+thread reading header → payload → dispatch. The pair group is formed on the channel's own thread,
+so nobody else ever blocks on a peer that has not joined yet (or never will)."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from kv_transfer.pair_group import form_pair_group
+from kv_transfer.peer import PeerInfo
+from kv_transfer.wire import Header, empty_header
+
+log = logging.getLogger(__name__)
+
+# (header, payload or None); None is the sender's stop signal.
+Outgoing = tuple[Header, torch.Tensor | None]
+
+
+class Channel:
+    def __init__(
+        self,
+        store: dist.Store,
+        me: PeerInfo,
+        peer: PeerInfo,
+        device: torch.device,
+        payload_shape: tuple[int, ...],
+        payload_dtype: torch.dtype,
+        on_message: Callable[[Channel, Header, torch.Tensor | None], None],
+        on_failure: Callable[[Channel, str], None],
+        connect_timeout_s: float = 30.0,
+        before_send: Callable[[Header], bool] | None = None,
+    ) -> None:
+        self.me, self.peer, self.device = me, peer, device
+        self.payload_shape, self.payload_dtype = payload_shape, payload_dtype
+        self._store = store
+        self._on_message, self._on_failure = on_message, on_failure
+        self._before_send = before_send  # fault injection: returns False to skip a message
+        self._connect_timeout_s = connect_timeout_s
+        self._queue: queue.SimpleQueue[Outgoing | None] = queue.SimpleQueue()
+        self._group: dist.ProcessGroup | None = None
+        self._peer_rank = 0
+        self._failed = threading.Event()
+        self._closed = False
+        self.failure: str | None = None
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        threading.Thread(target=self._connect_and_send, name=f"kv-send-{peer.key}", daemon=True).start()
+
+    @property
+    def failed(self) -> bool:
+        return self._failed.is_set()
+
+    def send(self, header: Header, payload: torch.Tensor | None = None) -> bool:
+        """Queue a message (FIFO). False if the channel has already failed."""
+        if self._failed.is_set():
+            return False
+        self._queue.put((header, payload))
+        return True
+
+    def close(self) -> None:
+        self._closed = True
+        self._queue.put(None)
+
+    # -- threads ---------------------------------------------------------------------------
+    def _connect_and_send(self) -> None:
+        try:
+            self._group, self._peer_rank = form_pair_group(self._store, self.me, self.peer, self.device,
+                                                           self._connect_timeout_s)
+        except Exception as e:
+            self._fail(f"could not form the pair group with {self.peer.key}: {e}")
+            return
+        threading.Thread(target=self._receive_loop, name=f"kv-recv-{self.peer.key}", daemon=True).start()
+        try:
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    return
+                header, payload = item
+                if self._before_send is not None and not self._before_send(header):
+                    continue
+                self._group.send([header.to_tensor(self.device)], self._peer_rank, 0).wait()
+                if payload is not None:
+                    self._group.send([payload], self._peer_rank, 0).wait()
+                    self.bytes_sent += payload.numel() * payload.element_size()
+        except Exception as e:
+            self._fail(f"send to {self.peer.key} failed: {e}")
+
+    def _receive_loop(self) -> None:
+        group, device = self._group, self.device
+        header_buf = empty_header(device)
+        try:
+            while not self._closed:
+                group.recv([header_buf], self._peer_rank, 0).wait()
+                header = Header.from_tensor(header_buf)
+                payload = None
+                if header.num_blocks > 0:
+                    payload = torch.empty((header.num_blocks, *self.payload_shape), dtype=self.payload_dtype,
+                                          device=device)
+                    group.recv([payload], self._peer_rank, 0).wait()
+                    self.bytes_received += payload.numel() * payload.element_size()
+                self._on_message(self, header, payload)
+        except Exception as e:
+            if not self._closed:
+                self._fail(f"receive from {self.peer.key} failed: {e}")
+
+    def _fail(self, reason: str) -> None:
+        if self._failed.is_set():
+            return
+        self.failure = reason
+        self._failed.set()
+        log.warning("KV channel %s -> %s failed: %s", self.me.key, self.peer.key, reason)
+        self._on_failure(self, reason)

@@ -1,0 +1,77 @@
+"""Fault injection for KV transfers, shipped in the product so tests (and operators rehearsing
+failures) can drop, delay or kill transfers on a live worker (pure Python).
+
+Faults apply on the sending side, per transfer: a dropped transfer sends nothing at all (the
+FIFO stays well-formed, the receiver simply never hears of it); a delayed one waits before its
+first message; ``die_after_chunks`` ends the sending process after that many chunks, as a crash
+mid-transfer would.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    drop_next: int = 0  # drop this many upcoming transfers entirely
+    delay_s: float = 0.0  # delay each upcoming transfer's first message by this much
+    delay_next: int = 0  # ... for this many transfers (0: every transfer while delay_s > 0)
+    die_after_chunks: int | None = None  # os._exit(1) after sending this many more chunks
+
+    def __post_init__(self) -> None:
+        if self.drop_next < 0 or self.delay_next < 0 or self.delay_s < 0:
+            raise ValueError("fault counts and delays must be >= 0")
+
+
+class FaultInjector:
+    def __init__(self, spec: FaultSpec | None = None) -> None:
+        self._lock = threading.Lock()
+        self._spec = spec or FaultSpec()
+        self._dropped: set[int] = set()
+        self._delayed: set[int] = set()
+        self.num_dropped = 0
+
+    def set(self, spec: FaultSpec) -> None:
+        with self._lock:
+            self._spec = spec
+
+    def should_drop(self, transfer_id: int) -> bool:
+        with self._lock:
+            if transfer_id in self._dropped:
+                return True
+            if self._spec.drop_next > 0:
+                self._spec = _replace(self._spec, drop_next=self._spec.drop_next - 1)
+                self._dropped.add(transfer_id)
+                self.num_dropped += 1
+                return True
+            return False
+
+    def delay_for(self, transfer_id: int) -> float:
+        with self._lock:
+            s = self._spec
+            if s.delay_s <= 0 or transfer_id in self._delayed:
+                return 0.0
+            self._delayed.add(transfer_id)
+            if s.delay_next:
+                left = s.delay_next - 1
+                self._spec = _replace(s, delay_next=left, delay_s=s.delay_s if left else 0.0)
+            return s.delay_s
+
+    def before_chunk(self) -> None:
+        """Called before each KV chunk is sent: ``die_after_chunks=n`` lets n chunks through."""
+        with self._lock:
+            n = self._spec.die_after_chunks
+            if n is None:
+                return
+            if n <= 0:
+                os._exit(1)  # a crash, not a clean shutdown: peers see the connection drop
+            self._spec = _replace(self._spec, die_after_chunks=n - 1)
+
+
+def _replace(spec: FaultSpec, **kw) -> FaultSpec:
+    from dataclasses import replace
+
+    return replace(spec, **kw)

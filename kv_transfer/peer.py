@@ -1,0 +1,42 @@
+"""Who a transfer agent talks to (pure Python)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    """A worker as seen by the transfer mesh. ``incarnation`` changes every time the worker process
+    (re)starts, so a restarted worker forms fresh pair groups instead of reusing dead ones."""
+
+    worker_id: str
+    incarnation: str
+    role: str  # "prefill" | "decode"
+
+    @property
+    def key(self) -> str:
+        return f"{self.worker_id}@{self.incarnation}"
+
+
+def pair_key(prefill: PeerInfo, decode: PeerInfo) -> str:
+    """The rendezvous prefix of a prefill/decode pair; the prefill side is rank 0."""
+    return f"baton/pair/{prefill.key}/{decode.key}"
+
+
+@dataclass(frozen=True)
+class StoreAddress:
+    """The rendezvous TCPStore every worker connects to (hosted by the cluster driver)."""
+
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    peer: PeerInfo
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    vocab_size: int
+    model: str

@@ -1,0 +1,129 @@
+"""The prefill worker (a Ray actor): continuous batching of chunked prefills; after every step it
+ships the KV of each request's newly completed blocks to that request's decode worker, so the
+transfer overlaps the next chunk's compute. The last chunk carries the first token. The request
+then holds its blocks (TRANSFERRING) until the decode side acknowledges; afterwards the blocks stay
+in this worker's prefix cache for later hits.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.engine_loop import EngineLoop
+from engine.request import RequestState
+from engine.worker_stats import WorkerLoad, queued_prefill_tokens
+from kv_transfer.agent import TransferAgent
+from kv_transfer.fault import FaultInjector, FaultSpec
+from kv_transfer.peer import PeerInfo, StoreAddress, WorkerInfo
+from prefill_worker.messages import PrefillTask
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Shipping:
+    task: PrefillTask
+    next_block: int  # first block not shipped yet
+    chunks: int = 0
+
+
+class PrefillWorker:
+    def __init__(self, worker_id: str, engine_config: EngineConfig, store: StoreAddress,
+                 *, connect_timeout_s: float = 30.0) -> None:
+        self.worker_id = worker_id
+        self.peer = PeerInfo(worker_id, uuid.uuid4().hex[:12], "prefill")
+        self.engine = LLMEngine(engine_config)
+        self.loop = EngineLoop(self.engine, name=f"{worker_id}-engine")
+        self.faults = FaultInjector()
+        self.agent = TransferAgent(self.peer, store, self.engine.runner.kv_cache, connect_timeout_s=connect_timeout_s,
+                                   faults=self.faults, on_acked=self._on_acked)
+        self._shipping: dict[str, _Shipping] = {}  # engine thread only
+        self.loop.add_after_step(self._ship)
+        self.loop.start()
+
+    # -- Ray-facing API ---------------------------------------------------------------------
+    def info(self) -> WorkerInfo:
+        e = self.engine
+        return WorkerInfo(self.peer, e.num_total_blocks, e.block_manager.block_size, e.max_model_len,
+                          e.model_config.vocab_size, e.config.model)
+
+    def connect(self, decode: PeerInfo) -> None:
+        self.agent.connect(decode)
+
+    def prefill(self, task: PrefillTask) -> None:
+        """Queue the prompt; its KV goes to ``task.decode`` as chunks complete."""
+        self.agent.connect(task.decode)  # form the pair group while the request waits
+        spec = task.spec
+
+        def add(engine: LLMEngine) -> None:
+            engine.add_request(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
+                               priority=spec.priority, cache_salt=spec.cache_salt, prefill_only=True)
+            self._shipping[spec.request_id] = _Shipping(task, next_block=task.skip_blocks)
+
+        self.loop.call(add)
+
+    def abort(self, request_id: str) -> bool:
+        def do(engine: LLMEngine) -> bool:
+            ship = self._shipping.pop(request_id, None)
+            if ship is not None:
+                self.agent.send_abort(ship.task.decode, ship.task.transfer_id)
+            return engine.abort(request_id) is not None
+
+        return self.loop.call(do)
+
+    def load(self) -> WorkerLoad:
+        return self.loop.call(self._load)
+
+    def set_faults(self, spec: FaultSpec) -> None:
+        self.faults.set(spec)
+
+    def ping(self) -> str:
+        return self.peer.incarnation
+
+    def shutdown(self) -> None:
+        self.loop.stop()
+        self.agent.close()
+
+    # -- engine thread ------------------------------------------------------------------------
+    def _ship(self, engine: LLMEngine, so) -> None:
+        """After a step: send every newly completed block; on the last chunk, the rest and the first token."""
+        sched = engine.scheduler
+        bs = engine.block_manager.block_size
+        for rid in so.num_scheduled_tokens:
+            ship = self._shipping.get(rid)
+            req = sched.requests.get(rid)
+            if ship is None or req is None:
+                continue
+            done = req.state is RequestState.TRANSFERRING
+            end = -(-req.num_prompt_tokens // bs) if done else min(req.num_computed_tokens, req.num_prompt_tokens) // bs
+            if end <= ship.next_block and not done:
+                continue
+            blocks = req.block_ids[ship.next_block : end]
+            first = req.all_token_ids[req.num_prompt_tokens] if done else -1
+            self.agent.send_blocks(ship.task.decode, ship.task.transfer_id, rid, ship.next_block, blocks,
+                                   chunk_index=ship.chunks, last=done, first_token=first)
+            ship.chunks += 1
+            ship.next_block = max(end, ship.next_block)
+            if done:
+                del self._shipping[rid]
+
+    def _on_acked(self, request_id: str, acked: bool) -> None:
+        """Channel thread: the decode side has the KV (or the transfer failed); free the blocks."""
+        if not acked:
+            log.info("%s: transfer of %s not acknowledged; releasing its blocks", self.worker_id, request_id)
+        self.loop.call_async(lambda engine: engine.release_transferred(request_id))
+
+    def _load(self, engine: LLMEngine) -> WorkerLoad:
+        s, st, bm = engine.scheduler, self.agent.stats, engine.block_manager
+        return WorkerLoad(
+            worker_id=self.worker_id, incarnation=self.peer.incarnation, role="prefill",
+            num_running=s.num_running, num_waiting=s.num_waiting, num_free_blocks=bm.num_free_blocks,
+            num_total_blocks=bm.num_blocks, queued_prefill_tokens=queued_prefill_tokens(s),
+            num_transferring=len(s.transferring), transfers_completed=st.completed, transfers_failed=st.failed,
+            transfer_bytes=self.agent.bytes_sent(), prefix_queries=bm.num_prefix_queries,
+            prefix_hits=bm.num_prefix_hits, steps=self.loop.num_steps, busy_seconds=self.loop.busy_seconds,
+        )

@@ -1,0 +1,268 @@
+"""Dispatch to the pools: place each request on a decode worker (and, when disaggregated, a
+prefill worker), collect outputs from every decode worker in per-step batches (one long-poll
+thread per worker), and recover from failures.
+
+Request flow (disaggregated)::
+
+    pick D ──D.reserve(spec, P)──► D allocates blocks for what it does not cache
+           ──P.prefill(task)────► P computes chunks, ships KV after each ──► D decodes, streams back
+Conditional disaggregation: migrated requests, prompts shorter than ``local_prefill_threshold``
+and clusters without a live prefill worker are prefilled on D itself.
+
+Failures: a decode worker that dies (or restarts, losing its state) has its requests *migrated*:
+each is resubmitted to another decode worker with the tokens the caller has already received as
+``resume_token_ids`` (recomputed there, not re-sent), so the stream has no gap and no duplicate.
+A prefill worker that dies is noticed by the decode side (its pair channel drops, or the transfer
+deadline passes), which then prefills locally.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, replace
+
+import ray
+from ray.exceptions import GetTimeoutError, RayError
+
+from decode_worker.messages import OutputBatch, ReserveResult
+from engine.outputs import RequestOutput
+from engine.request_spec import RequestSpec
+from prefill_worker.messages import PrefillTask
+from router.stream import RequestStream
+from router.worker_pool import WorkerHandle, WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Tracked:
+    spec: RequestSpec
+    stream: RequestStream
+    decode_id: str | None = None
+    prefill_id: str | None = None
+    migrations: int = 0
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        *,
+        local_prefill_threshold: int = 0,
+        poll_timeout_s: float = 0.5,
+        call_timeout_s: float = 60.0,
+        max_migrations: int = 3,
+        monitor_interval_s: float = 0.5,
+    ) -> None:
+        self.pool = pool
+        self.local_prefill_threshold = local_prefill_threshold
+        self.poll_timeout_s = poll_timeout_s
+        self.call_timeout_s = call_timeout_s
+        self.max_migrations = max_migrations
+        self.monitor_interval_s = monitor_interval_s
+        self._tracked: dict[str, _Tracked] = {}
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.num_migrations = 0
+        self.num_local_prefills = 0
+        self.num_disaggregated = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        for w in self.pool.decode:
+            self._spawn(self._poll_loop, w, f"poll-{w.worker_id}")
+        self._spawn(self._monitor_loop, None, "pool-monitor")
+
+    def _spawn(self, target, arg, name: str) -> None:
+        t = threading.Thread(target=target, args=(arg,) if arg is not None else (), name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=self.poll_timeout_s + 2)
+        with self._lock:
+            for t in self._tracked.values():
+                t.stream.fail("the cluster is shutting down")
+            self._tracked.clear()
+
+    def placement(self, request_id: str) -> tuple[str | None, str | None]:
+        """(decode worker, prefill worker) currently serving a request."""
+        with self._lock:
+            t = self._tracked.get(request_id)
+            return (t.decode_id, t.prefill_id) if t else (None, None)
+
+    @property
+    def num_in_flight(self) -> int:
+        with self._lock:
+            return len(self._tracked)
+
+    # -- requests -----------------------------------------------------------------------------
+    def submit(self, spec: RequestSpec) -> RequestStream:
+        stream = RequestStream(spec.request_id, spec.num_prompt_tokens)
+        t = _Tracked(spec, stream)
+        with self._lock:
+            if spec.request_id in self._tracked:
+                raise ValueError(f"duplicate request id {spec.request_id!r}")
+            self._tracked[spec.request_id] = t
+        self._place(t, exclude=set())
+        return stream
+
+    def abort(self, request_id: str) -> bool:
+        with self._lock:
+            t = self._tracked.pop(request_id, None)
+        if t is None:
+            return False
+        for wid in (t.decode_id, t.prefill_id):
+            w = self.pool.get(wid) if wid else None
+            if w is not None:
+                w.requests.discard(request_id)
+                w.actor.abort.remote(request_id)  # fire and forget: the worker frees the blocks
+        t.stream.put(RequestOutput(request_id, [], "", finished=True, finish_reason="abort"))
+        return True
+
+    def _place(self, t: _Tracked, exclude: set[str]) -> None:
+        spec = t.spec
+        tried = set(exclude)
+        while True:
+            d = self.pool.pick_decode(tried)
+            if d is None:
+                self._fail(t, "no live decode worker")
+                return
+            with self._lock:
+                if spec.request_id not in self._tracked:
+                    return  # aborted meanwhile
+                t.decode_id, t.prefill_id = d.worker_id, None
+                d.requests.add(spec.request_id)
+            try:
+                if self._disaggregate(t, d):
+                    return
+                self._call(d.actor.generate_local.remote(spec))
+                self.num_local_prefills += 1
+                return
+            except RayError as e:
+                d.requests.discard(spec.request_id)
+                self._mark_dead(d, e)
+                tried.add(d.worker_id)
+
+    def _disaggregate(self, t: _Tracked, d: WorkerHandle) -> bool:
+        """Reserve on D and start the prefill on P. False: prefill on D instead."""
+        spec = t.spec
+        if spec.resume_token_ids or spec.num_prompt_tokens < self.local_prefill_threshold:
+            return False
+        p = self.pool.pick_prefill()
+        if p is None:
+            return False
+        res: ReserveResult = self._call(d.actor.reserve.remote(spec, p.peer))
+        if not res.accepted:
+            log.debug("%s refused %s (%s); prefilling it there when blocks free up", d.worker_id,
+                      spec.request_id, res.reason)
+            return False
+        t.prefill_id = p.worker_id
+        p.dispatched_tokens += spec.num_prompt_tokens
+        try:
+            self._call(p.actor.prefill.remote(PrefillTask(spec, d.peer, res.transfer_id, res.num_cached_blocks)))
+            self.num_disaggregated += 1
+        except RayError as e:
+            self._mark_dead(p, e)
+            self._call(d.actor.prefill_locally.remote(spec.request_id))
+        return True
+
+    def _call(self, ref):
+        return ray.get(ref, timeout=self.call_timeout_s)
+
+    def _fail(self, t: _Tracked, reason: str) -> None:
+        with self._lock:
+            self._tracked.pop(t.spec.request_id, None)
+        t.stream.fail(reason)
+
+    # -- outputs ------------------------------------------------------------------------------
+    def _poll_loop(self, d: WorkerHandle) -> None:
+        while not self._stop.is_set():
+            try:
+                batch: OutputBatch = ray.get(d.actor.poll.remote(self.poll_timeout_s),
+                                             timeout=self.poll_timeout_s + self.call_timeout_s)
+            except (RayError, GetTimeoutError) as e:
+                if not self._stop.is_set():
+                    self._mark_dead(d, e)
+                    self._stop.wait(self.monitor_interval_s)
+                continue
+            if d.info is not None and batch.incarnation != d.info.peer.incarnation:
+                self._on_restart(d)
+            d.update_load(batch.load)
+            self._deliver(d, batch.outputs)
+
+    def _deliver(self, d: WorkerHandle, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            with self._lock:
+                t = self._tracked.get(out.request_id)
+                if t is None or t.decode_id != d.worker_id:
+                    continue  # aborted, or a stale output from before a migration
+                if out.finished:
+                    del self._tracked[out.request_id]
+                    d.requests.discard(out.request_id)
+            t.stream.put(out)
+
+    # -- failures -----------------------------------------------------------------------------
+    def _monitor_loop(self) -> None:
+        while not self._stop.wait(self.monitor_interval_s):
+            for w in self.pool.all():
+                if w.role == "decode" and w.alive:
+                    continue  # its poller watches it
+                try:
+                    incarnation = ray.get(w.actor.ping.remote(), timeout=self.call_timeout_s)
+                except (RayError, GetTimeoutError) as e:
+                    self._mark_dead(w, e)
+                    continue
+                if w.info is None or incarnation != w.info.peer.incarnation or not w.alive:
+                    self._on_restart(w)
+                if w.role == "prefill":
+                    try:
+                        w.update_load(ray.get(w.actor.load.remote(), timeout=self.call_timeout_s))
+                    except (RayError, GetTimeoutError) as e:
+                        self._mark_dead(w, e)
+
+    def _mark_dead(self, w: WorkerHandle, error: BaseException) -> None:
+        with self.pool.lock:
+            was_alive, w.alive = w.alive, False
+            w.failures += 1
+        if was_alive:
+            log.warning("worker %s is down: %s", w.worker_id, type(error).__name__)
+        if w.role == "decode":
+            self._migrate_from(w)
+
+    def _on_restart(self, w: WorkerHandle) -> None:
+        """A worker answered with a new incarnation (restarted by Ray) or came back: it lost its state."""
+        try:
+            info = ray.get(w.actor.info.remote(), timeout=self.call_timeout_s)
+        except (RayError, GetTimeoutError) as e:
+            self._mark_dead(w, e)
+            return
+        restarted = w.info is not None and info.peer.incarnation != w.info.peer.incarnation
+        w.info = info
+        if restarted and w.role == "decode":
+            self._migrate_from(w)
+        with self.pool.lock:
+            w.alive = True
+        log.info("worker %s is up (incarnation %s)", w.worker_id, info.peer.incarnation)
+
+    def _migrate_from(self, d: WorkerHandle) -> None:
+        with self._lock:
+            moving = [t for t in self._tracked.values() if t.decode_id == d.worker_id]
+            for t in moving:
+                t.decode_id = None  # outputs still in flight from d are stale now
+        d.requests.clear()
+        for t in moving:
+            if t.migrations >= self.max_migrations:
+                self._fail(t, f"request {t.spec.request_id} lost its decode worker {self.max_migrations + 1} times")
+                continue
+            t.migrations += 1
+            self.num_migrations += 1
+            # Resume after exactly what the caller has received: no gap, no duplicate.
+            t.spec = replace(t.spec, resume_token_ids=tuple(t.stream.token_ids))
+            log.info("migrating %s from %s after %d tokens", t.spec.request_id, d.worker_id,
+                     len(t.stream.token_ids))
+            threading.Thread(target=self._place, args=(t, {d.worker_id}), daemon=True).start()

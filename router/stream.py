@@ -1,0 +1,116 @@
+"""One request's output stream as the caller sees it: the deltas in order, nothing lost or repeated
+even when the request migrates between decode workers (the stream, not the worker, owns the record
+of what the caller has been sent)."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from typing import AsyncIterator, Iterator
+
+from engine.outputs import RequestOutput
+
+
+class RequestFailed(RuntimeError):
+    pass
+
+
+class RequestStream:
+    def __init__(self, request_id: str, num_prompt_tokens: int = 0) -> None:
+        self.request_id = request_id
+        self.num_prompt_tokens = num_prompt_tokens
+        self.token_ids: list[int] = []  # everything delivered so far
+        self.text = ""
+        self.finished = False
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.num_cached_tokens = 0
+        self.error: str | None = None
+        self.created = time.monotonic()
+        self.first_token_time: float | None = None
+        self.finished_time: float | None = None
+        self.token_times: list[float] = []  # arrival time of each delivered token (ITL measurement)
+        self._queue: queue.SimpleQueue[RequestOutput | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._async: tuple[asyncio.AbstractEventLoop, asyncio.Queue] | None = None
+
+    # -- producer side (poller threads) -------------------------------------------------------
+    def put(self, out: RequestOutput) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if self.finished:
+                return
+            if out.new_token_ids and self.first_token_time is None:
+                self.first_token_time = now
+            self.token_ids.extend(out.new_token_ids)
+            self.token_times.extend([now] * len(out.new_token_ids))
+            self.text += out.text_delta
+            if out.finished:
+                self.finished = True
+                self.finished_time = now
+                self.finish_reason = out.finish_reason
+                self.stop_reason = out.stop_reason
+                self.num_cached_tokens = out.num_cached_tokens
+            self._deliver(out)
+
+    def fail(self, reason: str) -> None:
+        with self._lock:
+            if self.finished:
+                return
+            self.finished = True
+            self.error = reason
+            self.finish_reason = "error"
+            self.finished_time = time.monotonic()
+            self._deliver(None)
+
+    def _deliver(self, item: RequestOutput | None) -> None:
+        if self._async is not None:
+            loop, q = self._async
+            loop.call_soon_threadsafe(q.put_nowait, item)
+        else:
+            self._queue.put(item)
+
+    # -- consumer side ------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[RequestOutput]:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                raise RequestFailed(self.error or "request failed")
+            yield item
+            if item.finished:
+                return
+
+    async def aiter(self) -> AsyncIterator[RequestOutput]:
+        """Async iteration; call from the event loop that consumes the stream."""
+        with self._lock:
+            if self._async is None:
+                loop, q = asyncio.get_running_loop(), asyncio.Queue()
+                while True:  # move anything already delivered
+                    try:
+                        q.put_nowait(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                self._async = (loop, q)
+        q = self._async[1]
+        while True:
+            item = await q.get()
+            if item is None:
+                raise RequestFailed(self.error or "request failed")
+            yield item
+            if item.finished:
+                return
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        """Block until finished; the whole generation as one output."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for _ in self:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"request {self.request_id} did not finish in {timeout}s")
+        return self.final_output()
+
+    def final_output(self) -> RequestOutput:
+        return RequestOutput(self.request_id, [], "", finished=self.finished, finish_reason=self.finish_reason,
+                             stop_reason=self.stop_reason, num_prompt_tokens=self.num_prompt_tokens,
+                             num_cached_tokens=self.num_cached_tokens, token_ids=list(self.token_ids), text=self.text)

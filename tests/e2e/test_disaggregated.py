@@ -1,0 +1,102 @@
+"""Prefill and decode pools as Ray actors, KV over gloo: greedy outputs equal the colocated engine
+and transformers token for token; chunked prefill ships several chunks; a shared prefix ships fewer
+blocks; short prompts prefill locally; every pool is back to all-free blocks after each test."""
+
+import pytest
+
+from tests.e2e.helpers import colocated, greedy, prompts, start_cluster
+from tests.engine.hf_oracle import hf_greedy, load_hf
+
+VOCAB = 4096
+
+
+@pytest.fixture(scope="module")
+def c11(ray_session, tiny_model_dir):
+    c = start_cluster(tiny_model_dir, 1, 1, local_prefill_threshold=24)
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def c22(ray_session, tiny_model_dir):
+    c = start_cluster(tiny_model_dir, 2, 2)
+    yield c
+    c.shutdown()
+
+
+def _transfer_blocks(cluster):
+    loads = cluster.loads()
+    return sum(l.transfer_bytes for w, l in loads.items() if w.startswith("decode"))
+
+
+def test_1p1d_equals_colocated_and_transformers(c11, tiny_model_dir):
+    ps = prompts(0, 6, VOCAB, lo=40, hi=150)  # with a 32-token budget every prompt takes several chunks
+    max_new = [8, 16, 24, 12, 20, 16]
+    outs = c11.generate(ps, [greedy(n) for n in max_new])
+    got = [o.token_ids for o in outs]
+    assert got == colocated(tiny_model_dir, ps, max_new)
+    assert got == hf_greedy(load_hf(tiny_model_dir), ps, max_new)
+    assert c11.dispatcher.num_disaggregated >= 6
+    loads = c11.wait_until_drained()
+    assert loads["decode-0"].transfers_completed >= 6 and loads["decode-0"].transfers_failed == 0
+
+
+def test_shared_prefix_ships_fewer_blocks(c11, tiny_model_dir):
+    prefix = prompts(1, 1, VOCAB, lo=64, hi=64)[0]  # exactly 4 blocks of 16
+    a, b = prompts(2, 2, VOCAB, lo=40, hi=40, prefix=prefix)  # 104 tokens = 7 blocks each
+    before = _transfer_blocks(c11)
+    first = c11.generate([a], greedy(8))[0]
+    mid = _transfer_blocks(c11)
+    second = c11.generate([b], greedy(8))[0]
+    after = _transfer_blocks(c11)
+    per_block = (mid - before) // 7
+    assert mid - before == 7 * per_block
+    assert after - mid == 3 * per_block  # the 4 prefix blocks were already on the decode worker
+    assert [first.token_ids, second.token_ids] == colocated(tiny_model_dir, [a, b], [8, 8])
+    c11.wait_until_drained()
+
+
+def test_short_prompts_prefill_locally(c11, tiny_model_dir):
+    local_before = c11.dispatcher.num_local_prefills
+    ps = prompts(3, 3, VOCAB, lo=5, hi=20)
+    got = [o.token_ids for o in c11.generate(ps, greedy(10))]
+    assert c11.dispatcher.num_local_prefills == local_before + 3
+    assert got == colocated(tiny_model_dir, ps, [10] * 3)
+    c11.wait_until_drained()
+
+
+def test_streaming_deltas_and_text(c11, tiny_model_dir):
+    stream = c11.submit("a streamed prompt that is long enough to go through the prefill pool", greedy(12))
+    deltas = list(stream)
+    assert deltas[-1].finished and sum(len(d.new_token_ids) for d in deltas) == 12
+    assert "".join(d.text_delta for d in deltas) == c11.tokenizer.decode(stream.token_ids)
+    c11.wait_until_drained()
+
+
+def test_2p2d_equals_colocated(c22, tiny_model_dir):
+    ps = prompts(4, 10, VOCAB, lo=30, hi=200)
+    max_new = [6, 18, 9, 30, 12, 7, 22, 15, 11, 25]
+    got = [o.token_ids for o in c22.generate(ps, [greedy(n) for n in max_new])]
+    assert got == colocated(tiny_model_dir, ps, max_new)
+    loads = c22.wait_until_drained()
+    assert all(loads[w].steps > 0 for w in ("prefill-0", "prefill-1", "decode-0", "decode-1"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_prefill, num_decode", [(1, 1), (2, 2)])
+def test_smollm2_disaggregated_equals_colocated_and_transformers(ray_session, default_model_dir, num_prefill,
+                                                                   num_decode):
+    from engine.model.tokenizer import Tokenizer
+    from tests.engine.test_golden_smollm2 import MAX_NEW, QUESTIONS
+
+    tok = Tokenizer.from_dir(default_model_dir)
+    ps = [tok.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
+    cluster = start_cluster(default_model_dir, num_prefill, num_decode, budget=32, blocks=256)
+    try:
+        got = [o.token_ids for o in cluster.generate(ps, [greedy(n) for n in MAX_NEW])]
+        assert cluster.dispatcher.num_disaggregated == len(ps)
+        cluster.wait_until_drained()
+    finally:
+        cluster.shutdown()
+    assert got == colocated(default_model_dir, ps, MAX_NEW, budget=32, blocks=256)
+    assert got == hf_greedy(load_hf(default_model_dir), ps, MAX_NEW)

@@ -1,0 +1,101 @@
+"""Transfer agents over a real gloo pair group (both ends in this process, on two threads)."""
+
+import datetime
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from kv_transfer.agent import TransferAgent
+from kv_transfer.fault import FaultSpec
+from kv_transfer.peer import PeerInfo, StoreAddress
+from kv_transfer.wire import Header, Kind
+
+SHAPE = (32, 2, 2, 4, 2, 8)  # blocks, layers, k/v, block size, kv heads, head dim
+
+
+@pytest.fixture
+def store():
+    s = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=20))
+    yield StoreAddress("127.0.0.1", s.port)
+
+
+class Events:
+    def __init__(self):
+        self.cv = threading.Condition()
+        self.items = []
+
+    def add(self, *x):
+        with self.cv:
+            self.items.append(x)
+            self.cv.notify_all()
+
+    def wait(self, n=1, timeout=10.0):
+        end = time.monotonic() + timeout
+        with self.cv:
+            while len(self.items) < n:
+                if not self.cv.wait(max(0.0, end - time.monotonic())):
+                    raise TimeoutError(f"got {self.items}")
+        return self.items
+
+
+def make_pair(store, inc="a"):
+    p_peer, d_peer = PeerInfo("p0", inc, "prefill"), PeerInfo("d0", inc, "decode")
+    received, failed, acked = Events(), Events(), Events()
+    p = TransferAgent(p_peer, store, torch.randn(SHAPE), on_acked=lambda rid, ok: acked.add(rid, ok))
+    d = TransferAgent(d_peer, store, torch.zeros(SHAPE), on_received=lambda rid, tok: received.add(rid, tok),
+                      on_receive_failed=lambda rid, why: failed.add(rid, why))
+    return p, d, p_peer, d_peer, received, failed, acked
+
+
+def test_chunks_land_in_reserved_blocks_and_are_acknowledged(store):
+    p, d, pp, dp, received, failed, acked = make_pair(store)
+    d.expect(pp, 7, "r1", [10, 11, 12, 13, 14])
+    src = [3, 4, 5, 6, 9]
+    p.send_blocks(dp, 7, "r1", 0, src[:2], chunk_index=0, last=False)
+    p.send_blocks(dp, 7, "r1", 2, src[2:], chunk_index=1, last=True, first_token=42)
+    assert received.wait() == [("r1", 42)]
+    assert acked.wait() == [("r1", True)]
+    assert torch.equal(d.kv_cache[[10, 11, 12, 13, 14]], p.kv_cache[src])
+    assert torch.count_nonzero(d.kv_cache[:10]) == 0  # nothing else written
+    assert d.stats.blocks_received == 5 and p.stats.blocks_sent == 5 and not failed.items
+
+
+def test_a_cancelled_transfer_is_drained_not_written_and_nacked(store):
+    p, d, pp, dp, received, failed, acked = make_pair(store)
+    d.expect(pp, 1, "late", [1, 2])
+    assert d.cancel(1) and not d.cancel(1)
+    p.send_blocks(dp, 1, "late", 0, [5, 6], chunk_index=0, last=True, first_token=3)
+    assert acked.wait() == [("late", False)]
+    assert torch.count_nonzero(d.kv_cache) == 0 and not received.items
+    # The FIFO is still in sync: a following transfer works.
+    d.expect(pp, 2, "next", [8])
+    p.send_blocks(dp, 2, "next", 0, [0], chunk_index=0, last=True, first_token=9)
+    assert received.wait() == [("next", 9)]
+
+
+def test_dropped_transfer_sends_nothing_and_releases_the_sender(store):
+    p, d, pp, dp, received, failed, acked = make_pair(store)
+    p.faults.set(FaultSpec(drop_next=1))
+    d.expect(pp, 5, "dropped", [1])
+    p.send_blocks(dp, 5, "dropped", 0, [2], chunk_index=0, last=True, first_token=1)
+    assert acked.wait() == [("dropped", False)]
+    time.sleep(0.3)
+    assert not received.items and d.pending_transfers()[0][:2] == (5, "dropped")
+
+
+def test_abort_message_fails_the_receiver(store):
+    p, d, pp, dp, received, failed, acked = make_pair(store)
+    d.expect(pp, 3, "ab", [1, 2])
+    p.send_blocks(dp, 3, "ab", 0, [4], chunk_index=0, last=False)
+    p.send_abort(dp, 3)
+    assert failed.wait()[0][0] == "ab" and not received.items
+
+
+def test_header_round_trip_and_bad_magic():
+    h = Header(Kind.KV, 12, 3, 4, 5, 1, 77)
+    assert Header.from_tensor(h.to_tensor(torch.device("cpu"))) == h and h.is_last
+    with pytest.raises(ValueError, match="out of sync"):
+        Header.from_tensor(torch.zeros(8, dtype=torch.int64))
