@@ -22,14 +22,16 @@ from engine.scheduler_output import RunnerOutput
 
 
 def measure(num_seqs: int = 256, prompt_len: int = 128, steps: int = 400, block_size: int = 16) -> dict:
-    max_len = prompt_len + steps + 64
+    max_len = prompt_len + block_size + steps + 64
     blocks = num_seqs * (-(-max_len // block_size)) + 16
     sched = Scheduler(SchedulerConfig(max_num_seqs=num_seqs, max_num_batched_tokens=8192),
                       BlockManager(blocks, block_size), max_len)
     runner = FakeModelRunner(max_num_seqs=num_seqs, max_model_len=max_len, block_size=block_size)
     params = SamplingParams(max_tokens=steps + 32, ignore_eos=True, detokenize=False)
     for i in range(num_seqs):
-        sched.add_request(Request(f"r{i}", [(i * 7 + j) % 30000 + 3 for j in range(prompt_len)], params))
+        # Staggered lengths, as in real traffic: each step 1/block_size of the sequences crosses a block.
+        n = prompt_len + i % block_size
+        sched.add_request(Request(f"r{i}", [(i * 7 + j) % 30000 + 3 for j in range(n)], params))
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running) or sched.num_waiting:
         sched.update_from_output(runner.execute(sched.schedule()))  # prefill everything first
 
@@ -41,11 +43,11 @@ def measure(num_seqs: int = 256, prompt_len: int = 128, steps: int = 400, block_
         batch.apply(so)
         inputs = batch.prepare(so)
         t1 = time.perf_counter()
-        assert len(inputs.request_ids) == num_seqs
+        assert len(so.slots) == num_seqs
         rows = inputs.sample_rows
         sampled = (batch.token_ids[rows, batch.num_tokens[rows] - 1] + 1) % 30000 + 3
         batch.append_sampled(rows, sampled)
-        out = RunnerOutput(inputs.sample_request_ids, sampled.tolist())
+        out = RunnerOutput(rows.tolist(), sampled.tolist())
         t2 = time.perf_counter()
         sched.update_from_output(out)
         t3 = time.perf_counter()

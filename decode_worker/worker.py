@@ -137,12 +137,12 @@ class DecodeWorker:
     # -- engine thread ------------------------------------------------------------------------
     def _expire_transfers(self, engine: LLMEngine) -> None:
         now = time.monotonic()
-        for tid, rid, started in self.agent.pending_transfers():
-            if now - started > self.transfer_timeout_s and self.agent.cancel(tid):
+        for tid, rid, last_progress in self.agent.pending_transfers():
+            if now - last_progress > self.transfer_timeout_s and self.agent.cancel(tid):
                 with self._lock:
                     self._transfer_of.pop(rid, None)
                 self.agent.stats.failed += 1
-                log.warning("%s: KV for %s missed its %.1fs deadline; prefilling locally", self.worker_id, rid,
+                log.warning("%s: KV for %s made no progress for %.1fs; prefilling locally", self.worker_id, rid,
                             self.transfer_timeout_s)
                 self._fallback(engine, rid)
 

@@ -8,18 +8,20 @@ optional cache salt, which isolates tenants' caches from each other. Pure Python
 
 from __future__ import annotations
 
-from array import array
+import struct
 from hashlib import blake2b
 from typing import Sequence
 
 BlockHash = bytes
 _KEY = b"baton-kv-block-v1"
 _DIGEST = 16
+# Copying a keyed hasher is cheaper than keying a new one (the key costs a compression).
+_KEYED = blake2b(key=_KEY, digest_size=_DIGEST)
 
 
 def root_hash(cache_salt: str | None = None) -> BlockHash:
     """Parent of the first block; distinct salts give disjoint caches."""
-    h = blake2b(key=_KEY, digest_size=_DIGEST)
+    h = _KEYED.copy()
     h.update(b"root")
     if cache_salt:
         h.update(cache_salt.encode())
@@ -27,8 +29,9 @@ def root_hash(cache_salt: str | None = None) -> BlockHash:
 
 
 def hash_block(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
-    h = blake2b(parent, key=_KEY, digest_size=_DIGEST)
-    h.update(array("q", token_ids).tobytes())
+    h = _KEYED.copy()
+    h.update(parent)
+    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
     return h.digest()
 
 

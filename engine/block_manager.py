@@ -247,19 +247,25 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return
-        n_full = min(num_tokens, req.num_tokens) // self.block_size
+        bs = self.block_size
+        tokens = req.all_token_ids
+        n_full = min(num_tokens, len(tokens)) // bs
         start = req.num_registered_blocks
         if n_full <= start:
             return
-        self.update_block_hashes(req)
-        bs, tokens, pool = self.block_size, req.all_token_ids, self.pool
+        hashes = req.block_hashes
+        if len(hashes) < n_full:
+            self.update_block_hashes(req)
+        pool = self.pool
         stored = []
         for i in range(start, n_full):
-            h = req.block_hashes[i]
-            if pool.register(req.block_ids[i], h, self._parent_of(req, i), tokens[i * bs : (i + 1) * bs]):
+            h = hashes[i]
+            parent = hashes[i - 1] if i else root_hash(req.cache_salt)
+            if pool.register(req.block_ids[i], h, parent, tokens[i * bs : (i + 1) * bs]):
                 stored.append(h)
         req.num_registered_blocks = n_full
-        pool.record_stored(stored)
+        if pool.record_events and stored:
+            pool.record_stored(stored)
 
     def free(self, req: Request) -> None:
         """Release all of ``req``'s blocks. Tail blocks are released first so they are evicted first."""

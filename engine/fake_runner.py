@@ -45,4 +45,4 @@ class FakeModelRunner:
         prev = self.batch.token_ids[rows, n - 1]
         sampled = (prev * 31 + n * 17 + 7) % (self.vocab_size - 3) + 3
         self.batch.append_sampled(rows, sampled.astype(np.int64))
-        return RunnerOutput(inputs.sample_request_ids, sampled.tolist())
+        return RunnerOutput(inputs.sample_rows.tolist(), sampled.tolist())

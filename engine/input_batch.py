@@ -19,7 +19,6 @@ from engine.scheduler_output import SchedulerOutput
 class StepInputs:
     """Everything one forward pass needs, as numpy arrays (batch order: single-token rows first)."""
 
-    request_ids: list[str]
     input_ids: np.ndarray  # [T] int64
     positions: np.ndarray  # [T] int64
     slot_block: np.ndarray  # [T] int64
@@ -31,11 +30,12 @@ class StepInputs:
     prefill_cu_seqlens_q: np.ndarray  # [P + 1] int32
     prefill_seq_lens: np.ndarray  # [P] int32
     logits_indices: np.ndarray  # [N] rows of the hidden states to sample from
-    sample_rows: np.ndarray  # [N] batch rows (into the persistent arrays) that sample
-    sample_request_ids: list[str]
+    sample_rows: np.ndarray  # [N] rows (slots) that sample
 
 
 class InputBatch:
+    """Rows are the scheduler's slots: a request keeps its row from joining the batch to leaving it."""
+
     def __init__(self, max_num_seqs: int, max_model_len: int, block_size: int) -> None:
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -45,26 +45,13 @@ class InputBatch:
         self.num_computed = np.zeros(max_num_seqs, dtype=np.int64)
         self.block_table = np.zeros((max_num_seqs, self.max_blocks), dtype=np.int32)
         self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)
-        self.row_of: dict[str, int] = {}
-        self.params: list[SamplingParams | None] = [None] * max_num_seqs
         self.num_prompt_tokens = np.zeros(max_num_seqs, dtype=np.int64)
-        self._free_rows = list(range(max_num_seqs - 1, -1, -1))
-
-    def __len__(self) -> int:
-        return len(self.row_of)
+        self.params: list[SamplingParams | None] = [None] * max_num_seqs
 
     # -- deltas -----------------------------------------------------------------------------
     def apply(self, so: SchedulerOutput) -> None:
-        for rid in so.finished_request_ids:
-            row = self.row_of.pop(rid, None)
-            if row is not None:
-                self.params[row] = None
-                self._free_rows.append(row)
         for new in so.new_requests:
-            if new.request_id in self.row_of:
-                raise RuntimeError(f"request {new.request_id!r} added twice to the batch")
-            row = self._free_rows.pop()
-            self.row_of[new.request_id] = row
+            row = new.slot
             n = len(new.token_ids)
             self.token_ids[row, :n] = new.token_ids
             self.num_tokens[row] = n
@@ -74,25 +61,19 @@ class InputBatch:
             self.num_blocks[row] = nb
             self.params[row] = new.sampling_params
             self.num_prompt_tokens[row] = new.num_prompt_tokens
-        cached = so.cached_requests
-        for rid, blocks in zip(cached.request_ids, cached.new_block_ids):
-            if blocks:
-                row = self.row_of[rid]
-                start = self.num_blocks[row]
-                self.block_table[row, start : start + len(blocks)] = blocks
-                self.num_blocks[row] = start + len(blocks)
+        for row, blocks in so.new_block_ids.items():
+            start = self.num_blocks[row]
+            self.block_table[row, start : start + len(blocks)] = blocks
+            self.num_blocks[row] = start + len(blocks)
 
     # -- inputs of one step -----------------------------------------------------------------
     def prepare(self, so: SchedulerOutput) -> StepInputs:
-        rids = list(so.num_scheduled_tokens)
-        counts = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64, count=len(rids))
-        row_of = self.row_of
-        rows = np.fromiter((row_of[r] for r in rids), dtype=np.int64, count=len(rids))
+        rows = np.array(so.slots, dtype=np.int64)
+        counts = np.array(so.counts, dtype=np.int64)
         multi = counts != 1
         if multi.any() and not (np.diff(multi.astype(np.int8)) >= 0).all():
             order = np.argsort(multi, kind="stable")  # single-token rows first
             rows, counts = rows[order], counts[order]
-            rids = [rids[i] for i in order.tolist()]
         num_decode = int(len(counts) - multi.sum())
 
         starts = self.num_computed[rows]
@@ -110,7 +91,6 @@ class InputBatch:
         samples = seq_lens == self.num_tokens[rows]
         logits_indices = (cu - 1)[samples]
         sample_rows = rows[samples]
-        sample_ids = [r for r, s in zip(rids, samples.tolist()) if s]
 
         d_rows = rows[:num_decode]
         d_lens = seq_lens[:num_decode]
@@ -123,7 +103,6 @@ class InputBatch:
 
         self.num_computed[rows] = seq_lens
         return StepInputs(
-            request_ids=rids,
             input_ids=input_ids,
             positions=positions,
             slot_block=slot_block,
@@ -136,7 +115,6 @@ class InputBatch:
             prefill_seq_lens=p_lens.astype(np.int32),
             logits_indices=logits_indices,
             sample_rows=sample_rows,
-            sample_request_ids=sample_ids,
         )
 
     def append_sampled(self, rows: np.ndarray, token_ids: np.ndarray) -> None:

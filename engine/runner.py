@@ -58,7 +58,7 @@ class ModelRunner:
         out_pos = (batch.num_tokens[rows] - batch.num_prompt_tokens[rows]).tolist()
         sampled = self.sampler.sample(logits, params, out_pos).cpu().numpy()
         batch.append_sampled(rows, sampled)
-        return RunnerOutput(inputs.sample_request_ids, sampled.tolist())
+        return RunnerOutput(inputs.sample_rows.tolist(), sampled.tolist())
 
     def _metadata(self, x: StepInputs) -> AttentionMetadata:
         t = self._tensor

@@ -24,7 +24,7 @@ import time
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.request import FinishReason, Request, RequestState
-from engine.scheduler_output import CachedRequestData, NewRequestData, RunnerOutput, SchedulerOutput
+from engine.scheduler_output import NewRequestData, RunnerOutput, SchedulerOutput
 from engine.scheduler_policies import AdmissionPolicy, PreemptionPolicy, StaticBatchAdmission, WaitingQueue
 
 _S = RequestState
@@ -47,6 +47,8 @@ class Scheduler:
         self.reserved: dict[str, Request] = {}
         self.transferring: dict[str, Request] = {}
         self._runner_unseen: set[str] = set()  # running requests the runner has no row for yet
+        self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
+        self._slot_req: list[Request | None] = [None] * config.max_num_seqs
         self._left_batch: set[str] = set()  # finished/aborted/preempted since the last schedule()
         self._watermark_blocks = int(config.admission_watermark * block_manager.num_blocks)
         self._arrivals = 0
@@ -101,53 +103,71 @@ class Scheduler:
         bm = self.block_manager
         bs = bm.block_size
         scheduled: list[Request] = []
-        num_sched: dict[str, int] = {}
-        new_block_counts: dict[str, int] = {}  # request id -> len(block_ids) before this step
+        counts: list[int] = []  # tokens per scheduled request, aligned with ``scheduled``
+        grew: dict[str, int] = {}  # request id -> len(block_ids) before this step's allocation
         preempted = 0
+        running = self.running
+        deferred: list[Request] = []
 
-        # Decodes first, then continuing prefill chunks.
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        if len(decodes) != len(self.running):
-            decodes += [r for r in self.running if r.num_tokens - r.num_computed_tokens != 1]
-        for req in decodes:
-            if req.state is _S.PREEMPTED:  # a victim earlier in this loop
+        def decodes_first():  # decodes in one pass; continuing prefill chunks after them
+            for r in running:
+                if len(r.all_token_ids) - r.num_computed_tokens == 1:
+                    yield r
+                else:
+                    deferred.append(r)
+            yield from deferred
+
+        # The hot loop: a decode that stays inside its last block costs a few attribute reads.
+        for req in decodes_first():
+            if preempted and req.state is _S.PREEMPTED:  # a victim earlier in this loop
                 continue
-            if budget == 0:
+            if not budget:
                 break
-            n = 1 if req.is_padding else req.num_tokens - req.num_computed_tokens
+            computed = req.num_computed_tokens
+            n = 1 if req.is_padding else len(req.all_token_ids) - computed
             if n > budget:
                 n = budget
             have = len(req.block_ids)
-            if req.num_computed_tokens + n > have * bs:
+            if computed + n > have * bs:
                 while not bm.allocate(req, n):
-                    victim = self.preemption.pick_victim(self.running)
-                    if victim.request_id in num_sched:
-                        budget += num_sched.pop(victim.request_id)
-                        scheduled.remove(victim)
-                        new_block_counts.pop(victim.request_id, None)
+                    victim = self.preemption.pick_victim(running)
+                    if victim in scheduled:
+                        i = scheduled.index(victim)
+                        budget += counts[i]
+                        del scheduled[i], counts[i]
+                        grew.pop(victim.request_id, None)
                     self._preempt(victim)
                     preempted += 1
                     if victim is req:
                         break
                 if req.state is _S.PREEMPTED:
                     continue
-                new_block_counts[req.request_id] = have
+                grew[req.request_id] = have
             scheduled.append(req)
-            num_sched[req.request_id] = n
+            counts.append(n)
             budget -= n
 
         if not preempted:
-            budget = self._admit(budget, scheduled, num_sched)
-
-        return self._build_output(scheduled, num_sched, new_block_counts, preempted)
+            self._admit(budget, scheduled, counts)
+        return self._build_output(scheduled, counts, grew, preempted)
 
     def _join_running(self, req: Request) -> None:
+        req.slot = self._free_slots.pop()
+        self._slot_req[req.slot] = req
         self.running.append(req)
         self._runner_unseen.add(req.request_id)
 
-    def _admit(self, budget: int, scheduled: list[Request], num_sched: dict[str, int]) -> int:
+    def _leave_running(self, req: Request) -> None:
+        self.running.remove(req)
+        self._runner_unseen.discard(req.request_id)
+        self._left_batch.add(req.request_id)
+        self._slot_req[req.slot] = None
+        self._free_slots.append(req.slot)
+        req.slot = -1
+
+    def _admit(self, budget: int, scheduled: list[Request], counts: list[int]) -> None:
         bm = self.block_manager
-        limit = self.admission.admission_limit(len(self.running), self.config.max_num_seqs)
+        limit = self.admission.admission_limit(len(self.running) + len(self.reserved), self.config.max_num_seqs)
         while budget > 0 and limit > 0 and len(self.waiting):
             req = self.waiting.peek()
             cached = bm.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
@@ -167,44 +187,45 @@ class Scheduler:
             req.transition(_S.PREFILLING)
             self._join_running(req)
             scheduled.append(req)
-            num_sched[req.request_id] = n
+            counts.append(n)
             budget -= n
             limit -= 1
-        return budget
 
     def _build_output(
-        self,
-        scheduled: list[Request],
-        num_sched: dict[str, int],
-        new_block_counts: dict[str, int],
-        preempted: int,
+        self, scheduled: list[Request], counts: list[int], grew: dict[str, int], preempted: int
     ) -> SchedulerOutput:
         new_data = []
-        cached = CachedRequestData()
+        new_blocks: dict[int, list[int]] = {}
         bm = self.block_manager
         bs = bm.block_size
         unseen = self._runner_unseen
-        for req in scheduled:
-            rid = req.request_id
-            if unseen and rid in unseen:
-                unseen.discard(rid)
-                new_data.append(NewRequestData(rid, list(req.all_token_ids), list(req.block_ids),
-                                               req.num_computed_tokens, req.num_prompt_tokens, req.sampling_params))
-            else:
-                before = new_block_counts.get(rid)
-                cached.request_ids.append(rid)
-                cached.new_block_ids.append(None if before is None else req.block_ids[before:])
+        if unseen:
+            for req in scheduled:
+                rid = req.request_id
+                if rid in unseen:
+                    unseen.discard(rid)
+                    grew.pop(rid, None)  # a new row gets all its blocks below
+                    new_data.append(NewRequestData(rid, req.slot, list(req.all_token_ids), list(req.block_ids),
+                                                   req.num_computed_tokens, req.num_prompt_tokens,
+                                                   req.sampling_params))
+        requests = self.requests
+        for rid, before in grew.items():
+            req = requests[rid]
+            new_blocks[req.slot] = req.block_ids[before:]
+        register = bm.register_full_blocks if bm.enable_prefix_caching else None
+        for req, n in zip(scheduled, counts):
             # Advance optimistically: the step in flight computes these tokens.
-            end = req.num_computed_tokens + num_sched[rid]
-            req.num_computed_tokens = end
-            if end // bs > req.num_registered_blocks:
-                bm.register_full_blocks(req, end)
+            end = req.num_computed_tokens = req.num_computed_tokens + n
+            if register is not None and end // bs > req.num_registered_blocks:
+                register(req, end)
         left, self._left_batch = self._left_batch, set()
         return SchedulerOutput(
             new_requests=new_data,
-            cached_requests=cached,
-            num_scheduled_tokens=num_sched,
-            total_num_scheduled_tokens=sum(num_sched.values()),
+            new_block_ids=new_blocks,
+            request_ids=[r.request_id for r in scheduled],
+            slots=[r.slot for r in scheduled],
+            counts=counts,
+            total_num_scheduled_tokens=sum(counts),
             finished_request_ids=left,
             num_preempted=preempted,
         )
@@ -213,12 +234,12 @@ class Scheduler:
     def update_from_output(self, out: RunnerOutput) -> list[Request]:
         """Append sampled tokens, apply token-level stops; return requests that got a token."""
         updated: list[Request] = []
-        requests = self.requests
+        slot_req = self._slot_req
         max_len = self.max_model_len
-        for rid, tok in zip(out.request_ids, out.sampled_token_ids):
-            req = requests.get(rid)
+        for slot, tok in zip(out.slots, out.sampled_token_ids):
+            req = slot_req[slot]
             if req is None:
-                continue  # aborted while the step ran
+                continue  # left the batch while the step ran
             if req.is_padding:  # its token is discarded; the row only occupies the batch
                 if req.num_computed_tokens + 1 >= max_len:
                     self._release_padding(req)
@@ -283,20 +304,16 @@ class Scheduler:
 
     def _drop(self, req: Request, was_running: bool) -> None:
         if was_running:
-            self.running.remove(req)
-            self._left_batch.add(req.request_id)
-            self._runner_unseen.discard(req.request_id)
+            self._leave_running(req)
         self.block_manager.free(req)
         del self.requests[req.request_id]
 
     def _preempt(self, req: Request) -> None:
-        self.running.remove(req)
-        self._runner_unseen.discard(req.request_id)
+        self._leave_running(req)
         self.block_manager.free(req)
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         req.transition(_S.PREEMPTED)
-        self._left_batch.add(req.request_id)
         self.waiting.push(req)
         self.num_preemptions += 1
 
@@ -304,8 +321,7 @@ class Scheduler:
     def _hand_off(self, req: Request) -> None:
         """Prefill role: the first token is sampled; keep the blocks until the decode side has the KV."""
         req.transition(_S.TRANSFERRING)
-        self.running.remove(req)
-        self._left_batch.add(req.request_id)
+        self._leave_running(req)
         self.transferring[req.request_id] = req
 
     def release_transferred(self, request_id: str) -> Request | None:
@@ -324,6 +340,8 @@ class Scheduler:
         """
         if req.request_id in self.requests:
             raise ValueError(f"duplicate request id {req.request_id!r}")
+        if len(self.running) + len(self.reserved) >= self.config.max_num_seqs:
+            return False  # it could not join the batch when its KV arrives
         bm = self.block_manager
         cached = bm.find_cached_prefix(req, max_tokens=req.num_tokens)
         need = bm._num_new_blocks(req, req.num_tokens - len(cached) * bm.block_size, len(cached))

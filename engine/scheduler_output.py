@@ -1,13 +1,14 @@
 """Delta messages from the scheduler to the model runner, and the runner's reply (pure Python).
 
 The runner keeps a persistent batch (token ids and block tables per request); each step the
-scheduler tells it only what changed: new (or resumed) requests in full, continuing requests by
-their newly allocated block ids, and which requests left the batch.
+scheduler tells it only what changed: new (or resumed) requests in full, and the continuing
+requests that got new blocks. Every running request owns a *slot* (a runner row) from joining the
+batch until it leaves, so a decode that needs no new block costs the runner one integer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.sampling_params import SamplingParams
 
@@ -15,6 +16,7 @@ from engine.sampling_params import SamplingParams
 @dataclass(slots=True)
 class NewRequestData:
     request_id: str
+    slot: int  # the runner row this request occupies while it is running
     token_ids: list[int]  # every known token: the prompt, plus generated ones when resuming
     block_ids: list[int]
     num_computed_tokens: int
@@ -23,19 +25,16 @@ class NewRequestData:
 
 
 @dataclass(slots=True)
-class CachedRequestData:
-    request_ids: list[str] = field(default_factory=list)
-    new_block_ids: list[list[int] | None] = field(default_factory=list)
-
-
-@dataclass(slots=True)
 class SchedulerOutput:
     new_requests: list[NewRequestData]
-    cached_requests: CachedRequestData
-    # request id -> tokens to compute this step, in batch order.
-    num_scheduled_tokens: dict[str, int]
+    # Continuing requests that got blocks this step: slot -> the new block ids.
+    new_block_ids: dict[int, list[int]]
+    # The batch, in order (decodes first): request ids, their slots, tokens to compute.
+    request_ids: list[str]
+    slots: list[int]
+    counts: list[int]
     total_num_scheduled_tokens: int
-    # Rows the runner drops before this step: finished, aborted or preempted since the last step.
+    # Requests that left the batch since the last step (finished, aborted, preempted, handed off).
     finished_request_ids: set[str]
     num_preempted: int = 0
 
@@ -43,10 +42,14 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return self.total_num_scheduled_tokens == 0
 
+    @property
+    def num_scheduled_tokens(self) -> dict[str, int]:
+        return dict(zip(self.request_ids, self.counts))
+
 
 @dataclass(slots=True)
 class RunnerOutput:
     """One sampled token per request that reached the end of its known tokens this step."""
 
-    request_ids: list[str]
+    slots: list[int]
     sampled_token_ids: list[int]

@@ -45,6 +45,7 @@ class _Expected:
     peer_key: str
     block_ids: list[int]
     started: float
+    last_progress: float = 0.0  # when the latest chunk landed (the deadline counts from here)
     chunks: int = 0
 
 
@@ -109,7 +110,8 @@ class TransferAgent:
     # -- decode side --------------------------------------------------------------------------
     def expect(self, peer: PeerInfo, transfer_id: int, request_id: str, block_ids: list[int]) -> None:
         with self._lock:
-            self._expected[transfer_id] = _Expected(request_id, peer.key, list(block_ids), time.monotonic())
+            now = time.monotonic()
+            self._expected[transfer_id] = _Expected(request_id, peer.key, list(block_ids), now, now)
         self.channel(peer)
 
     def cancel(self, transfer_id: int) -> bool:
@@ -118,9 +120,9 @@ class TransferAgent:
             return self._expected.pop(transfer_id, None) is not None
 
     def pending_transfers(self) -> list[tuple[int, str, float]]:
-        """(transfer id, request id, start time) of transfers still expected."""
+        """(transfer id, request id, time of the last progress) of transfers still expected."""
         with self._lock:
-            return [(tid, e.request_id, e.started) for tid, e in self._expected.items()]
+            return [(tid, e.request_id, e.last_progress) for tid, e in self._expected.items()]
 
     # -- prefill side -------------------------------------------------------------------------
     def send_blocks(
@@ -200,6 +202,7 @@ class TransferAgent:
                     idx = torch.tensor(dst, dtype=torch.long, device=self.device)
                     self.kv_cache.index_copy_(0, idx, payload)
                     exp.chunks += 1
+                    exp.last_progress = time.monotonic()
                     self.stats.bytes_received += payload.numel() * payload.element_size()
                     self.stats.blocks_received += header.num_blocks
             if exp is not None and header.is_last:

@@ -93,7 +93,7 @@ class PrefillWorker:
         """After a step: send every newly completed block; on the last chunk, the rest and the first token."""
         sched = engine.scheduler
         bs = engine.block_manager.block_size
-        for rid in so.num_scheduled_tokens:
+        for rid in so.request_ids:
             ship = self._shipping.get(rid)
             req = sched.requests.get(rid)
             if ship is None or req is None:

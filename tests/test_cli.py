@@ -58,3 +58,13 @@ def test_missing_model_is_named(tmp_path):
     (tmp_path / "broken" / "config.json").write_text("{not json")
     r = baton("generate", "--model", str(tmp_path / "broken"), "--prompt", "hi")
     assert r.returncode == 2 and "config.json" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_generate_through_the_pools_matches_the_engine(tiny_model_dir):
+    common = ["generate", "--model", str(tiny_model_dir), "--prompt", "hello there, how are you today? " * 3,
+              "--prompt", "short", "--max-tokens", "8", "--ignore-eos", "--json", "--max-num-batched-tokens", "16"]
+    local = baton(*common)
+    pooled = baton(*common, "--prefill-workers", "1", "--decode-workers", "1", timeout=600)
+    assert local.returncode == 0 and pooled.returncode == 0, pooled.stderr[-2000:]
+    assert [json.loads(x)["token_ids"] for x in pooled.stdout.splitlines()] == \
+        [json.loads(x)["token_ids"] for x in local.stdout.splitlines()]

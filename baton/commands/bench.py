@@ -20,6 +20,26 @@ def add_parser(sub) -> None:
     o.add_argument("--json", action="store_true")
     o.set_defaults(run=_offline)
 
+    i = bsub.add_parser("interference", help="colocated vs disaggregated on the same cores: ITL under long prompts")
+    i.add_argument("--model", default="default")
+    i.add_argument("--duration", type=float, default=40.0, help="measured seconds per setup")
+    i.add_argument("--interactive", type=int, default=8, help="concurrent interactive streams")
+    i.add_argument("--long-len", type=int, default=2048, help="tokens per long prompt")
+    i.add_argument("--long-every", type=float, default=6.0, help="seconds between long prompts")
+    i.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    i.add_argument("--local-prefill-threshold", type=int, default=256,
+                   help="disaggregated setup: shorter prompts prefill on the decode worker")
+    i.add_argument("--small-chunk-baseline", type=int, default=0,
+                   help="also run colocated with this prefill chunk size (0: skip)")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(run=_interference)
+
+    k = bsub.add_parser("kv-transfer", help="KV transfer throughput and latency between two actors")
+    k.add_argument("--lengths", default="256,1024,4096")
+    k.add_argument("--repeats", type=int, default=5)
+    k.add_argument("--json", action="store_true")
+    k.set_defaults(run=_kv_transfer)
+
     s = bsub.add_parser("scheduler", help="scheduler + batch preparation time per step (fake runner)")
     s.add_argument("--num-seqs", type=int, default=256)
     s.add_argument("--steps", type=int, default=400)
@@ -45,3 +65,30 @@ def _scheduler(args: argparse.Namespace) -> int:
     from bench.scheduler_overhead import main
 
     return main(["--num-seqs", str(args.num_seqs), "--steps", str(args.steps)] + (["--json"] if args.json else []))
+
+
+def _interference(args: argparse.Namespace) -> int:
+    import json
+
+    from bench.interference import InterferenceWorkload, run
+
+    if args.duration <= 0 or args.interactive <= 0 or args.long_len <= 0 or args.long_every <= 0:
+        raise ValueError("--duration, --interactive, --long-len and --long-every must be positive")
+    wl = InterferenceWorkload(interactive=args.interactive, long_len=args.long_len, long_every_s=args.long_every,
+                              duration_s=args.duration)
+    r = run(args.model, 1, wl, args.max_num_batched_tokens, args.local_prefill_threshold, args.small_chunk_baseline,
+            progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+    if args.json:
+        print(json.dumps(r, indent=2))
+    else:
+        for name in r["setups"]:
+            x = r[name]
+            print(f"{name:14s} ITL p50 {x['itl_s']['p50'] * 1e3:7.1f} ms  p99 {x['itl_s']['p99'] * 1e3:7.1f} ms   "
+                  f"{x['output_tok_s']:.1f} output tok/s, {x['total_tok_s']:.1f} total tok/s")
+    return 0
+
+
+def _kv_transfer(args: argparse.Namespace) -> int:
+    from bench.kv_transfer import main
+
+    return main(["--lengths", args.lengths, "--repeats", str(args.repeats)] + (["--json"] if args.json else []))

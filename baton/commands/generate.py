@@ -15,6 +15,9 @@ def add_parser(sub) -> None:
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     add_sampling_args(p)
     p.add_argument("--json", action="store_true", help="one JSON object per prompt")
+    g = p.add_argument_group("disaggregated serving (runs through a local Ray cluster when either is set)")
+    g.add_argument("--prefill-workers", type=int, default=None, help="prefill pool size")
+    g.add_argument("--decode-workers", type=int, default=None, help="decode pool size")
     add_engine_args(p)
     p.set_defaults(run=run)
 
@@ -36,15 +39,14 @@ def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.engine import LLMEngine
-
     params = sampling_params_from_args(args)  # validate before loading anything
-    engine = LLMEngine(engine_config_from_args(args), progress=progress_printer(args.json))
-    tok = engine.tokenizer
-    if tok is None:
-        raise ValueError(f"model {args.model!r} has no tokenizer; text prompts need one")
-    prompts = [tok.encode_chat([{"role": "user", "content": p}]) if args.chat else tok.encode(p) for p in args.prompt]
-    outputs = engine.generate(prompts, params)
+    if args.prefill_workers is not None or args.decode_workers is not None:
+        outputs = _generate_on_cluster(args, params)
+    else:
+        from engine.engine import LLMEngine
+
+        engine = LLMEngine(engine_config_from_args(args), progress=progress_printer(args.json))
+        outputs = engine.generate(_encode(engine.tokenizer, args), params)
     for text, out in zip(args.prompt, outputs):
         if args.json:
             print(json.dumps({
@@ -57,3 +59,21 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"=== {text}\n{out.text}\n", flush=True)
     return 0
+
+
+def _encode(tok, args: argparse.Namespace) -> list[list[int]]:
+    if tok is None:
+        raise ValueError(f"model {args.model!r} has no tokenizer; text prompts need one")
+    return [tok.encode_chat([{"role": "user", "content": p}]) if args.chat else tok.encode(p) for p in args.prompt]
+
+
+def _generate_on_cluster(args: argparse.Namespace, params):
+    from baton.cluster import ClusterConfig, LocalCluster
+
+    p = 1 if args.prefill_workers is None else args.prefill_workers
+    d = 1 if args.decode_workers is None else args.decode_workers
+    if p < 0 or d < 1:
+        raise ValueError("--prefill-workers must be >= 0 and --decode-workers >= 1")
+    cfg = ClusterConfig(prefill_workers=p, decode_workers=d, engine=engine_config_from_args(args))
+    with LocalCluster(cfg, progress=progress_printer(args.json)) as cluster:
+        return cluster.generate(_encode(cluster.tokenizer, args), params)
