@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from baton.commands import bench, chat, generate
+from baton.commands import bench, chat, config_cmd, generate, up
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,7 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default=os.environ.get("BATON_LOG_LEVEL", "WARNING"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (generate, chat, bench):
+    for module in (up, generate, chat, bench, config_cmd):
         module.add_parser(sub)
     return parser
 
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except InvalidParameterError as e:
         print(f"baton: error: {e.param}: {e.message}", file=sys.stderr)
-    except (ModelLoadError, ValueError) as e:
+    except (ModelLoadError, ValueError, RuntimeError) as e:
         print(f"baton: error: {e}", file=sys.stderr)
     except KeyboardInterrupt:
         print("baton: interrupted", file=sys.stderr)

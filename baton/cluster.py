@@ -58,7 +58,8 @@ class ClusterConfig:
 
 
 class LocalCluster:
-    def __init__(self, config: ClusterConfig, progress: Callable[[str], None] | None = None) -> None:
+    def __init__(self, config: ClusterConfig, progress: Callable[[str], None] | None = None,
+                 router_id: str = "router-0") -> None:
         self.config = config
         say = progress or (lambda m: log.info(m))
         model_dir = resolve_model(config.engine.model, progress=say)
@@ -99,7 +100,8 @@ class LocalCluster:
             w.info, w.alive = info, True
         first = decode[0].info
         self.max_model_len, self.vocab_size = first.max_model_len, first.vocab_size
-        self.dispatcher = Dispatcher(self.pool, local_prefill_threshold=config.local_prefill_threshold)
+        self.dispatcher = Dispatcher(self.pool, router_id=router_id,
+                                     local_prefill_threshold=config.local_prefill_threshold)
         self.dispatcher.start()
         self._ids = itertools.count()
         say("cluster ready")

@@ -25,3 +25,4 @@ class OutputBatch:
     incarnation: str
     outputs: list[RequestOutput] = field(default_factory=list)
     load: WorkerLoad | None = None
+    kv_events: list = field(default_factory=list)  # BlocksStored/BlocksRemoved since the last poll

@@ -15,6 +15,7 @@ import time
 import uuid
 
 from decode_worker.messages import OutputBatch, ReserveResult
+from decode_worker.outbox import Outbox
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.engine_loop import EngineLoop
@@ -33,8 +34,10 @@ class DecodeWorker:
         self.worker_id = worker_id
         self.peer = PeerInfo(worker_id, uuid.uuid4().hex[:12], "decode")
         self.transfer_timeout_s = transfer_timeout_s
-        self.engine = LLMEngine(engine_config)
-        self.loop = EngineLoop(self.engine, name=f"{worker_id}-engine")
+        self.engine = LLMEngine(engine_config, record_kv_events=True)
+        self.outbox = Outbox()
+        self.loop = EngineLoop(self.engine, name=f"{worker_id}-engine", output_sink=self.outbox.put)
+        self._kv_events: list = []  # engine thread appends, poll drains (swap under the GIL)
         self.agent = TransferAgent(self.peer, store, self.engine.runner.kv_cache, connect_timeout_s=connect_timeout_s,
                                    on_received=self._on_received, on_receive_failed=self._on_receive_failed)
         self._transfer_ids = itertools.count(1)
@@ -49,8 +52,9 @@ class DecodeWorker:
     # -- Ray-facing API ---------------------------------------------------------------------
     def info(self) -> WorkerInfo:
         e = self.engine
+        sc = e.config.scheduler
         return WorkerInfo(self.peer, e.num_total_blocks, e.block_manager.block_size, e.max_model_len,
-                          e.model_config.vocab_size, e.config.model)
+                          e.model_config.vocab_size, e.config.model, sc.max_num_seqs, sc.max_num_batched_tokens)
 
     def connect(self, prefill: PeerInfo) -> None:
         self.agent.connect(prefill)
@@ -58,6 +62,8 @@ class DecodeWorker:
     def reserve(self, spec: RequestSpec, prefill: PeerInfo) -> ReserveResult:
         """Reserve blocks for ``spec``'s prompt; its KV will come from ``prefill``."""
         tid = next(self._transfer_ids)
+
+        self.outbox.register(spec.request_id, spec.origin)
 
         def do(engine: LLMEngine) -> ReserveResult:
             req = engine.reserve(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
@@ -77,6 +83,7 @@ class DecodeWorker:
 
     def generate_local(self, spec: RequestSpec) -> bool:
         """Prefill and decode here (short or cached prompts, migrated requests)."""
+        self.outbox.register(spec.request_id, spec.origin)
 
         def do(engine: LLMEngine) -> bool:
             engine.add_request(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
@@ -99,14 +106,17 @@ class DecodeWorker:
         def do(engine: LLMEngine) -> bool:
             self._cancel_transfer(request_id)
             out = engine.abort(request_id)
+            self.outbox.forget(request_id)
             return out is not None
 
         return self.loop.call(do)
 
-    def poll(self, timeout_s: float = 0.5) -> OutputBatch:
-        """Every output produced since the last poll (a long poll): one call per step at most."""
-        outputs = self.loop.poll_outputs(timeout_s)
-        return OutputBatch(self.worker_id, self.peer.incarnation, outputs, self._load_snapshot)
+    def poll(self, timeout_s: float = 0.5, origin: str = "") -> OutputBatch:
+        """Every output for ``origin``'s requests since its last poll (a long poll), with the latest load
+        report and the prefix-cache events since any router's last poll."""
+        outputs = self.outbox.poll(origin, timeout_s)
+        events, self._kv_events = self._kv_events, []
+        return OutputBatch(self.worker_id, self.peer.incarnation, outputs, self._load_snapshot, events)
 
     def load(self) -> WorkerLoad:
         return self._load_snapshot
@@ -116,6 +126,7 @@ class DecodeWorker:
 
     def shutdown(self) -> None:
         self.loop.stop()
+        self.outbox.close()
         self.agent.close()
 
     # -- transfer callbacks (channel threads) ------------------------------------------------
@@ -148,6 +159,9 @@ class DecodeWorker:
 
     def _snapshot_load(self, engine: LLMEngine) -> None:
         self._load_snapshot = self._load(engine)  # read by poll() without waiting for the step
+        events = engine.take_kv_events()
+        if events:
+            self._kv_events += events
 
     def _fallback(self, engine: LLMEngine, request_id: str) -> bool:
         if engine.fallback_to_local_prefill(request_id):
@@ -170,4 +184,5 @@ class DecodeWorker:
             num_reserved=len(s.reserved), transfers_completed=st.completed, transfers_failed=st.failed,
             transfer_bytes=st.bytes_received, transfer_seconds=st.seconds, prefix_queries=bm.num_prefix_queries,
             prefix_hits=bm.num_prefix_hits, steps=self.loop.num_steps, busy_seconds=self.loop.busy_seconds,
+            prompt_tokens_computed=s.prompt_tokens_computed,
         )

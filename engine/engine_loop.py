@@ -27,8 +27,10 @@ class EngineLoopStopped(RuntimeError):
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, *, idle_wait_s: float = 0.02, name: str = "engine-loop") -> None:
+    def __init__(self, engine: LLMEngine, *, idle_wait_s: float = 0.02, name: str = "engine-loop",
+                 output_sink: Callable[[list[RequestOutput]], None] | None = None) -> None:
         self.engine = engine
+        self._sink = output_sink  # when set, outputs go there instead of the poll_outputs buffer
         self.idle_wait_s = idle_wait_s
         self._calls: queue.SimpleQueue[tuple[Callable[[LLMEngine], Any], Future]] = queue.SimpleQueue()
         self._outputs: list[RequestOutput] = []
@@ -79,7 +81,9 @@ class EngineLoop:
 
     def push_outputs(self, outputs: list[RequestOutput]) -> None:
         """Outputs produced outside a step (first tokens of received KV, aborts)."""
-        if outputs:
+        if outputs and self._sink is not None:
+            self._sink(outputs)
+        elif outputs:
             with self._out_cv:
                 self._outputs.extend(outputs)
                 self._out_cv.notify_all()

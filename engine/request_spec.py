@@ -16,6 +16,7 @@ class RequestSpec:
     cache_salt: str | None = None
     # Tokens already generated for this request elsewhere (migration after a worker died).
     resume_token_ids: tuple[int, ...] = field(default=())
+    origin: str = ""  # the router replica that owns the request (its outputs go back there)
 
     @property
     def num_prompt_tokens(self) -> int:

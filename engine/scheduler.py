@@ -53,6 +53,7 @@ class Scheduler:
         self._watermark_blocks = int(config.admission_watermark * block_manager.num_blocks)
         self._arrivals = 0
         self.num_preemptions = 0
+        self.prompt_tokens_computed = 0
 
     # -- requests in and out ----------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -214,6 +215,8 @@ class Scheduler:
             new_blocks[req.slot] = req.block_ids[before:]
         register = bm.register_full_blocks if bm.enable_prefix_caching else None
         for req, n in zip(scheduled, counts):
+            if req.num_computed_tokens < req.num_prompt_tokens:  # prefill work (for the router's rate)
+                self.prompt_tokens_computed += min(n, req.num_prompt_tokens - req.num_computed_tokens)
             # Advance optimistically: the step in flight computes these tokens.
             end = req.num_computed_tokens = req.num_computed_tokens + n
             if register is not None and end // bs > req.num_registered_blocks:

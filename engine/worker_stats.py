@@ -29,6 +29,7 @@ class WorkerLoad:
     prefix_hits: int = 0
     steps: int = 0
     busy_seconds: float = 0.0
+    prompt_tokens_computed: int = 0  # cumulative: with busy_seconds, the measured prefill rate
 
     @property
     def kv_usage(self) -> float:

@@ -40,3 +40,5 @@ class WorkerInfo:
     max_model_len: int
     vocab_size: int
     model: str
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048

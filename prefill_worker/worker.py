@@ -36,7 +36,7 @@ class PrefillWorker:
                  *, connect_timeout_s: float = 30.0) -> None:
         self.worker_id = worker_id
         self.peer = PeerInfo(worker_id, uuid.uuid4().hex[:12], "prefill")
-        self.engine = LLMEngine(engine_config)
+        self.engine = LLMEngine(engine_config, record_kv_events=True)
         self.loop = EngineLoop(self.engine, name=f"{worker_id}-engine")
         self.faults = FaultInjector()
         self.agent = TransferAgent(self.peer, store, self.engine.runner.kv_cache, connect_timeout_s=connect_timeout_s,
@@ -48,8 +48,9 @@ class PrefillWorker:
     # -- Ray-facing API ---------------------------------------------------------------------
     def info(self) -> WorkerInfo:
         e = self.engine
+        sc = e.config.scheduler
         return WorkerInfo(self.peer, e.num_total_blocks, e.block_manager.block_size, e.max_model_len,
-                          e.model_config.vocab_size, e.config.model)
+                          e.model_config.vocab_size, e.config.model, sc.max_num_seqs, sc.max_num_batched_tokens)
 
     def connect(self, decode: PeerInfo) -> None:
         self.agent.connect(decode)
@@ -77,6 +78,10 @@ class PrefillWorker:
 
     def load(self) -> WorkerLoad:
         return self.loop.call(self._load)
+
+    def take_kv_events(self) -> list:
+        """Prefix-cache events (BlocksStored/BlocksRemoved) since the last call, for the cluster index."""
+        return self.loop.call(lambda engine: engine.take_kv_events())
 
     def set_faults(self, spec: FaultSpec) -> None:
         self.faults.set(spec)
@@ -126,4 +131,5 @@ class PrefillWorker:
             num_transferring=len(s.transferring), transfers_completed=st.completed, transfers_failed=st.failed,
             transfer_bytes=self.agent.bytes_sent(), prefix_queries=bm.num_prefix_queries,
             prefix_hits=bm.num_prefix_hits, steps=self.loop.num_steps, busy_seconds=self.loop.busy_seconds,
+            prompt_tokens_computed=s.prompt_tokens_computed,
         )

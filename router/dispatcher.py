@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import ray
 from ray.exceptions import GetTimeoutError, RayError
@@ -29,6 +30,7 @@ from decode_worker.messages import OutputBatch, ReserveResult
 from engine.outputs import RequestOutput
 from engine.request_spec import RequestSpec
 from prefill_worker.messages import PrefillTask
+from router.placement import NO_HINT, PlacementHint, choose_decode, choose_prefill, prefill_on_decode
 from router.stream import RequestStream
 from router.worker_pool import WorkerHandle, WorkerPool
 
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 class _Tracked:
     spec: RequestSpec
     stream: RequestStream
+    hint: PlacementHint = NO_HINT
     decode_id: str | None = None
     prefill_id: str | None = None
     migrations: int = 0
@@ -49,6 +52,8 @@ class Dispatcher:
         self,
         pool: WorkerPool,
         *,
+        router_id: str = "",
+        on_kv_events: Callable[[str, list], None] | None = None,
         local_prefill_threshold: int = 0,
         poll_timeout_s: float = 0.5,
         call_timeout_s: float = 60.0,
@@ -56,6 +61,9 @@ class Dispatcher:
         monitor_interval_s: float = 0.5,
     ) -> None:
         self.pool = pool
+        self.router_id = router_id  # decode workers file our requests' outputs under it
+        self.on_kv_events = on_kv_events or (lambda worker_id, events: None)
+        self.on_worker_reset: Callable[[str], None] = lambda worker_id: None  # its cache is gone
         self.local_prefill_threshold = local_prefill_threshold
         self.poll_timeout_s = poll_timeout_s
         self.call_timeout_s = call_timeout_s
@@ -101,9 +109,13 @@ class Dispatcher:
             return len(self._tracked)
 
     # -- requests -----------------------------------------------------------------------------
-    def submit(self, spec: RequestSpec) -> RequestStream:
-        stream = RequestStream(spec.request_id, spec.num_prompt_tokens)
-        t = _Tracked(spec, stream)
+    def submit(self, spec: RequestSpec, stream: RequestStream | None = None,
+               hint: PlacementHint = NO_HINT) -> RequestStream:
+        """Place and start a request (blocking Ray calls: run it off the event loop)."""
+        if spec.origin != self.router_id:
+            spec = replace(spec, origin=self.router_id)
+        stream = stream or RequestStream(spec.request_id, spec.num_prompt_tokens)
+        t = _Tracked(spec, stream, hint)
         with self._lock:
             if spec.request_id in self._tracked:
                 raise ValueError(f"duplicate request id {spec.request_id!r}")
@@ -128,7 +140,7 @@ class Dispatcher:
         spec = t.spec
         tried = set(exclude)
         while True:
-            d = self.pool.pick_decode(tried)
+            d = choose_decode(self.pool, tried)
             if d is None:
                 self._fail(t, "no live decode worker")
                 return
@@ -151,9 +163,9 @@ class Dispatcher:
     def _disaggregate(self, t: _Tracked, d: WorkerHandle) -> bool:
         """Reserve on D and start the prefill on P. False: prefill on D instead."""
         spec = t.spec
-        if spec.resume_token_ids or spec.num_prompt_tokens < self.local_prefill_threshold:
+        if prefill_on_decode(self.pool, spec, d, t.hint, self.local_prefill_threshold):
             return False
-        p = self.pool.pick_prefill()
+        p = choose_prefill(self.pool, spec, t.hint)
         if p is None:
             return False
         res: ReserveResult = self._call(d.actor.reserve.remote(spec, p.peer))
@@ -183,7 +195,7 @@ class Dispatcher:
     def _poll_loop(self, d: WorkerHandle) -> None:
         while not self._stop.is_set():
             try:
-                batch: OutputBatch = ray.get(d.actor.poll.remote(self.poll_timeout_s),
+                batch: OutputBatch = ray.get(d.actor.poll.remote(self.poll_timeout_s, self.router_id),
                                              timeout=self.poll_timeout_s + self.call_timeout_s)
             except (RayError, GetTimeoutError) as e:
                 if not self._stop.is_set():
@@ -193,6 +205,8 @@ class Dispatcher:
             if d.info is not None and batch.incarnation != d.info.peer.incarnation:
                 self._on_restart(d)
             d.update_load(batch.load)
+            if batch.kv_events:
+                self.on_kv_events(d.worker_id, batch.kv_events)
             self._deliver(d, batch.outputs)
 
     def _deliver(self, d: WorkerHandle, outputs: list[RequestOutput]) -> None:
@@ -221,9 +235,14 @@ class Dispatcher:
                     self._on_restart(w)
                 if w.role == "prefill":
                     try:
-                        w.update_load(ray.get(w.actor.load.remote(), timeout=self.call_timeout_s))
+                        load, events = ray.get([w.actor.load.remote(), w.actor.take_kv_events.remote()],
+                                               timeout=self.call_timeout_s)
                     except (RayError, GetTimeoutError) as e:
                         self._mark_dead(w, e)
+                        continue
+                    w.update_load(load)
+                    if events:
+                        self.on_kv_events(w.worker_id, events)
 
     def _mark_dead(self, w: WorkerHandle, error: BaseException) -> None:
         with self.pool.lock:
@@ -231,6 +250,7 @@ class Dispatcher:
             w.failures += 1
         if was_alive:
             log.warning("worker %s is down: %s", w.worker_id, type(error).__name__)
+            self.on_worker_reset(w.worker_id)
         if w.role == "decode":
             self._migrate_from(w)
 
@@ -243,6 +263,8 @@ class Dispatcher:
             return
         restarted = w.info is not None and info.peer.incarnation != w.info.peer.incarnation
         w.info = info
+        if restarted:
+            self.on_worker_reset(w.worker_id)
         if restarted and w.role == "decode":
             self._migrate_from(w)
         with self.pool.lock:

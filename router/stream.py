@@ -82,17 +82,22 @@ class RequestStream:
             if item.finished:
                 return
 
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Deliver to ``loop`` from now on (for async consumers); anything already delivered moves over."""
+        with self._lock:
+            if self._async is not None:
+                return
+            q: asyncio.Queue = asyncio.Queue()
+            while True:
+                try:
+                    q.put_nowait(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            self._async = (loop, q)
+
     async def aiter(self) -> AsyncIterator[RequestOutput]:
         """Async iteration; call from the event loop that consumes the stream."""
-        with self._lock:
-            if self._async is None:
-                loop, q = asyncio.get_running_loop(), asyncio.Queue()
-                while True:  # move anything already delivered
-                    try:
-                        q.put_nowait(self._queue.get_nowait())
-                    except queue.Empty:
-                        break
-                self._async = (loop, q)
+        self.bind(asyncio.get_running_loop())
         q = self._async[1]
         while True:
             item = await q.get()

@@ -52,28 +52,3 @@ class WorkerPool:
 
     def get(self, worker_id: str) -> WorkerHandle | None:
         return next((w for w in self.all() if w.worker_id == worker_id), None)
-
-    def pick_decode(self, exclude: set[str] = frozenset()) -> WorkerHandle | None:
-        """Most free KV, then fewest running sequences."""
-        cands = [w for w in self.live("decode") if w.worker_id not in exclude]
-        if not cands:
-            return None
-        return max(cands, key=lambda w: (_free_ratio(w), -_running(w), -len(w.requests)))
-
-    def pick_prefill(self) -> WorkerHandle | None:
-        """Least queued prefill work."""
-        cands = self.live("prefill")
-        if not cands:
-            return None
-        return min(cands, key=lambda w: ((w.load.queued_prefill_tokens if w.load else 0) + w.dispatched_tokens,
-                                          w.worker_id))
-
-
-def _free_ratio(w: WorkerHandle) -> float:
-    if w.load is None or not w.load.num_total_blocks:
-        return 1.0
-    return w.load.num_free_blocks / w.load.num_total_blocks
-
-
-def _running(w: WorkerHandle) -> int:
-    return w.load.num_running + w.load.num_waiting if w.load else 0

@@ -1,0 +1,248 @@
+"""Baton's configuration schema (pydantic), shared by ``baton up`` and ``baton cluster``.
+
+A wrong config fails at start with a message naming the field. Secrets (API keys, the Redis
+password) are references — ``{env: NAME}`` or ``{file: PATH}`` — so configs can be committed and
+mounted from Kubernetes Secrets; ``{value: ...}`` exists for tests and local experiments only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from router.lanes import ClassificationRules, LaneConfig, LanePolicy, TenantConfig, default_lanes
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SecretRef(_Model):
+    env: str | None = None
+    file: str | None = None
+    value: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> SecretRef:
+        if sum(x is not None for x in (self.env, self.file, self.value)) != 1:
+            raise ValueError("a secret reference needs exactly one of env, file, value")
+        return self
+
+    def resolve(self, where: str) -> str:
+        if self.env is not None:
+            v = os.environ.get(self.env)
+            if not v:
+                raise ConfigError(f"{where}: environment variable {self.env} is not set")
+            return v
+        if self.file is not None:
+            try:
+                return Path(self.file).read_text().strip()
+            except OSError as e:
+                raise ConfigError(f"{where}: cannot read secret file {self.file}: {e.strerror}") from None
+        return self.value or ""
+
+
+class ModelSection(_Model):
+    path: str = Field("default", description="default | tiny | a Hugging Face directory | a .gguf file")
+    served_name: str | None = Field(None, description="the model id clients see (default: derived from path)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    max_model_len: int | None = Field(None, ge=16)
+
+
+class EngineSection(_Model):
+    block_size: int = Field(16, ge=1)
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(2048, ge=16)
+    kv_cache_memory_gb: float | None = Field(None, gt=0)
+    enable_prefix_caching: bool = True
+    attention_backend: Literal["auto", "torch", "triton"] = "auto"
+
+    @field_validator("block_size")
+    @classmethod
+    def _pow2(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError("block_size must be a power of two")
+        return v
+
+
+class PoolSection(_Model):
+    workers: int = Field(1, ge=0)
+    cpus: float = Field(1.0, gt=0, description="Ray CPUs per worker")
+    gpus: float = Field(0.0, ge=0, description="GPUs per worker (0 on CPU)")
+    threads: int = Field(1, ge=1, description="torch threads per worker on CPU")
+
+
+class PoolsSection(_Model):
+    prefill: PoolSection = PoolSection(workers=1)
+    decode: PoolSection = PoolSection(workers=1)
+    local_prefill_threshold: int = Field(256, ge=0, description="shorter prompts prefill on the decode worker")
+    transfer_timeout_s: float = Field(10.0, gt=0)
+    max_restarts: int = Field(3, ge=0)
+
+    @field_validator("decode")
+    @classmethod
+    def _decode(cls, v: PoolSection) -> PoolSection:
+        if v.workers < 1:
+            raise ValueError("the decode pool needs at least one worker")
+        return v
+
+
+class RouterSection(_Model):
+    replicas: int = Field(1, ge=1, description="router replicas (baton cluster)")
+    host: str = "127.0.0.1"
+    http_port: int = Field(8000, ge=0, le=65535)
+    grpc_port: int = Field(50051, ge=0, le=65535)
+    slo_rejection: bool = True
+    tenant_cache_isolation: bool = True
+    drain_timeout_s: float = Field(30.0, ge=0)
+    initial_prefill_tokens_per_s: float = Field(1000.0, gt=0)
+
+
+class LaneSection(_Model):
+    name: str
+    ttft_slo_s: float = Field(gt=0)
+    tpot_slo_s: float = Field(gt=0)
+    weight: float = Field(1.0, gt=0)
+    priority: int = 0
+    queue_bound: int = Field(256, ge=1)
+    preemptible: bool = False
+    batch_window_s: float = Field(0.0, ge=0)
+    durable: bool = False
+
+
+class TenantSection(_Model):
+    name: str
+    api_key: SecretRef | None = None
+    allowed_lanes: list[str] | None = None
+    default_lane: str | None = None
+    requests_per_min: float | None = Field(None, gt=0)
+    tokens_per_min: float | None = Field(None, gt=0)
+
+
+class ClassificationSection(_Model):
+    long_context_tokens: int = Field(4096, ge=1)
+    batch_min_max_tokens: int = Field(1024, ge=1)
+    default_lane: str = "interactive"
+
+
+class AuthSection(_Model):
+    required: bool = False
+    api_key: SecretRef | None = Field(None, description="a single key for the 'default' tenant")
+
+
+class RedisSection(_Model):
+    url: str | None = Field(None, description="redis://host:port/db; empty: start an embedded redis-server")
+    password: SecretRef | None = None
+    cluster_name: str = Field("baton", pattern=r"^[A-Za-z0-9_-]+$")
+
+
+def _default_lane_sections() -> list[LaneSection]:
+    return [LaneSection(**lane.__dict__) for lane in default_lanes()]
+
+
+class BatonConfig(_Model):
+    model: ModelSection = ModelSection()
+    engine: EngineSection = EngineSection()
+    pools: PoolsSection = PoolsSection()
+    router: RouterSection = RouterSection()
+    lanes: list[LaneSection] = Field(default_factory=_default_lane_sections)
+    classification: ClassificationSection = ClassificationSection()
+    tenants: list[TenantSection] = Field(default_factory=list)
+    auth: AuthSection = AuthSection()
+    redis: RedisSection = RedisSection()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> BatonConfig:
+        names = [lane.name for lane in self.lanes]
+        if not names:
+            raise ValueError("lanes: at least one lane is required")
+        if len(set(names)) != len(names):
+            raise ValueError("lanes: lane names must be unique")
+        if self.classification.default_lane not in names:
+            raise ValueError(f"classification.default_lane: {self.classification.default_lane!r} is not a lane")
+        for i, t in enumerate(self.tenants):
+            for lane in (t.allowed_lanes or []) + ([t.default_lane] if t.default_lane else []):
+                if lane not in names:
+                    raise ValueError(f"tenants[{i}] ({t.name}): unknown lane {lane!r}")
+        return self
+
+    # -- building the runtime objects ------------------------------------------------------------
+    def engine_config(self) -> EngineConfig:
+        e = self.engine
+        return EngineConfig(
+            model=self.model.path, dtype=self.model.dtype, max_model_len=self.model.max_model_len,
+            attention_backend=e.attention_backend,
+            scheduler=SchedulerConfig(max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens),
+            cache=CacheConfig(block_size=e.block_size, kv_cache_memory_gb=e.kv_cache_memory_gb,
+                              enable_prefix_caching=e.enable_prefix_caching),
+        )
+
+    def lane_policy(self) -> LanePolicy:
+        tenants = []
+        for i, t in enumerate(self.tenants):
+            key = t.api_key.resolve(f"tenants[{i}].api_key") if t.api_key else None
+            tenants.append(TenantConfig(t.name, key, tuple(t.allowed_lanes) if t.allowed_lanes else None,
+                                        t.default_lane, t.requests_per_min, t.tokens_per_min))
+        default_key = self.auth.api_key.resolve("auth.api_key") if self.auth.api_key else None
+        if not any(t.name == "default" for t in tenants):
+            tenants.append(TenantConfig("default", default_key))
+        required = self.auth.required or default_key is not None
+        try:
+            return LanePolicy(
+                lanes=tuple(LaneConfig(**lane.model_dump()) for lane in self.lanes),
+                tenants=tuple(tenants),
+                rules=ClassificationRules(**self.classification.model_dump()),
+                auth_required=required,
+            )
+        except ValueError as e:
+            raise ConfigError(f"config: {e}") from None
+
+    def redis_password(self) -> str | None:
+        return self.redis.password.resolve("redis.password") if self.redis.password else None
+
+
+def load_config(path: str | Path | None = None, overrides: dict | None = None) -> BatonConfig:
+    """Read a YAML config (or the defaults), apply dotted overrides (``{"pools.decode.workers": 2}``),
+    validate. Raises ConfigError naming the file and the field."""
+    data: dict = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            raw = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read the config file: {e.strerror}") from None
+        try:
+            data = yaml.safe_load(raw) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the config must be a mapping at the top level")
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    try:
+        return BatonConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"{source}: " + "; ".join(_describe(err) for err in e.errors())) from None
+
+
+def _describe(err: dict) -> str:
+    loc = ".".join(str(x) for x in err.get("loc", ()) if x != "__root__")
+    msg = err.get("msg", "invalid")
+    msg = msg.removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg

@@ -1,0 +1,142 @@
+"""``baton up``: one process runs it all — an embedded redis-server (unless a URL is given), a Ray
+local cluster with the prefill and decode pools, and the router serving OpenAI-compatible HTTP and
+gRPC on one event loop. SIGINT/SIGTERM drain: stop admitting (503 + Retry-After, /ready 503), let
+in-flight requests finish up to ``router.drain_timeout_s``, then exit."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from baton.cluster import ClusterConfig, LocalCluster
+from baton.config import BatonConfig
+from baton.redis_server import EmbeddedRedis
+from router.cluster_state import ClusterState
+from router.grpc_server import GrpcServer
+from router.http.app import create_app
+from router.http.server import HttpServer
+from router.router import Router, RouterConfig
+from router.state.connection import RedisState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Endpoints:
+    http_url: str
+    grpc_target: str
+    redis_url: str
+
+
+class BatonServer:
+    def __init__(self, cfg: BatonConfig, progress: Callable[[str], None] | None = None,
+                 router_id: str = "router-0") -> None:
+        self.cfg = cfg
+        self.say = progress or (lambda m: log.info(m))
+        self.router_id = router_id
+        self.redis: EmbeddedRedis | None = None
+        self.cluster: LocalCluster | None = None
+        self.router: Router | None = None
+        self.http: HttpServer | None = None
+        self.grpc: GrpcServer | None = None
+        self.endpoints: Endpoints | None = None
+
+    async def start(self) -> Endpoints:
+        cfg = self.cfg
+        policy = cfg.lane_policy()  # resolves secrets now: a missing key fails before anything starts
+        t0 = time.monotonic()
+        url = cfg.redis.url
+        if url is None:
+            self.say("starting the embedded redis-server")
+            self.redis = await asyncio.to_thread(lambda: EmbeddedRedis().start())
+            url = self.redis.url
+        url = _with_password(url, cfg.redis_password())
+        self.say(f"loading {cfg.model.path} into {cfg.pools.prefill.workers} prefill + "
+                 f"{cfg.pools.decode.workers} decode workers (Ray local)")
+        cluster_cfg = ClusterConfig(
+            prefill_workers=cfg.pools.prefill.workers, decode_workers=cfg.pools.decode.workers,
+            engine=cfg.engine_config(), gpus_per_worker=cfg.pools.decode.gpus, cpus_per_worker=cfg.pools.decode.cpus,
+            torch_threads_per_worker=cfg.pools.decode.threads,
+            local_prefill_threshold=cfg.pools.local_prefill_threshold,
+            transfer_timeout_s=cfg.pools.transfer_timeout_s, max_restarts=cfg.pools.max_restarts)
+        # On the main thread, blocking: Ray installs its handlers there, and nothing else runs yet.
+        self.cluster = LocalCluster(cluster_cfg, self.say, self.router_id)
+        state = ClusterState(self.router_id, RedisState(url, cfg.redis.cluster_name))
+        rc = cfg.router
+        name = cfg.model.served_name or _served_name(cfg.model.path)
+        self.router = Router(RouterConfig(model_name=name, model_dir=self.cluster.model_dir, lanes=policy,
+                                          slo_rejection=rc.slo_rejection, tenant_cache_isolation=rc.tenant_cache_isolation,
+                                          initial_prefill_tokens_per_s=rc.initial_prefill_tokens_per_s,
+                                          drain_timeout_s=rc.drain_timeout_s),
+                             self.cluster.pool, self.cluster.dispatcher, state)
+        await self.router.start()
+        self.http = HttpServer(create_app(self.router, served_model_name=name), rc.host, rc.http_port)
+        await self.http.start()
+        self.grpc = GrpcServer(self.router, rc.host, rc.grpc_port)
+        grpc_port = await self.grpc.start()
+        self.endpoints = Endpoints(f"http://{rc.host}:{self.http.port}", f"{rc.host}:{grpc_port}", url)
+        self.say(f"ready in {time.monotonic() - t0:.0f}s: serving {name} — OpenAI API at "
+                 f"{self.endpoints.http_url}/v1, gRPC at {self.endpoints.grpc_target}")
+        return self.endpoints
+
+    async def stop(self, drain: bool = True) -> None:
+        if self.router is not None and drain:
+            self.say("draining: no new requests; finishing the ones in flight")
+            aborted = await self.router.drain()
+            if aborted:
+                self.say(f"drain timeout: aborted {aborted} request(s)")
+        for server in (self.http, self.grpc):
+            if server is not None:
+                await server.stop()
+        if self.router is not None:
+            await self.router.stop()
+        if self.cluster is not None:
+            await asyncio.to_thread(self.cluster.shutdown)
+        if self.redis is not None:
+            await asyncio.to_thread(self.redis.stop)
+        self.say("stopped")
+
+
+def _served_name(path: str) -> str:
+    return "SmolLM2-135M-Instruct" if path == "default" else path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _with_password(url: str, password: str | None) -> str:
+    if not password or "@" in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    from urllib.parse import quote
+
+    return f"{scheme}://:{quote(password, safe='')}@{rest}"
+
+
+def serve_forever(cfg: BatonConfig, progress: Callable[[str], None]) -> int:
+    """Run until SIGINT/SIGTERM, then drain and exit."""
+
+    async def main() -> int:
+        server = BatonServer(cfg, progress)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        try:
+            await server.start()
+        except BaseException:
+            await server.stop(drain=False)
+            raise
+        # After start: Ray's core worker installs its own SIGTERM handler during ray.init.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        progress("shutting down (signal received)")
+        await server.stop(drain=True)
+        return 0
+
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:
+        print("baton: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,55 @@
+"""Per-router outboxes: every router replica long-polls a decode worker for *its* requests' outputs.
+
+With several routers sharing the decode pool, one shared buffer would hand one router's tokens to
+another. Outputs are filed by the origin router recorded when the request arrived; each poll
+drains that origin's box (all the steps since its last poll: one message per poll, never per token).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from engine.outputs import RequestOutput
+
+
+class Outbox:
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._boxes: dict[str, list[RequestOutput]] = {}
+        self._origin_of: dict[str, str] = {}
+        self._closed = False
+
+    def register(self, request_id: str, origin: str) -> None:
+        with self._cv:
+            self._origin_of[request_id] = origin
+
+    def put(self, outputs: list[RequestOutput]) -> None:
+        if not outputs:
+            return
+        with self._cv:
+            for out in outputs:
+                origin = self._origin_of.get(out.request_id, "")
+                self._boxes.setdefault(origin, []).append(out)
+                if out.finished:
+                    self._origin_of.pop(out.request_id, None)
+            self._cv.notify_all()
+
+    def forget(self, request_id: str) -> None:
+        with self._cv:
+            self._origin_of.pop(request_id, None)
+
+    def poll(self, origin: str, timeout_s: float) -> list[RequestOutput]:
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while not self._boxes.get(origin) and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(left)
+            return self._boxes.pop(origin, [])
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()

@@ -1,0 +1,160 @@
+"""Admission control, before anything reaches an accelerator (pure Python + an optional rate limiter).
+
+In order: (1) the context length (prompt + max_tokens) -> 400; (2) the tenant's token buckets
+(requests/min, tokens/min; in Redis, shared by router replicas) -> 429 + Retry-After; (3) the
+lane's queue bound -> 503 + Retry-After; (4) SLO-predictive early rejection: the request's TTFT is
+predicted from the work queued ahead of it (in the router's lanes and in the prefill pool) and the
+measured prefill rate; if it would miss the lane's TTFT SLO it is rejected now (503 +
+Retry-After) instead of timing out later. Every rejection is counted by lane and reason.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from router.api import ErrorKind, RouterError
+from router.lanes import LaneConfig, TenantConfig
+
+
+@dataclass(frozen=True)
+class RateDecision:
+    allowed: bool
+    retry_after_s: float = 0.0
+    reason: str | None = None  # "requests" | "tokens"
+
+
+class RateLimiter(Protocol):
+    async def acquire(self, tenant: TenantConfig, n_tokens: int) -> RateDecision: ...
+
+
+class PrefillRate:
+    """Measured prefill throughput of the pool (tokens/s), an EWMA over worker reports.
+
+    Each prefill-capable worker reports cumulative prompt tokens computed and busy seconds; the rate
+    is summed over workers of Δtokens / Δbusy (throughput while working), so idle time does not
+    dilute it. Until the first measurement, ``initial`` (e.g. from a ``baton profile`` cost model).
+    """
+
+    def __init__(self, initial_tokens_per_s: float = 1000.0, alpha: float = 0.3) -> None:
+        self.alpha = alpha
+        self._per_worker: dict[str, float] = {}
+        self._last: dict[str, tuple[int, float]] = {}
+        self.initial = initial_tokens_per_s
+
+    def observe(self, worker_id: str, tokens_computed: int, busy_seconds: float) -> None:
+        last = self._last.get(worker_id)
+        self._last[worker_id] = (tokens_computed, busy_seconds)
+        if last is None:
+            return
+        dt, dbusy = tokens_computed - last[0], busy_seconds - last[1]
+        if dt <= 0 or dbusy <= 0.05:
+            return
+        rate = dt / dbusy
+        old = self._per_worker.get(worker_id)
+        self._per_worker[worker_id] = rate if old is None else (1 - self.alpha) * old + self.alpha * rate
+
+    def forget(self, worker_id: str) -> None:
+        self._per_worker.pop(worker_id, None)
+        self._last.pop(worker_id, None)
+
+    def tokens_per_s(self, live_workers: list[str]) -> float:
+        rates = [self._per_worker[w] for w in live_workers if w in self._per_worker]
+        if not rates:
+            return self.initial * max(1, len(live_workers))
+        # Workers without a measurement yet count at the measured average.
+        return sum(rates) / len(rates) * max(len(live_workers), len(rates))
+
+
+@dataclass(frozen=True)
+class AdmissionInput:
+    lane: LaneConfig
+    tenant: TenantConfig
+    prompt_tokens: int
+    max_tokens: int
+    lane_depth: int  # requests already queued in the lane
+    tokens_ahead: int  # router-queued prefill work ahead of this request
+    pool_queued_tokens: int  # prefill work already in the workers' queues
+    prefill_tokens_per_s: float
+
+
+def predict_ttft_s(x: AdmissionInput) -> float:
+    """Time to drain the work ahead plus our own prompt at the measured rate, plus the batch window."""
+    work = x.tokens_ahead + x.pool_queued_tokens + x.prompt_tokens
+    return work / max(x.prefill_tokens_per_s, 1e-6) + x.lane.batch_window_s
+
+
+class Admission:
+    def __init__(self, max_model_len: int, rate_limiter: RateLimiter | None, metrics=None,
+                 *, slo_rejection: bool = True) -> None:
+        self.max_model_len = max_model_len
+        self.rate_limiter = rate_limiter
+        self.metrics = metrics
+        self.slo_rejection = slo_rejection
+        self.rejections: dict[tuple[str, str], int] = {}
+
+    def check_context(self, prompt_tokens: int, max_tokens: int, lane: str = "none") -> None:
+        total = prompt_tokens + max_tokens
+        if total > self.max_model_len:
+            self._count(lane, "context_length")
+            raise RouterError(
+                ErrorKind.INVALID_REQUEST,
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{total} tokens ({prompt_tokens} in the messages, {max_tokens} in the completion). Please reduce "
+                "the length of the messages or completion.",
+                param="max_tokens", code="context_length_exceeded",
+            )
+
+    async def admit(self, x: AdmissionInput) -> float:
+        """Raise RouterError if the request must be rejected; else return its predicted TTFT."""
+        lane = x.lane.name
+        self.check_context(x.prompt_tokens, x.max_tokens, lane)
+        if self.rate_limiter is not None:
+            d = await self.rate_limiter.acquire(x.tenant, x.prompt_tokens + x.max_tokens)
+            if not d.allowed and math.isinf(d.retry_after_s):
+                self._count(lane, "rate_limit_too_large")
+                raise RouterError(ErrorKind.INVALID_REQUEST,
+                                  f"The request ({x.prompt_tokens + x.max_tokens} tokens) is larger than tenant "
+                                  f"{x.tenant.name!r}'s per-minute {d.reason} limit allows at once.",
+                                  param="max_tokens", code="rate_limit_too_large")
+            if not d.allowed:
+                self._count(lane, f"rate_limit_{d.reason or 'requests'}")
+                raise RouterError(
+                    ErrorKind.RATE_LIMITED,
+                    f"Rate limit reached for tenant {x.tenant.name!r} ({d.reason} per minute). "
+                    f"Retry in {math.ceil(d.retry_after_s)} s.",
+                    code="rate_limit_exceeded", retry_after_s=max(d.retry_after_s, 1.0),
+                )
+        if x.lane_depth >= x.lane.queue_bound:
+            self._count(lane, "queue_full")
+            raise RouterError(
+                ErrorKind.OVERLOADED, f"The {lane} lane is full ({x.lane.queue_bound} requests waiting). Retry later.",
+                code="queue_full", retry_after_s=self._retry_after(x),
+            )
+        ttft = predict_ttft_s(x)
+        if self.slo_rejection and ttft > x.lane.ttft_slo_s:
+            self._count(lane, "slo_predicted")
+            raise RouterError(
+                ErrorKind.OVERLOADED,
+                f"The {lane} lane cannot meet its time-to-first-token objective ({x.lane.ttft_slo_s:g} s) now: "
+                f"predicted {ttft:.1f} s. Retry later.",
+                code="slo_predicted_violation", retry_after_s=self._retry_after(x),
+            )
+        return ttft
+
+    def reject(self, lane: str, reason: str, error: RouterError) -> RouterError:
+        """Count a rejection decided elsewhere (draining, no workers) and return the error to raise."""
+        self._count(lane, reason)
+        return error
+
+    @staticmethod
+    def _retry_after(x: AdmissionInput) -> float:
+        # When the work ahead of it would have drained: a useful hint, bounded to keep clients sane.
+        drain = (x.tokens_ahead + x.pool_queued_tokens) / max(x.prefill_tokens_per_s, 1e-6)
+        return float(min(60.0, max(1.0, drain)))
+
+    def _count(self, lane: str, reason: str) -> None:
+        self.rejections[(lane, reason)] = self.rejections.get((lane, reason), 0) + 1
+        if self.metrics is not None:
+            self.metrics.rejection(lane, reason)

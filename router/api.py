@@ -1,0 +1,196 @@
+"""The router's public contract for its frontends (HTTP, gRPC): typed requests, stream events,
+errors that map onto HTTP statuses and gRPC codes, and the ``RouterAPI`` protocol (pure Python).
+
+A frontend parses and shape-checks its wire format, authenticates (``RouterAPI.authenticate``),
+builds a ``GenerateRequest`` and calls ``RouterAPI.generate``; admission failures raise a
+``RouterError`` *before* any output. The returned ``GenerationStream`` yields ``StreamEvent``s
+until one has ``finished``; a frontend whose client goes away calls ``abort()``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Protocol
+
+from engine.sampling_params import SamplingParams
+
+
+# -- errors -------------------------------------------------------------------------------------
+class ErrorKind(enum.Enum):
+    """Each kind maps to one HTTP status and one gRPC code."""
+
+    INVALID_REQUEST = ("invalid_request_error", 400, "INVALID_ARGUMENT")
+    UNAUTHENTICATED = ("authentication_error", 401, "UNAUTHENTICATED")
+    PERMISSION_DENIED = ("permission_error", 403, "PERMISSION_DENIED")
+    NOT_FOUND = ("not_found_error", 404, "NOT_FOUND")
+    CONFLICT = ("conflict_error", 409, "ALREADY_EXISTS")
+    RATE_LIMITED = ("rate_limit_error", 429, "RESOURCE_EXHAUSTED")
+    OVERLOADED = ("overloaded_error", 503, "UNAVAILABLE")
+    INTERNAL = ("internal_error", 500, "INTERNAL")
+
+    @property
+    def type(self) -> str:
+        return self.value[0]
+
+    @property
+    def http_status(self) -> int:
+        return self.value[1]
+
+    @property
+    def grpc_code(self) -> str:
+        """Name of the ``grpc.StatusCode`` member."""
+        return self.value[2]
+
+
+class RouterError(Exception):
+    """A request the router will not (or cannot) serve, with everything a frontend needs to say so."""
+
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.param = param
+        self.code = code  # a short machine-readable reason, e.g. "context_length_exceeded", "queue_full"
+        self.retry_after_s = retry_after_s
+
+    def to_openai(self) -> dict:
+        """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}``."""
+        return {"error": {"message": self.message, "type": self.kind.type, "param": self.param, "code": self.code}}
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> RouterError:
+    return RouterError(ErrorKind.INVALID_REQUEST, message, param=param, code=code)
+
+
+# -- requests -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One generation request, whichever frontend it came through. Exactly one of ``prompt``,
+    ``prompt_token_ids`` and ``messages`` is set."""
+
+    sampling: SamplingParams
+    prompt: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    add_generation_prompt: bool = True
+    stream: bool = False
+    lane: str | None = None  # explicit lane (request field or X-Baton-Lane header); checked against the tenant
+    tenant: str = "default"
+    request_id: str | None = None  # None: the router assigns one
+    idempotency_key: str | None = None
+    max_tokens_given: bool = True  # classification rules look at whether the client bounded the output
+    deadline_s: float | None = None  # absolute monotonic time after which the request is aborted
+    echo_prompt: bool = False  # completions' ``echo``
+    endpoint: str = "completions"  # "completions" | "chat" | "grpc" (for metrics labels)
+
+
+# -- outputs ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """A delta of one request; the last one has ``finished=True`` and ``usage``."""
+
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    stop_reason: int | str | None = None
+    usage: Usage | None = None
+    error: RouterError | None = None  # set when the request failed after streaming started
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None
+    usage: Usage
+    lane: str
+    prompt_text: str | None = None  # for ``echo``
+
+
+class GenerationStream(Protocol):
+    request_id: str
+    lane: str
+
+    def __aiter__(self) -> AsyncIterator[StreamEvent]: ...
+
+    async def result(self) -> GenerationResult:
+        """Consume the stream to the end and return the whole generation (raises RouterError if it failed)."""
+        ...
+
+    async def abort(self) -> None:
+        """The client went away: stop the request in both pools and free its blocks."""
+        ...
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    id: str
+    max_model_len: int
+    vocab_size: int
+    created: int
+    lanes: tuple[str, ...] = ()
+    owned_by: str = "baton"
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reason: str = ""
+    details: dict = field(default_factory=dict)
+
+
+class RouterAPI(Protocol):
+    """What the HTTP and gRPC frontends need from the router."""
+
+    def authenticate(self, api_key: str | None) -> str:
+        """The tenant for an API key (None: no key given). Raises RouterError(UNAUTHENTICATED)."""
+        ...
+
+    async def generate(self, request: GenerateRequest) -> GenerationStream:
+        """Validate, classify, admit and queue. Raises RouterError before anything is streamed."""
+        ...
+
+    async def abort(self, request_id: str, tenant: str) -> bool: ...
+
+    def model_info(self) -> ModelInfo: ...
+
+    def readiness(self) -> Readiness:
+        """Not ready while draining or while a pool has no live worker."""
+        ...
+
+    def metrics(self) -> tuple[bytes, str]:
+        """(Prometheus exposition of the whole cluster, content type)."""
+        ...
+
+    async def batch_result(self, job_id: str, tenant: str) -> dict:
+        """A durable batch-lane job: {"id", "status", "result"?}. Raises RouterError(NOT_FOUND)."""
+        ...

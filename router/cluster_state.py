@@ -1,0 +1,233 @@
+"""The router's shared state: Redis when it is there, this router's own memory when it is not.
+
+One facade over ``router.state``: rate limits, idempotency keys, the cluster prefix index, the
+worker/router registry (heartbeats with load reports) and the durable batch journal. While Redis
+is away the router keeps serving in *degraded mode*: rate limits per replica, idempotency and the
+prefix index local to this router, no durable batch lane (its requests run like any other); when
+Redis returns, the prefix index is re-seeded from what this router saw meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from router.admission import RateDecision
+from router.api import ErrorKind, GenerationResult, RouterError, Usage
+from router.lanes import TenantConfig
+from router.state.connection import RedisState, StateUnavailable
+from router.state.idempotency import IdempotencyStore
+from router.state.journal import BatchJournal
+from router.state.prefix_index import LocalPrefixIndex, RedisPrefixIndex
+from router.state.rate_limit import LocalRateLimiter, RateLimiter, TenantLimits
+from router.state.registry import WorkerRegistry
+
+if TYPE_CHECKING:
+    from router.router import Router
+
+log = logging.getLogger(__name__)
+HEARTBEAT_S = 1.0
+
+
+class _Limiter:
+    """Admission's rate limiter: shared buckets in Redis, per-replica buckets while it is away."""
+
+    def __init__(self, redis: RedisState | None) -> None:
+        self.local = LocalRateLimiter()
+        self.shared = RateLimiter(redis, local=self.local) if redis is not None else None
+
+    async def acquire(self, tenant: TenantConfig, n_tokens: int) -> RateDecision:
+        limits = TenantLimits(tenant.requests_per_min, tenant.tokens_per_min)
+        if limits.unlimited:
+            return RateDecision(True)
+        if self.shared is not None:
+            d = await self.shared.acquire(tenant.name, 1, n_tokens, limits=limits)
+        else:
+            d = self.local.acquire(tenant.name, 1, n_tokens, limits=limits)
+        return RateDecision(d.allowed, d.retry_after_s, d.reason)
+
+
+class ClusterState:
+    def __init__(self, router_id: str, redis: RedisState | None = None, *, job_idle_ms: int = 15_000) -> None:
+        self.router_id = router_id
+        self.redis = redis
+        self.rate_limiter = _Limiter(redis)
+        self.local_index = LocalPrefixIndex()
+        self.index = RedisPrefixIndex(redis) if redis else None
+        self.idem = IdempotencyStore(redis) if redis else None
+        self.registry = WorkerRegistry(redis) if redis else None
+        self.journal = BatchJournal(redis) if redis else None
+        self.job_idle_ms = job_idle_ms
+        self._local_idem: dict[tuple[str, str], dict] = {}
+        self._index_stale = False  # events were applied locally only: re-seed Redis when it returns
+        self._tasks: list[asyncio.Task] = []
+        self.degraded_since: float | None = None
+
+    @classmethod
+    def local(cls, router_id: str) -> ClusterState:
+        return cls(router_id, None)
+
+    @property
+    def available(self) -> bool:
+        return self.redis is not None and self.redis.available
+
+    async def start(self, router: Router) -> None:
+        if self.redis is not None:
+            self._tasks.append(asyncio.create_task(self._heartbeats(router), name="redis-heartbeats"))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.registry is not None:
+            try:
+                await self.registry.remove(self.router_id)
+            except StateUnavailable:
+                pass
+        if self.redis is not None:
+            await self.redis.close()
+
+    # -- prefix index ----------------------------------------------------------------------------
+    async def prefix_apply(self, worker_id: str, events: list) -> None:
+        await self.local_index.apply(worker_id, events)
+        if self.index is None:
+            return
+        try:
+            if self._index_stale:
+                await self._reseed_index()
+            await self.index.apply(worker_id, events)
+        except StateUnavailable:
+            self._index_stale = True
+
+    async def prefix_lookup(self, hashes: list[bytes], workers: list[str]) -> dict[str, int]:
+        if self.index is not None and not self._index_stale:
+            try:
+                return await self.index.longest_prefix(hashes, workers)
+            except StateUnavailable:
+                pass
+        return await self.local_index.longest_prefix(hashes, workers)
+
+    async def forget_worker(self, worker_id: str) -> None:
+        """A worker restarted or died: its cache is gone."""
+        await self.local_index.clear_worker(worker_id)
+        if self.index is not None:
+            try:
+                await self.index.clear_worker(worker_id)
+            except StateUnavailable:
+                self._index_stale = True
+
+    async def _reseed_index(self) -> None:
+        for worker_id, hashes in self.local_index.snapshot().items():
+            await self.index.replace_worker(worker_id, list(hashes))
+        self._index_stale = False
+        log.info("Redis is back: prefix index re-seeded from this router's view")
+
+    # -- idempotency -----------------------------------------------------------------------------
+    async def idempotency_begin(self, tenant: str, key: str, fingerprint: str,
+                                wait_s: float = 600.0) -> GenerationResult | None:
+        """None: run the request. A result: it already ran, replay it. Waits while another attempt
+        with the same key is in flight; raises CONFLICT when the key was used for another request."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            state, stored = await self._begin(tenant, key, fingerprint)
+            if state == "new":
+                return None
+            if state == "mismatch":
+                raise RouterError(ErrorKind.CONFLICT, "This Idempotency-Key was already used with a different "
+                                  "request.", param="Idempotency-Key", code="idempotency_key_reused")
+            if state == "done" and stored is not None:
+                return _result_from_dict(stored)
+            if time.monotonic() > deadline:
+                raise RouterError(ErrorKind.CONFLICT, "A request with this Idempotency-Key is still running.",
+                                  param="Idempotency-Key", code="idempotency_in_progress")
+            await asyncio.sleep(0.1)
+
+    async def _begin(self, tenant: str, key: str, fingerprint: str) -> tuple[str, dict | None]:
+        if self.idem is not None:
+            try:
+                b = await self.idem.begin(tenant, key, fingerprint)
+                return b.state, b.result
+            except StateUnavailable:
+                pass  # degraded: this router's memory only
+        entry = self._local_idem.get((tenant, key))
+        if entry is None:
+            self._local_idem[(tenant, key)] = {"fp": fingerprint, "state": "in_progress", "result": None}
+            return "new", None
+        if entry["fp"] != fingerprint:
+            return "mismatch", None
+        return entry["state"], entry["result"]
+
+    async def idempotency_release(self, tenant: str, key: str) -> None:
+        self._local_idem.pop((tenant, key), None)
+        if self.idem is not None:
+            try:
+                await self.idem.release(tenant, key)
+            except StateUnavailable:
+                pass
+
+    async def idempotency_finish(self, tenant: str, key: str, ctx: Any, final: Any) -> None:
+        if final.finish_reason in (None, "abort", "error"):
+            await self.idempotency_release(tenant, key)  # a retry may run it again
+            return
+        result = asdict(GenerationResult(ctx.request_id, final.text, tuple(final.token_ids), final.finish_reason,
+                                         Usage(ctx.prompt_tokens, len(final.token_ids), final.num_cached_tokens),
+                                         ctx.lane, ctx.prompt_text))
+        entry = self._local_idem.get((tenant, key))
+        if entry is not None:
+            entry.update(state="done", result=result)
+        if self.idem is not None:
+            try:
+                await self.idem.complete(tenant, key, result)
+            except StateUnavailable:
+                pass
+
+    # -- durable batch lane ----------------------------------------------------------------------
+    async def batch_get(self, job_id: str, tenant: str) -> dict | None:
+        if self.journal is None:
+            return None
+        try:
+            st = await self.journal.get(job_id, tenant)
+        except StateUnavailable:
+            raise RouterError(ErrorKind.OVERLOADED, "The batch journal (Redis) is unavailable; retry later.",
+                              retry_after_s=2.0) from None
+        if st is None:
+            return None
+        out = {"id": job_id, "object": "batch.job", "status": st.status}
+        if st.result is not None:
+            out["result"] = st.result
+        if st.error:
+            out["error"] = st.error
+        return out
+
+    # -- heartbeats ------------------------------------------------------------------------------
+    async def _heartbeats(self, router: Router) -> None:
+        """Register this router and publish the workers' load reports it sees (TTL 3 heartbeats)."""
+        was_up = True
+        while True:
+            try:
+                await self.registry.heartbeat(self.router_id, "router", router.heartbeat_payload(), 3 * HEARTBEAT_S)
+                for w in router.pool.all():
+                    if w.alive and w.load is not None:
+                        await self.registry.heartbeat(w.worker_id, w.role, asdict(w.load), 3 * HEARTBEAT_S)
+                if not was_up:
+                    log.info("Redis is back: leaving degraded mode")
+                    if self._index_stale:
+                        await self._reseed_index()
+                was_up, self.degraded_since = True, None
+            except StateUnavailable:
+                if was_up:
+                    log.warning("Redis is unavailable: degraded mode (local rate limits, local prefix index)")
+                    self.degraded_since = time.monotonic()
+                was_up = False
+            await asyncio.sleep(HEARTBEAT_S)
+
+
+def _result_from_dict(d: dict) -> GenerationResult:
+    u = d.get("usage") or {}
+    return GenerationResult(d["request_id"], d["text"], tuple(d["token_ids"]), d.get("finish_reason"),
+                            Usage(u.get("prompt_tokens", 0), u.get("completion_tokens", 0), u.get("cached_tokens", 0)),
+                            d.get("lane", ""), d.get("prompt_text"))
+

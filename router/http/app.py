@@ -1,0 +1,399 @@
+"""The OpenAI-compatible HTTP API in front of a ``RouterAPI``.
+
+Endpoints (every ``/v1/*`` one authenticates with ``Authorization: Bearer <key>`` through
+``RouterAPI.authenticate``, which decides whether a key is required at all):
+
+- ``POST /v1/completions``, ``POST /v1/chat/completions``: OpenAI semantics, streaming as SSE.
+  Baton extensions: ``lane`` (body) or ``X-Baton-Lane`` (header) picks a traffic-class lane;
+  ``Idempotency-Key`` (header) makes retries safe; ``top_k``, ``min_tokens``, ``ignore_eos`` and
+  ``stop_token_ids`` body fields. Responses carry ``X-Request-Id`` and ``X-Baton-Lane``.
+- ``GET /v1/models``, ``GET /v1/models/{model}``: the served model.
+- ``GET /v1/batches/{job_id}``: fetch the durable result of a batch-lane job (``{"id", "status",
+  "result"?}``); ``job_id`` is the id the router gave the job (the ``X-Request-Id`` of the request
+  that created it). Poll it instead of holding a connection open for a long batch request.
+- ``POST /v1/abort/{request_id}``: stop one of the caller's own in-flight requests (tenant-scoped;
+  404 if the tenant has no such request). ``request_id`` is the ``X-Request-Id`` value.
+- ``GET /health`` (liveness), ``GET /ready`` (200/503 with the reason), ``GET /metrics``
+  (Prometheus): never authenticated, so probes and scrapers need no key.
+
+Every error, including 404/405 and bodies FastAPI would answer with 422, is an OpenAI error object
+``{"error": {"message", "type", "param", "code"}}``: clients (the openai package among them) only
+understand that shape. Request bodies are parsed here, not by FastAPI, for that reason.
+
+A client that goes away is noticed by waiting on the ASGI ``http.disconnect`` message next to the
+generation, so its request is aborted at once (streaming or not) instead of at the next write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from engine.errors import ContextLengthError, InvalidParameterError
+from router.api import ErrorKind, GenerateRequest, GenerationStream, RouterAPI, RouterError, invalid
+from router.http.responses import (
+    SSE_DONE,
+    ChunkBuilder,
+    chat_completion,
+    dumps,
+    sse,
+    text_completion,
+)
+from router.http.schemas import ChatCompletionRequest, CompletionRequest, parse_body
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+Endpoint = Callable[[Request], Awaitable[Response]]
+CLIENT_CLOSED = 499  # nginx's "client closed request": never seen by anyone, but logged
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(dumps(obj), status_code=status, headers=headers, media_type="application/json")
+
+
+def error_response(err: RouterError, headers: dict[str, str] | None = None) -> Response:
+    headers = dict(headers or {})
+    if err.retry_after_s is not None:  # HTTP wants whole seconds; never tell a client to retry at once
+        headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
+    return json_response(err.to_openai(), err.kind.http_status, headers)
+
+
+def _internal(message: str = "The server had an error while processing your request.") -> RouterError:
+    return RouterError(ErrorKind.INTERNAL, message)
+
+
+def _api_key(request: Request) -> str | None:
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return key.strip() or None
+
+
+def guarded(fn: Endpoint) -> Endpoint:
+    """Every failure of an endpoint becomes an OpenAI error response; nothing escapes as a bare 500."""
+
+    @functools.wraps(fn)
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except RouterError as e:
+            return error_response(e)
+        except ContextLengthError as e:
+            return error_response(invalid(e.message, param=e.param, code="context_length_exceeded"))
+        except InvalidParameterError as e:
+            return error_response(invalid(e.message, param=e.param, code="invalid_value"))
+        except ClientDisconnect:  # went away while sending the body
+            return Response(status_code=CLIENT_CLOSED)
+        except Exception:
+            log.exception("unhandled error in %s %s", request.method, request.url.path)
+            return error_response(_internal())
+
+    return endpoint
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    """Returns when the client has gone. Only called once the request body has been read, so the
+    next ASGI message can only be ``http.disconnect`` (uvicorn sends it on connection loss)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _cancel(*tasks: asyncio.Future) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _unless_disconnected(work: Awaitable[T], receive: Receive) -> tuple[bool, T | None]:
+    """(True, result of ``work``) or (False, None) if the client disconnected first."""
+    main = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_until_disconnect(receive))
+    try:
+        await asyncio.wait({main, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await _cancel(main, watch)  # no-op for the finished one, but retrieves its exception
+    if main.done() and not main.cancelled():
+        return True, main.result()
+    return False, None
+
+
+async def _abort_quietly(stream: GenerationStream) -> None:
+    try:
+        await stream.abort()
+    except Exception:
+        log.exception("aborting request %s failed", stream.request_id)
+
+
+class SSEResponse(StreamingResponse):
+    """A ``text/event-stream`` response that aborts its generation when the client disconnects.
+
+    Starlette's ``StreamingResponse`` only notices a vanished client when a write fails (uvicorn
+    silently drops writes to a closed connection), which for a request still queued or prefilling
+    could be much later; here the pump races an ``http.disconnect`` watcher instead.
+    """
+
+    def __init__(self, events: AsyncIterator[bytes], stream: GenerationStream, headers: dict[str, str]) -> None:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers}
+        super().__init__(events, media_type="text/event-stream", headers=headers)
+        self._events = events
+        self._stream = stream
+
+    async def _pump(self, send: Send) -> None:
+        async for chunk in self._events:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        completed = False
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            completed, _ = await _unless_disconnected(self._pump(send), receive)
+        except OSError:  # the connection broke under a write: nobody to tell
+            log.debug("stream of request %s: client connection lost", self._stream.request_id)
+        finally:  # disconnected, failed to send, or cancelled (server shutdown): free the request
+            if not completed:
+                await _abort_quietly(self._stream)
+            await self._events.aclose()  # type: ignore[attr-defined]
+
+
+async def sse_events(stream: GenerationStream, chunks: ChunkBuilder, echo_text: str | None) -> AsyncIterator[bytes]:
+    """The SSE byte stream of one generation, ``[DONE]``-terminated. A failure after streaming
+    started can no longer change the status code, so it is sent in-band as an error event."""
+    try:
+        opening = chunks.opening(echo_text)
+        if opening is not None:
+            yield sse(opening)
+        usage = None
+        async for ev in stream:
+            if ev.error is not None:
+                yield sse(ev.error.to_openai())
+                break
+            chunk = chunks.delta(ev)
+            if chunk is not None:
+                yield sse(chunk)
+            if ev.finished:
+                usage = ev.usage
+                break
+        if chunks.include_usage and usage is not None:
+            yield sse(chunks.usage(usage))
+    except RouterError as e:
+        yield sse(e.to_openai())
+    except Exception:
+        log.exception("stream of request %s failed", stream.request_id)
+        yield sse(_internal().to_openai())
+    yield SSE_DONE
+
+
+def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """404/405 and friends as OpenAI error objects (FastAPI's default is ``{"detail": ...}``)."""
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        body = {"message": f"Invalid URL ({where})", "type": ErrorKind.NOT_FOUND.type, "code": "unknown_url"}
+    elif exc.status_code == 405:
+        body = {"message": f"Method not allowed ({where})", "type": ErrorKind.INVALID_REQUEST.type,
+                "code": "method_not_allowed"}
+    else:
+        kind = ErrorKind.INTERNAL if exc.status_code >= 500 else ErrorKind.INVALID_REQUEST
+        body = {"message": str(exc.detail), "type": kind.type, "code": None}
+    error = {"message": body["message"], "type": body["type"], "param": None, "code": body["code"]}
+    return json_response({"error": error}, exc.status_code, dict(exc.headers or {}))
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def on_http(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        return _http_error(request, exc)
+
+    async def on_validation(request: Request, exc: Exception) -> Response:
+        # Endpoints parse their own bodies, so this is a backstop: never a 422.
+        errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+        loc = [p for p in (errors[0]["loc"] if errors else ()) if p not in ("body", "query", "path", "header")]
+        param = ".".join(map(str, loc)) or None
+        return error_response(invalid(errors[0]["msg"] if errors else "Invalid request.", param=param))
+
+    async def on_router_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RouterError)
+        return error_response(exc)
+
+    async def on_any(request: Request, exc: Exception) -> Response:
+        log.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
+        return error_response(_internal())
+
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(RouterError, on_router_error)
+    app.add_exception_handler(Exception, on_any)
+
+
+# -- the app ------------------------------------------------------------------------------------
+_REQUEST_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def client_request_id(request: Request) -> str | None:
+    """A client-chosen ``X-Request-Id`` (1-128 of ``[A-Za-z0-9._-]``): it names a durable batch job, so
+    a client can fetch the result with ``GET /v1/batches/{id}`` even after losing its connection."""
+    rid = request.headers.get("x-request-id")
+    if rid is None:
+        return None
+    if not 1 <= len(rid) <= 128 or not set(rid) <= _REQUEST_ID_CHARS:
+        raise invalid("X-Request-Id must be 1-128 characters of letters, digits, '.', '_' or '-'.",
+                      param="X-Request-Id", code="invalid_request_id")
+    return rid
+
+
+def create_app(router: RouterAPI, *, served_model_name: str, default_temperature: float = 1.0,
+               default_max_tokens: int | None = None) -> FastAPI:
+    """The HTTP frontend of ``router``. ``served_model_name`` is the model id clients send and
+    ``/v1/models`` lists (the router's own ``ModelInfo.id`` is accepted too). ``default_temperature``
+    applies when a request omits ``temperature`` (OpenAI's default is 1.0). ``default_max_tokens``
+    bounds a chat request that bounds nothing itself; None means the model's context length, sent
+    with ``max_tokens_given=False`` so the router can clamp it to what the prompt leaves."""
+    app = FastAPI(title="Baton", docs_url=None, redoc_url=None, openapi_url=None)
+    _install_error_handlers(app)
+
+    def tenant_of(request: Request) -> str:
+        return router.authenticate(_api_key(request))
+
+    def check_model(model: str | None) -> None:
+        if model is not None and model not in (served_model_name, router.model_info().id):
+            raise RouterError(ErrorKind.NOT_FOUND, f"The model '{model}' does not exist.", param="model",
+                              code="model_not_found")
+
+    def pick_lane(body_lane: str | None, request: Request) -> str | None:
+        header_lane = request.headers.get("x-baton-lane") or None
+        if body_lane is not None and header_lane is not None and body_lane != header_lane:
+            raise invalid(f"The 'lane' field ({body_lane!r}) and the X-Baton-Lane header ({header_lane!r}) "
+                          "disagree.", param="lane")
+        return body_lane if body_lane is not None else header_lane
+
+    async def generate(request: Request, chat: bool) -> Response:
+        tenant = tenant_of(request)  # before looking at the body, as OpenAI does
+        raw = await request.body()
+        body: Any = parse_body(raw, ChatCompletionRequest if chat else CompletionRequest)
+        check_model(body.model)
+        echo_text = None
+        if chat:
+            sampling = body.sampling_params(default_temperature=default_temperature,
+                                            default_max_tokens=default_max_tokens or router.model_info().max_model_len)
+            inputs: dict[str, Any] = {"messages": body.router_messages(),
+                                      "add_generation_prompt": body.add_generation_prompt}
+        else:
+            sampling = body.sampling_params(default_temperature=default_temperature)
+            prompt_is_text = isinstance(body.prompt, str)
+            inputs = {"prompt": body.prompt} if prompt_is_text else {"prompt_token_ids": body.prompt}
+            inputs["echo_prompt"] = bool(body.echo)
+            if body.echo and body.wants_stream:
+                if not prompt_is_text:
+                    raise invalid("'echo' with a token-id prompt is not supported when streaming.", param="echo",
+                                  code="unsupported_parameter")
+                echo_text = body.prompt
+        gen = GenerateRequest(
+            sampling=sampling,
+            stream=body.wants_stream,
+            lane=pick_lane(body.lane, request),
+            tenant=tenant,
+            idempotency_key=request.headers.get("idempotency-key") or None,
+            request_id=client_request_id(request),
+            max_tokens_given=body.max_tokens_given,
+            endpoint="chat" if chat else "completions",
+            **inputs,
+        )
+        created = int(time.time())
+        stream = await router.generate(gen)
+        headers = {"X-Request-Id": stream.request_id, "X-Baton-Lane": stream.lane}
+        model = body.model or served_model_name
+        if body.wants_stream:
+            chunks = ChunkBuilder(stream.request_id, model, created, chat=chat, include_usage=body.include_usage)
+            return SSEResponse(sse_events(stream, chunks, echo_text), stream, headers)
+        try:
+            done, result = await _unless_disconnected(stream.result(), request.receive)
+        except RouterError:  # the router ended the request itself
+            raise
+        except BaseException:  # a bug, or cancelled by a server shutdown: free the request
+            await _abort_quietly(stream)
+            raise
+        if not done or result is None:
+            await _abort_quietly(stream)
+            return Response(status_code=CLIENT_CLOSED, headers=headers)
+        if chat:
+            return json_response(chat_completion(result, model=model, created=created), headers=headers)
+        if body.echo:
+            echo_text = result.prompt_text if result.prompt_text is not None else (
+                body.prompt if isinstance(body.prompt, str) else None)
+        return json_response(text_completion(result, model=model, created=created, echo_text=echo_text),
+                             headers=headers)
+
+    @app.post("/v1/completions", include_in_schema=False)
+    @guarded
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    @app.post("/v1/chat/completions", include_in_schema=False)
+    @guarded
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    def model_card() -> dict:
+        info = router.model_info()
+        return {"id": served_model_name, "object": "model", "created": info.created, "owned_by": info.owned_by,
+                "max_model_len": info.max_model_len, "lanes": list(info.lanes)}
+
+    @app.get("/v1/models", include_in_schema=False)
+    @guarded
+    async def list_models(request: Request) -> Response:
+        tenant_of(request)
+        return json_response({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{model_id:path}", include_in_schema=False)
+    @guarded
+    async def get_model(request: Request) -> Response:
+        tenant_of(request)
+        check_model(request.path_params["model_id"])
+        return json_response(model_card())
+
+    @app.get("/v1/batches/{job_id}", include_in_schema=False)
+    @guarded
+    async def batch_result(request: Request) -> Response:
+        tenant = tenant_of(request)
+        return json_response(await router.batch_result(request.path_params["job_id"], tenant))
+
+    @app.post("/v1/abort/{request_id}", include_in_schema=False)
+    @guarded
+    async def abort(request: Request) -> Response:
+        tenant = tenant_of(request)
+        request_id = request.path_params["request_id"]
+        if not await router.abort(request_id, tenant):
+            raise RouterError(ErrorKind.NOT_FOUND, f"No in-flight request {request_id!r}.", param="request_id")
+        return json_response({"id": request_id, "object": "abort", "aborted": True})
+
+    @app.api_route("/health", methods=["GET", "HEAD"], include_in_schema=False)
+    @guarded
+    async def health(request: Request) -> Response:
+        return json_response({"status": "ok"})
+
+    @app.api_route("/ready", methods=["GET", "HEAD"], include_in_schema=False)
+    @guarded
+    async def ready(request: Request) -> Response:
+        r = router.readiness()
+        body = {"status": "ready" if r.ready else "not_ready", "reason": r.reason, "details": r.details}
+        return json_response(body, 200 if r.ready else 503)
+
+    @app.get("/metrics", include_in_schema=False)
+    @guarded
+    async def metrics(request: Request) -> Response:
+        data, content_type = router.metrics()
+        return Response(data, media_type=content_type)
+
+    return app

@@ -1,0 +1,337 @@
+"""Pydantic models of the OpenAI request bodies Baton accepts, and the mapping of their validation
+errors onto OpenAI error objects.
+
+Models validate in *strict* mode: OpenAI rejects ``"max_tokens": "10"`` and so do we, instead of
+silently coercing. Unknown fields are ignored (clients send many we have no use for), but fields
+that would change the output in ways Baton cannot honour (``n > 1``, ``logprobs``, penalties,
+``logit_bias``, tools, JSON mode) are rejected with a 400 rather than ignored, so that a client never
+gets an answer to a different question than the one it asked. Range checks of sampling values are
+left to ``SamplingParams`` so there is a single source of truth for them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
+
+from engine.errors import InvalidParameterError
+from engine.sampling_params import SamplingParams
+from router.api import ChatMessage, RouterError, invalid
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+
+
+def _unsupported(what: str) -> PydanticCustomError:
+    return PydanticCustomError("unsupported_parameter", "{what} is not supported by this server.", {"what": what})
+
+
+def _bad_value(message: str) -> PydanticCustomError:
+    return PydanticCustomError("invalid_value", message)
+
+
+def _bad_type(message: str) -> PydanticCustomError:
+    return PydanticCustomError("invalid_type", message)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Strict):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str | None = None  # None: the served model
+    max_tokens: int | None = None
+    temperature: float | None = None  # None: the server default (OpenAI's is 1.0)
+    top_p: float | None = None
+    top_k: int | None = None  # extension; -1 (vLLM's "disabled") is accepted as 0
+    n: int | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # extension
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    ignore_eos: bool = False  # extension
+    min_tokens: int = 0  # extension
+    lane: str | None = None  # Baton extension: explicit traffic-class lane
+
+    @field_validator("n")
+    @classmethod
+    def _only_one_choice(cls, v: int | None) -> int | None:
+        if v is not None and v != 1:
+            raise _bad_value("Only n=1 is supported by this server.")
+        return v
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalties(cls, v: float | None, info) -> float | None:
+        if v:  # 0 and null are the identity
+            raise _unsupported(f"A non-zero {info.field_name}")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, v: dict | None) -> dict | None:
+        if v:
+            raise _unsupported("logit_bias")
+        return v
+
+    @field_validator("stop", mode="plain")
+    @classmethod
+    def _stop(cls, v: Any) -> str | list[str] | None:
+        if v is None or isinstance(v, str):
+            return v
+        if isinstance(v, list) and all(isinstance(s, str) for s in v):
+            return v
+        raise _bad_type("Invalid type for 'stop': expected a string or an array of strings.")
+
+    @property
+    def wants_stream(self) -> bool:
+        return bool(self.stream)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def _sampling(self, max_tokens: int, default_temperature: float) -> SamplingParams:
+        """Raises ``InvalidParameterError`` for out-of-range values."""
+        top_k = self.top_k
+        if top_k == -1:
+            top_k = 0
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=default_temperature if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=0 if top_k is None else top_k,
+            seed=self.seed,
+            stop=self.stop or (),
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
+        )
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions``. ``prompt`` is normalized to one string or one tuple of token ids."""
+
+    prompt: str | tuple[int, ...]
+    echo: bool | None = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt", mode="plain")
+    @classmethod
+    def _prompt(cls, v: Any) -> str | tuple[int, ...]:
+        if isinstance(v, list) and len(v) == 1 and isinstance(v[0], (str, list)):
+            v = v[0]  # a batch of one prompt
+        elif isinstance(v, list) and v and all(isinstance(p, (str, list)) for p in v):
+            raise _unsupported("More than one prompt per request")
+        if isinstance(v, str):
+            if not v:
+                raise _bad_value("'prompt' must not be empty.")
+            return v
+        if isinstance(v, list):
+            if not v:
+                raise _bad_value("'prompt' must not be empty.")
+            if all(_is_int(t) and t >= 0 for t in v):
+                return tuple(v)
+        raise _bad_type("Invalid type for 'prompt': expected a string, an array of token ids (non-negative "
+                        "integers), or an array holding one of those.")
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: int | None) -> int | None:
+        if v:
+            raise _unsupported("logprobs")
+        return v
+
+    @field_validator("best_of")
+    @classmethod
+    def _no_best_of(cls, v: int | None) -> int | None:
+        if v is not None and v != 1:
+            raise _unsupported("best_of > 1")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> str | None:
+        if v:
+            raise _unsupported("suffix")
+        return v
+
+    @property
+    def max_tokens_given(self) -> bool:
+        return self.max_tokens is not None
+
+    def sampling_params(self, *, default_temperature: float) -> SamplingParams:
+        max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+        return self._sampling(max_tokens, default_temperature)
+
+
+class InputMessage(_Strict):
+    """One chat message. ``content`` is normalized to a string (text parts joined by newlines)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | None = None
+    name: str | None = None
+
+    @field_validator("content", mode="plain")
+    @classmethod
+    def _content(cls, v: Any) -> str | None:
+        if v is None or isinstance(v, str):
+            return v
+        if isinstance(v, list):
+            texts = []
+            for part in v:
+                if not isinstance(part, dict):
+                    raise _bad_type("Invalid type for a content part: expected an object.")
+                if part.get("type") != "text":
+                    raise _unsupported(f"Content part type {part.get('type')!r} (only 'text' is)")
+                if not isinstance(part.get("text"), str):
+                    raise _bad_type("Invalid type for a text content part's 'text': expected a string.")
+                texts.append(part["text"])
+            return "\n".join(texts)
+        raise _bad_type("Invalid type for 'content': expected a string or an array of text content parts.")
+
+    def to_router(self) -> ChatMessage:
+        # Chat templates of open models know "system", not OpenAI's newer "developer".
+        role = "system" if self.role == "developer" else self.role
+        return ChatMessage(role=role, content=self.content or "")
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[InputMessage]
+    max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list | None = None
+    functions: list | None = None
+    response_format: dict | None = None
+    add_generation_prompt: bool = True  # extension
+
+    @field_validator("messages")
+    @classmethod
+    def _non_empty(cls, v: list[InputMessage]) -> list[InputMessage]:
+        if not v:
+            raise _bad_value("'messages' must contain at least one message.")
+        return v
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: object, info) -> object:
+        if v:
+            raise _unsupported(info.field_name)
+        return v
+
+    @field_validator("tools", "functions")
+    @classmethod
+    def _no_tools(cls, v: list | None, info) -> list | None:
+        if v:
+            raise _unsupported(f"Tool calling ('{info.field_name}')")
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, v: dict | None) -> dict | None:
+        if v is not None and v.get("type", "text") != "text":
+            raise _unsupported(f"response_format {v.get('type')!r}")
+        return v
+
+    @property
+    def max_tokens_given(self) -> bool:
+        return self.max_completion_tokens is not None or self.max_tokens is not None
+
+    def sampling_params(self, *, default_temperature: float, default_max_tokens: int) -> SamplingParams:
+        """``default_max_tokens`` applies when the client bounds nothing (OpenAI's "up to the context
+        length"); the router may then clamp it to what the prompt leaves of the context."""
+        if self.max_completion_tokens is not None:
+            try:
+                return self._sampling(self.max_completion_tokens, default_temperature)
+            except InvalidParameterError as e:  # name the field the client actually sent
+                if e.param == "max_tokens":
+                    raise InvalidParameterError("max_completion_tokens",
+                                                e.message.replace("max_tokens", "max_completion_tokens")) from e
+                raise
+        return self._sampling(default_max_tokens if self.max_tokens is None else self.max_tokens, default_temperature)
+
+    def router_messages(self) -> tuple[ChatMessage, ...]:
+        return tuple(m.to_router() for m in self.messages)
+
+
+# -- parsing and error mapping ------------------------------------------------------------------
+_EXPECTED = {
+    "int_type": "an integer", "int_from_float": "an integer", "int_parsing": "an integer",
+    "float_type": "a number", "float_parsing": "a number", "string_type": "a string", "bool_type": "a boolean",
+    "list_type": "an array", "tuple_type": "an array", "dict_type": "an object", "model_type": "an object",
+    "model_attributes_type": "an object",
+}
+
+
+def _json_kind(x: object) -> str:
+    if x is None:
+        return "null"
+    if isinstance(x, bool):
+        return "a boolean"
+    if isinstance(x, (int, float)):
+        return "a number"
+    if isinstance(x, str):
+        return "a string"
+    if isinstance(x, list):
+        return "an array"
+    return "an object"
+
+
+def _param(loc: tuple) -> str:
+    """OpenAI spells nested params as ``messages.[0].content``."""
+    return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc) or "body"
+
+
+def validation_error(e: ValidationError) -> RouterError:
+    """The first problem of a pydantic ValidationError as a 400 OpenAI error naming its ``param``."""
+    err = e.errors(include_url=False)[0]
+    param, kind = _param(tuple(err["loc"])), err["type"]
+    if kind == "missing":
+        return invalid(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
+    if kind in _EXPECTED:
+        return invalid(f"Invalid type for '{param}': expected {_EXPECTED[kind]}, but got {_json_kind(err['input'])} "
+                       "instead.", param=param, code="invalid_type")
+    if kind in ("invalid_type", "invalid_value", "unsupported_parameter"):  # ours: the message is complete
+        return invalid(err["msg"], param=param, code=kind)
+    return invalid(f"Invalid value for '{param}': {err['msg']}.", param=param, code="invalid_value")
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_body(raw: bytes, model: type[_Strict]) -> Any:
+    """Bytes of a request body -> a validated ``model``; any problem is a 400 ``RouterError``."""
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)  # NaN/Infinity are not JSON
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise invalid("We could not parse the JSON body of your request. The body must be a JSON object "
+                      "(Content-Type: application/json).", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise invalid(f"The request body must be a JSON object, got {_json_kind(data)}.", code="invalid_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e) from None

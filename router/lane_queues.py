@@ -1,0 +1,135 @@
+"""The router's per-lane queues and the weighted deficit round robin that drains them (pure Python).
+
+Queues live in the router, where lanes are visible; workers keep short local queues. Each round a
+lane earns ``weight x quantum`` tokens of credit and dispatches queued requests (cost: prompt
+tokens + a share for the output) while its credit lasts and the pools have capacity. A lane with
+a batch window holds a request until it has waited the window, unless nothing else is waiting
+and the pools are idle; requests of such a lane that share a prompt prefix leave together, so
+they land on the same prefill worker and reuse its cache.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from router.lanes import LaneConfig
+
+QUANTUM_TOKENS = 512
+
+
+@dataclass(eq=False)
+class Pending:
+    """A request admitted and waiting in a lane."""
+
+    request_id: str
+    lane: str
+    cost: int  # prompt tokens (+ a share of the output budget)
+    prefix_key: bytes | None  # hash of the first prompt block: requests sharing it are grouped
+    enqueued: float = field(default_factory=time.monotonic)
+    payload: Any = None  # the router's context for this request
+
+
+class LaneQueues:
+    def __init__(self, lanes: tuple[LaneConfig, ...], quantum: int = QUANTUM_TOKENS) -> None:
+        self.lanes = {lane.name: lane for lane in lanes}
+        self.order = [lane.name for lane in sorted(lanes, key=lambda l: l.priority)]
+        self.quantum = quantum
+        self.queues: dict[str, deque[Pending]] = {name: deque() for name in self.order}
+        self.deficit: dict[str, float] = {name: 0.0 for name in self.order}
+        self.queued_tokens: dict[str, int] = {name: 0 for name in self.order}
+        self._cursor = 0
+
+    # -- queueing ---------------------------------------------------------------------------
+    def depth(self, lane: str) -> int:
+        return len(self.queues[lane])
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self.queues.values())
+
+    def push(self, p: Pending) -> None:
+        self.queues[p.lane].append(p)
+        self.queued_tokens[p.lane] += p.cost
+
+    def remove(self, request_id: str) -> Pending | None:
+        for q in self.queues.values():
+            for p in q:
+                if p.request_id == request_id:
+                    q.remove(p)
+                    self.queued_tokens[p.lane] -= p.cost
+                    return p
+        return None
+
+    def tokens_ahead(self, lane: str) -> int:
+        """Queued work a new request of ``lane`` would wait behind: its own lane's queue, plus what the
+        other lanes get dispatched meanwhile (weight_other / weight_lane tokens per token of ours)."""
+        w = self.lanes[lane].weight
+        mine = self.queued_tokens[lane]
+        ours = max(mine, self.quantum * w)  # at least one round of our own
+        ahead = mine
+        for name, other in self.lanes.items():
+            if name != lane and self.queued_tokens[name]:
+                ahead += min(self.queued_tokens[name], ours * other.weight / w)
+        return int(ahead)
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def take(self, has_capacity: Callable[[Pending], bool], *, idle: bool, now: float | None = None,
+             limit: int = 64) -> list[Pending]:
+        """Pop what may be dispatched now, by deficit round robin weighted by lane, until capacity
+        runs out or ``limit``. ``idle``: the pools have spare capacity (a batch window may then end
+        early). A lane whose head costs more than one quantum accumulates credit over rounds."""
+        now = time.monotonic() if now is None else now
+        out: list[Pending] = []
+        while len(out) < limit:
+            ready = [n for n in self.order if self.queues[n] and self._eligible(n, self.queues[n][0], now, idle)]
+            if not ready:
+                break
+            start = self._cursor % len(ready)
+            self._cursor += 1
+            for name in ready[start:] + ready[:start]:
+                q = self.queues[name]
+                self.deficit[name] += self.lanes[name].weight * self.quantum
+                while q and self._eligible(name, q[0], now, idle) and q[0].cost <= self.deficit[name]:
+                    head = q[0]
+                    if not has_capacity(head):
+                        return out  # the pools are full: dispatch resumes when credits come back
+                    q.popleft()
+                    self.queued_tokens[name] -= head.cost
+                    self.deficit[name] -= head.cost
+                    out.append(head)
+                    out.extend(self._same_prefix(name, head, has_capacity, limit - len(out)))
+                    if len(out) >= limit:
+                        return out
+                if not q:
+                    self.deficit[name] = 0.0  # an emptied lane does not bank credit
+        return out
+
+    def _eligible(self, lane: str, head: Pending, now: float, idle: bool) -> bool:
+        window = self.lanes[lane].batch_window_s
+        if window <= 0 or now - head.enqueued >= window:
+            return True
+        others_waiting = any(q for n, q in self.queues.items() if n != lane)
+        return idle and not others_waiting
+
+    def _same_prefix(self, lane: str, head: Pending, has_capacity, room: int) -> list[Pending]:
+        if self.lanes[lane].batch_window_s <= 0 or head.prefix_key is None or room <= 0:
+            return []
+        q = self.queues[lane]
+        group = [p for p in q if p.prefix_key == head.prefix_key][:room]
+        out = []
+        for p in group:
+            if not has_capacity(p):
+                break
+            q.remove(p)
+            self.queued_tokens[lane] -= p.cost
+            out.append(p)
+        return out
+
+    def next_deadline(self, now: float | None = None) -> float | None:
+        """When the earliest held (batch-window) request becomes eligible, if any."""
+        now = time.monotonic() if now is None else now
+        times = [q[0].enqueued + self.lanes[n].batch_window_s for n, q in self.queues.items()
+                 if q and self.lanes[n].batch_window_s > 0]
+        return min(times) if times else None

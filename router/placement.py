@@ -1,0 +1,63 @@
+"""Placement: which decode worker serves a request, whether it prefills there (conditional
+disaggregation), and which prefill worker computes its prompt (pure Python).
+
+- Decode worker: the most free KV (as a fraction), then the fewest sequences.
+- Prefill worker: the least work to finish this prompt — prompt tokens it does not already cache
+  (from the cluster prefix index) plus the prefill tokens already queued on it.
+- Prefill on the decode worker itself when the request is a migration (recompute), when the prompt
+  is short, when the decode worker already caches most of it, or when no prefill worker is alive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.request_spec import RequestSpec
+from router.worker_pool import WorkerHandle, WorkerPool
+
+
+@dataclass(frozen=True)
+class PlacementHint:
+    """What the cluster prefix index says about this prompt: worker id -> leading tokens it caches."""
+
+    overlap_tokens: dict[str, int] = field(default_factory=dict)
+
+
+NO_HINT = PlacementHint()
+
+
+def choose_decode(pool: WorkerPool, exclude: set[str] = frozenset()) -> WorkerHandle | None:
+    cands = [w for w in pool.live("decode") if w.worker_id not in exclude]
+    if not cands:
+        return None
+    return max(cands, key=lambda w: (_free_ratio(w), -_sequences(w), -len(w.requests), w.worker_id))
+
+
+def choose_prefill(pool: WorkerPool, spec: RequestSpec, hint: PlacementHint = NO_HINT) -> WorkerHandle | None:
+    cands = pool.live("prefill")
+    if not cands:
+        return None
+
+    def work(w: WorkerHandle) -> tuple[int, str]:
+        queued = (w.load.queued_prefill_tokens if w.load else 0) + w.dispatched_tokens
+        remaining = max(0, spec.num_prompt_tokens - hint.overlap_tokens.get(w.worker_id, 0))
+        return remaining + queued, w.worker_id
+
+    return min(cands, key=work)
+
+
+def prefill_on_decode(pool: WorkerPool, spec: RequestSpec, d: WorkerHandle, hint: PlacementHint,
+                      threshold_tokens: int, cached_fraction: float = 0.5) -> bool:
+    if spec.resume_token_ids or spec.num_prompt_tokens < threshold_tokens or not pool.live("prefill"):
+        return True
+    return hint.overlap_tokens.get(d.worker_id, 0) >= cached_fraction * spec.num_prompt_tokens
+
+
+def _free_ratio(w: WorkerHandle) -> float:
+    if w.load is None or not w.load.num_total_blocks:
+        return 1.0
+    return w.load.num_free_blocks / w.load.num_total_blocks
+
+
+def _sequences(w: WorkerHandle) -> int:
+    return w.load.num_running + w.load.num_waiting + w.load.num_reserved if w.load else 0

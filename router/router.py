@@ -1,0 +1,401 @@
+"""The router: authenticate → validate → tokenize → classify (lane) → admit → lane queue → dispatch.
+
+Implements ``router.api.RouterAPI`` for the HTTP and gRPC frontends. Runs on one asyncio event
+loop; blocking Ray calls (placing a request on the pools) run on a small thread pool, and outputs
+come back from the dispatcher's poller threads into each request's stream. Redis (``ClusterState``)
+is optional: without it, or while it is away, rate limits, idempotency and the prefix index are
+local to this router (degraded mode) and the batch lane is not durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from engine.block_hash import hash_blocks
+from engine.errors import InvalidParameterError
+from engine.model.tokenizer import Tokenizer
+from engine.outputs import RequestOutput
+from engine.request_spec import RequestSpec
+from engine.sampling_params import SamplingParams
+from router.admission import Admission, AdmissionInput, PrefillRate
+from router.api import (
+    ErrorKind,
+    GenerateRequest,
+    GenerationResult,
+    ModelInfo,
+    Readiness,
+    RouterError,
+    invalid,
+)
+from router.capacity import Capacity
+from router.classify import classify
+from router.cluster_state import ClusterState
+from router.dispatcher import Dispatcher
+from router.durable_batch import DurableBatch, job_payload
+from router.lane_queues import LaneQueues, Pending
+from router.lanes import LanePolicy, TenantConfig
+from router.metrics import RouterMetrics
+from router.placement import NO_HINT, PlacementHint
+from router.router_stream import ReplayStream, RequestContext, RouterStream, with_deadline
+from router.state.connection import StateUnavailable
+from router.stream import RequestStream
+from router.worker_pool import WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    model_name: str
+    model_dir: Path
+    lanes: LanePolicy = LanePolicy()
+    slo_rejection: bool = True
+    tenant_cache_isolation: bool = True  # each tenant's prompts hash into its own prefix-cache space
+    initial_prefill_tokens_per_s: float = 1000.0
+    drain_timeout_s: float = 30.0
+
+
+class Router:
+    def __init__(self, config: RouterConfig, pool: WorkerPool, dispatcher: Dispatcher,
+                 state: ClusterState | None = None) -> None:
+        self.config = config
+        self.pool = pool
+        self.dispatcher = dispatcher
+        self.state = state or ClusterState.local(dispatcher.router_id)
+        self.policy = config.lanes
+        self.tokenizer = Tokenizer.from_dir(config.model_dir) if (config.model_dir / "tokenizer.json").exists() else None
+        first = next(w for w in pool.all() if w.info is not None)
+        self.max_model_len = min(w.info.max_model_len for w in pool.all() if w.info)
+        self.vocab_size = first.info.vocab_size
+        self.block_size = first.info.block_size
+        self.prom = RouterMetrics(config.model_name, loads=self._loads)
+        self.admission = Admission(self.max_model_len, self.state.rate_limiter, self.prom,
+                                   slo_rejection=config.slo_rejection)
+        self.prefill_rate = PrefillRate(config.initial_prefill_tokens_per_s)
+        self.queues = LaneQueues(self.policy.lanes)
+        self.capacity = Capacity(pool)
+        self.created = int(time.time())
+        self._requests: dict[str, RequestContext] = {}
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dispatch")
+        self._tasks: list[asyncio.Task] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.draining = False
+        dispatcher.on_kv_events = self._on_kv_events
+        dispatcher.on_worker_reset = self._on_worker_reset
+        self.batch = (DurableBatch(self, self.state.journal, self.dispatcher.router_id, idle_ms=self.state.job_idle_ms)
+                      if self.state.journal is not None else None)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._tasks.append(asyncio.create_task(self._dispatch_loop(), name="lane-dispatch"))
+        self._tasks.append(asyncio.create_task(self._housekeeping(), name="router-housekeeping"))
+        if self.batch is not None:
+            self._tasks.append(asyncio.create_task(self.batch.run(), name="durable-batch"))
+        await self.state.start(self)
+
+    async def drain(self, timeout_s: float | None = None) -> int:
+        """Stop admitting, let in-flight requests finish (up to the timeout), abort the rest.
+        Returns how many had to be aborted."""
+        self.draining = True
+        deadline = time.monotonic() + (self.config.drain_timeout_s if timeout_s is None else timeout_s)
+        while self._requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        left = list(self._requests.values())
+        for ctx in left:
+            await self.abort(ctx.request_id, ctx.tenant)
+        return len(left)
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.state.stop()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- RouterAPI ------------------------------------------------------------------------------
+    def authenticate(self, api_key: str | None) -> str:
+        tenant = self.policy.tenant_for_key(api_key)
+        if tenant is None or (self.policy.auth_required and tenant.api_key is None):
+            if api_key is None:
+                raise RouterError(ErrorKind.UNAUTHENTICATED, "Missing API key: send 'Authorization: Bearer <key>'.",
+                                  code="missing_api_key")
+            raise RouterError(ErrorKind.UNAUTHENTICATED, "Incorrect API key provided.", code="invalid_api_key")
+        return tenant.name
+
+    async def generate(self, req: GenerateRequest):
+        lane_hint = req.lane or "none"
+        if self.draining:
+            raise self.admission.reject(lane_hint, "draining", RouterError(
+                ErrorKind.OVERLOADED, "The server is shutting down; retry on another replica.", code="draining",
+                retry_after_s=5.0))
+        tenant = self._tenant(req.tenant)
+        ids, prompt_text = self._tokenize(req)
+        if not req.max_tokens_given:  # "up to the context length", as OpenAI's chat API means it
+            room = self.max_model_len - len(ids)
+            if room >= 1 and req.sampling.max_tokens > room:
+                req = replace(req, sampling=replace(req.sampling, max_tokens=room))
+        lane = classify(self.policy, tenant, explicit_lane=req.lane, num_prompt_tokens=len(ids), stream=req.stream,
+                        max_tokens=req.sampling.max_tokens, max_tokens_given=req.max_tokens_given)
+        self.admission.check_context(len(ids), req.sampling.max_tokens, lane)
+        if not self.pool.live("decode"):
+            raise self.admission.reject(lane, "no_workers", RouterError(
+                ErrorKind.OVERLOADED, "No decode worker is available.", code="no_workers", retry_after_s=5.0))
+
+        rid = req.request_id or f"cmpl-{uuid.uuid4().hex[:24]}"
+        if rid in self._requests:
+            raise RouterError(ErrorKind.CONFLICT, f"request id {rid!r} is already in flight", param="request_id")
+        idem = None
+        if req.idempotency_key:
+            idem = (tenant.name, req.idempotency_key)
+            replay = await self.state.idempotency_begin(tenant.name, req.idempotency_key, _fingerprint(req, ids))
+            if replay is not None:
+                return ReplayStream(replay)
+
+        lane_cfg = self.policy.lane(lane)
+        try:
+            predicted = await self.admission.admit(AdmissionInput(
+                lane=lane_cfg, tenant=tenant, prompt_tokens=len(ids), max_tokens=req.sampling.max_tokens,
+                lane_depth=self.queues.depth(lane), tokens_ahead=self.queues.tokens_ahead(lane),
+                pool_queued_tokens=self._pool_queued_tokens(), prefill_tokens_per_s=self._prefill_rate()))
+        except RouterError:
+            if idem:
+                await self.state.idempotency_release(*idem)
+            raise
+
+        if lane_cfg.durable and self.batch is not None:
+            try:  # journaled first: it survives this router
+                return await self.batch.submit(job_payload(rid, tenant.name, lane, ids, req.sampling, prompt_text),
+                                               lane)
+            except StateUnavailable:
+                log.warning("Redis unavailable: batch request %s runs without the journal", rid)
+
+        ctx = await self._enqueue(rid, tenant.name, lane, ids, req.sampling, prompt_text, idem)
+        ctx.predicted_ttft_s = predicted
+        out = RouterStream(ctx, self)
+        if req.deadline_s is not None:
+            asyncio.get_running_loop().create_task(with_deadline(out, req.deadline_s))
+        return out
+
+    async def _enqueue(self, rid: str, tenant: str, lane: str, ids: list[int], sampling: SamplingParams,
+                       prompt_text: str | None, idem: tuple[str, str] | None = None) -> RequestContext:
+        lane_cfg = self.policy.lane(lane)
+        salt = tenant if self.config.tenant_cache_isolation else None
+        spec = RequestSpec(rid, tuple(ids), sampling, priority=lane_cfg.priority, cache_salt=salt,
+                           origin=self.dispatcher.router_id)
+        stream = RequestStream(rid, len(ids))
+        stream.bind(asyncio.get_running_loop())
+        ctx = RequestContext(rid, tenant, lane, len(ids), sampling.max_tokens, stream, spec,
+                             prompt_text=prompt_text, idempotency=idem)
+        ctx.hint = await self._placement_hint(ids, salt)
+        self._requests[rid] = ctx
+        first_block = hash_blocks(ids[: self.block_size], self.block_size, salt)
+        self.queues.push(Pending(rid, lane, len(ids) + min(sampling.max_tokens, 64),
+                                 first_block[0] if first_block else None, payload=ctx))
+        self._wake.set()
+        return ctx
+
+    async def run_durable(self, job_id: str, tenant: str, lane: str, ids: list[int], sampling: SamplingParams,
+                          prompt_text: str | None) -> GenerationResult:
+        """Run a journaled batch job through the lane queues (called by the durable-batch consumer)."""
+        if job_id in self._requests:  # already running here (a re-claim of our own job)
+            ctx = self._requests[job_id]
+        else:
+            ctx = await self._enqueue(job_id, tenant, lane, ids, sampling, prompt_text)
+        ctx.durable = True
+        return await RouterStream(ctx, self).result()
+
+    def lane_room(self, durable: bool = True) -> int:
+        """How many more requests the (durable) lanes' queues take before reaching their bounds."""
+        lanes = [lane for lane in self.policy.lanes if lane.durable or not durable]
+        return min((lane.queue_bound - self.queues.depth(lane.name) for lane in lanes), default=0)
+
+    async def abort(self, request_id: str, tenant: str, durable_ok: bool = False) -> bool:
+        ctx = self._requests.get(request_id)
+        if ctx is None or ctx.tenant != tenant or ctx.finished:
+            if self.batch is not None and not durable_ok and self.batch.is_running(request_id):
+                return await self.batch.cancel(request_id)
+            return False
+        if self.queues.remove(request_id) is not None:
+            ctx.stream.put(RequestOutput(request_id, [], "", finished=True, finish_reason="abort"))
+            return True
+        await asyncio.get_running_loop().run_in_executor(self._executor, self.dispatcher.abort, request_id)
+        return True
+
+    def model_info(self) -> ModelInfo:
+        return ModelInfo(self.config.model_name, self.max_model_len, self.vocab_size, self.created,
+                         tuple(lane.name for lane in self.policy.lanes))
+
+    def readiness(self) -> Readiness:
+        if self.draining:
+            return Readiness(False, "draining")
+        if not self.pool.live("decode"):
+            return Readiness(False, "no live decode worker")
+        if self.pool.prefill and not self.pool.live("prefill"):
+            return Readiness(False, "no live prefill worker")
+        return Readiness(True, "ok", {"in_flight": len(self._requests), "queued": len(self.queues)})
+
+    def metrics(self) -> tuple[bytes, str]:
+        return self.prom.exposition()
+
+    async def batch_result(self, job_id: str, tenant: str) -> dict:
+        job = await self.state.batch_get(job_id, tenant)
+        if job is None:
+            raise RouterError(ErrorKind.NOT_FOUND, f"No batch job {job_id!r}.", param="id", code="not_found")
+        return job
+
+    # -- request preparation -----------------------------------------------------------------------
+    def _tenant(self, name: str) -> TenantConfig:
+        for t in self.policy.tenants:
+            if t.name == name:
+                return t
+        raise RouterError(ErrorKind.UNAUTHENTICATED, f"unknown tenant {name!r}")
+
+    def _tokenize(self, req: GenerateRequest) -> tuple[list[int], str | None]:
+        given = sum(x is not None for x in (req.prompt, req.prompt_token_ids, req.messages))
+        if given != 1:
+            raise invalid("exactly one of prompt, prompt token ids or messages is required", param="prompt")
+        if req.prompt_token_ids is not None:
+            ids = list(req.prompt_token_ids)
+            bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size),
+                       None)
+            if bad is not None:
+                raise invalid(f"token id {bad!r} is outside the vocabulary [0, {self.vocab_size})", param="prompt")
+            text = None
+        elif self.tokenizer is None:
+            raise invalid("this model has no tokenizer: send token ids", param="prompt")
+        elif req.messages is not None:
+            if not req.messages:
+                raise invalid("messages must not be empty", param="messages")
+            msgs = [{"role": m.role, "content": m.content} for m in req.messages]
+            try:
+                text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=req.add_generation_prompt)
+            except InvalidParameterError as e:
+                raise invalid(e.message, param=e.param) from None
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            text = req.prompt
+            ids = self.tokenizer.encode(req.prompt)
+        if not ids:
+            raise invalid("the prompt is empty", param="prompt")
+        return ids, (text if req.echo_prompt else None)
+
+    async def _placement_hint(self, ids: list[int], salt: str | None) -> PlacementHint:
+        hashes = hash_blocks(ids, self.block_size, salt)
+        if not hashes:
+            return NO_HINT
+        workers = [w.worker_id for w in self.pool.all() if w.alive]
+        blocks = await self.state.prefix_lookup(hashes, workers)
+        return PlacementHint({w: n * self.block_size for w, n in blocks.items() if n})
+
+    # -- dispatch -------------------------------------------------------------------------------
+    async def _dispatch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = self.queues.take(self._has_room, idle=self.capacity.idle()) if len(self.queues) else []
+            now = time.monotonic()
+            for p in batch:
+                ctx: RequestContext = p.payload
+                ctx.dispatched = now
+                window = self.policy.lane(ctx.lane).batch_window_s
+                waited = now - ctx.arrival
+                ctx.window_s = min(window, waited)
+                self.prom.queued(ctx.lane, waited, ctx.window_s)
+                self.capacity.charge(ctx.prompt_tokens, ctx.max_tokens, self.block_size)
+                loop.run_in_executor(self._executor, self._submit, ctx)
+            self._wake.clear()
+            if len(self.queues):
+                nxt = self.queues.next_deadline()
+                wait = 0.01 if nxt is None else min(0.01, max(0.0, nxt - time.monotonic()))
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.002))
+                except asyncio.TimeoutError:
+                    pass
+            else:
+                await self._wake.wait()
+
+    def _has_room(self, p: Pending) -> bool:
+        ctx: RequestContext = p.payload
+        return self.capacity.has_room(ctx.prompt_tokens, ctx.max_tokens)
+
+    def _submit(self, ctx: RequestContext) -> None:
+        try:
+            self.dispatcher.submit(ctx.spec, ctx.stream, ctx.hint or NO_HINT)
+        except Exception as e:  # never lose a request silently
+            log.exception("dispatch of %s failed", ctx.request_id)
+            ctx.stream.fail(f"dispatch failed: {e}")
+
+    def _finished(self, ctx: RequestContext) -> None:
+        """Called once per request when its stream ends: metrics, idempotency, bookkeeping."""
+        if ctx.finished:
+            return
+        ctx.finished = True
+        self._requests.pop(ctx.request_id, None)
+        s = ctx.stream
+        if s.finished_time is not None and s.finish_reason != "abort":
+            ttft = s.first_token_time - ctx.arrival if s.first_token_time else None
+            gaps = [b - a for a, b in zip(s.token_times, s.token_times[1:])]
+            self.prom.request_finished(ctx.lane, s.finish_reason, ctx.prompt_tokens, len(s.token_ids), ttft,
+                                          s.finished_time - ctx.arrival, gaps)
+            if ttft is not None and ctx.dispatched is not None:
+                self.prom.ttft_breakdown(ctx.lane, {"router_queue": ctx.dispatched - ctx.arrival})
+        if ctx.idempotency is not None and self._loop is not None:
+            final = s.final_output()
+            self._loop.create_task(self.state.idempotency_finish(*ctx.idempotency, ctx, final))
+
+    # -- housekeeping ---------------------------------------------------------------------------
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(0.25)
+            for w in self.pool.all():
+                if w.load is not None:
+                    self.prefill_rate.observe(w.worker_id, w.load.prompt_tokens_computed, w.load.busy_seconds)
+            waiting = {lane.name: self.queues.depth(lane.name) for lane in self.policy.lanes}
+            running: dict[str, int] = {lane.name: 0 for lane in self.policy.lanes}
+            for ctx in self._requests.values():
+                if ctx.dispatched is not None:
+                    running[ctx.lane] += 1
+            self.prom.set_lane_gauges(waiting, running)
+
+    def heartbeat_payload(self) -> dict:
+        """What this router publishes in the Redis registry."""
+        return {"in_flight": len(self._requests), "queued": len(self.queues), "draining": self.draining,
+                "lanes": {lane.name: self.queues.depth(lane.name) for lane in self.policy.lanes}}
+
+    def _prefill_rate(self) -> float:
+        pool = self.pool.live("prefill") or self.pool.live("decode")
+        return self.prefill_rate.tokens_per_s([w.worker_id for w in pool])
+
+    def _pool_queued_tokens(self) -> int:
+        pool = self.pool.live("prefill") or self.pool.live("decode")
+        return sum((w.load.queued_prefill_tokens if w.load else 0) + w.dispatched_tokens for w in pool)
+
+    def _loads(self):
+        return [w.load for w in self.pool.all() if w.alive and w.load is not None]
+
+    def _on_worker_reset(self, worker_id: str) -> None:
+        """From a dispatcher thread: a worker died or restarted; its prefix cache is gone."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self.state.forget_worker(worker_id)))
+
+    def _on_kv_events(self, worker_id: str, events: list) -> None:
+        """From a poller thread: feed the cluster prefix index on the event loop."""
+        if self._loop is not None and events:
+            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self.state.prefix_apply(worker_id, events)))
+
+
+def _fingerprint(req: GenerateRequest, ids: list[int]) -> str:
+    """What makes two requests "the same" for an Idempotency-Key: the prompt and the parameters."""
+    sp = req.sampling
+    body = json.dumps([ids, sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.seed, list(sp.stop),
+                       list(sp.stop_token_ids), sp.ignore_eos, req.lane], sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()

@@ -1,0 +1,122 @@
+"""The router's ``GenerationStream``: a request's deltas as ``StreamEvent``s for the frontends, the
+usage on the last one, metrics when it finishes, and abort (client gone, deadline passed)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, AsyncIterator
+
+from engine.outputs import RequestOutput
+from router.api import ErrorKind, GenerationResult, RouterError, StreamEvent, Usage
+from router.stream import RequestFailed, RequestStream
+
+if TYPE_CHECKING:
+    from router.router import Router
+
+
+@dataclass(eq=False)
+class RequestContext:
+    """Everything the router knows about one request, from admission to its last token."""
+
+    request_id: str
+    tenant: str
+    lane: str
+    prompt_tokens: int
+    max_tokens: int
+    stream: RequestStream
+    spec: object  # engine.request_spec.RequestSpec
+    prompt_text: str | None = None
+    arrival: float = field(default_factory=time.monotonic)
+    dispatched: float | None = None
+    window_s: float = 0.0
+    hint: object = None
+    predicted_ttft_s: float | None = None
+    finished: bool = False
+    idempotency: tuple[str, str] | None = None  # (tenant, key)
+    durable: bool = False  # a journaled batch job: a client going away does not abort it
+
+
+class RouterStream:
+    def __init__(self, ctx: RequestContext, router: Router) -> None:
+        self.ctx = ctx
+        self.request_id = ctx.request_id
+        self.lane = ctx.lane
+        self._router = router
+        self._consumed = False
+
+    async def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        if self._consumed:
+            raise RuntimeError("a generation stream can be consumed once")
+        self._consumed = True
+        ctx = self.ctx
+        try:
+            async for out in ctx.stream.aiter():
+                yield self._event(out)
+                if out.finished:
+                    return
+        except RequestFailed as e:
+            yield StreamEvent(ctx.request_id, "", (), finished=True, finish_reason="error",
+                              usage=self._usage(), error=RouterError(ErrorKind.INTERNAL, str(e)))
+        finally:
+            self._router._finished(ctx)
+
+    def _event(self, out: RequestOutput) -> StreamEvent:
+        return StreamEvent(
+            self.ctx.request_id, out.text_delta, tuple(out.new_token_ids), finished=out.finished,
+            finish_reason=out.finish_reason if out.finished else None,
+            stop_reason=out.stop_reason if out.finished else None,
+            usage=self._usage() if out.finished else None,
+        )
+
+    def _usage(self) -> Usage:
+        s = self.ctx.stream
+        return Usage(self.ctx.prompt_tokens, len(s.token_ids), s.num_cached_tokens)
+
+    async def result(self) -> GenerationResult:
+        text: list[str] = []
+        ids: list[int] = []
+        reason = None
+        usage = None
+        async for ev in self:
+            if ev.error is not None:
+                raise ev.error
+            text.append(ev.text)
+            ids.extend(ev.token_ids)
+            if ev.finished:
+                reason, usage = ev.finish_reason, ev.usage
+        return GenerationResult(self.ctx.request_id, "".join(text), tuple(ids), reason, usage or self._usage(),
+                                self.ctx.lane, prompt_text=self.ctx.prompt_text)
+
+    async def abort(self) -> None:
+        if not self.ctx.durable:  # a journaled job outlives its client
+            await self._router.abort(self.ctx.request_id, self.ctx.tenant)
+
+
+class ReplayStream:
+    """A finished result replayed (an idempotent retry): one event with the whole generation."""
+
+    def __init__(self, result: GenerationResult) -> None:
+        self._result = result
+        self.request_id = result.request_id
+        self.lane = result.lane
+
+    async def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        r = self._result
+        yield StreamEvent(r.request_id, r.text, r.token_ids, finished=True, finish_reason=r.finish_reason,
+                          usage=r.usage)
+
+    async def result(self) -> GenerationResult:
+        return self._result
+
+    async def abort(self) -> None:
+        return None
+
+
+async def with_deadline(stream, deadline_s: float | None) -> None:
+    """Abort ``stream`` when the monotonic ``deadline_s`` passes (a gRPC deadline)."""
+    if deadline_s is None:
+        return
+    await asyncio.sleep(max(0.0, deadline_s - time.monotonic()))
+    await stream.abort()

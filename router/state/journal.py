@@ -1,0 +1,222 @@
+"""The durable batch-lane journal: batch jobs queued in a Redis Stream, shared by all routers.
+
+A job is submitted once (``XADD`` to ``baton:<c>:batch:stream``) and then handed to exactly one
+router at a time through the consumer group ``routers``. A router that claims a job and dies
+before acknowledging it leaves the entry pending; after ``min_idle_ms`` any router (including the
+restarted one, under the same consumer name) re-claims it with ``XAUTOCLAIM``. Delivery is
+therefore *at least once*: a job may run twice if its router was only slow, not dead — routers
+running long jobs call :meth:`BatchJournal.touch` to keep their claims fresh, and a job
+re-claimed more than ``max_attempts`` times is failed instead of crashing router after router.
+
+Each job also has a status hash ``baton:<c>:batch:job:<id>`` (status, tenant, timestamps,
+attempts, result/error) that clients poll through :meth:`get`; it gets a TTL once the job ends.
+Acknowledged entries are deleted from the stream, so its length is the number of unfinished jobs.
+
+Durability is Redis's: with persistence off (the embedded default) a Redis restart loses the
+queue; use ``EmbeddedRedis(data_dir=...)`` (appendonly) or a persistent Redis in production.
+Degraded mode: every method raises :class:`StateUnavailable`; the batch lane pauses (it is not
+latency-critical) and resumes when Redis returns, re-creating the consumer group if needed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Literal, TypeVar
+
+import redis.exceptions as rexc
+
+from router.state.connection import RedisState
+
+T = TypeVar("T")
+JobState = Literal["queued", "running", "done", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    entry_id: str  # stream entry id, needed to acknowledge
+    job_id: str
+    tenant: str
+    job: dict[str, Any]  # the submitted JSON payload
+    attempt: int  # 1 on first delivery
+    reclaimed: bool  # taken over from a consumer that went idle (probably died)
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    job_id: str
+    tenant: str
+    status: JobState
+    result: dict[str, Any] | None
+    error: str | None
+    created_at: float
+    updated_at: float
+    attempts: int
+
+
+def _s(b: bytes | str) -> str:
+    return b.decode() if isinstance(b, bytes) else b
+
+
+class BatchJournal:
+    """Batch jobs in a Redis Stream with a consumer group of routers."""
+
+    def __init__(
+        self, state: RedisState, *, group: str = "routers", max_attempts: int = 3, ttl_s: float = 86_400.0
+    ) -> None:
+        self.state = state
+        self.group = group
+        self.max_attempts = max_attempts
+        self.ttl_s = ttl_s  # default lifetime of a finished job's status and result
+        self.stream = state.key("batch", "stream")
+        self._cursor = "0-0"  # XAUTOCLAIM scan position, so successive claims cover the whole PEL
+        # Entries this object handed to each consumer and not yet finished: when XAUTOCLAIM returns
+        # one of them to the same consumer, it is still being worked on here (the claim merely
+        # refreshed it), unlike after a restart, when a fresh object re-delivers it.
+        self._inflight: dict[str, set[str]] = {}
+
+    def _job_key(self, job_id: str) -> str:
+        return self.state.key("batch", "job", job_id)
+
+    async def _grouped(self, op: Callable[[Any], Awaitable[T]]) -> T:
+        """Run ``op`` creating the consumer group on demand (first use, or Redis lost its data)."""
+
+        async def wrapped(r: Any) -> T:
+            try:
+                return await op(r)
+            except rexc.ResponseError as e:
+                if "NOGROUP" not in str(e):
+                    raise
+            try:
+                await r.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+            except rexc.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
+            return await op(r)
+
+        return await self.state.run(wrapped)
+
+    async def submit(self, job: dict[str, Any], job_id: str | None = None) -> str:
+        """Queue ``job`` (a JSON object with a string ``tenant``); returns the job id (``job_id`` if
+        given: a client-chosen id lets it find the result after losing its connection). Submitting
+        an id that already exists queues nothing and returns it."""
+        tenant = job.get("tenant")
+        if not isinstance(tenant, str) or not tenant:
+            raise ValueError("a batch job needs a non-empty string 'tenant'")
+        job_id, now = job_id or uuid.uuid4().hex, time.time()
+        fields = {"job_id": job_id, "tenant": tenant, "job": json.dumps(job)}
+
+        async def op(r: Any) -> None:
+            if await r.exists(self._job_key(job_id)):
+                return
+            async with r.pipeline(transaction=True) as p:
+                p.hset(self._job_key(job_id), mapping={
+                    "status": "queued", "tenant": tenant, "created_at": now, "updated_at": now, "attempts": 0,
+                })
+                p.xadd(self.stream, fields)
+                await p.execute()
+
+        await self.state.run(op)
+        return job_id
+
+    async def claim(self, consumer: str, count: int = 10, min_idle_ms: int = 60_000) -> list[ClaimedJob]:
+        """Up to ``count`` jobs for ``consumer``: first ones abandoned by idle consumers (pending
+        longer than ``min_idle_ms``), then new ones. Never blocks; poll it."""
+
+        async def op(r: Any) -> list[tuple[str, dict[bytes, bytes] | None, bool]]:
+            got: list[tuple[str, dict[bytes, bytes] | None, bool]] = []
+            res = await r.xautoclaim(self.stream, self.group, consumer, min_idle_ms, self._cursor, count=count)
+            self._cursor = _s(res[0])
+            mine = self._inflight.get(consumer, set())
+            got += [(_s(eid), fields, True) for eid, fields in res[1] if _s(eid) not in mine]
+            if len(got) < count:
+                new = await r.xreadgroup(self.group, consumer, {self.stream: ">"}, count=count - len(got))
+                for _stream, entries in new or []:
+                    got += [(_s(eid), fields, False) for eid, fields in entries]
+            return got
+
+        entries = await self._grouped(op)
+        if not entries:
+            return []
+        ids = [_s(f[b"job_id"]) if f else "" for _e, f, _r in entries]
+
+        async def count_attempts(r: Any) -> list[int]:
+            async with r.pipeline(transaction=True) as p:
+                for job_id in ids:
+                    if job_id:  # (no status hash to count in for a deleted entry)
+                        p.hincrby(self._job_key(job_id), "attempts", 1)
+                counts = iter(await p.execute())
+                return [next(counts) if job_id else 0 for job_id in ids]
+
+        attempts = await self.state.run(count_attempts)
+        out: list[ClaimedJob] = []
+        for (entry_id, fields, reclaimed), job_id, attempt in zip(entries, ids, attempts):
+            if not fields:  # entry deleted under us: nothing to run, just drop it
+                await self._finish(job_id, entry_id, {}, None)
+            elif attempt > self.max_attempts:
+                await self.fail(job_id, entry_id, f"gave up after {attempt - 1} attempts")
+            else:
+                job = json.loads(fields[b"job"])
+                out.append(ClaimedJob(entry_id, job_id, _s(fields[b"tenant"]), job, attempt, reclaimed))
+                self._inflight.setdefault(consumer, set()).add(entry_id)
+        return out
+
+    async def touch(self, consumer: str, entry_ids: list[str]) -> None:
+        """Reset the idle time of entries ``consumer`` is still working on, so they are not
+        re-claimed by others (call well within ``min_idle_ms`` for long jobs)."""
+        if entry_ids:
+            await self._grouped(lambda r: r.xclaim(self.stream, self.group, consumer, 0, entry_ids, justid=True))
+
+    async def set_running(self, job_id: str, consumer: str | None = None) -> None:
+        mapping: dict[str, Any] = {"status": "running", "updated_at": time.time()}
+        if consumer:
+            mapping["consumer"] = consumer
+        await self.state.run(lambda r: r.hset(self._job_key(job_id), mapping=mapping))
+
+    async def _finish(self, job_id: str, entry_id: str, mapping: dict[str, Any], ttl_s: float | None) -> None:
+        """Record the end state and acknowledge + delete the entry, atomically."""
+
+        async def op(r: Any) -> None:
+            async with r.pipeline(transaction=True) as p:
+                if job_id and mapping:
+                    key = self._job_key(job_id)
+                    p.hset(key, mapping={**mapping, "updated_at": time.time()})
+                    p.pexpire(key, max(1, int((ttl_s if ttl_s is not None else self.ttl_s) * 1000)))
+                p.xack(self.stream, self.group, entry_id)
+                p.xdel(self.stream, entry_id)
+                await p.execute()
+
+        await self.state.run(op)
+        for mine in self._inflight.values():
+            mine.discard(entry_id)
+
+    async def complete(self, job_id: str, entry_id: str, result: dict[str, Any], ttl_s: float | None = None) -> None:
+        """Store the result (kept ``ttl_s``), mark the job done and acknowledge its entry."""
+        await self._finish(job_id, entry_id, {"status": "done", "result": json.dumps(result)}, ttl_s)
+
+    async def fail(self, job_id: str, entry_id: str, error: str, ttl_s: float | None = None) -> None:
+        """Mark the job failed (no retry) and acknowledge its entry."""
+        await self._finish(job_id, entry_id, {"status": "failed", "error": str(error)}, ttl_s)
+
+    async def get(self, job_id: str, tenant: str) -> JobStatus | None:
+        """The job's status, or None if unknown, expired, or owned by another tenant."""
+        raw = await self.state.run(lambda r: r.hgetall(self._job_key(job_id)))
+        h = {_s(k): _s(v) for k, v in raw.items()}
+        if not h or h.get("tenant") != tenant:
+            return None
+        return JobStatus(
+            job_id=job_id,
+            tenant=tenant,
+            status=h.get("status", "queued"),  # type: ignore[arg-type]
+            result=json.loads(h["result"]) if "result" in h else None,
+            error=h.get("error"),
+            created_at=float(h.get("created_at", 0.0)),
+            updated_at=float(h.get("updated_at", 0.0)),
+            attempts=int(h.get("attempts", 0)),
+        )
+
+    async def pending_count(self) -> int:
+        """Unfinished jobs: queued plus claimed but not yet completed or failed."""
+        return int(await self.state.run(lambda r: r.xlen(self.stream)))

