@@ -25,8 +25,9 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
+# Serves the default model on http://127.0.0.1:8000/v1 (OpenAI API) and 127.0.0.1:50051 (gRPC).
 run: install
-	$(VENV)/bin/baton chat
+	$(VENV)/bin/baton up
 
 test: install-dev
 	$(PY) -m pytest -q tests

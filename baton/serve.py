@@ -17,6 +17,7 @@ from baton.cluster import ClusterConfig, LocalCluster
 from baton.config import BatonConfig
 from baton.redis_server import EmbeddedRedis
 from router.cluster_state import ClusterState
+from router.dispatcher import Dispatcher
 from router.grpc_server import GrpcServer
 from router.http.app import create_app
 from router.http.server import HttpServer
@@ -45,17 +46,19 @@ class BatonServer:
         self.http: HttpServer | None = None
         self.grpc: GrpcServer | None = None
         self.endpoints: Endpoints | None = None
+        self.redis_url = ""
+        self.policy = None
 
     async def start(self) -> Endpoints:
         cfg = self.cfg
-        policy = cfg.lane_policy()  # resolves secrets now: a missing key fails before anything starts
+        self.policy = cfg.lane_policy()  # resolves secrets now: a missing key fails before anything starts
         t0 = time.monotonic()
         url = cfg.redis.url
         if url is None:
             self.say("starting the embedded redis-server")
             self.redis = await asyncio.to_thread(lambda: EmbeddedRedis().start())
             url = self.redis.url
-        url = _with_password(url, cfg.redis_password())
+        self.redis_url = _with_password(url, cfg.redis_password())
         self.say(f"loading {cfg.model.path} into {cfg.pools.prefill.workers} prefill + "
                  f"{cfg.pools.decode.workers} decode workers (Ray local)")
         cluster_cfg = ClusterConfig(
@@ -66,23 +69,50 @@ class BatonServer:
             transfer_timeout_s=cfg.pools.transfer_timeout_s, max_restarts=cfg.pools.max_restarts)
         # On the main thread, blocking: Ray installs its handlers there, and nothing else runs yet.
         self.cluster = LocalCluster(cluster_cfg, self.say, self.router_id)
-        state = ClusterState(self.router_id, RedisState(url, cfg.redis.cluster_name))
-        rc = cfg.router
-        name = cfg.model.served_name or _served_name(cfg.model.path)
-        self.router = Router(RouterConfig(model_name=name, model_dir=self.cluster.model_dir, lanes=policy,
-                                          slo_rejection=rc.slo_rejection, tenant_cache_isolation=rc.tenant_cache_isolation,
-                                          initial_prefill_tokens_per_s=rc.initial_prefill_tokens_per_s,
-                                          drain_timeout_s=rc.drain_timeout_s),
-                             self.cluster.pool, self.cluster.dispatcher, state)
-        await self.router.start()
-        self.http = HttpServer(create_app(self.router, served_model_name=name), rc.host, rc.http_port)
-        await self.http.start()
-        self.grpc = GrpcServer(self.router, rc.host, rc.grpc_port)
-        grpc_port = await self.grpc.start()
-        self.endpoints = Endpoints(f"http://{rc.host}:{self.http.port}", f"{rc.host}:{grpc_port}", url)
-        self.say(f"ready in {time.monotonic() - t0:.0f}s: serving {name} — OpenAI API at "
+        await self._start_router(self.cluster.dispatcher)
+        self.say(f"ready in {time.monotonic() - t0:.0f}s: serving {self.served_name} — OpenAI API at "
                  f"{self.endpoints.http_url}/v1, gRPC at {self.endpoints.grpc_target}")
         return self.endpoints
+
+    @property
+    def served_name(self) -> str:
+        return self.cfg.model.served_name or _served_name(self.cfg.model.path)
+
+    async def _start_router(self, dispatcher: Dispatcher, job_idle_ms: int = 15_000) -> None:
+        rc = self.cfg.router
+        state = ClusterState(dispatcher.router_id, RedisState(self.redis_url, self.cfg.redis.cluster_name),
+                             job_idle_ms=job_idle_ms)
+        self.router = Router(RouterConfig(model_name=self.served_name, model_dir=self.cluster.model_dir,
+                                          lanes=self.policy, slo_rejection=rc.slo_rejection,
+                                          tenant_cache_isolation=rc.tenant_cache_isolation,
+                                          initial_prefill_tokens_per_s=rc.initial_prefill_tokens_per_s,
+                                          drain_timeout_s=rc.drain_timeout_s),
+                             self.cluster.pool, dispatcher, state)
+        await self.router.start()
+        http_port = self.http.port if self.http else rc.http_port
+        grpc_port = int(self.endpoints.grpc_target.rsplit(":", 1)[1]) if self.endpoints else rc.grpc_port
+        self.http = HttpServer(create_app(self.router, served_model_name=self.served_name), rc.host, http_port)
+        await self.http.start()
+        self.grpc = GrpcServer(self.router, rc.host, grpc_port)
+        grpc_port = await self.grpc.start()
+        self.endpoints = Endpoints(f"http://{rc.host}:{self.http.port}", f"{rc.host}:{grpc_port}", self.redis_url)
+
+    async def crash_router(self) -> None:
+        """Tests: the router process dies — no drain, nothing acknowledged, its streams cut."""
+        await self.http.stop()
+        await self.grpc.stop(grace=0)
+        await self.router.stop()
+        await asyncio.to_thread(self.router.dispatcher.stop)
+
+    async def restart_router(self, router_id: str, job_idle_ms: int = 15_000) -> None:
+        """Tests: a new router replica (same ports) over the same pools and Redis."""
+        for w in self.cluster.pool.all():
+            w.requests.clear()
+            w.dispatched_tokens = 0
+        dispatcher = Dispatcher(self.cluster.pool, router_id=router_id,
+                                local_prefill_threshold=self.cluster.config.local_prefill_threshold)
+        dispatcher.start()
+        await self._start_router(dispatcher, job_idle_ms)
 
     async def stop(self, drain: bool = True) -> None:
         if self.router is not None and drain:
@@ -96,6 +126,8 @@ class BatonServer:
         if self.router is not None:
             await self.router.stop()
         if self.cluster is not None:
+            if self.router is not None and self.router.dispatcher is not self.cluster.dispatcher:
+                await asyncio.to_thread(self.router.dispatcher.stop)
             await asyncio.to_thread(self.cluster.shutdown)
         if self.redis is not None:
             await asyncio.to_thread(self.redis.stop)

@@ -18,11 +18,25 @@ class Outbox:
         self._cv = threading.Condition()
         self._boxes: dict[str, list[RequestOutput]] = {}
         self._origin_of: dict[str, str] = {}
+        self._last_seen: dict[str, float] = {}  # origin -> its latest poll (or request)
         self._closed = False
 
     def register(self, request_id: str, origin: str) -> None:
         with self._cv:
             self._origin_of[request_id] = origin
+            self._last_seen[origin] = time.monotonic()
+
+    def orphans(self, timeout_s: float) -> list[str]:
+        """Requests whose router has not polled for ``timeout_s``: it is gone, nobody will read them."""
+        now = time.monotonic()
+        with self._cv:
+            gone = {o for o, t in self._last_seen.items() if now - t > timeout_s}
+            out = [rid for rid, o in self._origin_of.items() if o in gone]
+            for o in gone:
+                self._boxes.pop(o, None)
+                if not any(v == o for v in self._origin_of.values() if v not in gone):
+                    self._last_seen.pop(o, None)
+            return out
 
     def put(self, outputs: list[RequestOutput]) -> None:
         if not outputs:
@@ -42,6 +56,7 @@ class Outbox:
     def poll(self, origin: str, timeout_s: float) -> list[RequestOutput]:
         deadline = time.monotonic() + timeout_s
         with self._cv:
+            self._last_seen[origin] = time.monotonic()
             while not self._boxes.get(origin) and not self._closed:
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 class DecodeWorker:
     def __init__(self, worker_id: str, engine_config: EngineConfig, store: StoreAddress, *,
-                 transfer_timeout_s: float = 10.0, connect_timeout_s: float = 30.0) -> None:
+                 transfer_timeout_s: float = 10.0, connect_timeout_s: float = 30.0,
+                 orphan_timeout_s: float = 10.0) -> None:
         self.worker_id = worker_id
         self.peer = PeerInfo(worker_id, uuid.uuid4().hex[:12], "decode")
         self.transfer_timeout_s = transfer_timeout_s
@@ -44,8 +45,12 @@ class DecodeWorker:
         self._lock = threading.Lock()
         self._transfer_of: dict[str, int] = {}  # request id -> transfer id, while reserved
         self.num_fallbacks = 0
+        self.orphan_timeout_s = orphan_timeout_s
+        self.num_orphans_aborted = 0
+        self._next_orphan_check = 0.0
         self._load_snapshot = self._load(self.engine)
         self.loop.add_ticker(self._expire_transfers)
+        self.loop.add_ticker(self._abort_orphans)
         self.loop.add_ticker(self._snapshot_load)
         self.loop.start()
 
@@ -156,6 +161,20 @@ class DecodeWorker:
                 log.warning("%s: KV for %s made no progress for %.1fs; prefilling locally", self.worker_id, rid,
                             self.transfer_timeout_s)
                 self._fallback(engine, rid)
+
+    def _abort_orphans(self, engine: LLMEngine) -> None:
+        """Requests of a router that stopped polling (it died) are aborted: nobody reads them."""
+        now = time.monotonic()
+        if now < self._next_orphan_check:
+            return
+        self._next_orphan_check = now + 1.0
+        for rid in self.outbox.orphans(self.orphan_timeout_s):
+            self._cancel_transfer(rid)
+            engine.abort(rid)
+            self.outbox.forget(rid)
+            self.num_orphans_aborted += 1
+        if self.num_orphans_aborted:
+            log.debug("%s: %d orphaned requests aborted so far", self.worker_id, self.num_orphans_aborted)
 
     def _snapshot_load(self, engine: LLMEngine) -> None:
         self._load_snapshot = self._load(engine)  # read by poll() without waiting for the step

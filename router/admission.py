@@ -11,6 +11,7 @@ Retry-After) instead of timing out later. Every rejection is counted by lane and
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -67,6 +68,35 @@ class PrefillRate:
         return sum(rates) / len(rates) * max(len(live_workers), len(rates))
 
 
+class Ewma:
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.value: float | None = None
+
+    def observe(self, x: float) -> None:
+        self.value = x if self.value is None else (1 - self.alpha) * self.value + self.alpha * x
+
+
+class CompletionRate:
+    """Requests finished per second over a sliding window (how fast queued requests get a slot)."""
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self._times: list[float] = []
+
+    def tick(self, now: float | None = None) -> None:
+        self._times.append(time.monotonic() if now is None else now)
+
+    def per_s(self, now: float | None = None) -> float | None:
+        now = time.monotonic() if now is None else now
+        cut = now - self.window_s
+        while self._times and self._times[0] < cut:
+            self._times.pop(0)
+        if len(self._times) < 3:
+            return None
+        return len(self._times) / max(now - self._times[0], 1e-3)
+
+
 @dataclass(frozen=True)
 class AdmissionInput:
     lane: LaneConfig
@@ -77,21 +107,41 @@ class AdmissionInput:
     tokens_ahead: int  # router-queued prefill work ahead of this request
     pool_queued_tokens: int  # prefill work already in the workers' queues
     prefill_tokens_per_s: float
+    requests_ahead: int = 0  # requests queued in the router ahead of this one
+    free_seq_slots: int = 1 << 30  # sequence slots free on the decode workers
+    completions_per_s: float | None = None  # measured request completion rate (None: not yet known)
+    service_s: float | None = None  # measured dispatch -> first token (None: not yet known)
 
 
 def predict_ttft_s(x: AdmissionInput) -> float:
-    """Time to drain the work ahead plus our own prompt at the measured rate, plus the batch window."""
-    work = x.tokens_ahead + x.pool_queued_tokens + x.prompt_tokens
-    return work / max(x.prefill_tokens_per_s, 1e-6) + x.lane.batch_window_s
+    """Queue wait + service time + batch window.
+
+    Queue wait is the later of: prefilling the work ahead at the measured prefill rate, and — when
+    the decode pool is full — enough requests finishing to free a sequence slot, at the measured
+    completion rate. Service time is the recently measured time from dispatch to first token (it
+    includes our own prefill, the transfer, and whatever the pools are slowed by right now); before
+    any measurement, our own prompt at the prefill rate.
+    """
+    rate = max(x.prefill_tokens_per_s, 1e-6)
+    prefill_wait = (x.tokens_ahead + x.pool_queued_tokens) / rate
+    slot_wait = 0.0
+    short = x.requests_ahead + 1 - x.free_seq_slots
+    if short > 0 and x.completions_per_s:
+        slot_wait = short / x.completions_per_s
+    service = x.service_s if x.service_s is not None else x.prompt_tokens / rate
+    return max(prefill_wait, slot_wait) + service + x.lane.batch_window_s
 
 
 class Admission:
     def __init__(self, max_model_len: int, rate_limiter: RateLimiter | None, metrics=None,
-                 *, slo_rejection: bool = True) -> None:
+                 *, slo_rejection: bool = True, slo_headroom: float = 0.75) -> None:
         self.max_model_len = max_model_len
         self.rate_limiter = rate_limiter
         self.metrics = metrics
         self.slo_rejection = slo_rejection
+        # Admit only what is predicted to finish within this fraction of the objective: predictions
+        # are estimates, and an admitted request that misses its SLO costs more than a quick 503.
+        self.slo_headroom = slo_headroom
         self.rejections: dict[tuple[str, str], int] = {}
 
     def check_context(self, prompt_tokens: int, max_tokens: int, lane: str = "none") -> None:
@@ -133,7 +183,7 @@ class Admission:
                 code="queue_full", retry_after_s=self._retry_after(x),
             )
         ttft = predict_ttft_s(x)
-        if self.slo_rejection and ttft > x.lane.ttft_slo_s:
+        if self.slo_rejection and ttft > x.lane.ttft_slo_s * self.slo_headroom:
             self._count(lane, "slo_predicted")
             raise RouterError(
                 ErrorKind.OVERLOADED,

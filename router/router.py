@@ -25,7 +25,7 @@ from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestOutput
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
-from router.admission import Admission, AdmissionInput, PrefillRate
+from router.admission import Admission, AdmissionInput, CompletionRate, Ewma, PrefillRate
 from router.api import (
     ErrorKind,
     GenerateRequest,
@@ -80,6 +80,8 @@ class Router:
         self.admission = Admission(self.max_model_len, self.state.rate_limiter, self.prom,
                                    slo_rejection=config.slo_rejection)
         self.prefill_rate = PrefillRate(config.initial_prefill_tokens_per_s)
+        self.completion_rate = CompletionRate()
+        self.service_time = Ewma()  # dispatch -> first token
         self.queues = LaneQueues(self.policy.lanes)
         self.capacity = Capacity(pool)
         self.created = int(time.time())
@@ -166,7 +168,9 @@ class Router:
             predicted = await self.admission.admit(AdmissionInput(
                 lane=lane_cfg, tenant=tenant, prompt_tokens=len(ids), max_tokens=req.sampling.max_tokens,
                 lane_depth=self.queues.depth(lane), tokens_ahead=self.queues.tokens_ahead(lane),
-                pool_queued_tokens=self._pool_queued_tokens(), prefill_tokens_per_s=self._prefill_rate()))
+                pool_queued_tokens=self._pool_queued_tokens(), prefill_tokens_per_s=self._prefill_rate(),
+                requests_ahead=len(self.queues), free_seq_slots=self._free_seq_slots(),
+                completions_per_s=self.completion_rate.per_s(), service_s=self.service_time.value))
         except RouterError:
             if idem:
                 await self.state.idempotency_release(*idem)
@@ -221,14 +225,15 @@ class Router:
 
     async def abort(self, request_id: str, tenant: str, durable_ok: bool = False) -> bool:
         ctx = self._requests.get(request_id)
-        if ctx is None or ctx.tenant != tenant or ctx.finished:
+        if ctx is None or ctx.tenant != tenant or ctx.stream.finished:
             if self.batch is not None and not durable_ok and self.batch.is_running(request_id):
                 return await self.batch.cancel(request_id)
             return False
         if self.queues.remove(request_id) is not None:
             ctx.stream.put(RequestOutput(request_id, [], "", finished=True, finish_reason="abort"))
-            return True
-        await asyncio.get_running_loop().run_in_executor(self._executor, self.dispatcher.abort, request_id)
+        else:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self.dispatcher.abort, request_id)
+        self._finished(ctx)
         return True
 
     def model_info(self) -> ModelInfo:
@@ -340,6 +345,7 @@ class Router:
             return
         ctx.finished = True
         self._requests.pop(ctx.request_id, None)
+        self.completion_rate.tick()
         s = ctx.stream
         if s.finished_time is not None and s.finish_reason != "abort":
             ttft = s.first_token_time - ctx.arrival if s.first_token_time else None
@@ -348,6 +354,7 @@ class Router:
                                           s.finished_time - ctx.arrival, gaps)
             if ttft is not None and ctx.dispatched is not None:
                 self.prom.ttft_breakdown(ctx.lane, {"router_queue": ctx.dispatched - ctx.arrival})
+                self.service_time.observe(s.first_token_time - ctx.dispatched)
         if ctx.idempotency is not None and self._loop is not None:
             final = s.final_output()
             self._loop.create_task(self.state.idempotency_finish(*ctx.idempotency, ctx, final))
@@ -370,6 +377,13 @@ class Router:
         """What this router publishes in the Redis registry."""
         return {"in_flight": len(self._requests), "queued": len(self.queues), "draining": self.draining,
                 "lanes": {lane.name: self.queues.depth(lane.name) for lane in self.policy.lanes}}
+
+    def _free_seq_slots(self) -> int:
+        free = 0
+        for w in self.pool.live("decode"):
+            used = w.load.num_running + w.load.num_waiting + w.load.num_reserved if w.load else 0
+            free += max(0, w.info.max_num_seqs - used)
+        return free
 
     def _prefill_rate(self) -> float:
         pool = self.pool.live("prefill") or self.pool.live("decode")

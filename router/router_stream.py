@@ -60,7 +60,9 @@ class RouterStream:
             yield StreamEvent(ctx.request_id, "", (), finished=True, finish_reason="error",
                               usage=self._usage(), error=RouterError(ErrorKind.INTERNAL, str(e)))
         finally:
-            self._router._finished(ctx)
+            # A consumer that stops early (client gone) leaves the request to ``abort()``.
+            if ctx.stream.finished:
+                self._router._finished(ctx)
 
     def _event(self, out: RequestOutput) -> StreamEvent:
         return StreamEvent(

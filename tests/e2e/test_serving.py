@@ -1,0 +1,324 @@
+"""The whole serving stack (``baton up`` in-process: embedded redis-server, Ray local pools, router
+with HTTP and gRPC on loopback) driven by real clients: the ``openai`` package, raw HTTP, and a
+gRPC client from the generated stubs."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import statistics
+import time
+
+import grpc
+import httpx
+import openai
+import pytest
+
+from baton.config import load_config
+from router.grpc_gen.baton.v1 import generate_pb2 as pb
+from router.grpc_gen.baton.v1 import generate_pb2_grpc as pbg
+from tests.e2e.helpers import colocated
+from tests.e2e.server_thread import ServerThread
+
+KEY, LIMITED_KEY = "sk-acme-test", "sk-limited-test"
+INTERACTIVE_SLO = 3.0
+
+
+@pytest.fixture(scope="module")
+def srv(ray_session, tiny_model_dir, monkeypatch_module):
+    monkeypatch_module.setenv("BATON_TEST_ACME_KEY", KEY)
+    monkeypatch_module.setenv("BATON_TEST_LIMITED_KEY", LIMITED_KEY)
+    cfg = load_config(overrides={
+        "model.path": str(tiny_model_dir), "model.served_name": "tiny",
+        "engine.max_num_seqs": 8, "engine.max_num_batched_tokens": 256, "engine.kv_cache_memory_gb": 0.25,
+        "router.http_port": 0, "router.grpc_port": 0,
+        "pools.local_prefill_threshold": 32, "pools.max_restarts": 0,
+        "auth.required": True,
+        "tenants": [
+            {"name": "acme", "api_key": {"env": "BATON_TEST_ACME_KEY"}},
+            {"name": "limited", "api_key": {"env": "BATON_TEST_LIMITED_KEY"}, "requests_per_min": 6},
+        ],
+        "lanes": [
+            {"name": "interactive", "ttft_slo_s": INTERACTIVE_SLO, "tpot_slo_s": 0.5, "weight": 8, "priority": 0,
+             "queue_bound": 8},
+            {"name": "batch", "ttft_slo_s": 600, "tpot_slo_s": 5, "weight": 1, "priority": 2, "queue_bound": 64,
+             "batch_window_s": 0.2, "durable": True, "preemptible": True},
+        ],
+        "classification.long_context_tokens": 100000,
+    })
+    s = ServerThread(cfg).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+def client(srv) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{srv.http}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def drained(srv, timeout=5.0):
+    return srv.cluster.wait_until_drained(timeout)
+
+
+def test_openai_chat_completions_and_streaming(srv):
+    c = client(srv)
+    chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=8)
+    assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens == 8
+    comp = c.completions.create(model="tiny", prompt="once upon a time", max_tokens=6)
+    assert comp.usage.completion_tokens == 6 and comp.choices[0].finish_reason == "length"
+    chunks = list(c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "stream please"}],
+                                            max_tokens=10, stream=True, stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert chunks[-1].usage.completion_tokens == 10 and chunks[-1].choices == []
+    assert any(ch.choices and ch.choices[0].finish_reason == "length" for ch in chunks)
+    assert isinstance(text, str)
+    assert [m.id for m in c.models.list().data] == ["tiny"]
+    drained(srv)
+
+
+def test_greedy_through_the_stack_equals_the_engine(srv, tiny_model_dir):
+    prompt = list(range(100, 180))  # token ids: no tokenizer round trip in the comparison
+    want = colocated(tiny_model_dir, [prompt], [12])[0]
+    r = httpx.post(f"{srv.http}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == srv.router.tokenizer.decode(want)
+    drained(srv)
+
+
+def test_sse_framing_is_exact(srv):
+    with httpx.stream("POST", f"{srv.http}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                      json={"model": "tiny", "prompt": "frame", "max_tokens": 4, "stream": True}) as r:
+        raw = "".join(r.iter_text())
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    for e in events[:-2]:
+        assert e.startswith("data: ") and "\n" not in e
+        json.loads(e[len("data: "):])
+    drained(srv)
+
+
+@pytest.mark.parametrize("body, status, needle", [
+    ({"model": "tiny", "prompt": "x", "max_tokens": 100000}, 400, "maximum context length"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": 4, "lane": "nope"}, 400, "lane"),
+    ({"model": "tiny", "prompt": [5, 999999], "max_tokens": 4}, 400, "vocabulary"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": "ten"}, 400, "max_tokens"),
+    ({"model": "tiny", "prompt": "x", "top_p": 2}, 400, "top_p"),
+    ({"model": "tiny", "messages": "hi"}, 400, "prompt"),
+])
+def test_bad_inputs(srv, body, status, needle):
+    r = httpx.post(f"{srv.http}/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, json=body)
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and needle in json.dumps(err)
+
+
+def test_auth(srv):
+    assert httpx.post(f"{srv.http}/v1/completions", json={"prompt": "x"}).status_code == 401
+    bad = httpx.post(f"{srv.http}/v1/completions", headers={"Authorization": "Bearer nope"}, json={"prompt": "x"})
+    assert bad.status_code == 401 and bad.json()["error"]["type"] == "authentication_error"
+    for path in ("/health", "/ready", "/metrics"):
+        assert httpx.get(f"{srv.http}{path}").status_code == 200
+    with grpc.insecure_channel(srv.grpc) as ch:
+        with pytest.raises(grpc.RpcError) as e:
+            list(pbg.GenerationStub(ch).Generate(pb.GenerateRequest(text="x"), timeout=10))
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def _grpc_md():
+    return (("authorization", f"Bearer {KEY}"),)
+
+
+def test_grpc_generate_abort_deadline_health_reflection(srv):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    with grpc.insecure_channel(srv.grpc) as ch:
+        stub = pbg.GenerationStub(ch)
+        msgs = list(stub.Generate(pb.GenerateRequest(text="grpc hello", sampling=pb.SamplingParameters(max_tokens=7)),
+                                  metadata=_grpc_md(), timeout=30))
+        assert sum(len(m.token_ids) for m in msgs) == 7 and msgs[-1].finished and msgs[-1].usage.completion_tokens == 7
+        ids = list(range(200, 240))
+        tok = list(stub.Generate(pb.GenerateRequest(token_ids=pb.TokenIds(ids=ids),
+                                                    sampling=pb.SamplingParameters(max_tokens=3)),
+                                 metadata=_grpc_md(), timeout=30))
+        assert sum(len(m.token_ids) for m in tok) == 3
+
+        # A deadline in the middle of a long generation aborts it in both pools.
+        call = stub.Generate(pb.GenerateRequest(text="long", sampling=pb.SamplingParameters(max_tokens=3000,
+                                                                                             ignore_eos=True)),
+                             metadata=_grpc_md(), timeout=1.5)
+        with pytest.raises(grpc.RpcError) as e:
+            for _ in call:
+                pass
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        drained(srv, timeout=3)
+
+        # The Abort RPC stops a running request.
+        call = stub.Generate(pb.GenerateRequest(text="abort me", request_id="grpc-abort-1",
+                                                sampling=pb.SamplingParameters(max_tokens=3000, ignore_eos=True)),
+                             metadata=_grpc_md(), timeout=60)
+        next(call)
+        assert stub.Abort(pb.AbortRequest(request_id="grpc-abort-1"), metadata=_grpc_md()).aborted
+        last = None
+        for last in call:
+            pass
+        assert last is None or last.finish_reason == "abort"
+        drained(srv, timeout=3)
+
+        health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        names = set(ProtoReflectionDescriptorDatabase(ch).get_services())
+        assert {"baton.v1.Generation", "grpc.health.v1.Health"} <= names
+        info = stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=_grpc_md(), timeout=5)
+        assert info.id == "tiny" and info.max_model_len > 0
+
+
+def test_client_disconnect_aborts_and_frees_blocks(srv):
+    with httpx.Client(timeout=30) as h:
+        with h.stream("POST", f"{srv.http}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                      json={"model": "tiny", "prompt": "keep going", "max_tokens": 3000, "ignore_eos": True,
+                            "stream": True}) as r:
+            lines = r.iter_lines()
+            for _ in range(5):
+                next(lines)
+    t0 = time.monotonic()
+    drained(srv, timeout=2.0)  # blocks are free again within 2 s
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_overload_gets_429_or_503_with_retry_after_and_admitted_ttft_within_slo(srv):
+    def one(i):
+        t0 = time.monotonic()
+        with httpx.Client(timeout=120) as h:
+            with h.stream("POST", f"{srv.http}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                          json={"model": "tiny", "prompt": f"load {i} " * 20, "max_tokens": 48, "ignore_eos": True,
+                                "stream": True}) as r:
+                if r.status_code != 200:
+                    r.read()
+                    return r.status_code, r.headers.get("retry-after"), None
+                ttft = None
+                for line in r.iter_lines():
+                    if line.startswith("data: {") and ttft is None:
+                        ttft = time.monotonic() - t0
+                return 200, None, ttft
+
+    # 24 clients resubmitting at once against 8 sequence slots and an 8-deep interactive queue.
+    with concurrent.futures.ThreadPoolExecutor(24) as pool:
+        results = list(pool.map(one, range(96)))
+    rejected = [r for r in results if r[0] in (429, 503)]
+    admitted = [r[2] for r in results if r[0] == 200]
+    assert rejected and all(r[1] is not None and int(r[1]) >= 1 for r in rejected)
+    assert {r[0] for r in results} <= {200, 429, 503}
+    assert admitted
+    p99 = statistics.quantiles(admitted, n=100)[98] if len(admitted) > 1 else admitted[0]
+    assert p99 <= INTERACTIVE_SLO
+    metrics = httpx.get(f"{srv.http}/metrics").text
+    assert 'baton_requests_rejected_total{lane="interactive"' in metrics
+    assert httpx.get(f"{srv.http}/health").status_code == 200
+    drained(srv, timeout=30)
+
+
+def test_rate_limit_429_with_retry_after(srv):
+    codes = []
+    for _ in range(8):
+        r = httpx.post(f"{srv.http}/v1/completions", headers={"Authorization": f"Bearer {LIMITED_KEY}"},
+                       json={"model": "tiny", "prompt": "limited", "max_tokens": 2})
+        codes.append(r.status_code)
+        if r.status_code == 429:
+            assert int(r.headers["retry-after"]) >= 1 and r.json()["error"]["type"] == "rate_limit_error"
+    assert codes[:6] == [200] * 6 and 429 in codes[6:]
+
+
+def test_idempotency_key_runs_once(srv):
+    def finished_total():
+        text = httpx.get(f"{srv.http}/metrics").text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("baton_requests_finished_total{"))
+
+    body = {"model": "tiny", "prompt": "idempotent", "max_tokens": 6, "temperature": 0.9, "seed": None}
+    h = {"Authorization": f"Bearer {KEY}", "Idempotency-Key": "idem-1"}
+    before = finished_total()
+    a = httpx.post(f"{srv.http}/v1/completions", headers=h, json=body).json()
+    b = httpx.post(f"{srv.http}/v1/completions", headers=h, json=body).json()
+    assert a["choices"][0]["text"] == b["choices"][0]["text"]
+    time.sleep(0.3)
+    assert finished_total() == before + 1  # the retry was served from the stored result
+    other = httpx.post(f"{srv.http}/v1/completions", headers=h, json={**body, "prompt": "different"})
+    assert other.status_code == 409
+
+
+def test_one_scrape_shows_the_whole_cluster(srv):
+    text = httpx.get(f"{srv.http}/metrics").text
+    for worker in ("prefill-0", "decode-0"):
+        assert f'worker="{worker}"' in text
+    for name in ("baton_time_to_first_token_seconds_bucket", "baton_inter_token_latency_seconds_bucket",
+                 "baton_e2e_request_latency_seconds_bucket", "baton_request_queue_seconds_bucket",
+                 "baton_kv_cache_usage_ratio", "baton_prefix_cache_queries_total", "baton_kv_transfer_bytes_total",
+                 "baton_ttft_breakdown_seconds_bucket", "baton_requests_waiting", "baton_requests_running"):
+        assert name in text, name
+    assert 'le="0.001"' in text and 'le="2560.0"' in text  # vLLM's TTFT bucket edges
+
+
+def test_durable_batch_lane_survives_a_router_restart(srv, tiny_model_dir):
+    prompts = [list(range(300 + 10 * i, 340 + 10 * i)) for i in range(4)]
+    want = colocated(tiny_model_dir, prompts, [40] * 4)
+    h = {"Authorization": f"Bearer {KEY}"}
+
+    def submit(i):
+        try:  # non-streaming, no explicit lane, long output: the batch lane (durable)
+            httpx.post(f"{srv.http}/v1/completions", headers={**h, "X-Request-Id": f"durable-{i}"},
+                       json={"model": "tiny", "prompt": prompts[i], "max_tokens": 40, "ignore_eos": True,
+                             "lane": "batch", "temperature": 0}, timeout=30)
+        except httpx.HTTPError:
+            pass  # the router dies under it: that is the point
+
+    pool = concurrent.futures.ThreadPoolExecutor(4)
+    futures = [pool.submit(submit, i) for i in range(4)]
+    deadline = time.monotonic() + 20
+    while srv.router.batch is None or not srv.router.batch._running:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    srv.call(srv.server.crash_router())
+    concurrent.futures.wait(futures, timeout=30)
+    srv.call(srv.server.restart_router("router-1", job_idle_ms=1500))
+    results = {}
+    deadline = time.monotonic() + 90
+    while len(results) < 4 and time.monotonic() < deadline:
+        for i in range(4):
+            r = httpx.get(f"{srv.http}/v1/batches/durable-{i}", headers=h)
+            if r.status_code == 200 and r.json()["status"] == "done":
+                results[i] = r.json()["result"]
+        time.sleep(0.2)
+    assert len(results) == 4, results
+    for i in range(4):
+        assert list(results[i]["token_ids"]) == want[i]
+    drained(srv, timeout=20)  # the dead router's orphaned requests were aborted by the decode worker
+
+
+def test_redis_going_away_and_coming_back(srv):
+    h = {"Authorization": f"Bearer {KEY}"}
+    redis = srv.server.redis
+    redis.stop()
+    try:
+        r = httpx.post(f"{srv.http}/v1/completions", headers=h, json={"model": "tiny", "prompt": "degraded",
+                                                                       "max_tokens": 4}, timeout=30)
+        assert r.status_code == 200  # serving goes on: local rate limits, local prefix index
+        assert httpx.get(f"{srv.http}/ready").status_code == 200
+    finally:
+        redis.restart()
+    deadline = time.monotonic() + 10
+    while not srv.router.state.available and time.monotonic() < deadline:
+        srv.call(srv.router.state.redis.ping())
+        time.sleep(0.2)
+    assert srv.router.state.available
+    r = httpx.post(f"{srv.http}/v1/completions", headers={**h, "X-Request-Id": "after-redis"},
+                   json={"model": "tiny", "prompt": "back", "max_tokens": 4, "lane": "batch"}, timeout=60)
+    assert r.status_code == 200
+    assert httpx.get(f"{srv.http}/v1/batches/after-redis", headers=h).json()["status"] == "done"
