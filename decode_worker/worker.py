@@ -22,7 +22,7 @@ from engine.engine_loop import EngineLoop
 from engine.errors import InvalidParameterError
 from engine.request_spec import RequestSpec
 from engine.worker_stats import WorkerLoad, queued_prefill_tokens
-from kv_transfer.agent import TransferAgent
+from kv_transfer.agent import TransferAgent, TransferTiming
 from kv_transfer.peer import PeerInfo, StoreAddress, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -135,12 +135,14 @@ class DecodeWorker:
         self.agent.close()
 
     # -- transfer callbacks (channel threads) ------------------------------------------------
-    def _on_received(self, request_id: str, first_token: int) -> None:
+    def _on_received(self, request_id: str, first_token: int, timing: TransferTiming) -> None:
         with self._lock:
             self._transfer_of.pop(request_id, None)
 
         def arrived(engine: LLMEngine) -> None:
-            self.loop.push_outputs(engine.kv_arrived(request_id, first_token))
+            breakdown = {"prefill_queue": timing.prefill_queue_s, "prefill_compute": timing.prefill_compute_s,
+                         "transfer": timing.transfer_s, "decode_queue": time.monotonic() - timing.landed}
+            self.loop.push_outputs(engine.kv_arrived(request_id, first_token, breakdown))
 
         self.loop.call_async(arrived)
 

@@ -129,10 +129,17 @@ class LLMEngine:
         self.output_processor.add(req)
         return req
 
-    def kv_arrived(self, request_id: str, first_token: int) -> list[RequestOutput]:
-        """Decode role: the KV is in the reserved blocks; emit the first token and start decoding."""
+    def kv_arrived(self, request_id: str, first_token: int,
+                   ttft_breakdown: dict[str, float] | None = None) -> list[RequestOutput]:
+        """Decode role: the KV is in the reserved blocks; emit the first token and start decoding.
+        ``ttft_breakdown``: the stages measured by the prefill side and the transfer."""
         req = self.scheduler.kv_arrived(request_id, first_token)
-        return self.output_processor.process([req]) if req is not None else []
+        if req is None:
+            return []
+        outs = self.output_processor.process([req])
+        if outs and ttft_breakdown is not None:
+            outs[0].ttft_breakdown = ttft_breakdown
+        return outs
 
     def fallback_to_local_prefill(self, request_id: str) -> bool:
         return self.scheduler.fallback_to_local_prefill(request_id) is not None

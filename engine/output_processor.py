@@ -19,6 +19,7 @@ class _Stream:
     text: str = ""
     num_sent_chars: int = 0
     hold: int = 0  # characters held back: longest stop string - 1
+    first: bool = True  # the next output carries the first token
 
 
 class OutputProcessor:
@@ -76,6 +77,12 @@ class OutputProcessor:
         text_delta = st.text[st.num_sent_chars : end]
         st.num_sent_chars = end
         out = RequestOutput(req.request_id, new_ids, text_delta)
+        if st.first and new_ids:
+            st.first = False
+            if req.first_scheduled_time is not None and req.first_token_time is not None:
+                out.ttft_breakdown = {"prefill_queue": req.first_scheduled_time - req.arrival_time,
+                                      "prefill_compute": req.first_token_time - req.first_scheduled_time,
+                                      "transfer": 0.0, "decode_queue": 0.0}
         if finished:
             self._streams.pop(req.request_id, None)
             out.finished = True

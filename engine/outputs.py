@@ -29,3 +29,6 @@ class RequestOutput:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     metrics: RequestMetrics | None = None
+    # On the output carrying the first token: TTFT by stage on the workers (prefill_queue,
+    # prefill_compute, transfer, decode_queue), in seconds.
+    ttft_breakdown: dict[str, float] | None = None

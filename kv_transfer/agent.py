@@ -39,6 +39,16 @@ class TransferStats:
     seconds: float = 0.0  # receive side: reserve -> last chunk scattered, summed over completed transfers
 
 
+@dataclass(frozen=True)
+class TransferTiming:
+    """TTFT stages measured on the prefill side, and when the KV landed here."""
+
+    prefill_queue_s: float
+    prefill_compute_s: float
+    transfer_s: float  # last chunk sent (prefill's wall clock) -> scattered here (ours)
+    landed: float  # time.monotonic() on the receiving side
+
+
 @dataclass
 class _Expected:
     request_id: str
@@ -66,7 +76,7 @@ class TransferAgent:
         *,
         connect_timeout_s: float = 30.0,
         faults: FaultInjector | None = None,
-        on_received: Callable[[str, int], None] | None = None,
+        on_received: Callable[[str, int, TransferTiming], None] | None = None,
         on_receive_failed: Callable[[str, str], None] | None = None,
         on_acked: Callable[[str, bool], None] | None = None,
     ) -> None:
@@ -83,7 +93,7 @@ class TransferAgent:
         self._delay_until: dict[int, float] = {}  # injected delays, by transfer id
         # Callbacks run on channel threads: (request id, first token), (request id, reason),
         # (request id, acknowledged) — False when the peer failed or refused.
-        self.on_received = on_received or (lambda rid, tok: None)
+        self.on_received = on_received or (lambda rid, tok, timing: None)
         self.on_receive_failed = on_receive_failed or (lambda rid, why: None)
         self.on_acked = on_acked or (lambda rid, ok: None)
         self.stats = TransferStats()
@@ -136,6 +146,8 @@ class TransferAgent:
         chunk_index: int,
         last: bool,
         first_token: int = -1,
+        prefill_queue_s: float = 0.0,
+        prefill_compute_s: float = 0.0,
     ) -> bool:
         """Gather ``block_ids`` now (the caller may reuse them right after) and queue them."""
         key = (peer.key, transfer_id)
@@ -157,7 +169,8 @@ class TransferAgent:
             idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
             payload = self.kv_cache.index_select(0, idx)
         header = Header(Kind.KV, transfer_id, chunk_index, block_offset, len(block_ids), FLAG_LAST if last else 0,
-                        first_token)
+                        first_token, int(prefill_queue_s * 1e6), int(prefill_compute_s * 1e6),
+                        int(time.time() * 1e6) if last else 0)
         out.chunks += 1
         self.stats.blocks_sent += len(block_ids)
         ok = self.channel(peer).send(header, payload)
@@ -215,7 +228,9 @@ class TransferAgent:
         ch.send(Header(Kind.ACK, header.transfer_id))
         self.stats.completed += 1
         self.stats.seconds += time.monotonic() - exp.started
-        self.on_received(exp.request_id, header.first_token)
+        timing = TransferTiming(header.prefill_queue_us / 1e6, header.prefill_compute_us / 1e6,
+                                max(0.0, time.time() - header.sent_wall_us / 1e6), time.monotonic())
+        self.on_received(exp.request_id, header.first_token, timing)
 
     def _finish_outgoing(self, key: tuple[str, int], acked: bool) -> None:
         with self._lock:

@@ -4,7 +4,9 @@ Each direction of a pair is a FIFO of messages; a message is self-describing, so
 always drain a payload it no longer wants (a transfer that missed its deadline) and stay in sync.
 
 Header fields: magic/version, kind, transfer id, chunk index, first block index (within the
-request's block list), number of blocks, flags, first token (last chunk only).
+request's block list), number of blocks, flags, first token (last chunk only), and for the TTFT
+breakdown on the last chunk: the prefill queue and compute times (µs, the sender's clock) and the
+sender's wall-clock send time (µs since the epoch; the receiver derives the transfer time).
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-HEADER_LEN = 8
-MAGIC = 0x42544E01  # "BTN" v1
+HEADER_LEN = 11
+MAGIC = 0x42544E02  # "BTN" v2
 
 
 class Kind(enum.IntEnum):
@@ -37,6 +39,9 @@ class Header:
     num_blocks: int = 0
     flags: int = 0
     first_token: int = -1
+    prefill_queue_us: int = 0
+    prefill_compute_us: int = 0
+    sent_wall_us: int = 0
 
     @property
     def is_last(self) -> bool:
@@ -44,7 +49,7 @@ class Header:
 
     def to_tensor(self, device: torch.device) -> torch.Tensor:
         values = [MAGIC, int(self.kind), self.transfer_id, self.chunk_index, self.block_offset, self.num_blocks,
-                  self.flags, self.first_token]
+                  self.flags, self.first_token, self.prefill_queue_us, self.prefill_compute_us, self.sent_wall_us]
         return torch.tensor(values, dtype=torch.int64, device=device)
 
     @classmethod
@@ -52,7 +57,7 @@ class Header:
         v = t.tolist()
         if v[0] != MAGIC:
             raise ValueError(f"bad KV transfer header magic {v[0]:#x}: the stream is out of sync")
-        return cls(Kind(v[1]), v[2], v[3], v[4], v[5], v[6], v[7])
+        return cls(Kind(v[1]), *v[2:HEADER_LEN])
 
 
 def empty_header(device: torch.device) -> torch.Tensor:

@@ -27,6 +27,7 @@ class ErrorKind(enum.Enum):
     CONFLICT = ("conflict_error", 409, "ALREADY_EXISTS")
     RATE_LIMITED = ("rate_limit_error", 429, "RESOURCE_EXHAUSTED")
     OVERLOADED = ("overloaded_error", 503, "UNAVAILABLE")
+    DEADLINE_EXCEEDED = ("timeout_error", 504, "DEADLINE_EXCEEDED")
     INTERNAL = ("internal_error", 500, "INTERNAL")
 
     @property

@@ -222,7 +222,9 @@ class Dispatcher:
 
     # -- failures -----------------------------------------------------------------------------
     def _monitor_loop(self) -> None:
-        while not self._stop.wait(self.monitor_interval_s):
+        first = True
+        while first or not self._stop.wait(self.monitor_interval_s):
+            first = False
             for w in self.pool.all():
                 if w.role == "decode" and w.alive:
                     continue  # its poller watches it

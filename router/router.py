@@ -353,7 +353,8 @@ class Router:
             self.prom.request_finished(ctx.lane, s.finish_reason, ctx.prompt_tokens, len(s.token_ids), ttft,
                                           s.finished_time - ctx.arrival, gaps)
             if ttft is not None and ctx.dispatched is not None:
-                self.prom.ttft_breakdown(ctx.lane, {"router_queue": ctx.dispatched - ctx.arrival})
+                self.prom.ttft_breakdown(ctx.lane, {"router_queue": ctx.dispatched - ctx.arrival,
+                                                    **(s.ttft_breakdown or {})})
                 self.service_time.observe(s.first_token_time - ctx.dispatched)
         if ctx.idempotency is not None and self._loop is not None:
             final = s.final_output()

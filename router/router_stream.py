@@ -45,6 +45,7 @@ class RouterStream:
         self.lane = ctx.lane
         self._router = router
         self._consumed = False
+        self.deadline_hit = False
 
     async def __aiter__(self) -> AsyncIterator[StreamEvent]:
         if self._consumed:
@@ -53,6 +54,11 @@ class RouterStream:
         ctx = self.ctx
         try:
             async for out in ctx.stream.aiter():
+                if out.finished and out.finish_reason == "abort" and self.deadline_hit:
+                    yield StreamEvent(ctx.request_id, out.text_delta, tuple(out.new_token_ids), finished=True,
+                                      finish_reason="error", usage=self._usage(),
+                                      error=RouterError(ErrorKind.DEADLINE_EXCEEDED, "The request's deadline passed."))
+                    return
                 yield self._event(out)
                 if out.finished:
                     return
@@ -121,4 +127,5 @@ async def with_deadline(stream, deadline_s: float | None) -> None:
     if deadline_s is None:
         return
     await asyncio.sleep(max(0.0, deadline_s - time.monotonic()))
+    stream.deadline_hit = True
     await stream.abort()

@@ -32,6 +32,7 @@ class RequestStream:
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
         self.token_times: list[float] = []  # arrival time of each delivered token (ITL measurement)
+        self.ttft_breakdown: dict[str, float] | None = None  # stages measured on the workers
         self._queue: queue.SimpleQueue[RequestOutput | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._async: tuple[asyncio.AbstractEventLoop, asyncio.Queue] | None = None
@@ -44,6 +45,8 @@ class RequestStream:
                 return
             if out.new_token_ids and self.first_token_time is None:
                 self.first_token_time = now
+            if out.ttft_breakdown is not None and self.ttft_breakdown is None:
+                self.ttft_breakdown = out.ttft_breakdown
             self.token_ids.extend(out.new_token_ids)
             self.token_times.extend([now] * len(out.new_token_ids))
             self.text += out.text_delta

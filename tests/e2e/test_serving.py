@@ -255,6 +255,9 @@ def test_idempotency_key_runs_once(srv):
 
 
 def test_one_scrape_shows_the_whole_cluster(srv):
+    httpx.post(f"{srv.http}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+               json={"model": "tiny", "prompt": "x " * 40, "max_tokens": 2})  # disaggregated: every stage
+    time.sleep(1.0)  # a fresh load report from every worker
     text = httpx.get(f"{srv.http}/metrics").text
     for worker in ("prefill-0", "decode-0"):
         assert f'worker="{worker}"' in text
@@ -264,6 +267,8 @@ def test_one_scrape_shows_the_whole_cluster(srv):
                  "baton_ttft_breakdown_seconds_bucket", "baton_requests_waiting", "baton_requests_running"):
         assert name in text, name
     assert 'le="0.001"' in text and 'le="2560.0"' in text  # vLLM's TTFT bucket edges
+    for stage in ("router_queue", "prefill_queue", "prefill_compute", "transfer", "decode_queue"):
+        assert f'baton_ttft_breakdown_seconds_count{{lane="interactive",model="tiny",stage="{stage}"}}' in text
 
 
 def test_durable_batch_lane_survives_a_router_restart(srv, tiny_model_dir):

@@ -45,7 +45,7 @@ def make_pair(store, inc="a"):
     p_peer, d_peer = PeerInfo("p0", inc, "prefill"), PeerInfo("d0", inc, "decode")
     received, failed, acked = Events(), Events(), Events()
     p = TransferAgent(p_peer, store, torch.randn(SHAPE), on_acked=lambda rid, ok: acked.add(rid, ok))
-    d = TransferAgent(d_peer, store, torch.zeros(SHAPE), on_received=lambda rid, tok: received.add(rid, tok),
+    d = TransferAgent(d_peer, store, torch.zeros(SHAPE), on_received=lambda rid, tok, timing: received.add(rid, tok),
                       on_receive_failed=lambda rid, why: failed.add(rid, why))
     return p, d, p_peer, d_peer, received, failed, acked
 
@@ -98,4 +98,4 @@ def test_header_round_trip_and_bad_magic():
     h = Header(Kind.KV, 12, 3, 4, 5, 1, 77)
     assert Header.from_tensor(h.to_tensor(torch.device("cpu"))) == h and h.is_last
     with pytest.raises(ValueError, match="out of sync"):
-        Header.from_tensor(torch.zeros(8, dtype=torch.int64))
+        Header.from_tensor(torch.zeros(11, dtype=torch.int64))
