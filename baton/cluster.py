@@ -8,30 +8,24 @@ On CPU each worker is one Ray actor with one CPU and one torch thread; on GPU, o
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import logging
-import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Sequence
 
 import ray
-import torch.distributed as dist
 from ray.exceptions import GetTimeoutError, RayError
 
-from decode_worker.worker import DecodeWorker
+from baton.fleet import FleetOptions, PoolSpec, WorkerFleet
 from engine.config import EngineConfig
 from engine.model.registry import resolve_model
 from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestOutput
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
-from kv_transfer.peer import StoreAddress
-from prefill_worker.worker import PrefillWorker
 from router.dispatcher import Dispatcher
 from router.stream import RequestStream
-from router.worker_pool import WorkerHandle, WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +58,7 @@ class LocalCluster:
         say = progress or (lambda m: log.info(m))
         model_dir = resolve_model(config.engine.model, progress=say)
         self.model_dir = model_dir
-        engine_cfg = replace(config.engine, model=str(model_dir),
-                             num_threads=config.torch_threads_per_worker if not config.gpus_per_worker else None)
+        engine_cfg = replace(config.engine, model=str(model_dir))
         self.tokenizer = Tokenizer.from_dir(model_dir) if (model_dir / "tokenizer.json").exists() else None
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
@@ -73,31 +66,15 @@ class LocalCluster:
             n = config.prefill_workers + config.decode_workers
             ray.init(address=config.ray_address, num_cpus=None if config.ray_address else max(2, int(n * config.cpus_per_worker) + 1),
                      include_dashboard=False, log_to_driver=True, configure_logging=False)
-        self._store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False,
-                                    timeout=datetime.timedelta(seconds=60))
-        store = StoreAddress(_driver_ip(), self._store.port)
-        opts = dict(num_cpus=config.cpus_per_worker, num_gpus=config.gpus_per_worker,
-                    max_restarts=config.max_restarts, max_concurrency=16)
         say(f"starting {config.prefill_workers} prefill and {config.decode_workers} decode workers")
-        prefill_cls = ray.remote(PrefillWorker).options(**opts)
-        decode_cls = ray.remote(DecodeWorker).options(**opts)
-        prefill = [WorkerHandle(f"prefill-{i}", "prefill", prefill_cls.remote(f"prefill-{i}", engine_cfg, store))
-                   for i in range(config.prefill_workers)]
-        decode = [WorkerHandle(f"decode-{i}", "decode",
-                               decode_cls.remote(f"decode-{i}", engine_cfg, store,
-                                                 transfer_timeout_s=config.transfer_timeout_s))
-                  for i in range(config.decode_workers)]
-        self.pool = WorkerPool(prefill, decode)
-        try:
-            infos = ray.get([w.actor.info.remote() for w in self.pool.all()], timeout=config.start_timeout_s)
-        except GetTimeoutError:
-            self._kill_actors()
-            raise RuntimeError(
-                f"the workers did not start within {config.start_timeout_s:.0f}s; does the Ray cluster have "
-                f"{config.cpus_per_worker} CPU(s) and {config.gpus_per_worker} GPU(s) free for each of them?"
-            ) from None
-        for w, info in zip(self.pool.all(), infos):
-            w.info, w.alive = info, True
+        pools = {role: PoolSpec(role, n, config.cpus_per_worker, config.gpus_per_worker,
+                                config.torch_threads_per_worker)
+                 for role, n in (("prefill", config.prefill_workers), ("decode", config.decode_workers))}
+        self.fleet = WorkerFleet(engine_cfg, pools["prefill"], pools["decode"],
+                                 FleetOptions(config.transfer_timeout_s, config.max_restarts, config.start_timeout_s),
+                                 say)
+        self.pool = self.fleet.start()
+        decode = self.pool.decode
         first = decode[0].info
         self.max_model_len, self.vocab_size = first.max_model_len, first.vocab_size
         self.dispatcher = Dispatcher(self.pool, router_id=router_id,
@@ -173,11 +150,7 @@ class LocalCluster:
             ray.shutdown()
 
     def _kill_actors(self) -> None:
-        for w in self.pool.all():
-            try:
-                ray.kill(w.actor)
-            except Exception:  # already gone
-                pass
+        self.fleet.kill_all()
 
     def __enter__(self) -> LocalCluster:
         return self
@@ -185,6 +158,3 @@ class LocalCluster:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
-
-def _driver_ip() -> str:
-    return os.environ.get("BATON_NODE_IP") or ray.util.get_node_ip_address()

@@ -145,6 +145,19 @@ class RedisSection(_Model):
     cluster_name: str = Field("baton", pattern=r"^[A-Za-z0-9_-]+$")
 
 
+class ClusterSection(_Model):
+    """``baton cluster`` on an existing Ray cluster: where each role's actors go."""
+
+    ray_address: str | None = Field(None, description="null: $RAY_ADDRESS, else 'auto'")
+    namespace: str = Field("baton", pattern=r"^[A-Za-z0-9_.-]+$", description="Ray namespace of the actors")
+    router_resource: str = Field("baton_router", min_length=1, description="custom resource a router node offers")
+    prefill_resource: str = Field("baton_prefill", min_length=1)
+    decode_resource: str = Field("baton_decode", min_length=1)
+    router_cpus: float = Field(1.0, ge=0, description="Ray CPUs per router replica")
+    supervise_interval_s: float = Field(5.0, gt=0)
+    start_timeout_s: float = Field(600.0, gt=0, description="model load + placement, per start")
+
+
 def _default_lane_sections() -> list[LaneSection]:
     return [LaneSection(**lane.__dict__) for lane in default_lanes()]
 
@@ -159,6 +172,7 @@ class BatonConfig(_Model):
     tenants: list[TenantSection] = Field(default_factory=list)
     auth: AuthSection = AuthSection()
     redis: RedisSection = RedisSection()
+    cluster: ClusterSection = ClusterSection()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> BatonConfig:

@@ -60,7 +60,7 @@ def _ping(port: int, timeout_s: float = 0.25) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(64).startswith(b"+PONG")
+            return s.recv(64).startswith((b"+PONG", b"-NOAUTH"))  # up, and asking for the password
     except OSError:
         return False
 
@@ -77,6 +77,8 @@ class EmbeddedRedis:
         binary: str | os.PathLike[str] | None = None,
         startup_timeout_s: float = 10.0,
         extra_args: tuple[str, ...] = (),
+        bind: str = "127.0.0.1",
+        password: str | None = None,
     ) -> None:
         self.binary = _check_binary(Path(binary)) if binary is not None else find_redis_server()
         self._fixed_port = port
@@ -85,6 +87,10 @@ class EmbeddedRedis:
         self.appendonly = appendonly if appendonly is not None else data_dir is not None
         self.startup_timeout_s = startup_timeout_s
         self.extra_args = extra_args
+        self.bind = bind  # another address than loopback only with a password (protected mode)
+        self.password = password
+        if bind != "127.0.0.1" and not password:
+            raise RedisServerError(f"binding redis-server to {bind} needs a password")
         self.dir: Path | None = None
         self._own_dir = False
         self.proc: subprocess.Popen[bytes] | None = None
@@ -93,7 +99,8 @@ class EmbeddedRedis:
     def url(self) -> str:
         if self.port is None:
             raise RedisServerError("the embedded redis-server has not been started")
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.bind}:{self.port}/0"
 
     @property
     def running(self) -> bool:
@@ -107,7 +114,7 @@ class EmbeddedRedis:
         assert self.dir is not None
         return [
             str(self.binary),
-            "--bind", "127.0.0.1",
+            "--bind", *((self.bind,) if self.bind == "127.0.0.1" else (self.bind, "127.0.0.1")),
             "--port", str(port),
             "--protected-mode", "yes",
             "--daemonize", "no",
@@ -115,6 +122,7 @@ class EmbeddedRedis:
             "--save", "",
             "--appendonly", "yes" if self.appendonly else "no",
             "--logfile", "redis.log",  # relative to --dir
+            *(("--requirepass", self.password) if self.password else ()),
             *self.extra_args,
         ]
 

@@ -10,28 +10,17 @@ import logging
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 from baton.cluster import ClusterConfig, LocalCluster
 from baton.config import BatonConfig
+from baton.frontend import Endpoints, RouterFrontend, served_name, with_password
 from baton.redis_server import EmbeddedRedis
-from router.cluster_state import ClusterState
 from router.dispatcher import Dispatcher
-from router.grpc_server import GrpcServer
-from router.http.app import create_app
-from router.http.server import HttpServer
-from router.router import Router, RouterConfig
-from router.state.connection import RedisState
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class Endpoints:
-    http_url: str
-    grpc_target: str
-    redis_url: str
+__all__ = ["BatonServer", "Endpoints", "serve_forever"]
 
 
 class BatonServer:
@@ -42,23 +31,40 @@ class BatonServer:
         self.router_id = router_id
         self.redis: EmbeddedRedis | None = None
         self.cluster: LocalCluster | None = None
-        self.router: Router | None = None
-        self.http: HttpServer | None = None
-        self.grpc: GrpcServer | None = None
-        self.endpoints: Endpoints | None = None
+        self.frontend: RouterFrontend | None = None
         self.redis_url = ""
-        self.policy = None
+
+    # The frontend's parts, for tests and benchmarks.
+    @property
+    def router(self):
+        return self.frontend.router if self.frontend else None
+
+    @property
+    def http(self):
+        return self.frontend.http if self.frontend else None
+
+    @property
+    def grpc(self):
+        return self.frontend.grpc if self.frontend else None
+
+    @property
+    def endpoints(self) -> Endpoints | None:
+        return self.frontend.endpoints if self.frontend else None
+
+    @property
+    def served_name(self) -> str:
+        return served_name(self.cfg)
 
     async def start(self) -> Endpoints:
         cfg = self.cfg
-        self.policy = cfg.lane_policy()  # resolves secrets now: a missing key fails before anything starts
+        cfg.lane_policy()  # resolves secrets now: a missing key fails before anything starts
         t0 = time.monotonic()
         url = cfg.redis.url
         if url is None:
             self.say("starting the embedded redis-server")
             self.redis = await asyncio.to_thread(lambda: EmbeddedRedis().start())
             url = self.redis.url
-        self.redis_url = _with_password(url, cfg.redis_password())
+        self.redis_url = with_password(url, cfg.redis_password())
         self.say(f"loading {cfg.model.path} into {cfg.pools.prefill.workers} prefill + "
                  f"{cfg.pools.decode.workers} decode workers (Ray local)")
         cluster_cfg = ClusterConfig(
@@ -69,33 +75,17 @@ class BatonServer:
             transfer_timeout_s=cfg.pools.transfer_timeout_s, max_restarts=cfg.pools.max_restarts)
         # On the main thread, blocking: Ray installs its handlers there, and nothing else runs yet.
         self.cluster = LocalCluster(cluster_cfg, self.say, self.router_id)
-        await self._start_router(self.cluster.dispatcher)
+        await self._start_frontend(self.cluster.dispatcher)
         self.say(f"ready in {time.monotonic() - t0:.0f}s: serving {self.served_name} — OpenAI API at "
                  f"{self.endpoints.http_url}/v1, gRPC at {self.endpoints.grpc_target}")
         return self.endpoints
 
-    @property
-    def served_name(self) -> str:
-        return self.cfg.model.served_name or _served_name(self.cfg.model.path)
-
-    async def _start_router(self, dispatcher: Dispatcher, job_idle_ms: int = 15_000) -> None:
-        rc = self.cfg.router
-        state = ClusterState(dispatcher.router_id, RedisState(self.redis_url, self.cfg.redis.cluster_name),
-                             job_idle_ms=job_idle_ms)
-        self.router = Router(RouterConfig(model_name=self.served_name, model_dir=self.cluster.model_dir,
-                                          lanes=self.policy, slo_rejection=rc.slo_rejection,
-                                          tenant_cache_isolation=rc.tenant_cache_isolation,
-                                          initial_prefill_tokens_per_s=rc.initial_prefill_tokens_per_s,
-                                          drain_timeout_s=rc.drain_timeout_s),
-                             self.cluster.pool, dispatcher, state)
-        await self.router.start()
-        http_port = self.http.port if self.http else rc.http_port
-        grpc_port = int(self.endpoints.grpc_target.rsplit(":", 1)[1]) if self.endpoints else rc.grpc_port
-        self.http = HttpServer(create_app(self.router, served_model_name=self.served_name), rc.host, http_port)
-        await self.http.start()
-        self.grpc = GrpcServer(self.router, rc.host, grpc_port)
-        grpc_port = await self.grpc.start()
-        self.endpoints = Endpoints(f"http://{rc.host}:{self.http.port}", f"{rc.host}:{grpc_port}", self.redis_url)
+    async def _start_frontend(self, dispatcher: Dispatcher, job_idle_ms: int = 15_000) -> None:
+        # A restarted router keeps the ports the first one bound (tests ask for port 0).
+        ports = (self.http.port, int(self.endpoints.grpc_target.rsplit(":", 1)[1])) if self.frontend else (None, None)
+        self.frontend = RouterFrontend(self.cfg, dispatcher, self.cluster.model_dir, self.redis_url,
+                                       job_idle_ms=job_idle_ms)
+        await self.frontend.start(*ports)
 
     async def crash_router(self) -> None:
         """Tests: the router process dies — no drain, nothing acknowledged, its streams cut."""
@@ -112,19 +102,15 @@ class BatonServer:
         dispatcher = Dispatcher(self.cluster.pool, router_id=router_id,
                                 local_prefill_threshold=self.cluster.config.local_prefill_threshold)
         dispatcher.start()
-        await self._start_router(dispatcher, job_idle_ms)
+        await self._start_frontend(dispatcher, job_idle_ms)
 
     async def stop(self, drain: bool = True) -> None:
-        if self.router is not None and drain:
-            self.say("draining: no new requests; finishing the ones in flight")
-            aborted = await self.router.drain()
+        if self.frontend is not None:
+            if drain:
+                self.say("draining: no new requests; finishing the ones in flight")
+            aborted = await self.frontend.stop(drain=drain)
             if aborted:
                 self.say(f"drain timeout: aborted {aborted} request(s)")
-        for server in (self.http, self.grpc):
-            if server is not None:
-                await server.stop()
-        if self.router is not None:
-            await self.router.stop()
         if self.cluster is not None:
             if self.router is not None and self.router.dispatcher is not self.cluster.dispatcher:
                 await asyncio.to_thread(self.router.dispatcher.stop)
@@ -132,19 +118,6 @@ class BatonServer:
         if self.redis is not None:
             await asyncio.to_thread(self.redis.stop)
         self.say("stopped")
-
-
-def _served_name(path: str) -> str:
-    return "SmolLM2-135M-Instruct" if path == "default" else path.rstrip("/").rsplit("/", 1)[-1]
-
-
-def _with_password(url: str, password: str | None) -> str:
-    if not password or "@" in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    from urllib.parse import quote
-
-    return f"{scheme}://:{quote(password, safe='')}@{rest}"
 
 
 def serve_forever(cfg: BatonConfig, progress: Callable[[str], None]) -> int:

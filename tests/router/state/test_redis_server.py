@@ -84,3 +84,16 @@ def test_atexit_stops_a_forgotten_server() -> None:
     assert not _ping(port)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_password_protected_server_for_other_nodes() -> None:
+    """``baton cluster`` without a Redis URL: reachable from other nodes, so it must ask for a password."""
+    import redis
+
+    with pytest.raises(RedisServerError, match="needs a password"):
+        EmbeddedRedis(bind="10.1.2.3")
+    with EmbeddedRedis(password="s3cret") as server:
+        assert server.url.startswith("redis://:s3cret@127.0.0.1:")
+        assert redis.Redis.from_url(server.url).ping()
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(host="127.0.0.1", port=server.port).ping()

@@ -1,0 +1,161 @@
+"""``WorkerFleet``: the prefill and decode actors of one cluster, and the rendezvous store their
+pair groups form from.
+
+Shared by ``LocalCluster`` (``baton up``, tests: a Ray local instance, no custom resources) and the
+``baton cluster`` supervisor (an existing Ray cluster, actors placed by the custom resources
+``baton_prefill`` / ``baton_decode``). The store lives in this process, so a worker the fleet
+replaces rejoins its peers without restarting them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import ray
+import torch.distributed as dist
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
+
+from decode_worker.worker import DecodeWorker
+from engine.config import EngineConfig
+from kv_transfer.peer import StoreAddress
+from prefill_worker.worker import PrefillWorker
+from router.worker_pool import WorkerHandle, WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One pool's size and what each of its actors asks of Ray."""
+
+    role: str  # "prefill" | "decode"
+    workers: int
+    cpus: float = 1.0
+    gpus: float = 0.0
+    threads: int = 1  # torch threads per worker on CPU
+    resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per worker
+
+    def __post_init__(self) -> None:
+        if self.role not in ("prefill", "decode"):
+            raise ValueError(f"unknown pool role {self.role!r}")
+        if self.workers < (1 if self.role == "decode" else 0):
+            raise ValueError(f"pools.{self.role}.workers: {self.workers} is too few")
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    transfer_timeout_s: float = 10.0
+    max_restarts: int = 0  # Ray's own restarts of a dead actor, before the fleet replaces it
+    start_timeout_s: float = 300.0
+    actor_name_prefix: str | None = None  # named actors (``baton cluster``): PREFIX-prefill-0, ...
+
+
+class WorkerFleet:
+    def __init__(self, engine: EngineConfig, prefill: PoolSpec, decode: PoolSpec,
+                 options: FleetOptions = FleetOptions(), progress: Callable[[str], None] | None = None) -> None:
+        self.engine = engine
+        self.specs = {"prefill": prefill, "decode": decode}
+        self.options = options
+        self.say = progress or (lambda m: log.info(m))
+        self._store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False,
+                                    timeout=datetime.timedelta(seconds=60))
+        self.store = StoreAddress(driver_ip(), self._store.port)
+        self.pool = WorkerPool([], [])
+        self.replacements = 0
+
+    # -- starting -----------------------------------------------------------------------------
+    def start(self) -> WorkerPool:
+        """Start every actor and wait for all of them to load. Raises RuntimeError naming what the
+        cluster lacks if they do not start in time."""
+        for role in ("prefill", "decode"):
+            handles = [WorkerHandle(f"{role}-{i}", role, self._spawn(role, f"{role}-{i}"))
+                       for i in range(self.specs[role].workers)]
+            getattr(self.pool, role).extend(handles)
+        try:
+            infos = ray.get([w.actor.info.remote() for w in self.pool.all()], timeout=self.options.start_timeout_s)
+        except GetTimeoutError:
+            self.kill_all()
+            raise RuntimeError(f"the workers did not start within {self.options.start_timeout_s:.0f}s; "
+                               f"the Ray cluster needs {self._demand()}") from None
+        for w, info in zip(self.pool.all(), infos):
+            w.info, w.alive = info, True
+        return self.pool
+
+    def _demand(self) -> str:
+        parts = []
+        for role, spec in self.specs.items():
+            if spec.workers:
+                need = {"CPU": spec.cpus, "GPU": spec.gpus, **spec.resources}
+                want = ", ".join(f"{k}={v:g}" for k, v in need.items() if v)
+                parts.append(f"{spec.workers} {role} worker(s) with {want} each")
+        return " and ".join(parts) + " free"
+
+    def _engine_for(self, role: str) -> EngineConfig:
+        spec = self.specs[role]
+        return replace(self.engine, num_threads=spec.threads if not spec.gpus else None)
+
+    def _spawn(self, role: str, worker_id: str):
+        spec = self.specs[role]
+        opts: dict = dict(num_cpus=spec.cpus, num_gpus=spec.gpus, max_restarts=self.options.max_restarts,
+                          max_concurrency=16)
+        if spec.resources:
+            opts["resources"] = dict(spec.resources)
+        if self.options.actor_name_prefix:
+            # A replacement reuses the name: the dead actor's name is free once Ray gives up on it.
+            suffix = f"-r{self.replacements}" if self.replacements else ""
+            opts["name"] = f"{self.options.actor_name_prefix}-{worker_id}{suffix}"
+        if role == "prefill":
+            return ray.remote(PrefillWorker).options(**opts).remote(worker_id, self._engine_for(role), self.store)
+        return ray.remote(DecodeWorker).options(**opts).remote(
+            worker_id, self._engine_for(role), self.store, transfer_timeout_s=self.options.transfer_timeout_s)
+
+    # -- supervision --------------------------------------------------------------------------
+    def dead_workers(self, timeout_s: float = 30.0) -> list[WorkerHandle]:
+        """Workers whose actor is gone for good (Ray will not restart it). A restarting actor or a
+        slow one is not dead: Ray restarts within ``max_restarts``, and the routers notice the new
+        incarnation themselves."""
+        handles = self.pool.all()
+        refs = [w.actor.ping.remote() for w in handles]
+        dead = []
+        for w, ref in zip(handles, refs):
+            try:
+                ray.get(ref, timeout=timeout_s)
+            except RayActorError as e:
+                if not _is_restarting(e):
+                    dead.append(w)
+            except (GetTimeoutError, RayError):
+                continue
+        return dead
+
+    def replace(self, w: WorkerHandle) -> object:
+        """Start a new actor under the same worker id (it rejoins its peers through the store) and
+        return its handle; the caller hands it to the routers."""
+        self.replacements += 1
+        self.say(f"worker {w.worker_id} is dead: starting a replacement")
+        try:
+            ray.kill(w.actor, no_restart=True)
+        except Exception:  # already gone
+            pass
+        actor = self._spawn(w.role, w.worker_id)
+        w.actor = actor
+        return actor
+
+    def kill_all(self) -> None:
+        for w in self.pool.all():
+            try:
+                ray.kill(w.actor, no_restart=True)
+            except Exception:  # already gone
+                pass
+
+
+def _is_restarting(error: RayActorError) -> bool:
+    # ActorUnavailableError: the actor is restarting (or unreachable for a moment), not dead.
+    return type(error).__name__ == "ActorUnavailableError"
+
+
+def driver_ip() -> str:
+    return os.environ.get("BATON_NODE_IP") or ray.util.get_node_ip_address()

@@ -1,0 +1,232 @@
+"""``python -m baton cluster``: Baton on an existing Ray cluster (what ``ray job submit`` runs).
+
+The supervisor is the job's driver. It connects to ``RAY_ADDRESS``, starts Redis if no URL is
+configured (on this node, with a generated password), places the prefill and decode actors on
+nodes offering ``baton_prefill`` / ``baton_decode`` and the router replicas on ``baton_router``,
+then supervises:
+
+- a worker whose actor is gone for good (Ray's own ``max_restarts`` spent, or killed) is replaced
+  under the same worker id; the replicas get the new handle and migrate its requests;
+- a router replica that Ray restarted (empty) is started again; one that is gone is respawned;
+- its own record in the Redis registry (role ``supervisor``: replicas, endpoints, replacements) is
+  refreshed, so operators and replicas see the layout; worker records are kept by the replicas'
+  heartbeats and expire on their own when a worker dies.
+
+SIGTERM / SIGINT (``ray job stop``, a pod's termination) drain: every replica stops admitting and
+finishes what is in flight (``router.drain_timeout_s``), then the actors are stopped and the
+process exits 0. The actors are not detached: if the driver dies, Ray removes them with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import time
+from typing import Callable
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
+
+from baton.config import BatonConfig, ConfigError
+from baton.fleet import FleetOptions, PoolSpec, WorkerFleet, driver_ip
+from baton.frontend import with_password
+from baton.redis_server import EmbeddedRedis
+from baton.router_replica import ReplicaStatus, RouterReplica, WorkerRef
+from router.state.connection import RedisState
+from router.state.registry import WorkerRegistry
+
+log = logging.getLogger(__name__)
+
+SUPERVISOR_ID = "supervisor"
+
+
+class ClusterSupervisor:
+    def __init__(self, cfg: BatonConfig, progress: Callable[[str], None] | None = None) -> None:
+        self.cfg = cfg
+        self.say = progress or (lambda m: log.info(m))
+        self.redis: EmbeddedRedis | None = None
+        self.redis_url = ""
+        self.fleet: WorkerFleet | None = None
+        self.replicas: list = []  # RouterReplica actor handles, index = replica number
+        self.endpoints: dict[str, str] = {}
+        self._registry: WorkerRegistry | None = None
+
+    # -- start --------------------------------------------------------------------------------
+    def connect(self) -> None:
+        """Join the Ray cluster (on the main thread: Ray sets its signal handlers there)."""
+        cc = self.cfg.cluster
+        self.cfg.lane_policy()  # secrets resolve here: a missing key fails before anything is placed
+        address = cc.ray_address or os.environ.get("RAY_ADDRESS") or "auto"
+        self.say(f"connecting to the Ray cluster at {address}")
+        if not ray.is_initialized():
+            ray.init(address=address, namespace=cc.namespace, log_to_driver=True, configure_logging=False)
+
+    def start(self) -> None:
+        cfg, cc = self.cfg, self.cfg.cluster
+        if not ray.is_initialized():
+            self.connect()
+        self._check_resources()
+        if cfg.redis.url is None:
+            # Replicas on other nodes must reach it: bind this node's address, with a password.
+            self.redis = EmbeddedRedis(bind=driver_ip(), password=secrets.token_urlsafe(18)).start()
+            self.redis_url = self.redis.url
+            self.say(f"started redis-server on {driver_ip()}:{self.redis.port} (set redis.url to use your own)")
+        else:
+            self.redis_url = with_password(cfg.redis.url, cfg.redis_password())
+        p, d = cfg.pools.prefill, cfg.pools.decode
+        self.fleet = WorkerFleet(
+            cfg.engine_config(),  # model path unresolved: each worker resolves it on its own node
+            PoolSpec("prefill", p.workers, p.cpus, p.gpus, p.threads, {cc.prefill_resource: 1.0}),
+            PoolSpec("decode", d.workers, d.cpus, d.gpus, d.threads, {cc.decode_resource: 1.0}),
+            FleetOptions(cfg.pools.transfer_timeout_s, cfg.pools.max_restarts, cc.start_timeout_s,
+                         actor_name_prefix=cfg.redis.cluster_name),
+            self.say)
+        self.say(f"starting {p.workers} prefill and {d.workers} decode workers ({cfg.model.path})")
+        self.fleet.start()
+        self.say(f"starting {cfg.router.replicas} router replica(s)")
+        self.replicas = [self._spawn_replica(i) for i in range(cfg.router.replicas)]
+        try:
+            endpoints = ray.get([r.start.remote(self.worker_refs()) for r in self.replicas], timeout=cc.start_timeout_s)
+        except GetTimeoutError:
+            raise RuntimeError(f"the router replicas did not start within {cc.start_timeout_s:.0f}s; the Ray "
+                               f"cluster needs {cfg.router.replicas} node(s) offering {cc.router_resource}=1 "
+                               f"and {cc.router_cpus:g} CPU") from None
+        for i, e in enumerate(endpoints):
+            self.endpoints[f"router-{i}"] = e.http_url
+            self.say(f"router-{i}: OpenAI API at {e.http_url}/v1, gRPC at {e.grpc_target}")
+        self._registry = WorkerRegistry(RedisState(self.redis_url, cfg.redis.cluster_name))
+
+    def _check_resources(self) -> None:
+        """Say early which custom resource the cluster lacks (an autoscaler may still add it)."""
+        cc, pools = self.cfg.cluster, self.cfg.pools
+        have = ray.cluster_resources()
+        need = {cc.router_resource: self.cfg.router.replicas, cc.prefill_resource: pools.prefill.workers,
+                cc.decode_resource: pools.decode.workers}
+        for name, n in need.items():
+            if n and have.get(name, 0) < n:
+                self.say(f"warning: the Ray cluster offers {have.get(name, 0):g} {name}, {n} needed; waiting for "
+                         f"nodes with it (start them with --resources='{{\"{name}\": 1}}')")
+
+    def _spawn_replica(self, i: int):
+        cc = self.cfg.cluster
+        cls = ray.remote(RouterReplica).options(
+            name=f"{self.cfg.redis.cluster_name}-router-{i}", num_cpus=cc.router_cpus,
+            resources={cc.router_resource: 1.0}, max_restarts=-1, max_concurrency=32,
+            # Its dispatcher blocks in ray.get on threads of its own, never on the event loop.
+            runtime_env={"env_vars": {"RAY_WARN_BLOCKING_GET_INSIDE_ASYNC": "0"}})
+        return cls.remote(f"router-{i}", self.cfg, self.redis_url)
+
+    def worker_refs(self) -> list[WorkerRef]:
+        return [WorkerRef(w.worker_id, w.role, w.actor) for w in self.fleet.pool.all()]
+
+    # -- supervision --------------------------------------------------------------------------
+    def supervise_once(self) -> None:
+        for w in self.fleet.dead_workers():
+            actor = self.fleet.replace(w)
+            try:
+                w.info = ray.get(actor.info.remote(), timeout=self.cfg.cluster.start_timeout_s)
+            except (RayError, GetTimeoutError) as e:
+                self.say(f"replacement for {w.worker_id} failed to start: {type(e).__name__}; retrying next round")
+                continue
+            ref = WorkerRef(w.worker_id, w.role, actor)
+            ray.get([r.replace_worker.remote(ref) for r in self.replicas], timeout=60)
+            self.say(f"worker {w.worker_id} replaced")
+        for i, r in enumerate(self.replicas):
+            try:
+                status: ReplicaStatus = ray.get(r.status.remote(), timeout=30)
+            except RayActorError as e:
+                if type(e).__name__ == "ActorUnavailableError":
+                    continue  # Ray is restarting it
+                self.say(f"router-{i} is gone: starting a new one")
+                self.replicas[i] = self._spawn_replica(i)
+                self.replicas[i].start.remote(self.worker_refs())
+                continue
+            except (GetTimeoutError, RayError):
+                continue
+            if not status.started:
+                self.say(f"router-{i} restarted: starting its servers again")
+                r.start.remote(self.worker_refs())
+
+    async def heartbeat(self) -> None:
+        if self._registry is None:
+            return
+        payload = {"routers": self.endpoints, "workers": [w.worker_id for w in self.fleet.pool.all()],
+                   "replacements": self.fleet.replacements, "model": self.cfg.model.path}
+        try:
+            await self._registry.heartbeat(SUPERVISOR_ID, "supervisor", payload,
+                                           3 * self.cfg.cluster.supervise_interval_s)
+        except Exception as e:  # Redis down: the cluster keeps serving; the record comes back with it
+            log.warning("supervisor heartbeat failed: %s", e)
+
+    # -- stop ---------------------------------------------------------------------------------
+    def drain_and_stop(self) -> int:
+        """Drain every replica, then stop everything. Returns the requests aborted at the deadline."""
+        aborted = 0
+        if self.replicas:
+            self.say("draining: the routers stop admitting and finish what is in flight")
+            try:
+                aborted = sum(ray.get([r.drain.remote() for r in self.replicas],
+                                      timeout=self.cfg.router.drain_timeout_s + 30))
+                ray.get([r.stop.remote() for r in self.replicas], timeout=30)
+            except (RayError, GetTimeoutError) as e:
+                log.warning("a router did not stop cleanly: %s", e)
+            for r in self.replicas:
+                _kill(r)
+        if self.fleet is not None:
+            self.fleet.kill_all()
+        if self.redis is not None:
+            self.redis.stop()
+        if aborted:
+            self.say(f"drain timeout: aborted {aborted} request(s)")
+        return aborted
+
+
+def _kill(actor) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # already gone
+        pass
+
+
+def run_cluster(cfg: BatonConfig, progress: Callable[[str], None]) -> int:
+    """Start, supervise until SIGTERM/SIGINT, drain, exit 0."""
+    sup = ClusterSupervisor(cfg, progress)
+    sup.connect()
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        try:
+            await asyncio.to_thread(sup.start)
+        except BaseException:
+            await asyncio.to_thread(sup.drain_and_stop)
+            raise
+        # After ray.init, which installs Ray's own SIGTERM handler.
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        progress(f"ready: {len(sup.replicas)} router replica(s), "
+                 f"{cfg.pools.prefill.workers} prefill + {cfg.pools.decode.workers} decode workers")
+        interval = cfg.cluster.supervise_interval_s
+        while not stop.is_set():
+            await sup.heartbeat()
+            t0 = time.monotonic()
+            await asyncio.to_thread(sup.supervise_once)
+            try:
+                await asyncio.wait_for(stop.wait(), max(0.0, interval - (time.monotonic() - t0)))
+            except asyncio.TimeoutError:
+                pass
+        progress("shutting down (signal received)")
+        await asyncio.to_thread(sup.drain_and_stop)
+        progress("stopped")
+        return 0
+
+    try:
+        return asyncio.run(main())
+    except ConfigError:
+        raise
+    except KeyboardInterrupt:
+        return 130
+
