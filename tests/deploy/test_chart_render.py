@@ -1,0 +1,493 @@
+"""The Helm chart rendered by a real helm (`helm template`) for the default, CPU and GPU values and a
+few option combinations: every manifest validates (Kubernetes' schemas via kubernetes-validate; the
+KubeRay RayCluster/RayJob and the ServiceMonitor via tests/deploy/schemas), Baton accepts the
+ConfigMap's config.yaml, and the pieces agree with each other (replicas, GPUs, probes, ports, Redis).
+Skipped when helm is not installed (tools/install_helm.sh)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from baton.config import BatonConfig
+from tests.deploy.chart import (
+    BAD_VALUES,
+    CHART,
+    RELEASE,
+    VALUES_FILES,
+    baton_config,
+    by_kind,
+    env_of,
+    helm,
+    manifest_errors,
+    one,
+    ray_container,
+    render,
+    render_text,
+    requires_helm,
+    template_args,
+    values_for,
+)
+
+pytestmark = requires_helm
+
+FULLNAME = f"{RELEASE}-baton"
+CPU, GPU = VALUES_FILES["cpu"], VALUES_FILES["gpu"]
+EXTERNAL_REDIS = ("redis.mode=external", "redis.url=redis://redis.shared.svc:6379/3",
+                  "redis.auth.existingSecret=shared-redis", "redis.auth.secretKey=password")
+
+# name -> (values files, --set values): every variant is rendered and validated.
+VARIANTS = {
+    "default": ([], ()),
+    "cpu": (CPU, ()),
+    "gpu": (GPU, ()),
+    "cpu-rayjob": (CPU, ("launcher.mode=rayjob",)),
+    "gpu-rayjob-autoscaling": (GPU, ("launcher.mode=rayjob", "autoscaling.enabled=true")),
+    "external-redis": (CPU, EXTERNAL_REDIS),
+    "ingress-servicemonitor": ([], ("ingress.enabled=true", "ingress.className=nginx",
+                                    "serviceMonitor.enabled=true", "serviceMonitor.labels.release=prom")),
+    "no-redis-auth": (CPU, ("redis.auth.enabled=false",)),
+}
+
+
+def docs_for(variant: str) -> list[dict]:
+    files, sets = VARIANTS[variant]
+    return render(files, sets)
+
+
+def raycluster(docs):
+    return one(docs, "RayCluster", FULLNAME)
+
+
+def groups(docs):
+    rc = raycluster(docs)
+    return {g["groupName"]: g for g in rc["spec"]["workerGroupSpecs"]}
+
+
+def all_ray_containers(docs):
+    """(pod role, container) for every container of every Ray pod template."""
+    rc = raycluster(docs)
+    out = [("head", c) for c in rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"]]
+    for g in rc["spec"]["workerGroupSpecs"]:
+        out += [(g["groupName"], c) for c in g["template"]["spec"]["containers"]]
+    return out
+
+
+# -- rendering and schemas -------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_manifest_validates(variant):
+    docs = docs_for(variant)
+    assert docs
+    errors = [err for d in docs for err in manifest_errors(d)]
+    assert errors == []
+
+
+@pytest.mark.parametrize("variant", sorted(VALUES_FILES))
+def test_helm_lint(variant):
+    args = ["lint", "--strict", str(CHART), "--kube-version", "1.30.0"]
+    for f in VALUES_FILES[variant]:
+        args += ["-f", str(f)]
+    proc = helm(*args, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+def test_the_validators_catch_errors():
+    """The manifest checks are not vacuous: a broken Service, a RayCluster worker group without a
+    name, a typo inside an embedded pod template, and a RayJob that names no cluster all fail."""
+    docs = docs_for("cpu")
+    svc = one(docs, "Service", FULLNAME)
+    svc["spec"]["ports"][0]["port"] = "eight thousand"
+    assert manifest_errors(svc)
+    rc = raycluster(docs)
+    del rc["spec"]["workerGroupSpecs"][0]["groupName"]
+    assert any("groupName" in e for e in manifest_errors(rc))
+    rc = raycluster(docs_for("cpu"))
+    rc["spec"]["workerGroupSpecs"][1]["template"]["spec"]["containers"][0]["resorces"] = {}
+    assert any("resorces" in e for e in manifest_errors(rc))
+    rc = raycluster(docs_for("cpu"))
+    rc["spec"]["workerGroupSpecs"][1]["rayStartParams"]["num-cpus"] = 2
+    assert manifest_errors(rc)
+    job = one(render(CPU, ("launcher.mode=rayjob",)), "RayJob")
+    del job["spec"]["clusterSelector"]
+    assert any("rayClusterSpec" in e for e in manifest_errors(job))
+
+
+# -- Baton's config --------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_configmap_is_a_config_baton_accepts(variant):
+    docs = docs_for(variant)
+    raw = baton_config(docs)
+    cfg = BatonConfig.model_validate(raw)
+    g = groups(docs)
+    files, _ = VARIANTS[variant]
+    assert cfg.router.host == "0.0.0.0"
+    assert cfg.router.replicas == g["router"]["replicas"]
+    for role in ("prefill", "decode"):
+        pod_units = _ray_resources(g[role])
+        assert getattr(cfg.pools, role).workers == g[role]["replicas"] * pod_units[f"baton_{role}"]
+    svc = one(docs, "Service", FULLNAME)
+    ports = {p["name"]: p["port"] for p in svc["spec"]["ports"]}
+    assert (cfg.router.http_port, cfg.router.grpc_port) == (ports["http"], ports["grpc"])
+    assert cfg.cluster.router_resource == "baton_router"
+    assert (cfg.cluster.prefill_resource, cfg.cluster.decode_resource) == ("baton_prefill", "baton_decode")
+    assert cfg.cluster.ray_address is None  # RAY_ADDRESS comes from Ray's job supervisor
+    assert cfg.redis.cluster_name == RELEASE
+
+
+def _ray_resources(group: dict) -> dict:
+    """rayStartParams `resources` is the JSON object KubeRay passes to `ray start --resources=`,
+    wrapped in double quotes for the shell (as in KubeRay's samples)."""
+    value = group["rayStartParams"]["resources"]
+    assert value.startswith('"') and value.endswith('"'), value
+    return json.loads(value[1:-1].replace('\\"', '"'))
+
+
+def test_chart_owned_config_keys_fail_readably_without_the_schema():
+    """The template refuses Baton config keys it sets, even with schema validation skipped."""
+    proc = helm(*template_args(sets=("baton.router.replicas=3",)), "--skip-schema-validation", check=False)
+    assert proc.returncode != 0
+    assert "baton.router.replicas is set by the chart" in proc.stderr
+
+
+# -- the Ray cluster -------------------------------------------------------------------------------
+def test_head_offers_no_cpus_and_serves_the_dashboard():
+    head = raycluster(docs_for("default"))["spec"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "0"
+    assert head["rayStartParams"]["dashboard-host"] == "0.0.0.0"
+    ports = {p["name"]: p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]}
+    assert ports["dashboard"] == 8265
+
+
+def test_groups_offer_their_baton_resources():
+    for variant in ("default", "cpu", "gpu"):
+        g = groups(docs_for(variant))
+        values = values_for(VALUES_FILES[variant])
+        assert set(g) == {"router", "prefill", "decode"}
+        assert _ray_resources(g["router"]) == {"baton_router": 1}
+        for role in ("prefill", "decode"):
+            assert _ray_resources(g[role]) == {f"baton_{role}": values[role]["workersPerPod"]}
+            cpus = values[role]["workersPerPod"] * values[role]["cpusPerWorker"]
+            assert int(g[role]["rayStartParams"]["num-cpus"]) >= cpus
+        for role, group in g.items():
+            assert all(isinstance(v, str) for v in group["rayStartParams"].values()), (role, group["rayStartParams"])
+
+
+@pytest.mark.parametrize("variant,expected", [
+    ("default", {"router": (2, 2, 2), "prefill": (1, 1, 1), "decode": (1, 1, 1)}),
+    ("cpu", {"router": (1, 1, 1), "prefill": (1, 1, 1), "decode": (1, 1, 1)}),
+    ("gpu", {"router": (2, 2, 4), "prefill": (2, 2, 2), "decode": (2, 2, 2)}),
+])
+def test_group_replicas_and_bounds_follow_values(variant, expected):
+    g = groups(docs_for(variant))
+    got = {role: (g[role]["replicas"], g[role]["minReplicas"], g[role]["maxReplicas"]) for role in expected}
+    assert got == expected
+
+
+def test_replicas_and_bounds_from_set_values():
+    docs = render([], ("router.replicas=3", "router.minReplicas=1", "router.maxReplicas=5",
+                       "decode.replicas=4", "decode.workersPerPod=2"))
+    g = groups(docs)
+    assert (g["router"]["replicas"], g["router"]["minReplicas"], g["router"]["maxReplicas"]) == (3, 1, 5)
+    cfg = baton_config(docs)
+    assert cfg["router"]["replicas"] == 3
+    assert cfg["pools"]["decode"]["workers"] == 8
+
+
+def test_gpu_values_request_gpus_where_the_workers_run():
+    docs = docs_for("gpu")
+    g = groups(docs)
+    values = values_for(GPU)
+    for role in ("prefill", "decode"):
+        c = ray_container(g[role])
+        want = values[role]["workersPerPod"] * values[role]["gpusPerWorker"]
+        assert c["resources"]["requests"]["nvidia.com/gpu"] == want
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == want
+        assert g[role]["rayStartParams"]["num-gpus"] == str(want)
+        spec = g[role]["template"]["spec"]
+        assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    for role in ("router",):
+        c = ray_container(g[role])
+        assert "nvidia.com/gpu" not in json.dumps(c["resources"])
+        assert "num-gpus" not in g[role]["rayStartParams"]
+    head = raycluster(docs)["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in json.dumps(head["resources"])
+    cfg = BatonConfig.model_validate(baton_config(docs))
+    assert cfg.pools.prefill.gpus == cfg.pools.decode.gpus == 1
+    assert cfg.pools.prefill.workers == 2 and cfg.pools.decode.workers == 4
+    assert cfg.model.dtype == "bfloat16"
+
+
+def test_cpu_values_request_no_gpus_anywhere():
+    text = render_text(CPU)
+    assert "nvidia.com/gpu" not in text
+    assert "num-gpus" not in text
+    cfg = BatonConfig.model_validate(baton_config(docs_for("cpu")))
+    assert cfg.pools.prefill.gpus == cfg.pools.decode.gpus == 0
+    assert cfg.model.path == "default"
+
+
+def test_model_from_a_pvc_is_mounted_read_only_in_every_ray_pod():
+    docs = docs_for("gpu")
+    cfg = baton_config(docs)
+    assert cfg["model"]["path"] == "/models/Llama-3.1-8B-Instruct"
+    rc = raycluster(docs)
+    templates = [("head", rc["spec"]["headGroupSpec"]["template"])] + [
+        (g["groupName"], g["template"]) for g in rc["spec"]["workerGroupSpecs"]]
+    for role, tpl in templates:
+        volumes = {v["name"]: v for v in tpl["spec"]["volumes"]}
+        assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}, role
+        mounts = {m["name"]: m for m in tpl["spec"]["containers"][0]["volumeMounts"]}
+        assert mounts["model"] == {"name": "model", "mountPath": "/models", "readOnly": True}, role
+
+
+def test_model_baked_into_the_image_needs_no_volume():
+    for variant in ("default", "cpu"):
+        rc = raycluster(docs_for(variant))
+        for g in rc["spec"]["workerGroupSpecs"]:
+            assert [v["name"] for v in g["template"]["spec"]["volumes"]] == ["baton-config", "baton-cache"]
+    cfg = baton_config(render([], ("model.path=/opt/models/qwen2.5-0.5b",)))
+    assert cfg["model"]["path"] == "/opt/models/qwen2.5-0.5b"
+
+
+# -- router: probes, Service, disruption budget -----------------------------------------------------
+def test_router_probes():
+    router = ray_container(groups(docs_for("default"))["router"])
+    ports = {p["name"]: p["containerPort"] for p in router["ports"]}
+    assert ports == {"http": 8000, "grpc": 50051}
+    assert router["startupProbe"]["grpc"] == {"port": 50051}
+    assert router["startupProbe"]["periodSeconds"] * router["startupProbe"]["failureThreshold"] >= 600
+    assert router["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert router["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+
+
+@pytest.mark.parametrize("kind", ["readiness", "liveness", "none"])
+def test_router_grpc_health_probe_is_selectable(kind):
+    router = ray_container(groups(render([], (f"router.probes.grpc={kind}",)))["router"])
+    assert router["startupProbe"]["httpGet"]["path"] == "/health"
+    probes = {"readiness": router["readinessProbe"], "liveness": router["livenessProbe"]}
+    for name, probe in probes.items():
+        if name == kind:
+            assert probe["grpc"] == {"port": 50051}
+        else:
+            assert "grpc" not in probe
+            assert probe["httpGet"]["path"] == {"readiness": "/ready", "liveness": "/health"}[name]
+
+
+def test_worker_pods_keep_kuberays_probes():
+    for role in ("prefill", "decode"):
+        c = ray_container(groups(docs_for("gpu"))[role])
+        assert not {"startupProbe", "livenessProbe", "readinessProbe"} & set(c), role
+
+
+def test_router_service_ports_and_selector():
+    docs = docs_for("default")
+    svc = one(docs, "Service", FULLNAME)
+    ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert ports["http"]["port"] == 8000 and ports["http"]["targetPort"] == "http"
+    assert ports["grpc"]["port"] == 50051 and ports["grpc"]["targetPort"] == "grpc"
+    assert ports["grpc"]["appProtocol"] == "grpc"
+    selector = svc["spec"]["selector"]
+    assert selector["app.kubernetes.io/component"] == "router"
+    for role, group in groups(docs).items():
+        labels = group["template"]["metadata"]["labels"]
+        matches = all(labels.get(k) == v for k, v in selector.items())
+        assert matches == (role == "router"), role
+    head_labels = raycluster(docs)["spec"]["headGroupSpec"]["template"]["metadata"]["labels"]
+    assert not all(head_labels.get(k) == v for k, v in selector.items())
+
+
+def test_disruption_budgets_select_their_group():
+    docs = docs_for("default")
+    pdbs = {p["metadata"]["name"]: p for p in by_kind(docs, "PodDisruptionBudget")}
+    assert set(pdbs) == {f"{FULLNAME}-router", f"{FULLNAME}-prefill", f"{FULLNAME}-decode"}
+    g = groups(docs)
+    for role, group in g.items():
+        selector = pdbs[f"{FULLNAME}-{role}"]["spec"]["selector"]["matchLabels"]
+        for other, other_group in g.items():
+            labels = other_group["template"]["metadata"]["labels"]
+            assert all(labels.get(k) == v for k, v in selector.items()) == (other == role)
+    assert by_kind(docs_for("cpu"), "PodDisruptionBudget") == []  # single replicas: disabled
+
+
+def test_ingress_and_servicemonitor_are_optional():
+    assert not by_kind(docs_for("default"), "Ingress")
+    assert not by_kind(docs_for("default"), "ServiceMonitor")
+    docs = docs_for("ingress-servicemonitor")
+    ing = one(docs, "Ingress")
+    backend = ing["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": FULLNAME, "port": {"name": "http"}}
+    assert ing["spec"]["ingressClassName"] == "nginx"
+    sm = one(docs, "ServiceMonitor")
+    assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}]
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    svc_labels = one(docs, "Service", FULLNAME)["metadata"]["labels"]
+    assert all(svc_labels.get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
+    redis_labels = one(docs, "Service", f"{FULLNAME}-redis")["metadata"]["labels"]
+    assert not all(redis_labels.get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
+
+
+# -- the launcher ----------------------------------------------------------------------------------
+def test_head_launcher_runs_baton_cluster():
+    docs = docs_for("default")
+    assert not by_kind(docs, "RayJob")
+    spec = raycluster(docs)["spec"]["headGroupSpec"]["template"]["spec"]
+    names = [c["name"] for c in spec["containers"]]
+    assert names == ["ray-head", "launcher"]  # KubeRay takes the first container as Ray's
+    launcher = spec["containers"][1]
+    env = env_of(launcher)
+    assert env["BATON_ENTRYPOINT"]["value"] == "python -m baton cluster --config /etc/baton/config.yaml"
+    assert launcher["command"] == ["python", "/etc/baton/launcher.py", "run"]
+    head = spec["containers"][0]
+    assert head["lifecycle"]["preStop"]["exec"]["command"] == ["python", "/etc/baton/launcher.py", "stop"]
+    assert env_of(head)["BATON_RELEASE"]["value"] == env["BATON_RELEASE"]["value"] == FULLNAME
+    stop_wait = int(env_of(head)["RAY_JOB_STOP_WAIT_TIME_S"]["value"])
+    assert stop_wait == int(env["RAY_JOB_STOP_WAIT_TIME_S"]["value"]) == 30 + 30  # drain_timeout_s + 30
+    assert spec["terminationGracePeriodSeconds"] > stop_wait
+    cm = one(docs, "ConfigMap", f"{FULLNAME}-config")
+    assert cm["data"]["launcher.py"] == (CHART / "files" / "launcher.py").read_text()
+
+
+def test_rayjob_mode():
+    docs = docs_for("cpu-rayjob")
+    job = one(docs, "RayJob", FULLNAME)
+    spec = job["spec"]
+    assert spec["entrypoint"] == "python -m baton cluster --config /etc/baton/config.yaml"
+    assert spec["clusterSelector"] == {"ray.io/cluster": raycluster(docs)["metadata"]["name"]}
+    assert spec["shutdownAfterJobFinishes"] is False
+    assert spec["submissionMode"] == "K8sJobMode"
+    drain = values_for(CPU)["baton"]["router"]["drain_timeout_s"]
+    assert yaml.safe_load(spec["runtimeEnvYAML"]) == {"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": str(drain + 30)}}
+    # the head's preStop hook (launcher.py stop) finds the job by this metadata
+    head_env = env_of(raycluster(docs)["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0])
+    assert spec["metadata"] == {"baton.release": head_env["BATON_RELEASE"]["value"]}
+    submitter = spec["submitterPodTemplate"]["spec"]["containers"][0]
+    assert env_of(submitter)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == f"{FULLNAME}-redis"
+    head = raycluster(docs)["spec"]["headGroupSpec"]["template"]["spec"]
+    assert [c["name"] for c in head["containers"]] == ["ray-head"]
+    # KubeRay submits only when every Ray pod is Ready: the routers must not wait for the job.
+    router = ray_container(groups(docs)["router"])
+    assert not {"startupProbe", "livenessProbe", "readinessProbe"} & set(router)
+
+
+# -- Redis and secrets -----------------------------------------------------------------------------
+def test_bundled_redis_and_its_password():
+    docs = docs_for("default")
+    sts = one(docs, "StatefulSet", f"{FULLNAME}-redis")
+    assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "2Gi"
+    secret = one(docs, "Secret", f"{FULLNAME}-redis")
+    assert len(secret["data"]["redis-password"]) > 0
+    cfg = baton_config(docs)
+    assert cfg["redis"]["url"] == f"redis://{FULLNAME}-redis:6379/0"
+    assert cfg["redis"]["password"] == {"env": "REDIS_PASSWORD"}
+    one(docs, "Service", f"{FULLNAME}-redis")
+    for role, c in all_ray_containers(docs):
+        ref = env_of(c)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": f"{FULLNAME}-redis", "key": "redis-password"}, (role, c["name"])
+    assert not by_kind(docs_for("cpu"), "PersistentVolumeClaim")
+    assert "volumeClaimTemplates" not in one(docs_for("cpu"), "StatefulSet")["spec"]
+
+
+def test_external_redis_takes_its_password_from_the_named_secret():
+    docs = docs_for("external-redis")
+    assert not by_kind(docs, "StatefulSet")
+    assert not by_kind(docs, "Secret")
+    assert {s["metadata"]["name"] for s in by_kind(docs, "Service")} == {FULLNAME}
+    cfg = baton_config(docs)
+    assert cfg["redis"]["url"] == "redis://redis.shared.svc:6379/3"
+    assert cfg["redis"]["password"] == {"env": "REDIS_PASSWORD"}
+    for role, c in all_ray_containers(docs):
+        ref = env_of(c)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "shared-redis", "key": "password"}, (role, c["name"])
+
+
+def test_redis_without_auth_has_no_password_anywhere():
+    docs = docs_for("no-redis-auth")
+    assert "password" not in baton_config(docs)["redis"]
+    assert not by_kind(docs, "Secret")
+    for _, c in all_ray_containers(docs):
+        assert "REDIS_PASSWORD" not in env_of(c)
+
+
+def test_tenant_keys_come_from_the_users_secret():
+    docs = docs_for("gpu")
+    cfg = BatonConfig.model_validate(baton_config(docs))
+    assert {t.api_key.env for t in cfg.tenants} == {"ACME_API_KEY", "GLOBEX_API_KEY"}
+    for role, c in all_ray_containers(docs):
+        if c["name"] == "launcher":
+            continue
+        env = env_of(c)
+        assert env["ACME_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "baton-tenant-keys", "key": "acme"}, role
+    assert "sk-" not in render_text(GPU)
+
+
+# -- values the chart refuses ------------------------------------------------------------------------
+# bad values file -> a regex the error must match (Helm 3.17's wording | Helm 3.18+'s wording)
+HELM_BAD_CASES = {
+    "negative_replicas": r"router[./]replicas'?: (Must be greater than or equal to 1|minimum: got -1, want 1)",
+    "replicas_as_string": r"decode[./]replicas'?: (Invalid type\. Expected: integer, given: string|got string, want integer)",
+    "unknown_key": r"(Additional property prefil is not allowed|additional properties 'prefil' not allowed)",
+    "inline_secret": r"(api_key: Additional property value is not allowed|additional properties 'value' not allowed)",
+    "chart_owned_key": r"(baton\.router: Additional property replicas is not allowed|additional properties 'replicas' not allowed)",
+    "bad_launcher_mode": r"launcher[./]mode",
+}
+
+
+@pytest.mark.parametrize("case", sorted(HELM_BAD_CASES))
+def test_helm_rejects_bad_values_with_a_readable_message(case):
+    proc = helm(*template_args([BAD_VALUES / f"{case}.yaml"]), check=False)
+    assert proc.returncode != 0
+    assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
+    assert re.search(HELM_BAD_CASES[case], proc.stderr), proc.stderr
+
+
+@pytest.mark.parametrize("sets,message", [
+    (("router.minReplicas=3",), "router.minReplicas (3) is larger than router.replicas (2)"),
+    (("decode.maxReplicas=0",), "decode.maxReplicas (0) is smaller than decode.replicas (1)"),
+    (("model.source=pvc",), "model.source is pvc but model.pvc.claimName is empty"),
+    (("redis.mode=external",), "redis.mode is external but redis.url is empty"),
+    (("redis.mode=external", "redis.url=redis://r:6379/0"), "name the Secret holding the password in redis.auth.existingSecret"),
+    (("prefill.resources.limits.nvidia\\.com/gpu=1",), "prefill.resources.limits sets nvidia.com/gpu"),
+    (("router.rayStartParams.num-cpus=8",), "router.rayStartParams.num-cpus is set by the chart"),
+])
+def test_chart_rejects_inconsistent_values_with_a_readable_message(sets, message):
+    proc = helm(*template_args(sets=sets), check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+
+
+# -- NOTES.txt ---------------------------------------------------------------------------------------
+def render_notes(tmp_path, sets=()) -> str:
+    """NOTES.txt as `helm install` would print it (helm template does not render it): a copy of the
+    chart gets it as a partial and a ConfigMap that includes it."""
+    import shutil
+
+    chart = tmp_path / "baton"
+    shutil.copytree(CHART, chart)
+    notes = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "_notes_preview.tpl").write_text('{{- define "notes.preview" -}}\n' + notes + "\n{{- end }}\n")
+    (chart / "templates" / "notes-preview.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n"
+        "  notes: {{ include \"notes.preview\" . | toJson }}\n")
+    args = ["template", RELEASE, str(chart), "--namespace", "baton", "--kube-version", "1.30.0",
+            "--show-only", "templates/notes-preview.yaml"]
+    for s in sets:
+        args += ["--set", s]
+    return yaml.safe_load(helm(*args).stdout)["data"]["notes"]
+
+
+@pytest.mark.parametrize("mode", ["head", "rayjob"])
+def test_notes_tell_how_to_watch_reach_and_stop(tmp_path, mode):
+    notes = render_notes(tmp_path, (f"launcher.mode={mode}", "ingress.enabled=true"))
+    assert "<no value>" not in notes
+    assert f"kubectl port-forward -n baton svc/{FULLNAME} 8000:8000 50051:50051" in notes
+    assert f"helm uninstall -n baton {RELEASE}" in notes
+    assert "http://baton.example.com" in notes
+    if mode == "head":
+        assert "-c launcher" in notes and "launcher.py stop" in notes
+    else:
+        assert f"kubectl get rayjob -n baton {FULLNAME}" in notes
