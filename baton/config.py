@@ -65,6 +65,7 @@ class EngineSection(_Model):
     kv_cache_memory_gb: float | None = Field(None, gt=0)
     enable_prefix_caching: bool = True
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    kv_shared_memory: bool = Field(False, description="CPU: KV caches in /dev/shm; same-host transfers copy directly")
 
     @field_validator("block_size")
     @classmethod
@@ -197,7 +198,7 @@ class BatonConfig(_Model):
             attention_backend=e.attention_backend,
             scheduler=SchedulerConfig(max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens),
             cache=CacheConfig(block_size=e.block_size, kv_cache_memory_gb=e.kv_cache_memory_gb,
-                              enable_prefix_caching=e.enable_prefix_caching),
+                              enable_prefix_caching=e.enable_prefix_caching, shared_memory=e.kv_shared_memory),
         )
 
     def lane_policy(self) -> LanePolicy:

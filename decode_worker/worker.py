@@ -20,8 +20,10 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.engine_loop import EngineLoop
 from engine.errors import InvalidParameterError
+from engine.kv_cache import release_shared
 from engine.request_spec import RequestSpec
 from engine.worker_stats import WorkerLoad, queued_prefill_tokens
+from kv_transfer import local_kv
 from kv_transfer.agent import TransferAgent, TransferTiming
 from kv_transfer.peer import PeerInfo, StoreAddress, WorkerInfo
 
@@ -33,14 +35,17 @@ class DecodeWorker:
                  transfer_timeout_s: float = 10.0, connect_timeout_s: float = 30.0,
                  orphan_timeout_s: float = 10.0) -> None:
         self.worker_id = worker_id
-        self.peer = PeerInfo(worker_id, uuid.uuid4().hex[:12], "decode")
         self.transfer_timeout_s = transfer_timeout_s
         self.engine = LLMEngine(engine_config, record_kv_events=True)
+        segment = self.engine.kv_segment.name if self.engine.kv_segment is not None else None
+        self.peer = PeerInfo(worker_id, uuid.uuid4().hex[:12], "decode",
+                             locality=local_kv.locality(self.engine.runner.kv_cache, segment))
         self.outbox = Outbox()
         self.loop = EngineLoop(self.engine, name=f"{worker_id}-engine", output_sink=self.outbox.put)
         self._kv_events: list = []  # engine thread appends, poll drains (swap under the GIL)
         self.agent = TransferAgent(self.peer, store, self.engine.runner.kv_cache, connect_timeout_s=connect_timeout_s,
-                                   on_received=self._on_received, on_receive_failed=self._on_receive_failed)
+                                   on_received=self._on_received, on_receive_failed=self._on_receive_failed,
+                                   kv_segment_name=segment)
         self._transfer_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._transfer_of: dict[str, int] = {}  # request id -> transfer id, while reserved
@@ -133,6 +138,8 @@ class DecodeWorker:
         self.loop.stop()
         self.outbox.close()
         self.agent.close()
+        if self.engine.kv_segment is not None:
+            release_shared(self.engine.kv_segment)
 
     # -- transfer callbacks (channel threads) ------------------------------------------------
     def _on_received(self, request_id: str, first_token: int, timing: TransferTiming) -> None:

@@ -46,6 +46,9 @@ class CacheConfig:
     num_blocks: int | None = None
     kv_cache_memory_gb: float | None = None
     enable_prefix_caching: bool = True
+    # CPU: allocate the cache in a POSIX shared-memory segment, so a transfer peer on this host
+    # copies KV straight out of it (kv_transfer/local_kv.py) instead of over a socket.
+    shared_memory: bool = False
 
     def __post_init__(self) -> None:
         _positive("block_size", self.block_size)

@@ -35,6 +35,7 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.max_model_len = loaded.max_model_len
         self.device = loaded.device
+        self.kv_segment = loaded.kv_segment  # the shared-memory segment of the KV cache, if any
         self.block_manager = BlockManager(
             loaded.num_blocks,
             config.cache.block_size,

@@ -12,7 +12,7 @@ import torch
 
 from engine.attention.backend import AttentionBackend, select_backend
 from engine.config import EngineConfig
-from engine.kv_cache import allocate_kv_cache, kv_block_bytes
+from engine.kv_cache import allocate_kv_cache, allocate_shared_kv_cache, kv_block_bytes
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaModel
 from engine.model.registry import resolve_model
@@ -37,6 +37,7 @@ class LoadedModel:
     attention: AttentionBackend
     kv_cache: torch.Tensor
     num_blocks: int
+    kv_segment: object | None = None  # multiprocessing.shared_memory.SharedMemory when shared
 
 
 def pick_device(name: str) -> torch.device:
@@ -81,7 +82,11 @@ def load_model(config: EngineConfig, progress: Callable[[str], None] | None = No
         budget = _kv_budget_bytes(cc.kv_cache_memory_gb, device)
         useful = config.scheduler.max_num_seqs * (-(-max_len // cc.block_size))  # more can never be used
         num_blocks = max(1, min(int(budget // block_bytes), useful))
-    kv_cache = allocate_kv_cache(model_cfg, num_blocks, cc.block_size, dtype, device)
+    kv_segment = None
+    if cc.shared_memory and device.type == "cpu":
+        kv_cache, kv_segment = allocate_shared_kv_cache(model_cfg, num_blocks, cc.block_size, dtype)
+    else:
+        kv_cache = allocate_kv_cache(model_cfg, num_blocks, cc.block_size, dtype, device)
     say(f"KV cache: {num_blocks} blocks of {cc.block_size} tokens ({num_blocks * block_bytes / 2**30:.2f} GiB)")
     return LoadedModel(
         model_dir=model_dir,
@@ -94,6 +99,7 @@ def load_model(config: EngineConfig, progress: Callable[[str], None] | None = No
         attention=select_backend(device, config.attention_backend),
         kv_cache=kv_cache,
         num_blocks=num_blocks,
+        kv_segment=kv_segment,
     )
 
 

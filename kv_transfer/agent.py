@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from kv_transfer.channel import Channel
 from kv_transfer.fault import FaultInjector
+from kv_transfer.local_kv import export_kv
 from kv_transfer.pair_group import connect_store
 from kv_transfer.peer import PeerInfo, StoreAddress
 from kv_transfer.wire import FLAG_LAST, Header, Kind
@@ -79,10 +80,13 @@ class TransferAgent:
         on_received: Callable[[str, int, TransferTiming], None] | None = None,
         on_receive_failed: Callable[[str, str], None] | None = None,
         on_acked: Callable[[str, bool], None] | None = None,
+        kv_segment_name: str | None = None,
     ) -> None:
         self.me = me
         self.kv_cache = kv_cache
         self.device = kv_cache.device
+        # What a same-device peer maps to read this cache (only when ``me.locality`` is set).
+        self._kv_export = export_kv(kv_cache, kv_segment_name) if me.locality else None
         self.faults = faults or FaultInjector()
         self.connect_timeout_s = connect_timeout_s
         self._store = connect_store(store_addr, connect_timeout_s)
@@ -109,6 +113,7 @@ class TransferAgent:
             ch = Channel(
                 self._store, self.me, peer, self.device, tuple(self.kv_cache.shape[1:]), self.kv_cache.dtype,
                 self._on_message, self._on_channel_failure, self.connect_timeout_s, self._before_send,
+                kv_export=self._kv_export,
             )
             self._channels[peer.worker_id] = ch
             return ch
@@ -164,8 +169,14 @@ class TransferAgent:
             delay = self.faults.delay_for(transfer_id)
             if delay:
                 self._delay_until[transfer_id] = time.monotonic() + delay
+        ch = self.channel(peer)
         payload = None
-        if block_ids:
+        if block_ids and ch.local:
+            # The peer reads these rows of our cache itself; the blocks stay ours until the ack.
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # the step that wrote them has finished
+            payload = torch.tensor(block_ids, dtype=torch.long)
+        elif block_ids:
             idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
             payload = self.kv_cache.index_select(0, idx)
         header = Header(Kind.KV, transfer_id, chunk_index, block_offset, len(block_ids), FLAG_LAST if last else 0,
@@ -173,7 +184,7 @@ class TransferAgent:
                         int(time.time() * 1e6) if last else 0)
         out.chunks += 1
         self.stats.blocks_sent += len(block_ids)
-        ok = self.channel(peer).send(header, payload)
+        ok = ch.send(header, payload)
         if not ok:
             self._finish_outgoing(key, acked=False)
         return ok
@@ -225,6 +236,8 @@ class TransferAgent:
         if exp is None:
             ch.send(Header(Kind.NACK, header.transfer_id))
             return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # our copies are done before the sender frees its blocks
         ch.send(Header(Kind.ACK, header.transfer_id))
         self.stats.completed += 1
         self.stats.seconds += time.monotonic() - exp.started

@@ -1,6 +1,12 @@
 """One pair's full-duplex message channel: a sender thread draining a FIFO queue and a receiver
 thread reading header → payload → dispatch. The pair group is formed on the channel's own thread,
-so nobody else ever blocks on a peer that has not joined yet (or never will)."""
+so nobody else ever blocks on a peer that has not joined yet (or never will).
+
+Two payload modes, one message format. *Group*: the payload is the packed KV rows, sent over the
+pair group (gloo for CPU tensors, NCCL for CUDA). *Local* (both peers share a ``locality``: the
+same GPU, or one host with shared-memory caches): the group is gloo over CPU tensors, the payload
+is the sender's block ids, and the receiver gathers those rows from the sender's cache, mapped once
+when the pair forms (kv_transfer/local_kv.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from kv_transfer.local_kv import PeerKV
 from kv_transfer.pair_group import form_pair_group
 from kv_transfer.peer import PeerInfo
 from kv_transfer.wire import Header, empty_header
@@ -35,8 +42,15 @@ class Channel:
         on_failure: Callable[[Channel, str], None],
         connect_timeout_s: float = 30.0,
         before_send: Callable[[Header], bool] | None = None,
+        *,
+        kv_export: bytes | None = None,
     ) -> None:
         self.me, self.peer, self.device = me, peer, device
+        self.local = self.is_local(me, peer)
+        if self.local and kv_export is None:
+            raise ValueError(f"{me.key} claims locality {me.locality!r} but exports no KV cache")
+        self._kv_export = kv_export
+        self._peer_kv: PeerKV | None = None
         self.payload_shape, self.payload_dtype = payload_shape, payload_dtype
         self._store = store
         self._on_message, self._on_failure = on_message, on_failure
@@ -51,6 +65,11 @@ class Channel:
         self.bytes_sent = 0
         self.bytes_received = 0
         threading.Thread(target=self._connect_and_send, name=f"kv-send-{peer.key}", daemon=True).start()
+
+    @staticmethod
+    def is_local(me: PeerInfo, peer: PeerInfo) -> bool:
+        # Both sides decide from the two localities alone, so they always agree on the mode.
+        return bool(me.locality) and me.locality == peer.locality
 
     @property
     def failed(self) -> bool:
@@ -67,11 +86,21 @@ class Channel:
         self._closed = True
         self._queue.put(None)
 
+    @property
+    def _row_bytes(self) -> int:
+        n = 1
+        for d in self.payload_shape:
+            n *= d
+        return n * torch.empty((), dtype=self.payload_dtype).element_size()
+
     # -- threads ---------------------------------------------------------------------------
     def _connect_and_send(self) -> None:
         try:
-            self._group, self._peer_rank = form_pair_group(self._store, self.me, self.peer, self.device,
+            group_device = torch.device("cpu") if self.local else self.device
+            self._group, self._peer_rank = form_pair_group(self._store, self.me, self.peer, group_device,
                                                            self._connect_timeout_s)
+            if self.local:
+                self._exchange_kv_handles()
         except Exception as e:
             self._fail(f"could not form the pair group with {self.peer.key}: {e}")
             return
@@ -84,22 +113,43 @@ class Channel:
                 header, payload = item
                 if self._before_send is not None and not self._before_send(header):
                     continue
-                self._group.send([header.to_tensor(self.device)], self._peer_rank, 0).wait()
+                self._group.send([header.to_tensor(self._wire_device)], self._peer_rank, 0).wait()
                 if payload is not None:
                     self._group.send([payload], self._peer_rank, 0).wait()
-                    self.bytes_sent += payload.numel() * payload.element_size()
+                    self.bytes_sent += (payload.numel() * self._row_bytes if self.local
+                                        else payload.numel() * payload.element_size())
         except Exception as e:
             self._fail(f"send to {self.peer.key} failed: {e}")
 
+    @property
+    def _wire_device(self) -> torch.device:
+        return torch.device("cpu") if self.local else self.device
+
+    def _exchange_kv_handles(self) -> None:
+        """Local mode: each side publishes its cache's export under the pair's prefix; the
+        receiving (decode) side maps the sender's."""
+        from kv_transfer.peer import pair_key
+
+        prefill, decode = (self.me, self.peer) if self.me.role == "prefill" else (self.peer, self.me)
+        store = dist.PrefixStore(pair_key(prefill, decode) + "/kv", self._store)
+        store.set(self.me.role, self._kv_export)
+        if self.me.role == "decode":
+            self._peer_kv = PeerKV(store.get("prefill"))
+
     def _receive_loop(self) -> None:
-        group, device = self._group, self.device
+        group, device = self._group, self._wire_device
         header_buf = empty_header(device)
         try:
             while not self._closed:
                 group.recv([header_buf], self._peer_rank, 0).wait()
                 header = Header.from_tensor(header_buf)
                 payload = None
-                if header.num_blocks > 0:
+                if header.num_blocks > 0 and self.local:
+                    ids = torch.empty(header.num_blocks, dtype=torch.long)
+                    group.recv([ids], self._peer_rank, 0).wait()
+                    payload = self._peer_kv.gather(ids, self.device)
+                    self.bytes_received += payload.numel() * payload.element_size()
+                elif header.num_blocks > 0:
                     payload = torch.empty((header.num_blocks, *self.payload_shape), dtype=self.payload_dtype,
                                           device=device)
                     group.recv([payload], self._peer_rank, 0).wait()
@@ -108,6 +158,9 @@ class Channel:
         except Exception as e:
             if not self._closed:
                 self._fail(f"receive from {self.peer.key} failed: {e}")
+        finally:
+            if self._peer_kv is not None:  # this thread is its only user
+                self._peer_kv.close()
 
     def _fail(self, reason: str) -> None:
         if self._failed.is_set():

@@ -13,6 +13,9 @@ class PeerInfo:
     worker_id: str
     incarnation: str
     role: str  # "prefill" | "decode"
+    # Equal non-empty values: the two can use the local path (same GPU, or same host with
+    # shared-memory KV caches); see kv_transfer/local_kv.py.
+    locality: str = ""
 
     @property
     def key(self) -> str:

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.engine_loop import EngineLoop
+from engine.kv_cache import release_shared
 from engine.request import RequestState
 from engine.worker_stats import WorkerLoad, queued_prefill_tokens
+from kv_transfer import local_kv
 from kv_transfer.agent import TransferAgent
 from kv_transfer.fault import FaultInjector, FaultSpec
 from kv_transfer.peer import PeerInfo, StoreAddress, WorkerInfo
@@ -29,18 +31,21 @@ class _Shipping:
     task: PrefillTask
     next_block: int  # first block not shipped yet
     chunks: int = 0
+    preemptions: int = 0  # the request's count when its blocks were last shipped from the start
 
 
 class PrefillWorker:
     def __init__(self, worker_id: str, engine_config: EngineConfig, store: StoreAddress,
                  *, connect_timeout_s: float = 30.0) -> None:
         self.worker_id = worker_id
-        self.peer = PeerInfo(worker_id, uuid.uuid4().hex[:12], "prefill")
         self.engine = LLMEngine(engine_config, record_kv_events=True)
+        segment = self.engine.kv_segment.name if self.engine.kv_segment is not None else None
+        self.peer = PeerInfo(worker_id, uuid.uuid4().hex[:12], "prefill",
+                             locality=local_kv.locality(self.engine.runner.kv_cache, segment))
         self.loop = EngineLoop(self.engine, name=f"{worker_id}-engine")
         self.faults = FaultInjector()
         self.agent = TransferAgent(self.peer, store, self.engine.runner.kv_cache, connect_timeout_s=connect_timeout_s,
-                                   faults=self.faults, on_acked=self._on_acked)
+                                   faults=self.faults, on_acked=self._on_acked, kv_segment_name=segment)
         self._shipping: dict[str, _Shipping] = {}  # engine thread only
         self.loop.add_after_step(self._ship)
         self.loop.start()
@@ -92,6 +97,8 @@ class PrefillWorker:
     def shutdown(self) -> None:
         self.loop.stop()
         self.agent.close()
+        if self.engine.kv_segment is not None:
+            release_shared(self.engine.kv_segment)
 
     # -- engine thread ------------------------------------------------------------------------
     def _ship(self, engine: LLMEngine, so) -> None:
@@ -103,6 +110,10 @@ class PrefillWorker:
             req = sched.requests.get(rid)
             if ship is None or req is None:
                 continue
+            if req.num_preemptions != ship.preemptions:
+                # Recomputed into fresh blocks: ship them all again (a local-path peer may have
+                # read the old ids after they were reused; FIFO order makes these copies win).
+                ship.preemptions, ship.next_block = req.num_preemptions, ship.task.skip_blocks
             done = req.state is RequestState.TRANSFERRING
             end = -(-req.num_prompt_tokens // bs) if done else min(req.num_computed_tokens, req.num_prompt_tokens) // bs
             if end <= ship.next_block and not done:

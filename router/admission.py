@@ -113,7 +113,18 @@ class AdmissionInput:
     service_s: float | None = None  # measured dispatch -> first token (None: not yet known)
 
 
-def predict_ttft_s(x: AdmissionInput) -> float:
+@dataclass(frozen=True)
+class TtftPrediction:
+    wait_s: float  # queueing ahead of the request: a model, the uncertain part
+    service_s: float  # dispatch -> first token, as recently measured
+    window_s: float  # the lane's batch window
+
+    @property
+    def total_s(self) -> float:
+        return self.wait_s + self.service_s + self.window_s
+
+
+def predict_ttft(x: AdmissionInput) -> TtftPrediction:
     """Queue wait + service time + batch window.
 
     Queue wait is the later of: prefilling the work ahead at the measured prefill rate, and — when
@@ -129,7 +140,11 @@ def predict_ttft_s(x: AdmissionInput) -> float:
     if short > 0 and x.completions_per_s:
         slot_wait = short / x.completions_per_s
     service = x.service_s if x.service_s is not None else x.prompt_tokens / rate
-    return max(prefill_wait, slot_wait) + service + x.lane.batch_window_s
+    return TtftPrediction(max(prefill_wait, slot_wait), service, x.lane.batch_window_s)
+
+
+def predict_ttft_s(x: AdmissionInput) -> float:
+    return predict_ttft(x).total_s
 
 
 class Admission:
@@ -139,8 +154,10 @@ class Admission:
         self.rate_limiter = rate_limiter
         self.metrics = metrics
         self.slo_rejection = slo_rejection
-        # Admit only what is predicted to finish within this fraction of the objective: predictions
-        # are estimates, and an admitted request that misses its SLO costs more than a quick 503.
+        # The queue-wait estimate is inflated by 1/headroom before it is compared with the
+        # objective: it is a model and errs low under bursts, and an admitted request that misses
+        # its SLO costs more than a quick 503. The service time is measured, so it is not inflated
+        # (inflating it rejected everything on a slow machine whose idle TTFT is near the SLO).
         self.slo_headroom = slo_headroom
         self.rejections: dict[tuple[str, str], int] = {}
 
@@ -182,8 +199,10 @@ class Admission:
                 ErrorKind.OVERLOADED, f"The {lane} lane is full ({x.lane.queue_bound} requests waiting). Retry later.",
                 code="queue_full", retry_after_s=self._retry_after(x),
             )
-        ttft = predict_ttft_s(x)
-        if self.slo_rejection and ttft > x.lane.ttft_slo_s * self.slo_headroom:
+        prediction = predict_ttft(x)
+        ttft = prediction.total_s
+        guarded = prediction.wait_s / self.slo_headroom + prediction.service_s + prediction.window_s
+        if self.slo_rejection and guarded > x.lane.ttft_slo_s:
             self._count(lane, "slo_predicted")
             raise RouterError(
                 ErrorKind.OVERLOADED,

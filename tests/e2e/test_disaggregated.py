@@ -100,3 +100,28 @@ def test_smollm2_disaggregated_equals_colocated_and_transformers(ray_session, de
         cluster.shutdown()
     assert got == colocated(default_model_dir, ps, MAX_NEW, budget=32, blocks=256)
     assert got == hf_greedy(load_hf(default_model_dir), ps, MAX_NEW)
+
+
+def test_local_path_over_shared_memory_equals_colocated(ray_session, tiny_model_dir):
+    """KV caches in shared memory on one host: the decode worker copies the prefill worker's blocks
+    straight out of its cache (ids on the wire, kv_transfer/local_kv.py); the outputs are exact."""
+    from dataclasses import replace
+
+    from baton.cluster import ClusterConfig, LocalCluster
+    from tests.e2e.helpers import engine_config
+
+    ecfg = engine_config(tiny_model_dir, budget=32, blocks=64)
+    ecfg = replace(ecfg, cache=replace(ecfg.cache, shared_memory=True))
+    c = LocalCluster(ClusterConfig(prefill_workers=1, decode_workers=1, engine=ecfg))
+    try:
+        peers = [w.info.peer for w in c.pool.all()]
+        assert peers[0].locality.startswith("shm:") and len({p.locality for p in peers}) == 1
+        ps = prompts(5, 6, VOCAB, lo=40, hi=150)
+        max_new = [8, 16, 24, 12, 20, 16]
+        got = [o.token_ids for o in c.generate(ps, [greedy(n) for n in max_new])]
+        assert got == colocated(tiny_model_dir, ps, max_new, budget=32)
+        loads = c.wait_until_drained()
+        assert loads["decode-0"].transfers_completed == c.dispatcher.num_disaggregated >= 3
+        assert loads["decode-0"].transfers_failed == 0
+    finally:
+        c.shutdown()

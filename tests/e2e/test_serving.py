@@ -218,7 +218,7 @@ def test_overload_gets_429_or_503_with_retry_after_and_admitted_ttft_within_slo(
     assert {r[0] for r in results} <= {200, 429, 503}
     assert admitted
     p99 = statistics.quantiles(admitted, n=100)[98] if len(admitted) > 1 else admitted[0]
-    assert p99 <= INTERACTIVE_SLO
+    assert p99 <= INTERACTIVE_SLO, sorted(admitted)[-10:]
     metrics = httpx.get(f"{srv.http}/metrics").text
     assert 'baton_requests_rejected_total{lane="interactive"' in metrics
     assert httpx.get(f"{srv.http}/health").status_code == 200

@@ -99,3 +99,66 @@ def test_header_round_trip_and_bad_magic():
     assert Header.from_tensor(h.to_tensor(torch.device("cpu"))) == h and h.is_last
     with pytest.raises(ValueError, match="out of sync"):
         Header.from_tensor(torch.zeros(11, dtype=torch.int64))
+
+
+# -- the local path: the receiver reads the sender's shared-memory cache directly ---------------
+
+def make_local_pair(store, inc="l"):
+    """Two agents whose caches live in POSIX shared memory on this host (as with
+    ``CacheConfig.shared_memory``): they pick the local path, ids on the wire instead of KV."""
+    from multiprocessing import shared_memory
+
+    from kv_transfer.local_kv import locality
+
+    segments, caches = [], []
+    for fill in (torch.randn, torch.zeros):
+        seg = shared_memory.SharedMemory(create=True, size=int(torch.tensor(SHAPE).prod()) * 4)
+        t = torch.frombuffer(seg.buf, dtype=torch.float32).view(SHAPE)
+        t.copy_(fill(SHAPE))
+        segments.append(seg)
+        caches.append(t)
+    where = locality(caches[0], segments[0].name)
+    p_peer = PeerInfo("p0", inc, "prefill", locality=where)
+    d_peer = PeerInfo("d0", inc, "decode", locality=where)
+    received, failed, acked = Events(), Events(), Events()
+    p = TransferAgent(p_peer, store, caches[0], on_acked=lambda rid, ok: acked.add(rid, ok),
+                      kv_segment_name=segments[0].name)
+    d = TransferAgent(d_peer, store, caches[1], on_received=lambda rid, tok, timing: received.add(rid, tok),
+                      on_receive_failed=lambda rid, why: failed.add(rid, why), kv_segment_name=segments[1].name)
+    return p, d, p_peer, d_peer, received, failed, acked, segments
+
+
+def test_local_path_copies_from_the_peer_cache_and_sends_only_ids(store):
+    p, d, pp, dp, received, failed, acked, segments = make_local_pair(store)
+    try:
+        assert pp.locality.startswith("shm:") and p.channel(dp).local and d.channel(pp).local
+        d.expect(pp, 3, "r", [20, 21, 22])
+        src = [1, 7, 30]
+        p.send_blocks(dp, 3, "r", 0, src[:1], chunk_index=0, last=False)
+        p.send_blocks(dp, 3, "r", 1, src[1:], chunk_index=1, last=True, first_token=5)
+        assert received.wait() == [("r", 5)] and acked.wait() == [("r", True)]
+        assert torch.equal(d.kv_cache[[20, 21, 22]], p.kv_cache[src])
+        assert torch.count_nonzero(d.kv_cache[:20]) == 0
+        # KV-equivalent bytes are accounted, though only 3 int64 ids crossed the socket.
+        row = p.kv_cache[0].numel() * 4
+        assert d.stats.bytes_received == 3 * row
+        # Cancellation semantics are the same: a cancelled transfer writes nothing.
+        d.expect(pp, 4, "gone", [5])
+        assert d.cancel(4)
+        p.send_blocks(dp, 4, "gone", 0, [2], chunk_index=0, last=True, first_token=1)
+        assert acked.wait(2)[-1] == ("gone", False) and torch.count_nonzero(d.kv_cache[5]) == 0
+    finally:
+        p.close()
+        d.close()
+        for s in segments:
+            s.unlink()
+
+
+def test_only_peers_sharing_a_locality_use_the_local_path():
+    from kv_transfer.channel import Channel
+
+    here = PeerInfo("p1", "x", "prefill", locality="shm:boot-a:host-a")
+    assert Channel.is_local(here, PeerInfo("d1", "x", "decode", locality="shm:boot-a:host-a"))
+    assert not Channel.is_local(here, PeerInfo("d1", "x", "decode", locality="shm:boot-b:host-b"))
+    assert not Channel.is_local(here, PeerInfo("d1", "x", "decode"))  # its cache cannot be shared
+    assert not Channel.is_local(PeerInfo("p1", "x", "prefill"), PeerInfo("d1", "x", "decode"))

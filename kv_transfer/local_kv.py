@@ -1,0 +1,103 @@
+"""The local path: a peer on the same device reads the sender's KV cache directly.
+
+NCCL refuses two ranks on one GPU, so a single GPU hosting both roles cannot use a pair group for
+the payload. Instead each side exports its KV cache once (CUDA: an IPC handle from
+``torch.multiprocessing.reductions.reduce_tensor``; CPU: the name of the POSIX shared-memory
+segment the cache was allocated in, ``CacheConfig.shared_memory``) and the receiver maps the
+sender's cache. The pair group still carries the FIFO of messages — on CPU tensors over gloo — but a
+KV chunk's payload is the list of the sender's block ids, and the receiver copies those rows of
+the mapped cache into its reserved blocks (one device-local gather).
+
+Safety: the sender's blocks must hold their data until the receiver has copied them. The prefill
+side keeps a request's blocks until the transfer is acknowledged, and re-ships a request's
+blocks from the start after a preemption (recompute gives it fresh block ids; FIFO order makes the
+later copies win). Device work is fenced on both sides: the sender synchronizes its stream before
+sending ids, the receiver before acknowledging.
+
+``locality`` says which peers can do this: equal non-empty strings mean the same GPU (by UUID) or
+the same host with shared-memory caches (by boot id and hostname).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+def locality(kv_cache: torch.Tensor, segment_name: str | None) -> str:
+    """Where a worker's KV cache can be mapped from; "" when it cannot be shared."""
+    if kv_cache.device.type == "cuda":
+        props = torch.cuda.get_device_properties(kv_cache.device)
+        return f"cuda:{props.uuid}"
+    if segment_name:
+        return f"shm:{_boot_id()}:{socket.gethostname()}"
+    return ""
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown-boot"
+
+
+@dataclass(frozen=True)
+class _ShmDescriptor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # e.g. "float32"
+
+
+def export_kv(kv_cache: torch.Tensor, segment_name: str | None) -> bytes:
+    """A handle the peer turns back into a view of this cache (see ``open_peer_kv``)."""
+    if kv_cache.device.type == "cuda":
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        rebuild, args = reduce_tensor(kv_cache)
+        return pickle.dumps(("cuda", rebuild, args))
+    if not segment_name:
+        raise ValueError("a CPU KV cache can be exported only when allocated in shared memory")
+    return pickle.dumps(("shm", _ShmDescriptor(segment_name, tuple(kv_cache.shape),
+                                               str(kv_cache.dtype).removeprefix("torch."))))
+
+
+class PeerKV:
+    """The peer's KV cache, mapped into this process."""
+
+    def __init__(self, handle: bytes) -> None:
+        kind, *rest = pickle.loads(handle)
+        self._map: mmap.mmap | None = None
+        if kind == "cuda":
+            rebuild, args = rest
+            self.tensor = rebuild(*args)
+        elif kind == "shm":
+            (desc,) = rest
+            # mmap the segment ourselves: opening it through multiprocessing.shared_memory would
+            # register it with this process's resource tracker, which unlinks it when we exit.
+            fd = os.open(f"/dev/shm/{desc.name.lstrip('/')}", os.O_RDWR)
+            try:
+                self._map = mmap.mmap(fd, 0)
+            finally:
+                os.close(fd)
+            dtype = getattr(torch, desc.dtype)
+            self.tensor = torch.frombuffer(self._map, dtype=dtype).view(desc.shape)
+        else:
+            raise ValueError(f"unknown KV export kind {kind!r}")
+
+    def gather(self, block_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return self.tensor.index_select(0, block_ids.to(self.tensor.device)).to(device)
+
+    def close(self) -> None:
+        self.tensor = None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a view is still alive somewhere: the mapping goes with it
+                pass
+            self._map = None
