@@ -1,4 +1,4 @@
-"""``baton bench ...``: offline throughput and scheduler overhead (serving benchmarks come later)."""
+"""``baton bench ...``: offline throughput, scheduler overhead, and the serving load generator (``serve``)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,12 @@ def add_parser(sub) -> None:
     k.add_argument("--repeats", type=int, default=5)
     k.add_argument("--json", action="store_true")
     k.set_defaults(run=_kv_transfer)
+
+    sv = bsub.add_parser("serve", help="open-loop serving load generator against a running server (HTTP or gRPC)")
+    from bench.serve.cli import add_arguments as _serve_arguments  # argparse only: cheap
+
+    _serve_arguments(sv)
+    sv.set_defaults(run=_serve)
 
     s = bsub.add_parser("scheduler", help="scheduler + batch preparation time per step (fake runner)")
     s.add_argument("--num-seqs", type=int, default=256)
@@ -92,3 +98,9 @@ def _kv_transfer(args: argparse.Namespace) -> int:
     from bench.kv_transfer import main
 
     return main(["--lengths", args.lengths, "--repeats", str(args.repeats)] + (["--json"] if args.json else []))
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from bench.serve.cli import run
+
+    return run(args)

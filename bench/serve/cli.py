@@ -1,0 +1,137 @@
+"""``baton bench serve``: arguments, one run or a goodput search, the report, plots.
+
+Only argparse is imported at module level so ``baton --help`` stays fast; the client stack
+(httpx, grpc) loads when a run starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", required=True,
+                   help="server: http://HOST:PORT (OpenAI HTTP), or HOST:PORT with --grpc")
+    p.add_argument("--grpc", action="store_true", help="drive the gRPC API instead of HTTP")
+    p.add_argument("--metrics-url", default=None,
+                   help="Prometheus endpoint to sample (default: URL/metrics over HTTP; none with --grpc); '' disables")
+    p.add_argument("--workload", default="sharegpt",
+                   help="builtin (sharegpt, fixed, uniform, mixed, shared-prefix) or a YAML/JSON workload file")
+    load = p.add_mutually_exclusive_group(required=True)
+    load.add_argument("--rate", type=float, help="open loop: requests/s (with --search: the starting rate)")
+    load.add_argument("--concurrency", type=int, help="closed loop: this many clients, each one request at a time")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per run (default 60)")
+    p.add_argument("--warmup", type=float, default=0.0, help="leave requests arriving in the first S seconds "
+                   "out of the statistics")
+    p.add_argument("--burst", default=None, metavar="FACTOR:START:LEN",
+                   help="multiply the rate by FACTOR from START s for LEN s, e.g. 2:30:10")
+    p.add_argument("--lanes", default=None, metavar="LANE=SHARE,...",
+                   help="override the workload's lane mix, e.g. interactive=0.7,batch=0.3")
+    p.add_argument("--arrival", choices=["poisson", "gamma"], default=None, help="override the arrival process")
+    p.add_argument("--gamma-shape", type=float, default=None, help="gamma arrivals: shape (<1 burstier)")
+    p.add_argument("--slo", action="append", default=[], metavar="LANE:ttft=MS,tpot=MS",
+                   help="override a lane's SLOs (repeatable); defaults follow baton/default_config.yaml")
+    p.add_argument("--search", action="store_true",
+                   help="search for the highest rate with >= --search-target of requests meeting both SLOs")
+    p.add_argument("--search-target", type=float, default=0.9)
+    p.add_argument("--search-runs", type=int, default=8, help="runs at most (each --duration long)")
+    p.add_argument("--search-tolerance", type=float, default=0.1, help="stop when the bracket is this narrow")
+    p.add_argument("--search-max-rate", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    p.add_argument("--drain", type=float, default=None,
+                   help="seconds to wait for in-flight requests after the last arrival (default: --timeout)")
+    p.add_argument("--api-key", default=None, help="bearer token, if the server requires one")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the baton.bench.serve/1 report here")
+    p.add_argument("--plots", default=None, metavar="DIR",
+                   help="write PNG plots here (default with --json: OUT's name + '_plots')")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _lanes(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        lane, eq, share = part.partition("=")
+        if not eq or not lane.strip():
+            raise ValueError(f"--lanes must be LANE=SHARE,..., got {text!r}")
+        try:
+            out[lane.strip()] = float(share)
+        except ValueError:
+            raise ValueError(f"--lanes: the share of {lane!r} must be a number, got {share!r}") from None
+    total = sum(out.values())
+    if total <= 0:
+        raise ValueError("--lanes: shares must sum to more than 0")
+    return {lane: s / total for lane, s in out.items()}  # normalized: 7,3 means 70/30
+
+
+def config_from_args(args: argparse.Namespace):
+    from bench.serve.runner import RunConfig
+    from bench.serve.slo import resolve_slos
+    from bench.serve.workload import Burst, load_workload
+
+    spec = load_workload(args.workload)
+    changes: dict = {}
+    if args.lanes:
+        changes["lanes"] = _lanes(args.lanes)
+        changes["lane_input_len"] = {k: v for k, v in spec.lane_input_len.items() if k in changes["lanes"]}
+        changes["lane_output_len"] = {k: v for k, v in spec.lane_output_len.items() if k in changes["lanes"]}
+    if args.arrival:
+        changes["arrival"] = args.arrival
+    if args.gamma_shape is not None:
+        changes["gamma_shape"] = args.gamma_shape
+    spec = replace(spec, **changes) if changes else spec
+    if args.search and args.rate is None:
+        raise ValueError("--search needs --rate (the starting rate): it searches over open-loop rates")
+    return RunConfig(
+        url=args.url, spec=spec, duration_s=args.duration, rate=args.rate, concurrency=args.concurrency,
+        protocol="grpc" if args.grpc else "http", metrics_url=args.metrics_url,
+        burst=Burst.parse(args.burst) if args.burst else None, seed=args.seed, warmup_s=args.warmup,
+        slos=resolve_slos(tuple(spec.lanes), args.slo), timeout_s=args.timeout, drain_s=args.drain,
+        api_key=args.api_key, progress=not args.no_progress)
+
+
+def _say(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    import math
+
+    from bench.serve.report import format_summary, run_report, write_json
+    from bench.serve.runner import run_load_sync, with_rate
+    from bench.serve.search import search_goodput_rate
+
+    cfg = config_from_args(args)
+    search = None
+    if args.search:
+        def evaluate(rate: float):
+            _say(f"search: running {cfg.duration_s:.0f} s at {rate:.3g} req/s")
+            result = run_load_sync(with_rate(cfg, rate))
+            att = result.summary().slo_attainment
+            _say(f"search: {rate:.3g} req/s -> {'-' if att is None else f'{att:.0%}'} within SLOs")
+            return att, result
+
+        search = search_goodput_rate(evaluate, cfg.rate, target=args.search_target, max_runs=args.search_runs,
+                                     rel_tol=args.search_tolerance, max_rate=args.search_max_rate or math.inf)
+        shown = search.best or search.points[-1]
+        result = shown.result
+    else:
+        result = run_load_sync(cfg)
+    report = run_report(result, search)
+    print(format_summary(report))
+    if args.json:
+        _say(f"report: {write_json(report, args.json)}")
+    plots_dir = args.plots or (str(Path(args.json).with_suffix("")) + "_plots" if args.json else None)
+    if plots_dir and not args.no_plots:
+        from bench.serve.plots import PlotsUnavailable, write_plots
+
+        try:
+            for path in write_plots(report, plots_dir):
+                _say(f"plot: {path}")
+        except PlotsUnavailable as e:
+            _say(f"no plots: {e}")
+    return 0
