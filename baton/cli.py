@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from baton.commands import bench, chat, cluster_cmd, config_cmd, generate, up
+from baton.commands import bench, chat, cluster_cmd, config_cmd, generate, plan, profile, up
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,7 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default=os.environ.get("BATON_LOG_LEVEL", "WARNING"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (up, cluster_cmd, generate, chat, bench, config_cmd):
+    for module in (up, cluster_cmd, generate, chat, bench, config_cmd, profile, plan):
         module.add_parser(sub)
     return parser
 

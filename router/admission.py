@@ -68,13 +68,29 @@ class PrefillRate:
         return sum(rates) / len(rates) * max(len(live_workers), len(rates))
 
 
+# Admission trusts a measured dispatch -> first-token time for this long (see Ewma.fresh).
+SERVICE_TIME_MAX_AGE_S = 15.0
+
+
 class Ewma:
     def __init__(self, alpha: float = 0.2) -> None:
         self.alpha = alpha
         self.value: float | None = None
+        self.observed_at: float | None = None
 
-    def observe(self, x: float) -> None:
+    def observe(self, x: float, now: float | None = None) -> None:
         self.value = x if self.value is None else (1 - self.alpha) * self.value + self.alpha * x
+        self.observed_at = time.monotonic() if now is None else now
+
+    def fresh(self, max_age_s: float, now: float | None = None) -> float | None:
+        """The value if observed within ``max_age_s``, else None. Admission uses it so that a high
+        service time cannot lock a lane out for good: it is only updated by admitted requests, so
+        once nothing is admitted it would never come down; stale, the model estimate takes over and
+        lets a probe request through, whose measurement refreshes it."""
+        now = time.monotonic() if now is None else now
+        if self.observed_at is None or now - self.observed_at > max_age_s:
+            return None
+        return self.value
 
 
 class CompletionRate:

@@ -25,7 +25,7 @@ from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestOutput
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
-from router.admission import Admission, AdmissionInput, CompletionRate, Ewma, PrefillRate
+from router.admission import SERVICE_TIME_MAX_AGE_S, Admission, AdmissionInput, CompletionRate, Ewma, PrefillRate
 from router.api import (
     ErrorKind,
     GenerateRequest,
@@ -170,7 +170,8 @@ class Router:
                 lane_depth=self.queues.depth(lane), tokens_ahead=self.queues.tokens_ahead(lane),
                 pool_queued_tokens=self._pool_queued_tokens(), prefill_tokens_per_s=self._prefill_rate(),
                 requests_ahead=len(self.queues), free_seq_slots=self._free_seq_slots(),
-                completions_per_s=self.completion_rate.per_s(), service_s=self.service_time.value))
+                completions_per_s=self.completion_rate.per_s(),
+                service_s=self.service_time.fresh(SERVICE_TIME_MAX_AGE_S)))
         except RouterError:
             if idem:
                 await self.state.idempotency_release(*idem)

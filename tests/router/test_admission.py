@@ -59,3 +59,17 @@ def test_context_length_and_queue_bound():
     with pytest.raises(RouterError) as e:
         _admit(Admission(4096, None), _input(lane_depth=4))
     assert e.value.code == "queue_full"
+
+
+def test_a_stale_service_time_cannot_lock_a_lane_out():
+    from router.admission import Ewma
+
+    service = Ewma()
+    service.observe(6.6, now=100.0)  # one slow burst: above the 2 s objective
+    adm = Admission(4096, None)
+    with pytest.raises(RouterError):
+        _admit(adm, _input(service_s=service.fresh(15.0, now=110.0)))
+    # Nothing admitted since: after 15 s the measurement is stale and the model estimate
+    # (100 prompt tokens at 1000 tokens/s) lets a probe through.
+    assert service.fresh(15.0, now=116.0) is None
+    assert _admit(adm, _input(service_s=service.fresh(15.0, now=116.0))) == pytest.approx(0.1)

@@ -1,0 +1,85 @@
+"""``baton profile``: measure the engine's step time on this machine and write a cost model.
+
+    baton profile --model default --out cost_model.json [--quick] [--threads 1] [--no-ray]
+
+Times ``LLMEngine.step()`` over decode batches (B sequences at context L), prefill chunks (T tokens,
+with and without prefix context) and mixed steps; fits step time on tokens, sampled rows, decode and
+prefill attention work; measures the engine loop's overhead, a Ray call's round trip and the KV
+transfer between two actors (``--no-ray`` skips the last two and uses the defaults or the flags).
+The file (``baton.cost_model/1``) feeds ``python -m bench.sim`` and ``baton plan``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("profile", help="measure step times on this machine and write a cost model",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="default", help="default (SmolLM2-135M-Instruct), tiny, or a HF dir / .gguf path")
+    p.add_argument("--out", default="cost_model.json", metavar="FILE", help="where to write the cost model")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (a CPU worker runs 1; default 1)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    p.add_argument("--quick", action="store_true", help="a small grid (seconds): smoke tests, not planning")
+    p.add_argument("--no-ray", action="store_true",
+                   help="do not start Ray to measure the call round trip and the KV transfer")
+    p.add_argument("--transfer-bandwidth-gbps", type=float, default=None, metavar="GB_S",
+                   help="KV transfer bandwidth in GB/s instead of measuring it (default without Ray: 0.65, "
+                        "gloo over loopback per docs/BENCHMARKS.md)")
+    p.add_argument("--transfer-latency-ms", type=float, default=None,
+                   help="KV transfer fixed cost per chunk (default 5)")
+    p.add_argument("--rpc-ms", type=float, default=None,
+                   help="router -> worker call round trip instead of measuring it")
+    p.add_argument("--neighbour", action=argparse.BooleanOptionalAction, default=None,
+                   help="measure how much slower steps run next to a busy worker on this host "
+                        "(default: on CPU, except with --quick)")
+    p.add_argument("--kv-cache-gb", type=float, default=None,
+                   help="a serving worker's KV pool (default: as the engine sizes it, 2 GiB on CPU)")
+    p.add_argument("--refit", default=None, metavar="FILE",
+                   help="measure nothing: fit FILE's stored samples again (current features) and write --out")
+    p.add_argument("--json", action="store_true", help="print the cost model instead of a summary")
+    p.set_defaults(run=run)
+
+
+def _positive(name: str, v: float | None) -> None:
+    if v is not None and not v > 0:
+        raise ValueError(f"{name} must be > 0, got {v}")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from bench.profile.cost_model import CostModel, TransferModel
+    from bench.profile.run import ProfileOptions, refit, run_profile, summary
+
+    if args.refit:
+        cm = refit(CostModel.load(args.refit))
+        cm.save(args.out)
+        print(json.dumps(cm.to_json(), indent=1) if args.json else summary(cm))
+        print(f"wrote {args.out}", file=sys.stderr)
+        return 0
+
+    _positive("--threads", args.threads)
+    _positive("--transfer-bandwidth-gbps", args.transfer_bandwidth_gbps)
+    _positive("--kv-cache-gb", args.kv_cache_gb)
+    if args.transfer_latency_ms is not None and args.transfer_latency_ms < 0:
+        raise ValueError(f"--transfer-latency-ms must be >= 0, got {args.transfer_latency_ms}")
+    if args.rpc_ms is not None and args.rpc_ms < 0:
+        raise ValueError(f"--rpc-ms must be >= 0, got {args.rpc_ms}")
+    transfer = None
+    if args.transfer_bandwidth_gbps is not None or args.transfer_latency_ms is not None or args.no_ray:
+        d = TransferModel()
+        bw = args.transfer_bandwidth_gbps * 1e9 if args.transfer_bandwidth_gbps is not None else d.bandwidth_bytes_per_s
+        lat = args.transfer_latency_ms / 1e3 if args.transfer_latency_ms is not None else d.latency_s
+        given = args.transfer_bandwidth_gbps is not None or args.transfer_latency_ms is not None
+        transfer = TransferModel(bw, lat, "flags" if given else "default (not measured)")
+    opts = ProfileOptions(model=args.model, threads=args.threads, device=args.device, quick=args.quick,
+                          measure_ray=not args.no_ray, measure_neighbour=args.neighbour, transfer=transfer,
+                          rpc_s=args.rpc_ms / 1e3 if args.rpc_ms is not None else None, kv_cache_gb=args.kv_cache_gb)
+    cm = run_profile(opts, progress=lambda m: print(f"[profile] {m}", file=sys.stderr, flush=True))
+    cm.save(args.out)
+    print(json.dumps(cm.to_json(), indent=1) if args.json else summary(cm))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0

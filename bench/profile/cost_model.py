@@ -1,0 +1,223 @@
+"""The cost model ``baton profile`` writes and the simulator and ``baton plan`` read (pure Python).
+
+File format (JSON, ``"schema": "baton.cost_model/1"``)::
+
+    schema, created, device ("cpu" | "cuda"), threads, machine {...}
+    model     {spec, name, architecture, num_layers, vocab_size, max_model_len, dtype,
+               kv_bytes_per_token, block_size, num_kv_blocks}
+    step      {features [...], coefficients {feature: seconds per unit}, fit {...},
+               neighbour_slowdown}                             per busy worker on the same host
+    transfer  {bandwidth_bytes_per_s, latency_s, source}       KV shipped prefill -> decode (gloo)
+    local_transfer {...} | null                                the same host, caches in shared memory
+    overheads {step_s, rpc_s, output_s, source}                the serving system around a step
+    samples   [{kind, seconds, shape {...}}]                   the raw measurements
+
+A step takes ``sum(coefficient x feature)`` seconds (features in ``bench.profile.step_shape``), plus
+``overheads.step_s`` when it runs inside a serving worker (its engine loop, output hand-off and
+load reports), times ``1 + neighbour_slowdown`` per other worker busy on the same host at the
+same time (CPU workers share memory bandwidth and cache). ``rpc_s`` is one router -> worker call;
+``output_s`` is a step's outputs reaching the
+client (the decode worker's outbox, the router's long poll, the stream).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.profile.fit import FitReport
+from bench.profile.step_shape import FEATURES, StepShape
+
+SCHEMA = "baton.cost_model/1"
+
+
+def _transfer(t: dict) -> TransferModel:
+    return TransferModel(float(t.get("bandwidth_bytes_per_s", TransferModel.bandwidth_bytes_per_s)),
+                         float(t.get("latency_s", TransferModel.latency_s)), str(t.get("source", "default")))
+
+
+class CostModelError(ValueError):
+    """A cost-model file that cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    spec: str  # what --model was given
+    name: str
+    architecture: str
+    num_layers: int
+    vocab_size: int
+    max_model_len: int
+    dtype: str
+    kv_bytes_per_token: int  # bytes of K and V over all layers, in the cache dtype
+    block_size: int = 16
+    num_kv_blocks: int = 0  # a serving worker's pool on this machine (0: unknown)
+
+
+@dataclass(frozen=True)
+class TransferModel:
+    bandwidth_bytes_per_s: float = 0.65e9  # gloo over loopback (docs/BENCHMARKS.md)
+    latency_s: float = 0.005
+    source: str = "default"
+
+    def seconds(self, num_bytes: int) -> float:
+        return self.latency_s + num_bytes / self.bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Overheads:
+    step_s: float = 0.002
+    rpc_s: float = 0.002
+    output_s: float = 0.002
+    source: str = "default"
+
+
+@dataclass(frozen=True)
+class Sample:
+    kind: str  # "decode" | "prefill" | "mixed"
+    shape: StepShape
+    seconds: float
+    point: int = 0  # the grid point: repeats of one point share it (the fit takes their fastest)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    device: str
+    threads: int | None
+    model: ModelGeometry
+    coefficients: dict[str, float]
+    fit: FitReport | None = None
+    transfer: TransferModel = TransferModel()
+    overheads: Overheads = Overheads()
+    machine: dict = field(default_factory=dict)
+    samples: tuple[Sample, ...] = ()
+    created: str = ""
+    neighbour_slowdown: float = 0.0
+    local_transfer: TransferModel | None = None  # engine.kv_shared_memory: same-host copies
+
+
+    def __post_init__(self) -> None:
+        for name, c in self.coefficients.items():
+            if name not in FEATURES:
+                raise CostModelError(f"unknown step feature {name!r} (known: {', '.join(FEATURES)})")
+            if not (isinstance(c, (int, float)) and math.isfinite(c) and c >= 0):
+                raise CostModelError(f"step coefficient {name!r} must be a finite number >= 0, got {c!r}")
+        for name, t in (("transfer", self.transfer), ("local_transfer", self.local_transfer)):
+            if t is not None and (t.bandwidth_bytes_per_s <= 0 or t.latency_s < 0):
+                raise CostModelError(f"{name}: bandwidth must be > 0 and latency >= 0")
+        o = self.overheads
+        if min(o.step_s, o.rpc_s, o.output_s) < 0:
+            raise CostModelError("overheads must be >= 0")
+        if not (math.isfinite(self.neighbour_slowdown) and self.neighbour_slowdown >= 0):
+            raise CostModelError(f"step.neighbour_slowdown must be >= 0, got {self.neighbour_slowdown!r}")
+
+    # -- using it ------------------------------------------------------------------------------
+    def step_seconds(self, shape: StepShape) -> float:
+        """The engine step alone (what ``LLMEngine.step()`` takes for this batch)."""
+        if shape.num_tokens == 0:
+            return 0.0
+        f = shape.features()
+        return sum(c * f[n] for n, c in self.coefficients.items())
+
+    def transfer_seconds(self, num_tokens: int) -> float:
+        return self.transfer.seconds(num_tokens * self.model.kv_bytes_per_token)
+
+    def prefill_tokens_per_s(self, chunk: int = 512) -> float:
+        """Throughput of a lone prompt prefilled in ``chunk``-token steps (the router's initial rate)."""
+        s = self.step_seconds(StepShape(chunk, 1, 1, 0, 0, 0, chunk * chunk))
+        return chunk / s if s > 0 else float("inf")
+
+    # -- the file --------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        m = self.model
+        return {
+            "schema": SCHEMA,
+            "created": self.created,
+            "device": self.device,
+            "threads": self.threads,
+            "machine": dict(self.machine),
+            "model": dict(m.__dict__),
+            "step": {
+                "features": list(FEATURES),
+                "coefficients": dict(self.coefficients),
+                "fit": self.fit.to_json() if self.fit else None,
+                "neighbour_slowdown": self.neighbour_slowdown,
+            },
+            "transfer": dict(self.transfer.__dict__),
+            "local_transfer": dict(self.local_transfer.__dict__) if self.local_transfer else None,
+            "overheads": dict(self.overheads.__dict__),
+            "samples": [{"kind": s.kind, "point": s.point, "seconds": s.seconds, "shape": s.shape.to_json()}
+                        for s in self.samples],
+        }
+
+    def save(self, path: str | Path) -> None:
+        p = Path(path)
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        tmp.replace(p)  # a reader never sees half a file
+
+    @classmethod
+    def from_json(cls, d: object, source: str = "cost model") -> CostModel:
+        def need(obj: dict, key: str, kind: type | tuple, where: str):
+            if not isinstance(obj, dict) or key not in obj:
+                raise CostModelError(f"{source}: missing field {where}{key}")
+            v = obj[key]
+            if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
+                raise CostModelError(f"{source}: field {where}{key} has the wrong type ({type(v).__name__})")
+            return v
+
+        if not isinstance(d, dict):
+            raise CostModelError(f"{source}: not a JSON object")
+        schema = d.get("schema")
+        if schema != SCHEMA:
+            raise CostModelError(f"{source}: schema is {schema!r}, expected {SCHEMA!r} (re-run `baton profile`)")
+        num = (int, float)
+        m = need(d, "model", dict, "")
+        try:
+            geometry = ModelGeometry(
+                spec=str(m.get("spec", "")), name=str(need(m, "name", str, "model.")),
+                architecture=str(m.get("architecture", "")), num_layers=int(need(m, "num_layers", int, "model.")),
+                vocab_size=int(need(m, "vocab_size", int, "model.")),
+                max_model_len=int(need(m, "max_model_len", int, "model.")), dtype=str(m.get("dtype", "")),
+                kv_bytes_per_token=int(need(m, "kv_bytes_per_token", int, "model.")),
+                block_size=int(m.get("block_size", 16)), num_kv_blocks=int(m.get("num_kv_blocks", 0)))
+            step = need(d, "step", dict, "")
+            coefs = need(step, "coefficients", dict, "step.")
+            fit = FitReport.from_json(step["fit"]) if step.get("fit") else None
+            transfer = _transfer(d.get("transfer") or {})
+            local = _transfer(d["local_transfer"]) if d.get("local_transfer") else None
+            o = d.get("overheads") or {}
+            overheads = Overheads(float(o.get("step_s", Overheads.step_s)), float(o.get("rpc_s", Overheads.rpc_s)),
+                                  float(o.get("output_s", Overheads.output_s)), str(o.get("source", "default")))
+            samples = tuple(Sample(str(s["kind"]), StepShape.from_json(s["shape"]), float(s["seconds"]),
+                                   int(s.get("point", 0)))
+                            for s in d.get("samples", []))
+            for k, v in coefs.items():
+                if not isinstance(v, num) or isinstance(v, bool):
+                    raise CostModelError(f"{source}: step.coefficients.{k} must be a number, got {v!r}")
+            return cls(device=str(need(d, "device", str, "")), threads=d.get("threads"), model=geometry,
+                       coefficients={str(k): float(v) for k, v in coefs.items()}, fit=fit, transfer=transfer,
+                       overheads=overheads, machine=dict(d.get("machine") or {}), samples=samples,
+                       created=str(d.get("created", "")),
+                       neighbour_slowdown=float(step.get("neighbour_slowdown", 0.0)), local_transfer=local)
+        except CostModelError as e:
+            if str(e).startswith(source):
+                raise
+            raise CostModelError(f"{source}: {e}") from None
+        except (KeyError, TypeError, ValueError) as e:
+            raise CostModelError(f"{source}: malformed field ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as e:
+            raise CostModelError(f"cannot read cost model {p}: {e.strerror or e}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CostModelError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        return cls.from_json(data, source=str(p))

@@ -1,0 +1,160 @@
+"""Simulated vs measured: replay a measured experiment through the simulator and compare.
+
+    python -m bench.sim.validate --cost-model cost_model.json --experiment results/exp2.json [--json OUT]
+
+For every setup and rate of a ``baton.bench.experiment/1`` report (``bench/experiments/*``), the
+simulator runs the same cluster (the setup's config overrides on ``baton/default_config.yaml``),
+the same workload, rate, seed, duration, warmup and drain, and the table puts its TTFT, ITL and
+TPOT percentiles next to the measured ones with the relative error. ``--tolerance`` (default 20%)
+marks each p50/p90 TTFT and ITL as within it or not; the exit status is 0 when all are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+METRICS = ("ttft_s", "itl_s", "tpot_s")
+CHECKED = (("ttft_s", "p50"), ("ttft_s", "p90"), ("itl_s", "p50"), ("itl_s", "p90"))
+EXPERIMENT_DEFAULT_DRAIN_S = 20.0  # bench.experiments.common.base_parser's
+
+
+def _drain_of(command: str) -> float:
+    args = shlex.split(command or "")
+    for i, a in enumerate(args):
+        if a == "--drain" and i + 1 < len(args):
+            return float(args[i + 1])
+        if a.startswith("--drain="):
+            return float(a.split("=", 1)[1])
+    return EXPERIMENT_DEFAULT_DRAIN_S
+
+
+def _rel(pred: float | None, meas: float | None) -> float | None:
+    return None if pred is None or not meas else (pred - meas) / meas
+
+
+def compare(cost, experiment: dict, *, step_scale: float = 1.0, tolerance: float = 0.2, band: float = 0.05,
+            progress=lambda m: None) -> list[dict]:
+    """One row per (setup, rate). ``band``: also simulate with every step ``band`` faster and slower
+    (and half that), and report each statistic's range: with a few dozen requests, percentiles
+    can jump between the modes of a bimodal distribution (e.g. ITL between one- and two-sequence
+    decode steps) on a few percent of step time, and the range shows when that happens."""
+    from baton.config import load_config
+    from bench.serve.slo import LaneSLO
+    from bench.serve.workload import Burst, workload_from_dict
+    from bench.sim.cli import sim_requests
+    from bench.sim.config import sim_config_from_baton
+    from bench.sim.simulator import Simulation
+
+    if experiment.get("schema") != "baton.bench.experiment/1":
+        raise ValueError(f"not an experiment report (schema {experiment.get('schema')!r}, expected "
+                         "'baton.bench.experiment/1')")
+    drain = _drain_of(experiment.get("command", ""))
+    rows = []
+    for name, setup in experiment["setups"].items():
+        overrides = dict(setup["setup"].get("overrides") or {})
+        if setup["setup"].get("static_batch_size"):
+            raise ValueError(f"setup {name}: static batching is not simulated")
+        cfg = replace(sim_config_from_baton(load_config(None, overrides), cost), step_scale=step_scale)
+        for report in setup["runs"]:
+            c = report["config"]
+            if c.get("mode") != "open":
+                raise ValueError(f"setup {name}: only open-loop runs (a rate) can be replayed")
+            spec = workload_from_dict(c["workload"], c["workload"].get("name", "custom"))
+            burst = Burst(**c["burst"]) if c.get("burst") else None
+            reqs = sim_requests(spec, c["rate"], c["duration_s"], c["seed"], cost.model.max_model_len, burst)
+            slos = {lane: LaneSLO(**s) for lane, s in (c.get("slos") or {}).items()}
+            def simulate(scale: float) -> dict:
+                res = Simulation(cost, replace(cfg, step_scale=step_scale * scale), seed=c["seed"]).run(
+                    reqs, duration_s=c["duration_s"], rate=c["rate"], drain_s=drain, warmup_s=c["warmup_s"],
+                    lanes=list(spec.lanes), slo=slos or None)
+                return res.summary["summary"]
+
+            pred, meas = simulate(1.0), report["summary"]
+            spread = [pred] + [simulate(1.0 + k * band) for k in (-1, -0.5, 0.5, 1)] if band else [pred]
+            row = {"setup": name, "rate": c["rate"], "label": cfg.label(),
+                   "measured": {m: meas[m] for m in METRICS}, "predicted": {m: pred[m] for m in METRICS},
+                   "goodput": {"measured": meas.get("goodput_rps"), "predicted": pred.get("goodput_rps")},
+                   "errors": {}}
+            row["range"] = {}
+            for m, q in CHECKED:
+                row["errors"][f"{m}.{q}"] = _rel(pred[m][q], meas[m][q])
+                vals = [x[m][q] for x in spread if x[m][q] is not None]
+                row["range"][f"{m}.{q}"] = [min(vals), max(vals)] if vals else None
+            row["within"] = all(e is not None and abs(e) <= tolerance for e in row["errors"].values())
+            rows.append(row)
+            progress(f"{name} at {c['rate']:g} req/s: " + ", ".join(
+                f"{k} {'-' if v is None else f'{v:+.0%}'}" for k, v in row["errors"].items()))
+    return rows
+
+
+def format_rows(rows: list[dict], tolerance: float) -> str:
+    def ms(v):
+        return "-" if v is None else f"{v * 1e3:.0f}"
+
+    out = ["| setup | req/s | metric | measured p50/p90/p99 ms | simulated p50/p90/p99 ms | error p50 | error p90 |",
+           "|---|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        for m in METRICS:
+            a, b = r["measured"][m], r["predicted"][m]
+            e50, e90 = _rel(b["p50"], a["p50"]), _rel(b["p90"], a["p90"])
+            def fmt(e: float | None) -> str:  # TPOT is shown, not checked
+                return "-" if e is None else f"{e:+.0%}" + ("" if abs(e) <= tolerance or m == "tpot_s" else " !")
+
+            trio = lambda d: f"{ms(d['p50'])}/{ms(d['p90'])}/{ms(d['p99'])}"  # noqa: E731
+            out.append(f"| {r['setup']} | {r['rate']:g} | {m[:-2].upper()} | {trio(a)} | {trio(b)} "
+                       f"| {fmt(e50)} | {fmt(e90)} |")
+    ok = sum(r["within"] for r in rows)
+    out.append(f"\n{ok} of {len(rows)} runs have p50 and p90 TTFT and ITL within {tolerance:.0%} of the measured values"
+               " (! marks the misses)")
+    if any(r.get("range") for r in rows):
+        out.append("\nsimulated range with every step time changed by up to the band (p50/p90, ms):")
+        for r in rows:
+            parts = []
+            for key, rng in r["range"].items():
+                if rng:
+                    meas = r["measured"][key.split(".")[0]][key.split(".")[1]]
+                    inside = meas is not None and rng[0] <= meas <= rng[1]
+                    parts.append(f"{key.replace('_s.', ' ')} {rng[0] * 1e3:.0f}-{rng[1] * 1e3:.0f}"
+                                 f"{' (measured inside)' if inside else ''}")
+            out.append(f"  {r['setup']} {r['rate']:g} req/s: " + "; ".join(parts))
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.profile.cost_model import CostModel
+
+    p = argparse.ArgumentParser(prog="python -m bench.sim.validate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--cost-model", required=True, metavar="FILE")
+    p.add_argument("--experiment", required=True, metavar="FILE", help="a baton.bench.experiment/1 report")
+    p.add_argument("--step-scale", type=float, default=1.0, help="multiply every predicted step time")
+    p.add_argument("--tolerance", type=float, default=0.2)
+    p.add_argument("--band", type=float, default=0.05,
+                   help="also simulate with step times this much faster/slower and show the range (0: off)")
+    p.add_argument("--json", default=None, metavar="OUT")
+    args = p.parse_args(argv)
+    try:
+        cost = CostModel.load(args.cost_model)
+        try:
+            experiment = json.loads(Path(args.experiment).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read {args.experiment}: {e}") from None
+        rows = compare(cost, experiment, step_scale=args.step_scale, tolerance=args.tolerance, band=args.band,
+                       progress=lambda m: print(f"[validate] {m}", file=sys.stderr, flush=True))
+    except (ValueError, KeyError) as e:
+        print(f"python -m bench.sim.validate: error: {e}", file=sys.stderr)
+        return 2
+    print(format_rows(rows, args.tolerance))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"schema": "baton.sim.validate/1", "cost_model": args.cost_model,
+                                               "experiment": args.experiment, "tolerance": args.tolerance,
+                                               "rows": rows}, indent=1) + "\n")
+    return 0 if rows and all(r["within"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""``python -m bench.sim.validate``: replaying an experiment report through the simulator."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.profile.synthetic import synthetic_cost_model
+from bench.serve.workload import load_workload
+from bench.sim.cli import sim_requests
+from bench.sim.config import SimConfig
+from bench.sim.simulator import Simulation
+from bench.sim.validate import compare
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _experiment(cost) -> dict:
+    """An experiment report whose "measurements" are the simulator's own predictions."""
+    spec = load_workload("sharegpt")
+    setups = {}
+    for name, p, d in (("colocated", 0, 2), ("disaggregated", 1, 1)):
+        runs = []
+        for rate in (2.0, 4.0):
+            reqs = sim_requests(spec, rate, 20.0, 0, cost.model.max_model_len)
+            res = Simulation(cost, SimConfig(prefill_workers=p, decode_workers=d, slo_rejection=False)).run(
+                reqs, duration_s=20.0, rate=rate, drain_s=20.0, warmup_s=2.0, lanes=list(spec.lanes))
+            runs.append({"config": {"mode": "open", "rate": rate, "duration_s": 20.0, "warmup_s": 2.0, "seed": 0,
+                                    "burst": None, "workload": spec.to_dict(), "slos": {}},
+                         "summary": res.summary["summary"], "lanes": res.summary["lanes"]})
+        overrides = {"router.slo_rejection": False, "pools.prefill.workers": p, "pools.decode.workers": d}
+        setups[name] = {"setup": {"name": name, "overrides": overrides, "static_batch_size": None}, "runs": runs}
+    return {"schema": "baton.bench.experiment/1", "command": "python -m bench.experiments.x --drain 20",
+            "setups": setups}
+
+
+def test_replaying_the_simulators_own_predictions_matches_exactly():
+    cost = synthetic_cost_model(const_s=0.03, per_token_s=0.002)
+    rows = compare(cost, _experiment(cost))
+    assert [(r["setup"], r["rate"]) for r in rows] == [("colocated", 2.0), ("colocated", 4.0),
+                                                       ("disaggregated", 2.0), ("disaggregated", 4.0)]
+    for r in rows:
+        assert r["within"] and all(e == 0 for e in r["errors"].values()), r
+    slower = compare(cost, _experiment(cost), step_scale=1.5)
+    assert not any(r["within"] for r in slower)
+    assert all(r["errors"]["itl_s.p50"] > 0.3 for r in slower)
+
+
+def test_validate_cli(tmp_path):
+    cost = synthetic_cost_model(const_s=0.03, per_token_s=0.002)
+    cm, exp = tmp_path / "cm.json", tmp_path / "exp.json"
+    cost.save(cm)
+    exp.write_text(json.dumps(_experiment(cost)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "bench.sim.validate", "--cost-model", str(cm), "--experiment", str(exp),
+                        "--json", str(tmp_path / "v.json")], capture_output=True, text=True, cwd=ROOT, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "4 of 4 runs have p50 and p90 TTFT and ITL within 20%" in r.stdout
+    assert json.loads((tmp_path / "v.json").read_text())["schema"] == "baton.sim.validate/1"
+    exp.write_text(json.dumps({"schema": "other"}))
+    r = subprocess.run([sys.executable, "-m", "bench.sim.validate", "--cost-model", str(cm), "--experiment", str(exp)],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert r.returncode == 2 and "not an experiment report" in r.stderr
