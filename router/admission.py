@@ -5,7 +5,10 @@ In order: (1) the context length (prompt + max_tokens) -> 400; (2) the tenant's 
 lane's queue bound -> 503 + Retry-After; (4) SLO-predictive early rejection: the request's TTFT is
 predicted from the work queued ahead of it (in the router's lanes and in the prefill pool) and the
 measured prefill rate; if it would miss the lane's TTFT SLO it is rejected now (503 +
-Retry-After) instead of timing out later. Every rejection is counted by lane and reason.
+Retry-After) instead of timing out later; (5) the decode pace: while the recently measured time
+per output token exceeds the lane's TPOT objective, another sequence would only slow every
+running one further, so the request is rejected (503 + Retry-After) until the pace recovers.
+Every rejection is counted by lane and reason.
 """
 
 from __future__ import annotations
@@ -127,6 +130,7 @@ class AdmissionInput:
     free_seq_slots: int = 1 << 30  # sequence slots free on the decode workers
     completions_per_s: float | None = None  # measured request completion rate (None: not yet known)
     service_s: float | None = None  # measured dispatch -> first token (None: not yet known)
+    decode_pace_s: float | None = None  # measured time per output token lately (None: not known)
 
 
 @dataclass(frozen=True)
@@ -224,6 +228,14 @@ class Admission:
                 ErrorKind.OVERLOADED,
                 f"The {lane} lane cannot meet its time-to-first-token objective ({x.lane.ttft_slo_s:g} s) now: "
                 f"predicted {ttft:.1f} s. Retry later.",
+                code="slo_predicted_violation", retry_after_s=self._retry_after(x),
+            )
+        if self.slo_rejection and x.decode_pace_s is not None and x.decode_pace_s > x.lane.tpot_slo_s:
+            self._count(lane, "slo_tpot")
+            raise RouterError(
+                ErrorKind.OVERLOADED,
+                f"The {lane} lane cannot meet its time-per-output-token objective ({x.lane.tpot_slo_s:g} s) now: "
+                f"tokens currently take {x.decode_pace_s:.2f} s each. Retry later.",
                 code="slo_predicted_violation", retry_after_s=self._retry_after(x),
             )
         return ttft

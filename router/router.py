@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import statistics
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -82,6 +83,7 @@ class Router:
         self.prefill_rate = PrefillRate(config.initial_prefill_tokens_per_s)
         self.completion_rate = CompletionRate()
         self.service_time = Ewma()  # dispatch -> first token
+        self.decode_pace = Ewma()  # seconds per output token, from finished requests' last tokens
         self.queues = LaneQueues(self.policy.lanes)
         self.capacity = Capacity(pool)
         self.created = int(time.time())
@@ -171,7 +173,8 @@ class Router:
                 pool_queued_tokens=self._pool_queued_tokens(), prefill_tokens_per_s=self._prefill_rate(),
                 requests_ahead=len(self.queues), free_seq_slots=self._free_seq_slots(),
                 completions_per_s=self.completion_rate.per_s(),
-                service_s=self.service_time.fresh(SERVICE_TIME_MAX_AGE_S)))
+                service_s=self.service_time.fresh(SERVICE_TIME_MAX_AGE_S),
+                decode_pace_s=self.decode_pace.fresh(SERVICE_TIME_MAX_AGE_S)))
         except RouterError:
             if idem:
                 await self.state.idempotency_release(*idem)
@@ -351,6 +354,8 @@ class Router:
         if s.finished_time is not None and s.finish_reason != "abort":
             ttft = s.first_token_time - ctx.arrival if s.first_token_time else None
             gaps = [b - a for a, b in zip(s.token_times, s.token_times[1:])]
+            if len(gaps) >= 4:  # the pace at the end of its life: what running requests get now
+                self.decode_pace.observe(statistics.median(gaps[-16:]))
             self.prom.request_finished(ctx.lane, s.finish_reason, ctx.prompt_tokens, len(s.token_ids), ttft,
                                           s.finished_time - ctx.arrival, gaps)
             if ttft is not None and ctx.dispatched is not None:

@@ -11,6 +11,8 @@ the prefill workers are asked for their load (answered at their next step bounda
 
 from __future__ import annotations
 
+import statistics
+
 from bench.profile.cost_model import CostModel
 from bench.sim.clock import EventLoop
 from bench.sim.config import SimConfig
@@ -68,6 +70,7 @@ class SimRouter:
         self.prefill_rate = PrefillRate(cfg.initial_prefill_tokens_per_s)
         self.completion_rate = CompletionRate()
         self.service_time = Ewma()
+        self.decode_pace = Ewma()  # as router.Router: the pace of finished requests' last tokens
         self.queues = LaneQueues(self.policy.lanes)
         self.capacity = SimCapacity(pool, loop)
         self.index = LocalPrefixIndex()
@@ -93,7 +96,8 @@ class SimRouter:
                 pool_queued_tokens=self._pool_queued_tokens(), prefill_tokens_per_s=self._prefill_rate(),
                 requests_ahead=len(self.queues), free_seq_slots=self._free_seq_slots(),
                 completions_per_s=self.completion_rate.per_s(now),
-                service_s=self.service_time.fresh(SERVICE_TIME_MAX_AGE_S, now))))
+                service_s=self.service_time.fresh(SERVICE_TIME_MAX_AGE_S, now),
+                decode_pace_s=self.decode_pace.fresh(SERVICE_TIME_MAX_AGE_S, now))))
         except RouterError as e:
             rec.rejected = e.code or e.kind.type
             return
@@ -155,6 +159,9 @@ class SimRouter:
         rec = t.record
         if rec.token_times and t.dispatched is not None:
             self.service_time.observe(rec.token_times[0] - t.dispatched, now=rec.token_times[0])
+        gaps = [b - a for a, b in zip(rec.token_times, rec.token_times[1:])]
+        if len(gaps) >= 4:
+            self.decode_pace.observe(statistics.median(gaps[-16:]), now=self.loop.now)
         self.dispatch()
 
     def housekeeping(self) -> None:
