@@ -65,7 +65,7 @@ class RouterFrontend:
         state = ClusterState(self.dispatcher.router_id, RedisState(self.redis_url, self.cfg.redis.cluster_name),
                              job_idle_ms=self.job_idle_ms)
         self.router = Router(RouterConfig(model_name=name, model_dir=self.model_dir, lanes=self.policy,
-                                          slo_rejection=rc.slo_rejection,
+                                          slo_rejection=rc.slo_rejection, slo_headroom=rc.slo_headroom,
                                           tenant_cache_isolation=rc.tenant_cache_isolation,
                                           initial_prefill_tokens_per_s=rc.initial_prefill_tokens_per_s,
                                           drain_timeout_s=rc.drain_timeout_s),

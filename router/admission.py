@@ -5,8 +5,8 @@ In order: (1) the context length (prompt + max_tokens) -> 400; (2) the tenant's 
 lane's queue bound -> 503 + Retry-After; (4) SLO-predictive early rejection: the request's TTFT is
 predicted from the work queued ahead of it (in the router's lanes and in the prefill pool) and the
 measured prefill rate; if it would miss the lane's TTFT SLO it is rejected now (503 +
-Retry-After) instead of timing out later; (5) the decode pace: while the recently measured time
-per output token exceeds the lane's TPOT objective, another sequence would only slow every
+Retry-After) instead of timing out later; (5) the decode pace: while the time per output token
+the running streams get right now exceeds the lane's TPOT objective, another sequence would only slow every
 running one further, so the request is rejected (503 + Retry-After) until the pace recovers.
 Every rejection is counted by lane and reason.
 """
@@ -73,6 +73,23 @@ class PrefillRate:
 
 # Admission trusts a measured dispatch -> first-token time for this long (see Ewma.fresh).
 SERVICE_TIME_MAX_AGE_S = 15.0
+
+
+def live_decode_pace(token_times: list[list[float]], now: float, window: int = 8) -> float | None:
+    """Seconds per output token that running requests get right now: per stream, the mean gap over
+    its last ``window`` tokens, or the time since its last token if that is longer (a step in
+    progress); the median over streams with at least 4 tokens. None when there are none."""
+    paces = []
+    for tt in token_times:
+        n = len(tt)
+        if n < 4:
+            continue
+        k = min(n, window + 1)
+        paces.append(max((tt[-1] - tt[-k]) / (k - 1), now - tt[-1]))
+    if not paces:
+        return None
+    paces.sort()
+    return paces[len(paces) // 2]
 
 
 class Ewma:
@@ -176,8 +193,8 @@ class Admission:
         self.slo_rejection = slo_rejection
         # The queue-wait estimate is inflated by 1/headroom before it is compared with the
         # objective: it is a model and errs low under bursts, and an admitted request that misses
-        # its SLO costs more than a quick 503. The service time is measured, so it is not inflated
-        # (inflating it rejected everything on a slow machine whose idle TTFT is near the SLO).
+        # its SLO costs more than a quick 503. The service time is measured, so it is not inflated:
+        # inflating it too rejected 78% at 1.7x capacity for a third of the goodput (BENCHMARKS).
         self.slo_headroom = slo_headroom
         self.rejections: dict[tuple[str, str], int] = {}
 

@@ -26,7 +26,15 @@ from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestOutput
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
-from router.admission import SERVICE_TIME_MAX_AGE_S, Admission, AdmissionInput, CompletionRate, Ewma, PrefillRate
+from router.admission import (
+    SERVICE_TIME_MAX_AGE_S,
+    Admission,
+    AdmissionInput,
+    CompletionRate,
+    Ewma,
+    PrefillRate,
+    live_decode_pace,
+)
 from router.api import (
     ErrorKind,
     GenerateRequest,
@@ -59,6 +67,7 @@ class RouterConfig:
     model_dir: Path
     lanes: LanePolicy = LanePolicy()
     slo_rejection: bool = True
+    slo_headroom: float = 0.75  # queue-wait estimates are divided by this before the TTFT check
     tenant_cache_isolation: bool = True  # each tenant's prompts hash into its own prefix-cache space
     initial_prefill_tokens_per_s: float = 1000.0
     drain_timeout_s: float = 30.0
@@ -79,7 +88,7 @@ class Router:
         self.block_size = first.info.block_size
         self.prom = RouterMetrics(config.model_name, loads=self._loads)
         self.admission = Admission(self.max_model_len, self.state.rate_limiter, self.prom,
-                                   slo_rejection=config.slo_rejection)
+                                   slo_rejection=config.slo_rejection, slo_headroom=config.slo_headroom)
         self.prefill_rate = PrefillRate(config.initial_prefill_tokens_per_s)
         self.completion_rate = CompletionRate()
         self.service_time = Ewma()  # dispatch -> first token
@@ -174,7 +183,7 @@ class Router:
                 requests_ahead=len(self.queues), free_seq_slots=self._free_seq_slots(),
                 completions_per_s=self.completion_rate.per_s(),
                 service_s=self.service_time.fresh(SERVICE_TIME_MAX_AGE_S),
-                decode_pace_s=self.decode_pace.fresh(SERVICE_TIME_MAX_AGE_S)))
+                decode_pace_s=self._decode_pace()))
         except RouterError:
             if idem:
                 await self.state.idempotency_release(*idem)
@@ -384,6 +393,13 @@ class Router:
         """What this router publishes in the Redis registry."""
         return {"in_flight": len(self._requests), "queued": len(self.queues), "draining": self.draining,
                 "lanes": {lane.name: self.queues.depth(lane.name) for lane in self.policy.lanes}}
+
+    def _decode_pace(self) -> float | None:
+        """The running requests' current pace if any are streaming; else recent finished ones'."""
+        now = time.monotonic()
+        live = live_decode_pace([list(ctx.stream.token_times[-9:]) for ctx in self._requests.values()
+                                 if ctx.dispatched is not None and ctx.stream.finished_time is None], now)
+        return live if live is not None else self.decode_pace.fresh(SERVICE_TIME_MAX_AGE_S, now)
 
     def _free_seq_slots(self) -> int:
         free = 0

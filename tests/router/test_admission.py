@@ -73,3 +73,27 @@ def test_a_stale_service_time_cannot_lock_a_lane_out():
     # (100 prompt tokens at 1000 tokens/s) lets a probe through.
     assert service.fresh(15.0, now=116.0) is None
     assert _admit(adm, _input(service_s=service.fresh(15.0, now=116.0))) == pytest.approx(0.1)
+
+
+def test_a_slow_decode_pace_rejects_until_it_recovers():
+    adm = Admission(4096, None)
+    # Tokens take 0.4 s each right now (objective 0.25 s): one more sequence would slow them further.
+    with pytest.raises(RouterError) as e:
+        _admit(adm, _input(service_s=0.2, decode_pace_s=0.4))
+    assert e.value.kind is ErrorKind.OVERLOADED and "time-per-output-token" in str(e.value)
+    assert adm.rejections == {("interactive", "slo_tpot"): 1}
+    _admit(adm, _input(service_s=0.2, decode_pace_s=0.1))  # recovered
+    _admit(Admission(4096, None, slo_rejection=False), _input(service_s=0.2, decode_pace_s=0.4))
+
+
+def test_live_decode_pace_is_the_median_stream_pace_and_sees_stalls():
+    from router.admission import live_decode_pace
+
+    steady = [0.0, 0.1, 0.2, 0.3, 0.4]  # 0.1 s per token
+    slow = [0.0, 0.5, 1.0, 1.5, 2.0]  # 0.5 s per token
+    assert live_decode_pace([], now=2.0) is None
+    assert live_decode_pace([[0.0, 1.0]], now=2.0) is None  # too few tokens to tell
+    assert live_decode_pace([steady, steady, slow], now=0.45) == pytest.approx(0.1)
+    assert live_decode_pace([slow, slow, steady], now=2.05) == pytest.approx(0.5)
+    # Tokens delivered in one poll (zero gaps) and then nothing for 0.8 s: the step in progress counts.
+    assert live_decode_pace([[1.0, 1.0, 1.0, 1.0]], now=1.8) == pytest.approx(0.8)
