@@ -136,20 +136,22 @@ class WorkerFleet:
         return its handle; the caller hands it to the routers."""
         self.replacements += 1
         self.say(f"worker {w.worker_id} is dead: starting a replacement")
-        try:
-            ray.kill(w.actor, no_restart=True)
-        except Exception:  # already gone
-            pass
+        kill_actor(w.actor)
         actor = self._spawn(w.role, w.worker_id)
         w.actor = actor
         return actor
 
     def kill_all(self) -> None:
         for w in self.pool.all():
-            try:
-                ray.kill(w.actor, no_restart=True)
-            except Exception:  # already gone
-                pass
+            kill_actor(w.actor)
+
+
+def kill_actor(actor) -> None:
+    """Kill for good (no Ray restart); an actor that is already gone is fine."""
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # already gone
+        pass
 
 
 def _is_restarting(error: RayActorError) -> bool:

@@ -89,9 +89,7 @@ class BatonServer:
 
     async def crash_router(self) -> None:
         """Tests: the router process dies — no drain, nothing acknowledged, its streams cut."""
-        await self.http.stop()
-        await self.grpc.stop(grace=0)
-        await self.router.stop()
+        await self.frontend.stop(drain=False)
         await asyncio.to_thread(self.router.dispatcher.stop)
 
     async def restart_router(self, router_id: str, job_idle_ms: int = 15_000) -> None:

@@ -31,7 +31,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
 from baton.config import BatonConfig, ConfigError
-from baton.fleet import FleetOptions, PoolSpec, WorkerFleet, driver_ip
+from baton.fleet import FleetOptions, PoolSpec, WorkerFleet, driver_ip, kill_actor
 from baton.frontend import with_password
 from baton.redis_server import EmbeddedRedis
 from baton.router_replica import ReplicaStatus, RouterReplica, WorkerRef
@@ -174,7 +174,7 @@ class ClusterSupervisor:
             except (RayError, GetTimeoutError) as e:
                 log.warning("a router did not stop cleanly: %s", e)
             for r in self.replicas:
-                _kill(r)
+                kill_actor(r)
         if self.fleet is not None:
             self.fleet.kill_all()
         if self.redis is not None:
@@ -182,13 +182,6 @@ class ClusterSupervisor:
         if aborted:
             self.say(f"drain timeout: aborted {aborted} request(s)")
         return aborted
-
-
-def _kill(actor) -> None:
-    try:
-        ray.kill(actor, no_restart=True)
-    except Exception:  # already gone
-        pass
 
 
 def run_cluster(cfg: BatonConfig, progress: Callable[[str], None]) -> int:

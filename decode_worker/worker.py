@@ -12,7 +12,6 @@ import itertools
 import logging
 import threading
 import time
-import uuid
 
 from decode_worker.messages import OutputBatch, ReserveResult
 from decode_worker.outbox import Outbox
@@ -20,11 +19,10 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.engine_loop import EngineLoop
 from engine.errors import InvalidParameterError
-from engine.kv_cache import release_shared
 from engine.request_spec import RequestSpec
 from engine.worker_stats import WorkerLoad, queued_prefill_tokens
-from kv_transfer import local_kv
 from kv_transfer.agent import TransferAgent, TransferTiming
+from kv_transfer.identity import kv_segment_name, make_peer, release_kv, worker_info
 from kv_transfer.peer import PeerInfo, StoreAddress, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -37,15 +35,13 @@ class DecodeWorker:
         self.worker_id = worker_id
         self.transfer_timeout_s = transfer_timeout_s
         self.engine = LLMEngine(engine_config, record_kv_events=True)
-        segment = self.engine.kv_segment.name if self.engine.kv_segment is not None else None
-        self.peer = PeerInfo(worker_id, uuid.uuid4().hex[:12], "decode",
-                             locality=local_kv.locality(self.engine.runner.kv_cache, segment))
+        self.peer = make_peer(worker_id, "decode", self.engine)
         self.outbox = Outbox()
         self.loop = EngineLoop(self.engine, name=f"{worker_id}-engine", output_sink=self.outbox.put)
         self._kv_events: list = []  # engine thread appends, poll drains (swap under the GIL)
         self.agent = TransferAgent(self.peer, store, self.engine.runner.kv_cache, connect_timeout_s=connect_timeout_s,
                                    on_received=self._on_received, on_receive_failed=self._on_receive_failed,
-                                   kv_segment_name=segment)
+                                   kv_segment_name=kv_segment_name(self.engine))
         self._transfer_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._transfer_of: dict[str, int] = {}  # request id -> transfer id, while reserved
@@ -61,10 +57,7 @@ class DecodeWorker:
 
     # -- Ray-facing API ---------------------------------------------------------------------
     def info(self) -> WorkerInfo:
-        e = self.engine
-        sc = e.config.scheduler
-        return WorkerInfo(self.peer, e.num_total_blocks, e.block_manager.block_size, e.max_model_len,
-                          e.model_config.vocab_size, e.config.model, sc.max_num_seqs, sc.max_num_batched_tokens)
+        return worker_info(self.peer, self.engine)
 
     def connect(self, prefill: PeerInfo) -> None:
         self.agent.connect(prefill)
@@ -138,8 +131,7 @@ class DecodeWorker:
         self.loop.stop()
         self.outbox.close()
         self.agent.close()
-        if self.engine.kv_segment is not None:
-            release_shared(self.engine.kv_segment)
+        release_kv(self.engine)
 
     # -- transfer callbacks (channel threads) ------------------------------------------------
     def _on_received(self, request_id: str, first_token: int, timing: TransferTiming) -> None:

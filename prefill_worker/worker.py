@@ -8,18 +8,16 @@ in this worker's prefix cache for later hits.
 from __future__ import annotations
 
 import logging
-import uuid
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.engine_loop import EngineLoop
-from engine.kv_cache import release_shared
 from engine.request import RequestState
 from engine.worker_stats import WorkerLoad, queued_prefill_tokens
-from kv_transfer import local_kv
 from kv_transfer.agent import TransferAgent
 from kv_transfer.fault import FaultInjector, FaultSpec
+from kv_transfer.identity import kv_segment_name, make_peer, release_kv, worker_info
 from kv_transfer.peer import PeerInfo, StoreAddress, WorkerInfo
 from prefill_worker.messages import PrefillTask
 
@@ -39,23 +37,18 @@ class PrefillWorker:
                  *, connect_timeout_s: float = 30.0) -> None:
         self.worker_id = worker_id
         self.engine = LLMEngine(engine_config, record_kv_events=True)
-        segment = self.engine.kv_segment.name if self.engine.kv_segment is not None else None
-        self.peer = PeerInfo(worker_id, uuid.uuid4().hex[:12], "prefill",
-                             locality=local_kv.locality(self.engine.runner.kv_cache, segment))
+        self.peer = make_peer(worker_id, "prefill", self.engine)
         self.loop = EngineLoop(self.engine, name=f"{worker_id}-engine")
         self.faults = FaultInjector()
         self.agent = TransferAgent(self.peer, store, self.engine.runner.kv_cache, connect_timeout_s=connect_timeout_s,
-                                   faults=self.faults, on_acked=self._on_acked, kv_segment_name=segment)
+                                   faults=self.faults, on_acked=self._on_acked, kv_segment_name=kv_segment_name(self.engine))
         self._shipping: dict[str, _Shipping] = {}  # engine thread only
         self.loop.add_after_step(self._ship)
         self.loop.start()
 
     # -- Ray-facing API ---------------------------------------------------------------------
     def info(self) -> WorkerInfo:
-        e = self.engine
-        sc = e.config.scheduler
-        return WorkerInfo(self.peer, e.num_total_blocks, e.block_manager.block_size, e.max_model_len,
-                          e.model_config.vocab_size, e.config.model, sc.max_num_seqs, sc.max_num_batched_tokens)
+        return worker_info(self.peer, self.engine)
 
     def connect(self, decode: PeerInfo) -> None:
         self.agent.connect(decode)
@@ -97,8 +90,7 @@ class PrefillWorker:
     def shutdown(self) -> None:
         self.loop.stop()
         self.agent.close()
-        if self.engine.kv_segment is not None:
-            release_shared(self.engine.kv_segment)
+        release_kv(self.engine)
 
     # -- engine thread ------------------------------------------------------------------------
     def _ship(self, engine: LLMEngine, so) -> None:
