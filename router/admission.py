@@ -13,6 +13,7 @@ Every rejection is counted by lane and reason.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass
@@ -148,6 +149,9 @@ class AdmissionInput:
     completions_per_s: float | None = None  # measured request completion rate (None: not yet known)
     service_s: float | None = None  # measured dispatch -> first token (None: not yet known)
     decode_pace_s: float | None = None  # measured time per output token lately (None: not known)
+    # Dispatched, unfinished requests: (output tokens so far, expected output tokens) each.
+    running: tuple[tuple[int, int], ...] = ()
+    expected_output_tokens: float | None = None  # of a request that takes a freed slot (None: max_tokens)
 
 
 @dataclass(frozen=True)
@@ -161,23 +165,54 @@ class TtftPrediction:
         return self.wait_s + self.service_s + self.window_s
 
 
+def slot_free_after(remaining_s: list[float], needed: int, refill_s: float) -> float:
+    """When the ``needed``-th sequence slot frees up: slots free as running requests finish
+    (``remaining_s`` each), and every freed slot but ours goes to a request ahead of us, which then
+    holds it for ``refill_s``. (Running requests that started together also finish together: a
+    completion *rate* would promise the first slot long before any frees.)"""
+    if needed <= 0:
+        return 0.0
+    if not remaining_s:
+        return refill_s * needed
+    heap = sorted(max(0.0, r) for r in remaining_s)
+    for _ in range(needed - 1):
+        heapq.heapreplace(heap, heap[0] + refill_s)
+    return heap[0]
+
+
 def predict_ttft(x: AdmissionInput) -> TtftPrediction:
     """Queue wait + service time + batch window.
 
     Queue wait is the later of: prefilling the work ahead at the measured prefill rate, and — when
-    the decode pool is full — enough requests finishing to free a sequence slot, at the measured
-    completion rate. Service time is the recently measured time from dispatch to first token (it
-    includes our own prefill, the transfer, and whatever the pools are slowed by right now); before
-    any measurement, our own prompt at the prefill rate.
+    the decode pool is full — enough running requests finishing to free a sequence slot for us and
+    for each request ahead: each running request's expected remaining tokens at the live decode
+    pace (or, before the pace is known, the measured completion rate). Service time is the recently
+    measured time from dispatch to first token (it includes our own prefill, the transfer, and
+    whatever the pools are slowed by right now); before any measurement, our own prompt at the
+    prefill rate.
     """
     rate = max(x.prefill_tokens_per_s, 1e-6)
     prefill_wait = (x.tokens_ahead + x.pool_queued_tokens) / rate
+    service = x.service_s if x.service_s is not None else x.prompt_tokens / rate
     slot_wait = 0.0
     short = x.requests_ahead + 1 - x.free_seq_slots
-    if short > 0 and x.completions_per_s:
+    if short > 0 and x.running and x.decode_pace_s:
+        pace = x.decode_pace_s
+        remaining = [(total - done) * pace + (service if done == 0 else 0.0) for done, total in x.running]
+        expected = x.expected_output_tokens if x.expected_output_tokens is not None else x.max_tokens
+        slot_wait = slot_free_after(remaining, short, service + expected * pace)
+    elif short > 0 and x.completions_per_s:
         slot_wait = short / x.completions_per_s
-    service = x.service_s if x.service_s is not None else x.prompt_tokens / rate
     return TtftPrediction(max(prefill_wait, slot_wait), service, x.lane.batch_window_s)
+
+
+def expected_total_tokens(generated: int, max_tokens: int, mean_output_tokens: float | None) -> int:
+    """A running request's expected output length: the recent mean, but at least one more than it
+    has and at most its max_tokens (max_tokens alone is far too pessimistic for chat requests that
+    ask for "up to the context length" and stop after a few hundred)."""
+    if mean_output_tokens is None:
+        return max_tokens
+    return min(max_tokens, max(int(round(mean_output_tokens)), generated + 1))
 
 
 def predict_ttft_s(x: AdmissionInput) -> float:

@@ -2,15 +2,23 @@
 
 Credits come from the workers' load reports — free KV blocks and sequence slots on the decode
 workers, queued prefill tokens on the prefill workers — minus what this router dispatched since
-those reports were taken (charges expire after ``charge_ttl_s``, by when a fresh report includes
-them). Keeping the backlog in the router, where lanes are visible, rather than in the workers'
-queues is what lets weighted fair sharing and admission work.
+those reports were taken. A charge covers a request from its reservation until it is placed and
+counted by the worker's next report: blocks are reported every decode step, so block charges
+expire after ``charge_ttl_s``; prefill workers report every monitor interval, so once placed a
+request's prompt tokens are counted on its worker handle (``dispatched_tokens``) until then. (A
+1.5 s charge life double-counted everything dispatched in the last 1.5 s and held requests in the
+router with the pools idle.) Sequence slots in use are the larger of the reported count and this
+router's own unfinished dispatches, which is exact and current for one router.
+
+Keeping the backlog in the router, where lanes are visible, rather than in the workers' queues is
+what lets weighted fair sharing and admission work.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from typing import Callable
 
 from router.worker_pool import WorkerPool
 
@@ -22,47 +30,66 @@ class Capacity:
         *,
         prefill_backlog_chunks: float = 2.0,
         kv_reserve_fraction: float = 0.05,
-        charge_ttl_s: float = 1.5,
+        charge_ttl_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool = pool
+        self._clock = clock  # the simulator passes its own
+        # Requests this router dispatched (reserve) that have not finished (release): an exact,
+        # current lower bound on the decode slots in use, where load reports lag by a polling interval.
+        self.in_flight = 0
         self.prefill_backlog_chunks = prefill_backlog_chunks  # queued prefill per worker, in step budgets
         self.kv_reserve_fraction = kv_reserve_fraction
         self.charge_ttl_s = charge_ttl_s
-        self._charges: deque[tuple[float, int, int, int]] = deque()  # (time, blocks, seqs, prefill tokens)
+        self._charges: deque[tuple[float, int, int]] = deque()  # (time, blocks, prefill tokens)
 
-    def _pending(self, now: float) -> tuple[int, int, int]:
+    def _pending(self, now: float) -> tuple[int, int]:
         while self._charges and now - self._charges[0][0] > self.charge_ttl_s:
             self._charges.popleft()
-        blocks = sum(c[1] for c in self._charges)
-        seqs = sum(c[2] for c in self._charges)
-        tokens = sum(c[3] for c in self._charges)
-        return blocks, seqs, tokens
+        return sum(c[1] for c in self._charges), sum(c[2] for c in self._charges)
+
+    def reserve(self, prompt_tokens: int, max_tokens: int, block_size: int) -> bool:
+        """Take the credits for one request if there is room (the dispatcher then sends it). Checking
+        and charging together matters: one dispatch round may pass many requests, and each must see
+        the ones before it."""
+        if not self.has_room(prompt_tokens, max_tokens):
+            return False
+        self.charge(prompt_tokens, max_tokens, block_size)
+        self.in_flight += 1
+        return True
+
+    def release(self) -> None:
+        """A reserved request finished (or was aborted)."""
+        self.in_flight = max(0, self.in_flight - 1)
+
+    def free_seq_slots(self) -> int:
+        """Decode sequence slots not yet taken, counting what was dispatched since the last reports;
+        negative when requests wait in the workers' queues for a slot."""
+        decode = self.pool.live("decode")
+        slots = sum(w.info.max_num_seqs for w in decode)
+        reported = sum(w.load.num_running + w.load.num_waiting + w.load.num_reserved for w in decode if w.load)
+        return slots - max(reported, self.in_flight)
 
     def has_room(self, prompt_tokens: int, max_tokens: int) -> bool:
-        now = time.monotonic()
-        p_blocks, p_seqs, p_tokens = self._pending(now)
+        p_blocks, p_tokens = self._pending(self._clock())
         decode = self.pool.live("decode")
         if not decode:
             return False
-        free = seqs_left = 0
+        free = 0
         need = 0
         reserve = 0
         for w in decode:
             bs = w.info.block_size
             need = -(-(prompt_tokens + min(max_tokens, 64)) // bs)  # the prompt and the first steps
-            if w.load is None:
-                free += w.info.num_blocks
-                seqs_left += w.info.max_num_seqs
-            else:
-                free += w.load.num_free_blocks
-                seqs_left += w.info.max_num_seqs - (w.load.num_running + w.load.num_waiting + w.load.num_reserved)
+            free += w.info.num_blocks if w.load is None else w.load.num_free_blocks
             reserve += int(self.kv_reserve_fraction * w.info.num_blocks)
-        if free - p_blocks - need < reserve or seqs_left - p_seqs < 1:
+        if free - p_blocks - need < reserve or self.free_seq_slots() < 1:
             return False
         prefill = self.pool.live("prefill")
         if prefill:
             limit = sum(self.prefill_backlog_chunks * w.info.max_num_batched_tokens for w in prefill)
-            queued = sum(w.load.queued_prefill_tokens if w.load else 0 for w in prefill)
+            # dispatched_tokens: placed since that worker's last report (which will include them).
+            queued = sum((w.load.queued_prefill_tokens if w.load else 0) + w.dispatched_tokens for w in prefill)
             # A lone prompt bigger than the limit still goes when the pool is empty.
             if queued + p_tokens > 0 and queued + p_tokens + prompt_tokens > limit:
                 return False
@@ -70,7 +97,7 @@ class Capacity:
 
     def charge(self, prompt_tokens: int, max_tokens: int, block_size: int) -> None:
         blocks = -(-(prompt_tokens + min(max_tokens, 64)) // block_size)
-        self._charges.append((time.monotonic(), blocks, 1, prompt_tokens))
+        self._charges.append((self._clock(), blocks, prompt_tokens))
 
     def idle(self) -> bool:
         """Spare capacity: under half the sequence slots in use and no prefill backlog."""

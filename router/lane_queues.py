@@ -74,6 +74,17 @@ class LaneQueues:
                 ahead += min(self.queued_tokens[name], ours * other.weight / w)
         return int(ahead)
 
+    def requests_ahead(self, lane: str) -> int:
+        """Queued requests a new request of ``lane`` would wait behind, weighted like ``tokens_ahead``:
+        its own lane's queue, plus what the other lanes get while that much of ours goes."""
+        w = self.lanes[lane].weight
+        mine = len(self.queues[lane])
+        ahead = float(mine)
+        for name, other in self.lanes.items():
+            if name != lane and self.queues[name]:
+                ahead += min(len(self.queues[name]), (mine + 1) * other.weight / w)
+        return int(ahead)
+
     # -- dispatch ---------------------------------------------------------------------------
     def take(self, has_capacity: Callable[[Pending], bool], *, idle: bool, now: float | None = None,
              limit: int = 64) -> list[Pending]:

@@ -33,6 +33,7 @@ from router.admission import (
     CompletionRate,
     Ewma,
     PrefillRate,
+    expected_total_tokens,
     live_decode_pace,
 )
 from router.api import (
@@ -93,6 +94,7 @@ class Router:
         self.completion_rate = CompletionRate()
         self.service_time = Ewma()  # dispatch -> first token
         self.decode_pace = Ewma()  # seconds per output token, from finished requests' last tokens
+        self.output_tokens = Ewma(alpha=0.1)  # output length of finished requests
         self.queues = LaneQueues(self.policy.lanes)
         self.capacity = Capacity(pool)
         self.created = int(time.time())
@@ -175,45 +177,54 @@ class Router:
                 return ReplayStream(replay)
 
         lane_cfg = self.policy.lane(lane)
+        durable = lane_cfg.durable and self.batch is not None
+        # Everything that awaits comes before the admission decision, and the request joins its
+        # lane queue right after it with no await in between: concurrent arrivals then each see
+        # the ones admitted before them (an await here let a burst all see an empty queue).
+        hint = NO_HINT if durable else await self._placement_hint(ids, self._salt(tenant.name))
         try:
             predicted = await self.admission.admit(AdmissionInput(
                 lane=lane_cfg, tenant=tenant, prompt_tokens=len(ids), max_tokens=req.sampling.max_tokens,
                 lane_depth=self.queues.depth(lane), tokens_ahead=self.queues.tokens_ahead(lane),
                 pool_queued_tokens=self._pool_queued_tokens(), prefill_tokens_per_s=self._prefill_rate(),
-                requests_ahead=len(self.queues), free_seq_slots=self._free_seq_slots(),
+                requests_ahead=self.queues.requests_ahead(lane), free_seq_slots=self.capacity.free_seq_slots(),
                 completions_per_s=self.completion_rate.per_s(),
                 service_s=self.service_time.fresh(SERVICE_TIME_MAX_AGE_S),
-                decode_pace_s=self._decode_pace()))
+                decode_pace_s=self._decode_pace(), running=self._running(),
+                expected_output_tokens=self._expected_output(req.sampling.max_tokens)))
         except RouterError:
             if idem:
                 await self.state.idempotency_release(*idem)
             raise
 
-        if lane_cfg.durable and self.batch is not None:
+        if durable:
             try:  # journaled first: it survives this router
                 return await self.batch.submit(job_payload(rid, tenant.name, lane, ids, req.sampling, prompt_text),
                                                lane)
             except StateUnavailable:
                 log.warning("Redis unavailable: batch request %s runs without the journal", rid)
 
-        ctx = await self._enqueue(rid, tenant.name, lane, ids, req.sampling, prompt_text, idem)
+        ctx = self._enqueue(rid, tenant.name, lane, ids, req.sampling, prompt_text, hint, idem)
         ctx.predicted_ttft_s = predicted
         out = RouterStream(ctx, self)
         if req.deadline_s is not None:
             asyncio.get_running_loop().create_task(with_deadline(out, req.deadline_s))
         return out
 
-    async def _enqueue(self, rid: str, tenant: str, lane: str, ids: list[int], sampling: SamplingParams,
-                       prompt_text: str | None, idem: tuple[str, str] | None = None) -> RequestContext:
+    def _salt(self, tenant: str) -> str | None:
+        return tenant if self.config.tenant_cache_isolation else None
+
+    def _enqueue(self, rid: str, tenant: str, lane: str, ids: list[int], sampling: SamplingParams,
+                 prompt_text: str | None, hint: PlacementHint, idem: tuple[str, str] | None = None) -> RequestContext:
         lane_cfg = self.policy.lane(lane)
-        salt = tenant if self.config.tenant_cache_isolation else None
+        salt = self._salt(tenant)
         spec = RequestSpec(rid, tuple(ids), sampling, priority=lane_cfg.priority, cache_salt=salt,
                            origin=self.dispatcher.router_id)
         stream = RequestStream(rid, len(ids))
         stream.bind(asyncio.get_running_loop())
         ctx = RequestContext(rid, tenant, lane, len(ids), sampling.max_tokens, stream, spec,
                              prompt_text=prompt_text, idempotency=idem)
-        ctx.hint = await self._placement_hint(ids, salt)
+        ctx.hint = hint
         self._requests[rid] = ctx
         first_block = hash_blocks(ids[: self.block_size], self.block_size, salt)
         self.queues.push(Pending(rid, lane, len(ids) + min(sampling.max_tokens, 64),
@@ -227,7 +238,8 @@ class Router:
         if job_id in self._requests:  # already running here (a re-claim of our own job)
             ctx = self._requests[job_id]
         else:
-            ctx = await self._enqueue(job_id, tenant, lane, ids, sampling, prompt_text)
+            hint = await self._placement_hint(ids, self._salt(tenant))
+            ctx = self._requests.get(job_id) or self._enqueue(job_id, tenant, lane, ids, sampling, prompt_text, hint)
         ctx.durable = True
         return await RouterStream(ctx, self).result()
 
@@ -328,7 +340,6 @@ class Router:
                 waited = now - ctx.arrival
                 ctx.window_s = min(window, waited)
                 self.prom.queued(ctx.lane, waited, ctx.window_s)
-                self.capacity.charge(ctx.prompt_tokens, ctx.max_tokens, self.block_size)
                 loop.run_in_executor(self._executor, self._submit, ctx)
             self._wake.clear()
             if len(self.queues):
@@ -343,7 +354,7 @@ class Router:
 
     def _has_room(self, p: Pending) -> bool:
         ctx: RequestContext = p.payload
-        return self.capacity.has_room(ctx.prompt_tokens, ctx.max_tokens)
+        return self.capacity.reserve(ctx.prompt_tokens, ctx.max_tokens, self.block_size)
 
     def _submit(self, ctx: RequestContext) -> None:
         try:
@@ -358,6 +369,8 @@ class Router:
             return
         ctx.finished = True
         self._requests.pop(ctx.request_id, None)
+        if ctx.dispatched is not None:
+            self.capacity.release()
         self.completion_rate.tick()
         s = ctx.stream
         if s.finished_time is not None and s.finish_reason != "abort":
@@ -365,6 +378,7 @@ class Router:
             gaps = [b - a for a, b in zip(s.token_times, s.token_times[1:])]
             if len(gaps) >= 4:  # the pace at the end of its life: what running requests get now
                 self.decode_pace.observe(statistics.median(gaps[-16:]))
+            self.output_tokens.observe(len(s.token_ids))
             self.prom.request_finished(ctx.lane, s.finish_reason, ctx.prompt_tokens, len(s.token_ids), ttft,
                                           s.finished_time - ctx.arrival, gaps)
             if ttft is not None and ctx.dispatched is not None:
@@ -401,12 +415,19 @@ class Router:
                                  if ctx.dispatched is not None and ctx.stream.finished_time is None], now)
         return live if live is not None else self.decode_pace.fresh(SERVICE_TIME_MAX_AGE_S, now)
 
-    def _free_seq_slots(self) -> int:
-        free = 0
-        for w in self.pool.live("decode"):
-            used = w.load.num_running + w.load.num_waiting + w.load.num_reserved if w.load else 0
-            free += max(0, w.info.max_num_seqs - used)
-        return free
+    def _running(self) -> tuple[tuple[int, int], ...]:
+        """(tokens so far, expected output tokens) of every dispatched, unfinished request."""
+        mean = self.output_tokens.value
+        out = []
+        for ctx in self._requests.values():
+            if ctx.dispatched is not None and ctx.stream.finished_time is None:
+                done = len(ctx.stream.token_times)
+                out.append((done, expected_total_tokens(done, ctx.max_tokens, mean)))
+        return tuple(out)
+
+    def _expected_output(self, max_tokens: int) -> float:
+        mean = self.output_tokens.value
+        return float(max_tokens) if mean is None else min(float(max_tokens), mean)
 
     def _prefill_rate(self) -> float:
         pool = self.pool.live("prefill") or self.pool.live("decode")

@@ -41,21 +41,6 @@ def run_sync(coro):
     raise RuntimeError("a simulated router call tried to wait on I/O")
 
 
-class SimCapacity(Capacity):
-    """``router.capacity.Capacity`` on the simulation's clock: charges expire in simulated time."""
-
-    def __init__(self, pool: WorkerPool, loop: EventLoop) -> None:
-        super().__init__(pool)
-        self._loop = loop
-
-    def _pending(self, now: float) -> tuple[int, int, int]:
-        return super()._pending(self._loop.now)
-
-    def charge(self, prompt_tokens: int, max_tokens: int, block_size: int) -> None:
-        blocks = -(-(prompt_tokens + min(max_tokens, 64)) // block_size)
-        self._charges.append((self._loop.now, blocks, 1, prompt_tokens))
-
-
 class SimRouter:
     def __init__(self, loop: EventLoop, cfg: SimConfig, cost: CostModel, pool: WorkerPool, seed: int = 0) -> None:
         self.loop = loop
@@ -72,7 +57,7 @@ class SimRouter:
         self.service_time = Ewma()
         self.decode_pace = Ewma()  # as router.Router: the pace of finished requests' last tokens
         self.queues = LaneQueues(self.policy.lanes)
-        self.capacity = SimCapacity(pool, loop)
+        self.capacity = Capacity(pool, clock=lambda: loop.now)
         self.index = LocalPrefixIndex()
         self.dispatcher: SimDispatcher | None = None  # wired by the simulation
         self.records: list[RequestRecord] = []
@@ -94,7 +79,7 @@ class SimRouter:
                 lane=lane_cfg, tenant=self.tenant, prompt_tokens=len(ids), max_tokens=req.output_len,
                 lane_depth=self.queues.depth(lane), tokens_ahead=self.queues.tokens_ahead(lane),
                 pool_queued_tokens=self._pool_queued_tokens(), prefill_tokens_per_s=self._prefill_rate(),
-                requests_ahead=len(self.queues), free_seq_slots=self._free_seq_slots(),
+                requests_ahead=len(self.queues), free_seq_slots=self.capacity.free_seq_slots(),
                 completions_per_s=self.completion_rate.per_s(now),
                 service_s=self.service_time.fresh(SERVICE_TIME_MAX_AGE_S, now),
                 decode_pace_s=self.decode_pace.fresh(SERVICE_TIME_MAX_AGE_S, now))))
@@ -127,7 +112,6 @@ class SimRouter:
         for p in batch:
             t: Tracked = p.payload
             t.dispatched = t.record.dispatched_s = now
-            self.capacity.charge(t.record.prompt_len, t.record.output_len, self.block_size)
             self.dispatcher.submit(t)
         if len(self.queues):
             nxt = self.queues.next_deadline(now)
@@ -144,7 +128,7 @@ class SimRouter:
 
     def _has_room(self, p: Pending) -> bool:
         t: Tracked = p.payload
-        return self.capacity.has_room(t.record.prompt_len, t.record.output_len)
+        return self.capacity.reserve(t.record.prompt_len, t.record.output_len, self.block_size)
 
     # -- feedback from the workers -----------------------------------------------------------------
     def on_load(self, handle: WorkerHandle, load, events: list) -> None:
@@ -155,6 +139,7 @@ class SimRouter:
 
     def on_finished(self, t: Tracked) -> None:
         self.in_flight -= 1
+        self.capacity.release()
         self.completion_rate.tick(self.loop.now)
         rec = t.record
         if rec.token_times and t.dispatched is not None:
@@ -199,9 +184,3 @@ class SimRouter:
     def _pool_queued_tokens(self) -> int:
         return sum((w.load.queued_prefill_tokens if w.load else 0) + w.dispatched_tokens for w in self._prefill_pool())
 
-    def _free_seq_slots(self) -> int:
-        free = 0
-        for w in self.pool.live("decode"):
-            used = w.load.num_running + w.load.num_waiting + w.load.num_reserved if w.load else 0
-            free += max(0, w.info.max_num_seqs - used)
-        return free

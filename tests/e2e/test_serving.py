@@ -236,13 +236,11 @@ def test_overload_gets_429_or_503_with_retry_after_and_admitted_ttft_within_slo(
     assert rejected and all(r[1] is not None and int(r[1]) >= 1 for r in rejected)
     assert {r[0] for r in results} <= {200, 429, 503}
     assert admitted
-    # Measured by the router itself (arrival -> first token): the clients' view adds this process's
-    # 24 client threads competing with the in-process server for the GIL. KNOWN GAP: under this
-    # overload 80-90% of admitted requests meet the SLO, not the 99% the issue asks for (without
-    # admission it is 0-17%, bench experiment 4); the bound below catches regressions, not the goal.
+    # p99 TTFT within the SLO, measured by the router itself (arrival -> first token): the clients'
+    # view adds this process's 24 client threads competing with the in-process server for the GIL.
     within, total = _interactive_ttft_counts(srv)
     assert total - total0 >= len(admitted) - 1
-    assert (within - within0) / (total - total0) >= 0.7, (within - within0, total - total0)
+    assert (within - within0) / (total - total0) >= 0.99, (within - within0, total - total0)
     p99 = statistics.quantiles(admitted, n=100)[98] if len(admitted) > 1 else admitted[0]
     assert p99 <= 3 * INTERACTIVE_SLO, sorted(admitted)[-10:]
     metrics = httpx.get(f"{srv.http}/metrics").text

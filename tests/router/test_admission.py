@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from router.admission import Admission, AdmissionInput, predict_ttft
+from router.admission import Admission, AdmissionInput, expected_total_tokens, predict_ttft, slot_free_after
 from router.api import ErrorKind, RouterError
 from router.lanes import LaneConfig, TenantConfig
 
@@ -97,3 +97,31 @@ def test_live_decode_pace_is_the_median_stream_pace_and_sees_stalls():
     assert live_decode_pace([slow, slow, steady], now=2.05) == pytest.approx(0.5)
     # Tokens delivered in one poll (zero gaps) and then nothing for 0.8 s: the step in progress counts.
     assert live_decode_pace([[1.0, 1.0, 1.0, 1.0]], now=1.8) == pytest.approx(0.8)
+
+
+def test_slots_free_when_running_requests_finish_not_at_an_average_rate():
+    # 8 requests started together, 40 of 48 tokens left at 50 ms/token: no slot frees for 2 s.
+    running = tuple((8, 48) for _ in range(8))
+    p = predict_ttft(_input(requests_ahead=0, free_seq_slots=0, running=running, decode_pace_s=0.05,
+                            completions_per_s=4.0, service_s=0.1, expected_output_tokens=48))
+    assert p.wait_s == pytest.approx(2.0)
+    # Seven ahead of us take seven of the wave's slots; we get the eighth.
+    p = predict_ttft(_input(requests_ahead=7, free_seq_slots=0, running=running, decode_pace_s=0.05,
+                            service_s=0.1, expected_output_tokens=48))
+    assert p.wait_s == pytest.approx(2.0)
+    # Eight ahead: the whole wave goes to them; we wait for one of them to finish.
+    p = predict_ttft(_input(requests_ahead=8, free_seq_slots=0, running=running, decode_pace_s=0.05,
+                            service_s=0.1, expected_output_tokens=48))
+    assert p.wait_s == pytest.approx(2.0 + 0.1 + 48 * 0.05)
+    # Staggered finishes: the earliest one frees our slot.
+    staggered = tuple((48 - k, 48) for k in range(1, 9))
+    p = predict_ttft(_input(free_seq_slots=0, running=staggered, decode_pace_s=0.05, service_s=0.1))
+    assert p.wait_s == pytest.approx(0.05)
+    assert slot_free_after([], 2, 1.5) == pytest.approx(3.0) and slot_free_after([1.0], 0, 1.0) == 0.0
+
+
+def test_expected_length_of_a_running_request():
+    assert expected_total_tokens(10, 4096, None) == 4096  # nothing measured: its max_tokens
+    assert expected_total_tokens(10, 4096, 120.0) == 120  # typical length, within its budget
+    assert expected_total_tokens(150, 4096, 120.0) == 151  # already longer: at least one more
+    assert expected_total_tokens(3, 16, 120.0) == 16  # never beyond max_tokens

@@ -1,0 +1,70 @@
+"""Capacity credits in isolation (pure Python): what one dispatch round may take."""
+
+from engine.worker_stats import WorkerLoad
+from kv_transfer.peer import PeerInfo, WorkerInfo
+from router.capacity import Capacity
+from router.worker_pool import WorkerHandle, WorkerPool
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _handle(wid: str, role: str, max_num_seqs: int = 8, num_blocks: int = 1000) -> WorkerHandle:
+    info = WorkerInfo(PeerInfo(wid, "i0", role), num_blocks=num_blocks, block_size=16, max_model_len=4096,
+                      vocab_size=100, model="m", max_num_seqs=max_num_seqs, max_num_batched_tokens=256)
+    return WorkerHandle(wid, role, actor=None, info=info, alive=True)
+
+
+def _load(h: WorkerHandle, running: int = 0, waiting: int = 0, queued_prefill: int = 0) -> None:
+    h.update_load(WorkerLoad(h.worker_id, "i0", h.role, num_running=running, num_waiting=waiting,
+                             num_free_blocks=h.info.num_blocks, num_total_blocks=h.info.num_blocks,
+                             queued_prefill_tokens=queued_prefill))
+
+
+def test_a_burst_in_one_round_takes_no_more_than_the_free_slots():
+    decode = _handle("d0", "decode", max_num_seqs=8)
+    _load(decode)
+    cap = Capacity(WorkerPool([], [decode]), clock=Clock())
+    assert cap.reserve(40, 48, 16)
+    _load(decode, running=1)  # the last report: 7 free
+    # No report arrives between the checks of one dispatch round: each reservation must count.
+    taken = [cap.reserve(40, 48, 16) for _ in range(24)]
+    assert taken.count(True) == 7 and taken[:7] == [True] * 7
+    assert cap.free_seq_slots() == 0
+
+
+def test_own_dispatches_and_reports_are_not_counted_twice():
+    decode = _handle("d0", "decode", max_num_seqs=8)
+    _load(decode)
+    cap = Capacity(WorkerPool([], [decode]), clock=Clock())
+    for _ in range(3):
+        assert cap.reserve(40, 48, 16)
+    _load(decode, running=3)  # the report now includes them
+    assert cap.free_seq_slots() == 5
+    _load(decode, running=6)  # another router's requests too: the report is the larger
+    assert cap.free_seq_slots() == 2
+    for _ in range(3):
+        cap.release()
+    _load(decode, running=3)
+    assert cap.free_seq_slots() == 5
+    _load(decode, running=8, waiting=2)  # requests waiting in the worker for a slot: negative
+    assert cap.free_seq_slots() == -2 and not cap.has_room(40, 48)
+
+
+def test_prefill_backlog_counts_placed_tokens_until_the_next_report():
+    clock = Clock()
+    prefill, decode = _handle("p0", "prefill"), _handle("d0", "decode", max_num_seqs=64)
+    _load(prefill), _load(decode)
+    cap = Capacity(WorkerPool([prefill], [decode]), clock=clock)  # backlog limit: 2 x 256 tokens
+    assert cap.reserve(200, 16, 16) and cap.reserve(200, 16, 16)
+    assert not cap.has_room(200, 16)  # 400 charged + 200 > 512
+    clock.t += 1.0  # charges expired, but the dispatcher placed them: counted on the handle
+    prefill.dispatched_tokens = 400
+    assert not cap.has_room(200, 16)
+    _load(prefill, queued_prefill=0)  # the report after they were computed: room again
+    assert prefill.dispatched_tokens == 0 and cap.has_room(200, 16)

@@ -1,0 +1,70 @@
+"""The router's lane queues (pure Python): weighted deficit round robin, batch windows, prefix
+groups, and how much work a new request would wait behind."""
+
+from router.lane_queues import LaneQueues, Pending
+from router.lanes import LaneConfig
+
+INTERACTIVE = LaneConfig("interactive", ttft_slo_s=2, tpot_slo_s=0.25, weight=8, priority=0)
+BATCH = LaneConfig("batch", ttft_slo_s=600, tpot_slo_s=5, weight=1, priority=2, batch_window_s=0.5)
+
+
+def _queues() -> LaneQueues:
+    return LaneQueues((INTERACTIVE, BATCH), quantum=100)
+
+
+def _push(q: LaneQueues, rid: str, lane: str, cost: int = 100, prefix: bytes | None = None, at: float = 0.0):
+    q.push(Pending(rid, lane, cost, prefix, enqueued=at))
+
+
+def test_dispatch_shares_by_weight_while_both_lanes_are_backlogged():
+    q = _queues()
+    for i in range(40):
+        _push(q, f"i{i}", "interactive")
+        _push(q, f"b{i}", "batch")
+    budget = iter([True] * 18 + [False])
+    out = q.take(lambda p: next(budget), idle=False, now=10.0)  # batch heads have waited their window
+    lanes = [p.lane for p in out]
+    assert len(out) == 18 and lanes.count("interactive") == 16 and lanes.count("batch") == 2
+
+
+def test_a_batch_window_holds_requests_unless_the_pools_are_idle_and_nothing_else_waits():
+    q = _queues()
+    _push(q, "b0", "batch", at=0.0)
+    assert q.take(lambda p: True, idle=False, now=0.1) == []
+    assert q.next_deadline(now=0.1) == 0.5
+    assert [p.request_id for p in q.take(lambda p: True, idle=True, now=0.1)] == ["b0"]
+    _push(q, "b1", "batch", at=1.0)
+    _push(q, "i0", "interactive", at=1.0)
+    assert [p.request_id for p in q.take(lambda p: True, idle=False, now=1.1)] == ["i0"]
+    assert [p.request_id for p in q.take(lambda p: True, idle=False, now=1.5)] == ["b1"]
+
+
+def test_batch_requests_sharing_a_prefix_leave_together():
+    q = _queues()
+    _push(q, "a0", "batch", prefix=b"A", at=0.0)
+    _push(q, "b0", "batch", prefix=b"B", at=0.0)
+    _push(q, "a1", "batch", prefix=b"A", at=0.2)
+    out = q.take(lambda p: True, idle=False, now=0.6, limit=2)
+    assert [p.request_id for p in out] == ["a0", "a1"]
+
+
+def test_capacity_running_out_stops_the_round_and_keeps_the_order():
+    q = _queues()
+    for i in range(3):
+        _push(q, f"i{i}", "interactive")
+    assert [p.request_id for p in q.take(lambda p: p.request_id != "i1", idle=False)] == ["i0"]
+    assert [p.request_id for p in q.take(lambda p: True, idle=False)] == ["i1", "i2"] and len(q) == 0
+
+
+def test_requests_ahead_counts_other_lanes_by_their_share():
+    q = _queues()
+    for i in range(3):
+        _push(q, f"i{i}", "interactive")
+    for i in range(40):
+        _push(q, f"b{i}", "batch")
+    # 3 of ours ahead, and while 4 of ours (with us) go, the batch lane gets 4 x 1/8.
+    assert q.requests_ahead("interactive") == 3
+    # A batch request waits for its 40 and for the interactive lane's share of that round, capped.
+    assert q.requests_ahead("batch") == 43
+    # In tokens: ours, and the batch lane's share of at least one full round of ours (8 quanta).
+    assert q.tokens_ahead("interactive") == 300 + 800 // 8
