@@ -147,7 +147,7 @@ class AdmissionInput:
     requests_ahead: int = 0  # requests queued in the router ahead of this one
     free_seq_slots: int = 1 << 30  # sequence slots free on the decode workers
     completions_per_s: float | None = None  # measured request completion rate (None: not yet known)
-    service_s: float | None = None  # measured dispatch -> first token (None: not yet known)
+    service_s: float | None = None  # predicted dispatch -> first token without queueing (None: prompt / rate)
     decode_pace_s: float | None = None  # measured time per output token lately (None: not known)
     # Dispatched, unfinished requests: (output tokens so far, expected output tokens) each.
     running: tuple[tuple[int, int], ...] = ()
@@ -180,16 +180,24 @@ def slot_free_after(remaining_s: list[float], needed: int, refill_s: float) -> f
     return heap[0]
 
 
+def service_overhead(dispatch_to_first_token_s: float, prefill_queue_s: float, prefill_compute_s: float) -> float:
+    """What a request's first token took beyond queueing for and computing its prefill: placement
+    calls, the KV transfer, joining the decode batch. Admission predicts the service time as the
+    prompt at the measured prefill rate plus this (recent mean): a mean of whole dispatch -> first
+    token times mixes short and long prompts and counts queueing that the wait term already has,
+    and a burst's high value then rejected everything on an idle cluster."""
+    return max(0.0, dispatch_to_first_token_s - prefill_queue_s - prefill_compute_s)
+
+
 def predict_ttft(x: AdmissionInput) -> TtftPrediction:
     """Queue wait + service time + batch window.
 
     Queue wait is the later of: prefilling the work ahead at the measured prefill rate, and — when
     the decode pool is full — enough running requests finishing to free a sequence slot for us and
     for each request ahead: each running request's expected remaining tokens at the live decode
-    pace (or, before the pace is known, the measured completion rate). Service time is the recently
-    measured time from dispatch to first token (it includes our own prefill, the transfer, and
-    whatever the pools are slowed by right now); before any measurement, our own prompt at the
-    prefill rate.
+    pace (or, before the pace is known, the measured completion rate). Service time is our own
+    prompt at the measured prefill rate plus the recent ``service_overhead``, as the caller gives
+    it (before any measurement, the prompt alone).
     """
     rate = max(x.prefill_tokens_per_s, 1e-6)
     prefill_wait = (x.tokens_ahead + x.pool_queued_tokens) / rate
@@ -228,7 +236,7 @@ class Admission:
         self.slo_rejection = slo_rejection
         # The queue-wait estimate is inflated by 1/headroom before it is compared with the
         # objective: it is a model and errs low under bursts, and an admitted request that misses
-        # its SLO costs more than a quick 503. The service time is measured, so it is not inflated:
+        # its SLO costs more than a quick 503. The service time is mostly measured, so it is not inflated:
         # inflating it too rejected 78% at 1.7x capacity for a third of the goodput (BENCHMARKS).
         self.slo_headroom = slo_headroom
         self.rejections: dict[tuple[str, str], int] = {}
@@ -273,6 +281,10 @@ class Admission:
             )
         prediction = predict_ttft(x)
         ttft = prediction.total_s
+        if not x.running and prediction.wait_s == 0:
+            # Nothing ahead and nothing running: waiting cannot make it faster. (A prompt too long
+            # for the objective even on idle pools is served now rather than locked out for good.)
+            return ttft
         guarded = prediction.wait_s / self.slo_headroom + prediction.service_s + prediction.window_s
         if self.slo_rejection and guarded > x.lane.ttft_slo_s:
             self._count(lane, "slo_predicted")
@@ -282,7 +294,9 @@ class Admission:
                 f"predicted {ttft:.1f} s. Retry later.",
                 code="slo_predicted_violation", retry_after_s=self._retry_after(x),
             )
-        if self.slo_rejection and x.decode_pace_s is not None and x.decode_pace_s > x.lane.tpot_slo_s:
+        # The pace is measured, but one more sequence slows it: the same headroom guards it.
+        if (self.slo_rejection and x.running and x.decode_pace_s is not None
+                and x.decode_pace_s > x.lane.tpot_slo_s * self.slo_headroom):
             self._count(lane, "slo_tpot")
             raise RouterError(
                 ErrorKind.OVERLOADED,

@@ -35,6 +35,7 @@ from router.admission import (
     PrefillRate,
     expected_total_tokens,
     live_decode_pace,
+    service_overhead,
 )
 from router.api import (
     ErrorKind,
@@ -92,7 +93,7 @@ class Router:
                                    slo_rejection=config.slo_rejection, slo_headroom=config.slo_headroom)
         self.prefill_rate = PrefillRate(config.initial_prefill_tokens_per_s)
         self.completion_rate = CompletionRate()
-        self.service_time = Ewma()  # dispatch -> first token
+        self.service_overhead = Ewma()  # dispatch -> first token, less prefill queueing and compute
         self.decode_pace = Ewma()  # seconds per output token, from finished requests' last tokens
         self.output_tokens = Ewma(alpha=0.1)  # output length of finished requests
         self.queues = LaneQueues(self.policy.lanes)
@@ -189,7 +190,7 @@ class Router:
                 pool_queued_tokens=self._pool_queued_tokens(), prefill_tokens_per_s=self._prefill_rate(),
                 requests_ahead=self.queues.requests_ahead(lane), free_seq_slots=self.capacity.free_seq_slots(),
                 completions_per_s=self.completion_rate.per_s(),
-                service_s=self.service_time.fresh(SERVICE_TIME_MAX_AGE_S),
+                service_s=self._service_s(len(ids)),
                 decode_pace_s=self._decode_pace(), running=self._running(),
                 expected_output_tokens=self._expected_output(req.sampling.max_tokens)))
         except RouterError:
@@ -384,7 +385,9 @@ class Router:
             if ttft is not None and ctx.dispatched is not None:
                 self.prom.ttft_breakdown(ctx.lane, {"router_queue": ctx.dispatched - ctx.arrival,
                                                     **(s.ttft_breakdown or {})})
-                self.service_time.observe(s.first_token_time - ctx.dispatched)
+                bd = s.ttft_breakdown or {}
+                self.service_overhead.observe(service_overhead(
+                    s.first_token_time - ctx.dispatched, bd.get("prefill_queue", 0.0), bd.get("prefill_compute", 0.0)))
         if ctx.idempotency is not None and self._loop is not None:
             final = s.final_output()
             self._loop.create_task(self.state.idempotency_finish(*ctx.idempotency, ctx, final))
@@ -414,6 +417,11 @@ class Router:
         live = live_decode_pace([list(ctx.stream.token_times[-9:]) for ctx in self._requests.values()
                                  if ctx.dispatched is not None and ctx.stream.finished_time is None], now)
         return live if live is not None else self.decode_pace.fresh(SERVICE_TIME_MAX_AGE_S, now)
+
+    def _service_s(self, prompt_tokens: int) -> float | None:
+        """Our own prefill at the measured rate plus the recent overhead (None: not measured yet)."""
+        overhead = self.service_overhead.fresh(SERVICE_TIME_MAX_AGE_S)
+        return None if overhead is None else prompt_tokens / max(self._prefill_rate(), 1e-6) + overhead
 
     def _running(self) -> tuple[tuple[int, int], ...]:
         """(tokens so far, expected output tokens) of every dispatched, unfinished request."""

@@ -34,6 +34,9 @@ class Tracked:
     lane: str
     dispatched: float | None = None
     decode: WorkerHandle | None = None
+    prefill: WorkerHandle | None = None  # where the prompt was computed (the decode worker if local)
+    prefill_queue_s: float = 0.0
+    prefill_compute_s: float = 0.0
 
 
 class SimDispatcher:
@@ -71,6 +74,7 @@ class SimDispatcher:
         if not prefill_on_decode(self.pool, spec, d, t.hint, self.threshold):
             p = choose_prefill(self.pool, spec, t.hint)
         if p is None:
+            t.prefill = d
             dw.call(lambda w: w.add_request(spec), lambda _: self._placed(t, "local"))
             return
         dw.call(lambda w: w.reserve(spec), lambda res: self._reserved(t, d, p, res))
@@ -79,9 +83,11 @@ class SimDispatcher:
         spec = t.spec
         if not res.accepted:  # the decode worker is full now: it prefills the prompt when it can
             self.num_refused += 1
+            t.prefill = d
             d.actor.call(lambda w: w.add_request(spec), lambda _: self._placed(t, "local"))
             return
         t.record.prefill_worker = p.worker_id
+        t.prefill = p
         p.dispatched_tokens += spec.num_prompt_tokens
         hooks, dw = self.prefill_hooks, d.actor
         p.actor.call(lambda w: hooks.start(w, spec, dw, res.num_cached_blocks),
@@ -111,6 +117,8 @@ class SimDispatcher:
                 rec.preemptions = req.num_preemptions
             if len(rec.token_times) == 1:
                 rec.cached_tokens = req.num_cached_tokens
+                if t.prefill is not None:
+                    t.prefill_queue_s, t.prefill_compute_s = t.prefill.actor.take_prefill_timing(req.request_id)
             if req.is_finished:
                 rec.finished_s = at
                 del self.tracked[req.request_id]

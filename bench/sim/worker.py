@@ -74,6 +74,9 @@ class SimWorker:
         self.steps = 0
         self.busy_seconds = 0.0
         self.max_step_s = 0.0
+        # Per request prefilled here: [arrival, first scheduled, prompt computed] in simulated time
+        # (the engine's own timestamps are wall-clock); the TTFT breakdown the real workers report.
+        self.prefill_timing: dict[str, list[float | None]] = {}
 
     # -- the router's side of a Ray call ---------------------------------------------------------
     def call(self, fn: Callable[[SimWorker], Any], reply: Callable[[Any], None] | None = None) -> None:
@@ -105,6 +108,10 @@ class SimWorker:
         if so.is_empty:  # nothing can run until a call changes something (KV arrives, blocks free)
             self.runner.execute(so)
             return
+        for rid in so.request_ids:
+            timing = self.prefill_timing.get(rid)
+            if timing is not None and timing[1] is None:
+                timing[1] = self.loop.now
         dt = self.cost.step_seconds(shape_of_schedule(so, sched.requests, self.block_manager.block_size))
         # Neighbours computing at the same time share the memory bus (measured by the profile).
         dt *= self.step_scale * (1.0 + self.cost.neighbour_slowdown * self.host.busy)
@@ -115,6 +122,11 @@ class SimWorker:
 
     def _end_step(self, so: SchedulerOutput, dt: float) -> None:
         updated = self.scheduler.update_from_output(self.runner.execute(so))
+        for rid in so.request_ids:
+            timing = self.prefill_timing.get(rid)
+            req = self.scheduler.requests.get(rid)
+            if timing is not None and timing[2] is None and (req is None or req.num_computed_tokens >= req.num_prompt_tokens):
+                timing[2] = self.loop.now
         self.steps += 1
         self.busy_seconds += dt
         self.max_step_s = max(self.max_step_s, dt)
@@ -132,7 +144,15 @@ class SimWorker:
     def add_request(self, spec: RequestSpec, prefill_only: bool = False) -> Request:
         req = self._request(spec, prefill_only)
         self.scheduler.add_request(req)
+        self.prefill_timing[spec.request_id] = [self.loop.now, None, None]
         return req
+
+    def take_prefill_timing(self, request_id: str) -> tuple[float, float]:
+        """(prefill queue, prefill compute) seconds of a request prefilled here; (0, 0) if unknown."""
+        timing = self.prefill_timing.pop(request_id, None)
+        if timing is None or timing[1] is None or timing[2] is None:
+            return 0.0, 0.0
+        return timing[1] - timing[0], timing[2] - timing[1]
 
     def reserve(self, spec: RequestSpec) -> ReserveResult:
         req = self._request(spec)

@@ -4,7 +4,14 @@ import asyncio
 
 import pytest
 
-from router.admission import Admission, AdmissionInput, expected_total_tokens, predict_ttft, slot_free_after
+from router.admission import (
+    Admission,
+    AdmissionInput,
+    expected_total_tokens,
+    predict_ttft,
+    service_overhead,
+    slot_free_after,
+)
 from router.api import ErrorKind, RouterError
 from router.lanes import LaneConfig, TenantConfig
 
@@ -67,23 +74,42 @@ def test_a_stale_service_time_cannot_lock_a_lane_out():
     service = Ewma()
     service.observe(6.6, now=100.0)  # one slow burst: above the 2 s objective
     adm = Admission(4096, None)
+    busy = ((5, 20),)  # one request running
     with pytest.raises(RouterError):
-        _admit(adm, _input(service_s=service.fresh(15.0, now=110.0)))
+        _admit(adm, _input(service_s=service.fresh(15.0, now=110.0), running=busy))
     # Nothing admitted since: after 15 s the measurement is stale and the model estimate
     # (100 prompt tokens at 1000 tokens/s) lets a probe through.
     assert service.fresh(15.0, now=116.0) is None
-    assert _admit(adm, _input(service_s=service.fresh(15.0, now=116.0))) == pytest.approx(0.1)
+    assert _admit(adm, _input(service_s=service.fresh(15.0, now=116.0), running=busy)) == pytest.approx(0.1)
 
 
 def test_a_slow_decode_pace_rejects_until_it_recovers():
     adm = Admission(4096, None)
     # Tokens take 0.4 s each right now (objective 0.25 s): one more sequence would slow them further.
+    busy = ((5, 20), (9, 20))
     with pytest.raises(RouterError) as e:
-        _admit(adm, _input(service_s=0.2, decode_pace_s=0.4))
+        _admit(adm, _input(service_s=0.2, decode_pace_s=0.4, running=busy))
     assert e.value.kind is ErrorKind.OVERLOADED and "time-per-output-token" in str(e.value)
     assert adm.rejections == {("interactive", "slo_tpot"): 1}
-    _admit(adm, _input(service_s=0.2, decode_pace_s=0.1))  # recovered
-    _admit(Admission(4096, None, slo_rejection=False), _input(service_s=0.2, decode_pace_s=0.4))
+    _admit(adm, _input(service_s=0.2, decode_pace_s=0.1, running=busy))  # recovered
+    _admit(adm, _input(service_s=0.2, decode_pace_s=0.4))  # the slow streams have finished
+    _admit(Admission(4096, None, slo_rejection=False), _input(service_s=0.2, decode_pace_s=0.4, running=busy))
+
+
+def test_idle_pools_admit_even_a_request_that_cannot_meet_the_objective():
+    adm = Admission(4096, None)
+    # 5 s of its own prefill (a long prompt on a slow machine): nothing ahead, nothing running, so
+    # waiting cannot help; rejecting it would lock it out for good.
+    assert _admit(adm, _input(service_s=5.0)) == pytest.approx(5.0)
+    with pytest.raises(RouterError):  # with anything running or queued it is judged as usual
+        _admit(adm, _input(service_s=5.0, running=((1, 10),)))
+    with pytest.raises(RouterError):
+        _admit(adm, _input(service_s=5.0, pool_queued_tokens=10))
+
+
+def test_service_overhead_leaves_out_prefill_queueing_and_compute():
+    assert service_overhead(2.5, prefill_queue_s=1.9, prefill_compute_s=0.4) == pytest.approx(0.2)
+    assert service_overhead(0.3, prefill_queue_s=0.2, prefill_compute_s=0.2) == 0.0  # clock skew: never negative
 
 
 def test_live_decode_pace_is_the_median_stream_pace_and_sees_stalls():
