@@ -13,7 +13,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import statistics
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -26,17 +25,7 @@ from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestOutput
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
-from router.admission import (
-    SERVICE_TIME_MAX_AGE_S,
-    Admission,
-    AdmissionInput,
-    CompletionRate,
-    Ewma,
-    PrefillRate,
-    expected_total_tokens,
-    live_decode_pace,
-    service_overhead,
-)
+from router.admission import Admission, AdmissionInput, PrefillRate
 from router.api import (
     ErrorKind,
     GenerateRequest,
@@ -53,6 +42,7 @@ from router.dispatcher import Dispatcher
 from router.durable_batch import DurableBatch, job_payload
 from router.lane_queues import LaneQueues, Pending
 from router.lanes import LanePolicy, TenantConfig
+from router.load_signals import LoadSignals
 from router.metrics import RouterMetrics
 from router.placement import NO_HINT, PlacementHint
 from router.router_stream import ReplayStream, RequestContext, RouterStream, with_deadline
@@ -92,10 +82,7 @@ class Router:
         self.admission = Admission(self.max_model_len, self.state.rate_limiter, self.prom,
                                    slo_rejection=config.slo_rejection, slo_headroom=config.slo_headroom)
         self.prefill_rate = PrefillRate(config.initial_prefill_tokens_per_s)
-        self.completion_rate = CompletionRate()
-        self.service_overhead = Ewma()  # dispatch -> first token, less prefill queueing and compute
-        self.decode_pace = Ewma()  # seconds per output token, from finished requests' last tokens
-        self.output_tokens = Ewma(alpha=0.1)  # output length of finished requests
+        self.signals = LoadSignals()
         self.queues = LaneQueues(self.policy.lanes)
         self.capacity = Capacity(pool)
         self.created = int(time.time())
@@ -189,10 +176,11 @@ class Router:
                 lane_depth=self.queues.depth(lane), tokens_ahead=self.queues.tokens_ahead(lane),
                 pool_queued_tokens=self._pool_queued_tokens(), prefill_tokens_per_s=self._prefill_rate(),
                 requests_ahead=self.queues.requests_ahead(lane), free_seq_slots=self.capacity.free_seq_slots(),
-                completions_per_s=self.completion_rate.per_s(),
-                service_s=self._service_s(len(ids)),
-                decode_pace_s=self._decode_pace(), running=self._running(),
-                expected_output_tokens=self._expected_output(req.sampling.max_tokens)))
+                completions_per_s=self.signals.completion_rate.per_s(),
+                service_s=self.signals.service_s(len(ids), self._prefill_rate()),
+                decode_pace_s=self.signals.decode_pace_s(self._live_token_times()),
+                running=self.signals.running((len(c.stream.token_times), c.max_tokens) for c in self._running()),
+                expected_output_tokens=self.signals.expected_output(req.sampling.max_tokens)))
         except RouterError:
             if idem:
                 await self.state.idempotency_release(*idem)
@@ -372,22 +360,20 @@ class Router:
         self._requests.pop(ctx.request_id, None)
         if ctx.dispatched is not None:
             self.capacity.release()
-        self.completion_rate.tick()
+        now = time.monotonic()
+        self.signals.completion_rate.tick(now)
         s = ctx.stream
         if s.finished_time is not None and s.finish_reason != "abort":
             ttft = s.first_token_time - ctx.arrival if s.first_token_time else None
             gaps = [b - a for a, b in zip(s.token_times, s.token_times[1:])]
-            if len(gaps) >= 4:  # the pace at the end of its life: what running requests get now
-                self.decode_pace.observe(statistics.median(gaps[-16:]))
-            self.output_tokens.observe(len(s.token_ids))
             self.prom.request_finished(ctx.lane, s.finish_reason, ctx.prompt_tokens, len(s.token_ids), ttft,
                                           s.finished_time - ctx.arrival, gaps)
-            if ttft is not None and ctx.dispatched is not None:
-                self.prom.ttft_breakdown(ctx.lane, {"router_queue": ctx.dispatched - ctx.arrival,
-                                                    **(s.ttft_breakdown or {})})
-                bd = s.ttft_breakdown or {}
-                self.service_overhead.observe(service_overhead(
-                    s.first_token_time - ctx.dispatched, bd.get("prefill_queue", 0.0), bd.get("prefill_compute", 0.0)))
+            measured = ttft is not None and ctx.dispatched is not None
+            bd = s.ttft_breakdown or {}
+            if measured:
+                self.prom.ttft_breakdown(ctx.lane, {"router_queue": ctx.dispatched - ctx.arrival, **bd})
+            self.signals.finished(now, s.token_times, s.first_token_time - ctx.dispatched if measured else None,
+                                  bd.get("prefill_queue", 0.0), bd.get("prefill_compute", 0.0))
         if ctx.idempotency is not None and self._loop is not None:
             final = s.final_output()
             self._loop.create_task(self.state.idempotency_finish(*ctx.idempotency, ctx, final))
@@ -411,31 +397,12 @@ class Router:
         return {"in_flight": len(self._requests), "queued": len(self.queues), "draining": self.draining,
                 "lanes": {lane.name: self.queues.depth(lane.name) for lane in self.policy.lanes}}
 
-    def _decode_pace(self) -> float | None:
-        """The running requests' current pace if any are streaming; else recent finished ones'."""
-        now = time.monotonic()
-        live = live_decode_pace([list(ctx.stream.token_times[-9:]) for ctx in self._requests.values()
-                                 if ctx.dispatched is not None and ctx.stream.finished_time is None], now)
-        return live if live is not None else self.decode_pace.fresh(SERVICE_TIME_MAX_AGE_S, now)
+    def _running(self) -> list[RequestContext]:
+        """Dispatched, unfinished requests."""
+        return [c for c in self._requests.values() if c.dispatched is not None and c.stream.finished_time is None]
 
-    def _service_s(self, prompt_tokens: int) -> float | None:
-        """Our own prefill at the measured rate plus the recent overhead (None: not measured yet)."""
-        overhead = self.service_overhead.fresh(SERVICE_TIME_MAX_AGE_S)
-        return None if overhead is None else prompt_tokens / max(self._prefill_rate(), 1e-6) + overhead
-
-    def _running(self) -> tuple[tuple[int, int], ...]:
-        """(tokens so far, expected output tokens) of every dispatched, unfinished request."""
-        mean = self.output_tokens.value
-        out = []
-        for ctx in self._requests.values():
-            if ctx.dispatched is not None and ctx.stream.finished_time is None:
-                done = len(ctx.stream.token_times)
-                out.append((done, expected_total_tokens(done, ctx.max_tokens, mean)))
-        return tuple(out)
-
-    def _expected_output(self, max_tokens: int) -> float:
-        mean = self.output_tokens.value
-        return float(max_tokens) if mean is None else min(float(max_tokens), mean)
+    def _live_token_times(self) -> list[list[float]]:
+        return [list(c.stream.token_times[-9:]) for c in self._running()]
 
     def _prefill_rate(self) -> float:
         pool = self.pool.live("prefill") or self.pool.live("decode")

@@ -11,7 +11,6 @@ the prefill workers are asked for their load (answered at their next step bounda
 
 from __future__ import annotations
 
-import statistics
 
 from bench.profile.cost_model import CostModel
 from bench.sim.clock import EventLoop
@@ -21,21 +20,12 @@ from bench.sim.requests import RequestRecord, SimRequest, prompt_token_ids
 from engine.block_hash import hash_blocks
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
-from router.admission import (
-    SERVICE_TIME_MAX_AGE_S,
-    Admission,
-    AdmissionInput,
-    CompletionRate,
-    Ewma,
-    PrefillRate,
-    expected_total_tokens,
-    live_decode_pace,
-    service_overhead,
-)
+from router.admission import Admission, AdmissionInput, PrefillRate
 from router.api import RouterError
 from router.capacity import Capacity
 from router.classify import classify
 from router.lane_queues import LaneQueues, Pending
+from router.load_signals import LoadSignals
 from router.placement import NO_HINT, PlacementHint
 from router.state.prefix_index import LocalPrefixIndex
 from router.worker_pool import WorkerHandle, WorkerPool
@@ -63,10 +53,7 @@ class SimRouter:
         self.block_size = cost.model.block_size
         self.admission = Admission(cost.model.max_model_len, None, slo_rejection=cfg.slo_rejection)
         self.prefill_rate = PrefillRate(cfg.initial_prefill_tokens_per_s)
-        self.completion_rate = CompletionRate()
-        self.service_overhead = Ewma()
-        self.decode_pace = Ewma()  # as router.Router: the pace of finished requests' last tokens
-        self.output_tokens = Ewma(alpha=0.1)
+        self.signals = LoadSignals()  # as router.Router
         self.running: dict[str, Tracked] = {}  # dispatched, not finished
         self.queues = LaneQueues(self.policy.lanes)
         self.capacity = Capacity(pool, clock=lambda: loop.now)
@@ -92,10 +79,13 @@ class SimRouter:
                 lane_depth=self.queues.depth(lane), tokens_ahead=self.queues.tokens_ahead(lane),
                 pool_queued_tokens=self._pool_queued_tokens(), prefill_tokens_per_s=self._prefill_rate(),
                 requests_ahead=self.queues.requests_ahead(lane), free_seq_slots=self.capacity.free_seq_slots(),
-                completions_per_s=self.completion_rate.per_s(now),
-                service_s=self._service_s(len(ids), now),
-                decode_pace_s=self._decode_pace(now),
-                running=self._running(), expected_output_tokens=self._expected_output(req.output_len))))
+                completions_per_s=self.signals.completion_rate.per_s(now),
+                service_s=self.signals.service_s(len(ids), self._prefill_rate(), now),
+                decode_pace_s=self.signals.decode_pace_s([t.record.token_times[-9:] for t in self.running.values()],
+                                                         now),
+                running=self.signals.running((len(t.record.token_times), t.record.output_len)
+                                             for t in self.running.values()),
+                expected_output_tokens=self.signals.expected_output(req.output_len))))
         except RouterError as e:
             rec.rejected = e.code or e.kind.type
             return
@@ -154,16 +144,13 @@ class SimRouter:
     def on_finished(self, t: Tracked) -> None:
         self.in_flight -= 1
         self.running.pop(t.spec.request_id, None)
-        self.output_tokens.observe(len(t.record.token_times), now=self.loop.now)
         self.capacity.release()
-        self.completion_rate.tick(self.loop.now)
+        now = self.loop.now
+        self.signals.completion_rate.tick(now)
         rec = t.record
-        if rec.token_times and t.dispatched is not None:
-            self.service_overhead.observe(service_overhead(rec.token_times[0] - t.dispatched, t.prefill_queue_s,
-                                                           t.prefill_compute_s), now=rec.token_times[0])
-        gaps = [b - a for a, b in zip(rec.token_times, rec.token_times[1:])]
-        if len(gaps) >= 4:
-            self.decode_pace.observe(statistics.median(gaps[-16:]), now=self.loop.now)
+        measured = rec.token_times and t.dispatched is not None
+        self.signals.finished(now, rec.token_times, rec.token_times[0] - t.dispatched if measured else None,
+                              t.prefill_queue_s, t.prefill_compute_s)
         self.dispatch()
 
     def housekeeping(self) -> None:
@@ -200,24 +187,3 @@ class SimRouter:
 
     def _pool_queued_tokens(self) -> int:
         return sum((w.load.queued_prefill_tokens if w.load else 0) + w.dispatched_tokens for w in self._prefill_pool())
-
-
-    def _service_s(self, prompt_tokens: int, now: float) -> float | None:
-        overhead = self.service_overhead.fresh(SERVICE_TIME_MAX_AGE_S, now)
-        return None if overhead is None else prompt_tokens / max(self._prefill_rate(), 1e-6) + overhead
-
-    def _decode_pace(self, now: float) -> float | None:
-        live = live_decode_pace([t.record.token_times[-9:] for t in self.running.values()], now)
-        return live if live is not None else self.decode_pace.fresh(SERVICE_TIME_MAX_AGE_S, now)
-
-    def _running(self) -> tuple[tuple[int, int], ...]:
-        mean = self.output_tokens.value
-        out = []
-        for t in self.running.values():
-            done = len(t.record.token_times)
-            out.append((done, expected_total_tokens(done, t.record.output_len, mean)))
-        return tuple(out)
-
-    def _expected_output(self, max_tokens: int) -> float:
-        mean = self.output_tokens.value
-        return float(max_tokens) if mean is None else min(float(max_tokens), mean)

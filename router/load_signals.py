@@ -1,0 +1,59 @@
+"""What admission measures from the requests it let in (pure Python), shared by the router and the
+simulator so both predict from the same signals: the completion rate, the service overhead, the
+decode pace of finished requests, their output length, and the running requests' expected length.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Iterable
+
+from router.admission import (
+    SERVICE_TIME_MAX_AGE_S,
+    CompletionRate,
+    Ewma,
+    expected_total_tokens,
+    live_decode_pace,
+    service_overhead,
+)
+
+
+class LoadSignals:
+    def __init__(self) -> None:
+        self.completion_rate = CompletionRate()
+        self.service_overhead = Ewma()  # dispatch -> first token, less prefill queueing and compute
+        self.decode_pace = Ewma()  # seconds per output token, from finished requests' last tokens
+        self.output_tokens = Ewma(alpha=0.1)  # output length of finished requests
+
+    def finished(self, now: float, token_times: list[float], dispatch_to_first_token_s: float | None,
+                 prefill_queue_s: float = 0.0, prefill_compute_s: float = 0.0) -> None:
+        """A request that ran to its end (not aborted)."""
+        gaps = [b - a for a, b in zip(token_times, token_times[1:])]
+        if len(gaps) >= 4:  # the pace at the end of its life: what running requests get now
+            self.decode_pace.observe(statistics.median(gaps[-16:]), now)
+        self.output_tokens.observe(len(token_times), now)
+        if dispatch_to_first_token_s is not None:
+            self.service_overhead.observe(
+                service_overhead(dispatch_to_first_token_s, prefill_queue_s, prefill_compute_s), now)
+
+    def service_s(self, prompt_tokens: int, prefill_tokens_per_s: float, now: float | None = None) -> float | None:
+        """Our own prefill at the measured rate plus the recent overhead (None: not measured yet)."""
+        overhead = self.service_overhead.fresh(SERVICE_TIME_MAX_AGE_S, now)
+        return None if overhead is None else prompt_tokens / max(prefill_tokens_per_s, 1e-6) + overhead
+
+    def decode_pace_s(self, live_token_times: list[list[float]], now: float | None = None) -> float | None:
+        """The running requests' current pace if any are streaming; else recent finished ones'."""
+        now = time.monotonic() if now is None else now
+        live = live_decode_pace(live_token_times, now)
+        return live if live is not None else self.decode_pace.fresh(SERVICE_TIME_MAX_AGE_S, now)
+
+    def running(self, progress: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+        """(tokens so far, expected output tokens) from (tokens so far, max_tokens) per running request."""
+        mean = self.output_tokens.value
+        return tuple((done, expected_total_tokens(done, max_tokens, mean)) for done, max_tokens in progress)
+
+    def expected_output(self, max_tokens: int) -> float:
+        """Output length of a request that takes a freed slot."""
+        mean = self.output_tokens.value
+        return float(max_tokens) if mean is None else min(float(max_tokens), mean)
