@@ -204,5 +204,6 @@ class DecodeWorker:
             num_reserved=len(s.reserved), transfers_completed=st.completed, transfers_failed=st.failed,
             transfer_bytes=st.bytes_received, transfer_seconds=st.seconds, prefix_queries=bm.num_prefix_queries,
             prefix_hits=bm.num_prefix_hits, steps=self.loop.num_steps, busy_seconds=self.loop.busy_seconds,
+            busy_cpu_seconds=self.loop.busy_cpu_seconds,
             prompt_tokens_computed=s.prompt_tokens_computed,
         )

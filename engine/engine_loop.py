@@ -42,6 +42,9 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.num_steps = 0
         self.busy_seconds = 0.0
+        # CPU time of the loop thread during steps: below busy_seconds when the step waited for a
+        # core (other processes on a small host), which is how contention is measured.
+        self.busy_cpu_seconds = 0.0
 
     # -- wiring ----------------------------------------------------------------------------
     def add_after_step(self, hook: Callable[[LLMEngine, Any], None]) -> None:
@@ -112,12 +115,13 @@ class EngineLoop:
                     tick(engine)
                 if not engine.has_unfinished_requests():
                     continue
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 outputs = engine.step()
                 so = engine.last_scheduler_output
                 for hook in self._after_step:
                     hook(engine, so)
                 self.busy_seconds += time.perf_counter() - t0
+                self.busy_cpu_seconds += time.thread_time() - c0
                 self.num_steps += 1
                 self.push_outputs(outputs)
         except BaseException as e:  # a broken engine must not hang its callers

@@ -28,7 +28,8 @@ class WorkerLoad:
     prefix_queries: int = 0
     prefix_hits: int = 0
     steps: int = 0
-    busy_seconds: float = 0.0
+    busy_seconds: float = 0.0  # wall time in steps
+    busy_cpu_seconds: float = 0.0  # the stepping thread's CPU time in them (less: it waited for a core)
     prompt_tokens_computed: int = 0  # cumulative: with busy_seconds, the measured prefill rate
 
     @property

@@ -139,5 +139,6 @@ class PrefillWorker:
             num_transferring=len(s.transferring), transfers_completed=st.completed, transfers_failed=st.failed,
             transfer_bytes=self.agent.bytes_sent(), prefix_queries=bm.num_prefix_queries,
             prefix_hits=bm.num_prefix_hits, steps=self.loop.num_steps, busy_seconds=self.loop.busy_seconds,
+            busy_cpu_seconds=self.loop.busy_cpu_seconds,
             prompt_tokens_computed=s.prompt_tokens_computed,
         )

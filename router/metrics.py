@@ -123,6 +123,11 @@ class _WorkerCollector:
         tf = CounterMetricFamily("baton_kv_transfer_failures", "Transfers that failed or missed their deadline.",
                                  labels=labels)
         tc = CounterMetricFamily("baton_kv_transfers", "Transfers completed.", labels=labels)
+        steps = CounterMetricFamily("baton_worker_steps", "Engine steps run.", labels=labels)
+        busy = CounterMetricFamily("baton_worker_busy_seconds", "Wall-clock seconds spent in engine steps.",
+                                   labels=labels)
+        busy_cpu = CounterMetricFamily("baton_worker_busy_cpu_seconds", "CPU seconds of the stepping thread in "
+                                       "engine steps (below busy seconds when steps wait for a core).", labels=labels)
         for load in self.loads():
             lv = [load.role, load.worker_id, self.model]
             kv.add_metric(lv, load.kv_usage)
@@ -135,4 +140,7 @@ class _WorkerCollector:
             ts.add_metric(lv, load.transfer_seconds)
             tf.add_metric(lv, load.transfers_failed)
             tc.add_metric(lv, load.transfers_completed)
-        yield from (kv, run, wait, queued, q, h, tb, ts, tf, tc)
+            steps.add_metric(lv, load.steps)
+            busy.add_metric(lv, load.busy_seconds)
+            busy_cpu.add_metric(lv, load.busy_cpu_seconds)
+        yield from (kv, run, wait, queued, q, h, tb, ts, tf, tc, steps, busy, busy_cpu)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from bench.experiments.cpu_usage import CpuMeter
 from bench.experiments.server import ExperimentServer, ServerSetup
 from bench.serve.report import run_report, write_json
 from bench.serve.runner import RunConfig, run_load_sync
@@ -126,8 +127,16 @@ def run_setup(setup: ServerSetup, spec: WorkloadSpec, rates: list[float], args: 
                             seed=args.seed, warmup_s=min(args.warmup, args.duration / 2), drain_s=args.drain,
                             timeout_s=max(600.0, args.duration + args.drain), slos=slos or {},
                             progress=not args.no_progress)
-            report = run_report(run_load_sync(cfg))
+            meter = CpuMeter(server.pid) if server.pid is not None else None
+            if meter is not None:
+                meter.start()
+            result = run_load_sync(cfg)
+            report = run_report(result)
             report["setup"] = setup.name
+            if meter is not None:  # the whole run: arrivals and drain, all processes of the cluster
+                report["cpu"] = meter.stop()
+                say(f"{setup.name}: cores used — workers {report['cpu']['workers_cores']:.2f}, "
+                    f"router/Ray/Redis/client {report['cpu']['host_cores']:.2f}")
             out.reports.append(report)
             if after_run is not None:
                 after_run(report)

@@ -123,6 +123,11 @@ class ExperimentServer:
         self.say(f"server '{setup.name}' ready in {self.startup_s:.0f} s at {msg[1]}")
         return self.endpoints
 
+    @property
+    def pid(self) -> int | None:
+        """The server process's pid (the router runs in it; Redis and Ray are its descendants)."""
+        return None if self._proc is None else self._proc.pid
+
     def _stop(self) -> None:
         if self._conn is not None:
             try:

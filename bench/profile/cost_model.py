@@ -6,16 +6,20 @@ File format (JSON, ``"schema": "baton.cost_model/1"``)::
     model     {spec, name, architecture, num_layers, vocab_size, max_model_len, dtype,
                kv_bytes_per_token, block_size, num_kv_blocks}
     step      {features [...], coefficients {feature: seconds per unit}, fit {...},
-               neighbour_slowdown}                             per busy worker on the same host
+               neighbour_slowdown,                             per busy worker on the same host
+               typical_over_fastest}                           a mean repeat / the fastest (noise)
     transfer  {bandwidth_bytes_per_s, latency_s, source}       KV shipped prefill -> decode (gloo)
     local_transfer {...} | null                                the same host, caches in shared memory
     overheads {step_s, rpc_s, output_s, source}                the serving system around a step
+    host      {cores, base_cores, cpu_s_per_token, ...} | null the rest of the stack's CPU (bench.profile.host)
     samples   [{kind, seconds, shape {...}}]                   the raw measurements
 
 A step takes ``sum(coefficient x feature)`` seconds (features in ``bench.profile.step_shape``), plus
 ``overheads.step_s`` when it runs inside a serving worker (its engine loop, output hand-off and
 load reports), times ``1 + neighbour_slowdown`` per other worker busy on the same host at the
-same time (CPU workers share memory bandwidth and cache). ``rpc_s`` is one router -> worker call;
+same time (CPU workers share memory bandwidth and cache); the coefficients fit the fastest repeat of
+each batch, and ``typical_over_fastest`` is how much slower the average repeat was (the noise a
+serving worker lives with: the simulator multiplies by it). ``rpc_s`` is one router -> worker call;
 ``output_s`` is a step's outputs reaching the
 client (the decode worker's outbox, the router's long poll, the stream).
 """
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.profile.fit import FitReport
+from bench.profile.host import HostModel
 from bench.profile.step_shape import FEATURES, StepShape
 
 SCHEMA = "baton.cost_model/1"
@@ -96,7 +101,8 @@ class CostModel:
     created: str = ""
     neighbour_slowdown: float = 0.0
     local_transfer: TransferModel | None = None  # engine.kv_shared_memory: same-host copies
-
+    host: HostModel | None = None  # None: the workers have the cores to themselves
+    typical_over_fastest: float = 1.0
 
     def __post_init__(self) -> None:
         for name, c in self.coefficients.items():
@@ -110,6 +116,8 @@ class CostModel:
         o = self.overheads
         if min(o.step_s, o.rpc_s, o.output_s) < 0:
             raise CostModelError("overheads must be >= 0")
+        if not (math.isfinite(self.typical_over_fastest) and self.typical_over_fastest >= 1.0):
+            raise CostModelError(f"step.typical_over_fastest must be >= 1, got {self.typical_over_fastest!r}")
         if not (math.isfinite(self.neighbour_slowdown) and self.neighbour_slowdown >= 0):
             raise CostModelError(f"step.neighbour_slowdown must be >= 0, got {self.neighbour_slowdown!r}")
 
@@ -144,10 +152,12 @@ class CostModel:
                 "coefficients": dict(self.coefficients),
                 "fit": self.fit.to_json() if self.fit else None,
                 "neighbour_slowdown": self.neighbour_slowdown,
+                "typical_over_fastest": self.typical_over_fastest,
             },
             "transfer": dict(self.transfer.__dict__),
             "local_transfer": dict(self.local_transfer.__dict__) if self.local_transfer else None,
             "overheads": dict(self.overheads.__dict__),
+            "host": self.host.to_json() if self.host else None,
             "samples": [{"kind": s.kind, "point": s.point, "seconds": s.seconds, "shape": s.shape.to_json()}
                         for s in self.samples],
         }
@@ -201,7 +211,9 @@ class CostModel:
                        coefficients={str(k): float(v) for k, v in coefs.items()}, fit=fit, transfer=transfer,
                        overheads=overheads, machine=dict(d.get("machine") or {}), samples=samples,
                        created=str(d.get("created", "")),
-                       neighbour_slowdown=float(step.get("neighbour_slowdown", 0.0)), local_transfer=local)
+                       neighbour_slowdown=float(step.get("neighbour_slowdown", 0.0)), local_transfer=local,
+                       host=HostModel.from_json(d["host"]) if d.get("host") else None,
+                       typical_over_fastest=float(step.get("typical_over_fastest", 1.0)))
         except CostModelError as e:
             if str(e).startswith(source):
                 raise

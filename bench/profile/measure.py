@@ -178,6 +178,17 @@ def fastest_per_point(samples: list[Sample]) -> list[Sample]:
     return [best[p] for p in sorted(best)]
 
 
+def typical_over_fastest(samples: list[Sample]) -> float:
+    """How much slower a typical step is than the fastest repeat of the same batch: the mean over
+    grid points (with repeats) of mean / fastest. The fit uses the fastest repeats (a clean model),
+    but a serving worker lives with the noise; the simulator multiplies its steps by this."""
+    by_point: dict[int, list[float]] = {}
+    for s in samples:
+        by_point.setdefault(s.point, []).append(s.seconds)
+    ratios = [sum(v) / len(v) / min(v) for v in by_point.values() if len(v) >= 2 and min(v) > 0]
+    return sum(ratios) / len(ratios) if ratios else 1.0
+
+
 def engine_for_grid(model: str, grid: Grid, threads: int | None, device: str = "auto", dtype: str = "auto",
                     block_size: int = 16, progress: Callable[[str], None] | None = None):
     """An engine with room for every grid point (and no more: the KV pool is sized from the grid)."""

@@ -10,7 +10,14 @@ from typing import Callable
 
 from bench.profile.cost_model import CostModel, ModelGeometry, Overheads, TransferModel
 from bench.profile.fit import FitReport, fit_step_model, report
-from bench.profile.measure import StepTimer, default_grid, engine_for_grid, fastest_per_point, quick_grid
+from bench.profile.measure import (
+    StepTimer,
+    default_grid,
+    engine_for_grid,
+    fastest_per_point,
+    quick_grid,
+    typical_over_fastest,
+)
 from bench.profile.step_shape import FEATURES
 
 _CPU_KV_GB = 2.0  # what a serving worker's pool gets on CPU (engine.model_loader's default)
@@ -131,7 +138,8 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str], None] = lambda m
                  "load_avg_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},
         samples=tuple(samples),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        neighbour_slowdown=slowdown, local_transfer=local_transfer)
+        neighbour_slowdown=slowdown, local_transfer=local_transfer,
+        typical_over_fastest=typical_over_fastest(samples))
 
 
 def fit_samples(samples: list) -> tuple[dict[str, float], FitReport]:
@@ -148,7 +156,7 @@ def refit(cm: CostModel) -> CostModel:
     if not cm.samples:
         raise ValueError("the cost model holds no samples to fit")
     coefs, fit = fit_samples(list(cm.samples))
-    return replace(cm, coefficients=coefs, fit=fit)
+    return replace(cm, coefficients=coefs, fit=fit, typical_over_fastest=typical_over_fastest(list(cm.samples)))
 
 
 def summary(cm: CostModel) -> str:
@@ -165,6 +173,8 @@ def summary(cm: CostModel) -> str:
         lines.append(f"  fit over {f.n} batch shapes: median |error| {f.median_abs_rel_error * 100:.1f}%, "
                      f"p90 {f.p90_abs_rel_error * 100:.1f}%, max {f.max_abs_rel_error * 100:.1f}% ({kinds})")
     lines.append(f"  next to a busy worker on the same host: steps {cm.neighbour_slowdown * 100:.0f}% slower")
+    lines.append(f"  a typical repeat is {(cm.typical_over_fastest - 1) * 100:.1f}% slower than the fastest "
+                 "(the fit's); the simulator uses the typical")
     t, o = cm.transfer, cm.overheads
     lines.append(f"  KV transfer: {t.bandwidth_bytes_per_s / 1e9:.2f} GB/s + {t.latency_s * 1e3:.1f} ms ({t.source}); "
                  f"{cm.model.kv_bytes_per_token} bytes/token")

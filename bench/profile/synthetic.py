@@ -4,6 +4,7 @@ step cost half as much?"), and for reasoning about the simulator with round numb
 from __future__ import annotations
 
 from bench.profile.cost_model import CostModel, ModelGeometry, Overheads, TransferModel
+from bench.profile.host import HostModel
 
 
 def synthetic_cost_model(*, const_s: float = 0.010, multi_token_s: float = 0.0, per_token_s: float = 0.001,
@@ -12,7 +13,8 @@ def synthetic_cost_model(*, const_s: float = 0.010, multi_token_s: float = 0.0, 
                          block_size: int = 16, max_model_len: int = 4096, vocab_size: int = 1000,
                          kv_bytes_per_token: int = 46080, bandwidth_bytes_per_s: float = 0.65e9,
                          transfer_latency_s: float = 0.005, step_overhead_s: float = 0.0, rpc_s: float = 0.0,
-                         output_s: float = 0.0, neighbour_slowdown: float = 0.0, device: str = "cpu") -> CostModel:
+                         output_s: float = 0.0, neighbour_slowdown: float = 0.0, device: str = "cpu",
+                         host: HostModel | None = None) -> CostModel:
     return CostModel(
         device=device, threads=1,
         model=ModelGeometry(spec="synthetic", name="synthetic", architecture="LlamaForCausalLM", num_layers=1,
@@ -23,4 +25,4 @@ def synthetic_cost_model(*, const_s: float = 0.010, multi_token_s: float = 0.0, 
                       "decode_ctx_padded": decode_ctx_s, "decode_ctx_sum": 0.0, "prefill_pairs": prefill_pair_s},
         transfer=TransferModel(bandwidth_bytes_per_s, transfer_latency_s, "synthetic"),
         overheads=Overheads(step_overhead_s, rpc_s, output_s, "synthetic"),
-        created="synthetic", neighbour_slowdown=neighbour_slowdown)
+        created="synthetic", neighbour_slowdown=neighbour_slowdown, host=host)

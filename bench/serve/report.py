@@ -16,7 +16,9 @@ under it)::
       "summary": Stats,                      # all lanes together
       "lanes": {lane: Stats},
       "timeseries": [{t, in_flight, scraped, waiting: {lane: n}, running: {lane: n},
-                      kv_usage: {"role/worker": ratio}, worker_waiting: {...}, worker_running: {...}}],
+                      kv_usage: {"role/worker": ratio}, worker_waiting: {...}, worker_running: {...},
+                      worker_steps, worker_busy_s, worker_busy_cpu_s: {"role/worker": cumulative}}],
+      "workers": {"role/worker": {steps, busy_s, busy_cpu_s, mean_step_ms, busy_share, cpu_share}},
       "requests": [{index, lane, served_lane, status: "ok"|"rejected"|"error"|"timeout", reason,
                     arrival_s, send_s, prompt_len, output_len, output_tokens, cached_tokens, chunks,
                     ttft_s, tpot_s, e2e_s, http_status, grpc_code, error_type, error_code,
@@ -43,6 +45,7 @@ from typing import Any
 
 from bench.serve.runner import RunResult
 from bench.serve.search import SearchResult
+from bench.serve.server_metrics import worker_utilisation
 
 SCHEMA = "baton.bench.serve/1"
 
@@ -58,6 +61,7 @@ def run_report(result: RunResult, search: SearchResult[RunResult] | None = None)
         "summary": result.summary().to_dict(),
         "lanes": {lane: s.to_dict() for lane, s in result.lanes().items()},
         "timeseries": [s.to_dict() for s in result.timeseries],
+        "workers": worker_utilisation(result.timeseries),
         "requests": [r.to_dict() for r in result.records],
         "search": None,
     }

@@ -107,6 +107,7 @@ class SimDispatcher:
     def deliver(self, w: SimWorker, reqs: list[Request]) -> None:
         """Requests that got a token this step: the client sees it ``output_s`` later."""
         at = w.loop.now + w.cost.overheads.output_s
+        w.host.note_tokens(at, len(reqs))
         for req in reqs:
             t = self.tracked.get(req.request_id)
             if t is None:

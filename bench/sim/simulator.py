@@ -81,7 +81,8 @@ class Simulation:
         if not blocks:
             raise ValueError("the cost model does not say how many KV blocks a worker has: pass num_kv_blocks")
         self.workers: list[SimWorker] = []
-        host = Host()  # baton up: every worker on this one machine
+        self.host = Host(cost.host)  # baton up: every worker on this one machine
+        host = self.host
 
         def make(role: str, i: int, budget: int) -> WorkerHandle:
             w = SimWorker(f"{role}-{i}", role, self.loop, cost, max_num_seqs=cfg.max_num_seqs,
@@ -110,6 +111,10 @@ class Simulation:
             h.actor.hooks = self.polls
             self.polls.start(h.actor)
 
+    def _arrive(self, req: SimRequest) -> None:
+        self.host.note_request(self.loop.now)
+        self.router.arrive(req)
+
     def _kv_landed(self, decode: SimWorker, request_id: str, first_token: int) -> None:
         self.polls.kv_arrived(decode, request_id, first_token)
 
@@ -122,7 +127,7 @@ class Simulation:
         # Without a window, the measured window [0, duration) just includes the last arrival.
         duration = duration_s if duration_s is not None else math.nextafter(last, math.inf)
         for r in sorted(requests, key=lambda r: (r.arrival_s, r.index)):
-            loop.at(r.arrival_s, router.arrive, r)
+            loop.at(r.arrival_s, self._arrive, r)
         loop.at(0.0, router.housekeeping)
         if self.cfg.prefill_workers:
             loop.at(0.0, router.monitor)

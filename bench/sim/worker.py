@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from bench.profile.cost_model import CostModel
+from bench.profile.host import HostModel
 from bench.profile.step_shape import shape_of_schedule
 from bench.sim.clock import EventLoop
 from engine.block_manager import BlockManager
@@ -44,10 +45,37 @@ class ReserveResult:
 
 
 class Host:
-    """The machine the workers share: how many of them are computing right now."""
+    """The machine the workers share: how many of them are computing right now and, with a
+    ``HostModel``, the CPU the rest of the stack (router, streams, clients, Ray) wants at the
+    rate tokens were streamed and requests arrived over the last ``window_s``."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: HostModel | None = None, window_s: float = 2.0) -> None:
         self.busy = 0
+        self.model = model
+        self.window_s = window_s
+        self._tokens: deque[tuple[float, int]] = deque()
+        self._requests: deque[float] = deque()
+
+    def note_tokens(self, at: float, n: int) -> None:
+        if self.model is not None and n:
+            self._tokens.append((at, n))
+
+    def note_request(self, at: float) -> None:
+        if self.model is not None:
+            self._requests.append(at)
+
+    def stretch(self, now: float, busy_workers: int) -> float:
+        """A step's slowdown from sharing the cores (1.0 without a host model)."""
+        if self.model is None:
+            return 1.0
+        horizon = now - self.window_s
+        while self._tokens and self._tokens[0][0] <= horizon:
+            self._tokens.popleft()
+        while self._requests and self._requests[0] <= horizon:
+            self._requests.popleft()
+        demand = self.model.demand_cores(sum(n for _, n in self._tokens) / self.window_s,
+                                         len(self._requests) / self.window_s)
+        return self.model.stretch(busy_workers, demand)
 
 
 class SimWorker:
@@ -113,9 +141,13 @@ class SimWorker:
             if timing is not None and timing[1] is None:
                 timing[1] = self.loop.now
         dt = self.cost.step_seconds(shape_of_schedule(so, sched.requests, self.block_manager.block_size))
-        # Neighbours computing at the same time share the memory bus (measured by the profile).
-        dt *= self.step_scale * (1.0 + self.cost.neighbour_slowdown * self.host.busy)
+        # Neighbours computing at the same time share the memory bus (measured by the profile),
+        # and everyone shares the cores (the host model: the router and clients want CPU too).
+        # A typical step, not the fastest repeat the fit describes.
+        dt *= self.step_scale * self.cost.typical_over_fastest
+        dt *= 1.0 + self.cost.neighbour_slowdown * self.host.busy
         dt += self.cost.overheads.step_s
+        dt *= self.host.stretch(self.loop.now, self.host.busy + 1)
         self.busy = True
         self.host.busy += 1
         self.loop.after(dt, self._end_step, so, dt)

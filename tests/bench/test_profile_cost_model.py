@@ -151,3 +151,21 @@ def test_transfer_line_recovers_latency_and_bandwidth():
     assert t.latency_s == pytest.approx(0.005) and t.bandwidth_bytes_per_s == pytest.approx(0.65e9)
     flat = _line([(1e6, 0.010), (2e6, 0.008)], "measured")  # noise: no fixed cost, the largest one's rate
     assert flat.latency_s == 0.0 and flat.bandwidth_bytes_per_s == pytest.approx(2e6 / 0.008)
+
+
+def test_typical_over_fastest_is_the_mean_repeat_over_the_fastest():
+    from bench.profile.measure import typical_over_fastest
+
+    shape = StepShape(1, 1, 1, 16, 16, 16, 0)
+    samples = [Sample("decode", shape, t, point=p) for p, t in ((0, 1.0), (0, 1.2), (1, 2.0), (1, 2.0), (2, 9.0))]
+    assert typical_over_fastest(samples) == pytest.approx((1.1 + 1.0) / 2)  # point 2 has no repeats
+    assert typical_over_fastest([]) == 1.0
+
+
+def test_typical_over_fastest_round_trips_and_is_checked():
+    from dataclasses import replace
+
+    cm = replace(synthetic_cost_model(), typical_over_fastest=1.07)
+    assert CostModel.from_json(json.loads(json.dumps(cm.to_json()))).typical_over_fastest == 1.07
+    with pytest.raises(CostModelError, match="typical_over_fastest"):
+        replace(cm, typical_over_fastest=0.9)

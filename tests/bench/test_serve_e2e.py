@@ -16,7 +16,7 @@ import pytest
 
 from baton.cli import main as baton_main
 from bench.serve.runner import RunConfig, RunResult, run_load_sync
-from bench.serve.server_metrics import MetricsSample, parse_metrics
+from bench.serve.server_metrics import MetricsSample, parse_metrics, worker_utilisation
 from bench.serve.workload import LengthDist, WorkloadSpec
 from engine.worker_stats import WorkerLoad
 from router.grpc_server import GrpcServer
@@ -142,7 +142,8 @@ def test_unreachable_server_is_a_clear_error() -> None:
 
 
 def test_metrics_parser_reads_the_router_exposition() -> None:
-    loads = [WorkerLoad("decode-0", "i", "decode", 3, 1, 25, 100, 0),
+    loads = [WorkerLoad("decode-0", "i", "decode", 3, 1, 25, 100, 0, steps=40, busy_seconds=2.5,
+                        busy_cpu_seconds=2.0),
              WorkerLoad("prefill-0", "i", "prefill", 0, 2, 90, 100, 512)]
     m = RouterMetrics("m", loads=lambda: loads)
     m.set_lane_gauges({"interactive": 4, "batch": 7}, {"interactive": 2, "batch": 1})
@@ -154,6 +155,19 @@ def test_metrics_parser_reads_the_router_exposition() -> None:
     assert s.kv_usage == {"decode/decode-0": 0.75, "prefill/prefill-0": pytest.approx(0.1)}
     assert s.worker_waiting == {"decode/decode-0": 1.0, "prefill/prefill-0": 2.0}
     assert s.worker_running == {"decode/decode-0": 3.0, "prefill/prefill-0": 0.0}
+    assert s.worker_steps == {"decode/decode-0": 40.0, "prefill/prefill-0": 0.0}
+    assert s.worker_busy_s["decode/decode-0"] == 2.5 and s.worker_busy_cpu_s["decode/decode-0"] == 2.0
+
+
+def test_worker_utilisation_is_the_counters_difference_over_the_run() -> None:
+    def at(t, steps, busy, cpu):
+        return MetricsSample(t=t, in_flight=0, scraped=True, worker_steps={"decode/d": steps},
+                             worker_busy_s={"decode/d": busy}, worker_busy_cpu_s={"decode/d": cpu})
+
+    u = worker_utilisation([MetricsSample(t=0.0, in_flight=0), at(1.0, 10, 1.0, 0.9), at(11.0, 110, 6.0, 4.9)])
+    assert u == {"decode/d": {"steps": 100, "busy_s": 5.0, "busy_cpu_s": 4.0, "mean_step_ms": 50.0,
+                              "busy_share": 0.5, "cpu_share": 0.8}}
+    assert worker_utilisation([at(1.0, 10, 1.0, 0.9)]) == {}  # one scrape: no interval
 
 
 # -- the command, its JSON and its plots -------------------------------------------------------
@@ -182,7 +196,7 @@ def test_cli_writes_a_versioned_report_and_plots(http_url: str, tmp_path: Path, 
     report = json.loads(out.read_text())
     assert report["schema"] == "baton.bench.serve/1"
     assert set(report) == {"schema", "created_unix", "config", "server", "wall_s", "clipped_prompts", "summary",
-                           "lanes", "timeseries", "requests", "search"}
+                           "lanes", "timeseries", "workers", "requests", "search"}
     cfg = report["config"]
     assert cfg["mode"] == "open" and cfg["rate"] == 15 and cfg["burst"] == {"factor": 2.0, "start_s": 0.5,
                                                                             "length_s": 0.5}

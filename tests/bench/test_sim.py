@@ -169,6 +169,14 @@ def test_busy_neighbours_slow_each_other_down():
     assert one.records[0].itl_s[0] == pytest.approx(0.041)
 
 
+def test_steps_take_the_typical_not_the_fastest_time():
+    cm = synthetic_cost_model(const_s=0.04)
+    one = SimConfig(prefill_workers=0, decode_workers=1, **NO_ADMISSION)
+    fast = simulate(cm, one, [SimRequest(0, 0.0, "interactive", 16, 3)]).records[0].itl_s
+    typical = simulate(replace(cm, typical_over_fastest=1.1), one, [SimRequest(0, 0.0, "interactive", 16, 3)])
+    assert typical.records[0].itl_s == pytest.approx([x * 1.1 for x in fast])
+
+
 def test_the_router_sees_decode_loads_as_the_long_poll_delivers_them():
     # A poll answered by a step's outputs carries the load snapshot taken before that step, and an
     # idle worker's next snapshot only arrives when the poll times out (0.5 s): a request arriving

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from baton.config import load_config
+from bench.serve.server_metrics import MetricsSample, parse_metrics
 from router.grpc_gen.baton.v1 import generate_pb2 as pb
 from router.grpc_gen.baton.v1 import generate_pb2_grpc as pbg
 from tests.e2e.helpers import colocated
@@ -293,6 +294,11 @@ def test_one_scrape_shows_the_whole_cluster(srv):
     assert 'le="0.001"' in text and 'le="2560.0"' in text  # vLLM's TTFT bucket edges
     for stage in ("router_queue", "prefill_queue", "prefill_compute", "transfer", "decode_queue"):
         assert f'baton_ttft_breakdown_seconds_count{{lane="interactive",model="tiny",stage="{stage}"}}' in text
+    # utilisation: both workers stepped, and a step's CPU time never exceeds its wall time
+    sample = parse_metrics(text, MetricsSample(t=0.0, in_flight=0))
+    for worker in ("prefill/prefill-0", "decode/decode-0"):
+        assert sample.worker_steps[worker] >= 1
+        assert 0 < sample.worker_busy_cpu_s[worker] <= sample.worker_busy_s[worker] + 0.01
 
 
 def test_durable_batch_lane_survives_a_router_restart(srv, tiny_model_dir):
