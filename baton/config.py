@@ -104,6 +104,7 @@ class RouterSection(_Model):
     grpc_port: int = Field(50051, ge=0, le=65535)
     slo_rejection: bool = True
     slo_headroom: float = Field(0.75, gt=0, le=1, description="queue-wait estimates / this must fit the TTFT SLO; the live decode pace must stay under this x the TPOT SLO")
+    pace_guard: bool = Field(True, description="hold lanes with a looser TPOT objective in the router while the live decode pace is past 0.8 x headroom x the tightest one in use")
     tenant_cache_isolation: bool = True
     drain_timeout_s: float = Field(30.0, ge=0)
     initial_prefill_tokens_per_s: float = Field(1000.0, gt=0)

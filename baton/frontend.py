@@ -66,6 +66,7 @@ class RouterFrontend:
                              job_idle_ms=self.job_idle_ms)
         self.router = Router(RouterConfig(model_name=name, model_dir=self.model_dir, lanes=self.policy,
                                           slo_rejection=rc.slo_rejection, slo_headroom=rc.slo_headroom,
+                                          pace_guard=rc.pace_guard,
                                           tenant_cache_isolation=rc.tenant_cache_isolation,
                                           initial_prefill_tokens_per_s=rc.initial_prefill_tokens_per_s,
                                           drain_timeout_s=rc.drain_timeout_s),

@@ -5,7 +5,8 @@ lane earns ``weight x quantum`` tokens of credit and dispatches queued requests 
 tokens + a share for the output) while its credit lasts and the pools have capacity. A lane with
 a batch window holds a request until it has waited the window, unless nothing else is waiting
 and the pools are idle; requests of such a lane that share a prompt prefix leave together, so
-they land on the same prefill worker and reuse its cache.
+they land on the same prefill worker and reuse its cache. A lane the pace guard holds
+(``router.pace_guard``) dispatches nothing until its head has waited the longest hold allowed.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class LaneQueues:
         self.quantum = quantum
         self.queues: dict[str, deque[Pending]] = {name: deque() for name in self.order}
         self.deficit: dict[str, float] = {name: 0.0 for name in self.order}
+        self._held: dict[str, float] = {}  # this take()'s held lanes
         self.queued_tokens: dict[str, int] = {name: 0 for name in self.order}
         self._cursor = 0
 
@@ -87,11 +89,13 @@ class LaneQueues:
 
     # -- dispatch ---------------------------------------------------------------------------
     def take(self, has_capacity: Callable[[Pending], bool], *, idle: bool, now: float | None = None,
-             limit: int = 64) -> list[Pending]:
+             limit: int = 64, held: dict[str, float] | None = None) -> list[Pending]:
         """Pop what may be dispatched now, by deficit round robin weighted by lane, until capacity
         runs out or ``limit``. ``idle``: the pools have spare capacity (a batch window may then end
-        early). A lane whose head costs more than one quantum accumulates credit over rounds."""
+        early). A lane whose head costs more than one quantum accumulates credit over rounds.
+        ``held``: lanes held back -> the longest a request of that lane may be held (seconds)."""
         now = time.monotonic() if now is None else now
+        self._held = held or {}
         out: list[Pending] = []
         while len(out) < limit:
             ready = [n for n in self.order if self.queues[n] and self._eligible(n, self.queues[n][0], now, idle)]
@@ -118,6 +122,9 @@ class LaneQueues:
         return out
 
     def _eligible(self, lane: str, head: Pending, now: float, idle: bool) -> bool:
+        hold = self._held.get(lane)
+        if hold is not None and now - head.enqueued < hold:
+            return False
         window = self.lanes[lane].batch_window_s
         if window <= 0 or now - head.enqueued >= window:
             return True

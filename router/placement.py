@@ -11,6 +11,7 @@ disaggregation), and which prefill worker computes its prompt (pure Python).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from engine.request_spec import RequestSpec
 from router.worker_pool import WorkerHandle, WorkerPool
@@ -39,7 +40,7 @@ def choose_prefill(pool: WorkerPool, spec: RequestSpec, hint: PlacementHint = NO
         return None
 
     def work(w: WorkerHandle) -> tuple[int, str]:
-        queued = (w.load.queued_prefill_tokens if w.load else 0) + w.dispatched_tokens
+        queued = _queued(w)
         remaining = max(0, spec.num_prompt_tokens - hint.overlap_tokens.get(w.worker_id, 0))
         return remaining + queued, w.worker_id
 
@@ -51,6 +52,29 @@ def prefill_on_decode(pool: WorkerPool, spec: RequestSpec, d: WorkerHandle, hint
     if spec.resume_token_ids or spec.num_prompt_tokens < threshold_tokens or not pool.live("prefill"):
         return True
     return hint.overlap_tokens.get(d.worker_id, 0) >= cached_fraction * spec.num_prompt_tokens
+
+
+def prefill_queue(pool: WorkerPool, prompt_tokens: int, threshold_tokens: int,
+                  rate_of: Callable[[list[str]], float]) -> tuple[int, float]:
+    """(prompt tokens queued ahead, prefill tokens/s) where a new prompt will be computed, for the
+    admission's TTFT prediction: the prefill pool, or — when conditional disaggregation will keep
+    it on a decode worker (short prompt, or no prefill worker alive) — the decode worker
+    ``choose_decode`` picks, at one prefill worker's measured speed when there is a prefill pool
+    (a decode worker's own rate mixes in its decode steps). A short interactive prompt does not
+    wait behind the long batch prompts queued on the prefill workers.
+    ``rate_of``: worker ids -> their measured prefill tokens/s (``PrefillRate.tokens_per_s``)."""
+    prefill = pool.live("prefill")
+    if prefill and prompt_tokens >= threshold_tokens:
+        return sum(_queued(w) for w in prefill), rate_of([w.worker_id for w in prefill])
+    decode = pool.live("decode")
+    if not prefill:  # colocated: every decode worker prefills
+        return sum(_queued(w) for w in decode), rate_of([w.worker_id for w in decode])
+    d = choose_decode(pool)
+    return (_queued(d) if d else 0), rate_of([w.worker_id for w in prefill]) / len(prefill)
+
+
+def _queued(w: WorkerHandle) -> int:
+    return (w.load.queued_prefill_tokens if w.load else 0) + w.dispatched_tokens
 
 
 def _free_ratio(w: WorkerHandle) -> float:

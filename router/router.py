@@ -44,7 +44,8 @@ from router.lane_queues import LaneQueues, Pending
 from router.lanes import LanePolicy, TenantConfig
 from router.load_signals import LoadSignals
 from router.metrics import RouterMetrics
-from router.placement import NO_HINT, PlacementHint
+from router.pace_guard import PaceGuard
+from router.placement import NO_HINT, PlacementHint, prefill_queue
 from router.router_stream import ReplayStream, RequestContext, RouterStream, with_deadline
 from router.state.connection import StateUnavailable
 from router.stream import RequestStream
@@ -60,6 +61,7 @@ class RouterConfig:
     lanes: LanePolicy = LanePolicy()
     slo_rejection: bool = True
     slo_headroom: float = 0.75  # queue-wait estimates are divided by this before the TTFT check
+    pace_guard: bool = True  # router.pace_guard: looser lanes wait while tight streams are slow
     tenant_cache_isolation: bool = True  # each tenant's prompts hash into its own prefix-cache space
     initial_prefill_tokens_per_s: float = 1000.0
     drain_timeout_s: float = 30.0
@@ -84,6 +86,8 @@ class Router:
         self.prefill_rate = PrefillRate(config.initial_prefill_tokens_per_s)
         self.signals = LoadSignals()
         self.queues = LaneQueues(self.policy.lanes)
+        self.pace_guard = (PaceGuard(self.policy.lanes, hold_at=0.8 * config.slo_headroom) if config.pace_guard
+                           else None)
         self.capacity = Capacity(pool)
         self.created = int(time.time())
         self._requests: dict[str, RequestContext] = {}
@@ -165,19 +169,23 @@ class Router:
                 return ReplayStream(replay)
 
         lane_cfg = self.policy.lane(lane)
+        if self.pace_guard is not None:
+            self.pace_guard.arrived(lane, time.monotonic())
         durable = lane_cfg.durable and self.batch is not None
         # Everything that awaits comes before the admission decision, and the request joins its
         # lane queue right after it with no await in between: concurrent arrivals then each see
         # the ones admitted before them (an await here let a burst all see an empty queue).
         hint = NO_HINT if durable else await self._placement_hint(ids, self._salt(tenant.name))
+        queued, rate = prefill_queue(self.pool, len(ids), self.dispatcher.local_prefill_threshold,
+                                     self.prefill_rate.tokens_per_s)
         try:
             predicted = await self.admission.admit(AdmissionInput(
                 lane=lane_cfg, tenant=tenant, prompt_tokens=len(ids), max_tokens=req.sampling.max_tokens,
                 lane_depth=self.queues.depth(lane), tokens_ahead=self.queues.tokens_ahead(lane),
-                pool_queued_tokens=self._pool_queued_tokens(), prefill_tokens_per_s=self._prefill_rate(),
+                pool_queued_tokens=queued, prefill_tokens_per_s=rate,
                 requests_ahead=self.queues.requests_ahead(lane), free_seq_slots=self.capacity.free_seq_slots(),
                 completions_per_s=self.signals.completion_rate.per_s(),
-                service_s=self.signals.service_s(len(ids), self._prefill_rate()),
+                service_s=self.signals.service_s(len(ids), rate),
                 decode_pace_s=self.signals.decode_pace_s(self._live_token_times()),
                 running=self.signals.running((len(c.stream.token_times), c.max_tokens) for c in self._running()),
                 expected_output_tokens=self.signals.expected_output(req.sampling.max_tokens)))
@@ -320,7 +328,8 @@ class Router:
     async def _dispatch_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = self.queues.take(self._has_room, idle=self.capacity.idle()) if len(self.queues) else []
+            batch = (self.queues.take(self._has_room, idle=self.capacity.idle(), held=self._held_lanes())
+                     if len(self.queues) else [])
             now = time.monotonic()
             for p in batch:
                 ctx: RequestContext = p.payload
@@ -340,6 +349,14 @@ class Router:
                     pass
             else:
                 await self._wake.wait()
+
+    def _held_lanes(self) -> dict[str, float]:
+        if self.pace_guard is None:
+            return {}
+        running = self._running()
+        pace = self.signals.decode_pace_s([list(c.stream.token_times[-9:]) for c in running])
+        active = {c.lane for c in running} | {n for n, q in self.queues.queues.items() if q}
+        return self.pace_guard.held(pace, active, time.monotonic())
 
     def _has_room(self, p: Pending) -> bool:
         ctx: RequestContext = p.payload
@@ -403,14 +420,6 @@ class Router:
 
     def _live_token_times(self) -> list[list[float]]:
         return [list(c.stream.token_times[-9:]) for c in self._running()]
-
-    def _prefill_rate(self) -> float:
-        pool = self.pool.live("prefill") or self.pool.live("decode")
-        return self.prefill_rate.tokens_per_s([w.worker_id for w in pool])
-
-    def _pool_queued_tokens(self) -> int:
-        pool = self.pool.live("prefill") or self.pool.live("decode")
-        return sum((w.load.queued_prefill_tokens if w.load else 0) + w.dispatched_tokens for w in pool)
 
     def _loads(self):
         return [w.load for w in self.pool.all() if w.alive and w.load is not None]

@@ -32,6 +32,7 @@ class SimConfig:
     local_prefill_threshold: int = 256
     lanes: LanePolicy = field(default_factory=LanePolicy)
     slo_rejection: bool = True
+    pace_guard: bool = True  # router.pace_guard
     initial_prefill_tokens_per_s: float = 1000.0
     tenant: str = "default"  # requests' tenant: its name salts the prefix cache (tenant isolation)
     dispatch_threads: int = 8  # the router's executor placing requests (blocking Ray calls)
@@ -82,4 +83,4 @@ def sim_config_from_baton(cfg, cost) -> SimConfig:
         max_num_seqs=e.max_num_seqs, num_kv_blocks=blocks, enable_prefix_caching=e.enable_prefix_caching,
         kv_shared_memory=getattr(e, "kv_shared_memory", False),
         local_prefill_threshold=pools.local_prefill_threshold, lanes=cfg.lane_policy(),
-        slo_rejection=router.slo_rejection, initial_prefill_tokens_per_s=router.initial_prefill_tokens_per_s)
+        slo_rejection=router.slo_rejection, pace_guard=router.pace_guard, initial_prefill_tokens_per_s=router.initial_prefill_tokens_per_s)

@@ -4,7 +4,7 @@ prefix index, on simulated time (``router.router.Router`` minus HTTP, Redis and 
 Per arrival: classify (explicit lane) → admit (context length, lane bound, SLO-predictive TTFT
 from the work queued ahead and the measured prefill rate) → placement hint from the cluster prefix
 index → lane queue. The dispatch loop drains the lanes by weighted deficit round robin while the
-capacity credits allow, retrying every ``dispatch_retry_s`` while anything is queued. Every
+capacity credits allow (and the pace guard does not hold the lane), retrying every ``dispatch_retry_s`` while anything is queued. Every
 ``housekeeping_s`` the workers' load reports update the prefill rate; every ``monitor_interval_s``
 the prefill workers are asked for their load (answered at their next step boundary).
 """
@@ -26,7 +26,8 @@ from router.capacity import Capacity
 from router.classify import classify
 from router.lane_queues import LaneQueues, Pending
 from router.load_signals import LoadSignals
-from router.placement import NO_HINT, PlacementHint
+from router.pace_guard import PaceGuard
+from router.placement import NO_HINT, PlacementHint, prefill_queue
 from router.state.prefix_index import LocalPrefixIndex
 from router.worker_pool import WorkerHandle, WorkerPool
 
@@ -56,6 +57,7 @@ class SimRouter:
         self.signals = LoadSignals()  # as router.Router
         self.running: dict[str, Tracked] = {}  # dispatched, not finished
         self.queues = LaneQueues(self.policy.lanes)
+        self.pace_guard = PaceGuard(self.policy.lanes, hold_at=0.8 * 0.75) if cfg.pace_guard else None  # as Router
         self.capacity = Capacity(pool, clock=lambda: loop.now)
         self.index = LocalPrefixIndex()
         self.dispatcher: SimDispatcher | None = None  # wired by the simulation
@@ -74,13 +76,17 @@ class SimRouter:
                             stream=req.stream, max_tokens=req.output_len, max_tokens_given=True)
             rec.lane = lane
             lane_cfg = self.policy.lane(lane)
+            queued, rate = prefill_queue(self.pool, len(ids), self.cfg.local_prefill_threshold,
+                                         self.prefill_rate.tokens_per_s)
+            if self.pace_guard is not None:
+                self.pace_guard.arrived(lane, now)
             run_sync(self.admission.admit(AdmissionInput(
                 lane=lane_cfg, tenant=self.tenant, prompt_tokens=len(ids), max_tokens=req.output_len,
                 lane_depth=self.queues.depth(lane), tokens_ahead=self.queues.tokens_ahead(lane),
-                pool_queued_tokens=self._pool_queued_tokens(), prefill_tokens_per_s=self._prefill_rate(),
+                pool_queued_tokens=queued, prefill_tokens_per_s=rate,
                 requests_ahead=self.queues.requests_ahead(lane), free_seq_slots=self.capacity.free_seq_slots(),
                 completions_per_s=self.signals.completion_rate.per_s(now),
-                service_s=self.signals.service_s(len(ids), self._prefill_rate(), now),
+                service_s=self.signals.service_s(len(ids), rate, now),
                 decode_pace_s=self.signals.decode_pace_s([t.record.token_times[-9:] for t in self.running.values()],
                                                          now),
                 running=self.signals.running((len(t.record.token_times), t.record.output_len)
@@ -111,7 +117,7 @@ class SimRouter:
         if not len(self.queues):
             return
         now = self.loop.now
-        batch = self.queues.take(self._has_room, idle=self.capacity.idle(), now=now)
+        batch = self.queues.take(self._has_room, idle=self.capacity.idle(), now=now, held=self._held_lanes(now))
         for p in batch:
             t: Tracked = p.payload
             t.dispatched = t.record.dispatched_s = now
@@ -129,6 +135,15 @@ class SimRouter:
         if self._retry_at is not None and self.loop.now >= self._retry_at:
             self._retry_at = None
             self.dispatch()
+
+    def _held_lanes(self, now: float) -> dict[str, float]:
+        """``Router._held_lanes``."""
+        if self.pace_guard is None:
+            return {}
+        running = self.running.values()
+        pace = self.signals.decode_pace_s([t.record.token_times[-9:] for t in running], now)
+        active = {t.lane for t in running} | {n for n, q in self.queues.queues.items() if q}
+        return self.pace_guard.held(pace, active, now)
 
     def _has_room(self, p: Pending) -> bool:
         t: Tracked = p.payload
@@ -177,13 +192,3 @@ class SimRouter:
             h.actor.call(lambda w: (w.load(), w.block_manager.take_events()), answered)
 
         ask(0)
-
-    # -- what admission sees (``Router._prefill_rate`` etc.) --------------------------------------
-    def _prefill_pool(self) -> list[WorkerHandle]:
-        return self.pool.live("prefill") or self.pool.live("decode")
-
-    def _prefill_rate(self) -> float:
-        return self.prefill_rate.tokens_per_s([w.worker_id for w in self._prefill_pool()])
-
-    def _pool_queued_tokens(self) -> int:
-        return sum((w.load.queued_prefill_tokens if w.load else 0) + w.dispatched_tokens for w in self._prefill_pool())

@@ -7,6 +7,10 @@ simulator runs the same cluster (the setup's config overrides on ``baton/default
 the same workload, rate, seed, duration, warmup and drain, and the table puts its TTFT, ITL and
 TPOT percentiles next to the measured ones with the relative error. ``--tolerance`` (default 20%)
 marks each p50/p90 TTFT and ITL as within it or not; the exit status is 0 when all are.
+
+``--repeat OTHER`` puts a second measured run of the same experiment next to it: how far apart two
+measurements of one setup and rate are is the floor under any simulator's error (near a worker's
+saturation, two runs of the same command can differ more than the tolerance).
 """
 
 from __future__ import annotations
@@ -92,6 +96,31 @@ def compare(cost, experiment: dict, *, step_scale: float = 1.0, tolerance: float
     return rows
 
 
+def repeat_errors(experiment: dict, repeat: dict) -> dict[tuple[str, float], dict[str, float | None]]:
+    """(setup, rate) -> the repeat's relative difference from the experiment, per checked statistic."""
+    out = {}
+    for name, setup in experiment["setups"].items():
+        other = {r["config"]["rate"]: r for r in (repeat.get("setups") or {}).get(name, {}).get("runs", [])}
+        for run in setup["runs"]:
+            rate = run["config"]["rate"]
+            if rate in other:
+                out[(name, rate)] = {f"{m}.{q}": _rel(other[rate]["summary"][m][q], run["summary"][m][q])
+                                     for m, q in CHECKED}
+    return out
+
+
+def format_repeat(rows: list[dict]) -> str:
+    out = ["| setup | req/s | TTFT p50 / p90: repeat vs measured | ITL p50 / p90: repeat vs measured |",
+           "|---|---:|---:|---:|"]
+    pct = lambda e: "-" if e is None else f"{e:+.0%}"  # noqa: E731
+    for r in rows:
+        e = r.get("repeat")
+        if e:
+            out.append(f"| {r['setup']} | {r['rate']:g} | {pct(e['ttft_s.p50'])} / {pct(e['ttft_s.p90'])} "
+                       f"| {pct(e['itl_s.p50'])} / {pct(e['itl_s.p90'])} |")
+    return "\n".join(out) if len(out) > 2 else ""
+
+
 def format_rows(rows: list[dict], tolerance: float) -> str:
     def ms(v):
         return "-" if v is None else f"{v * 1e3:.0f}"
@@ -135,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tolerance", type=float, default=0.2)
     p.add_argument("--band", type=float, default=0.05,
                    help="also simulate with step times this much faster/slower and show the range (0: off)")
+    p.add_argument("--repeat", default=None, metavar="FILE",
+                   help="a second measured run of the same experiment: its difference is the noise floor")
     p.add_argument("--json", default=None, metavar="OUT")
     args = p.parse_args(argv)
     try:
@@ -145,13 +176,24 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"cannot read {args.experiment}: {e}") from None
         rows = compare(cost, experiment, step_scale=args.step_scale, tolerance=args.tolerance, band=args.band,
                        progress=lambda m: print(f"[validate] {m}", file=sys.stderr, flush=True))
+        if args.repeat:
+            try:
+                repeat = json.loads(Path(args.repeat).read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                raise ValueError(f"cannot read {args.repeat}: {e}") from None
+            diffs = repeat_errors(experiment, repeat)
+            for r in rows:
+                r["repeat"] = diffs.get((r["setup"], r["rate"]))
     except (ValueError, KeyError) as e:
         print(f"python -m bench.sim.validate: error: {e}", file=sys.stderr)
         return 2
     print(format_rows(rows, args.tolerance))
+    if args.repeat:
+        print(f"\ntwo measurements of the same runs ({args.repeat} vs {args.experiment}):\n" + format_repeat(rows))
     if args.json:
         Path(args.json).write_text(json.dumps({"schema": "baton.sim.validate/1", "cost_model": args.cost_model,
-                                               "experiment": args.experiment, "tolerance": args.tolerance,
+                                               "experiment": args.experiment, "repeat": args.repeat,
+                                               "tolerance": args.tolerance,
                                                "rows": rows}, indent=1) + "\n")
     return 0 if rows and all(r["within"] for r in rows) else 1
 

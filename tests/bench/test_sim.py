@@ -177,6 +177,26 @@ def test_steps_take_the_typical_not_the_fastest_time():
     assert typical.records[0].itl_s == pytest.approx([x * 1.1 for x in fast])
 
 
+def test_the_pace_guard_keeps_batch_work_from_slowing_interactive_streams():
+    # every sequence in the batch adds 20 ms to a step: the decode worker slows as batch work piles up
+    cm = synthetic_cost_model(const_s=0.04, per_token_s=0.0, per_sampled_s=0.02)
+    reqs = []
+    for i in range(40):  # 40 s of both lanes: short interactive chats and long batch jobs
+        reqs.append(SimRequest(2 * i, 1.0 * i, "interactive", 32, 20))
+        reqs.append(SimRequest(2 * i + 1, 1.0 * i + 0.5, "batch", 32, 200))
+    lanes = ["interactive", "batch"]
+
+    def run(guard: bool):
+        cfg = SimConfig(prefill_workers=0, decode_workers=1, pace_guard=guard, **NO_ADMISSION)
+        return simulate(cm, cfg, reqs, lanes=lanes, drain_s=600.0).summary["lanes"]
+
+    off, on = run(False), run(True)
+    assert off["interactive"]["tpot_s"]["p50"] > 0.35  # batch jobs crowd the steps
+    assert on["interactive"]["tpot_s"]["p90"] < 0.25  # held in the router instead
+    assert on["batch"]["ttft_s"]["p50"] > off["batch"]["ttft_s"]["p50"]  # the batch lane absorbs it
+    assert on["batch"]["completed"] == off["batch"]["completed"] == 40  # nothing is lost
+
+
 def test_the_router_sees_decode_loads_as_the_long_poll_delivers_them():
     # A poll answered by a step's outputs carries the load snapshot taken before that step, and an
     # idle worker's next snapshot only arrives when the poll times out (0.5 s): a request arriving

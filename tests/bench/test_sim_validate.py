@@ -63,3 +63,20 @@ def test_validate_cli(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bench.sim.validate", "--cost-model", str(cm), "--experiment", str(exp)],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert r.returncode == 2 and "not an experiment report" in r.stderr
+
+
+def test_a_repeat_measurement_shows_the_noise_floor(tmp_path):
+    from bench.sim.validate import format_repeat, repeat_errors
+
+    cost = synthetic_cost_model(const_s=0.03, per_token_s=0.002)
+    exp = _experiment(cost)
+    again = json.loads(json.dumps(exp))
+    run = again["setups"]["colocated"]["runs"][1]
+    run["summary"]["itl_s"]["p50"] *= 1.3  # the second measurement's ITL p50 came out 30% higher
+    diffs = repeat_errors(exp, again)
+    assert abs(diffs[("colocated", 4.0)]["itl_s.p50"] - 0.3) < 1e-9
+    assert diffs[("disaggregated", 2.0)] == {k: 0.0 for k in diffs[("disaggregated", 2.0)]}
+    del again["setups"]["disaggregated"]
+    assert ("disaggregated", 2.0) not in repeat_errors(exp, again)
+    rows = [{"setup": s, "rate": r, "repeat": d} for (s, r), d in diffs.items()]
+    assert "| colocated | 4 | +0% / +0% | +30% / +0% |" in format_repeat(rows)
