@@ -127,7 +127,7 @@ def run_setup(setup: ServerSetup, spec: WorkloadSpec, rates: list[float], args: 
                             seed=args.seed, warmup_s=min(args.warmup, args.duration / 2), drain_s=args.drain,
                             timeout_s=max(600.0, args.duration + args.drain), slos=slos or {},
                             progress=not args.no_progress)
-            meter = CpuMeter(server.pid) if server.pid is not None else None
+            meter = CpuMeter(server.pid) if server.pid is not None and CpuMeter.available() else None
             if meter is not None:
                 meter.start()
             result = run_load_sync(cfg)

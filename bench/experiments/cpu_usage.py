@@ -58,6 +58,15 @@ class CpuMeter:
     _t0: float | None = None
     _seen_before: set[int] = field(default_factory=set)
 
+    @staticmethod
+    def available() -> bool:
+        """psutil is installed (``ray[default]`` brings it; without it runs carry no ``cpu``)."""
+        try:
+            import psutil  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
     def _procs(self):
         import psutil
 
