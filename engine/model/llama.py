@@ -49,6 +49,7 @@ class LlamaModel:
         self.embed: torch.Tensor | None = None
         self.norm: torch.Tensor | None = None
         self.lm_head: torch.Tensor | None = None
+        self.lm_head_t: torch.Tensor | None = None  # CPU only: the head transposed (see _assemble)
 
     # -- weights ----------------------------------------------------------------------------
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -101,6 +102,12 @@ class LlamaModel:
         self.embed = w.pop("model.embed_tokens.weight")
         self.norm = w.pop("model.norm.weight")
         self.lm_head = self.embed if self.cfg.tie_word_embeddings else w.pop("lm_head.weight")
+        # CPU: the head's [vocab, hidden] weight as a contiguous [hidden, vocab] copy. Few-row
+        # products against the big vocabulary take torch's slow path through F.linear: 2x slower
+        # for 1-3 rows (8.9 vs 4.9 ms, 17 vs 8.8 ms at SmolLM2's 49152 x 576, one thread), the same
+        # from 4 rows (docs/BENCHMARKS.md). Decode steps of 1-3 sequences are the common case on a
+        # CPU worker; the copy costs vocab x hidden more memory (113 MB for SmolLM2 in fp32).
+        self.lm_head_t = self.lm_head.t().contiguous() if self.device.type == "cpu" else None
         for n, layer in enumerate(self.layers):
             p = f"model.layers.{n}."
             a = p + "self_attn."
@@ -169,4 +176,6 @@ class LlamaModel:
         return F.linear(out.view(t, self.q_size), layer.o_w)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_head_t is not None:
+            return (hidden @ self.lm_head_t).float()
         return F.linear(hidden, self.lm_head).float()
