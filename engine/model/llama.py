@@ -26,6 +26,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
+# Below this many rows, CPU logits use the transposed head (see LlamaModel._assemble).
+FEW_ROWS = 4
+
+
 class DecoderLayer:
     __slots__ = ("qkv_w", "qkv_b", "o_w", "gate_up_w", "down_w", "ln1", "ln2")
 
@@ -102,11 +106,11 @@ class LlamaModel:
         self.embed = w.pop("model.embed_tokens.weight")
         self.norm = w.pop("model.norm.weight")
         self.lm_head = self.embed if self.cfg.tie_word_embeddings else w.pop("lm_head.weight")
-        # CPU: the head's [vocab, hidden] weight as a contiguous [hidden, vocab] copy. Few-row
-        # products against the big vocabulary take torch's slow path through F.linear: 2x slower
-        # for 1-3 rows (8.9 vs 4.9 ms, 17 vs 8.8 ms at SmolLM2's 49152 x 576, one thread), the same
-        # from 4 rows (docs/BENCHMARKS.md). Decode steps of 1-3 sequences are the common case on a
-        # CPU worker; the copy costs vocab x hidden more memory (113 MB for SmolLM2 in fp32).
+        # CPU: the head's [vocab, hidden] weight also as a contiguous [hidden, vocab] copy. Products
+        # of 1-3 rows against the vocabulary take torch's slow path through F.linear: 2x slower
+        # (8.9 vs 4.9 ms, 17 vs 8.8 ms at SmolLM2's 49152 x 576, one thread); from 4 rows F.linear
+        # is as fast or faster (docs/BENCHMARKS.md). Decode steps of 1-3 sequences are the common
+        # case on a CPU worker; the copy costs vocab x hidden more memory (113 MB for SmolLM2, fp32).
         self.lm_head_t = self.lm_head.t().contiguous() if self.device.type == "cpu" else None
         for n, layer in enumerate(self.layers):
             p = f"model.layers.{n}."
@@ -176,6 +180,6 @@ class LlamaModel:
         return F.linear(out.view(t, self.q_size), layer.o_w)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.lm_head_t is not None:
+        if self.lm_head_t is not None and hidden.shape[0] < FEW_ROWS:
             return (hidden @ self.lm_head_t).float()
         return F.linear(hidden, self.lm_head).float()
