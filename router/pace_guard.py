@@ -35,6 +35,10 @@ class PaceGuard:
         self.recent_s = recent_s
         self.max_hold_fraction = max_hold_fraction
         self._last_arrival: dict[str, float] = {}
+        # Lanes that can ever be held: looser than the tightest lane there is. While none of them
+        # has anything queued the guard has nothing to decide (the dispatch loop skips it).
+        tightest = min(lane.tpot_slo_s for lane in self.lanes.values())
+        self.holdable = frozenset(n for n, lane in self.lanes.items() if lane.tpot_slo_s > tightest)
 
     def arrived(self, lane: str, now: float) -> None:
         self._last_arrival[lane] = now

@@ -10,8 +10,6 @@ local to this router (degraded mode) and the batch lane is not durable.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import time
 import uuid
@@ -20,7 +18,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.block_hash import hash_blocks
-from engine.errors import InvalidParameterError
 from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestOutput
 from engine.request_spec import RequestSpec
@@ -33,7 +30,6 @@ from router.api import (
     ModelInfo,
     Readiness,
     RouterError,
-    invalid,
 )
 from router.capacity import Capacity
 from router.classify import classify
@@ -46,6 +42,7 @@ from router.load_signals import LoadSignals
 from router.metrics import RouterMetrics
 from router.pace_guard import PaceGuard
 from router.placement import NO_HINT, PlacementHint, prefill_queue
+from router.prompt_input import request_fingerprint, tokenize_request
 from router.router_stream import ReplayStream, RequestContext, RouterStream, with_deadline
 from router.state.connection import StateUnavailable
 from router.stream import RequestStream
@@ -146,7 +143,7 @@ class Router:
                 ErrorKind.OVERLOADED, "The server is shutting down; retry on another replica.", code="draining",
                 retry_after_s=5.0))
         tenant = self._tenant(req.tenant)
-        ids, prompt_text = self._tokenize(req)
+        ids, prompt_text = tokenize_request(req, self.tokenizer, self.vocab_size)
         if not req.max_tokens_given:  # "up to the context length", as OpenAI's chat API means it
             room = self.max_model_len - len(ids)
             if room >= 1 and req.sampling.max_tokens > room:
@@ -164,7 +161,7 @@ class Router:
         idem = None
         if req.idempotency_key:
             idem = (tenant.name, req.idempotency_key)
-            replay = await self.state.idempotency_begin(tenant.name, req.idempotency_key, _fingerprint(req, ids))
+            replay = await self.state.idempotency_begin(tenant.name, req.idempotency_key, request_fingerprint(req, ids))
             if replay is not None:
                 return ReplayStream(replay)
 
@@ -287,35 +284,6 @@ class Router:
                 return t
         raise RouterError(ErrorKind.UNAUTHENTICATED, f"unknown tenant {name!r}")
 
-    def _tokenize(self, req: GenerateRequest) -> tuple[list[int], str | None]:
-        given = sum(x is not None for x in (req.prompt, req.prompt_token_ids, req.messages))
-        if given != 1:
-            raise invalid("exactly one of prompt, prompt token ids or messages is required", param="prompt")
-        if req.prompt_token_ids is not None:
-            ids = list(req.prompt_token_ids)
-            bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size),
-                       None)
-            if bad is not None:
-                raise invalid(f"token id {bad!r} is outside the vocabulary [0, {self.vocab_size})", param="prompt")
-            text = None
-        elif self.tokenizer is None:
-            raise invalid("this model has no tokenizer: send token ids", param="prompt")
-        elif req.messages is not None:
-            if not req.messages:
-                raise invalid("messages must not be empty", param="messages")
-            msgs = [{"role": m.role, "content": m.content} for m in req.messages]
-            try:
-                text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=req.add_generation_prompt)
-            except InvalidParameterError as e:
-                raise invalid(e.message, param=e.param) from None
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-        else:
-            text = req.prompt
-            ids = self.tokenizer.encode(req.prompt)
-        if not ids:
-            raise invalid("the prompt is empty", param="prompt")
-        return ids, (text if req.echo_prompt else None)
-
     async def _placement_hint(self, ids: list[int], salt: str | None) -> PlacementHint:
         hashes = hash_blocks(ids, self.block_size, salt)
         if not hashes:
@@ -351,12 +319,12 @@ class Router:
                 await self._wake.wait()
 
     def _held_lanes(self) -> dict[str, float]:
-        if self.pace_guard is None:
+        guard = self.pace_guard
+        if guard is None or not any(self.queues.depth(n) for n in guard.holdable):
             return {}
         running = self._running()
-        pace = self.signals.decode_pace_s([list(c.stream.token_times[-9:]) for c in running])
         active = {c.lane for c in running} | {n for n, q in self.queues.queues.items() if q}
-        return self.pace_guard.held(pace, active, time.monotonic())
+        return guard.held(self.signals.decode_pace_s(self._live_token_times(running)), active, time.monotonic())
 
     def _has_room(self, p: Pending) -> bool:
         ctx: RequestContext = p.payload
@@ -418,8 +386,8 @@ class Router:
         """Dispatched, unfinished requests."""
         return [c for c in self._requests.values() if c.dispatched is not None and c.stream.finished_time is None]
 
-    def _live_token_times(self) -> list[list[float]]:
-        return [list(c.stream.token_times[-9:]) for c in self._running()]
+    def _live_token_times(self, running: list[RequestContext] | None = None) -> list[list[float]]:
+        return [list(c.stream.token_times[-9:]) for c in (self._running() if running is None else running)]
 
     def _loads(self):
         return [w.load for w in self.pool.all() if w.alive and w.load is not None]
@@ -433,11 +401,3 @@ class Router:
         """From a poller thread: feed the cluster prefix index on the event loop."""
         if self._loop is not None and events:
             self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self.state.prefix_apply(worker_id, events)))
-
-
-def _fingerprint(req: GenerateRequest, ids: list[int]) -> str:
-    """What makes two requests "the same" for an Idempotency-Key: the prompt and the parameters."""
-    sp = req.sampling
-    body = json.dumps([ids, sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.seed, list(sp.stop),
-                       list(sp.stop_token_ids), sp.ignore_eos, req.lane], sort_keys=True)
-    return hashlib.sha256(body.encode()).hexdigest()

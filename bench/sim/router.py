@@ -138,12 +138,13 @@ class SimRouter:
 
     def _held_lanes(self, now: float) -> dict[str, float]:
         """``Router._held_lanes``."""
-        if self.pace_guard is None:
+        guard = self.pace_guard
+        if guard is None or not any(self.queues.depth(n) for n in guard.holdable):
             return {}
         running = self.running.values()
         pace = self.signals.decode_pace_s([t.record.token_times[-9:] for t in running], now)
         active = {t.lane for t in running} | {n for n, q in self.queues.queues.items() if q}
-        return self.pace_guard.held(pace, active, now)
+        return guard.held(pace, active, now)
 
     def _has_room(self, p: Pending) -> bool:
         t: Tracked = p.payload

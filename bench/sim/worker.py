@@ -54,11 +54,13 @@ class Host:
         self.model = model
         self.window_s = window_s
         self._tokens: deque[tuple[float, int]] = deque()
+        self._window_tokens = 0  # the sum over _tokens
         self._requests: deque[float] = deque()
 
     def note_tokens(self, at: float, n: int) -> None:
         if self.model is not None and n:
             self._tokens.append((at, n))
+            self._window_tokens += n
 
     def note_request(self, at: float) -> None:
         if self.model is not None:
@@ -70,10 +72,10 @@ class Host:
             return 1.0
         horizon = now - self.window_s
         while self._tokens and self._tokens[0][0] <= horizon:
-            self._tokens.popleft()
+            self._window_tokens -= self._tokens.popleft()[1]
         while self._requests and self._requests[0] <= horizon:
             self._requests.popleft()
-        demand = self.model.demand_cores(sum(n for _, n in self._tokens) / self.window_s,
+        demand = self.model.demand_cores(self._window_tokens / self.window_s,
                                          len(self._requests) / self.window_s)
         return self.model.stretch(busy_workers, demand)
 

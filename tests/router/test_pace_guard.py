@@ -52,3 +52,7 @@ def test_lane_queues_skip_a_held_lane_until_its_head_waited_the_longest_hold():
     assert [p.request_id for p in q.take(lambda p: True, idle=False, now=10.5, held={"batch": 10.0})] == ["b1"]
     q.push(Pending("b2", "batch", 100, None, enqueued=11.0))
     assert [p.request_id for p in q.take(lambda p: True, idle=False, now=12.0)] == ["b2"]  # released: not held
+
+
+def test_only_lanes_looser_than_the_tightest_can_ever_be_held():
+    assert _guard().holdable == {"batch", "long_context"}

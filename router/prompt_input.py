@@ -1,0 +1,53 @@
+"""A request's prompt as token ids, and what makes two requests "the same" (pure Python).
+
+Exactly one of a text prompt, token ids or chat messages; token ids are checked against the
+vocabulary, text and messages go through the model's tokenizer (and its chat template). Every
+problem is an ``invalid`` error naming the parameter (HTTP 400 / gRPC INVALID_ARGUMENT).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from engine.errors import InvalidParameterError
+from engine.model.tokenizer import Tokenizer
+from router.api import GenerateRequest, invalid
+
+
+def tokenize_request(req: GenerateRequest, tokenizer: Tokenizer | None, vocab_size: int) -> tuple[list[int], str | None]:
+    """(prompt token ids, the prompt text to echo back or None)."""
+    given = sum(x is not None for x in (req.prompt, req.prompt_token_ids, req.messages))
+    if given != 1:
+        raise invalid("exactly one of prompt, prompt token ids or messages is required", param="prompt")
+    if req.prompt_token_ids is not None:
+        ids = list(req.prompt_token_ids)
+        bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise invalid(f"token id {bad!r} is outside the vocabulary [0, {vocab_size})", param="prompt")
+        text = None
+    elif tokenizer is None:
+        raise invalid("this model has no tokenizer: send token ids", param="prompt")
+    elif req.messages is not None:
+        if not req.messages:
+            raise invalid("messages must not be empty", param="messages")
+        msgs = [{"role": m.role, "content": m.content} for m in req.messages]
+        try:
+            text = tokenizer.apply_chat_template(msgs, add_generation_prompt=req.add_generation_prompt)
+        except InvalidParameterError as e:
+            raise invalid(e.message, param=e.param) from None
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        text = req.prompt
+        ids = tokenizer.encode(req.prompt)
+    if not ids:
+        raise invalid("the prompt is empty", param="prompt")
+    return ids, (text if req.echo_prompt else None)
+
+
+def request_fingerprint(req: GenerateRequest, ids: list[int]) -> str:
+    """What makes two requests "the same" for an Idempotency-Key: the prompt and the parameters."""
+    sp = req.sampling
+    body = json.dumps([ids, sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.seed, list(sp.stop),
+                       list(sp.stop_token_ids), sp.ignore_eos, req.lane], sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()
