@@ -16,6 +16,7 @@ from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.errors import ModelLoadError
 from engine.model.config import ModelConfig
+from engine.model.linear import Linear, can_pack
 from engine.model.rope import RotaryEmbedding
 
 
@@ -26,15 +27,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
-# Below this many rows, CPU logits use the transposed head (see LlamaModel._assemble).
-FEW_ROWS = 4
-
-
 class DecoderLayer:
-    __slots__ = ("qkv_w", "qkv_b", "o_w", "gate_up_w", "down_w", "ln1", "ln2")
+    __slots__ = ("qkv", "o", "gate_up", "down", "ln1", "ln2")
 
     def __init__(self) -> None:
-        self.qkv_w = self.qkv_b = self.o_w = self.gate_up_w = self.down_w = self.ln1 = self.ln2 = None
+        self.qkv = self.o = self.gate_up = self.down = None
+        self.ln1 = self.ln2 = None
+
+    def projections(self) -> tuple[Linear, ...]:
+        return (self.qkv, self.o, self.gate_up, self.down)
 
 
 class LlamaModel:
@@ -52,8 +53,9 @@ class LlamaModel:
         self.layers = [DecoderLayer() for _ in range(cfg.num_hidden_layers)]
         self.embed: torch.Tensor | None = None
         self.norm: torch.Tensor | None = None
-        self.lm_head: torch.Tensor | None = None
-        self.lm_head_t: torch.Tensor | None = None  # CPU only: the head transposed (see _assemble)
+        self.lm_head: Linear | None = None
+        # CPU fp32: projection weights packed for oneDNN at load (engine/model/linear.py).
+        self.pack = can_pack(device, dtype)
 
     # -- weights ----------------------------------------------------------------------------
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -105,22 +107,21 @@ class LlamaModel:
     def _assemble(self, w: dict[str, torch.Tensor]) -> None:
         self.embed = w.pop("model.embed_tokens.weight")
         self.norm = w.pop("model.norm.weight")
-        self.lm_head = self.embed if self.cfg.tie_word_embeddings else w.pop("lm_head.weight")
-        # CPU: the head's [vocab, hidden] weight also as a contiguous [hidden, vocab] copy. Products
-        # of 1-3 rows against the vocabulary take torch's slow path through F.linear: 2x slower
-        # (8.9 vs 4.9 ms, 17 vs 8.8 ms at SmolLM2's 49152 x 576, one thread); from 4 rows F.linear
-        # is as fast or faster (docs/BENCHMARKS.md). Decode steps of 1-3 sequences are the common
-        # case on a CPU worker; the copy costs vocab x hidden more memory (113 MB for SmolLM2, fp32).
-        self.lm_head_t = self.lm_head.t().contiguous() if self.device.type == "cpu" else None
+        pack = self.pack
+        # Tied: the head is the embedding; packed, it is a second copy (the lookup needs it dense).
+        self.lm_head = Linear(self.embed if self.cfg.tie_word_embeddings else w.pop("lm_head.weight"), pack=pack)
         for n, layer in enumerate(self.layers):
             p = f"model.layers.{n}."
             a = p + "self_attn."
-            layer.qkv_w = torch.cat([w.pop(a + "q_proj.weight"), w.pop(a + "k_proj.weight"), w.pop(a + "v_proj.weight")])
+            qkv_w = torch.cat([w.pop(a + "q_proj.weight"), w.pop(a + "k_proj.weight"), w.pop(a + "v_proj.weight")])
+            qkv_b = None
             if self.cfg.attention_bias:
-                layer.qkv_b = torch.cat([w.pop(a + "q_proj.bias"), w.pop(a + "k_proj.bias"), w.pop(a + "v_proj.bias")])
-            layer.o_w = w.pop(a + "o_proj.weight")
-            layer.gate_up_w = torch.cat([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
-            layer.down_w = w.pop(p + "mlp.down_proj.weight")
+                qkv_b = torch.cat([w.pop(a + "q_proj.bias"), w.pop(a + "k_proj.bias"), w.pop(a + "v_proj.bias")])
+            layer.qkv = Linear(qkv_w, qkv_b, pack)
+            layer.o = Linear(w.pop(a + "o_proj.weight"), pack=pack)
+            gate_up = torch.cat([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
+            layer.gate_up = Linear(gate_up, pack=pack)
+            layer.down = Linear(w.pop(p + "mlp.down_proj.weight"), pack=pack)
             layer.ln1 = w.pop(p + "input_layernorm.weight")
             layer.ln2 = w.pop(p + "post_attention_layernorm.weight")
 
@@ -142,8 +143,8 @@ class LlamaModel:
             x = self._attention(x, positions, kv_cache[:, n, 0], kv_cache[:, n, 1], layer, meta, attn)
             h = h + x
             x = rms_norm(h, layer.ln2, eps)
-            gate, up = F.linear(x, layer.gate_up_w).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, layer.down_w)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            h = h + layer.down(F.silu(gate) * up)
         return rms_norm(h, self.norm, eps)
 
     def _attention(
@@ -157,7 +158,7 @@ class LlamaModel:
         attn: AttentionBackend,
     ) -> torch.Tensor:
         t = x.shape[0]
-        qkv = F.linear(x, layer.qkv_w, layer.qkv_b)
+        qkv = layer.qkv(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = self.rope.apply(q.view(t, self.num_heads, self.head_dim), positions)
         k = self.rope.apply(k.view(t, self.num_kv_heads, self.head_dim), positions)
@@ -177,9 +178,15 @@ class LlamaModel:
                 q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens,
                 self.scale,
             )
-        return F.linear(out.view(t, self.q_size), layer.o_w)
+        return layer.o(out.view(t, self.q_size))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.lm_head_t is not None and hidden.shape[0] < FEW_ROWS:
-            return (hidden @ self.lm_head_t).float()
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
+
+    def set_packed(self, packed: bool) -> None:
+        """Pack (CPU fp32 only) or unpack every projection: same products, another kernel."""
+        if packed and not can_pack(self.device, self.dtype):
+            raise ValueError(f"packed weights need fp32 on a CPU torch with oneDNN (have {self.dtype} on {self.device})")
+        for proj in [self.lm_head, *(p for layer in self.layers for p in layer.projections())]:
+            proj.pack() if packed else proj.unpack()
+        self.pack = packed
