@@ -1,4 +1,5 @@
-"""Chooses the attention implementation for a device: Triton kernels on CUDA, torch reference on CPU."""
+"""Chooses the attention implementation for a device: Triton kernels on CUDA, the torch path on CPU
+(``cpu.py``: the reference's math with reused buffers; the plain reference elsewhere)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Callable
 import torch
 
 from engine.attention import reference
+from engine.attention.cpu import CpuPagedAttention
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,9 @@ class AttentionBackend:
 def select_backend(device: torch.device, requested: str = "auto") -> AttentionBackend:
     use_triton = requested == "triton" or (requested == "auto" and device.type == "cuda")
     if not use_triton:
+        if device.type == "cpu":
+            cpu = CpuPagedAttention()  # owns reused buffers: one per runner
+            return AttentionBackend("torch", cpu.write_kv, cpu.decode, cpu.prefill)
         return AttentionBackend("torch", reference.write_kv, reference.paged_decode_attention, reference.paged_prefill_attention)
     try:
         from engine.attention import triton_decode, triton_prefill

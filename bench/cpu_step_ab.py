@@ -1,0 +1,78 @@
+"""Same-run A/B of a CPU step change: engine steps with the change off and on, alternating in one
+process on the same engine (decode steps of B sequences at context L, prefill steps of T tokens).
+
+Changes:
+  packed-weights   projections packed for oneDNN (engine/model/linear.py) vs dense F.linear
+  cpu-attention    the CPU attention path (engine/attention/cpu.py) vs the torch reference
+
+    python -m bench.cpu_step_ab --change packed-weights [--model default] [--rounds 3] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.profile.measure import Grid, StepTimer, engine_for_grid
+
+    p = argparse.ArgumentParser(prog="python -m bench.cpu_step_ab", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--change", choices=("packed-weights", "cpu-attention"), required=True)
+    p.add_argument("--model", default="default")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rows", default="1,2,3,4,8,16,32")
+    p.add_argument("--contexts", default="80,1040")
+    p.add_argument("--prompts", default="64,256,1024")
+    args = p.parse_args(argv)
+
+    rows = [int(r) for r in args.rows.split(",")]
+    contexts = [int(c) for c in args.contexts.split(",")]
+    prompts = [int(t) for t in args.prompts.split(",")]
+    grid = Grid(decode=tuple((b, n) for b in rows for n in contexts), ragged=(),
+                prefill=tuple((t, 0) for t in prompts), mixed=(), repeats=2, max_point_s=30.0)
+    engine = engine_for_grid(args.model, grid, args.threads)
+    switch, names = _switch(engine, args.change)
+    timer = StepTimer(engine, grid)
+    print(f"{args.change}: model {args.model}, {args.threads} thread(s), median of {args.rounds} rounds x {grid.repeats} steps")
+    print(f"| step | {names[0]} ms | {names[1]} ms | speed-up |")
+    print("| --- | ---: | ---: | ---: |")
+
+    def ab(label: str, timed) -> None:
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(args.rounds):
+            for on in (False, True):
+                switch(on)
+                times[on] += [s.seconds for s in timed()]
+        a, b = statistics.median(times[False]), statistics.median(times[True])
+        print(f"| {label} | {a * 1e3:.1f} | {b * 1e3:.1f} | {a / b:.2f}x |", flush=True)
+
+    for b, n in grid.decode:
+        ab(f"decode {b} x {n}", lambda: timer.decode([n] * b))
+    for tokens in prompts:
+        ab(f"prefill {tokens}", lambda: timer.prefill(tokens, 0))
+    switch(True)
+    return 0
+
+
+def _switch(engine, change: str):
+    """A function turning the change off (False) or on (True) in place, and the two arms' names."""
+    if change == "packed-weights":
+        return engine.runner.model.set_packed, ("F.linear", "packed")
+    from engine.attention import reference
+    from engine.attention.backend import AttentionBackend
+
+    on_backend = engine.runner.attn
+    off_backend = AttentionBackend("torch-reference", reference.write_kv, reference.paged_decode_attention,
+                                   reference.paged_prefill_attention)
+
+    def switch(on: bool) -> None:
+        engine.runner.attn = on_backend if on else off_backend
+
+    return switch, ("reference", "cpu path")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""The CPU attention path (reused buffers, per-step mask) against the torch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.attention import reference as ref
+from engine.attention.cpu import CpuPagedAttention
+from tests.engine.attention.test_triton_kernels import DECODE_CASES, PREFILL_CASES, decode_inputs, prefill_inputs
+
+FP32_DECODE = {k: v for k, v in DECODE_CASES.items() if "dtype" not in v}
+FP32_PREFILL = {k: v for k, v in PREFILL_CASES.items() if "dtype" not in v}
+
+
+@pytest.mark.parametrize("name", sorted(FP32_DECODE))
+def test_decode_matches_the_reference(name):
+    args = decode_inputs(FP32_DECODE[name])
+    torch.testing.assert_close(CpuPagedAttention().decode(*args), ref.paged_decode_attention(*args), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(FP32_PREFILL))
+def test_prefill_matches_the_reference(name):
+    args = prefill_inputs(FP32_PREFILL[name])
+    torch.testing.assert_close(
+        CpuPagedAttention().prefill(*args), ref.paged_prefill_attention(*args), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_one_instance_across_shapes_and_steps_reuses_nothing_stale():
+    """Buffers and the mask carry over between calls: every call must still see its own inputs."""
+    attn = CpuPagedAttention()
+    cases = [FP32_DECODE[n] for n in sorted(FP32_DECODE)] * 2
+    for case in cases:
+        args = decode_inputs(case)
+        torch.testing.assert_close(attn.decode(*args), ref.paged_decode_attention(*args), rtol=1e-5, atol=1e-5)
+    # Same shapes, new lengths written into the same seq_lens tensor (an in-place update): the mask
+    # must follow the values, not the tensor object.
+    q, kc, vc, bt, seq_lens, scale = decode_inputs(FP32_DECODE["gqa3_bs16_d64_smollm2"])
+    attn.decode(q, kc, vc, bt, seq_lens, scale)
+    seq_lens[0] = 5
+    torch.testing.assert_close(attn.decode(q, kc, vc, bt, seq_lens, scale),
+                               ref.paged_decode_attention(q, kc, vc, bt, seq_lens, scale), rtol=1e-5, atol=1e-5)
+    for name in sorted(FP32_PREFILL):  # prefill shares the gather buffer with decode
+        args = prefill_inputs(FP32_PREFILL[name])
+        torch.testing.assert_close(attn.prefill(*args), ref.paged_prefill_attention(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_the_cpu_backend_is_this_path():
+    from engine.attention.backend import select_backend
+
+    backend = select_backend(torch.device("cpu"))
+    assert backend.name == "torch" and isinstance(backend.decode.__self__, CpuPagedAttention)
+    # Each selection owns its buffers (one per runner).
+    assert select_backend(torch.device("cpu")).decode.__self__ is not backend.decode.__self__
