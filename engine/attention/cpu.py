@@ -5,22 +5,28 @@ indexing of the strided per-layer cache view (``k_cache[block_tables]``) copies 
 into a fresh tensor; ``index_select`` into a buffer kept across layers and steps copies whole
 blocks and allocates nothing (3.3x faster for 32 sequences x 400 tokens of SmolLM2's KV). The
 decode mask is built once per step (every layer sees the same ``seq_lens``) as the additive float
-mask SDPA would otherwise convert the boolean one to in every layer.
+mask SDPA would otherwise convert the boolean one to in every layer, and rows of very different
+lengths are attended in groups padded to their own longest row (``decode_groups.py``).
 
 One instance per runner (it owns the buffers; the runner's stepping thread is its only caller).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+
+from engine.attention.decode_groups import length_groups
 
 
 class CpuPagedAttention:
     def __init__(self) -> None:
         self._buffer: torch.Tensor | None = None
-        self._mask_seq_lens: torch.Tensor | None = None
-        self._mask: torch.Tensor | None = None
+        self._plan: list[DecodeGroup] | None = None
+        self._plan_seq_lens: torch.Tensor | None = None
+        self._plan_key: tuple[int, int] = (0, 0)
 
     # -- the shared signatures (engine/attention/__init__.py) ----------------------------------
     @staticmethod
@@ -29,14 +35,21 @@ class CpuPagedAttention:
         v_cache[slot_block, slot_offset] = v
 
     def decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.Tensor:
+        groups = self._decode_plan(seq_lens, block_tables.shape[1], k_cache.shape[1], q.dtype)
+        if len(groups) == 1:
+            return self._decode_group(q, k_cache, v_cache, block_tables, groups[0].mask, scale)
+        out = torch.empty_like(q)
+        for g in groups:
+            out[g.rows] = self._decode_group(q[g.rows], k_cache, v_cache, block_tables[g.rows, : g.num_blocks], g.mask, scale)
+        return out
+
+    def _decode_group(self, q, k_cache, v_cache, block_tables, mask, scale) -> torch.Tensor:
         num_seqs, num_heads, head_dim = q.shape
         kv_heads, max_len = k_cache.shape[2], block_tables.shape[1] * k_cache.shape[1]
         k, v = self._gather(k_cache, v_cache, block_tables.reshape(-1))
         k = k.view(num_seqs, max_len, kv_heads, head_dim).transpose(1, 2)
         v = v.view(num_seqs, max_len, kv_heads, head_dim).transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), k, v, attn_mask=self._decode_mask(seq_lens, max_len, q.dtype), scale=scale, enable_gqa=True
-        )
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         return out.view(num_seqs, num_heads, head_dim)
 
     def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale) -> torch.Tensor:
@@ -74,12 +87,26 @@ class CpuPagedAttention:
         v = torch.index_select(v_cache, 0, blocks, out=buf[n : 2 * n].view(shape))
         return k, v
 
-    def _decode_mask(self, seq_lens: torch.Tensor, max_len: int, dtype: torch.dtype) -> torch.Tensor:
-        mask, known = self._mask, self._mask_seq_lens
-        if (mask is None or mask.shape[-1] != max_len or mask.dtype != dtype
+    def _decode_plan(self, seq_lens: torch.Tensor, max_blocks: int, block_size: int, dtype: torch.dtype) -> list[DecodeGroup]:
+        """The step's groups (same for every layer: built on the first, reused while seq_lens holds)."""
+        plan, known = self._plan, self._plan_seq_lens
+        if (plan is None or plan[0].mask.dtype != dtype or self._plan_key != (max_blocks, block_size)
                 or known.shape != seq_lens.shape or not torch.equal(known, seq_lens)):
-            valid = torch.arange(max_len, device=seq_lens.device)[None, :] < seq_lens[:, None]
-            mask = torch.zeros(valid.shape, dtype=dtype, device=seq_lens.device).masked_fill_(~valid, float("-inf"))
-            mask = self._mask = mask[:, None, None, :]
-            self._mask_seq_lens = seq_lens.clone()
-        return mask
+            lens = seq_lens.tolist()
+            cuts = length_groups([-(-n // block_size) for n in lens], max_blocks)
+            plan = []
+            for rows, num_blocks in cuts:
+                group_lens = seq_lens if len(cuts) == 1 else seq_lens[rows]
+                width = num_blocks * block_size
+                valid = torch.arange(width, device=seq_lens.device)[None, :] < group_lens[:, None]
+                mask = torch.zeros(valid.shape, dtype=dtype, device=seq_lens.device).masked_fill_(~valid, float("-inf"))
+                plan.append(DecodeGroup(torch.tensor(rows, device=seq_lens.device), num_blocks, mask[:, None, None, :]))
+            self._plan, self._plan_seq_lens, self._plan_key = plan, seq_lens.clone(), (max_blocks, block_size)
+        return plan
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeGroup:
+    rows: torch.Tensor  # indices into the step's decode rows
+    num_blocks: int  # the group's block-table width (its longest row's blocks)
+    mask: torch.Tensor  # [rows, 1, 1, num_blocks * block_size] additive

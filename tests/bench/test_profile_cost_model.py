@@ -85,6 +85,17 @@ def test_step_shape_counts_decodes_prefills_and_sampling_rows():
     assert StepShape.from_json(s.to_json()) == s
 
 
+def test_padded_decode_context_follows_the_cpu_length_groups():
+    # One long row among short ones: the CPU path attends it in a group of its own.
+    s = shape_of_rows([1] * 16, [64] * 15 + [1024], [64] * 15 + [1024], 16)
+    assert s.decode_ctx_max == 1024 and s.features()["decode_ctx_padded"] == 15 * 64 + 1024
+    even = shape_of_rows([1] * 4, [100] * 4, [100] * 4, 16)
+    assert even.features()["decode_ctx_padded"] == 4 * 112
+    # A shape saved before groups existed reads as every row padded to the longest.
+    old = {k: v for k, v in s.to_json().items() if k != "decode_ctx_padded"}
+    assert StepShape.from_json(old).features()["decode_ctx_padded"] == 16 * 1024
+
+
 def test_step_seconds_is_the_linear_model():
     cm = synthetic_cost_model(const_s=0.01, per_token_s=0.002, per_sampled_s=0.003, decode_ctx_s=1e-5,
                               prefill_pair_s=1e-7)

@@ -53,3 +53,34 @@ def test_the_cpu_backend_is_this_path():
     assert backend.name == "torch" and isinstance(backend.decode.__self__, CpuPagedAttention)
     # Each selection owns its buffers (one per runner).
     assert select_backend(torch.device("cpu")).decode.__self__ is not backend.decode.__self__
+
+
+def test_spread_lengths_attend_in_groups_and_match_the_reference():
+    from engine.attention.decode_groups import length_groups
+
+    case = dict(heads=9, kv_heads=3, head_dim=64, block_size=16, lens=[1, 700, 3, 650, 20, 640, 2, 300, 310])
+    q, kc, vc, bt, seq_lens, scale = decode_inputs(case)
+    assert len(length_groups([-(-n // 16) for n in case["lens"]], bt.shape[1])) > 1  # the grouped path runs
+    torch.testing.assert_close(CpuPagedAttention().decode(q, kc, vc, bt, seq_lens, scale),
+                               ref.paged_decode_attention(q, kc, vc, bt, seq_lens, scale), rtol=1e-5, atol=1e-5)
+
+
+def test_length_groups_partition_the_rows_and_cover_their_lengths():
+    import random
+
+    from engine.attention.decode_groups import MAX_GROUPS, length_groups
+
+    rng = random.Random(0)
+    for trial in range(200):
+        blocks = [rng.randint(1, rng.choice([2, 10, 80])) for _ in range(rng.randint(1, 70))]
+        width = max(blocks) + rng.randint(0, 3)
+        groups = length_groups(blocks, width)
+        rows = sorted(r for g, _ in groups for r in g)
+        assert rows == list(range(len(blocks)))
+        assert 1 <= len(groups) <= MAX_GROUPS
+        assert all(blocks[r] <= w for g, w in groups for r in g)
+        if len(groups) == 1:
+            assert groups[0] == (list(range(len(blocks))), width)  # the ungrouped path: rows in order
+        else:  # grouping only when it saves padded work
+            assert sum(len(g) * w for g, w in groups) < len(blocks) * max(blocks)
+    assert len(length_groups([7] * 40, 7)) == 1
