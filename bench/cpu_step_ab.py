@@ -26,12 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default="1,2,3,4,8,16,32")
     p.add_argument("--contexts", default="80,1040")
     p.add_argument("--prompts", default="64,256,1024")
+    p.add_argument("--ragged", default="16:64:1024", help="B:short:long,...: B - 1 short rows and one long")
     args = p.parse_args(argv)
 
     rows = [int(r) for r in args.rows.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
     prompts = [int(t) for t in args.prompts.split(",")]
-    grid = Grid(decode=tuple((b, n) for b in rows for n in contexts), ragged=(),
+    ragged = tuple(tuple(int(x) for x in r.split(":")) for r in args.ragged.split(",") if r)
+    grid = Grid(decode=tuple((b, n) for b in rows for n in contexts), ragged=ragged,
                 prefill=tuple((t, 0) for t in prompts), mixed=(), repeats=2, max_point_s=30.0)
     engine = engine_for_grid(args.model, grid, args.threads)
     switch, names = _switch(engine, args.change)
@@ -51,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for b, n in grid.decode:
         ab(f"decode {b} x {n}", lambda: timer.decode([n] * b))
+    for b, short, long in ragged:
+        ab(f"decode {b - 1} x {short} + 1 x {long}", lambda: timer.decode([short] * (b - 1) + [long]))
     for tokens in prompts:
         ab(f"prefill {tokens}", lambda: timer.prefill(tokens, 0))
     switch(True)

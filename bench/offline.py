@@ -85,7 +85,11 @@ def run_offline(
     threads: int | None = None,
     max_num_batched_tokens: int = 2048,
     progress: Callable[[str], None] = lambda m: None,
+    repeat: int = 1,
 ) -> dict:
+    """Each system ``repeat`` times (rounds interleaved); each reports its median run."""
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1, got {repeat}")
     from engine.model.config import ModelConfig
     from engine.model.registry import resolve_model
 
@@ -96,30 +100,44 @@ def run_offline(
     useful = total_output_tokens(requests)
     base = dict(model=str(model_dir), num_threads=threads, cache=CacheConfig())
 
-    progress(f"(a) Baton continuous batching: {len(requests)} requests, {useful} output tokens")
-    cb = run_baton(EngineConfig(**base, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens)),
-                   requests, "baton-cb")
-    progress(f"    {cb.tok_s:.1f} tok/s; (b) Baton static batching (batches of 16)")
-    static = run_baton(
-        EngineConfig(**base, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
-                                                       policy="static", static_batch_size=16)),
-        requests, "baton-static")
-    progress(f"    {static.tok_s:.1f} tok/s")
-    systems = [cb, static]
+    cb_config = EngineConfig(**base, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens))
+    static_config = EngineConfig(**base, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
+                                                                   policy="static", static_batch_size=16))
+    runners: list[tuple[str, str, Callable[[], SystemResult]]] = [
+        ("baton-cb", "(a) Baton continuous batching", lambda: run_baton(cb_config, requests, "baton-cb")),
+        ("baton-static", "(b) Baton static batching (batches of 16)",
+         lambda: run_baton(static_config, requests, "baton-static")),
+    ]
     if include_hf:
         from bench.hf_baselines import load_hf_model, run_hf_continuous, run_hf_static
 
         hf_model = load_hf_model(model_dir)
-        progress("(c) transformers continuous batching")
-        r = run_hf_continuous(hf_model, requests, num_threads=threads)
-        systems.append(SystemResult("hf-cb", r.seconds, r.tok_s, r.outputs or [], r.details))
-        progress(f"    {r.tok_s:.1f} tok/s; (d) transformers static generate (batches of 16)")
-        r = run_hf_static(hf_model, requests, batch_size=16, num_threads=threads)
-        systems.append(SystemResult("hf-static", r.seconds, r.tok_s, r.outputs or [], r.details))
-        progress(f"    {r.tok_s:.1f} tok/s")
 
+        def hf(name: str, run) -> Callable[[], SystemResult]:
+            def go() -> SystemResult:
+                r = run()
+                return SystemResult(name, r.seconds, r.tok_s, r.outputs or [], r.details)
+            return go
+
+        runners += [
+            ("hf-cb", "(c) transformers continuous batching",
+             hf("hf-cb", lambda: run_hf_continuous(hf_model, requests, num_threads=threads))),
+            ("hf-static", "(d) transformers static generate (batches of 16)",
+             hf("hf-static", lambda: run_hf_static(hf_model, requests, batch_size=16, num_threads=threads))),
+        ]
+    # Rounds interleave the systems, so a slow spell of a shared machine falls on all of them.
+    runs: dict[str, list[SystemResult]] = {name: [] for name, _, _ in runners}
+    for round_no in range(repeat):
+        for name, label, run in runners:
+            progress(f"{label}: {len(requests)} requests, {useful} output tokens"
+                     + (f" (round {round_no + 1} of {repeat})" if repeat > 1 else ""))
+            runs[name].append(run())
+            progress(f"    {runs[name][-1].tok_s:.1f} tok/s")
+    systems = [_median_run(runs[name]) for name, _, _ in runners]
     by = {s.name: s for s in systems}
-    agree = sum(1 for i in range(len(requests)) if len({tuple(s.outputs[i]) for s in systems if s.outputs}) == 1)
+    cb, static = by["baton-cb"], by["baton-static"]
+    every_run = [r for rs in runs.values() for r in rs if r.outputs]
+    agree = sum(1 for i in range(len(requests)) if len({tuple(r.outputs[i]) for r in every_run}) == 1)
     result = {
         "workload": workload,
         "model": model,
@@ -134,12 +152,19 @@ def run_offline(
         "baton_cb_over_static": cb.tok_s / static.tok_s,
         "requests_identical_across_systems": agree,
         "details": {s.name: s.details for s in systems},
+        "repeat": repeat,
+        "runs_tok_s": {name: [r.tok_s for r in rs] for name, rs in runs.items()},
         "machine": machine_info(threads),
     }
     if include_hf:
         result["baton_cb_over_hf_cb"] = cb.tok_s / by["hf-cb"].tok_s
         result["baton_cb_over_hf_static"] = cb.tok_s / by["hf-static"].tok_s
     return result
+
+
+def _median_run(runs: list[SystemResult]) -> SystemResult:
+    ordered = sorted(runs, key=lambda r: r.seconds)
+    return ordered[(len(ordered) - 1) // 2]  # an actual run (the faster middle one for an even count)
 
 
 def machine_info(threads: int | None) -> dict:

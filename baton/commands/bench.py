@@ -17,6 +17,8 @@ def add_parser(sub) -> None:
     o.add_argument("--threads", type=int, default=None)
     o.add_argument("--max-num-batched-tokens", type=int, default=2048)
     o.add_argument("--skip-hf", action="store_true", help="only Baton's two modes")
+    o.add_argument("--repeat", type=int, default=1,
+                   help="run every system N times, rounds interleaved, and report each one's median run")
     o.add_argument("--json", action="store_true")
     o.set_defaults(run=_offline)
 
@@ -60,8 +62,10 @@ def _offline(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown workload {args.workload!r}; choose one of {', '.join(WORKLOADS)}")
     if args.n is not None and args.n <= 0:
         raise ValueError(f"--n must be positive, got {args.n}")
+    if args.repeat < 1:
+        raise ValueError(f"--repeat must be at least 1, got {args.repeat}")
     result = run_offline(args.workload, args.model, args.n, include_hf=not args.skip_hf, threads=args.threads,
-                         max_num_batched_tokens=args.max_num_batched_tokens,
+                         max_num_batched_tokens=args.max_num_batched_tokens, repeat=args.repeat,
                          progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
     print(to_json(result) if args.json else format_table(result))
     return 0

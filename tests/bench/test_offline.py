@@ -15,3 +15,19 @@ def test_small_offline_bench_reports_all_systems(tiny_model_dir):
     # Greedy, EOS ignored: every system must produce the same tokens for every request.
     assert r["requests_identical_across_systems"] == 6
     assert set(r["seconds"]) == {"baton-cb", "baton-static", "hf-cb", "hf-static"}
+
+
+def test_repeated_rounds_report_each_systems_median_run(tiny_model_dir):
+    r = run_offline("anyscale-cpu-small", model=str(tiny_model_dir), n=4, include_hf=False, repeat=3)
+    assert r["repeat"] == 3 and set(r["runs_tok_s"]) == {"baton-cb", "baton-static"}
+    for name, key in (("baton-cb", "baton_cb_tok_s"), ("baton-static", "baton_static_tok_s")):
+        runs = r["runs_tok_s"][name]
+        assert len(runs) == 3 and r[key] == sorted(runs)[1]  # the median of three is one of the runs
+    assert r["requests_identical_across_systems"] == 4  # every run of every system
+
+
+def test_repeat_must_be_positive():
+    import pytest
+
+    with pytest.raises(ValueError, match="repeat must be at least 1"):
+        run_offline("anyscale-cpu-small", model="tiny", repeat=0)
