@@ -51,6 +51,9 @@ def base_parser(description: str, *, rates: str, duration: float, workload: str,
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plots", default=None, metavar="DIR", help="PNG plots (default: OUT's name + '_plots')")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--speed-probe", default=None, metavar="COST_MODEL",
+                   help="time a few fixed steps before each run and after the last (bench.profile.speed) "
+                        "against this cost model, so the simulator can replay each run on the machine it had")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override for every setup, e.g. engine.max_num_seqs=64 (YAML value)")
     if admission is not None:
@@ -113,14 +116,36 @@ class SetupRuns:
         return {"setup": self.setup.describe(), "startup_s": self.startup_s, "runs": self.reports}
 
 
+def probe_speed(cost_model: str, model: str) -> dict[str, Any] | None:
+    """A ``bench.profile.speed`` probe in a fresh interpreter (a worker's one torch thread), or None
+    if it failed: a missing probe costs the replay its calibration, not the experiment."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "speed.json"
+        r = subprocess.run([sys.executable, "-m", "bench.profile.speed", "--cost-model", cost_model, "--model", model,
+                            "--json", str(out)], capture_output=True, text=True, timeout=300)
+        if r.returncode != 0 or not out.exists():
+            say(f"speed probe failed: {r.stderr.strip().splitlines()[-1:] or r.returncode}")
+            return None
+        probe = json.loads(out.read_text())
+    say(f"speed probe: decode steps {probe['decode']:.2f}x, prefill steps {probe['prefill']:.2f}x the cost model's")
+    return probe
+
+
 def run_setup(setup: ServerSetup, spec: WorkloadSpec, rates: list[float], args: argparse.Namespace, *,
               burst: Burst | None = None, slos: dict | None = None,
               after_run: Callable[[dict[str, Any]], None] | None = None) -> SetupRuns:
     """Start ``setup``'s cluster, drive it at each rate in turn (open loop, over HTTP), stop it."""
     out = SetupRuns(setup)
     server = ExperimentServer(setup)
+    cost_model = getattr(args, "speed_probe", None)
+    if cost_model and not Path(cost_model).is_file():
+        raise SystemExit(f"--speed-probe: no cost-model file at {cost_model}")
     with server as ep:
         out.startup_s = server.startup_s
+        before = probe_speed(cost_model, args.model) if cost_model else None
         for rate in rates:
             say(f"{setup.name}: {rate:g} req/s for {args.duration:g} s ({spec.name})")
             cfg = RunConfig(url=ep.http_url, spec=spec, duration_s=args.duration, rate=rate, burst=burst,
@@ -137,6 +162,10 @@ def run_setup(setup: ServerSetup, spec: WorkloadSpec, rates: list[float], args: 
                 report["cpu"] = meter.stop()
                 say(f"{setup.name}: cores used — workers {report['cpu']['workers_cores']:.2f}, "
                     f"router/Ray/Redis/client {report['cpu']['host_cores']:.2f}")
+            if cost_model:  # the probe after this run is the one before the next
+                after = probe_speed(cost_model, args.model)
+                report["speed"] = {"before": before, "after": after}
+                before = after
             out.reports.append(report)
             if after_run is not None:
                 after_run(report)

@@ -40,6 +40,9 @@ class SimConfig:
     housekeeping_s: float = 0.25  # the router folds load reports into its prefill rate this often
     dispatch_retry_s: float = 0.01  # the dispatch loop's wait while requests are queued
     step_scale: float = 1.0  # multiplies every step time (calibration, e.g. CPU contention)
+    # multiplies steps that compute prompt tokens instead (None: step_scale). On a CPU the two kinds
+    # drift apart: decode steps are memory-bound, prefill steps compute-bound (bench.profile.speed).
+    prefill_step_scale: float | None = None
 
     def __post_init__(self) -> None:
         _check(self.prefill_workers >= 0, "prefill_workers must be >= 0")
@@ -51,6 +54,7 @@ class SimConfig:
         _check(self.num_kv_blocks is None or self.num_kv_blocks > 0, "num_kv_blocks must be > 0")
         _check(self.local_prefill_threshold >= 0, "local_prefill_threshold must be >= 0")
         _check(self.step_scale > 0, "step_scale must be > 0")
+        _check(self.prefill_step_scale is None or self.prefill_step_scale > 0, "prefill_step_scale must be > 0")
         _check(self.initial_prefill_tokens_per_s > 0, "initial_prefill_tokens_per_s must be > 0")
 
     @property

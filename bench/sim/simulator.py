@@ -87,7 +87,8 @@ class Simulation:
         def make(role: str, i: int, budget: int) -> WorkerHandle:
             w = SimWorker(f"{role}-{i}", role, self.loop, cost, max_num_seqs=cfg.max_num_seqs,
                           max_num_batched_tokens=budget, num_blocks=blocks,
-                          enable_prefix_caching=cfg.enable_prefix_caching, step_scale=cfg.step_scale, host=host)
+                          enable_prefix_caching=cfg.enable_prefix_caching, step_scale=cfg.step_scale,
+                          prefill_step_scale=cfg.prefill_step_scale, host=host)
             self.workers.append(w)
             info = WorkerInfo(PeerInfo(w.worker_id, "sim", role), blocks, m.block_size, m.max_model_len,
                               m.vocab_size, m.name, cfg.max_num_seqs, budget)

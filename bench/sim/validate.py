@@ -11,6 +11,10 @@ marks each p50/p90 TTFT and ITL as within it or not; the exit status is 0 when a
 ``--repeat OTHER`` puts a second measured run of the same experiment next to it: how far apart two
 measurements of one setup and rate are is the floor under any simulator's error (near a worker's
 saturation, two runs of the same command can differ more than the tolerance).
+
+Runs measured with ``--speed-probe`` carry the machine's speed before and after them
+(``bench.profile.speed``: decode and prefill step time / the cost model's); each is replayed on that
+machine (the mean of its two probes scales decode and prefill steps). ``--no-speed`` ignores them.
 """
 
 from __future__ import annotations
@@ -41,8 +45,20 @@ def _rel(pred: float | None, meas: float | None) -> float | None:
     return None if pred is None or not meas else (pred - meas) / meas
 
 
+def run_speed(report: dict, cost):
+    """The mean of the speed probes around a run (None when it has none)."""
+    from bench.profile.speed import SpeedProbe, mean_probe
+
+    sp = report.get("speed") or {}
+    speed = mean_probe([SpeedProbe.from_json(p) for p in (sp.get("before"), sp.get("after")) if p])
+    if speed is not None and speed.reference != cost.created:
+        raise ValueError(f"the run's speed probes compare with the cost model created {speed.reference!r}, not this "
+                         f"one ({cost.created!r}): pass that cost model, or --no-speed")
+    return speed
+
+
 def compare(cost, experiment: dict, *, step_scale: float = 1.0, tolerance: float = 0.2, band: float = 0.05,
-            progress=lambda m: None) -> list[dict]:
+            use_speed: bool = True, progress=lambda m: None) -> list[dict]:
     """One row per (setup, rate). ``band``: also simulate with every step ``band`` faster and slower
     (and half that), and report each statistic's range: with a few dozen requests, percentiles
     can jump between the modes of a bimodal distribution (e.g. ITL between one- and two-sequence
@@ -72,8 +88,13 @@ def compare(cost, experiment: dict, *, step_scale: float = 1.0, tolerance: float
             burst = Burst(**c["burst"]) if c.get("burst") else None
             reqs = sim_requests(spec, c["rate"], c["duration_s"], c["seed"], cost.model.max_model_len, burst)
             slos = {lane: LaneSLO(**s) for lane, s in (c.get("slos") or {}).items()}
+            speed = run_speed(report, cost) if use_speed else None
+            decode_scale = step_scale * (speed.decode if speed else 1.0)
+            prefill_scale = step_scale * (speed.prefill if speed else 1.0)
+
             def simulate(scale: float) -> dict:
-                res = Simulation(cost, replace(cfg, step_scale=step_scale * scale), seed=c["seed"]).run(
+                run_cfg = replace(cfg, step_scale=decode_scale * scale, prefill_step_scale=prefill_scale * scale)
+                res = Simulation(cost, run_cfg, seed=c["seed"]).run(
                     reqs, duration_s=c["duration_s"], rate=c["rate"], drain_s=drain, warmup_s=c["warmup_s"],
                     lanes=list(spec.lanes), slo=slos or None)
                 return res.summary["summary"]
@@ -83,7 +104,7 @@ def compare(cost, experiment: dict, *, step_scale: float = 1.0, tolerance: float
             row = {"setup": name, "rate": c["rate"], "label": cfg.label(),
                    "measured": {m: meas[m] for m in METRICS}, "predicted": {m: pred[m] for m in METRICS},
                    "goodput": {"measured": meas.get("goodput_rps"), "predicted": pred.get("goodput_rps")},
-                   "errors": {}}
+                   "errors": {}, "speed": None if speed is None else {"decode": speed.decode, "prefill": speed.prefill}}
             row["range"] = {}
             for m, q in CHECKED:
                 row["errors"][f"{m}.{q}"] = _rel(pred[m][q], meas[m][q])
@@ -91,7 +112,8 @@ def compare(cost, experiment: dict, *, step_scale: float = 1.0, tolerance: float
                 row["range"][f"{m}.{q}"] = [min(vals), max(vals)] if vals else None
             row["within"] = all(e is not None and abs(e) <= tolerance for e in row["errors"].values())
             rows.append(row)
-            progress(f"{name} at {c['rate']:g} req/s: " + ", ".join(
+            progress(f"{name} at {c['rate']:g} req/s" + (f" (speed: decode {speed.decode:.2f}x, prefill "
+                                                         f"{speed.prefill:.2f}x)" if speed else "") + ": " + ", ".join(
                 f"{k} {'-' if v is None else f'{v:+.0%}'}" for k, v in row["errors"].items()))
     return rows
 
@@ -166,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also simulate with step times this much faster/slower and show the range (0: off)")
     p.add_argument("--repeat", default=None, metavar="FILE",
                    help="a second measured run of the same experiment: its difference is the noise floor")
+    p.add_argument("--no-speed", action="store_true",
+                   help="ignore the runs' speed probes (replay every run on the profiled machine)")
     p.add_argument("--json", default=None, metavar="OUT")
     args = p.parse_args(argv)
     try:
@@ -175,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"cannot read {args.experiment}: {e}") from None
         rows = compare(cost, experiment, step_scale=args.step_scale, tolerance=args.tolerance, band=args.band,
-                       progress=lambda m: print(f"[validate] {m}", file=sys.stderr, flush=True))
+                       use_speed=not args.no_speed, progress=lambda m: print(f"[validate] {m}", file=sys.stderr, flush=True))
         if args.repeat:
             try:
                 repeat = json.loads(Path(args.repeat).read_text())

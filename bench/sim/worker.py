@@ -83,13 +83,15 @@ class Host:
 class SimWorker:
     def __init__(self, worker_id: str, role: str, loop: EventLoop, cost: CostModel, *, max_num_seqs: int,
                  max_num_batched_tokens: int, num_blocks: int, enable_prefix_caching: bool = True,
-                 step_scale: float = 1.0, host: Host | None = None) -> None:
+                 step_scale: float = 1.0, prefill_step_scale: float | None = None,
+                 host: Host | None = None) -> None:
         m = cost.model
         self.worker_id = worker_id
         self.role = role
         self.loop = loop
         self.cost = cost
         self.step_scale = step_scale
+        self.prefill_step_scale = step_scale if prefill_step_scale is None else prefill_step_scale
         self.host = host or Host()
         self.block_manager = BlockManager(num_blocks, m.block_size, enable_prefix_caching=enable_prefix_caching,
                                           record_events=True)
@@ -142,11 +144,13 @@ class SimWorker:
             timing = self.prefill_timing.get(rid)
             if timing is not None and timing[1] is None:
                 timing[1] = self.loop.now
-        dt = self.cost.step_seconds(shape_of_schedule(so, sched.requests, self.block_manager.block_size))
+        shape = shape_of_schedule(so, sched.requests, self.block_manager.block_size)
+        dt = self.cost.step_seconds(shape)
         # Neighbours computing at the same time share the memory bus (measured by the profile),
         # and everyone shares the cores (the host model: the router and clients want CPU too).
         # A typical step, not the fastest repeat the fit describes.
-        dt *= self.step_scale * self.cost.typical_over_fastest
+        scale = self.prefill_step_scale if shape.num_tokens > shape.num_decode else self.step_scale
+        dt *= scale * self.cost.typical_over_fastest
         dt *= 1.0 + self.cost.neighbour_slowdown * self.host.busy
         dt += self.cost.overheads.step_s
         dt *= self.host.stretch(self.loop.now, self.host.busy + 1)

@@ -41,6 +41,22 @@ def test_single_request_ttft_is_the_predicted_prefill_and_itl_the_decode_step():
     assert res.summary["summary"]["ttft_s"]["p50"] == pytest.approx(prefill, abs=1e-6)
 
 
+def test_prefill_steps_scale_apart_from_decode_steps():
+    """A CPU's prefill steps (compute-bound) and decode steps (memory-bound) drift apart."""
+    cm = synthetic_cost_model(const_s=0.010, per_token_s=0.001, per_sampled_s=0.002)
+    req = [SimRequest(0, 1.0, "interactive", 100, 4)]
+    base = simulate(cm, SimConfig(prefill_workers=0, decode_workers=1), req).records[0]
+    slow_prefill = simulate(cm, SimConfig(prefill_workers=0, decode_workers=1, prefill_step_scale=2.0), req).records[0]
+    assert slow_prefill.ttft_s == pytest.approx(2 * base.ttft_s, abs=1e-12)
+    assert slow_prefill.itl_s == pytest.approx(base.itl_s, abs=1e-12)
+    slow_decode = simulate(cm, SimConfig(prefill_workers=0, decode_workers=1, step_scale=1.5,
+                                         prefill_step_scale=1.0), req).records[0]
+    assert slow_decode.ttft_s == pytest.approx(base.ttft_s, abs=1e-12)
+    assert slow_decode.itl_s == pytest.approx([1.5 * x for x in base.itl_s], abs=1e-12)
+    with pytest.raises(ValueError, match="prefill_step_scale must be > 0"):
+        SimConfig(prefill_step_scale=0.0)
+
+
 def test_chunked_prefill_takes_one_step_per_chunk_plus_overheads():
     cm = synthetic_cost_model(const_s=0.010, per_token_s=0.001, prefill_pair_s=1e-7, step_overhead_s=0.001,
                               rpc_s=0.004, output_s=0.003)

@@ -4,7 +4,10 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from bench.profile.synthetic import synthetic_cost_model
 from bench.serve.workload import load_workload
@@ -16,15 +19,18 @@ from bench.sim.validate import compare
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _experiment(cost) -> dict:
-    """An experiment report whose "measurements" are the simulator's own predictions."""
+def _experiment(cost, decode_scale: float = 1.0, prefill_scale: float = 1.0) -> dict:
+    """An experiment report whose "measurements" are the simulator's own predictions (on a machine
+    whose decode and prefill steps take ``decode_scale`` / ``prefill_scale`` times the cost model's)."""
     spec = load_workload("sharegpt")
     setups = {}
     for name, p, d in (("colocated", 0, 2), ("disaggregated", 1, 1)):
         runs = []
         for rate in (2.0, 4.0):
             reqs = sim_requests(spec, rate, 20.0, 0, cost.model.max_model_len)
-            res = Simulation(cost, SimConfig(prefill_workers=p, decode_workers=d, slo_rejection=False)).run(
+            cfg = SimConfig(prefill_workers=p, decode_workers=d, slo_rejection=False, step_scale=decode_scale,
+                            prefill_step_scale=prefill_scale)
+            res = Simulation(cost, cfg).run(
                 reqs, duration_s=20.0, rate=rate, drain_s=20.0, warmup_s=2.0, lanes=list(spec.lanes))
             runs.append({"config": {"mode": "open", "rate": rate, "duration_s": 20.0, "warmup_s": 2.0, "seed": 0,
                                     "burst": None, "workload": spec.to_dict(), "slos": {}},
@@ -80,3 +86,27 @@ def test_a_repeat_measurement_shows_the_noise_floor(tmp_path):
     assert ("disaggregated", 2.0) not in repeat_errors(exp, again)
     rows = [{"setup": s, "rate": r, "repeat": d} for (s, r), d in diffs.items()]
     assert "| colocated | 4 | +0% / +0% | +30% / +0% |" in format_repeat(rows)
+
+
+def _probe(cost, decode: float, prefill: float) -> dict:
+    from bench.profile.speed import SpeedProbe
+
+    return SpeedProbe(decode, prefill, cost.created, 1.0, 8.0).to_json()
+
+
+def test_runs_are_replayed_on_the_machine_their_speed_probes_measured():
+    cost = replace(synthetic_cost_model(const_s=0.03, per_token_s=0.002), created="profile-1")
+    exp = _experiment(cost, decode_scale=1.3, prefill_scale=1.1)  # the machine was slower during the runs
+    blind = compare(cost, exp)
+    assert not any(r["within"] for r in blind) and all(r["speed"] is None for r in blind)
+    for setup in exp["setups"].values():
+        for run in setup["runs"]:  # probes before and after: the run saw their mean
+            run["speed"] = {"before": _probe(cost, 1.2, 1.0), "after": _probe(cost, 1.4, 1.2)}
+    rows = compare(cost, exp)
+    for r in rows:
+        assert r["speed"] == pytest.approx({"decode": 1.3, "prefill": 1.1})
+        assert r["within"] and all(abs(e) < 1e-9 for e in r["errors"].values()), r
+    assert not any(r["within"] for r in compare(cost, exp, use_speed=False))
+    # probes taken against another profile do not calibrate this one
+    with pytest.raises(ValueError, match="speed probes compare with the cost model created"):
+        compare(replace(cost, created="profile-2"), exp)
