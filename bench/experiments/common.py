@@ -127,7 +127,8 @@ def probe_speed(cost_model: str, model: str) -> dict[str, Any] | None:
         r = subprocess.run([sys.executable, "-m", "bench.profile.speed", "--cost-model", cost_model, "--model", model,
                             "--json", str(out)], capture_output=True, text=True, timeout=300)
         if r.returncode != 0 or not out.exists():
-            say(f"speed probe failed: {r.stderr.strip().splitlines()[-1:] or r.returncode}")
+            last_line = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
+            say(f"speed probe failed: {last_line}")
             return None
         probe = json.loads(out.read_text())
     say(f"speed probe: decode steps {probe['decode']:.2f}x, prefill steps {probe['prefill']:.2f}x the cost model's")
