@@ -1,5 +1,6 @@
-"""Chooses the attention implementation for a device: Triton kernels on CUDA, the torch path on CPU
-(``cpu.py``: the reference's math with reused buffers; the plain reference elsewhere)."""
+"""Chooses the attention implementation for a device: Triton kernels on CUDA, the CPU path on CPU
+(``cpu.py``: a compiled decode kernel where a C compiler is at hand, else the reference's math with
+reused buffers; the plain reference elsewhere)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 from engine.attention import reference
 from engine.attention.cpu import CpuPagedAttention
+from engine.attention.native.paged_decode import NativePagedDecode
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,7 @@ def select_backend(device: torch.device, requested: str = "auto") -> AttentionBa
     use_triton = requested == "triton" or (requested == "auto" and device.type == "cuda")
     if not use_triton:
         if device.type == "cpu":
-            cpu = CpuPagedAttention()  # owns reused buffers: one per runner
+            cpu = CpuPagedAttention(NativePagedDecode.load())  # owns reused buffers: one per runner
             return AttentionBackend("torch", cpu.write_kv, cpu.decode, cpu.prefill)
         return AttentionBackend("torch", reference.write_kv, reference.paged_decode_attention, reference.paged_prefill_attention)
     try:

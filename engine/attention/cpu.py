@@ -8,6 +8,9 @@ decode mask is built once per step (every layer sees the same ``seq_lens``) as t
 mask SDPA would otherwise convert the boolean one to in every layer, and rows of very different
 lengths are attended in groups padded to their own longest row (``decode_groups.py``).
 
+Where a C compiler is at hand, fp32 decode skips all of that: a native kernel
+(``native/paged_decode.c``) reads each sequence's blocks where they lie, once, with no padding.
+
 One instance per runner (it owns the buffers; the runner's stepping thread is its only caller).
 """
 
@@ -19,10 +22,13 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.decode_groups import length_groups
+from engine.attention.native.paged_decode import NativePagedDecode
 
 
 class CpuPagedAttention:
-    def __init__(self) -> None:
+    def __init__(self, native_decode: NativePagedDecode | None = None) -> None:
+        """``native_decode``: the compiled decode kernel, used for every call it supports."""
+        self.native_decode = native_decode
         self._buffer: torch.Tensor | None = None
         self._plan: list[DecodeGroup] | None = None
         self._plan_seq_lens: torch.Tensor | None = None
@@ -35,6 +41,9 @@ class CpuPagedAttention:
         v_cache[slot_block, slot_offset] = v
 
     def decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.Tensor:
+        native = self.native_decode
+        if native is not None and native.supports(q, k_cache, v_cache, block_tables, seq_lens):
+            return native(q, k_cache, v_cache, block_tables, seq_lens, scale)
         groups = self._decode_plan(seq_lens, block_tables.shape[1], k_cache.shape[1], q.dtype)
         if len(groups) == 1:
             return self._decode_group(q, k_cache, v_cache, block_tables, groups[0].mask, scale)
