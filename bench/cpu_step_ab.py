@@ -4,7 +4,8 @@ process on the same engine (decode steps of B sequences at context L, prefill st
 Changes:
   packed-weights   projections packed for oneDNN (engine/model/linear.py) vs dense F.linear
   cpu-attention    the CPU attention path (engine/attention/cpu.py) vs the torch reference
-  native-decode    the CPU path's compiled decode kernel (engine/attention/native) vs its torch path
+  native-decode    the CPU path's compiled decode kernel (engine/native) vs its torch path
+  layer-ops        fused residual-add + RMSNorm, rotary embedding and SiLU * up in C (engine/native) vs torch
 
     python -m bench.cpu_step_ab --change packed-weights [--model default] [--rounds 3] [--threads 1]
 """
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m bench.cpu_step_ab", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--change", choices=("packed-weights", "cpu-attention", "native-decode"), required=True)
+    p.add_argument("--change", choices=("packed-weights", "cpu-attention", "native-decode", "layer-ops"), required=True)
     p.add_argument("--model", default="default")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
@@ -66,6 +67,18 @@ def _switch(engine, change: str):
     """A function turning the change off (False) or on (True) in place, and the two arms' names."""
     if change == "packed-weights":
         return engine.runner.model.set_packed, ("F.linear", "packed")
+    if change == "layer-ops":
+        from engine.native.layer_ops import NativeLayerOps, TorchLayerOps
+
+        model = engine.runner.model
+        native = model.ops
+        if not isinstance(native, NativeLayerOps):
+            raise SystemExit("layer-ops: the compiled kernels are not in use here (see BATON_NATIVE_KERNELS, CC)")
+
+        def use_layer_ops(on: bool) -> None:
+            model.ops = native if on else TorchLayerOps()
+
+        return use_layer_ops, ("torch ops", "fused")
     if change == "native-decode":
         cpu = engine.runner.attn.decode.__self__
         kernel = cpu.native_decode

@@ -11,7 +11,7 @@ import torch
 
 from engine.attention import reference
 from engine.attention.cpu import CpuPagedAttention
-from engine.attention.native.paged_decode import NativePagedDecode
+from engine.native.paged_decode import NativePagedDecode
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ mask SDPA would otherwise convert the boolean one to in every layer, and rows of
 lengths are attended in groups padded to their own longest row (``decode_groups.py``).
 
 Where a C compiler is at hand, fp32 decode skips all of that: a native kernel
-(``native/paged_decode.c``) reads each sequence's blocks where they lie, once, with no padding.
+(``engine/native/paged_decode.c``) reads each sequence's blocks where they lie, once, with no padding.
 
 One instance per runner (it owns the buffers; the runner's stepping thread is its only caller).
 """
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.decode_groups import length_groups
-from engine.attention.native.paged_decode import NativePagedDecode
+from engine.native.paged_decode import NativePagedDecode
 
 
 class CpuPagedAttention:

@@ -18,13 +18,7 @@ from engine.errors import ModelLoadError
 from engine.model.config import ModelConfig
 from engine.model.linear import Linear, can_pack
 from engine.model.rope import RotaryEmbedding
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Same operation order as transformers' LlamaRMSNorm (variance in float32).
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+from engine.native.layer_ops import layer_ops_for
 
 
 class DecoderLayer:
@@ -56,6 +50,8 @@ class LlamaModel:
         self.lm_head: Linear | None = None
         # CPU fp32: projection weights packed for oneDNN at load (engine/model/linear.py).
         self.pack = can_pack(device, dtype)
+        # Residual add + RMSNorm, the rotary embedding, SiLU * up: fused C kernels on CPU fp32 (engine/native).
+        self.ops = layer_ops_for(device, dtype)
 
     # -- weights ----------------------------------------------------------------------------
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -136,16 +132,15 @@ class LlamaModel:
         attn: AttentionBackend,
     ) -> torch.Tensor:
         """input_ids, positions: [T]. kv_cache: [blocks, layers, 2, block, kv_heads, head_dim]. -> [T, hidden]."""
-        eps = self.cfg.rms_norm_eps
-        h = F.embedding(input_ids, self.embed)
+        eps, norm = self.cfg.rms_norm_eps, self.ops.add_rms_norm
+        h = F.embedding(input_ids, self.embed)  # the residual stream, updated in place by each norm
+        delta = None  # each block's output, added into h by the next norm
         for n, layer in enumerate(self.layers):
-            x = rms_norm(h, layer.ln1, eps)
-            x = self._attention(x, positions, kv_cache[:, n, 0], kv_cache[:, n, 1], layer, meta, attn)
-            h = h + x
-            x = rms_norm(h, layer.ln2, eps)
-            gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            h = h + layer.down(F.silu(gate) * up)
-        return rms_norm(h, self.norm, eps)
+            x = norm(h, delta, layer.ln1, eps)
+            delta = self._attention(x, positions, kv_cache[:, n, 0], kv_cache[:, n, 1], layer, meta, attn)
+            x = norm(h, delta, layer.ln2, eps)
+            delta = layer.down(self.ops.silu_mul(layer.gate_up(x)))
+        return norm(h, delta, self.norm, eps)
 
     def _attention(
         self,
@@ -158,11 +153,7 @@ class LlamaModel:
         attn: AttentionBackend,
     ) -> torch.Tensor:
         t = x.shape[0]
-        qkv = layer.qkv(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self.rope.apply(q.view(t, self.num_heads, self.head_dim), positions)
-        k = self.rope.apply(k.view(t, self.num_kv_heads, self.head_dim), positions)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
+        q, k, v = self.ops.rotate_qkv(layer.qkv(x), positions, self.rope, self.num_heads, self.num_kv_heads, self.head_dim)
         attn.write_kv(k_cache, v_cache, k, v, meta.slot_block, meta.slot_offset)
         nd = meta.num_decode_tokens
         if meta.num_prefill_tokens == 0:

@@ -2,7 +2,7 @@
 
 Same signature and result as ``paged_decode_attention`` (engine/attention/__init__.py). Inputs the
 kernel does not take (another dtype, head_dim not a multiple of 16 or over 128, more than 8 query
-heads per KV head, blocks over 64 tokens, a cache view whose rows are not contiguous, int64 tables)
+heads per KV head, blocks over 64 tokens, rows whose heads are not contiguous, int64 tables)
 are refused by ``supports``; the CPU attention path then uses its torch path for that call.
 """
 
@@ -12,7 +12,7 @@ import ctypes
 
 import torch
 
-from engine.attention.native.build import NativeLibrary, build_and_load
+from engine.native.build import NativeLibrary, build_and_load
 
 _i64, _i32, _f32, _p = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
 
@@ -23,7 +23,7 @@ class NativePagedDecode:
             raise ValueError(f"native paged decode unavailable: {library.error}")
         self.library = library
         fn = library.lib.baton_paged_decode_f32
-        fn.argtypes = [_p, _p, _p, _i64, _i64, _p, _i64, _p, _i32, _i32, _i32, _i32, _i32, _f32, _p, _i32]
+        fn.argtypes = [_p, _i64, _p, _p, _i64, _i64, _p, _i64, _p, _i32, _i32, _i32, _i32, _i32, _f32, _p, _i32]
         fn.restype = ctypes.c_int
         self._fn = fn
 
@@ -41,7 +41,7 @@ class NativePagedDecode:
             q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
             and head_dim % 16 == 0 and head_dim <= 128 and block_size <= 64
             and heads % kv_heads == 0 and heads // kv_heads <= 8
-            and q.is_contiguous() and k_cache.stride() == v_cache.stride()
+            and q.stride(2) == 1 and q.stride(1) == head_dim and k_cache.stride() == v_cache.stride()
             and k_cache.stride(3) == 1 and k_cache.stride(2) == head_dim
             and block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32
             and block_tables.stride(-1) == 1 and seq_lens.is_contiguous()
@@ -51,10 +51,10 @@ class NativePagedDecode:
                  seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
         num_seqs, num_heads, head_dim = q.shape
         block_size = k_cache.shape[1]
-        out = torch.empty_like(q)
+        out = torch.empty((num_seqs, num_heads, head_dim), dtype=q.dtype)
         if num_seqs == 0:
             return out
-        failed = self._fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
+        failed = self._fn(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
                           block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(), num_seqs, num_heads,
                           k_cache.shape[2], head_dim, block_size, scale, out.data_ptr(),
                           torch.get_num_threads())

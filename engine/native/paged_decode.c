@@ -10,7 +10,8 @@
  * library: build.py), at most `num_threads` at once.
  *
  * Layout: k/v point at one layer's view [num_blocks, block_size, kv_heads, head_dim] with element
- * strides (block_stride, token_stride, head_dim, 1). q and out are contiguous [B, heads, head_dim];
+ * strides (block_stride, token_stride, head_dim, 1). q is [B, heads, head_dim] with rows q_stride
+ * apart (a view of the fused qkv rows) and heads contiguous; out is contiguous [B, heads, head_dim];
  * block_tables is [B, bt_stride] int32, seq_lens [B] int32 (the context including the new token).
  * Limits (the caller checks them, ../native/paged_decode.py): head_dim a multiple of 16 up to 128,
  * at most 8 query heads per KV head, block_size at most 64.
@@ -102,7 +103,7 @@ static void attend_any(int G, int DV, const float *q, const float *k, const floa
     attend(G, DV, q, k, v, block_stride, token_stride, table, len, block_size, scale, out);
 }
 
-int baton_paged_decode_f32(const float *q, const float *k, const float *v, int64_t block_stride,
+int baton_paged_decode_f32(const float *q, int64_t q_stride, const float *k, const float *v, int64_t block_stride,
                            int64_t token_stride, const int32_t *block_tables, int64_t bt_stride,
                            const int32_t *seq_lens, int num_seqs, int num_heads, int kv_heads,
                            int head_dim, int block_size, float scale, float *out, int num_threads) {
@@ -113,9 +114,9 @@ int baton_paged_decode_f32(const float *q, const float *k, const float *v, int64
 #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
     for (int task = 0; task < tasks; task++) {
         const int s = task / kv_heads, h = task % kv_heads;
-        const int64_t rows = (int64_t)s * num_heads + (int64_t)h * group; /* first query head's row */
-        const float *qs = q + rows * head_dim, *kh = k + (int64_t)h * head_dim, *vh = v + (int64_t)h * head_dim;
-        float *o = out + rows * head_dim;
+        const int64_t first = (int64_t)h * group * head_dim; /* the group's first query head */
+        const float *qs = q + s * q_stride + first, *kh = k + (int64_t)h * head_dim, *vh = v + (int64_t)h * head_dim;
+        float *o = out + (int64_t)s * num_heads * head_dim + first;
         const int32_t *table = block_tables + (int64_t)s * bt_stride;
         const int len = seq_lens[s];
 #define ATTEND(G, DV) attend(G, DV, qs, kh, vh, block_stride, token_stride, table, len, block_size, scale, o)

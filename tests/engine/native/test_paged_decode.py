@@ -12,8 +12,8 @@ import torch
 
 from engine.attention import reference as ref
 from engine.attention.cpu import CpuPagedAttention
-from engine.attention.native.build import build_and_load
-from engine.attention.native.paged_decode import NativePagedDecode
+from engine.native.build import build_and_load
+from engine.native.paged_decode import NativePagedDecode
 from tests.engine.attention.test_triton_kernels import DECODE_CASES, decode_inputs
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this machine")
@@ -118,7 +118,7 @@ def test_the_kernel_shares_torchs_openmp_runtime():
     """Loaded after torch, the kernel's libgomp.so.1 is torch's copy: one thread pool, not two."""
     code = (
         "import torch\n"
-        "from engine.attention.native.paged_decode import NativePagedDecode\n"
+        "from engine.native.paged_decode import NativePagedDecode\n"
         "assert NativePagedDecode.load() is not None\n"
         "maps = {line.split()[-1] for line in open('/proc/self/maps') if 'libgomp' in line}\n"
         "print(sorted(maps))\n"

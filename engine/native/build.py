@@ -1,4 +1,4 @@
-"""Build a C kernel once per machine and load it with ctypes (no torch headers, no pybind: ~1 s).
+"""Build a C source of this package once per machine and load it with ctypes (no torch headers, no pybind: ~1 s).
 
 The shared library is compiled with ``-O3 -march=native -fopenmp`` into a cache directory keyed by
 the source, the compiler, the flags and this CPU's feature flags, so a second process (another
@@ -49,8 +49,9 @@ def native_kernels_enabled() -> bool:
     return os.environ.get(DISABLE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def build_and_load(source_name: str, cache_dir: Path | None = None, compiler: str | None = None) -> NativeLibrary:
-    """Compile ``SOURCE_DIR/source_name`` (or reuse its cached build) and load it."""
+def build_and_load(source_name: str, cache_dir: Path | None = None, compiler: str | None = None,
+                   extra_flags: tuple[str, ...] = ()) -> NativeLibrary:
+    """Compile ``SOURCE_DIR/source_name`` with ``FLAGS + extra_flags`` (or reuse its cached build) and load it."""
     import torch  # noqa: F401  (loads torch's libgomp first: see the module docstring)
 
     if not native_kernels_enabled():
@@ -59,13 +60,14 @@ def build_and_load(source_name: str, cache_dir: Path | None = None, compiler: st
     if shutil.which(cc) is None:
         return NativeLibrary(None, None, f"no C compiler ({cc!r} not found)")
     source = (SOURCE_DIR / source_name).read_bytes()
-    key = hashlib.sha256(b"\0".join([source, _compiler_version(cc).encode(), " ".join(FLAGS).encode(),
+    flags = (*FLAGS, *extra_flags)
+    key = hashlib.sha256(b"\0".join([source, _compiler_version(cc).encode(), " ".join(flags).encode(),
                                      _cpu_flags().encode()])).hexdigest()[:16]
     cache = Path(cache_dir) if cache_dir is not None else kernel_cache_dir()
     target = cache / f"{Path(source_name).stem}-{key}.so"
     if not target.is_file():
         try:
-            _compile(cc, SOURCE_DIR / source_name, target)
+            _compile(cc, flags, SOURCE_DIR / source_name, target)
         except (OSError, subprocess.SubprocessError) as e:
             return NativeLibrary(None, None, f"compiling {source_name} failed: {e}")
     try:
@@ -74,12 +76,12 @@ def build_and_load(source_name: str, cache_dir: Path | None = None, compiler: st
         return NativeLibrary(None, target, f"loading {target} failed: {e}")
 
 
-def _compile(cc: str, source: Path, target: Path) -> None:
+def _compile(cc: str, flags: tuple[str, ...], source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(source), "-lm"], capture_output=True, text=True, timeout=120)
+        done = subprocess.run([cc, *flags, "-o", tmp, str(source), "-lm"], capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise subprocess.SubprocessError(f"{cc} exited {done.returncode}: {last}")
