@@ -86,8 +86,11 @@ def run_offline(
     max_num_batched_tokens: int = 2048,
     progress: Callable[[str], None] = lambda m: None,
     repeat: int = 1,
+    torch_path_baseline: bool = False,
 ) -> dict:
-    """Each system ``repeat`` times (rounds interleaved); each reports its median run."""
+    """Each system ``repeat`` times (rounds interleaved); each reports its median run.
+
+    ``torch_path_baseline`` adds (a) run without the compiled CPU kernels (engine/native)."""
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
     from engine.model.config import ModelConfig
@@ -108,6 +111,9 @@ def run_offline(
         ("baton-static", "(b) Baton static batching (batches of 16)",
          lambda: run_baton(static_config, requests, "baton-static")),
     ]
+    if torch_path_baseline:
+        runners.append(("baton-cb-torch-path", "(a0) Baton continuous batching, torch CPU path (no native kernels)",
+                        lambda: _without_native_kernels(lambda: run_baton(cb_config, requests, "baton-cb-torch-path"))))
     if include_hf:
         from bench.hf_baselines import load_hf_model, run_hf_continuous, run_hf_static
 
@@ -156,10 +162,28 @@ def run_offline(
         "runs_tok_s": {name: [r.tok_s for r in rs] for name, rs in runs.items()},
         "machine": machine_info(threads),
     }
+    if torch_path_baseline:
+        result["baton_cb_torch_path_tok_s"] = by["baton-cb-torch-path"].tok_s
+        result["baton_cb_over_torch_path"] = cb.tok_s / by["baton-cb-torch-path"].tok_s
     if include_hf:
         result["baton_cb_over_hf_cb"] = cb.tok_s / by["hf-cb"].tok_s
         result["baton_cb_over_hf_static"] = cb.tok_s / by["hf-static"].tok_s
     return result
+
+
+def _without_native_kernels(run: Callable[[], SystemResult]) -> SystemResult:
+    """Run with BATON_NATIVE_KERNELS=0 (read when an engine is built), then restore the setting."""
+    from engine.native.build import DISABLE_ENV
+
+    before = os.environ.get(DISABLE_ENV)
+    os.environ[DISABLE_ENV] = "0"
+    try:
+        return run()
+    finally:
+        if before is None:
+            del os.environ[DISABLE_ENV]
+        else:
+            os.environ[DISABLE_ENV] = before
 
 
 def _median_run(runs: list[SystemResult]) -> SystemResult:
@@ -192,6 +216,7 @@ def _cpu_model() -> str:
 
 def format_table(r: dict) -> str:
     rows = [("Baton continuous batching", r["baton_cb_tok_s"]), ("Baton static batching (16)", r["baton_static_tok_s"]),
+            ("Baton CB, torch CPU path", r.get("baton_cb_torch_path_tok_s")),
             ("transformers continuous batching", r["hf_cb_tok_s"]), ("transformers static generate (16)", r["hf_static_tok_s"])]
     lines = [f"{r['workload']} on {r['model']}: {r['num_requests']} requests, {r['useful_output_tokens']} output tokens"]
     for name, v in rows:

@@ -17,6 +17,8 @@ def add_parser(sub) -> None:
     o.add_argument("--threads", type=int, default=None)
     o.add_argument("--max-num-batched-tokens", type=int, default=2048)
     o.add_argument("--skip-hf", action="store_true", help="only Baton's two modes")
+    o.add_argument("--torch-path-baseline", action="store_true",
+                   help="also run (a) without the compiled CPU kernels (engine/native), as a same-run baseline")
     o.add_argument("--repeat", type=int, default=1,
                    help="run every system N times, rounds interleaved, and report each one's median run")
     o.add_argument("--json", action="store_true")
@@ -66,6 +68,7 @@ def _offline(args: argparse.Namespace) -> int:
         raise ValueError(f"--repeat must be at least 1, got {args.repeat}")
     result = run_offline(args.workload, args.model, args.n, include_hf=not args.skip_hf, threads=args.threads,
                          max_num_batched_tokens=args.max_num_batched_tokens, repeat=args.repeat,
+                         torch_path_baseline=args.torch_path_baseline,
                          progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
     print(to_json(result) if args.json else format_table(result))
     return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -30,6 +31,8 @@ CACHE_ENV = "BATON_KERNEL_CACHE"
 DISABLE_ENV = "BATON_NATIVE_KERNELS"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
 SOURCE_DIR = Path(__file__).resolve().parent
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,13 @@ def build_and_load(source_name: str, cache_dir: Path | None = None, compiler: st
 
     if not native_kernels_enabled():
         return NativeLibrary(None, None, f"disabled by {DISABLE_ENV}={os.environ.get(DISABLE_ENV)}")
-    cc = compiler or os.environ.get("CC") or "cc"
+    library = _build_and_load(source_name, cache_dir, compiler or os.environ.get("CC") or "cc", extra_flags)
+    if library.lib is None:
+        log.warning("native CPU kernel %s unavailable, using the torch path: %s", source_name, library.error)
+    return library
+
+
+def _build_and_load(source_name: str, cache_dir: Path | None, cc: str, extra_flags: tuple[str, ...]) -> NativeLibrary:
     if shutil.which(cc) is None:
         return NativeLibrary(None, None, f"no C compiler ({cc!r} not found)")
     source = (SOURCE_DIR / source_name).read_bytes()

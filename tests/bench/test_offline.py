@@ -31,3 +31,20 @@ def test_repeat_must_be_positive():
 
     with pytest.raises(ValueError, match="repeat must be at least 1"):
         run_offline("anyscale-cpu-small", model="tiny", repeat=0)
+
+
+def test_the_torch_path_baseline_is_the_same_engine_without_native_kernels(tiny_model_dir, monkeypatch):
+    import os
+
+    from engine.native import build
+
+    monkeypatch.delenv(build.DISABLE_ENV, raising=False)
+    seen: list[bool] = []
+    real = build.native_kernels_enabled
+    monkeypatch.setattr(build, "native_kernels_enabled", lambda: seen.append(real()) or seen[-1])
+    r = run_offline("anyscale-cpu-small", model=str(tiny_model_dir), n=4, include_hf=False, torch_path_baseline=True)
+    assert set(r["seconds"]) == {"baton-cb", "baton-static", "baton-cb-torch-path"}
+    assert r["baton_cb_torch_path_tok_s"] > 0 and r["baton_cb_over_torch_path"] > 0
+    assert r["requests_identical_across_systems"] == 4  # same tokens with and without the kernels
+    assert True in seen and False in seen  # both arms asked, and the baseline was refused the kernels
+    assert build.DISABLE_ENV not in os.environ  # restored afterwards
