@@ -1,0 +1,94 @@
+"""Where Baton's offline run spends its time: (a) of ``baton bench offline`` with every step timed and
+bucketed by kind (prefill-carrying steps, decode steps by batch size), and the time spent inside
+the projections (every ``Linear`` call: the GEMMs, the head included) against the whole run.
+
+    python -m bench.offline_breakdown [--model default|tiny|PATH] [--workload anyscale-cpu] [--json]
+
+The projection timer wraps ``Linear.__call__`` for this process only (CPU: the calls are synchronous).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+
+BUCKETS = ("prefill", "decode<=8", "decode9-32", "decode33+")
+
+
+def bucket_of(counts: list[int]) -> str:
+    if any(c > 1 for c in counts):
+        return "prefill"
+    n = len(counts)
+    return "decode<=8" if n <= 8 else "decode9-32" if n <= 32 else "decode33+"
+
+
+def run(model: str = "default", workload: str = "anyscale-cpu", threads: int | None = None) -> dict:
+    from bench.offline import _warmup, build_workload
+    from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+    from engine.engine import LLMEngine
+    from engine.model import linear
+    from engine.model.config import ModelConfig
+    from engine.model.registry import resolve_model
+    from engine.sampling_params import SamplingParams
+
+    model_dir = resolve_model(model)
+    cfg = ModelConfig.from_file(model_dir / "config.json")
+    specials = {0, 1, 2, *(cfg.eos_token_ids or ()), *([cfg.bos_token_id] if cfg.bos_token_id is not None else [])}
+    requests = build_workload(workload, cfg.vocab_size, frozenset(specials), None)
+    engine = LLMEngine(EngineConfig(model=str(model_dir), num_threads=threads, cache=CacheConfig(),
+                                    scheduler=SchedulerConfig(max_num_batched_tokens=2048)))
+    _warmup(engine)
+    in_projections = [0.0]
+    real_call = linear.Linear.__call__
+
+    def timed_call(self, x):
+        t = time.perf_counter()
+        y = real_call(self, x)
+        in_projections[0] += time.perf_counter() - t
+        return y
+
+    steps: dict[str, list[float]] = defaultdict(list)
+    linear.Linear.__call__ = timed_call
+    try:
+        t0 = time.perf_counter()
+        for r in requests:
+            engine.add_request(None, list(r.prompt_token_ids),
+                               SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, detokenize=False))
+        while engine.has_unfinished_requests():
+            t = time.perf_counter()
+            engine.step()
+            steps[bucket_of(list(engine.last_scheduler_output.counts))].append(time.perf_counter() - t)
+        total = time.perf_counter() - t0
+    finally:
+        linear.Linear.__call__ = real_call
+    output_tokens = sum(r.max_tokens for r in requests)
+    return {
+        "model": model, "workload": workload, "seconds": total, "tok_s": output_tokens / total,
+        "projection_seconds": in_projections[0],
+        "steps": {k: {"steps": len(steps[k]), "seconds": sum(steps[k]),
+                      "ms_per_step": 1e3 * sum(steps[k]) / len(steps[k]) if steps[k] else 0.0} for k in BUCKETS},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.offline_breakdown", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="default")
+    p.add_argument("--workload", default="anyscale-cpu")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    r = run(args.model, args.workload, args.threads)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(f"{r['workload']} on {r['model']}: {r['seconds']:.2f} s, {r['tok_s']:.1f} tok/s; "
+          f"{r['projection_seconds']:.2f} s in projections ({r['projection_seconds'] / r['seconds']:.0%})")
+    for k, v in r["steps"].items():
+        print(f"  {k:11s} {v['steps']:4d} steps  {v['seconds']:6.2f} s  {v['ms_per_step']:7.1f} ms/step")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,23 @@
+"""The offline run's time breakdown: step buckets cover the run, projections are a part of it."""
+
+from bench.offline_breakdown import BUCKETS, bucket_of, run
+
+
+def test_steps_are_bucketed_by_kind_and_batch_size():
+    assert bucket_of([5, 1, 1]) == "prefill"  # any multi-token row: a prefill-carrying step
+    assert bucket_of([1] * 8) == "decode<=8"
+    assert bucket_of([1] * 9) == "decode9-32"
+    assert bucket_of([1] * 33) == "decode33+"
+
+
+def test_breakdown_of_a_small_run(tiny_model_dir):
+    from engine.model import linear
+
+    real_call = linear.Linear.__call__
+    r = run(str(tiny_model_dir), "anyscale-cpu-small")
+    assert linear.Linear.__call__ is real_call  # the timer is removed afterwards
+    assert set(r["steps"]) == set(BUCKETS)
+    stepped = sum(v["seconds"] for v in r["steps"].values())
+    assert 0 < stepped <= r["seconds"]
+    assert 0 < r["projection_seconds"] < stepped
+    assert r["steps"]["prefill"]["steps"] >= 1 and r["tok_s"] > 0
