@@ -68,9 +68,10 @@ def build_and_load(source_name: str, cache_dir: Path | None = None, compiler: st
 def _build_and_load(source_name: str, cache_dir: Path | None, cc: str, extra_flags: tuple[str, ...]) -> NativeLibrary:
     if shutil.which(cc) is None:
         return NativeLibrary(None, None, f"no C compiler ({cc!r} not found)")
-    source = (SOURCE_DIR / source_name).read_bytes()
+    # The key covers the source and every header it may include (they live beside it).
+    sources = [(SOURCE_DIR / source_name).read_bytes(), *(h.read_bytes() for h in sorted(SOURCE_DIR.glob("*.h")))]
     flags = (*FLAGS, *extra_flags)
-    key = hashlib.sha256(b"\0".join([source, _compiler_version(cc).encode(), " ".join(flags).encode(),
+    key = hashlib.sha256(b"\0".join([*sources, _compiler_version(cc).encode(), " ".join(flags).encode(),
                                      _cpu_flags().encode()])).hexdigest()[:16]
     cache = Path(cache_dir) if cache_dir is not None else kernel_cache_dir()
     target = cache / f"{Path(source_name).stem}-{key}.so"
@@ -90,7 +91,7 @@ def _compile(cc: str, flags: tuple[str, ...], source: Path, target: Path) -> Non
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)
     try:
-        done = subprocess.run([cc, *flags, "-o", tmp, str(source), "-lm"], capture_output=True, text=True, timeout=120)
+        done = subprocess.run([cc, *flags, f"-I{source.parent}", "-o", tmp, str(source), "-lm"], capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise subprocess.SubprocessError(f"{cc} exited {done.returncode}: {last}")

@@ -19,6 +19,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "vec_math.h"
+
 #define MAX_GROUP 8
 #define MAX_DV 8 /* head_dim / 16 */
 #define MAX_BLOCK 64
@@ -55,12 +57,17 @@ static inline __attribute__((always_inline)) void attend(
         }
     }
     const int nblocks = (len + block_size - 1) / block_size;
+    for (int b = 0; b < 2 && b < nblocks; b++) {
+        const int64_t at = (int64_t)table[b] * block_stride;
+        prefetch_block(k + at, block_size, token_stride, DV);
+        prefetch_block(v + at, block_size, token_stride, DV);
+    }
     for (int b = 0; b < nblocks; b++) {
         const int64_t at = (int64_t)table[b] * block_stride;
         const float *kb = k + at, *vb = v + at;
         const int n = len - b * block_size < block_size ? len - b * block_size : block_size;
-        if (b + 1 < nblocks) { /* the next block is elsewhere in memory: start loading it now */
-            const int64_t next = (int64_t)table[b + 1] * block_stride;
+        if (b + 2 < nblocks) { /* blocks lie anywhere in memory: start loading two ahead */
+            const int64_t next = (int64_t)table[b + 2] * block_stride;
             prefetch_block(k + next, block_size, token_stride, DV);
             prefetch_block(v + next, block_size, token_stride, DV);
         }
@@ -75,15 +82,19 @@ static inline __attribute__((always_inline)) void attend(
         }
         for (int g = 0; g < G; g++) { /* online softmax: rescale what came before to the new max */
             float mx = m[g];
+#pragma omp simd reduction(max : mx)
             for (int i = 0; i < n; i++) mx = p[g][i] > mx ? p[g][i] : mx;
             const float rescale = expf(m[g] - mx);
             m[g] = mx;
             l[g] *= rescale;
             for (int j = 0; j < DV; j++) acc[g][j] *= rescale;
+            float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
             for (int i = 0; i < n; i++) {
-                p[g][i] = expf(p[g][i] - mx);
-                l[g] += p[g][i];
+                p[g][i] = exp_poly(p[g][i] - mx);
+                sum += p[g][i];
             }
+            l[g] += sum;
         }
         for (int i = 0; i < n; i++) {
             v16 vr[MAX_DV];

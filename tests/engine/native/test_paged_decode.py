@@ -126,3 +126,13 @@ def test_the_kernel_shares_torchs_openmp_runtime():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("q_scale", [30.0, 1e-3])
+def test_peaked_and_flat_softmax_match_the_reference(kernel, q_scale):
+    """Scores far apart (weights underflow: the exp's clamp must give zeros, not NaN) and nearly equal."""
+    q, kc, vc, bt, seq_lens, scale = decode_inputs(MORE_CASES["long_ragged"])
+    q = q * q_scale
+    out = kernel(q, kc, vc, bt, seq_lens, scale)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref.paged_decode_attention(q, kc, vc, bt, seq_lens, scale), rtol=1e-4, atol=1e-4)
