@@ -1,9 +1,9 @@
 /* Paged decode attention on CPU, reading K and V where they lie in the block-major cache.
  *
- * The torch path (../cpu.py) gathers every sequence's blocks into a dense buffer per layer and
+ * The torch path (engine/attention/cpu.py) gathers every sequence's blocks into a dense buffer per layer and
  * runs SDPA over it padded to the longest row: the KV is read, written and read again, and short
  * rows pay for long ones. Here each (sequence, KV head) task walks its own blocks once, with the
- * next block prefetched, and keeps an online softmax (running max and sum, float32, as flash
+ * blocks two ahead prefetched, and keeps an online softmax (running max and sum, float32, as flash
  * decoding does) so K and V are each read exactly once and nothing is written but the output.
  * The G query heads that share a KV head are done together, so each K/V row is loaded once for
  * all of them. Tasks run on the caller's OpenMP runtime (torch's libgomp, loaded before this
@@ -13,7 +13,7 @@
  * strides (block_stride, token_stride, head_dim, 1). q is [B, heads, head_dim] with rows q_stride
  * apart (a view of the fused qkv rows) and heads contiguous; out is contiguous [B, heads, head_dim];
  * block_tables is [B, bt_stride] int32, seq_lens [B] int32 (the context including the new token).
- * Limits (the caller checks them, ../native/paged_decode.py): head_dim a multiple of 16 up to 128,
+ * Limits (the caller checks them: paged_decode.py): head_dim a multiple of 16 up to 128,
  * at most 8 query heads per KV head, block_size at most 64.
  */
 #include <math.h>
