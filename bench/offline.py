@@ -43,6 +43,17 @@ def build_workload(name: str, vocab_size: int, avoid_ids: frozenset[int], n: int
     raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")
 
 
+def model_and_workload(model: str, workload: str, n: int | None):
+    """The model's directory and the workload's requests for its vocabulary (special ids avoided)."""
+    from engine.model.config import ModelConfig
+    from engine.model.registry import resolve_model
+
+    model_dir = resolve_model(model)
+    cfg = ModelConfig.from_file(model_dir / "config.json")
+    specials = {0, 1, 2, *(cfg.eos_token_ids or ()), *([cfg.bos_token_id] if cfg.bos_token_id is not None else [])}
+    return model_dir, build_workload(workload, cfg.vocab_size, frozenset(specials), n)
+
+
 def run_baton(engine_config: EngineConfig, requests: list[OfflineRequest], name: str) -> SystemResult:
     from engine.engine import LLMEngine
 
@@ -93,13 +104,7 @@ def run_offline(
     ``torch_path_baseline`` adds (a) run without the compiled CPU kernels (engine/native)."""
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
-    from engine.model.config import ModelConfig
-    from engine.model.registry import resolve_model
-
-    model_dir = resolve_model(model)
-    cfg = ModelConfig.from_file(model_dir / "config.json")
-    specials = {0, 1, 2, *(cfg.eos_token_ids or ()), *([cfg.bos_token_id] if cfg.bos_token_id is not None else [])}
-    requests = build_workload(workload, cfg.vocab_size, frozenset(specials), n)
+    model_dir, requests = model_and_workload(model, workload, n)
     useful = total_output_tokens(requests)
     base = dict(model=str(model_dir), num_threads=threads, cache=CacheConfig())
 

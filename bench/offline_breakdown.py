@@ -25,18 +25,13 @@ def bucket_of(counts: list[int]) -> str:
 
 
 def run(model: str = "default", workload: str = "anyscale-cpu", threads: int | None = None) -> dict:
-    from bench.offline import _warmup, build_workload
+    from bench.offline import _warmup, model_and_workload
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
     from engine.engine import LLMEngine
     from engine.model import linear
-    from engine.model.config import ModelConfig
-    from engine.model.registry import resolve_model
     from engine.sampling_params import SamplingParams
 
-    model_dir = resolve_model(model)
-    cfg = ModelConfig.from_file(model_dir / "config.json")
-    specials = {0, 1, 2, *(cfg.eos_token_ids or ()), *([cfg.bos_token_id] if cfg.bos_token_id is not None else [])}
-    requests = build_workload(workload, cfg.vocab_size, frozenset(specials), None)
+    model_dir, requests = model_and_workload(model, workload, None)
     engine = LLMEngine(EngineConfig(model=str(model_dir), num_threads=threads, cache=CacheConfig(),
                                     scheduler=SchedulerConfig(max_num_batched_tokens=2048)))
     _warmup(engine)

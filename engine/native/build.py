@@ -42,6 +42,16 @@ class NativeLibrary:
     error: str | None  # why ``lib`` is None
 
 
+def bind(lib: ctypes.CDLL, symbol: str, argtypes: str, restype=None):
+    """``lib.symbol`` with its C signature; ``argtypes`` spells it one letter an argument:
+    p pointer, l int64, i int, f float."""
+    kinds = {"p": ctypes.c_void_p, "l": ctypes.c_int64, "i": ctypes.c_int, "f": ctypes.c_float}
+    fn = getattr(lib, symbol)
+    fn.argtypes = [kinds[c] for c in argtypes]
+    fn.restype = restype
+    return fn
+
+
 def kernel_cache_dir() -> Path:
     """``$BATON_KERNEL_CACHE``, else ``~/.cache/baton/kernels``."""
     env = os.environ.get(CACHE_ENV)
@@ -91,7 +101,8 @@ def _compile(cc: str, flags: tuple[str, ...], source: Path, target: Path) -> Non
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)
     try:
-        done = subprocess.run([cc, *flags, f"-I{source.parent}", "-o", tmp, str(source), "-lm"], capture_output=True, text=True, timeout=120)
+        command = [cc, *flags, f"-I{source.parent}", "-o", tmp, str(source), "-lm"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise subprocess.SubprocessError(f"{cc} exited {done.returncode}: {last}")

@@ -16,15 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.rope import RotaryEmbedding
-from engine.native.build import build_and_load
-
-_i64, _i32, _f32, _p = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+from engine.native.build import bind, build_and_load
 
 
 class TorchLayerOps:
     """Reference arithmetic: transformers' LlamaRMSNorm (variance in float32) and rotate-half RoPE."""
-
-    name = "torch"
 
     @staticmethod
     def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -52,18 +48,10 @@ class TorchLayerOps:
 class NativeLayerOps:
     """The compiled kernels; inputs they do not take go to ``TorchLayerOps``."""
 
-    name = "native"
-
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._norm = lib.baton_add_rms_norm_f32
-        self._norm.argtypes = [_p, _p, _p, _p, _i64, _i64, _f32, _i32]
-        self._norm.restype = None
-        self._rope = lib.baton_rope_qk_f32
-        self._rope.argtypes = [_p, _i64, _p, _i64, _p, _p, _i32, _i32, _i32]
-        self._rope.restype = None
-        self._silu_mul = lib.baton_silu_mul_f32
-        self._silu_mul.argtypes = [_p, _p, _i64, _i64, _i32]
-        self._silu_mul.restype = None
+        self._norm = bind(lib, "baton_add_rms_norm_f32", "ppppllfi")
+        self._rope = bind(lib, "baton_rope_qk_f32", "plplppiii")
+        self._silu_mul = bind(lib, "baton_silu_mul_f32", "pplli")
 
     @classmethod
     def load(cls) -> NativeLayerOps | None:

@@ -12,9 +12,7 @@ import ctypes
 
 import torch
 
-from engine.native.build import NativeLibrary, build_and_load
-
-_i64, _i32, _f32, _p = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+from engine.native.build import NativeLibrary, bind, build_and_load
 
 
 class NativePagedDecode:
@@ -22,10 +20,7 @@ class NativePagedDecode:
         if library.lib is None:
             raise ValueError(f"native paged decode unavailable: {library.error}")
         self.library = library
-        fn = library.lib.baton_paged_decode_f32
-        fn.argtypes = [_p, _i64, _p, _p, _i64, _i64, _p, _i64, _p, _i32, _i32, _i32, _i32, _i32, _f32, _p, _i32]
-        fn.restype = ctypes.c_int
-        self._fn = fn
+        self._fn = bind(library.lib, "baton_paged_decode_f32", "plppllplpiiiiifpi", ctypes.c_int)
 
     @classmethod
     def load(cls) -> NativePagedDecode | None:
