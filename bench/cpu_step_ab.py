@@ -3,6 +3,7 @@ process on the same engine (decode steps of B sequences at context L, prefill st
 
 Changes:
   packed-weights   projections packed for oneDNN (engine/model/linear.py) vs dense F.linear
+  skinny-linear    the compiled skinny kernel for <= 64 rows, MKL above (engine/native) vs packed
   cpu-attention    the CPU attention path (engine/attention/cpu.py) vs the torch reference
   native-decode    the CPU path's compiled decode kernel (engine/native) vs its torch path
   layer-ops        fused residual-add + RMSNorm, rotary embedding and SiLU * up in C (engine/native) vs torch
@@ -21,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m bench.cpu_step_ab", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--change", choices=("packed-weights", "cpu-attention", "native-decode", "layer-ops"), required=True)
+    p.add_argument("--change", choices=("packed-weights", "skinny-linear", "cpu-attention", "native-decode", "layer-ops"), required=True)
     p.add_argument("--model", default="default")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
@@ -65,12 +66,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _switch(engine, change: str):
     """A function turning the change off (False) or on (True) in place, and the two arms' names."""
+    model = engine.runner.model
     if change == "packed-weights":
-        return engine.runner.model.set_packed, ("F.linear", "packed")
+        return lambda on: model.set_projections("packed" if on else "dense"), ("F.linear", "packed")
+    if change == "skinny-linear":
+        if model.skinny_kernel is None:
+            raise SystemExit("skinny-linear: the compiled kernel is not loaded here (AVX-512, BATON_NATIVE_KERNELS, CC)")
+        return lambda on: model.set_projections("skinny" if on else "packed"), ("packed", "skinny")
     if change == "layer-ops":
         from engine.native.layer_ops import NativeLayerOps, TorchLayerOps
 
-        model = engine.runner.model
         native = model.ops
         if not isinstance(native, NativeLayerOps):
             raise SystemExit("layer-ops: the compiled kernels are not in use here (see BATON_NATIVE_KERNELS, CC)")

@@ -1,20 +1,30 @@
-"""A projection's weight held in the form the device multiplies fastest.
+"""A projection's weight held in the form the device multiplies fastest, and the kernel that multiplies it.
 
-On CPU (fp32) the weight is packed once at load into oneDNN's blocked layout and multiplied with
-``torch.ops.mkldnn._linear_pointwise`` -- what torch.compile's CPU freezing path does. ``F.linear``
-against the ``[out, in]`` weight as stored goes through MKL's sgemm, which for a few rows runs one
-matrix-vector pass per row (a decode step of 3 sequences reads every weight 3 times) and for many
-rows repacks the weight on every call. Measured on the 2-core CPU with SmolLM2's 30 layers out of
-cache (docs/BENCHMARKS.md, "packed weights"): 2.2x faster for 1 row, 2.5-3.4x for 2-8, 2.2-2.4x
-for 32-512. Packing replaces the dense weight (no second copy); ``unpack`` restores it.
+Three ways, one per model (``LlamaModel.set_projections``), all computing ``x @ weight.T + bias``:
 
-Elsewhere (CUDA, other dtypes, a torch without oneDNN) the weight stays dense and ``F.linear`` runs.
+- ``packed`` (CPU fp32 with oneDNN): the weight is packed once at load into oneDNN's blocked layout
+  and multiplied with ``torch.ops.mkldnn._linear_pointwise`` -- what torch.compile's CPU freezing path
+  does. MKL's sgemm (``F.linear``) against the ``[out, in]`` weight runs one matrix-vector pass per
+  row for a few rows (a decode step of 3 sequences reads every weight 3 times) and, on the AMD
+  hosts measured, ran prefill at half oneDNN's rate. Packing replaces the dense weight (no copy).
+- ``skinny`` (CPU fp32 on Intel with AVX-512): the weight stays dense; up to 64 rows (decode steps)
+  go to the compiled kernel ``engine/native/skinny_linear.c``, which streams the weight once at
+  memory speed, and larger products (prefill) to MKL, which on Intel runs them as fast as the
+  packed weight. Measured on SmolLM2's 30 layers (docs/BENCHMARKS.md, "skinny projections"):
+  1.27x faster than packed at 1 row, 1.38x at 8, 1.26x at 32; the same at 2048 rows.
+- ``dense``: ``F.linear`` (CUDA, other dtypes, a torch without oneDNN, A/B runs).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from engine.native.skinny_linear import MAX_ROWS as SKINNY_MAX_ROWS
+from engine.native.skinny_linear import NativeSkinnyLinear
+
+
+PROJECTION_MODES = ("dense", "packed", "skinny")
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -27,17 +37,37 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     )
 
 
+def default_projections(device: torch.device, dtype: torch.dtype, skinny: NativeSkinnyLinear | None) -> str:
+    """``skinny`` where its kernel loaded and MKL is the fast large product (Intel), else ``packed``
+    where oneDNN can pack, else ``dense``. On other AVX-512 CPUs the skinny kernel would need a
+    different large-product path (MKL was slow on the AMD hosts) that has not been measured."""
+    if device.type == "cpu" and dtype == torch.float32 and skinny is not None and cpu_vendor() == "GenuineIntel":
+        return "skinny"
+    return "packed" if can_pack(device, dtype) else "dense"
+
+
 class Linear:
     """``y = x @ weight.T + bias`` for x ``[rows, in]``, weight ``[out, in]``."""
 
-    __slots__ = ("weight", "bias", "packed")
+    __slots__ = ("weight", "bias", "packed", "skinny")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False) -> None:
         self.bias = bias
         self.packed = False
+        self.skinny: NativeSkinnyLinear | None = None
         self.weight = weight
         if pack:
             self.pack()
+
+    def use(self, mode: str, skinny: NativeSkinnyLinear | None = None) -> None:
+        """Switch to ``mode`` (one of ``PROJECTION_MODES``); same products, another kernel. A weight
+        the skinny kernel does not take (in-features not a multiple of 16) stays with MKL."""
+        if mode not in PROJECTION_MODES:
+            raise ValueError(f"projection mode must be one of {PROJECTION_MODES}, got {mode!r}")
+        if mode == "skinny" and skinny is None:
+            raise ValueError("skinny projections need the compiled kernel (engine/native/skinny_linear.c)")
+        self.pack() if mode == "packed" else self.unpack()
+        self.skinny = skinny if mode == "skinny" and skinny.supports_weight(self.weight, self.bias) else None
 
     @property
     def out_features(self) -> int:
@@ -59,4 +89,18 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if self.skinny is not None and 0 < x.shape[0] <= SKINNY_MAX_ROWS and x.dim() == 2 and x.stride(1) == 1:
+            return self.skinny(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+def cpu_vendor() -> str:
+    """``vendor_id`` from /proc/cpuinfo (``GenuineIntel``, ``AuthenticAMD``); empty where absent."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""

@@ -16,9 +16,10 @@ from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.errors import ModelLoadError
 from engine.model.config import ModelConfig
-from engine.model.linear import Linear, can_pack
+from engine.model.linear import Linear, can_pack, default_projections
 from engine.model.rope import RotaryEmbedding
 from engine.native.layer_ops import layer_ops_for
+from engine.native.skinny_linear import NativeSkinnyLinear
 
 
 class DecoderLayer:
@@ -48,8 +49,11 @@ class LlamaModel:
         self.embed: torch.Tensor | None = None
         self.norm: torch.Tensor | None = None
         self.lm_head: Linear | None = None
-        # CPU fp32: projection weights packed for oneDNN at load (engine/model/linear.py).
-        self.pack = can_pack(device, dtype)
+        # How the projections multiply (engine/model/linear.py): on CPU fp32 the compiled skinny kernel
+        # for decode-sized products or oneDNN's packed weights; F.linear elsewhere.
+        cpu_fp32 = device.type == "cpu" and dtype == torch.float32
+        self.skinny_kernel = NativeSkinnyLinear.load() if cpu_fp32 else None
+        self.projection_mode = default_projections(device, dtype, self.skinny_kernel)
         # Residual add + RMSNorm, the rotary embedding, SiLU * up: fused C kernels on CPU fp32 (engine/native).
         self.ops = layer_ops_for(device, dtype)
 
@@ -103,9 +107,8 @@ class LlamaModel:
     def _assemble(self, w: dict[str, torch.Tensor]) -> None:
         self.embed = w.pop("model.embed_tokens.weight")
         self.norm = w.pop("model.norm.weight")
-        pack = self.pack
         # Tied: the head is the embedding; packed, it is a second copy (the lookup needs it dense).
-        self.lm_head = Linear(self.embed if self.cfg.tie_word_embeddings else w.pop("lm_head.weight"), pack=pack)
+        self.lm_head = Linear(self.embed if self.cfg.tie_word_embeddings else w.pop("lm_head.weight"))
         for n, layer in enumerate(self.layers):
             p = f"model.layers.{n}."
             a = p + "self_attn."
@@ -113,13 +116,17 @@ class LlamaModel:
             qkv_b = None
             if self.cfg.attention_bias:
                 qkv_b = torch.cat([w.pop(a + "q_proj.bias"), w.pop(a + "k_proj.bias"), w.pop(a + "v_proj.bias")])
-            layer.qkv = Linear(qkv_w, qkv_b, pack)
-            layer.o = Linear(w.pop(a + "o_proj.weight"), pack=pack)
+            layer.qkv = Linear(qkv_w, qkv_b)
+            layer.o = Linear(w.pop(a + "o_proj.weight"))
             gate_up = torch.cat([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
-            layer.gate_up = Linear(gate_up, pack=pack)
-            layer.down = Linear(w.pop(p + "mlp.down_proj.weight"), pack=pack)
+            layer.gate_up = Linear(gate_up)
+            layer.down = Linear(w.pop(p + "mlp.down_proj.weight"))
             layer.ln1 = w.pop(p + "input_layernorm.weight")
             layer.ln2 = w.pop(p + "post_attention_layernorm.weight")
+            # Packed as they are built, so the dense and packed copies of all layers never coexist.
+            for proj in layer.projections():
+                proj.use(self.projection_mode, self.skinny_kernel)
+        self.lm_head.use(self.projection_mode, self.skinny_kernel)
 
     # -- forward ----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -174,10 +181,15 @@ class LlamaModel:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
-    def set_packed(self, packed: bool) -> None:
-        """Pack (CPU fp32 only) or unpack every projection: same products, another kernel."""
-        if packed and not can_pack(self.device, self.dtype):
+    def set_projections(self, mode: str) -> None:
+        """Multiply every projection the ``mode`` way (engine/model/linear.py): same products, another kernel."""
+        if mode == "packed" and not can_pack(self.device, self.dtype):
             raise ValueError(f"packed weights need fp32 on a CPU torch with oneDNN (have {self.dtype} on {self.device})")
+        if mode == "skinny" and self.skinny_kernel is None:
+            raise ValueError("skinny projections need the compiled kernel, which is not loaded here "
+                             "(CPU fp32 with AVX-512 and a C compiler; see BATON_NATIVE_KERNELS)")
+        if self.cfg.tie_word_embeddings and mode != "packed":
+            self.lm_head = Linear(self.embed)  # the embedding itself again, not the unpacked copy
         for proj in [self.lm_head, *(p for layer in self.layers for p in layer.projections())]:
-            proj.pack() if packed else proj.unpack()
-        self.pack = packed
+            proj.use(mode, self.skinny_kernel)
+        self.projection_mode = mode

@@ -1,4 +1,5 @@
-"""Packed projections compute the same products as F.linear, and unpack to the weight they packed."""
+"""Packed and skinny projections compute the same products as F.linear; packed weights unpack to the
+weight they packed; the model switches every projection between the modes."""
 
 import pytest
 import torch
@@ -52,19 +53,66 @@ def test_only_cpu_fp32_packs():
     assert not can_pack(torch.device("cuda"), torch.float32)
 
 
-@needs_packing
-def test_the_cpu_model_packs_and_unpacks_every_projection():
+def _tiny_model(tied: bool = False):
     from engine.model.config import ModelConfig
     from engine.model.llama import LlamaModel
     from engine.model.tiny import CONFIG
 
-    model = LlamaModel(ModelConfig.from_hf_dict(CONFIG), torch.device("cpu"), torch.float32, 64)
-    assert model.pack
+    model = LlamaModel(ModelConfig.from_hf_dict({**CONFIG, "tie_word_embeddings": tied}), torch.device("cpu"),
+                       torch.float32, 64)
     g = torch.Generator().manual_seed(0)
     model.load_weights((n, torch.randn(*s, generator=g) * 0.02, "test") for n, s in model.expected_shapes().items())
-    projections = [model.lm_head, *(p for layer in model.layers for p in layer.projections())]
-    assert all(p.packed for p in projections)
-    model.set_packed(False)
-    assert not any(p.packed for p in projections) and not model.pack
+    return model
+
+
+@needs_packing
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_cpu_model_switches_every_projection_between_modes(tied):
+    model = _tiny_model(tied)
+    def projections():
+        return [model.lm_head, *(p for layer in model.layers for p in layer.projections())]
+
+    assert model.projection_mode in ("packed", "skinny")
+    model.set_projections("packed")
+    assert all(p.packed and p.skinny is None for p in projections()) and model.projection_mode == "packed"
+    model.set_projections("dense")
+    assert not any(p.packed or p.skinny for p in projections()) and model.projection_mode == "dense"
+    if model.skinny_kernel is not None:
+        model.set_projections("skinny")
+        assert all(p.skinny is model.skinny_kernel and not p.packed for p in projections())
+        # tied, the head multiplies the embedding itself (no second copy), also after packed mode
+        assert (model.lm_head.weight is model.embed) == tied
+    with pytest.raises(ValueError, match="projection mode must be one of"):
+        model.set_projections("fast")
     with pytest.raises(ValueError, match="packed weights need fp32"):
-        LlamaModel(ModelConfig.from_hf_dict(CONFIG), torch.device("cpu"), torch.bfloat16, 64).set_packed(True)
+        from engine.model.config import ModelConfig
+        from engine.model.llama import LlamaModel
+        from engine.model.tiny import CONFIG
+
+        LlamaModel(ModelConfig.from_hf_dict(CONFIG), torch.device("cpu"), torch.bfloat16, 64).set_projections("packed")
+
+
+@needs_packing
+@pytest.mark.parametrize("tied", [False, True])
+def test_every_mode_gives_the_same_logits(tied):
+    model = _tiny_model(tied)
+    x = torch.randn(70, model.cfg.hidden_size, generator=torch.Generator().manual_seed(1))
+    modes = ["dense", "packed"] + (["skinny"] if model.skinny_kernel is not None else [])
+    got = {}
+    for mode in modes:
+        model.set_projections(mode)
+        got[mode] = [model.compute_logits(x[:rows]) for rows in (1, 5, 64, 70)]
+    for mode in modes[1:]:
+        for a, b in zip(got["dense"], got[mode]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_the_default_mode_follows_the_device_and_the_kernel():
+    from engine.model.linear import cpu_vendor, default_projections
+
+    assert default_projections(torch.device("cpu"), torch.bfloat16, None) == "dense"
+    assert default_projections(torch.device("cuda"), torch.float16, object()) == "dense"
+    if can_pack(torch.device("cpu"), torch.float32):
+        assert default_projections(torch.device("cpu"), torch.float32, None) == "packed"
+        expected = "skinny" if cpu_vendor() == "GenuineIntel" else "packed"
+        assert default_projections(torch.device("cpu"), torch.float32, object()) == expected

@@ -1,0 +1,51 @@
+"""ctypes binding of ``skinny_linear.c``: ``x @ w.T + b`` for up to ``MAX_ROWS`` rows (a decode step's
+batch) against the dense fp32 weight, streaming it from memory once.
+
+Loaded only where the build has the AVX-512 tile it was tuned for (``baton_skinny_linear_tuned``);
+elsewhere ``load`` returns None and the projections keep oneDNN's packed weights (engine/model/linear.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from engine.native.build import bind, build_and_load
+
+# Past ~64 rows the product is bound by multiplies, not by the weight stream, and MKL's sgemm does
+# as well or better (docs/BENCHMARKS.md, "skinny projections": 64 rows 78 vs 88 ms, 96 rows 108 vs 109).
+MAX_ROWS = 64
+
+
+class NativeSkinnyLinear:
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fn = bind(lib, "baton_skinny_linear_f32", "plpppliiii", ctypes.c_int)
+
+    @classmethod
+    def load(cls) -> NativeSkinnyLinear | None:
+        """The kernel where it builds and has its tuned tile; None (nothing raised) elsewhere."""
+        library = build_and_load("skinny_linear.c")
+        if library.lib is None or not bind(library.lib, "baton_skinny_linear_tuned", "", ctypes.c_int)():
+            return None
+        return cls(library.lib)
+
+    @staticmethod
+    def supports_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+        """Checked once when a projection takes the kernel; per call only the rows are checked."""
+        return (
+            weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu"
+            and weight.layout == torch.strided and weight.is_contiguous() and weight.shape[1] % 16 == 0
+            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == weight.shape[:1]))
+        )
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x: [rows, in] fp32 with unit column stride, 0 < rows <= MAX_ROWS; weight as ``supports_weight`` says."""
+        rows, k = x.shape
+        n = weight.shape[0]
+        out = torch.empty((rows, n), dtype=torch.float32)
+        failed = self._fn(x.data_ptr(), x.stride(0), weight.data_ptr(), None if bias is None else bias.data_ptr(),
+                          out.data_ptr(), n, rows, n, k, torch.get_num_threads())
+        if failed:  # supports() admits only the shapes the kernel takes: a mismatch is a bug here
+            raise ValueError(f"native skinny linear refused x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+        return out
