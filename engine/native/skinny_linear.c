@@ -24,6 +24,11 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));
  * registers and this tile would spill: baton_skinny_linear_tuned says which. */
 #define MB 3
 #define NB 8
+/* K is taken in chunks of KC so that NB weight rows of a chunk (24 KiB) stay in L1 across the row
+ * tiles (SmolLM2's down projection has K = 1536: 48 KiB per 8 rows, the whole L1). */
+#ifndef KC
+#define KC 768
+#endif
 
 /* Lane sums of eight vectors: r[j] = sum of a[j]'s 16 lanes, as a tree of shuffles and adds that
  * halves the lanes per column at each level (7 adds where eight separate sums take 32). */
@@ -41,29 +46,31 @@ static inline v8 hsum8x16(const v16 a[8]) {
     return __builtin_shufflevector(d, d, 0, 2, 4, 6, 8, 10, 12, 14) + __builtin_shufflevector(d, d, 1, 3, 5, 7, 9, 11, 13, 15);
 }
 
-/* One tile; inlined with constant mb, nb so the accumulators stay in registers. Columns past nb
- * are zero vectors in the reduction and are not stored. */
+/* One tile over one K chunk [0, kc) of rows w_stride apart; inlined with constant mb, nb so the
+ * accumulators stay in registers. Columns past nb are zero vectors in the reduction and are not
+ * stored. The first chunk writes out (+ bias), later ones add to it. */
 static inline __attribute__((always_inline)) void tile(
-    const int mb, const int nb, const float *x, int64_t x_stride, const float *w, int K, const float *bias,
-    float *out, int64_t out_stride, const float *next, int next_rows, int share, int shares) {
+    const int mb, const int nb, const float *x, int64_t x_stride, const float *w, int64_t w_stride, int kc,
+    const float *bias, int accumulate, float *out, int64_t out_stride, const float *next, int next_rows, int next_len,
+    int share, int shares) {
     v16 acc[MB][NB];
     for (int i = 0; i < MB; i++)
         for (int j = 0; j < NB; j++) acc[i][j] = (v16){0};
-    /* This tile's share of the next group: a contiguous run of each row's lines, one line every
-     * `shares` steps of K (the tiles of a group together cover every line once). */
-    const int lines = K / 16, run = (lines + shares - 1) / shares;
+    /* This tile's share of the next chunk: a contiguous run of each row's lines, one line every
+     * `shares` steps of K (the tiles of a chunk together cover every line once). */
+    const int lines = next_len / 16, run = (lines + shares - 1) / shares;
     int prefetch_line = next ? share * run : lines, prefetch_end = prefetch_line + run, prefetch_step = 0;
     if (prefetch_end > lines) prefetch_end = lines;
-    for (int k = 0; k < K; k += 16) {
+    for (int k = 0; k < kc; k += 16) {
         v16 xv[MB];
         if (k == prefetch_step && prefetch_line < prefetch_end) {
-            for (int j = 0; j < next_rows; j++) __builtin_prefetch(next + (int64_t)j * K + 16 * prefetch_line, 0, 1);
+            for (int j = 0; j < next_rows; j++) __builtin_prefetch(next + j * w_stride + 16 * prefetch_line, 0, 1);
             prefetch_line++;
             prefetch_step += 16 * shares;
         }
         for (int i = 0; i < mb; i++) xv[i] = *(const v16 *)(x + i * x_stride + k);
         for (int j = 0; j < nb; j++) {
-            v16 wv = *(const v16 *)(w + (int64_t)j * K + k);
+            v16 wv = *(const v16 *)(w + j * w_stride + k);
 #ifdef __AVX512F__
             __asm__("" : "+v"(wv)); /* one load per weight vector, not one folded into each FMA */
 #endif
@@ -72,18 +79,23 @@ static inline __attribute__((always_inline)) void tile(
     }
     for (int i = 0; i < mb; i++) {
         const v8 sums = hsum8x16(acc[i]);
-        for (int j = 0; j < nb; j++) out[i * out_stride + j] = sums[j] + (bias ? bias[j] : 0.f);
+        for (int j = 0; j < nb; j++)
+            out[i * out_stride + j] = sums[j] + (accumulate ? out[i * out_stride + j] : (bias ? bias[j] : 0.f));
     }
 }
 
 #define TILE_CASE(mb_, nb_) \
-    case (mb_) * 16 + (nb_): tile(mb_, nb_, x, x_stride, w, K, bias, out, out_stride, next, next_rows, share, shares); return;
+    case (mb_) * 16 + (nb_):                                                                             \
+        tile(mb_, nb_, x, x_stride, w, w_stride, kc, bias, accumulate, out, out_stride, next, next_rows, next_len, \
+             share, shares);                                                                              \
+        return;
 #define TILE_ROW(mb_) \
     TILE_CASE(mb_, 1) TILE_CASE(mb_, 2) TILE_CASE(mb_, 3) TILE_CASE(mb_, 4) \
     TILE_CASE(mb_, 5) TILE_CASE(mb_, 6) TILE_CASE(mb_, 7) TILE_CASE(mb_, 8)
 
-static void any_tile(int mb, int nb, const float *x, int64_t x_stride, const float *w, int K, const float *bias,
-                     float *out, int64_t out_stride, const float *next, int next_rows, int share, int shares) {
+static void any_tile(int mb, int nb, const float *x, int64_t x_stride, const float *w, int64_t w_stride, int kc,
+                     const float *bias, int accumulate, float *out, int64_t out_stride, const float *next, int next_rows,
+                     int next_len, int share, int shares) {
     switch (mb * 16 + nb) {
         TILE_ROW(1) TILE_ROW(2) TILE_ROW(3)
     }
@@ -103,7 +115,7 @@ int baton_skinny_linear_tuned(void) {
 int baton_skinny_linear_f32(const float *x, int64_t x_stride, const float *w, const float *bias, float *out,
                             int64_t out_stride, int M, int N, int K, int num_threads) {
     if (K % 16 != 0 || M < 1 || N < 1) return 1;
-    const int groups = (N + NB - 1) / NB;
+    const int groups = (N + NB - 1) / NB, chunks = (K + KC - 1) / KC;
     if (num_threads > groups) num_threads = groups;
     if (num_threads < 1) num_threads = 1;
 #pragma omp parallel num_threads(num_threads)
@@ -113,16 +125,28 @@ int baton_skinny_linear_f32(const float *x, int64_t x_stride, const float *w, co
         const int g0 = (int)((int64_t)groups * t / nt), g1 = (int)((int64_t)groups * (t + 1) / nt);
         for (int g = g0; g < g1; g++) {
             const int n0 = g * NB, nb = N - n0 < NB ? N - n0 : NB;
-            const float *wg = w + (int64_t)n0 * K;
-            /* Row tiles of near-equal size (4 rows: 2 + 2, not 3 + 1: a one-row tile does the
-             * same weight loads for a third of the multiplies). */
-            const int tiles = (M + MB - 1) / MB;
-            for (int r = 0; r < tiles; r++) {
-                const int m0 = (int)((int64_t)M * r / tiles), mb = (int)((int64_t)M * (r + 1) / tiles) - m0;
-                /* While this group computes, the next one is loaded into L2: each row tile prefetches
-                 * an equal share of its lines, so the memory stream runs all through the group's compute. */
-                any_tile(mb, nb, x + m0 * x_stride, x_stride, wg, K, bias ? bias + n0 : 0, out + m0 * out_stride + n0,
-                         out_stride, g + 1 < g1 ? wg + (int64_t)NB * K : 0, N - n0 - NB < NB ? N - n0 - NB : NB, r, tiles);
+            for (int c = 0; c < chunks; c++) {
+                const int k0 = c * KC, kc = K - k0 < KC ? K - k0 : KC;
+                /* The piece to load next: this group's next chunk, else the next group's first. */
+                const float *next = 0;
+                int next_rows = 0, next_len = 0;
+                if (c + 1 < chunks) {
+                    next = w + (int64_t)n0 * K + k0 + KC, next_rows = nb, next_len = K - k0 - KC < KC ? K - k0 - KC : KC;
+                } else if (g + 1 < g1) {
+                    next = w + (int64_t)(n0 + NB) * K, next_rows = N - n0 - NB < NB ? N - n0 - NB : NB;
+                    next_len = K < KC ? K : KC;
+                }
+                /* Row tiles of near-equal size (4 rows: 2 + 2, not 3 + 1: a one-row tile does the
+                 * same weight loads for a third of the multiplies). While this piece computes, the
+                 * next is loaded into L2: each tile prefetches an equal share of its lines, so the
+                 * memory stream runs all through the compute. */
+                const int tiles = (M + MB - 1) / MB;
+                for (int r = 0; r < tiles; r++) {
+                    const int m0 = (int)((int64_t)M * r / tiles), mb = (int)((int64_t)M * (r + 1) / tiles) - m0;
+                    any_tile(mb, nb, x + m0 * x_stride + k0, x_stride, w + (int64_t)n0 * K + k0, K, kc,
+                             bias ? bias + n0 : 0, c > 0, out + m0 * out_stride + n0, out_stride, next, next_rows,
+                             next_len, r, tiles);
+                }
             }
         }
     }

@@ -15,7 +15,7 @@ needs_kernel = pytest.mark.skipif(kernel is None, reason="skinny kernel not buil
 
 @needs_kernel
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 16, 31, 63, 64])
-@pytest.mark.parametrize("out_features,in_features", [(1, 16), (7, 32), (8, 48), (13, 64), (96, 576), (203, 1536)])
+@pytest.mark.parametrize("out_features,in_features", [(1, 16), (7, 32), (8, 48), (13, 64), (96, 576), (19, 800), (203, 1536)])
 def test_matches_f_linear(rows, out_features, in_features):
     g = torch.Generator().manual_seed(rows * 1000 + out_features)
     x = torch.randn(rows, in_features, generator=g)
