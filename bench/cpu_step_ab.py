@@ -4,6 +4,7 @@ process on the same engine (decode steps of B sequences at context L, prefill st
 Changes:
   packed-weights   projections packed for oneDNN (engine/model/linear.py) vs dense F.linear
   skinny-linear    the compiled skinny kernel for <= 64 rows, MKL above (engine/native) vs packed
+  skinny-vs-mkl    the same vs MKL's F.linear at every row count (dense weights both)
   cpu-attention    the CPU attention path (engine/attention/cpu.py) vs the torch reference
   native-decode    the CPU path's compiled decode kernel (engine/native) vs its torch path
   layer-ops        fused residual-add + RMSNorm, rotary embedding and SiLU * up in C (engine/native) vs torch
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m bench.cpu_step_ab", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--change", choices=("packed-weights", "skinny-linear", "cpu-attention", "native-decode", "layer-ops"), required=True)
+    p.add_argument("--change", choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "cpu-attention", "native-decode", "layer-ops"), required=True)
     p.add_argument("--model", default="default")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
@@ -69,10 +70,11 @@ def _switch(engine, change: str):
     model = engine.runner.model
     if change == "packed-weights":
         return lambda on: model.set_projections("packed" if on else "dense"), ("F.linear", "packed")
-    if change == "skinny-linear":
+    if change in ("skinny-linear", "skinny-vs-mkl"):
         if model.skinny_kernel is None:
-            raise SystemExit("skinny-linear: the compiled kernel is not loaded here (AVX-512, BATON_NATIVE_KERNELS, CC)")
-        return lambda on: model.set_projections("skinny" if on else "packed"), ("packed", "skinny")
+            raise SystemExit(f"{change}: the compiled kernel is not loaded here (AVX-512, BATON_NATIVE_KERNELS, CC)")
+        base = "packed" if change == "skinny-linear" else "dense"
+        return lambda on: model.set_projections("skinny" if on else base), (base if base == "packed" else "MKL", "skinny")
     if change == "layer-ops":
         from engine.native.layer_ops import NativeLayerOps, TorchLayerOps
 
