@@ -209,14 +209,9 @@ def machine_info(threads: int | None) -> dict:
 
 
 def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    from engine.cpu_info import cpuinfo_field
+
+    return cpuinfo_field("model name") or platform.processor() or "unknown"
 
 
 def format_table(r: dict) -> str:

@@ -42,12 +42,9 @@ class ProfileOptions:
 def machine_info() -> dict:
     import torch
 
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
+    from engine.cpu_info import cpuinfo_field
+
+    cpu = cpuinfo_field("model name") or platform.processor() or ""
     info = {"hostname": platform.node(), "platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__, "gpu": None}
     if torch.cuda.is_available():

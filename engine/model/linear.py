@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.cpu_info import cpuinfo_field
+
 from engine.native.skinny_linear import MAX_ROWS as SKINNY_MAX_ROWS
 from engine.native.skinny_linear import NativeSkinnyLinear
 
@@ -95,12 +97,5 @@ class Linear:
 
 
 def cpu_vendor() -> str:
-    """``vendor_id`` from /proc/cpuinfo (``GenuineIntel``, ``AuthenticAMD``); empty where absent."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    """``GenuineIntel``, ``AuthenticAMD``, ...; empty where /proc/cpuinfo is absent."""
+    return cpuinfo_field("vendor_id")

@@ -27,6 +27,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.cpu_info import cpuinfo_field
+
 CACHE_ENV = "BATON_KERNEL_CACHE"
 DISABLE_ENV = "BATON_NATIVE_KERNELS"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
@@ -121,11 +123,4 @@ def _compiler_version(cc: str) -> str:
 
 def _cpu_flags() -> str:
     """The CPU's feature flags (``-march=native`` depends on them); empty where /proc is absent."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return cpuinfo_field("flags", "Features")
