@@ -10,8 +10,8 @@ Three ways, one per model (``LlamaModel.set_projections``), all computing ``x @ 
 - ``skinny`` (CPU fp32 on Intel with AVX-512): the weight stays dense; up to 64 rows (decode steps)
   go to the compiled kernel ``engine/native/skinny_linear.c``, which streams the weight once at
   memory speed, and larger products (prefill) to MKL, which on Intel runs them as fast as the
-  packed weight. Measured on SmolLM2's 30 layers (docs/BENCHMARKS.md, "skinny projections"):
-  1.27x faster than packed at 1 row, 1.38x at 8, 1.26x at 32; the same at 2048 rows.
+  packed weight. SmolLM2's decode steps against packed (docs/BENCHMARKS.md, "skinny projections"):
+  1.19x faster at 1 row, 1.34x at 8, 1.16x at 32, 1.05x at 64; prefill the same.
 - ``dense``: ``F.linear`` (CUDA, other dtypes, a torch without oneDNN, A/B runs).
 """
 
@@ -21,10 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.cpu_info import cpuinfo_field
-
 from engine.native.skinny_linear import MAX_ROWS as SKINNY_MAX_ROWS
 from engine.native.skinny_linear import NativeSkinnyLinear
-
 
 PROJECTION_MODES = ("dense", "packed", "skinny")
 
