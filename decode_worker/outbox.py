@@ -21,10 +21,14 @@ class Outbox:
         self._last_seen: dict[str, float] = {}  # origin -> its latest poll (or request)
         self._closed = False
 
-    def register(self, request_id: str, origin: str) -> None:
+    def register(self, request_id: str, origin: str) -> str | None:
+        """File ``request_id``'s outputs under ``origin`` from now on; returns the other router that
+        held the id until now, if any (the caller takes the request over from it)."""
         with self._cv:
+            previous = self._origin_of.get(request_id)
             self._origin_of[request_id] = origin
             self._last_seen[origin] = time.monotonic()
+            return previous if previous != origin else None
 
     def orphans(self, timeout_s: float) -> list[str]:
         """Requests whose router has not polled for ``timeout_s``: it is gone, nobody will read them."""
@@ -47,6 +51,13 @@ class Outbox:
                 self._boxes.setdefault(origin, []).append(out)
                 if out.finished:
                     self._origin_of.pop(out.request_id, None)
+            self._cv.notify_all()
+
+    def put_for(self, origin: str, output: RequestOutput) -> None:
+        """File one output under ``origin`` whatever the request's current reader (a taken-over
+        request's final abort goes to the router that lost it)."""
+        with self._cv:
+            self._boxes.setdefault(origin, []).append(output)
             self._cv.notify_all()
 
     def forget(self, request_id: str) -> None:

@@ -48,6 +48,7 @@ class DecodeWorker:
         self.num_fallbacks = 0
         self.orphan_timeout_s = orphan_timeout_s
         self.num_orphans_aborted = 0
+        self.num_taken_over = 0  # requests re-sent by another router while the first one's copy ran
         self._next_orphan_check = 0.0
         self._load_snapshot = self._load(self.engine)
         self.loop.add_ticker(self._expire_transfers)
@@ -66,9 +67,8 @@ class DecodeWorker:
         """Reserve blocks for ``spec``'s prompt; its KV will come from ``prefill``."""
         tid = next(self._transfer_ids)
 
-        self.outbox.register(spec.request_id, spec.origin)
-
         def do(engine: LLMEngine) -> ReserveResult:
+            self._register(engine, spec)
             req = engine.reserve(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
                                  priority=spec.priority, cache_salt=spec.cache_salt)
             if req is None:
@@ -86,9 +86,9 @@ class DecodeWorker:
 
     def generate_local(self, spec: RequestSpec) -> bool:
         """Prefill and decode here (short or cached prompts, migrated requests)."""
-        self.outbox.register(spec.request_id, spec.origin)
 
         def do(engine: LLMEngine) -> bool:
+            self._register(engine, spec)
             engine.add_request(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
                                priority=spec.priority, cache_salt=spec.cache_salt,
                                resume_token_ids=list(spec.resume_token_ids))
@@ -152,6 +152,20 @@ class DecodeWorker:
         self.loop.call_async(lambda engine: self._fallback(engine, request_id))
 
     # -- engine thread ------------------------------------------------------------------------
+    def _register(self, engine: LLMEngine, spec: RequestSpec) -> None:
+        """Make ``spec``'s router the reader of its request. The same id still held here for another
+        router is that router's lost copy (it restarted, or its durable batch job was re-claimed by
+        another replica before this worker noticed it gone): it is aborted first, freeing the id and
+        its blocks. Done on the engine thread, so no step files the old copy's tokens for the new router."""
+        previous = self.outbox.register(spec.request_id, spec.origin)
+        if previous is not None:
+            self._cancel_transfer(spec.request_id)
+            lost = engine.abort(spec.request_id)
+            if lost is not None:  # the router that lost it, if still alive, sees its stream end
+                self.outbox.put_for(previous, lost)
+            self.num_taken_over += 1
+            log.info("%s: %s taken over from router %s by %s", self.worker_id, spec.request_id, previous, spec.origin)
+
     def _expire_transfers(self, engine: LLMEngine) -> None:
         now = time.monotonic()
         for tid, rid, last_progress in self.agent.pending_transfers():

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 import ray
-from ray.exceptions import GetTimeoutError, RayError
+from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from decode_worker.messages import OutputBatch, ReserveResult
 from engine.outputs import RequestOutput
@@ -155,6 +155,10 @@ class Dispatcher:
                 self._call(d.actor.generate_local.remote(spec))
                 self.num_local_prefills += 1
                 return
+            except RayTaskError as e:  # the worker is up and refused this request: not a dead worker
+                d.requests.discard(spec.request_id)
+                self._fail(t, f"{d.worker_id} refused the request: {_cause(e)}")
+                return
             except RayError as e:
                 d.requests.discard(spec.request_id)
                 self._mark_dead(d, e)
@@ -179,7 +183,11 @@ class Dispatcher:
             self._call(p.actor.prefill.remote(PrefillTask(spec, d.peer, res.transfer_id, res.num_cached_blocks)))
             self.num_disaggregated += 1
         except RayError as e:
-            self._mark_dead(p, e)
+            if isinstance(e, RayTaskError):  # it refused this prefill; it is not down
+                log.warning("%s refused the prefill of %s (%s); prefilling on %s", p.worker_id, spec.request_id,
+                            _cause(e), d.worker_id)
+            else:
+                self._mark_dead(p, e)
             self._call(d.actor.prefill_locally.remote(spec.request_id))
         return True
 
@@ -290,3 +298,9 @@ class Dispatcher:
             log.info("migrating %s from %s after %d tokens", t.spec.request_id, d.worker_id,
                      len(t.stream.token_ids))
             threading.Thread(target=self._place, args=(t, {d.worker_id}), daemon=True).start()
+
+
+def _cause(error: RayTaskError) -> str:
+    """The worker's own exception, not Ray's wrapping of it."""
+    cause = getattr(error, "cause", None)
+    return f"{type(cause).__name__}: {cause}" if cause is not None else str(error).splitlines()[0]

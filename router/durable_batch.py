@@ -8,6 +8,11 @@ router that died, once they have been idle for ``idle_ms``), runs them through i
 any request, and acknowledges them with the result. The client that submitted a job waits for its
 result (locally, or by polling the journal if another replica runs it); the job does not depend on
 that client: a disconnect does not cancel it (``POST /v1/abort/{id}`` does).
+
+A router that stops (drained, shut down, or killed) does not fail or finish the jobs it holds:
+``stop`` cancels them where they are, unacknowledged, and whichever replica claims next (this one
+restarted, or another) re-runs them once they have been idle for ``idle_ms`` -- the same as when
+the process dies with no chance to say anything.
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ class DurableBatch:
         self.result_ttl_s = result_ttl_s
         self._done: dict[str, asyncio.Future] = {}  # job id -> result, for clients waiting on this replica
         self._running: dict[str, str] = {}  # job id -> stream entry id
+        self._tasks: set[asyncio.Task] = set()  # the jobs this replica is running
+        self._stopping = False
         self.jobs_completed = 0
 
     async def submit(self, job: dict, lane: str) -> JobWaitStream:
@@ -103,9 +110,11 @@ class DurableBatch:
         while True:
             try:
                 room = self.router.lane_room(durable=True)
-                if room > 0:
+                if room > 0 and not self._stopping and not self.router.draining:
                     for job in await self.journal.claim(self.consumer, count=min(room, 16), min_idle_ms=self.idle_ms):
-                        asyncio.create_task(self._run_job(job))
+                        task = asyncio.create_task(self._run_job(job))
+                        self._tasks.add(task)
+                        task.add_done_callback(self._tasks.discard)
                 if self._running and time.monotonic() - last_touch > self.idle_ms / 3000:
                     await self.journal.touch(self.consumer, list(self._running.values()))
                     last_touch = time.monotonic()
@@ -114,6 +123,20 @@ class DurableBatch:
             except Exception:
                 log.exception("durable batch consumer")
             await asyncio.sleep(self.poll_s)
+
+    async def stop(self) -> None:
+        """Stop claiming and drop the jobs in flight here, leaving them pending in the journal (not
+        failed, not acknowledged) for the next claim by any replica. Call before the router's
+        requests are aborted or its dispatcher fails their streams: those endings are this
+        replica's, not the jobs'."""
+        self._stopping = True
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:  # bounded: a stopping router must not hang on a job that is slow to notice
+            _, late = await asyncio.wait(tasks, timeout=5.0)
+            if late:
+                log.warning("%d batch job(s) still unwinding after stop; they stay pending in the journal", len(late))
 
     async def _run_job(self, claimed: ClaimedJob) -> None:
         job = claimed.job
@@ -125,6 +148,9 @@ class DurableBatch:
             result = await self.router.run_durable(job_id, claimed.tenant, job["lane"], job["prompt_token_ids"], sp,
                                                    job.get("prompt_text"))
         except Exception as e:
+            if self._stopping:  # the router is going away under the job, which stays pending
+                log.info("batch job %s left to the next claim: %s", job_id, e)
+                return
             log.warning("batch job %s failed: %s", job_id, e)
             await self._safe(self.journal.fail(job_id, claimed.entry_id, str(e), ttl_s=self.result_ttl_s))
             fut = self._done.get(job_id)
@@ -133,6 +159,8 @@ class DurableBatch:
             return
         finally:
             self._running.pop(job_id, None)
+        if self._stopping and result.finish_reason == "abort":
+            return  # aborted because this router stopped, not by the client: left to the next claim
         await self._safe(self.journal.complete(job_id, claimed.entry_id, asdict(result), ttl_s=self.result_ttl_s))
         self.jobs_completed += 1
         fut = self._done.get(job_id)

@@ -114,12 +114,16 @@ class Router:
         deadline = time.monotonic() + (self.config.drain_timeout_s if timeout_s is None else timeout_s)
         while self._requests and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        if self.batch is not None:
+            await self.batch.stop()  # its jobs still here stay journaled for another replica
         left = list(self._requests.values())
         for ctx in left:
             await self.abort(ctx.request_id, ctx.tenant)
         return len(left)
 
     async def stop(self) -> None:
+        if self.batch is not None:
+            await self.batch.stop()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -125,3 +125,45 @@ def test_local_path_over_shared_memory_equals_colocated(ray_session, tiny_model_
         assert loads["decode-0"].transfers_failed == 0
     finally:
         c.shutdown()
+
+
+def test_an_id_re_sent_by_another_router_is_taken_over(c11, tiny_model_dir):
+    """A restarted router, or another replica re-claiming a durable batch job, sends an id the decode
+    worker still runs for the first router: the worker aborts that copy and serves the new one,
+    the first router's stream ends with ``abort``, nobody marks the worker dead, no block leaks."""
+    from engine.request_spec import RequestSpec
+    from router.dispatcher import Dispatcher
+
+    [p] = prompts(7, 1, VOCAB, lo=60, hi=60)
+    first = c11.submit(p, greedy(3000), request_id="same-id")
+    next(iter(first))  # running on the decode worker
+    other = Dispatcher(c11.pool, router_id="router-b", local_prefill_threshold=24)
+    other.start()
+    try:
+        second = other.submit(RequestSpec("same-id", tuple(p), greedy(30)))
+        assert second.result(120).token_ids == colocated(tiny_model_dir, [p], [30])[0]
+        assert first.result(60).finish_reason == "abort"
+        assert all(w.alive for w in c11.pool.all())
+    finally:
+        other.stop()
+    c11.wait_until_drained()
+
+
+def test_a_refused_request_fails_alone_and_the_worker_stays_up(c11):
+    """A worker that raises for one request (here: the same router sending an id it already runs)
+    fails that request with the worker's reason; it is not taken for a dead worker, so its other
+    requests are not migrated and it keeps serving."""
+    from engine.request_spec import RequestSpec
+    from router.dispatcher import Dispatcher
+    from router.stream import RequestFailed
+
+    [p] = prompts(8, 1, VOCAB, lo=60, hi=60)
+    first = c11.submit(p, greedy(3000), request_id="dup-id")
+    next(iter(first))
+    twin = Dispatcher(c11.pool, router_id=c11.dispatcher.router_id, local_prefill_threshold=24)
+    with pytest.raises(RequestFailed, match="refused the request: ValueError: duplicate request id"):
+        twin.submit(RequestSpec("dup-id", tuple(p), greedy(5))).result(60)
+    assert all(w.alive for w in c11.pool.all()) and c11.dispatcher.num_migrations == 0
+    assert c11.abort("dup-id")
+    assert c11.generate([p], greedy(4))[0].finish_reason == "length"
+    c11.wait_until_drained()
