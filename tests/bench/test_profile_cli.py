@@ -33,8 +33,13 @@ def test_quick_profile_of_tiny_writes_a_valid_cost_model(tiny_model_dir, tmp_pat
     kinds = {s.kind for s in cm.samples}
     assert kinds == {"decode", "prefill", "mixed"}
     assert cm.coefficients["const"] + cm.coefficients["tokens"] > 0
-    # every measured step is predicted within a factor of 3 (the quick grid on a shared machine is noisy)
+    # every grid point is predicted within a factor of 3 of its fastest repeat, the time the fit uses:
+    # on a shared machine a single repeat can take 10x longer (seen once in CI), noise only adds time
+    fastest = {}
     for s in cm.samples:
+        if s.point not in fastest or s.seconds < fastest[s.point].seconds:
+            fastest[s.point] = s
+    for s in fastest.values():
         assert s.seconds / 3 < cm.step_seconds(s.shape) < s.seconds * 3
     assert cm.transfer.source.startswith("default") and cm.overheads.source.startswith("default")
     assert "cost model:" in r.stdout and "fit over" in r.stdout
