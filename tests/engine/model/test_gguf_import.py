@@ -16,7 +16,7 @@ from engine.model.config import ModelConfig
 from engine.model.gguf_import import import_gguf, reverse_permute
 from engine.model.registry import default_gguf_path
 from engine.model.tokenizer import Tokenizer
-from engine.model.weights import iter_safetensors
+from engine.model.weights import iter_safetensors, read_ggml_blocks
 from tests.engine.model.conftest import llama_cpp_permute, write_gguf
 
 CONFIG_FIELDS = (
@@ -62,12 +62,30 @@ def test_default_model_equals_transformers(default_model_dir: Path) -> None:
 @pytest.mark.slow
 def test_default_model_files(default_model_dir: Path) -> None:
     names = sorted(p.name for p in default_model_dir.iterdir())
-    assert names == ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                     "tokenizer_config.json"]
+    assert names == ["config.json", "generation_config.json", "ggml-blocks.safetensors", "model.safetensors",
+                     "tokenizer.json", "tokenizer_config.json"]
     tok_cfg = json.loads((default_model_dir / "tokenizer_config.json").read_text())
     assert tok_cfg["add_bos_token"] is False and tok_cfg["eos_token"] == "<|im_end|>"
     assert "<|im_start|>assistant" in tok_cfg["chat_template"]
     assert json.loads((default_model_dir / "generation_config.json").read_text())["eos_token_id"] == 2
+
+
+@pytest.mark.slow
+def test_default_model_blocks_dequantize_to_its_weights(default_model_dir: Path) -> None:
+    """Every kept block tensor (Q4_1 projections, the Q8_0 embedding) is its fp32 weight, exactly,
+    Q/K rows un-permuted alike; the norms (F32 in the file) have no blocks."""
+    from engine.native.quant_linear import NativeQuantLinear, QuantizedWeight
+
+    kernel = NativeQuantLinear.load()
+    if kernel is None:
+        pytest.skip("the quantized kernel needs AVX-512 and F16C")
+    blocks = read_ggml_blocks(default_model_dir)
+    weights = {name: t for name, t, _ in iter_safetensors(default_model_dir)}
+    assert len(blocks) == 30 * 7 + 1 and blocks["model.embed_tokens.weight"][1] == "Q8_0"
+    assert {qtype for name, (_, qtype) in blocks.items() if "layers" in name} == {"Q4_1"}
+    for name, (b, qtype) in blocks.items():
+        if name.startswith(("model.layers.0.", "model.layers.29.", "model.embed")):
+            assert torch.equal(kernel.dequantize(QuantizedWeight(b, qtype)), weights[name]), name
 
 
 def test_reverse_permute_inverts_llama_cpp() -> None:

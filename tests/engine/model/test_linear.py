@@ -1,6 +1,7 @@
 """Packed and skinny projections compute the same products as F.linear; packed weights unpack to the
 weight they packed; the model switches every projection between the modes."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -116,3 +117,45 @@ def test_the_default_mode_follows_the_device_and_the_kernel():
         assert default_projections(torch.device("cpu"), torch.float32, None) == "packed"
         expected = "skinny" if cpu_vendor() == "GenuineIntel" else "packed"
         assert default_projections(torch.device("cpu"), torch.float32, object()) == expected
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_gguf_blocks_give_the_skinny_logits_bit_for_bit(tied):
+    """A model whose weights are dequantized blocks multiplies the blocks in decode-sized products
+    (the quantized mode) with the skinny mode's results exactly; the tied head keeps its blocks across
+    mode switches; blocks that do not dequantize to the weights fail the load."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    from engine.errors import ModelLoadError
+    from engine.native.quant_linear import NativeQuantLinear, QuantizedWeight
+
+    model = _tiny_model(tied)
+    if model.projection_mode != "skinny" or NativeQuantLinear.load() is None:
+        pytest.skip("the quantized mode needs the skinny and quantized kernels (Intel AVX-512)")
+    blocks, floats = {}, {}
+    for name, shape in model.expected_shapes().items():
+        if len(shape) == 2 and shape[1] % 32 == 0:  # the tiny down projection (688 in) stays fp32
+            qtype = "Q8_0" if "embed" in name else "Q4_1"
+            w = np.random.default_rng(len(blocks)).standard_normal(shape).astype(np.float32) * 0.05
+            raw = quantize(w, GGMLQuantizationType[qtype])
+            blocks[name] = QuantizedWeight(torch.from_numpy(raw.reshape(shape[0], -1).copy()), qtype)
+            floats[name] = torch.from_numpy(np.asarray(dequantize(raw, GGMLQuantizationType[qtype])).reshape(shape).copy())
+        else:
+            floats[name] = torch.randn(shape, generator=torch.Generator().manual_seed(len(floats))) * 0.05
+    model.load_weights((n, t, "test") for n, t in floats.items())
+    stale = dict(blocks, **{"model.layers.1.self_attn.o_proj.weight": blocks["model.layers.0.self_attn.o_proj.weight"]})
+    with pytest.raises(ModelLoadError, match="o_proj.weight do not dequantize"):
+        model.attach_quantized(stale, "blocks.safetensors")
+    model.set_projections("skinny")
+    assert model.attach_quantized(blocks, "blocks.safetensors") and model.projection_mode == "quantized"
+    projections = [model.lm_head, *(p for layer in model.layers for p in layer.projections())]
+    downs = [layer.down for layer in model.layers]
+    assert all((p.quant is model.quant_kernel) == (p not in downs) for p in projections)
+    x = torch.randn(64, model.cfg.hidden_size, generator=torch.Generator().manual_seed(2))
+    quantized = [model.compute_logits(x[:rows]) for rows in (1, 5, 64)]
+    model.set_projections("packed")
+    model.set_projections("skinny")
+    assert all(torch.equal(a, model.compute_logits(x[:rows])) for a, rows in zip(quantized, (1, 5, 64)))
+    model.set_projections("quantized")
+    assert model.lm_head.quant is model.quant_kernel  # the head's blocks survived the packed detour

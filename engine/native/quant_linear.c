@@ -1,0 +1,131 @@
+/* y = x @ w.T + bias for a few rows of x, with w held as the GGUF file's quantized blocks.
+ *
+ * A model imported from GGUF (the default SmolLM2 is Q4_1, its embedding Q8_0) keeps each
+ * projection's blocks as they were stored, next to the fp32 weights they dequantize to. A decode
+ * step's product is bound by reading the weight, and the blocks are 5 bits (Q4_1) or 8.5 bits (Q8_0)
+ * a weight instead of 32. Each thread takes a contiguous range of weight rows; for NB rows and one
+ * K chunk at a time it dequantizes the blocks into an L1 buffer of floats and runs the skinny
+ * kernel's tiles (skinny_tile.h) against it, exactly as skinny_linear.c runs them against the dense
+ * weight in memory.
+ *
+ * Exactness: the dequantized floats are the ones gguf's numpy dequantization gives (and so the ones
+ * the fp32 weights hold): d and m widened from fp16, q widened to float, then (d * q) + m rounded
+ * once per operation, never fused into one FMA. The tiles then see the same values in the same
+ * order as skinny_linear.c, so the two kernels agree bit for bit (tests/engine/native).
+ *
+ * Block formats (ggml): Q4_1 (type 3): fp16 d, fp16 m, 16 bytes of nibbles, the low nibbles weights
+ * 0..15 and the high ones 16..31, w = d * q + m. Q8_0 (type 8): fp16 d, 32 int8, w = d * q.
+ * Limits (the caller checks them: quant_linear.py): K a multiple of 32, one of those two types.
+ */
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "skinny_tile.h"
+
+#define QK 32
+#define GGML_Q4_1 3
+#define GGML_Q8_0 8
+
+#if defined(__AVX512F__) && defined(__F16C__)
+#include <immintrin.h>
+#define QUANT_TUNED 1
+
+static inline __m512 half_to_v16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _mm512_set1_ps(_cvtsh_ss(h));
+}
+
+/* The two products stay separate instructions: an FMA would round once where numpy rounds twice. */
+#define ROUNDED(v) __asm__("" : "+v"(v))
+
+static inline void dequant_q4_1(const uint8_t *block, float *dst) {
+    const __m512 d = half_to_v16(block), m = half_to_v16(block + 2);
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(block + 4)));
+    __m512 lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(15))));
+    __m512 hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)));
+    ROUNDED(lo);
+    ROUNDED(hi);
+    _mm512_storeu_ps(dst, _mm512_add_ps(lo, m));
+    _mm512_storeu_ps(dst + 16, _mm512_add_ps(hi, m));
+}
+
+static inline void dequant_q8_0(const uint8_t *block, float *dst) {
+    const __m512 d = half_to_v16(block);
+    const __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 2)));
+    const __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 18)));
+    _mm512_storeu_ps(dst, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0)));
+    _mm512_storeu_ps(dst + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q1)));
+}
+#else
+#define QUANT_TUNED 0
+#endif
+
+static int block_bytes(int qtype) {
+    return qtype == GGML_Q4_1 ? 20 : qtype == GGML_Q8_0 ? 34 : 0;
+}
+
+/* 1 where this build has both the tile (AVX-512) and the conversions (F16C) it was written for. */
+int baton_quant_linear_tuned(void) { return QUANT_TUNED; }
+
+/* Floats w's blocks hold (n rows of K, row-major): what the kernel multiplies, for the tests. */
+int baton_quant_dequantize(const uint8_t *wq, int qtype, float *out, int N, int K) {
+#if QUANT_TUNED
+    const int bb = block_bytes(qtype), blocks = K / QK;
+    if (!bb || K % QK != 0) return 1;
+    for (int64_t b = 0; b < (int64_t)N * blocks; b++) {
+        if (qtype == GGML_Q4_1)
+            dequant_q4_1(wq + b * bb, out + b * QK);
+        else
+            dequant_q8_0(wq + b * bb, out + b * QK);
+    }
+    return 0;
+#else
+    (void)wq, (void)qtype, (void)out, (void)N, (void)K;
+    return 1;
+#endif
+}
+
+/* Returns 0, or 1 for a shape or type the kernel does not take (the caller checked: a bug there). */
+int baton_quant_linear_f32(const float *x, int64_t x_stride, const uint8_t *wq, int qtype, const float *bias,
+                           float *out, int64_t out_stride, int M, int N, int K, int num_threads) {
+#if QUANT_TUNED
+    const int bb = block_bytes(qtype);
+    if (!bb || K % QK != 0 || M < 1 || N < 1) return 1;
+    const int64_t row_bytes = (int64_t)(K / QK) * bb;
+    const int groups = (N + NB - 1) / NB, chunks = (K + KC - 1) / KC;
+    if (num_threads > groups) num_threads = groups;
+    if (num_threads < 1) num_threads = 1;
+#pragma omp parallel num_threads(num_threads)
+    {
+        float buf[NB * KC] __attribute__((aligned(64))); /* NB rows of one chunk, KC apart: 24 KiB of L1 */
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int g0 = (int)((int64_t)groups * t / nt), g1 = (int)((int64_t)groups * (t + 1) / nt);
+        for (int g = g0; g < g1; g++) {
+            const int n0 = g * NB, nb = N - n0 < NB ? N - n0 : NB;
+            for (int c = 0; c < chunks; c++) {
+                const int k0 = c * KC, kc = K - k0 < KC ? K - k0 : KC;
+                for (int j = 0; j < nb; j++) {
+                    const uint8_t *src = wq + (int64_t)(n0 + j) * row_bytes + (int64_t)(k0 / QK) * bb;
+                    __builtin_prefetch(src + NB * row_bytes, 0, 1); /* the next group's rows, same chunk */
+                    for (int b = 0; b < kc / QK; b++) {
+                        if (qtype == GGML_Q4_1)
+                            dequant_q4_1(src + b * bb, buf + j * KC + b * QK);
+                        else
+                            dequant_q8_0(src + b * bb, buf + j * KC + b * QK);
+                        if ((b * bb) % 64 < bb) __builtin_prefetch(src + b * bb + NB * row_bytes + 64, 0, 1);
+                    }
+                }
+                chunk_tiles(M, nb, x + k0, x_stride, buf, KC, kc, bias ? bias + n0 : 0, c > 0, out + n0, out_stride,
+                            0, 0, 0);
+            }
+        }
+    }
+    return 0;
+#else
+    (void)x, (void)x_stride, (void)wq, (void)qtype, (void)bias, (void)out, (void)out_stride, (void)M, (void)N, (void)K,
+        (void)num_threads;
+    return 1;
+#endif
+}
