@@ -5,6 +5,7 @@ Changes:
   packed-weights   projections packed for oneDNN (engine/model/linear.py) vs dense F.linear
   skinny-linear    the compiled skinny kernel for <= 64 rows, MKL above (engine/native) vs packed
   skinny-vs-mkl    the same vs MKL's F.linear at every row count (dense weights both)
+  quantized        a GGUF model's own Q4_1/Q8_0 blocks for <= 64 rows (engine/native/quant_linear.c) vs skinny
   cpu-attention    the CPU attention path (engine/attention/cpu.py) vs the torch reference
   native-decode    the CPU path's compiled decode kernel (engine/native) vs its torch path
   layer-ops        fused residual-add + RMSNorm, rotary embedding and SiLU * up in C (engine/native) vs torch
@@ -23,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m bench.cpu_step_ab", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl",
+    p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "quantized",
                                                        "cpu-attention", "native-decode", "layer-ops"))
     p.add_argument("--model", default="default")
     p.add_argument("--rounds", type=int, default=3)
@@ -76,6 +77,11 @@ def _switch(engine, change: str):
             raise SystemExit(f"{change}: the compiled kernel is not loaded here (AVX-512, BATON_NATIVE_KERNELS, CC)")
         base = "packed" if change == "skinny-linear" else "dense"
         return lambda on: model.set_projections("skinny" if on else base), (base if base == "packed" else "MKL", "skinny")
+    if change == "quantized":
+        if model.quant_kernel is None:
+            raise SystemExit("quantized: no GGUF blocks attached here (a GGUF model, Intel AVX-512 with F16C, "
+                             "BATON_NATIVE_KERNELS, CC)")
+        return lambda on: model.set_projections("quantized" if on else "skinny"), ("skinny", "quantized")
     if change == "layer-ops":
         from engine.native.layer_ops import NativeLayerOps, TorchLayerOps
 

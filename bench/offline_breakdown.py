@@ -3,6 +3,11 @@ bucketed by kind (prefill-carrying steps, decode steps by batch size), and the t
 the projections (every ``Linear`` call: the GEMMs, the head included) against the whole run.
 
     python -m bench.offline_breakdown [--model default|tiny|PATH] [--workload anyscale-cpu] [--json]
+        [--budget 2048] [--order arrival|longest-output-first]
+
+``--budget`` is the scheduler's token budget per step; ``--order longest-output-first`` submits the
+requests by decreasing output length (all arrive at t = 0, so the queue takes them in that order): a
+what-if for the schedule, since with EOS ignored a request's max_tokens is its exact output length.
 
 The projection timer wraps ``Linear.__call__`` for this process only (CPU: the calls are synchronous).
 """
@@ -24,16 +29,24 @@ def bucket_of(counts: list[int]) -> str:
     return "decode<=8" if n <= 8 else "decode9-32" if n <= 32 else "decode33+"
 
 
-def run(model: str = "default", workload: str = "anyscale-cpu", threads: int | None = None) -> dict:
+ORDERS = ("arrival", "longest-output-first")
+
+
+def run(model: str = "default", workload: str = "anyscale-cpu", threads: int | None = None, budget: int = 2048,
+        order: str = "arrival") -> dict:
     from bench.offline import _warmup, model_and_workload
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
     from engine.engine import LLMEngine
     from engine.model import linear
     from engine.sampling_params import SamplingParams
 
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     model_dir, requests = model_and_workload(model, workload, None)
     engine = LLMEngine(EngineConfig(model=str(model_dir), num_threads=threads, cache=CacheConfig(),
-                                    scheduler=SchedulerConfig(max_num_batched_tokens=2048)))
+                                    scheduler=SchedulerConfig(max_num_batched_tokens=budget)))
+    if order == "longest-output-first":
+        requests = sorted(requests, key=lambda r: -r.max_tokens)
     _warmup(engine)
     in_projections = [0.0]
     real_call = linear.Linear.__call__
@@ -60,7 +73,7 @@ def run(model: str = "default", workload: str = "anyscale-cpu", threads: int | N
         linear.Linear.__call__ = real_call
     output_tokens = sum(r.max_tokens for r in requests)
     return {
-        "model": model, "workload": workload, "seconds": total, "tok_s": output_tokens / total,
+        "model": model, "workload": workload, "budget": budget, "order": order, "seconds": total, "tok_s": output_tokens / total,
         "projection_seconds": in_projections[0],
         "steps": {k: {"steps": len(steps[k]), "seconds": sum(steps[k]),
                       "ms_per_step": 1e3 * sum(steps[k]) / len(steps[k]) if steps[k] else 0.0} for k in BUCKETS},
@@ -72,13 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="default")
     p.add_argument("--workload", default="anyscale-cpu")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--budget", type=int, default=2048, help="max_num_batched_tokens")
+    p.add_argument("--order", choices=ORDERS, default="arrival")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    r = run(args.model, args.workload, args.threads)
+    r = run(args.model, args.workload, args.threads, args.budget, args.order)
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
-    print(f"{r['workload']} on {r['model']}: {r['seconds']:.2f} s, {r['tok_s']:.1f} tok/s; "
+    print(f"{r['workload']} on {r['model']} (budget {r['budget']}, {r['order']} order): {r['seconds']:.2f} s, {r['tok_s']:.1f} tok/s; "
           f"{r['projection_seconds']:.2f} s in projections ({r['projection_seconds'] / r['seconds']:.0%})")
     for k, v in r["steps"].items():
         print(f"  {k:11s} {v['steps']:4d} steps  {v['seconds']:6.2f} s  {v['ms_per_step']:7.1f} ms/step")

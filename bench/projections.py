@@ -1,11 +1,12 @@
 """The projections of a whole forward pass, alone, for each way the CPU can multiply them (engine/model/linear.py):
-oneDNN's packed weights, MKL's ``F.linear`` on the dense weight, and the compiled skinny kernel
-(engine/native/skinny_linear.c), at a range of row counts, interleaved in one process.
+oneDNN's packed weights, MKL's ``F.linear`` on the dense weight, the compiled skinny kernel
+(engine/native/skinny_linear.c) and GGUF blocks (Q4_1 layers, Q8_0 head, as the default model's file
+has them: engine/native/quant_linear.c), at a range of row counts, interleaved in one process.
 
     python -m bench.projections [--rows 1,2,4,8,16,32,64,96] [--layers 30] [--rounds 9] [--json]
 
 Shapes are SmolLM2-135M's (hidden 576, intermediate 1536, 9 + 2 x 3 heads of 64, vocabulary 49152;
-random weights: values do not change speed); the head multiplies min(rows, 64) rows, as a step
+random weights and blocks: values do not change speed); the head multiplies min(rows, 64) rows, as a step
 samples at most one row per sequence. The model's weights (537 MB) do not fit in cache, so every
 pass reads them from memory, as an engine step does. Each figure is the median of ``--rounds``
 passes; a round runs every mode once, in turn.
@@ -26,6 +27,7 @@ def run(rows: list[int], layers: int = 30, rounds: int = 9, threads: int | None 
     import torch
 
     from engine.model.linear import Linear, can_pack
+    from engine.native.quant_linear import NativeQuantLinear
     from engine.native.skinny_linear import NativeSkinnyLinear
 
     if threads:
@@ -35,14 +37,16 @@ def run(rows: list[int], layers: int = 30, rounds: int = 9, threads: int | None 
     weights.append(torch.randn(VOCAB, HIDDEN, generator=g) * 0.02)
     modes = ["mkl"] + (["packed"] if can_pack(torch.device("cpu"), torch.float32) else [])
     skinny = NativeSkinnyLinear.load()
-    if skinny is not None:
-        modes.append("skinny")
+    quant = NativeQuantLinear.load() if skinny is not None else None
+    modes += (["skinny"] if skinny is not None else []) + (["quantized"] if quant is not None else [])
     projections = {}
     for mode in modes:
         projections[mode] = []
-        for w in weights:
+        for n, w in enumerate(weights):
             p = Linear(w.clone())
-            p.use({"mkl": "dense"}.get(mode, mode), skinny)
+            if mode == "quantized":
+                p.quantized = random_blocks(*w.shape, "Q8_0" if n == len(weights) - 1 else "Q4_1", g)
+            p.use({"mkl": "dense"}.get(mode, mode), skinny, quant)
             projections[mode].append(p)
 
     results: dict[str, dict[str, float]] = {}
@@ -67,6 +71,20 @@ def run(rows: list[int], layers: int = 30, rounds: int = 9, threads: int | None 
     flops = {str(m): 2 * (m * layers * sum(o * i for o, i in SHAPES) + min(m, 64) * VOCAB * HIDDEN) for m in rows}
     return {"layers": layers, "rounds": rounds, "threads": torch.get_num_threads(), "modes": modes,
             "weight_mb": sum(w.numel() for w in weights) * 4 / 1e6, "ms": results, "flop": flops}
+
+
+def random_blocks(rows: int, cols: int, qtype: str, g):
+    """Random blocks of ``qtype`` (fixed, finite scales; random quants) for a [rows, cols] weight."""
+    import torch
+
+    from engine.native.quant_linear import GGML_TYPES, QK, QuantizedWeight
+
+    size = GGML_TYPES[qtype][1]
+    blocks = torch.randint(0, 256, (rows, cols // QK, size), dtype=torch.uint8, generator=g)
+    blocks[:, :, 0:2] = torch.tensor([0.002], dtype=torch.float16).view(torch.uint8)
+    if qtype == "Q4_1":
+        blocks[:, :, 2:4] = torch.tensor([-0.015], dtype=torch.float16).view(torch.uint8)
+    return QuantizedWeight(blocks.view(rows, -1), qtype)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,15 +40,17 @@ static inline __m512 half_to_v16(const uint8_t *p) {
 /* The two products stay separate instructions: an FMA would round once where numpy rounds twice. */
 #define ROUNDED(v) __asm__("" : "+v"(v))
 
+/* Q4_1: the block's 16 possible weights, (d * q) + m for q = 0 .. 15, are computed once into a
+ * register (the same two roundings as for each weight alone), and each quant picks its weight with
+ * one permute (vpermps reads only an index's low 4 bits: the low nibble needs no mask). */
 static inline void dequant_q4_1(const uint8_t *block, float *dst) {
-    const __m512 d = half_to_v16(block), m = half_to_v16(block + 2);
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 table = _mm512_mul_ps(half_to_v16(block), iota);
+    ROUNDED(table);
+    table = _mm512_add_ps(table, half_to_v16(block + 2));
     const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(block + 4)));
-    __m512 lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(15))));
-    __m512 hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)));
-    ROUNDED(lo);
-    ROUNDED(hi);
-    _mm512_storeu_ps(dst, _mm512_add_ps(lo, m));
-    _mm512_storeu_ps(dst + 16, _mm512_add_ps(hi, m));
+    _mm512_storeu_ps(dst, _mm512_permutexvar_ps(q, table));
+    _mm512_storeu_ps(dst + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table));
 }
 
 static inline void dequant_q8_0(const uint8_t *block, float *dst) {

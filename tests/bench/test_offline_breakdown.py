@@ -21,3 +21,12 @@ def test_breakdown_of_a_small_run(tiny_model_dir):
     assert 0 < stepped <= r["seconds"]
     assert 0 < r["projection_seconds"] < stepped
     assert r["steps"]["prefill"]["steps"] >= 1 and r["tok_s"] > 0
+
+
+def test_the_schedule_what_ifs(tiny_model_dir):
+    import pytest
+
+    r = run(str(tiny_model_dir), "anyscale-cpu-small", budget=16, order="longest-output-first")
+    assert (r["budget"], r["order"]) == (16, "longest-output-first") and r["tok_s"] > 0
+    with pytest.raises(ValueError, match="order must be one of"):
+        run(str(tiny_model_dir), "anyscale-cpu-small", order="shortest")

@@ -3,12 +3,14 @@
 import json
 
 from bench.projections import main, run
+from engine.native.quant_linear import NativeQuantLinear
 from engine.native.skinny_linear import NativeSkinnyLinear
 
 
 def test_small_sweep_reports_every_mode_at_every_row_count():
     r = run([1, 5], layers=1, rounds=1, threads=1)
     assert r["modes"][0] == "mkl" and ("skinny" in r["modes"]) == (NativeSkinnyLinear.load() is not None)
+    assert ("quantized" in r["modes"]) == ("skinny" in r["modes"] and NativeQuantLinear.load() is not None)
     assert set(r["ms"]) == {"1", "5"}
     for ms in r["ms"].values():
         assert set(ms) == {f"{m}_ms" for m in r["modes"]} and all(v > 0 for v in ms.values())
