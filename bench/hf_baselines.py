@@ -23,9 +23,7 @@ import io
 import json
 import logging
 import math
-import os
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext, redirect_stderr
 from dataclasses import asdict, dataclass, field
@@ -35,6 +33,7 @@ from typing import Any
 
 import torch
 
+from bench.other_load import OtherLoad, wait_until_idle
 from bench.workloads import OfflineRequest, anyscale_cpu, describe, total_output_tokens
 
 # transformers is a test/bench dependency only: it is imported inside the functions that need it.
@@ -93,36 +92,6 @@ def _torch_threads(num_threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-def _cpu_counters() -> tuple[float, float] | None:
-    """(CPU seconds the whole machine spent busy, CPU seconds this process used); None where /proc is missing."""
-    try:
-        import resource
-
-        with open("/proc/stat") as f:
-            ticks = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-    except (ImportError, OSError, ValueError):
-        return None
-    busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-    return busy, usage.ru_utime + usage.ru_stime
-
-
-class _OtherLoad:
-    """How many CPUs' worth *other* processes used during a window. On a shared machine a throughput number means
-    little without it: on 2 cores, one busy neighbour halves the compute and stalls every OpenMP barrier."""
-
-    def __init__(self) -> None:
-        self._start = _cpu_counters()
-        self._t0 = perf_counter()
-
-    def cpus(self) -> float | None:
-        end, wall = _cpu_counters(), perf_counter() - self._t0
-        if self._start is None or end is None or wall <= 0:
-            return None
-        other = (end[0] - self._start[0]) - (end[1] - self._start[1])
-        return round(max(other, 0.0) / wall, 2)
 
 
 def load_hf_model(model_dir: Path | str, dtype: torch.dtype = torch.float32, gguf_file: str | None = None):
@@ -200,7 +169,7 @@ def run_hf_static(
         if requests:  # warmup: one-time allocator / oneDNN setup costs stay off the clock
             ids, mask = _left_pad([requests[0].prompt_token_ids[:8]] * 2, pad_id)
             _generate_greedy(model, ids, mask, 2)
-        load = _OtherLoad()
+        load = OtherLoad()
         for start in range(0, len(requests), batch_size):
             batch = requests[start : start + batch_size]
             ids, mask = _left_pad([r.prompt_token_ids for r in batch], pad_id)
@@ -328,7 +297,7 @@ def run_hf_continuous(
             manager.add_request(list(requests[0].prompt_token_ids[:16]), "warmup", max_new_tokens=4, eos_token_id=-1)
             _collect(manager, {"warmup"}, timeout_s)
 
-            load, t0 = _OtherLoad(), perf_counter()
+            load, t0 = OtherLoad(), perf_counter()
             for rid, r in zip(ids, requests):
                 manager.add_request(list(r.prompt_token_ids), rid, max_new_tokens=r.max_tokens, eos_token_id=-1)
             results = _collect(manager, set(ids), timeout_s)
@@ -360,18 +329,6 @@ def run_hf_continuous(
     return BaselineResult("hf-continuous", useful, seconds, useful / seconds if seconds > 0 else 0.0, outputs, details)
 
 
-def _wait_until_idle(max_wait_s: float, window_s: float = 3.0, threshold_cpus: float = 0.25) -> float | None:
-    """Wait (at most ``max_wait_s``) for a ``window_s`` window in which other processes use < ``threshold_cpus``
-    CPUs; returns the last window's load. A benchmark on a shared box should at least start on a quiet machine."""
-    deadline = perf_counter() + max_wait_s
-    while True:
-        load = _OtherLoad()
-        time.sleep(window_s)
-        cpus = load.cpus()
-        if cpus is None or cpus < threshold_cpus or perf_counter() >= deadline:
-            return cpus
-
-
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.hf_baselines", description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", type=Path, required=True)
@@ -399,11 +356,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     results: list[BaselineResult] = []
     if args.only in (None, "static"):
-        idle = _wait_until_idle(args.wait_idle) if args.wait_idle > 0 else None
+        idle = wait_until_idle(args.wait_idle) if args.wait_idle > 0 else None
         results.append(run_hf_static(model, requests, batch_size=args.batch_size, num_threads=args.threads))
         results[-1].details["other_load_cpus_before"] = idle
     if args.only in (None, "continuous"):
-        idle = _wait_until_idle(args.wait_idle) if args.wait_idle > 0 else None
+        idle = wait_until_idle(args.wait_idle) if args.wait_idle > 0 else None
         results.append(run_hf_continuous(model, requests, settings, num_threads=args.threads))
         results[-1].details["other_load_cpus_before"] = idle
     if len(results) == 2:  # both are greedy fp32 on the same inputs: report how far their outputs agree
