@@ -8,6 +8,7 @@ Changes:
   quantized        a GGUF model's own Q4_1/Q8_0 blocks for <= 64 rows (engine/native/quant_linear.c) vs skinny
   cpu-attention    the CPU attention path (engine/attention/cpu.py) vs the torch reference
   native-decode    the CPU path's compiled decode kernel (engine/native) vs its torch path
+  decode-split     that kernel attending contexts past 1,024 tokens in pieces vs whole
   layer-ops        fused residual-add + RMSNorm, rotary embedding and SiLU * up in C (engine/native) vs torch
 
     python -m bench.cpu_step_ab --change packed-weights [--model default] [--rounds 3] [--threads 1]
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cpu_step_ab", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "quantized",
-                                                       "cpu-attention", "native-decode", "layer-ops"))
+                                                       "cpu-attention", "native-decode", "decode-split", "layer-ops"))
     p.add_argument("--model", default="default")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
@@ -93,6 +94,18 @@ def _switch(engine, change: str):
             model.ops = native if on else TorchLayerOps()
 
         return use_layer_ops, ("torch ops", "fused")
+    if change == "decode-split":
+        from engine.native.paged_decode import NativePagedDecode
+
+        cpu = engine.runner.attn.decode.__self__
+        split, whole = cpu.native_decode, NativePagedDecode.load(split_tokens=1 << 30)
+        if split is None or whole is None:
+            raise SystemExit("decode-split: the compiled kernel is not in use here (see BATON_NATIVE_KERNELS, CC)")
+
+        def use_split(on: bool) -> None:
+            cpu.native_decode = split if on else whole
+
+        return use_split, ("whole", "pieces")
     if change == "native-decode":
         cpu = engine.runner.attn.decode.__self__
         kernel = cpu.native_decode

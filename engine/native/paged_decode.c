@@ -6,7 +6,10 @@
  * blocks two ahead prefetched, and keeps an online softmax (running max and sum, float32, as flash
  * decoding does) so K and V are each read exactly once and nothing is written but the output.
  * The G query heads that share a KV head are done together, so each K/V row is loaded once for
- * all of them. Tasks run on the caller's OpenMP runtime (torch's libgomp, loaded before this
+ * all of them. A context longer than SPLIT_TOKENS is cut into pieces attended as separate tasks and
+ * merged after (flash decoding's split-K): one long sequence has only kv_heads tasks, 3 for
+ * SmolLM2, which 2 threads run as 2 + 1. The cut depends on the sequence's length alone, so its
+ * result is the same floats in any batch and with any thread count; shorter ones are unchanged. Tasks run on the caller's OpenMP runtime (torch's libgomp, loaded before this
  * library: build.py), at most `num_threads` at once.
  *
  * Layout: k/v point at one layer's view [num_blocks, block_size, kv_heads, head_dim] with element
@@ -18,12 +21,18 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "vec_math.h"
 
 #define MAX_GROUP 8
 #define MAX_DV 8 /* head_dim / 16 */
 #define MAX_BLOCK 64
+/* Contexts past this many tokens are split into pieces attended in parallel (see below). */
+#ifndef SPLIT_TOKENS
+#define SPLIT_TOKENS 1024
+#endif
+#define MAX_PIECES 64
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
@@ -45,7 +54,8 @@ static inline __attribute__((always_inline)) void prefetch_block(const float *b,
  * for the common shapes (the accumulators then live in registers), called as is for the rest. */
 static inline __attribute__((always_inline)) void attend(
     const int G, const int DV, const float *q, const float *k, const float *v, int64_t block_stride,
-    int64_t token_stride, const int32_t *table, int len, int block_size, float scale, float *out) {
+    int64_t token_stride, const int32_t *table, int b0, int b1, int len, int block_size, float scale, float *out,
+    float *partial_ml) {
     v16 qv[MAX_GROUP][MAX_DV], acc[MAX_GROUP][MAX_DV];
     float m[MAX_GROUP], l[MAX_GROUP], p[MAX_GROUP][MAX_BLOCK];
     for (int g = 0; g < G; g++) {
@@ -56,13 +66,13 @@ static inline __attribute__((always_inline)) void attend(
             acc[g][j] = (v16){0};
         }
     }
-    const int nblocks = (len + block_size - 1) / block_size;
-    for (int b = 0; b < 2 && b < nblocks; b++) {
+    const int nblocks = b1;
+    for (int b = b0; b < b0 + 2 && b < nblocks; b++) {
         const int64_t at = (int64_t)table[b] * block_stride;
         prefetch_block(k + at, block_size, token_stride, DV);
         prefetch_block(v + at, block_size, token_stride, DV);
     }
-    for (int b = 0; b < nblocks; b++) {
+    for (int b = b0; b < nblocks; b++) {
         const int64_t at = (int64_t)table[b] * block_stride;
         const float *kb = k + at, *vb = v + at;
         const int n = len - b * block_size < block_size ? len - b * block_size : block_size;
@@ -103,6 +113,13 @@ static inline __attribute__((always_inline)) void attend(
                 for (int j = 0; j < DV; j++) acc[g][j] += p[g][i] * vr[j];
         }
     }
+    if (partial_ml) { /* one piece of a split sequence: unnormalised, with its max and sum */
+        for (int g = 0; g < G; g++) {
+            partial_ml[2 * g] = m[g], partial_ml[2 * g + 1] = l[g];
+            for (int j = 0; j < DV; j++) *(v16 *)(out + (g * DV + j) * 16) = acc[g][j];
+        }
+        return;
+    }
     for (int g = 0; g < G; g++) {
         const float inv = len > 0 ? 1.f / l[g] : 0.f;
         for (int j = 0; j < DV; j++) *(v16 *)(out + (g * DV + j) * 16) = acc[g][j] * inv;
@@ -110,8 +127,30 @@ static inline __attribute__((always_inline)) void attend(
 }
 
 static void attend_any(int G, int DV, const float *q, const float *k, const float *v, int64_t block_stride,
-                       int64_t token_stride, const int32_t *table, int len, int block_size, float scale, float *out) {
-    attend(G, DV, q, k, v, block_stride, token_stride, table, len, block_size, scale, out);
+                       int64_t token_stride, const int32_t *table, int b0, int b1, int len, int block_size, float scale,
+                       float *out, float *partial_ml) {
+    attend(G, DV, q, k, v, block_stride, token_stride, table, b0, b1, len, block_size, scale, out, partial_ml);
+}
+
+/* The pieces of a split sequence, in order, into one result: each piece's sums rescaled to the
+ * common max (flash decoding's reduction). acc and ml point at the first piece's values for this
+ * head group; the next piece's are `stride` heads further on. */
+static void merge_pieces(int G, int head_dim, int pieces, const float *acc, const float *ml, int64_t stride,
+                         float *out) {
+    for (int g = 0; g < G; g++) {
+        float mx = -INFINITY, sum = 0.f, w[MAX_PIECES];
+        for (int p = 0; p < pieces; p++) mx = ml[p * stride * 2 + 2 * g] > mx ? ml[p * stride * 2 + 2 * g] : mx;
+        for (int p = 0; p < pieces; p++) {
+            w[p] = expf(ml[p * stride * 2 + 2 * g] - mx);
+            sum += w[p] * ml[p * stride * 2 + 2 * g + 1];
+        }
+        const float inv = sum > 0 ? 1.f / sum : 0.f;
+        for (int d = 0; d < head_dim; d++) {
+            float o = 0.f;
+            for (int p = 0; p < pieces; p++) o += w[p] * acc[p * stride * head_dim + (int64_t)g * head_dim + d];
+            out[g * head_dim + d] = o * inv;
+        }
+    }
 }
 
 int baton_paged_decode_f32(const float *q, int64_t q_stride, const float *k, const float *v, int64_t block_stride,
@@ -119,29 +158,80 @@ int baton_paged_decode_f32(const float *q, int64_t q_stride, const float *k, con
                            const int32_t *seq_lens, int num_seqs, int num_heads, int kv_heads,
                            int head_dim, int block_size, float scale, float *out, int num_threads) {
     const int group = num_heads / kv_heads, dv = head_dim / 16;
-    if (num_heads % kv_heads || group > MAX_GROUP || head_dim % 16 || dv > MAX_DV || block_size > MAX_BLOCK)
+    if (num_heads % kv_heads || group > MAX_GROUP || head_dim % 16 || dv > MAX_DV || block_size > MAX_BLOCK ||
+        block_size < 1)
         return 1;
-    const int tasks = num_seqs * kv_heads;
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
-    for (int task = 0; task < tasks; task++) {
-        const int s = task / kv_heads, h = task % kv_heads;
-        const int64_t first = (int64_t)h * group * head_dim; /* the group's first query head */
-        const float *qs = q + s * q_stride + first, *kh = k + (int64_t)h * head_dim, *vh = v + (int64_t)h * head_dim;
-        float *o = out + (int64_t)s * num_heads * head_dim + first;
-        const int32_t *table = block_tables + (int64_t)s * bt_stride;
-        const int len = seq_lens[s];
-#define ATTEND(G, DV) attend(G, DV, qs, kh, vh, block_stride, token_stride, table, len, block_size, scale, o)
-        switch (group * 16 + dv) {
-        case 1 * 16 + 4: ATTEND(1, 4); break;
-        case 2 * 16 + 4: ATTEND(2, 4); break;
-        case 3 * 16 + 4: ATTEND(3, 4); break;
-        case 4 * 16 + 4: ATTEND(4, 4); break;
-        case 7 * 16 + 4: ATTEND(7, 4); break;
-        case 2 * 16 + 2: ATTEND(2, 2); break;
-        case 4 * 16 + 8: ATTEND(4, 8); break;
-        case 8 * 16 + 8: ATTEND(8, 8); break;
-        default: attend_any(group, dv, qs, kh, vh, block_stride, token_stride, table, len, block_size, scale, o);
+    /* Long contexts are cut into pieces of SPLIT_TOKENS (by length alone: a sequence gets the same
+     * floats whatever its batch-mates and the thread count), so one long sequence keeps every
+     * thread busy; its pieces are merged after. A sequence of one piece is attended as a whole. */
+    const int piece_blocks = SPLIT_TOKENS / block_size > 0 ? SPLIT_TOKENS / block_size : 1;
+    int *first_piece = malloc(sizeof(int) * (num_seqs + 1));
+    if (!first_piece) return 2;
+    first_piece[0] = 0;
+    int split = 0;
+    for (int s = 0; s < num_seqs; s++) {
+        const int nblocks = (seq_lens[s] + block_size - 1) / block_size;
+        int pieces = (nblocks + piece_blocks - 1) / piece_blocks;
+        if (pieces < 1) pieces = 1;
+        if (pieces > MAX_PIECES) pieces = MAX_PIECES; /* very long: fewer, longer pieces */
+        first_piece[s + 1] = first_piece[s] + pieces;
+        split |= pieces > 1;
+    }
+    const int total = first_piece[num_seqs];
+    float *piece_acc = 0, *piece_ml = 0; /* [piece][kv head][group][head_dim], [piece][kv head][group][2] */
+    if (split) {
+        piece_acc = malloc(sizeof(float) * (size_t)total * num_heads * head_dim);
+        piece_ml = malloc(sizeof(float) * (size_t)total * num_heads * 2);
+        if (!piece_acc || !piece_ml) {
+            free(first_piece), free(piece_acc), free(piece_ml);
+            return 2;
         }
     }
+    const int tasks = total * kv_heads;
+#pragma omp parallel num_threads(num_threads)
+    {
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < tasks; task++) {
+            const int piece = task / kv_heads, h = task % kv_heads;
+            int s = 0; /* the piece's sequence: first_piece is sorted */
+            for (int lo = 0, hi = num_seqs - 1; lo <= hi;) {
+                const int mid = (lo + hi) / 2;
+                if (first_piece[mid] <= piece) s = mid, lo = mid + 1; else hi = mid - 1;
+            }
+            const int pieces = first_piece[s + 1] - first_piece[s], p = piece - first_piece[s];
+            const int len = seq_lens[s], nblocks = (len + block_size - 1) / block_size;
+            const int b0 = (int)((int64_t)nblocks * p / pieces), b1 = (int)((int64_t)nblocks * (p + 1) / pieces);
+            const int64_t first = (int64_t)h * group * head_dim; /* the group's first query head */
+            const float *qs = q + s * q_stride + first, *kh = k + (int64_t)h * head_dim, *vh = v + (int64_t)h * head_dim;
+            float *o = pieces > 1 ? piece_acc + ((int64_t)piece * num_heads) * head_dim + first
+                                  : out + (int64_t)s * num_heads * head_dim + first;
+            float *ml = pieces > 1 ? piece_ml + ((int64_t)piece * num_heads + h * group) * 2 : 0;
+            const int32_t *table = block_tables + (int64_t)s * bt_stride;
+#define ATTEND(G, DV) attend(G, DV, qs, kh, vh, block_stride, token_stride, table, b0, b1, len, block_size, scale, o, ml)
+            switch (group * 16 + dv) {
+            case 1 * 16 + 4: ATTEND(1, 4); break;
+            case 2 * 16 + 4: ATTEND(2, 4); break;
+            case 3 * 16 + 4: ATTEND(3, 4); break;
+            case 4 * 16 + 4: ATTEND(4, 4); break;
+            case 7 * 16 + 4: ATTEND(7, 4); break;
+            case 2 * 16 + 2: ATTEND(2, 2); break;
+            case 4 * 16 + 8: ATTEND(4, 8); break;
+            case 8 * 16 + 8: ATTEND(8, 8); break;
+            default: attend_any(group, dv, qs, kh, vh, block_stride, token_stride, table, b0, b1, len, block_size, scale, o, ml);
+            }
+        }
+        if (split) {
+#pragma omp for schedule(dynamic, 1)
+            for (int task = 0; task < num_seqs * kv_heads; task++) {
+                const int s = task / kv_heads, h = task % kv_heads, p0 = first_piece[s];
+                const int pieces = first_piece[s + 1] - p0;
+                if (pieces < 2) continue;
+                merge_pieces(group, head_dim, pieces, piece_acc + ((int64_t)p0 * num_heads + h * group) * head_dim,
+                             piece_ml + ((int64_t)p0 * num_heads + h * group) * 2, num_heads,
+                             out + ((int64_t)s * num_heads + h * group) * head_dim);
+            }
+        }
+    }
+    free(first_piece), free(piece_acc), free(piece_ml);
     return 0;
 }

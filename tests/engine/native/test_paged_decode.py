@@ -29,6 +29,10 @@ MORE_CASES = {
     "mha_bs64": dict(heads=4, kv_heads=4, head_dim=64, block_size=64, lens=[64, 65, 300]),
     "one_token_rows": dict(heads=9, kv_heads=3, head_dim=64, block_size=16, lens=[1, 1, 1, 1, 1]),
     "long_ragged": dict(heads=9, kv_heads=3, head_dim=64, block_size=16, lens=[1500, 20, 777], layer=0),
+    # past 1,024 tokens a context is attended in pieces that are merged after
+    "split_one_long": dict(heads=9, kv_heads=3, head_dim=64, block_size=16, lens=[4100]),
+    "split_mixed_bs32": dict(heads=8, kv_heads=2, head_dim=128, block_size=32, lens=[3000, 1024, 1025, 9]),
+    "split_generic": dict(heads=10, kv_heads=2, head_dim=48, block_size=8, lens=[2600, 40]),
 }
 
 
@@ -57,6 +61,22 @@ def test_kernel_respects_the_thread_count(kernel):
     finally:
         torch.set_num_threads(before)
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)  # tasks are independent
+
+
+def test_a_long_context_gets_the_same_floats_in_any_batch_and_with_any_thread_count(kernel):
+    """Pieces are cut by the sequence's own length, so its result does not depend on its
+    batch-mates or on how many threads ran the pieces."""
+    q, kc, vc, bt, seq_lens, scale = decode_inputs(MORE_CASES["split_mixed_bs32"])
+    before = torch.get_num_threads()
+    try:
+        together = kernel(q, kc, vc, bt, seq_lens, scale)
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            for row in range(len(seq_lens)):
+                alone = kernel(q[row : row + 1], kc, vc, bt[row : row + 1], seq_lens[row : row + 1], scale)
+                assert torch.equal(alone[0], together[row])
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("change", ["bf16", "head_dim_40", "group_16", "int64_tables", "blocks_of_128"])
