@@ -9,6 +9,7 @@ Changes:
   cpu-attention    the CPU attention path (engine/attention/cpu.py) vs the torch reference
   native-decode    the CPU path's compiled decode kernel (engine/native) vs its torch path
   decode-split     that kernel attending contexts past 1,024 tokens in pieces vs whole
+  prefix-flash     a prefill chunk after a cached prefix as two flash calls merged by log-sum-exp vs one masked SDPA
   layer-ops        fused residual-add + RMSNorm, rotary embedding and SiLU * up in C (engine/native) vs torch
 
     python -m bench.cpu_step_ab --change packed-weights [--model default] [--rounds 3] [--threads 1]
@@ -26,22 +27,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cpu_step_ab", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "quantized",
-                                                       "cpu-attention", "native-decode", "decode-split", "layer-ops"))
+                                                       "cpu-attention", "native-decode", "decode-split", "prefix-flash",
+                                                       "layer-ops"))
     p.add_argument("--model", default="default")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rows", default="1,2,3,4,8,16,32")
     p.add_argument("--contexts", default="80,1040")
-    p.add_argument("--prompts", default="64,256,1024")
+    p.add_argument("--prompts", default="64,256,1024", help="T or T:C (T new tokens after C cached ones),...")
     p.add_argument("--ragged", default="16:64:1024", help="B:short:long,...: B - 1 short rows and one long")
     args = p.parse_args(argv)
 
     rows = [int(r) for r in args.rows.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
-    prompts = [int(t) for t in args.prompts.split(",")]
+    prompts = [tuple(int(x) for x in (t.split(":") + ["0"])[:2]) for t in args.prompts.split(",")]
     ragged = tuple(tuple(int(x) for x in r.split(":")) for r in args.ragged.split(",") if r)
     grid = Grid(decode=tuple((b, n) for b in rows for n in contexts), ragged=ragged,
-                prefill=tuple((t, 0) for t in prompts), mixed=(), repeats=2, max_point_s=30.0)
+                prefill=tuple(prompts), mixed=(), repeats=2, max_point_s=30.0)
     engine = engine_for_grid(args.model, grid, args.threads)
     switch, names = _switch(engine, args.change)
     timer = StepTimer(engine, grid)
@@ -62,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         ab(f"decode {b} x {n}", lambda: timer.decode([n] * b))
     for b, short, long in ragged:
         ab(f"decode {b - 1} x {short} + 1 x {long}", lambda: timer.decode([short] * (b - 1) + [long]))
-    for tokens in prompts:
-        ab(f"prefill {tokens}", lambda: timer.prefill(tokens, 0))
+    for tokens, cached in prompts:
+        ab(f"prefill {tokens}" + (f" after {cached} cached" if cached else ""), lambda: timer.prefill(tokens, cached))
     switch(True)
     return 0
 
@@ -106,6 +108,17 @@ def _switch(engine, change: str):
             cpu.native_decode = split if on else whole
 
         return use_split, ("whole", "pieces")
+    if change == "prefix-flash":
+        import engine.attention.cpu as cpu_attention
+
+        flash = cpu_attention._FLASH_WITH_LSE
+        if flash is None:
+            raise SystemExit("prefix-flash: this torch has no CPU flash attention op with log-sum-exp")
+
+        def use_flash(on: bool) -> None:
+            cpu_attention._FLASH_WITH_LSE = flash if on else None
+
+        return use_flash, ("masked SDPA", "two flash calls")
     if change == "native-decode":
         cpu = engine.runner.attn.decode.__self__
         kernel = cpu.native_decode

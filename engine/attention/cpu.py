@@ -76,6 +76,8 @@ class CpuPagedAttention:
             qs = q[q_start:q_end].transpose(0, 1).unsqueeze(0)  # [1, nh, q_len, D]
             if ctx_len == q_len:
                 o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
+            elif _FLASH_WITH_LSE is not None:
+                o = _prefix_then_chunk(qs, ks, vs, ctx_len - q_len, scale)
             else:
                 # Query i sits at context position (ctx_len - q_len + i) and sees keys up to it.
                 qpos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
@@ -112,6 +114,23 @@ class CpuPagedAttention:
                 plan.append(DecodeGroup(torch.tensor(rows, device=seq_lens.device), num_blocks, mask[:, None, None, :]))
             self._plan, self._plan_seq_lens, self._plan_key = plan, seq_lens.clone(), (max_blocks, block_size)
         return plan
+
+
+# torch's CPU flash attention, which also returns each query's log-sum-exp (private, so looked up
+# once: without it, a chunk after a cached prefix takes the masked SDPA below).
+_FLASH_WITH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _prefix_then_chunk(q, k, v, prefix: int, scale: float) -> torch.Tensor:
+    """A chunk's queries over [cached prefix, the chunk itself]: the prefix unmasked and the chunk
+    causally, as two flash calls merged by their log-sum-exps, instead of one SDPA call with a
+    [q_len, ctx_len] mask, which torch runs at half the rate (a 2,048-token chunk after 1,024 cached
+    tokens: 93 vs 143 ms a layer). q: [1, heads, q_len, D]; k, v: [1, kv_heads, ctx_len, D]."""
+    o1, lse1 = _FLASH_WITH_LSE(q, k[:, :, :prefix], v[:, :, :prefix], 0.0, False, scale=scale)
+    o2, lse2 = _FLASH_WITH_LSE(q, k[:, :, prefix:], v[:, :, prefix:], 0.0, True, scale=scale)
+    top = torch.maximum(lse1, lse2)
+    w1, w2 = torch.exp(lse1 - top).unsqueeze(-1), torch.exp(lse2 - top).unsqueeze(-1)
+    return (o1 * w1 + o2 * w2) / (w1 + w2)
 
 
 @dataclass(frozen=True, slots=True)

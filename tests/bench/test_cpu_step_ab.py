@@ -21,3 +21,15 @@ def test_decode_split_runs_both_arms(capsys):
 def test_a_change_this_model_cannot_make_is_refused():
     with pytest.raises(SystemExit, match="no GGUF blocks"):  # tiny is not a GGUF model
         main(["--change", "quantized", *ARGS])
+
+
+def test_prefill_after_a_cached_prefix(capsys):
+    import engine.attention.cpu as cpu_attention
+
+    if cpu_attention._FLASH_WITH_LSE is None:
+        pytest.skip("this torch has no CPU flash attention op with log-sum-exp")
+    args = [a if a != "16" else "16:32,8" for a in ARGS]  # --prompts T:C and T
+    assert main(["--change", "prefix-flash", *args]) == 0
+    out = capsys.readouterr().out
+    assert "| prefill 16 after 32 cached | " in out and "| prefill 8 | " in out
+    assert cpu_attention._FLASH_WITH_LSE is not None  # left on

@@ -84,3 +84,19 @@ def test_length_groups_partition_the_rows_and_cover_their_lengths():
         else:  # grouping only when it saves padded work
             assert sum(len(g) * w for g, w in groups) < len(blocks) * max(blocks)
     assert len(length_groups([7] * 40, 7)) == 1
+
+
+@pytest.mark.parametrize("without_lse_op", [False, True])
+def test_a_chunk_after_a_cached_prefix_matches_the_reference_either_way(monkeypatch, without_lse_op):
+    """Chunks after a prefix go through two flash calls merged by log-sum-exp where torch has the
+    op, and a masked SDPA where it has not: both are the reference's attention."""
+    import engine.attention.cpu as cpu
+
+    if without_lse_op:
+        monkeypatch.setattr(cpu, "_FLASH_WITH_LSE", None)
+    elif cpu._FLASH_WITH_LSE is None:
+        pytest.skip("this torch has no CPU flash attention op with log-sum-exp")
+    case = dict(heads=9, kv_heads=3, head_dim=64, block_size=16, q_lens=[300, 1, 17], ctx=[1100, 50, 17])
+    args = prefill_inputs(case)
+    torch.testing.assert_close(CpuPagedAttention().prefill(*args), ref.paged_prefill_attention(*args),
+                               rtol=1e-5, atol=1e-5)
