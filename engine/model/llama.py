@@ -149,6 +149,7 @@ class LlamaModel:
             parts[layer.o] = [a + "o_proj.weight"]
             parts[layer.gate_up] = [m + "gate_proj.weight", m + "up_proj.weight"]
             parts[layer.down] = [m + "down_proj.weight"]
+        attached = 0
         for proj, names in parts.items():
             found = [blocks[name] for name in names if name in blocks]
             fused = QuantizedWeight.cat(found) if len(found) == len(names) else None
@@ -161,6 +162,9 @@ class LlamaModel:
                                          f"the weights in the model directory (row {row}); delete the directory "
                                          "to re-import it")
             proj.quantized = fused
+            attached += 1
+        if not attached:  # no set of blocks fits a projection (another model's, or incomplete fused parts)
+            return False
         self.set_projections("quantized")
         return True
 

@@ -159,3 +159,15 @@ def test_gguf_blocks_give_the_skinny_logits_bit_for_bit(tied):
     assert all(torch.equal(a, model.compute_logits(x[:rows])) for a, rows in zip(quantized, (1, 5, 64)))
     model.set_projections("quantized")
     assert model.lm_head.quant is model.quant_kernel  # the head's blocks survived the packed detour
+
+
+def test_blocks_that_fit_no_projection_leave_the_mode_alone():
+    from engine.native.quant_linear import NativeQuantLinear, QuantizedWeight
+
+    model = _tiny_model(False)
+    if model.projection_mode != "skinny" or NativeQuantLinear.load() is None:
+        pytest.skip("the quantized mode needs the skinny and quantized kernels (Intel AVX-512)")
+    only_q = {"model.layers.0.self_attn.q_proj.weight": QuantizedWeight(torch.zeros(256, 160, dtype=torch.uint8), "Q4_1")}
+    assert not model.attach_quantized(only_q, "blocks.safetensors")  # k and v missing: the fused qkv cannot take it
+    assert not model.attach_quantized({}, "blocks.safetensors")
+    assert model.projection_mode == "skinny"
