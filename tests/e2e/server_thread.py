@@ -4,6 +4,9 @@ tests can talk to its real HTTP and gRPC servers with real clients."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import faulthandler
+import sys
 import threading
 
 from baton.config import BatonConfig
@@ -38,7 +41,20 @@ class ServerThread:
         return self
 
     def call(self, coro, timeout: float = 120.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            self._dump_stacks()
+            raise
+
+    def _dump_stacks(self) -> None:
+        """A call that timed out: where every thread and every task of the server's loop stands."""
+        print("\n=== server call timed out: threads ===", file=sys.stderr)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        print("=== the server loop's tasks ===", file=sys.stderr)
+        for task in asyncio.all_tasks(self.loop):
+            task.print_stack(limit=12, file=sys.stderr)
 
     @property
     def http(self) -> str:

@@ -308,15 +308,16 @@ def test_durable_batch_lane_survives_a_router_restart(srv, tiny_model_dir):
     srv.call(srv.server.crash_router())
     concurrent.futures.wait(futures, timeout=30)
     srv.call(srv.server.restart_router("router-1", job_idle_ms=1500))
-    results = {}
+    results, last = {}, {}
     deadline = time.monotonic() + 90
     while len(results) < 4 and time.monotonic() < deadline:
         for i in range(4):
             r = httpx.get(f"{srv.http}/v1/batches/durable-{i}", headers=h)
+            last[i] = (r.status_code, r.json())
             if r.status_code == 200 and r.json()["status"] == "done":
                 results[i] = r.json()["result"]
         time.sleep(0.2)
-    assert len(results) == 4, results
+    assert len(results) == 4, {i: last[i] for i in range(4) if i not in results}
     for i in range(4):
         assert list(results[i]["token_ids"]) == want[i]
     drained(srv, timeout=20)  # the dead router's orphaned requests were aborted by the decode worker
