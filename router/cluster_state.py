@@ -24,6 +24,7 @@ from router.state.journal import BatchJournal
 from router.state.prefix_index import LocalPrefixIndex, RedisPrefixIndex
 from router.state.rate_limit import LocalRateLimiter, RateLimiter, TenantLimits
 from router.state.registry import WorkerRegistry
+from router.task_stop import stop_tasks
 
 if TYPE_CHECKING:
     from router.router import Router
@@ -79,9 +80,7 @@ class ClusterState:
             self._tasks.append(asyncio.create_task(self._heartbeats(router), name="redis-heartbeats"))
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_tasks(self._tasks, "cluster state")
         if self.registry is not None:
             try:
                 await self.registry.remove(self.router_id)

@@ -27,6 +27,7 @@ from engine.sampling_params import SamplingParams
 from router.api import ErrorKind, GenerationResult, RouterError, StreamEvent, Usage
 from router.state.connection import StateUnavailable
 from router.state.journal import BatchJournal, ClaimedJob
+from router.task_stop import stop_tasks
 
 if TYPE_CHECKING:
     from router.router import Router
@@ -107,7 +108,10 @@ class DurableBatch:
     # -- the consumer ------------------------------------------------------------------------------
     async def run(self) -> None:
         last_touch = time.monotonic()
-        while True:
+        # Ends on stop() as well as on cancel: a cancellation can be lost inside a Redis call on the
+        # way out (seen once Redis had gone away and come back: the task stayed "cancelling" at its
+        # poll sleep, looping), and the router's shutdown then waited for it forever.
+        while not self._stopping:
             try:
                 room = self.router.lane_room(durable=True)
                 if room > 0 and not self._stopping and not self.router.draining:
@@ -130,13 +134,7 @@ class DurableBatch:
         requests are aborted or its dispatcher fails their streams: those endings are this
         replica's, not the jobs'."""
         self._stopping = True
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        if tasks:  # bounded: a stopping router must not hang on a job that is slow to notice
-            _, late = await asyncio.wait(tasks, timeout=5.0)
-            if late:
-                log.warning("%d batch job(s) still unwinding after stop; they stay pending in the journal", len(late))
+        await stop_tasks(self._tasks, "durable batch jobs (they stay pending in the journal)")
 
     async def _run_job(self, claimed: ClaimedJob) -> None:
         job = claimed.job

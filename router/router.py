@@ -46,6 +46,7 @@ from router.prompt_input import request_fingerprint, tokenize_request
 from router.router_stream import ReplayStream, RequestContext, RouterStream, with_deadline
 from router.state.connection import StateUnavailable
 from router.stream import RequestStream
+from router.task_stop import stop_tasks
 from router.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -124,9 +125,7 @@ class Router:
     async def stop(self) -> None:
         if self.batch is not None:
             await self.batch.stop()
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_tasks(self._tasks, "router")
         await self.state.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
