@@ -60,6 +60,12 @@ static inline void dequant_q8_0(const uint8_t *block, float *dst) {
     _mm512_storeu_ps(dst, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0)));
     _mm512_storeu_ps(dst + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q1)));
 }
+static inline void dequant_block(int qtype, const uint8_t *block, float *dst) {
+    if (qtype == GGML_Q4_1)
+        dequant_q4_1(block, dst);
+    else
+        dequant_q8_0(block, dst);
+}
 #else
 #define QUANT_TUNED 0
 #endif
@@ -77,10 +83,7 @@ int baton_quant_dequantize(const uint8_t *wq, int qtype, float *out, int N, int 
     const int bb = block_bytes(qtype), blocks = K / QK;
     if (!bb || K % QK != 0) return 1;
     for (int64_t b = 0; b < (int64_t)N * blocks; b++) {
-        if (qtype == GGML_Q4_1)
-            dequant_q4_1(wq + b * bb, out + b * QK);
-        else
-            dequant_q8_0(wq + b * bb, out + b * QK);
+        dequant_block(qtype, wq + b * bb, out + b * QK);
     }
     return 0;
 #else
@@ -97,13 +100,11 @@ int baton_quant_linear_f32(const float *x, int64_t x_stride, const uint8_t *wq, 
     if (!bb || K % QK != 0 || M < 1 || N < 1) return 1;
     const int64_t row_bytes = (int64_t)(K / QK) * bb;
     const int groups = (N + NB - 1) / NB, chunks = (K + KC - 1) / KC;
-    if (num_threads > groups) num_threads = groups;
-    if (num_threads < 1) num_threads = 1;
-#pragma omp parallel num_threads(num_threads)
+#pragma omp parallel num_threads(threads_for(groups, num_threads))
     {
         float buf[NB * KC] __attribute__((aligned(64))); /* NB rows of one chunk, KC apart: 24 KiB of L1 */
-        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int g0 = (int)((int64_t)groups * t / nt), g1 = (int)((int64_t)groups * (t + 1) / nt);
+        int g0, g1;
+        thread_groups(groups, &g0, &g1);
         for (int g = g0; g < g1; g++) {
             const int n0 = g * NB, nb = N - n0 < NB ? N - n0 : NB;
             for (int c = 0; c < chunks; c++) {
@@ -112,10 +113,7 @@ int baton_quant_linear_f32(const float *x, int64_t x_stride, const uint8_t *wq, 
                     const uint8_t *src = wq + (int64_t)(n0 + j) * row_bytes + (int64_t)(k0 / QK) * bb;
                     __builtin_prefetch(src + NB * row_bytes, 0, 1); /* the next group's rows, same chunk */
                     for (int b = 0; b < kc / QK; b++) {
-                        if (qtype == GGML_Q4_1)
-                            dequant_q4_1(src + b * bb, buf + j * KC + b * QK);
-                        else
-                            dequant_q8_0(src + b * bb, buf + j * KC + b * QK);
+                        dequant_block(qtype, src + b * bb, buf + j * KC + b * QK);
                         if ((b * bb) % 64 < bb) __builtin_prefetch(src + b * bb + NB * row_bytes + 64, 0, 1);
                     }
                 }

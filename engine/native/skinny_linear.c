@@ -32,13 +32,10 @@ int baton_skinny_linear_f32(const float *x, int64_t x_stride, const float *w, co
                             int64_t out_stride, int M, int N, int K, int num_threads) {
     if (K % 16 != 0 || M < 1 || N < 1) return 1;
     const int groups = (N + NB - 1) / NB, chunks = (K + KC - 1) / KC;
-    if (num_threads > groups) num_threads = groups;
-    if (num_threads < 1) num_threads = 1;
-#pragma omp parallel num_threads(num_threads)
+#pragma omp parallel num_threads(threads_for(groups, num_threads))
     {
-        /* Contiguous weight rows per thread: each streams its own part of w once. */
-        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int g0 = (int)((int64_t)groups * t / nt), g1 = (int)((int64_t)groups * (t + 1) / nt);
+        int g0, g1;
+        thread_groups(groups, &g0, &g1);
         for (int g = g0; g < g1; g++) {
             const int n0 = g * NB, nb = N - n0 < NB ? N - n0 : NB;
             for (int c = 0; c < chunks; c++) {

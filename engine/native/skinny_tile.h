@@ -4,6 +4,7 @@
  * same floats, bit for bit. */
 #ifndef BATON_SKINNY_TILE_H
 #define BATON_SKINNY_TILE_H
+#include <omp.h>
 #include <stdint.h>
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
@@ -105,5 +106,17 @@ static inline void chunk_tiles(int M, int nb, const float *x, int64_t x_stride, 
         any_tile(mb, nb, x + m0 * x_stride, x_stride, w, w_stride, kc, bias, accumulate, out + m0 * out_stride,
                  out_stride, next, next_rows, next_len, r, tiles);
     }
+}
+/* Threads for `groups` groups of NB weight rows: at most one a group, at least one. */
+static inline int threads_for(int groups, int num_threads) {
+    if (num_threads > groups) num_threads = groups;
+    return num_threads < 1 ? 1 : num_threads;
+}
+
+/* The calling OpenMP thread's contiguous range [*g0, *g1) of the groups: each thread streams its
+ * own part of the weight once. */
+static inline void thread_groups(int groups, int *g0, int *g1) {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    *g0 = (int)((int64_t)groups * t / nt), *g1 = (int)((int64_t)groups * (t + 1) / nt);
 }
 #endif
