@@ -9,7 +9,8 @@ Changes:
   cpu-attention    the CPU attention path (engine/attention/cpu.py) vs the torch reference
   native-decode    the CPU path's compiled decode kernel (engine/native) vs its torch path
   decode-split     that kernel attending contexts past 1,024 tokens in pieces vs whole
-  prefix-flash     a prefill chunk after a cached prefix as two flash calls merged by log-sum-exp vs one masked SDPA
+  native-prefill   the CPU path's compiled prefill kernel (engine/native/paged_prefill.c) vs its torch path
+  prefix-flash     (torch path) a chunk after a cached prefix as two flash calls merged by log-sum-exp vs one masked SDPA
   layer-ops        fused residual-add + RMSNorm, rotary embedding and SiLU * up in C (engine/native) vs torch
 
     python -m bench.cpu_step_ab --change packed-weights [--model default] [--rounds 3] [--threads 1]
@@ -27,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cpu_step_ab", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "quantized",
-                                                       "cpu-attention", "native-decode", "decode-split", "prefix-flash",
+                                                       "cpu-attention", "native-decode", "native-prefill", "decode-split",
+                                                       "prefix-flash",
                                                        "layer-ops"))
     p.add_argument("--model", default="default")
     p.add_argument("--rounds", type=int, default=3)
@@ -114,11 +116,22 @@ def _switch(engine, change: str):
         flash = cpu_attention._FLASH_WITH_LSE
         if flash is None:
             raise SystemExit("prefix-flash: this torch has no CPU flash attention op with log-sum-exp")
+        engine.runner.attn.prefill.__self__.native_prefill = None  # the torch path is what is compared
 
         def use_flash(on: bool) -> None:
             cpu_attention._FLASH_WITH_LSE = flash if on else None
 
         return use_flash, ("masked SDPA", "two flash calls")
+    if change == "native-prefill":
+        cpu = engine.runner.attn.prefill.__self__
+        kernel = cpu.native_prefill
+        if kernel is None:
+            raise SystemExit("native-prefill: the compiled kernel is not in use here (see BATON_NATIVE_KERNELS, CC)")
+
+        def use_prefill_kernel(on: bool) -> None:
+            cpu.native_prefill = kernel if on else None
+
+        return use_prefill_kernel, ("torch path", "native")
     if change == "native-decode":
         cpu = engine.runner.attn.decode.__self__
         kernel = cpu.native_decode

@@ -38,12 +38,13 @@ class ModelRunner:
         if so.is_empty:
             return RunnerOutput([], [])
         inputs = self.batch.prepare(so)
-        hidden = self.model.forward(
+        hidden = self.model.forward(  # the sampled rows' hidden states only
             self._tensor(inputs.input_ids),
             self._tensor(inputs.positions),
             self.kv_cache,
             self._metadata(inputs),
             self.attn,
+            keep=self._tensor(inputs.logits_indices.astype(np.int64, copy=False)),
         )
         if not len(inputs.logits_indices):
             return RunnerOutput([], [])
@@ -51,7 +52,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _sample(self, hidden: torch.Tensor, inputs: StepInputs) -> RunnerOutput:
-        logits = self.model.compute_logits(hidden[self._tensor(inputs.logits_indices)])
+        logits = self.model.compute_logits(hidden)
         batch = self.batch
         rows = inputs.sample_rows
         params = [batch.params[r] for r in rows.tolist()]

@@ -12,6 +12,7 @@ import torch
 from engine.attention import reference
 from engine.attention.cpu import CpuPagedAttention
 from engine.native.paged_decode import NativePagedDecode
+from engine.native.paged_prefill import NativePagedPrefill
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ def select_backend(device: torch.device, requested: str = "auto") -> AttentionBa
     use_triton = requested == "triton" or (requested == "auto" and device.type == "cuda")
     if not use_triton:
         if device.type == "cpu":
-            cpu = CpuPagedAttention(NativePagedDecode.load())  # owns reused buffers: one per runner
+            cpu = CpuPagedAttention(NativePagedDecode.load(), NativePagedPrefill.load())  # owns reused buffers: one per runner
             return AttentionBackend("torch", cpu.write_kv, cpu.decode, cpu.prefill)
         return AttentionBackend("torch", reference.write_kv, reference.paged_decode_attention, reference.paged_prefill_attention)
     try:

@@ -10,6 +10,8 @@ lengths are attended in groups padded to their own longest row (``decode_groups.
 
 Where a C compiler is at hand, fp32 decode skips all of that: a native kernel
 (``engine/native/paged_decode.c``) reads each sequence's blocks where they lie, once, with no padding.
+Prefill likewise: ``engine/native/paged_prefill.c`` attends all of a step's chunks in one call
+instead of one SDPA call (or two, after a cached prefix) per sequence per layer.
 
 One instance per runner (it owns the buffers; the runner's stepping thread is its only caller).
 """
@@ -23,12 +25,15 @@ import torch.nn.functional as F
 
 from engine.attention.decode_groups import length_groups
 from engine.native.paged_decode import NativePagedDecode
+from engine.native.paged_prefill import NativePagedPrefill
 
 
 class CpuPagedAttention:
-    def __init__(self, native_decode: NativePagedDecode | None = None) -> None:
-        """``native_decode``: the compiled decode kernel, used for every call it supports."""
+    def __init__(self, native_decode: NativePagedDecode | None = None,
+                 native_prefill: NativePagedPrefill | None = None) -> None:
+        """``native_decode``, ``native_prefill``: the compiled kernels, used for every call they support."""
         self.native_decode = native_decode
+        self.native_prefill = native_prefill
         self._buffer: torch.Tensor | None = None
         self._plan: list[DecodeGroup] | None = None
         self._plan_seq_lens: torch.Tensor | None = None
@@ -62,6 +67,9 @@ class CpuPagedAttention:
         return out.view(num_seqs, num_heads, head_dim)
 
     def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale) -> torch.Tensor:
+        native = self.native_prefill
+        if native is not None and native.supports(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens):
+            return native(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale)
         kv_heads, head_dim, block_size = k_cache.shape[2], k_cache.shape[3], k_cache.shape[1]
         out = torch.empty_like(q)
         cu = cu_seqlens_q.tolist()

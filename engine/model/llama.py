@@ -177,14 +177,27 @@ class LlamaModel:
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         attn: AttentionBackend,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions: [T]. kv_cache: [blocks, layers, 2, block, kv_heads, head_dim]. -> [T, hidden]."""
+        """input_ids, positions: [T]. kv_cache: [blocks, layers, 2, block, kv_heads, head_dim]. -> [T, hidden],
+        or with ``keep`` (row indices, ascending) only those rows' hidden states: the last layer still
+        writes every row's K/V (later tokens attend to them), but its output projection and MLP run for
+        the kept rows alone. A prefill chunk needs only its last row, for sampling: this skips 84% of
+        the last layer's multiply-adds for the rest (2.8% of a prefill step on SmolLM2)."""
         eps, norm = self.cfg.rms_norm_eps, self.ops.add_rms_norm
         h = F.embedding(input_ids, self.embed)  # the residual stream, updated in place by each norm
         delta = None  # each block's output, added into h by the next norm
+        last = len(self.layers) - 1
+        if keep is not None and len(keep) == input_ids.shape[0]:
+            keep = None  # every row (a decode step): nothing to skip
         for n, layer in enumerate(self.layers):
             x = norm(h, delta, layer.ln1, eps)
-            delta = self._attention(x, positions, kv_cache[:, n, 0], kv_cache[:, n, 1], layer, meta, attn)
+            rows = keep if n == last else None
+            delta = self._attention(x, positions, kv_cache[:, n, 0], kv_cache[:, n, 1], layer, meta, attn, rows)
+            if rows is not None:
+                if not len(rows):
+                    return h[:0]
+                h = h.index_select(0, rows)
             x = norm(h, delta, layer.ln2, eps)
             delta = layer.down(self.ops.silu_mul(layer.gate_up(x)))
         return norm(h, delta, self.norm, eps)
@@ -198,10 +211,14 @@ class LlamaModel:
         layer: DecoderLayer,
         meta: AttentionMetadata,
         attn: AttentionBackend,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The attention block's output for every row, or for ``rows`` only (every row's K/V is written)."""
         t = x.shape[0]
         q, k, v = self.ops.rotate_qkv(layer.qkv(x), positions, self.rope, self.num_heads, self.num_kv_heads, self.head_dim)
         attn.write_kv(k_cache, v_cache, k, v, meta.slot_block, meta.slot_offset)
+        if rows is not None and not len(rows):
+            return x[:0]
         nd = meta.num_decode_tokens
         if meta.num_prefill_tokens == 0:
             out = attn.decode(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale)
@@ -216,7 +233,8 @@ class LlamaModel:
                 q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens,
                 self.scale,
             )
-        return layer.o(out.view(t, self.q_size))
+        out = out.view(t, self.q_size)
+        return layer.o(out if rows is None else out.index_select(0, rows))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
