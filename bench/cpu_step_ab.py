@@ -10,6 +10,7 @@ Changes:
   native-decode    the CPU path's compiled decode kernel (engine/native) vs its torch path
   decode-split     that kernel attending contexts past 1,024 tokens in pieces vs whole
   native-prefill   the CPU path's compiled prefill kernel (engine/native/paged_prefill.c) vs its torch path
+  sampled-rows     the last layer's output projection and MLP for the sampling rows only vs every row
   prefix-flash     (torch path) a chunk after a cached prefix as two flash calls merged by log-sum-exp vs one masked SDPA
   layer-ops        fused residual-add + RMSNorm, rotary embedding and SiLU * up in C (engine/native) vs torch
 
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cpu_step_ab", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "quantized",
-                                                       "cpu-attention", "native-decode", "native-prefill", "decode-split",
+                                                       "cpu-attention", "native-decode", "native-prefill", "sampled-rows", "decode-split",
                                                        "prefix-flash",
                                                        "layer-ops"))
     p.add_argument("--model", default="default")
@@ -122,6 +123,18 @@ def _switch(engine, change: str):
             cpu_attention._FLASH_WITH_LSE = flash if on else None
 
         return use_flash, ("masked SDPA", "two flash calls")
+    if change == "sampled-rows":
+        model = engine.runner.model
+        keeping = model.forward
+
+        def every_row(*args, keep=None, **kwargs):
+            hidden = keeping(*args, **kwargs)
+            return hidden if keep is None else hidden[keep]
+
+        def use_keep(on: bool) -> None:
+            model.forward = keeping if on else every_row
+
+        return use_keep, ("every row", "sampled rows")
     if change == "native-prefill":
         cpu = engine.runner.attn.prefill.__self__
         kernel = cpu.native_prefill

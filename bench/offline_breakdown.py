@@ -3,11 +3,13 @@ bucketed by kind (prefill-carrying steps, decode steps by batch size), and the t
 the projections (every ``Linear`` call: the GEMMs, the head included) against the whole run.
 
     python -m bench.offline_breakdown [--model default|tiny|PATH] [--workload anyscale-cpu] [--json]
-        [--budget 2048] [--order arrival|longest-output-first]
+        [--budget 2048] [--order arrival|longest-output-first] [--no-prefill-kernel]
 
 ``--budget`` is the scheduler's token budget per step; ``--order longest-output-first`` submits the
 requests by decreasing output length (all arrive at t = 0, so the queue takes them in that order): a
 what-if for the schedule, since with EOS ignored a request's max_tokens is its exact output length.
+``--no-prefill-kernel`` runs prefill attention on the CPU path's torch code instead of the compiled
+kernel (an A/B of engine/native/paged_prefill.c over the whole run).
 
 The projection timer wraps ``Linear.__call__`` for this process only (CPU: the calls are synchronous).
 """
@@ -33,7 +35,7 @@ ORDERS = ("arrival", "longest-output-first")
 
 
 def run(model: str = "default", workload: str = "anyscale-cpu", threads: int | None = None, budget: int = 2048,
-        order: str = "arrival") -> dict:
+        order: str = "arrival", prefill_kernel: bool = True) -> dict:
     from bench.offline import _warmup, model_and_workload
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
     from engine.engine import LLMEngine
@@ -45,6 +47,8 @@ def run(model: str = "default", workload: str = "anyscale-cpu", threads: int | N
     model_dir, requests = model_and_workload(model, workload, None)
     engine = LLMEngine(EngineConfig(model=str(model_dir), num_threads=threads, cache=CacheConfig(),
                                     scheduler=SchedulerConfig(max_num_batched_tokens=budget)))
+    if not prefill_kernel:
+        engine.runner.attn.prefill.__self__.native_prefill = None
     if order == "longest-output-first":
         requests = sorted(requests, key=lambda r: -r.max_tokens)
     _warmup(engine)
@@ -73,7 +77,8 @@ def run(model: str = "default", workload: str = "anyscale-cpu", threads: int | N
         linear.Linear.__call__ = real_call
     output_tokens = sum(r.max_tokens for r in requests)
     return {
-        "model": model, "workload": workload, "budget": budget, "order": order, "seconds": total, "tok_s": output_tokens / total,
+        "model": model, "workload": workload, "budget": budget, "order": order, "prefill_kernel": prefill_kernel,
+        "seconds": total, "tok_s": output_tokens / total,
         "projection_seconds": in_projections[0],
         "steps": {k: {"steps": len(steps[k]), "seconds": sum(steps[k]),
                       "ms_per_step": 1e3 * sum(steps[k]) / len(steps[k]) if steps[k] else 0.0} for k in BUCKETS},
@@ -87,9 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--budget", type=int, default=2048, help="max_num_batched_tokens")
     p.add_argument("--order", choices=ORDERS, default="arrival")
+    p.add_argument("--no-prefill-kernel", action="store_true", help="prefill attention on the torch path")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    r = run(args.model, args.workload, args.threads, args.budget, args.order)
+    r = run(args.model, args.workload, args.threads, args.budget, args.order, not args.no_prefill_kernel)
     if args.json:
         print(json.dumps(r, indent=2))
         return 0

@@ -33,3 +33,28 @@ def test_prefill_after_a_cached_prefix(capsys):
     out = capsys.readouterr().out
     assert "| prefill 16 after 32 cached | " in out and "| prefill 8 | " in out
     assert cpu_attention._FLASH_WITH_LSE is not None  # left on
+
+
+@pytest.mark.skipif(NativePagedDecode.load() is None, reason="no compiled kernels here")
+def test_native_prefill_switches_the_kernel_and_leaves_it_on(capsys):
+    from bench.cpu_step_ab import _switch
+    from bench.profile.measure import Grid, engine_for_grid
+
+    engine = engine_for_grid("tiny", Grid(decode=((1, 40),), ragged=(), prefill=((16, 0),), mixed=(), repeats=1,
+                                          max_point_s=5.0), 1)
+    cpu = engine.runner.attn.prefill.__self__
+    kernel = cpu.native_prefill
+    assert kernel is not None
+    switch, names = _switch(engine, "native-prefill")
+    assert names == ("torch path", "native")
+    switch(False)
+    assert cpu.native_prefill is None
+    switch(True)
+    assert cpu.native_prefill is kernel
+    assert main(["--change", "native-prefill", *ARGS]) == 0
+    assert "| prefill 16 | " in capsys.readouterr().out
+
+
+def test_sampled_rows_runs_both_arms(capsys):
+    assert main(["--change", "sampled-rows", *ARGS]) == 0
+    assert "| step | every row ms | sampled rows ms | speed-up |" in capsys.readouterr().out

@@ -30,3 +30,8 @@ def test_the_schedule_what_ifs(tiny_model_dir):
     assert (r["budget"], r["order"]) == (16, "longest-output-first") and r["tok_s"] > 0
     with pytest.raises(ValueError, match="order must be one of"):
         run(str(tiny_model_dir), "anyscale-cpu-small", order="shortest")
+
+
+def test_prefill_on_the_torch_path(tiny_model_dir):
+    r = run(str(tiny_model_dir), "anyscale-cpu-small", prefill_kernel=False)
+    assert r["prefill_kernel"] is False and r["tok_s"] > 0
