@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Callable
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,19 +39,27 @@ def main(argv: list[str] | None = None) -> int:
     q = torch.randn(args.seqs, heads, head_dim, generator=gen)
     kv_bytes = args.seqs * args.context * layers * 2 * kv_heads * head_dim * 4
     arms = {"torch path": CpuPagedAttention().decode, "native": kernel}
-    best = {name: float("inf") for name in arms}
-    for _ in range(args.repeats):  # arms alternate, so a slow spell of the machine falls on both
-        for name, attend in arms.items():
-            t = time.perf_counter()
-            for n in range(layers):
-                attend(q, kv[:, n, 0], kv[:, n, 1], tables, seq_lens, head_dim**-0.5)
-            best[name] = min(best[name], time.perf_counter() - t)
+    best = best_of_alternating(
+        {name: lambda attend=attend: [attend(q, kv[:, n, 0], kv[:, n, 1], tables, seq_lens, head_dim**-0.5)
+                                      for n in range(layers)] for name, attend in arms.items()}, args.repeats)
     print(f"{args.seqs} sequences x {args.context} tokens, {layers} layers ({kv_bytes / 1e9:.2f} GB of KV), "
           f"{args.threads} thread(s), best of {args.repeats}")
     for name, seconds in best.items():
         print(f"  {name:10s} {seconds * 1e3:8.1f} ms  {kv_bytes / seconds / 1e9:5.1f} GB/s")
     print(f"  speed-up {best['torch path'] / best['native']:.2f}x")
     return 0
+
+
+def best_of_alternating(arms: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Each arm's fastest of ``repeats`` runs, in seconds. The arms alternate, so a slow spell of the
+    machine falls on both."""
+    best = {name: float("inf") for name in arms}
+    for _ in range(repeats):
+        for name, run in arms.items():
+            t = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - t)
+    return best
 
 
 if __name__ == "__main__":

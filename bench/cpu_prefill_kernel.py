@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
+
+from bench.cpu_decode_kernel import best_of_alternating
 
 
 def parse_lens(spec: str) -> list[int]:
@@ -63,13 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     pairs = sum(n * args.prefix + n * (n + 1) // 2 for n in lens)
     flop = layers * pairs * 2 * 2 * head_dim * heads
     arms = {"torch path": CpuPagedAttention().prefill, "native": kernel}
-    best = {name: float("inf") for name in arms}
-    for _ in range(args.repeats):  # arms alternate, so a slow spell of the machine falls on both
-        for name, attend in arms.items():
-            t = time.perf_counter()
-            for n in range(layers):
-                attend(q, kv[:, n, 0], kv[:, n, 1], tables, cu, seq_lens, head_dim**-0.5)
-            best[name] = min(best[name], time.perf_counter() - t)
+    best = best_of_alternating(
+        {name: lambda attend=attend: [attend(q, kv[:, n, 0], kv[:, n, 1], tables, cu, seq_lens, head_dim**-0.5)
+                                      for n in range(layers)] for name, attend in arms.items()}, args.repeats)
     print(f"{len(lens)} chunks, {sum(lens)} tokens (lengths {min(lens)}-{max(lens)}) after {args.prefix} cached, "
           f"{layers} layers, {args.threads} thread(s), best of {args.repeats}")
     for name, seconds in best.items():

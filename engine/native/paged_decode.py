@@ -33,16 +33,7 @@ class NativePagedDecode:
     @staticmethod
     def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor) -> bool:
-        head_dim, heads, kv_heads, block_size = q.shape[-1], q.shape[1], k_cache.shape[2], k_cache.shape[1]
-        return (
-            q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
-            and head_dim % 16 == 0 and head_dim <= 128 and block_size <= 64
-            and heads % kv_heads == 0 and heads // kv_heads <= 8
-            and q.stride(2) == 1 and q.stride(1) == head_dim and k_cache.stride() == v_cache.stride()
-            and k_cache.stride(3) == 1 and k_cache.stride(2) == head_dim
-            and block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32
-            and block_tables.stride(-1) == 1 and seq_lens.is_contiguous()
-        )
+        return kernel_takes(q, k_cache, v_cache, block_tables) and seq_lens.dtype == torch.int32 and seq_lens.is_contiguous()
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
@@ -58,3 +49,18 @@ class NativePagedDecode:
         if failed:  # supports() admits only the shapes the kernel takes: a mismatch is a bug here
             raise ValueError(f"native paged decode refused q {tuple(q.shape)}, cache {tuple(k_cache.shape)}")
         return out
+
+
+def kernel_takes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor) -> bool:
+    """What the compiled attention kernels (decode and prefill) require of the queries, the cache and
+    the block tables: fp32 on CPU, head_dim a multiple of 16 up to 128, blocks of at most 64 tokens,
+    at most 8 query heads per KV head, heads contiguous within a row, int32 tables."""
+    head_dim, heads, kv_heads, block_size = q.shape[-1], q.shape[1], k_cache.shape[2], k_cache.shape[1]
+    return (
+        q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
+        and head_dim % 16 == 0 and head_dim <= 128 and block_size <= 64
+        and heads % kv_heads == 0 and heads // kv_heads <= 8
+        and q.stride(2) == 1 and q.stride(1) == head_dim and k_cache.stride() == v_cache.stride()
+        and k_cache.stride(3) == 1 and k_cache.stride(2) == head_dim
+        and block_tables.dtype == torch.int32 and block_tables.stride(-1) == 1
+    )

@@ -14,6 +14,7 @@ import ctypes
 import torch
 
 from engine.native.build import NativeLibrary, bind, build_and_load
+from engine.native.paged_decode import kernel_takes
 
 
 class NativePagedPrefill:
@@ -32,17 +33,9 @@ class NativePagedPrefill:
     @staticmethod
     def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor) -> bool:
-        head_dim, heads, kv_heads, block_size = q.shape[-1], q.shape[1], k_cache.shape[2], k_cache.shape[1]
-        return (
-            q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
-            and head_dim % 16 == 0 and head_dim <= 128 and block_size <= 64
-            and heads % kv_heads == 0 and heads // kv_heads <= 8
-            and q.stride(2) == 1 and q.stride(1) == head_dim and k_cache.stride() == v_cache.stride()
-            and k_cache.stride(3) == 1 and k_cache.stride(2) == head_dim
-            and block_tables.dtype == torch.int32 and block_tables.stride(-1) == 1
-            and cu_seqlens_q.dtype == torch.int32 and cu_seqlens_q.is_contiguous()
-            and seq_lens.dtype == torch.int32 and seq_lens.is_contiguous()
-        )
+        return (kernel_takes(q, k_cache, v_cache, block_tables)
+                and cu_seqlens_q.dtype == torch.int32 and cu_seqlens_q.is_contiguous()
+                and seq_lens.dtype == torch.int32 and seq_lens.is_contiguous())
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
