@@ -23,14 +23,7 @@ from engine.outputs import RequestOutput
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
 from router.admission import Admission, AdmissionInput, PrefillRate
-from router.api import (
-    ErrorKind,
-    GenerateRequest,
-    GenerationResult,
-    ModelInfo,
-    Readiness,
-    RouterError,
-)
+from router.api import ErrorKind, GenerateRequest, GenerationResult, ModelInfo, Readiness, RouterError
 from router.capacity import Capacity
 from router.classify import classify
 from router.cluster_state import ClusterState
