@@ -301,9 +301,14 @@ def test_durable_batch_lane_survives_a_router_restart(srv, tiny_model_dir):
 
     pool = concurrent.futures.ThreadPoolExecutor(4)
     futures = [pool.submit(submit, i) for i in range(4)]
+    # Crash only once every job is journaled (the durability promise covers accepted jobs; a request
+    # the router never journaled is the client's to retry) and one is running.
     deadline = time.monotonic() + 20
-    while srv.router.batch is None or not srv.router.batch._running:
-        assert time.monotonic() < deadline
+    journaled: set[int] = set()
+    while len(journaled) < 4 or srv.router.batch is None or not srv.router.batch._running:
+        assert time.monotonic() < deadline, f"journaled {sorted(journaled)} of 4"
+        journaled |= {i for i in set(range(4)) - journaled
+                      if httpx.get(f"{srv.http}/v1/batches/durable-{i}", headers=h).status_code == 200}
         time.sleep(0.01)
     srv.call(srv.server.crash_router())
     concurrent.futures.wait(futures, timeout=30)
