@@ -59,7 +59,8 @@ static inline __attribute__((always_inline)) void prefill_tile(
     for (int i = 0; i < rows; i++)
         for (int g = 0; g < G; g++)
             for (int d = 0; d < D; d++) qf[((int64_t)d * G + g) * LANES + i] = q[i * q_stride + g * D + d] * scale;
-    float m[MAX_GROUP][LANES], l[MAX_GROUP][LANES], alpha[MAX_GROUP][LANES];
+    float m[MAX_GROUP][LANES], l[MAX_GROUP][LANES];
+    float alpha[MAX_GROUP][LANES] __attribute__((aligned(64))); /* read back as vectors */
     for (int g = 0; g < G; g++)
         for (int i = 0; i < LANES; i++) m[g][i] = -INFINITY, l[g][i] = 0.f;
     const int nkeys = first_pos + rows; /* the tile's last query sees keys 0 .. nkeys - 1 */
