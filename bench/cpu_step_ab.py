@@ -135,24 +135,15 @@ def _switch(engine, change: str):
             model.forward = keeping if on else every_row
 
         return use_keep, ("every row", "sampled rows")
-    if change == "native-prefill":
-        cpu = engine.runner.attn.prefill.__self__
-        kernel = cpu.native_prefill
-        if kernel is None:
-            raise SystemExit("native-prefill: the compiled kernel is not in use here (see BATON_NATIVE_KERNELS, CC)")
-
-        def use_prefill_kernel(on: bool) -> None:
-            cpu.native_prefill = kernel if on else None
-
-        return use_prefill_kernel, ("torch path", "native")
-    if change == "native-decode":
+    if change in ("native-prefill", "native-decode"):
+        attr = change.replace("-", "_")  # the CPU attention path's kernel attribute
         cpu = engine.runner.attn.decode.__self__
-        kernel = cpu.native_decode
+        kernel = getattr(cpu, attr)
         if kernel is None:
-            raise SystemExit("native-decode: the compiled kernel is not in use here (see BATON_NATIVE_KERNELS, CC)")
+            raise SystemExit(f"{change}: the compiled kernel is not in use here (see BATON_NATIVE_KERNELS, CC)")
 
         def use_kernel(on: bool) -> None:
-            cpu.native_decode = kernel if on else None
+            setattr(cpu, attr, kernel if on else None)
 
         return use_kernel, ("torch path", "native")
     from engine.attention import reference
