@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import random
 
-from bench.cpu_decode_kernel import best_of_alternating
+from bench.cpu_decode_kernel import best_over_layers, print_arms
 
 
 def parse_lens(spec: str) -> list[int]:
@@ -64,14 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     pairs = sum(n * args.prefix + n * (n + 1) // 2 for n in lens)
     flop = layers * pairs * 2 * 2 * head_dim * heads
     arms = {"torch path": CpuPagedAttention().prefill, "native": kernel}
-    best = best_of_alternating(
-        {name: lambda attend=attend: [attend(q, kv[:, n, 0], kv[:, n, 1], tables, cu, seq_lens, head_dim**-0.5)
-                                      for n in range(layers)] for name, attend in arms.items()}, args.repeats)
+    best = best_over_layers(arms, q, kv, (tables, cu, seq_lens, head_dim**-0.5), args.repeats)
     print(f"{len(lens)} chunks, {sum(lens)} tokens (lengths {min(lens)}-{max(lens)}) after {args.prefix} cached, "
           f"{layers} layers, {args.threads} thread(s), best of {args.repeats}")
-    for name, seconds in best.items():
-        print(f"  {name:10s} {seconds * 1e3:8.1f} ms  {flop / seconds / 1e9:6.1f} GFLOP/s")
-    print(f"  speed-up {best['torch path'] / best['native']:.2f}x")
+    print_arms(best, lambda seconds: f"{flop / seconds / 1e9:6.1f} GFLOP/s")
     return 0
 
 
