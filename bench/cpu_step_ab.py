@@ -6,6 +6,7 @@ Changes:
   skinny-linear    the compiled skinny kernel for <= 64 rows, MKL above (engine/native) vs packed
   skinny-vs-mkl    the same vs MKL's F.linear at every row count (dense weights both)
   quantized        a GGUF model's own Q4_1/Q8_0 blocks for <= 64 rows (engine/native/quant_linear.c) vs skinny
+  q4-groups        those Q4_1 blocks in the kernel's 8-row layout (QuantizedWeight.regroup) vs the file's layout
   cpu-attention    the CPU attention path (engine/attention/cpu.py) vs the torch reference
   native-decode    the CPU path's compiled decode kernel (engine/native) vs its torch path
   decode-split     that kernel attending contexts past 1,024 tokens in pieces vs whole
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m bench.cpu_step_ab", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "quantized",
+    p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "quantized", "q4-groups",
                                                        "cpu-attention", "native-decode", "native-prefill", "sampled-rows", "decode-split",
                                                        "prefix-flash",
                                                        "layer-ops"))
@@ -73,6 +74,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _projections(model) -> list:
+    return [model.lm_head, *(p for layer in model.layers for p in layer.projections())]
+
+
+def _file_layout(grouped):
+    """Q4_1x8 blocks back in the GGUF file's row-by-row Q4_1 layout (QuantizedWeight.regroup inverted)."""
+    import torch
+
+    from engine.native.quant_linear import GROUP_ROWS, QuantizedWeight
+
+    n, row_bytes = grouped.blocks.shape
+    cols = row_bytes // 20
+    g = grouped.blocks.view(n // GROUP_ROWS, cols, 160)
+    d, m = g[..., 0:16].reshape(-1, cols, GROUP_ROWS, 2), g[..., 16:32].reshape(-1, cols, GROUP_ROWS, 2)
+    nibbles = g[..., 32:].reshape(-1, cols, GROUP_ROWS, 4, 4).transpose(3, 4).reshape(-1, cols, GROUP_ROWS, 16)
+    rows = torch.cat([d, m, nibbles], dim=3).transpose(1, 2)  # [groups, 8, cols, 20]
+    return QuantizedWeight(rows.reshape(n, row_bytes).contiguous(), "Q4_1")
+
+
 def _switch(engine, change: str):
     """A function turning the change off (False) or on (True) in place, and the two arms' names."""
     model = engine.runner.model
@@ -88,6 +108,18 @@ def _switch(engine, change: str):
             raise SystemExit("quantized: no GGUF blocks attached here (a GGUF model, Intel AVX-512 with F16C, "
                              "BATON_NATIVE_KERNELS, CC)")
         return lambda on: model.set_projections("quantized" if on else "skinny"), ("skinny", "quantized")
+    if change == "q4-groups":
+        grouped = {proj: proj.quantized for proj in _projections(model) if proj.quantized is not None
+                   and proj.quantized.qtype == "Q4_1x8"}
+        if not grouped:
+            raise SystemExit("q4-groups: no Q4_1 blocks in the 8-row layout here (a Q4_1 GGUF model, quantized mode)")
+        in_file_layout = {proj: _file_layout(q) for proj, q in grouped.items()}
+
+        def use_groups(on: bool) -> None:
+            for proj in grouped:
+                proj.quantized = (grouped if on else in_file_layout)[proj]
+
+        return use_groups, ("file layout", "8-row groups")
     if change == "layer-ops":
         from engine.native.layer_ops import NativeLayerOps, TorchLayerOps
 

@@ -1,9 +1,10 @@
 """The projections of a whole forward pass, alone, for each way the CPU can multiply them (engine/model/linear.py):
 oneDNN's packed weights, MKL's ``F.linear`` on the dense weight, the compiled skinny kernel
 (engine/native/skinny_linear.c) and GGUF blocks (Q4_1 layers, Q8_0 head, as the default model's file
-has them: engine/native/quant_linear.c), at a range of row counts, interleaved in one process.
+has them: engine/native/quant_linear.c) in the file's layout (``quantized-gguf``) and in the 8-row
+layout the model uses (``quantized``: Q4_1 regrouped), at a range of row counts, interleaved in one process.
 
-    python -m bench.projections [--rows 1,2,4,8,16,32,64,96] [--layers 30] [--rounds 9] [--json]
+    python -m bench.projections [--rows 1,2,4,8,16,32,64,96] [--layers 30] [--rounds 9] [--no-head] [--json]
 
 Shapes are SmolLM2-135M's (hidden 576, intermediate 1536, 9 + 2 x 3 heads of 64, vocabulary 49152;
 random weights and blocks: values do not change speed); the head multiplies min(rows, 64) rows, as a step
@@ -23,7 +24,7 @@ HIDDEN, INTERMEDIATE, QKV, VOCAB = 576, 1536, 960, 49152
 SHAPES = ((QKV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE))
 
 
-def run(rows: list[int], layers: int = 30, rounds: int = 9, threads: int | None = None) -> dict:
+def run(rows: list[int], layers: int = 30, rounds: int = 9, threads: int | None = None, head: bool = True) -> dict:
     import torch
 
     from engine.model.linear import Linear, can_pack
@@ -34,19 +35,21 @@ def run(rows: list[int], layers: int = 30, rounds: int = 9, threads: int | None 
         torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(o, i, generator=g) * 0.02 for _ in range(layers) for o, i in SHAPES]
-    weights.append(torch.randn(VOCAB, HIDDEN, generator=g) * 0.02)
+    if head:
+        weights.append(torch.randn(VOCAB, HIDDEN, generator=g) * 0.02)
     modes = ["mkl"] + (["packed"] if can_pack(torch.device("cpu"), torch.float32) else [])
     skinny = NativeSkinnyLinear.load()
     quant = NativeQuantLinear.load() if skinny is not None else None
-    modes += (["skinny"] if skinny is not None else []) + (["quantized"] if quant is not None else [])
+    modes += (["skinny"] if skinny is not None else []) + (["quantized-gguf", "quantized"] if quant is not None else [])
     projections = {}
     for mode in modes:
         projections[mode] = []
         for n, w in enumerate(weights):
             p = Linear(w.clone())
-            if mode == "quantized":
-                p.quantized = random_blocks(*w.shape, "Q8_0" if n == len(weights) - 1 else "Q4_1", g)
-            p.use({"mkl": "dense"}.get(mode, mode), skinny, quant)
+            if mode.startswith("quantized"):
+                blocks = random_blocks(*w.shape, "Q8_0" if head and n == len(weights) - 1 else "Q4_1", g)
+                p.quantized = blocks if mode == "quantized-gguf" else blocks.regroup()  # the model's layout
+            p.use({"mkl": "dense", "quantized-gguf": "quantized"}.get(mode, mode), skinny, quant)
             projections[mode].append(p)
 
     results: dict[str, dict[str, float]] = {}
@@ -56,9 +59,10 @@ def run(rows: list[int], layers: int = 30, rounds: int = 9, threads: int | None 
 
         def one_pass(mode: str) -> float:
             t = time.perf_counter()
-            for n, p in enumerate(projections[mode][:-1]):
+            for n, p in enumerate(projections[mode][: 4 * layers]):
                 p(x[SHAPES[n % 4][1]])
-            projections[mode][-1](head_x)
+            if head:
+                projections[mode][-1](head_x)
             return time.perf_counter() - t
 
         times: dict[str, list[float]] = {mode: [] for mode in modes}
@@ -68,8 +72,8 @@ def run(rows: list[int], layers: int = 30, rounds: int = 9, threads: int | None 
             for mode in modes:
                 times[mode].append(one_pass(mode))
         results[str(m)] = {f"{mode}_ms": 1e3 * statistics.median(t) for mode, t in times.items()}
-    flops = {str(m): 2 * (m * layers * sum(o * i for o, i in SHAPES) + min(m, 64) * VOCAB * HIDDEN) for m in rows}
-    return {"layers": layers, "rounds": rounds, "threads": torch.get_num_threads(), "modes": modes,
+    flops = {str(m): 2 * (m * layers * sum(o * i for o, i in SHAPES) + head * min(m, 64) * VOCAB * HIDDEN) for m in rows}
+    return {"layers": layers, "head": head, "rounds": rounds, "threads": torch.get_num_threads(), "modes": modes,
             "weight_mb": sum(w.numel() for w in weights) * 4 / 1e6, "ms": results, "flop": flops}
 
 
@@ -93,14 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-head", action="store_true", help="the layers' projections only")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    r = run([int(x) for x in args.rows.split(",")], args.layers, args.rounds, args.threads)
+    r = run([int(x) for x in args.rows.split(",")], args.layers, args.rounds, args.threads, head=not args.no_head)
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
     modes = r["modes"]
-    print(f"{r['layers']} layers + head, {r['weight_mb']:.0f} MB of fp32 weights, {r['threads']} thread(s), "
+    print(f"{r['layers']} layers{' + head' if r['head'] else ''}, {r['weight_mb']:.0f} MB of fp32 weights, {r['threads']} thread(s), "
           f"median of {r['rounds']}")
     print("| rows | " + " | ".join(f"{m} ms" for m in modes) + " | best vs packed |")
     print("| ---: | " + " | ".join("---:" for _ in modes) + " | ---: |")

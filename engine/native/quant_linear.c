@@ -15,7 +15,9 @@
  *
  * Block formats (ggml): Q4_1 (type 3): fp16 d, fp16 m, 16 bytes of nibbles, the low nibbles weights
  * 0..15 and the high ones 16..31, w = d * q + m. Q8_0 (type 8): fp16 d, 32 int8, w = d * q.
- * Limits (the caller checks them: quant_linear.py): K a multiple of 32, one of those two types.
+ * The model multiplies Q4_1 regrouped by 8 rows (Q4_1x8, below: the same bytes, the same floats,
+ * 1.2-1.45x faster at 1-8 rows). Limits (the caller checks them: quant_linear.py): K a multiple of
+ * 32, one of those types, and N a multiple of 8 for Q4_1x8.
  */
 #include <omp.h>
 #include <stdint.h>
@@ -26,6 +28,13 @@
 #define QK 32
 #define GGML_Q4_1 3
 #define GGML_Q8_0 8
+/* Not a ggml type: Q4_1 blocks regrouped by 8 rows (quant_linear.py, ``regroup``). For each 8 rows and
+ * block column, 160 bytes: the 8 blocks' d (fp16), their 8 m (fp16), then their 8 x 16 bytes of
+ * nibbles. One conversion widens all 16 scales, so building a block's table costs two broadcast
+ * loads instead of two scalar conversions and broadcasts on the shuffle port, which the permutes
+ * also need: at 1-8 rows that port, not memory, bounded the GGUF layout. */
+#define BATON_Q4_1X8 1003
+#define GROUP_BYTES (NB * 20)
 
 #if defined(__AVX512F__) && defined(__F16C__)
 #include <immintrin.h>
@@ -53,6 +62,28 @@ static inline void dequant_q4_1(const uint8_t *block, float *dst) {
     _mm512_storeu_ps(dst + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table));
 }
 
+/* The 8 rows of one block column of a Q4_1x8 group into dst, dst_stride floats apart: the same
+ * floats as dequant_q4_1 on each row's own block (fp16 -> fp32 is exact either way). Everything but
+ * the two table lookups stays off the shuffle port: the scales are broadcast from memory, and a row's
+ * nibble bytes, stored so that lane i of their 128-bit broadcast holds byte i at bit 8 * (i / 4)
+ * (regroup's byte order), reach the low 4 bits of lane i by a variable shift. */
+static inline void dequant_q4_1x8(const uint8_t *group, float *dst, int64_t dst_stride) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i shift_lo = _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24);
+    const __m512i shift_hi = _mm512_add_epi32(shift_lo, _mm512_set1_epi32(4));
+    float dm[16] __attribute__((aligned(64))); /* d of rows 0..7, then m of rows 0..7 */
+    _mm512_store_ps(dm, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)group)));
+    __asm__ volatile("" ::: "memory"); /* broadcast each scale from memory, not by a permute of the register */
+    for (int j = 0; j < NB; j++) {
+        __m512 table = _mm512_mul_ps(_mm512_set1_ps(dm[j]), iota);
+        ROUNDED(table);
+        table = _mm512_add_ps(table, _mm512_set1_ps(dm[NB + j]));
+        const __m512i q = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(group + 2 * 2 * NB + 16 * j)));
+        _mm512_storeu_ps(dst + j * dst_stride, _mm512_permutexvar_ps(_mm512_srlv_epi32(q, shift_lo), table));
+        _mm512_storeu_ps(dst + j * dst_stride + 16, _mm512_permutexvar_ps(_mm512_srlv_epi32(q, shift_hi), table));
+    }
+}
+
 static inline void dequant_q8_0(const uint8_t *block, float *dst) {
     const __m512 d = half_to_v16(block);
     const __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 2)));
@@ -71,7 +102,12 @@ static inline void dequant_block(int qtype, const uint8_t *block, float *dst) {
 #endif
 
 static int block_bytes(int qtype) {
-    return qtype == GGML_Q4_1 ? 20 : qtype == GGML_Q8_0 ? 34 : 0;
+    return qtype == GGML_Q4_1 || qtype == BATON_Q4_1X8 ? 20 : qtype == GGML_Q8_0 ? 34 : 0;
+}
+
+/* Q4_1x8 takes whole groups of 8 rows only. */
+static int shape_ok(int qtype, int N, int K) {
+    return block_bytes(qtype) && K % QK == 0 && (qtype != BATON_Q4_1X8 || N % NB == 0);
 }
 
 /* 1 where this build has both the tile (AVX-512) and the conversions (F16C) it was written for. */
@@ -81,7 +117,13 @@ int baton_quant_linear_tuned(void) { return QUANT_TUNED; }
 int baton_quant_dequantize(const uint8_t *wq, int qtype, float *out, int N, int K) {
 #if QUANT_TUNED
     const int bb = block_bytes(qtype), blocks = K / QK;
-    if (!bb || K % QK != 0) return 1;
+    if (!shape_ok(qtype, N, K)) return 1;
+    if (qtype == BATON_Q4_1X8) {
+        for (int64_t g = 0; g < N / NB; g++)
+            for (int b = 0; b < blocks; b++)
+                dequant_q4_1x8(wq + (g * blocks + b) * GROUP_BYTES, out + g * NB * K + b * QK, K);
+        return 0;
+    }
     for (int64_t b = 0; b < (int64_t)N * blocks; b++) {
         dequant_block(qtype, wq + b * bb, out + b * QK);
     }
@@ -97,8 +139,8 @@ int baton_quant_linear_f32(const float *x, int64_t x_stride, const uint8_t *wq, 
                            float *out, int64_t out_stride, int M, int N, int K, int num_threads) {
 #if QUANT_TUNED
     const int bb = block_bytes(qtype);
-    if (!bb || K % QK != 0 || M < 1 || N < 1) return 1;
-    const int64_t row_bytes = (int64_t)(K / QK) * bb;
+    if (!shape_ok(qtype, N, K) || M < 1 || N < 1) return 1;
+    const int64_t row_bytes = (int64_t)(K / QK) * bb; /* Q4_1x8: a group is NB rows' worth of bytes too */
     const int groups = (N + NB - 1) / NB, chunks = (K + KC - 1) / KC;
 #pragma omp parallel num_threads(threads_for(groups, num_threads))
     {
@@ -109,12 +151,23 @@ int baton_quant_linear_f32(const float *x, int64_t x_stride, const uint8_t *wq, 
             const int n0 = g * NB, nb = N - n0 < NB ? N - n0 : NB;
             for (int c = 0; c < chunks; c++) {
                 const int k0 = c * KC, kc = K - k0 < KC ? K - k0 : KC;
-                for (int j = 0; j < nb; j++) {
-                    const uint8_t *src = wq + (int64_t)(n0 + j) * row_bytes + (int64_t)(k0 / QK) * bb;
-                    __builtin_prefetch(src + NB * row_bytes, 0, 1); /* the next group's rows, same chunk */
+                if (qtype == BATON_Q4_1X8) {
+                    /* The group's chunk is contiguous, 160 bytes a block column; the next group's
+                     * chunk, NB rows' bytes on, is prefetched meanwhile. */
+                    const uint8_t *src = wq + (int64_t)g * NB * row_bytes + (int64_t)(k0 / QK) * GROUP_BYTES;
                     for (int b = 0; b < kc / QK; b++) {
-                        dequant_block(qtype, src + b * bb, buf + j * KC + b * QK);
-                        if ((b * bb) % 64 < bb) __builtin_prefetch(src + b * bb + NB * row_bytes + 64, 0, 1);
+                        const uint8_t *next = src + b * GROUP_BYTES + NB * row_bytes;
+                        for (int line = 0; line < GROUP_BYTES; line += 64) __builtin_prefetch(next + line, 0, 1);
+                        dequant_q4_1x8(src + b * GROUP_BYTES, buf + b * QK, KC);
+                    }
+                } else {
+                    for (int j = 0; j < nb; j++) {
+                        const uint8_t *src = wq + (int64_t)(n0 + j) * row_bytes + (int64_t)(k0 / QK) * bb;
+                        __builtin_prefetch(src + NB * row_bytes, 0, 1); /* the next group's rows, same chunk */
+                        for (int b = 0; b < kc / QK; b++) {
+                            dequant_block(qtype, src + b * bb, buf + j * KC + b * QK);
+                            if ((b * bb) % 64 < bb) __builtin_prefetch(src + b * bb + NB * row_bytes + 64, 0, 1);
+                        }
                     }
                 }
                 chunk_tiles(M, nb, x + k0, x_stride, buf, KC, kc, bias ? bias + n0 : 0, c > 0, out + n0, out_stride,

@@ -58,3 +58,16 @@ def test_native_prefill_switches_the_kernel_and_leaves_it_on(capsys):
 def test_sampled_rows_runs_both_arms(capsys):
     assert main(["--change", "sampled-rows", *ARGS]) == 0
     assert "| step | every row ms | sampled rows ms | speed-up |" in capsys.readouterr().out
+
+
+def test_q4_groups_turns_the_8_row_layout_back_into_the_files():
+    import torch
+
+    from bench.cpu_step_ab import _file_layout
+    from engine.native.quant_linear import QuantizedWeight
+
+    stored = torch.randint(0, 256, (24, 3 * 20), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    back = _file_layout(QuantizedWeight(stored, "Q4_1").regroup())
+    assert back.qtype == "Q4_1" and torch.equal(back.blocks, stored)
+    with pytest.raises(SystemExit, match="no Q4_1 blocks"):  # tiny is not a GGUF model
+        main(["--change", "q4-groups", *ARGS])

@@ -152,11 +152,15 @@ def test_gguf_blocks_give_the_skinny_logits_bit_for_bit(tied):
     projections = [model.lm_head, *(p for layer in model.layers for p in layer.projections())]
     downs = [layer.down for layer in model.layers]
     assert all((p.quant is model.quant_kernel) == (p not in downs) for p in projections)
+    # Q4_1 is multiplied in the kernel's 8-row layout, the Q8_0 head (the tied embedding) as stored.
+    assert {p.quantized.qtype for p in projections if p.quant is not None} == ({"Q4_1x8", "Q8_0"} if tied else {"Q4_1x8"})
     x = torch.randn(64, model.cfg.hidden_size, generator=torch.Generator().manual_seed(2))
     quantized = [model.compute_logits(x[:rows]) for rows in (1, 5, 64)]
+    quantized_layer = [model.layers[1].gate_up(x[:rows]) for rows in (1, 5, 64)]
     model.set_projections("packed")
     model.set_projections("skinny")
     assert all(torch.equal(a, model.compute_logits(x[:rows])) for a, rows in zip(quantized, (1, 5, 64)))
+    assert all(torch.equal(a, model.layers[1].gate_up(x[:rows])) for a, rows in zip(quantized_layer, (1, 5, 64)))
     model.set_projections("quantized")
     assert model.lm_head.quant is model.quant_kernel  # the head's blocks survived the packed detour
 

@@ -53,6 +53,32 @@ def test_products_are_the_skinny_kernels_bit_for_bit(qtype, rows, out_features, 
 
 
 @needs_kernel
+@pytest.mark.parametrize("out_features,in_features", [(8, 32), (16, 576), (24, 800), (200, 1536)])
+def test_q4_1_in_8_row_groups_gives_the_same_floats_and_products(out_features, in_features):
+    """regroup's layout (the model's, for Q4_1) dequantizes to gguf's floats and multiplies them as the
+    skinny kernel does, bit for bit, at row counts across tile and thread boundaries."""
+    weight, floats = quantized(out_features, in_features, "Q4_1", seed=out_features)
+    grouped = weight.regroup()
+    assert grouped.qtype == "Q4_1x8" and grouped.shape == weight.shape
+    assert torch.equal(kernel.dequantize(grouped).view(torch.int32), floats.view(torch.int32))
+    b = torch.randn(out_features, generator=torch.Generator().manual_seed(1))
+    for rows in (1, 2, 3, 5, 8, 16, 33, 64):
+        x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows))
+        assert torch.equal(kernel(x, grouped, None), skinny(x, floats, None))
+        assert torch.equal(kernel(x, grouped, b), kernel(x, weight, b))
+
+
+def test_regroup_takes_q4_1_in_whole_groups_only():
+    q4, _ = quantized(12, 64, "Q4_1", seed=2)
+    q8, _ = quantized(16, 64, "Q8_0", seed=2)
+    assert q4.regroup() is q4 and q8.regroup() is q8  # 12 rows: no whole groups; Q8_0: as stored
+    grouped = quantized(16, 64, "Q4_1", seed=3)[0].regroup()
+    with pytest.raises(ValueError, match="groups of 8 rows"):
+        QuantizedWeight(grouped.blocks[:12].contiguous(), "Q4_1x8")
+    assert QuantizedWeight.cat([grouped, grouped]) is None  # byte rows are not weight rows: fuse before
+
+
+@needs_kernel
 def test_bias_strided_rows_and_threads():
     weight, floats = quantized(45, 64, "Q4_1", seed=3)
     g = torch.Generator().manual_seed(7)
