@@ -13,6 +13,7 @@ Changes:
   native-prefill   the CPU path's compiled prefill kernel (engine/native/paged_prefill.c) vs its torch path
   sampled-rows     the last layer's output projection and MLP for the sampling rows only vs every row
   prefix-flash     (torch path) a chunk after a cached prefix as two flash calls merged by log-sum-exp vs one masked SDPA
+  native-layers    a decode step's layer loop in one C call (engine/native/decode_layers.c) vs one call per kernel from Python
   layer-ops        fused residual-add + RMSNorm, rotary embedding and SiLU * up in C (engine/native) vs torch
 
     python -m bench.cpu_step_ab --change packed-weights [--model default] [--rounds 3] [--threads 1]
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m bench.cpu_step_ab", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "quantized", "q4-groups",
+    p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "quantized", "q4-groups", "native-layers",
                                                        "cpu-attention", "native-decode", "native-prefill", "sampled-rows", "decode-split",
                                                        "prefix-flash",
                                                        "layer-ops"))
@@ -118,8 +119,18 @@ def _switch(engine, change: str):
         def use_groups(on: bool) -> None:
             for proj in grouped:
                 proj.quantized = (grouped if on else in_file_layout)[proj]
+            model.invalidate_decode_plan()
 
         return use_groups, ("file layout", "8-row groups")
+    if change == "native-layers":
+        loop = model.native_layers
+        if loop is None:
+            raise SystemExit("native-layers: the compiled layer loop is not in use here (see BATON_NATIVE_KERNELS, CC)")
+
+        def use_loop(on: bool) -> None:
+            model.native_layers = loop if on else None
+
+        return use_loop, ("Python loop", "C loop")
     if change == "layer-ops":
         from engine.native.layer_ops import NativeLayerOps, TorchLayerOps
 

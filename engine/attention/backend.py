@@ -21,6 +21,9 @@ class AttentionBackend:
     write_kv: Callable
     decode: Callable
     prefill: Callable
+    # The compiled decode kernel ``decode`` uses now (CPU), for callers that run it themselves
+    # (engine/native/decode_layers.py); None where there is none.
+    decode_kernel: Callable[[], NativePagedDecode | None] = lambda: None
 
 
 def select_backend(device: torch.device, requested: str = "auto") -> AttentionBackend:
@@ -28,7 +31,7 @@ def select_backend(device: torch.device, requested: str = "auto") -> AttentionBa
     if not use_triton:
         if device.type == "cpu":
             cpu = CpuPagedAttention(NativePagedDecode.load(), NativePagedPrefill.load())  # owns reused buffers: one per runner
-            return AttentionBackend("torch", cpu.write_kv, cpu.decode, cpu.prefill)
+            return AttentionBackend("torch", cpu.write_kv, cpu.decode, cpu.prefill, lambda: cpu.native_decode)
         return AttentionBackend("torch", reference.write_kv, reference.paged_decode_attention, reference.paged_prefill_attention)
     try:
         from engine.attention import triton_decode, triton_prefill

@@ -18,6 +18,7 @@ from engine.errors import ModelLoadError
 from engine.model.config import ModelConfig
 from engine.model.linear import Linear, can_pack, default_projections
 from engine.model.rope import RotaryEmbedding
+from engine.native.decode_layers import DecodePlan, NativeDecodeLayers
 from engine.native.layer_ops import layer_ops_for
 from engine.native.quant_linear import NativeQuantLinear, QuantizedWeight
 from engine.native.skinny_linear import NativeSkinnyLinear
@@ -58,6 +59,11 @@ class LlamaModel:
         self.projection_mode = default_projections(device, dtype, self.skinny_kernel)
         # Residual add + RMSNorm, the rotary embedding, SiLU * up: fused C kernels on CPU fp32 (engine/native).
         self.ops = layer_ops_for(device, dtype)
+        # Decode steps whose every call is one of those kernels run their layer loop in C (one call a
+        # step instead of ~10 a layer: engine/native/decode_layers.py), planned on first use.
+        self.native_layers = NativeDecodeLayers.load() if cpu_fp32 else None
+        self._decode_plan: DecodePlan | None = None
+        self._decode_plan_for: tuple | None = None  # (attention kernel, layer ops, KV cache) it was made for
 
     # -- weights ----------------------------------------------------------------------------
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -107,6 +113,7 @@ class LlamaModel:
         self._assemble(got)
 
     def _assemble(self, w: dict[str, torch.Tensor]) -> None:
+        self.invalidate_decode_plan()
         self.embed = w.pop("model.embed_tokens.weight")
         self.norm = w.pop("model.norm.weight")
         # Tied: the head is the embedding; packed, it is a second copy (the lookup needs it dense).
@@ -190,6 +197,10 @@ class LlamaModel:
         last = len(self.layers) - 1
         if keep is not None and len(keep) == input_ids.shape[0]:
             keep = None  # every row (a decode step): nothing to skip
+        if keep is None and meta.num_prefill_tokens == 0 and self.native_layers is not None:
+            out = self._native_decode(h, positions, kv_cache, meta, attn)
+            if out is not None:
+                return out
         for n, layer in enumerate(self.layers):
             x = norm(h, delta, layer.ln1, eps)
             rows = keep if n == last else None
@@ -236,6 +247,23 @@ class LlamaModel:
         out = out.view(t, self.q_size)
         return layer.o(out if rows is None else out.index_select(0, rows))
 
+    def _native_decode(self, h, positions, kv_cache, meta: AttentionMetadata, attn: AttentionBackend):
+        """The decode step in one C call where the plan for this model, cache, attention kernel and
+        layer ops exists; None (nothing done) otherwise."""
+        made_for = (attn.decode_kernel(), self.ops, kv_cache)
+        known = self._decode_plan_for
+        if known is None or any(a is not b for a, b in zip(known, made_for)):
+            self._decode_plan = self.native_layers.plan(self, kv_cache, made_for[0])
+            self._decode_plan_for = made_for
+        if self._decode_plan is None:
+            return None
+        return self.native_layers.run(self._decode_plan, h, positions, meta.slot_block, meta.slot_offset,
+                                      meta.decode_block_tables, meta.decode_seq_lens)
+
+    def invalidate_decode_plan(self) -> None:
+        """Call after changing a projection's weights or blocks in place: the plan points at them."""
+        self._decode_plan = self._decode_plan_for = None
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
@@ -255,3 +283,4 @@ class LlamaModel:
         for proj in [self.lm_head, *(p for layer in self.layers for p in layer.projections())]:
             proj.use(mode, self.skinny_kernel, self.quant_kernel)
         self.projection_mode = mode
+        self.invalidate_decode_plan()
