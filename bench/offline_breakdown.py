@@ -3,7 +3,7 @@ bucketed by kind (prefill-carrying steps, decode steps by batch size), and the t
 the projections (every ``Linear`` call: the GEMMs, the head included) against the whole run.
 
     python -m bench.offline_breakdown [--model default|tiny|PATH] [--workload anyscale-cpu] [--json]
-        [--budget 2048] [--order arrival|longest-output-first] [--no-prefill-kernel]
+        [--budget 2048] [--order arrival|longest-output-first] [--no-prefill-kernel] [--python-loop]
 
 ``--budget`` is the scheduler's token budget per step; ``--order longest-output-first`` submits the
 requests by decreasing output length (all arrive at t = 0, so the queue takes them in that order): a
@@ -12,6 +12,9 @@ what-if for the schedule, since with EOS ignored a request's max_tokens is its e
 kernel (an A/B of engine/native/paged_prefill.c over the whole run).
 
 The projection timer wraps ``Linear.__call__`` for this process only (CPU: the calls are synchronous).
+Decode steps run their layers in C (engine/native/decode_layers.c), where no ``Linear`` is called:
+the timer then sees the prefill steps' projections and every step's head only. ``--python-loop``
+turns the C loop off, so that every projection is timed (and the decode steps are slower).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ ORDERS = ("arrival", "longest-output-first")
 
 
 def run(model: str = "default", workload: str = "anyscale-cpu", threads: int | None = None, budget: int = 2048,
-        order: str = "arrival", prefill_kernel: bool = True) -> dict:
+        order: str = "arrival", prefill_kernel: bool = True, c_loop: bool = True) -> dict:
     from bench.offline import _warmup, model_and_workload
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
     from engine.engine import LLMEngine
@@ -49,6 +52,9 @@ def run(model: str = "default", workload: str = "anyscale-cpu", threads: int | N
                                     scheduler=SchedulerConfig(max_num_batched_tokens=budget)))
     if not prefill_kernel:
         engine.runner.attn.prefill.__self__.native_prefill = None
+    c_loop = c_loop and engine.runner.model.native_layers is not None
+    if not c_loop:
+        engine.runner.model.native_layers = None
     if order == "longest-output-first":
         requests = sorted(requests, key=lambda r: -r.max_tokens)
     _warmup(engine)
@@ -78,7 +84,7 @@ def run(model: str = "default", workload: str = "anyscale-cpu", threads: int | N
     output_tokens = sum(r.max_tokens for r in requests)
     return {
         "model": model, "workload": workload, "budget": budget, "order": order, "prefill_kernel": prefill_kernel,
-        "seconds": total, "tok_s": output_tokens / total,
+        "c_decode_loop": c_loop, "seconds": total, "tok_s": output_tokens / total,
         "projection_seconds": in_projections[0],
         "steps": {k: {"steps": len(steps[k]), "seconds": sum(steps[k]),
                       "ms_per_step": 1e3 * sum(steps[k]) / len(steps[k]) if steps[k] else 0.0} for k in BUCKETS},
@@ -93,14 +99,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int, default=2048, help="max_num_batched_tokens")
     p.add_argument("--order", choices=ORDERS, default="arrival")
     p.add_argument("--no-prefill-kernel", action="store_true", help="prefill attention on the torch path")
+    p.add_argument("--python-loop", action="store_true", help="decode steps' layers from Python, every projection timed")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    r = run(args.model, args.workload, args.threads, args.budget, args.order, not args.no_prefill_kernel)
+    r = run(args.model, args.workload, args.threads, args.budget, args.order, not args.no_prefill_kernel,
+            not args.python_loop)
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
     print(f"{r['workload']} on {r['model']} (budget {r['budget']}, {r['order']} order): {r['seconds']:.2f} s, {r['tok_s']:.1f} tok/s; "
-          f"{r['projection_seconds']:.2f} s in projections ({r['projection_seconds'] / r['seconds']:.0%})")
+          f"{r['projection_seconds']:.2f} s in projections ({r['projection_seconds'] / r['seconds']:.0%}"
+          + ("; not the decode steps' layers, which run in C" if r["c_decode_loop"] else "") + ")")
     for k, v in r["steps"].items():
         print(f"  {k:11s} {v['steps']:4d} steps  {v['seconds']:6.2f} s  {v['ms_per_step']:7.1f} ms/step")
     return 0

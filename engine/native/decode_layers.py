@@ -66,11 +66,8 @@ class DecodePlan:
     layers: ctypes.Array
     model: _Model
     kernels: _Kernels
-    decode_kernel: NativePagedDecode  # the attention kernel whose address ``kernels`` holds
-    ops: object  # the model's layer ops when the plan was made: run only while they are still its ops
-    keepalive: list  # tensors the structs point into
+    keepalive: list  # the tensors the structs point into and the kernels' libraries
     work: torch.Tensor  # scratch for MAX_ROWS rows
-    kv_cache: torch.Tensor
 
 
 class NativeDecodeLayers:
@@ -136,9 +133,10 @@ class NativeDecodeLayers:
         skinny = model.skinny_kernel
         kernels = _Kernels(_address(quant._fn) if quant else None, _address(skinny._fn), _address(ops._norm),
                            _address(ops._rope), _address(ops._silu_mul), _address(decode_kernel._fn))
+        keepalive += [kv_cache, quant, skinny, ops, decode_kernel]
+        # x, qkv, attention out, delta, gate|up, SiLU * up: the C loop's scratch rows
         per_row = cfg.hidden_size * 2 + q_size + 2 * kv_size + q_size + 3 * cfg.intermediate_size
-        return DecodePlan(layers, m, kernels, decode_kernel, ops, keepalive,
-                          torch.empty(MAX_ROWS * per_row, dtype=torch.float32), kv_cache)
+        return DecodePlan(layers, m, kernels, keepalive, torch.empty(MAX_ROWS * per_row, dtype=torch.float32))
 
     def run(self, plan: DecodePlan, h: torch.Tensor, positions: torch.Tensor, slot_block: torch.Tensor,
             slot_offset: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor | None:

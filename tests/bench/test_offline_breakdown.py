@@ -35,3 +35,12 @@ def test_the_schedule_what_ifs(tiny_model_dir):
 def test_prefill_on_the_torch_path(tiny_model_dir):
     r = run(str(tiny_model_dir), "anyscale-cpu-small", prefill_kernel=False)
     assert r["prefill_kernel"] is False and r["tok_s"] > 0
+
+
+def test_the_python_loop_times_every_projection(tiny_model_dir):
+    looped = run(str(tiny_model_dir), "anyscale-cpu-small")
+    python = run(str(tiny_model_dir), "anyscale-cpu-small", c_loop=False)
+    assert python["c_decode_loop"] is False and python["tok_s"] > 0
+    if looped["c_decode_loop"]:  # the compiled loop is here: its decode steps' layers escape the timer
+        decode = sum(v["seconds"] for k, v in python["steps"].items() if k != "prefill")
+        assert python["projection_seconds"] > looped["projection_seconds"] and decode > 0
