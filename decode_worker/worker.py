@@ -18,6 +18,7 @@ from decode_worker.outbox import Outbox
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.engine_loop import EngineLoop
+from engine.gc_freeze import freeze_startup_objects
 from engine.errors import InvalidParameterError
 from engine.request_spec import RequestSpec
 from engine.worker_stats import WorkerLoad, queued_prefill_tokens
@@ -54,6 +55,7 @@ class DecodeWorker:
         self.loop.add_ticker(self._expire_transfers)
         self.loop.add_ticker(self._abort_orphans)
         self.loop.add_ticker(self._snapshot_load)
+        freeze_startup_objects()  # the engine is loaded: no full collections over it (engine/gc_freeze.py)
         self.loop.start()
 
     # -- Ray-facing API ---------------------------------------------------------------------

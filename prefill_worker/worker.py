@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.engine_loop import EngineLoop
+from engine.gc_freeze import freeze_startup_objects
 from engine.request import RequestState
 from engine.worker_stats import WorkerLoad, queued_prefill_tokens
 from kv_transfer.agent import TransferAgent
@@ -44,6 +45,7 @@ class PrefillWorker:
                                    faults=self.faults, on_acked=self._on_acked, kv_segment_name=kv_segment_name(self.engine))
         self._shipping: dict[str, _Shipping] = {}  # engine thread only
         self.loop.add_after_step(self._ship)
+        freeze_startup_objects()  # the engine is loaded: no full collections over it (engine/gc_freeze.py)
         self.loop.start()
 
     # -- Ray-facing API ---------------------------------------------------------------------
