@@ -16,8 +16,8 @@
  * Block formats (ggml): Q4_1 (type 3): fp16 d, fp16 m, 16 bytes of nibbles, the low nibbles weights
  * 0..15 and the high ones 16..31, w = d * q + m. Q8_0 (type 8): fp16 d, 32 int8, w = d * q.
  * The model multiplies Q4_1 regrouped by 8 rows (Q4_1x8, below: the same bytes, the same floats,
- * 1.2-1.45x faster at 1-8 rows). Limits (the caller checks them: quant_linear.py): K a multiple of
- * 32, one of those types, and N a multiple of 8 for Q4_1x8.
+ * 1.16-1.47x faster at 1-8 rows: docs/BENCHMARKS.md). Limits (the caller checks them:
+ * quant_linear.py): K a multiple of 32, one of those types, and N a multiple of 8 for Q4_1x8.
  */
 #include <omp.h>
 #include <stdint.h>
