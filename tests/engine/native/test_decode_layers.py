@@ -47,19 +47,19 @@ def _model(overrides: dict | None = None, blocks: bool = False) -> LlamaModel:
     return model
 
 
-def _cache_with_contexts(model: LlamaModel, lens: list[int], attn: AttentionBackend):
+def _cache_with_contexts(model: LlamaModel, lens: list[int], attn: AttentionBackend, block: int = BLOCK):
     """A cache whose sequences hold ``lens`` tokens (prefilled in one Python step), and their tables."""
-    blocks_per = [-(-(n + 1) // BLOCK) for n in lens]  # room for the decode token
-    cache = torch.zeros(sum(blocks_per) + 1, model.cfg.num_hidden_layers, 2, BLOCK, model.num_kv_heads, model.head_dim)
+    blocks_per = [-(-(n + 1) // block) for n in lens]  # room for the decode token
+    cache = torch.zeros(sum(blocks_per) + 1, model.cfg.num_hidden_layers, 2, block, model.num_kv_heads, model.head_dim)
     tables = torch.zeros(len(lens), max(blocks_per), dtype=torch.int32)
     first = 1  # block 0 unused: a wrong table read shows
     for s, n in enumerate(blocks_per):
         tables[s, :n] = torch.arange(first, first + n, dtype=torch.int32)
         first += n
     positions = torch.cat([torch.arange(n) for n in lens])
-    slot = torch.cat([tables[s, torch.arange(n) // BLOCK].long() for s, n in enumerate(lens)])
+    slot = torch.cat([tables[s, torch.arange(n) // block].long() for s, n in enumerate(lens)])
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-    meta = AttentionMetadata(0, sum(lens), slot, positions % BLOCK, None, None, tables, cu,
+    meta = AttentionMetadata(0, sum(lens), slot, positions % block, None, None, tables, cu,
                              torch.tensor(lens, dtype=torch.int32))
     ids = torch.randint(3, model.cfg.vocab_size, (sum(lens),), generator=torch.Generator().manual_seed(1))
     model.forward(ids, positions, cache, meta, attn)
@@ -68,17 +68,17 @@ def _cache_with_contexts(model: LlamaModel, lens: list[int], attn: AttentionBack
 
 def _decode_step(model: LlamaModel, cache: torch.Tensor, tables: torch.Tensor, lens: list[int],
                  attn: AttentionBackend) -> torch.Tensor:
-    pos = torch.tensor(lens)
-    meta = AttentionMetadata(len(lens), 0, tables[torch.arange(len(lens)), pos // BLOCK].long(), pos % BLOCK,
+    pos, block = torch.tensor(lens), cache.shape[3]
+    meta = AttentionMetadata(len(lens), 0, tables[torch.arange(len(lens)), pos // block].long(), pos % block,
                              tables, torch.tensor([n + 1 for n in lens], dtype=torch.int32), None, None, None)
     ids = torch.randint(3, model.cfg.vocab_size, (len(lens),), generator=torch.Generator().manual_seed(2))
     return model.forward(ids, pos, cache, meta, attn, keep=torch.arange(len(lens)))
 
 
-def _both_ways(model: LlamaModel, lens: list[int]):
+def _both_ways(model: LlamaModel, lens: list[int], block: int = BLOCK):
     """(hidden, cache) of one decode step through the C loop and through the Python forward."""
     attn = select_backend(torch.device("cpu"))
-    cache, tables = _cache_with_contexts(model, lens, attn)
+    cache, tables = _cache_with_contexts(model, lens, attn, block)
     before = cache.clone()
     looped = _decode_step(model, cache, tables, lens, attn)
     assert model._decode_plan is not None  # the loop ran
@@ -100,6 +100,20 @@ def test_the_loop_is_the_python_forward_bit_for_bit(blocks, lens):
     (looped, cache), (python, python_cache) = _both_ways(model, lens)
     assert torch.equal(looped, python)
     assert torch.equal(cache, python_cache)  # every layer's K/V of the new token, in its slot
+
+
+@pytest.mark.parametrize("block", [8, 32, 64])
+def test_other_block_sizes(block):
+    model = _model()
+    (looped, cache), (python, python_cache) = _both_ways(model, [3, 70, 129], block)
+    assert torch.equal(looped, python) and torch.equal(cache, python_cache)
+
+
+def test_a_smollm2_shaped_model():  # 9 query heads on 3 KV heads of 64: the default model's attention shape
+    model = _model({"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+                    "intermediate_size": 1536, "num_hidden_layers": 2}, blocks=True)
+    (looped, cache), (python, python_cache) = _both_ways(model, [20, 90, 33])
+    assert torch.equal(looped, python) and torch.equal(cache, python_cache)
 
 
 def test_a_qkv_bias_and_threads():
