@@ -10,6 +10,7 @@ Changes:
   cpu-attention    the CPU attention path (engine/attention/cpu.py) vs the torch reference
   native-decode    the CPU path's compiled decode kernel (engine/native) vs its torch path
   decode-split     that kernel attending contexts past 1,024 tokens in pieces vs whole
+  decode-heads     that kernel running a sequence's KV heads on one thread vs one head a task
   native-prefill   the CPU path's compiled prefill kernel (engine/native/paged_prefill.c) vs its torch path
   sampled-rows     the last layer's output projection and MLP for the sampling rows only vs every row
   prefix-flash     (torch path) a chunk after a cached prefix as two flash calls merged by log-sum-exp vs one masked SDPA
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cpu_step_ab", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "quantized", "q4-groups", "native-layers",
-                                                       "cpu-attention", "native-decode", "native-prefill", "sampled-rows", "decode-split",
+                                                       "cpu-attention", "native-decode", "native-prefill", "sampled-rows", "decode-split", "decode-heads",
                                                        "prefix-flash",
                                                        "layer-ops"))
     p.add_argument("--model", default="default")
@@ -142,18 +143,19 @@ def _switch(engine, change: str):
             model.ops = native if on else TorchLayerOps()
 
         return use_layer_ops, ("torch ops", "fused")
-    if change == "decode-split":
+    if change in ("decode-split", "decode-heads"):
         from engine.native.paged_decode import NativePagedDecode
 
         cpu = engine.runner.attn.decode.__self__
-        split, whole = cpu.native_decode, NativePagedDecode.load(split_tokens=1 << 30)
-        if split is None or whole is None:
-            raise SystemExit("decode-split: the compiled kernel is not in use here (see BATON_NATIVE_KERNELS, CC)")
+        variant = {"split_tokens": 1 << 30} if change == "decode-split" else {"heads_together": False}
+        current, before = cpu.native_decode, NativePagedDecode.load(**variant)
+        if current is None or before is None:
+            raise SystemExit(f"{change}: the compiled kernel is not in use here (see BATON_NATIVE_KERNELS, CC)")
 
-        def use_split(on: bool) -> None:
-            cpu.native_decode = split if on else whole
+        def use_variant(on: bool) -> None:
+            cpu.native_decode = current if on else before
 
-        return use_split, ("whole", "pieces")
+        return use_variant, ("whole", "pieces") if change == "decode-split" else ("one head a task", "heads together")
     if change == "prefix-flash":
         import engine.attention.cpu as cpu_attention
 

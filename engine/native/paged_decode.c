@@ -40,6 +40,9 @@
 #ifndef AHEAD
 #define AHEAD 2 /* blocks prefetched ahead */
 #endif
+#ifndef HEADS_TOGETHER
+#define HEADS_TOGETHER 1 /* a piece's KV heads as one thread's run of tasks (0: one head a task, for A/B runs) */
+#endif
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
@@ -221,9 +224,15 @@ int baton_paged_decode_f32(const float *q, int64_t q_stride, const float *k, con
         }
     }
     const int tasks = total * kv_heads;
+    /* A piece's KV heads go to one thread, one after another, wherever there are pieces enough to
+     * keep every thread busy: the heads' rows interleave in memory, so the lines the hardware
+     * prefetcher brings in beside one head's are the next head's, read from this core's L2. One
+     * head a task spread them over both cores' caches: 1.11-1.15x slower from DRAM, 1.14-1.25x
+     * from L3 (docs/BENCHMARKS.md). The floats are the same either way. */
+    const int chunk = HEADS_TOGETHER && total >= 2 * num_threads ? kv_heads : 1;
 #pragma omp parallel num_threads(num_threads)
     {
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, chunk)
         for (int task = 0; task < tasks; task++) {
             const int piece = task / kv_heads, h = task % kv_heads;
             int s = 0; /* the piece's sequence: first_piece is sorted */

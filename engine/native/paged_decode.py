@@ -23,10 +23,12 @@ class NativePagedDecode:
         self._fn = bind(library.lib, "baton_paged_decode_f32", "plppllplpiiiiifpi", ctypes.c_int)
 
     @classmethod
-    def load(cls, split_tokens: int | None = None) -> NativePagedDecode | None:
+    def load(cls, split_tokens: int | None = None, heads_together: bool = True) -> NativePagedDecode | None:
         """The kernel, compiled or taken from the cache; None (with nothing raised) when it cannot be had.
-        ``split_tokens`` overrides the length past which a context is attended in pieces (A/B runs)."""
+        ``split_tokens`` overrides the length past which a context is attended in pieces, and
+        ``heads_together=False`` gives each KV head its own task (A/B runs)."""
         flags = () if split_tokens is None else (f"-DSPLIT_TOKENS={int(split_tokens)}",)
+        flags += () if heads_together else ("-DHEADS_TOGETHER=0",)
         library = build_and_load("paged_decode.c", extra_flags=flags)
         return cls(library) if library.lib is not None else None
 
