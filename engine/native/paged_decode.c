@@ -227,8 +227,8 @@ int baton_paged_decode_f32(const float *q, int64_t q_stride, const float *k, con
     /* A piece's KV heads go to one thread, one after another, wherever there are pieces enough to
      * keep every thread busy: the heads' rows interleave in memory, so the lines the hardware
      * prefetcher brings in beside one head's are the next head's, read from this core's L2. One
-     * head a task spread them over both cores' caches: 1.11-1.15x slower from DRAM, 1.14-1.25x
-     * from L3 (docs/BENCHMARKS.md). The floats are the same either way. */
+     * head a task spread them over both cores' caches: the kernel was 1.09-1.14x slower
+     * (docs/BENCHMARKS.md). The floats are the same either way. */
     const int chunk = HEADS_TOGETHER && total >= 2 * num_threads ? kv_heads : 1;
 #pragma omp parallel num_threads(num_threads)
     {
