@@ -84,7 +84,7 @@ def run(model: str = "default", workload: str = "anyscale-cpu", threads: int | N
     output_tokens = sum(r.max_tokens for r in requests)
     return {
         "model": model, "workload": workload, "budget": budget, "order": order, "prefill_kernel": prefill_kernel,
-        "c_decode_loop": c_loop, "seconds": total, "tok_s": output_tokens / total,
+        "c_decode_loop": c_loop and engine.runner.model.decode_loop_planned, "seconds": total, "tok_s": output_tokens / total,
         "projection_seconds": in_projections[0],
         "steps": {k: {"steps": len(steps[k]), "seconds": sum(steps[k]),
                       "ms_per_step": 1e3 * sum(steps[k]) / len(steps[k]) if steps[k] else 0.0} for k in BUCKETS},

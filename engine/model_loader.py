@@ -73,7 +73,7 @@ def load_model(config: EngineConfig, progress: Callable[[str], None] | None = No
     say(f"loading {model_cfg.architecture} weights from {model_dir} ({dtype}, {device})")
     model = LlamaModel(model_cfg, device, dtype, max_positions=max_len)
     model.load_weights(iter_safetensors(model_dir))
-    if model.projection_mode == "skinny":  # CPU fp32 decode: multiply a GGUF import's own blocks
+    if model.takes_blocks:  # CPU fp32 decode: multiply a GGUF import's own blocks
         blocks = {name: QuantizedWeight(b, qtype) for name, (b, qtype) in read_ggml_blocks(model_dir).items()}
         if model.attach_quantized(blocks, str(model_dir / BLOCKS_FILE)):
             say(f"decode projections multiply the GGUF blocks ({', '.join(sorted({q.qtype for q in blocks.values()}))})")

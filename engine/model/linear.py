@@ -16,7 +16,11 @@ Three ways, one per model (``LlamaModel.set_projections``), all computing ``x @ 
   blocks (Q4_1, Q8_0: ``engine/native/quant_linear.c``), dequantized in L1 to exactly the floats the
   dense weight holds, so the results are the skinny kernel's bit for bit while the weight stream is
   5-8.5 bits a weight instead of 32 (SmolLM2's decode projections 2.3x faster at 1 row, 1.14x at 64).
-  Projections without blocks, and larger products, go the skinny way.
+  Projections without blocks, and larger products, go the skinny way -- except where MKL is not the
+  fast large product (AMD: ``packs_large_products``): there a projection with blocks keeps oneDNN's
+  packed weight instead of the dense one for its larger products (prefill); one without blocks
+  still goes the skinny way (MKL for its larger products). On the Zen 5 host measured (docs/BENCHMARKS.md, "quantized projections on AMD"),
+  SmolLM2's projections at 1 row take 3.5 ms this way against 14.0 packed, and prefill stays packed.
 - ``dense``: ``F.linear`` (CUDA, other dtypes, a torch without oneDNN, A/B runs).
 """
 
@@ -29,6 +33,8 @@ from engine.cpu_info import cpuinfo_field
 from engine.native.quant_linear import MAX_ROWS as QUANT_MAX_ROWS
 from engine.native.quant_linear import NativeQuantLinear, QuantizedWeight
 from engine.native.skinny_linear import MAX_ROWS as SKINNY_MAX_ROWS
+
+assert QUANT_MAX_ROWS == SKINNY_MAX_ROWS  # one row limit decides "decode-sized" for both kernels
 from engine.native.skinny_linear import NativeSkinnyLinear
 
 PROJECTION_MODES = ("dense", "packed", "skinny", "quantized")
@@ -53,6 +59,13 @@ def default_projections(device: torch.device, dtype: torch.dtype, skinny: Native
     return "packed" if can_pack(device, dtype) else "dense"
 
 
+def packs_large_products(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the quantized mode multiplies larger products (prefill) with oneDNN's packed weight
+    rather than MKL's ``F.linear``: where oneDNN packs and the CPU is not Intel's (on the AMD hosts
+    measured, MKL ran 2,048-row products at 0.43-0.5x oneDNN's rate)."""
+    return can_pack(device, dtype) and cpu_vendor() != "GenuineIntel"
+
+
 class Linear:
     """``y = x @ weight.T + bias`` for x ``[rows, in]``, weight ``[out, in]``."""
 
@@ -68,19 +81,27 @@ class Linear:
         if pack:
             self.pack()
 
-    def use(self, mode: str, skinny: NativeSkinnyLinear | None = None, quant: NativeQuantLinear | None = None) -> None:
+    def use(self, mode: str, skinny: NativeSkinnyLinear | None = None, quant: NativeQuantLinear | None = None,
+            pack_large: bool = False) -> None:
         """Switch to ``mode`` (one of ``PROJECTION_MODES``); same products, another kernel. A weight
         the skinny kernel does not take (in-features not a multiple of 16) stays with MKL; in the
-        quantized mode, one without blocks goes the skinny way."""
+        quantized mode, one without blocks goes the skinny way (so a decode step's layers can still
+        run in C), and with ``pack_large`` (where MKL is slow) one with blocks holds the packed
+        weight instead of the dense one for its larger products."""
         if mode not in PROJECTION_MODES:
             raise ValueError(f"projection mode must be one of {PROJECTION_MODES}, got {mode!r}")
         if mode in ("skinny", "quantized") and skinny is None:
             raise ValueError(f"{mode} projections need the compiled kernel (engine/native/skinny_linear.c)")
         if mode == "quantized" and quant is None:
             raise ValueError("quantized projections need the compiled kernel (engine/native/quant_linear.c)")
-        self.pack() if mode == "packed" else self.unpack()
-        self.skinny = skinny if mode in ("skinny", "quantized") and skinny.supports_weight(self.weight, self.bias) else None
-        self.quant = quant if mode == "quantized" and self.quantized is not None else None
+        blocks = mode == "quantized" and self.quantized is not None and _bias_fits(self.bias, self.out_features)
+        self.pack() if mode == "packed" or (blocks and pack_large) else self.unpack()
+        if blocks:  # decode-sized products multiply the blocks, whatever form the weight is in
+            self.skinny, self.quant = skinny, quant
+        else:
+            takes = mode in ("skinny", "quantized")
+            self.skinny = skinny if takes and skinny.supports_weight(self.weight, self.bias) else None
+            self.quant = None
 
     @property
     def out_features(self) -> int:
@@ -100,13 +121,18 @@ class Linear:
         return self.weight.to_dense() if self.packed else self.weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        small = 0 < x.shape[0] <= SKINNY_MAX_ROWS and x.dim() == 2 and x.stride(1) == 1
+        if small and self.quant is not None:
+            return self.quant(x, self.quantized, self.bias)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        if self.skinny is not None and 0 < x.shape[0] <= SKINNY_MAX_ROWS and x.dim() == 2 and x.stride(1) == 1:
-            if self.quant is not None and x.shape[0] <= QUANT_MAX_ROWS:
-                return self.quant(x, self.quantized, self.bias)
+        if small and self.skinny is not None:
             return self.skinny(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+def _bias_fits(bias: torch.Tensor | None, out_features: int) -> bool:
+    return bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (out_features,))
 
 
 def cpu_vendor() -> str:

@@ -16,7 +16,7 @@ from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.errors import ModelLoadError
 from engine.model.config import ModelConfig
-from engine.model.linear import Linear, can_pack, default_projections
+from engine.model.linear import Linear, can_pack, default_projections, packs_large_products
 from engine.model.rope import RotaryEmbedding
 from engine.native.decode_layers import DecodePlan, NativeDecodeLayers
 from engine.native.layer_ops import layer_ops_for
@@ -57,6 +57,8 @@ class LlamaModel:
         self.skinny_kernel = NativeSkinnyLinear.load() if cpu_fp32 else None
         self.quant_kernel: NativeQuantLinear | None = None  # loaded when GGUF blocks are attached
         self.projection_mode = default_projections(device, dtype, self.skinny_kernel)
+        # Where MKL is the slow large product (AMD), the quantized mode keeps oneDNN's packed weights for prefill.
+        self.pack_large = packs_large_products(device, dtype)
         # Residual add + RMSNorm, the rotary embedding, SiLU * up: fused C kernels on CPU fp32 (engine/native).
         self.ops = layer_ops_for(device, dtype)
         # Decode steps whose every call is one of those kernels run their layer loop in C (one call a
@@ -137,13 +139,19 @@ class LlamaModel:
                 proj.use(self.projection_mode, self.skinny_kernel)
         self.lm_head.use(self.projection_mode, self.skinny_kernel)
 
+    @property
+    def takes_blocks(self) -> bool:
+        """Whether ``attach_quantized`` can turn the quantized mode on (the kernels load, default mode)."""
+        return self.skinny_kernel is not None and self.projection_mode in ("skinny", "packed")
+
     def attach_quantized(self, blocks: dict[str, QuantizedWeight], source: str) -> bool:
         """Give each projection the GGUF blocks its weight was dequantized from (``blocks`` by HF
-        tensor name) and multiply them in decode steps (the ``quantized`` mode) where the kernel loads
-        and the model uses the skinny kernel. Fused projections need blocks for every part. Returns
+        tensor name) and multiply them in decode steps (the ``quantized`` mode) where the kernel loads and
+        the model's default is the skinny kernel, or packed weights on a CPU the skinny kernel runs on
+        (AMD: larger products then stay packed). Fused projections need blocks for every part. Returns
         whether the quantized mode is on. A block row that does not dequantize to the loaded weight
         (a stale or foreign file) fails the load naming ``source``."""
-        if self.projection_mode != "skinny" or not blocks:
+        if not self.takes_blocks or not blocks:
             return False
         self.quant_kernel = NativeQuantLinear.load()
         if self.quant_kernel is None:
@@ -162,9 +170,10 @@ class LlamaModel:
             fused = QuantizedWeight.cat(found) if len(found) == len(names) else None
             if fused is None or fused.shape != tuple(proj.weight.shape):
                 continue
+            dense = proj.dense_weight()  # a copy where packed: at load only
             for row in (0, fused.shape[0] - 1):  # cheap: the first and last rows, exactly
                 got = self.quant_kernel.dequantize(QuantizedWeight(fused.blocks[row : row + 1], fused.qtype))
-                if not torch.equal(got[0], proj.weight[row]):
+                if not torch.equal(got[0], dense[row]):
                     raise ModelLoadError(f"{source}: the {fused.qtype} blocks of {names[0]} do not dequantize to "
                                          f"the weights in the model directory (row {row}); delete the directory "
                                          "to re-import it")
@@ -260,6 +269,11 @@ class LlamaModel:
         return self.native_layers.run(self._decode_plan, h, positions, meta.slot_block, meta.slot_offset,
                                       meta.decode_block_tables, meta.decode_seq_lens)
 
+    @property
+    def decode_loop_planned(self) -> bool:
+        """Whether the last decode step's layers ran in C (a plan exists for this model and cache)."""
+        return self._decode_plan is not None
+
     def invalidate_decode_plan(self) -> None:
         """Call after changing a projection's weights or blocks in place: the plan points at them."""
         self._decode_plan = self._decode_plan_for = None
@@ -280,7 +294,9 @@ class LlamaModel:
             blocks = self.lm_head.quantized
             self.lm_head = Linear(self.embed)  # the embedding itself again, not the unpacked copy
             self.lm_head.quantized = blocks
-        for proj in [self.lm_head, *(p for layer in self.layers for p in layer.projections())]:
-            proj.use(mode, self.skinny_kernel, self.quant_kernel)
+        # A tied head is the embedding, which the lookup needs dense: it never packs for larger products.
+        self.lm_head.use(mode, self.skinny_kernel, self.quant_kernel, self.pack_large and not self.cfg.tie_word_embeddings)
+        for proj in (p for layer in self.layers for p in layer.projections()):
+            proj.use(mode, self.skinny_kernel, self.quant_kernel, self.pack_large)
         self.projection_mode = mode
         self.invalidate_decode_plan()

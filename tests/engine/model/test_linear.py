@@ -119,20 +119,17 @@ def test_the_default_mode_follows_the_device_and_the_kernel():
         assert default_projections(torch.device("cpu"), torch.float32, object()) == expected
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_gguf_blocks_give_the_skinny_logits_bit_for_bit(tied):
-    """A model whose weights are dequantized blocks multiplies the blocks in decode-sized products
-    (the quantized mode) with the skinny mode's results exactly; the tied head keeps its blocks across
-    mode switches; blocks that do not dequantize to the weights fail the load."""
+def _blocked_model(tied: bool):
+    """A tiny model whose weights are dequantized GGUF blocks (Q4_1 layers, a Q8_0 embedding; the
+    688-wide down projection stays fp32), loaded, and those blocks (not attached yet)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
 
-    from engine.errors import ModelLoadError
     from engine.native.quant_linear import NativeQuantLinear, QuantizedWeight
 
     model = _tiny_model(tied)
-    if model.projection_mode != "skinny" or NativeQuantLinear.load() is None:
-        pytest.skip("the quantized mode needs the skinny and quantized kernels (Intel AVX-512)")
+    if not model.takes_blocks or NativeQuantLinear.load() is None:
+        pytest.skip("the quantized mode needs the skinny and quantized kernels (AVX-512)")
     blocks, floats = {}, {}
     for name, shape in model.expected_shapes().items():
         if len(shape) == 2 and shape[1] % 32 == 0:  # the tiny down projection (688 in) stays fp32
@@ -144,6 +141,17 @@ def test_gguf_blocks_give_the_skinny_logits_bit_for_bit(tied):
         else:
             floats[name] = torch.randn(shape, generator=torch.Generator().manual_seed(len(floats))) * 0.05
     model.load_weights((n, t, "test") for n, t in floats.items())
+    return model, blocks
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_gguf_blocks_give_the_skinny_logits_bit_for_bit(tied):
+    """A model whose weights are dequantized blocks multiplies the blocks in decode-sized products
+    (the quantized mode) with the skinny mode's results exactly; the tied head keeps its blocks across
+    mode switches; blocks that do not dequantize to the weights fail the load (also from packed weights)."""
+    from engine.errors import ModelLoadError
+
+    model, blocks = _blocked_model(tied)
     stale = dict(blocks, **{"model.layers.1.self_attn.o_proj.weight": blocks["model.layers.0.self_attn.o_proj.weight"]})
     with pytest.raises(ModelLoadError, match="o_proj.weight do not dequantize"):
         model.attach_quantized(stale, "blocks.safetensors")
@@ -165,13 +173,56 @@ def test_gguf_blocks_give_the_skinny_logits_bit_for_bit(tied):
     assert model.lm_head.quant is model.quant_kernel  # the head's blocks survived the packed detour
 
 
+@needs_packing
+@pytest.mark.parametrize("tied", [False, True])
+def test_where_mkl_is_slow_the_quantized_mode_keeps_packed_weights_for_larger_products(tied):
+    """As on AMD (``packs_large_products``): projections with blocks hold oneDNN's packed weight
+    instead of the dense one, so decode-sized products are the blocks' (the skinny results, bit for
+    bit) and larger ones the packed mode's, bit for bit; one without blocks goes the skinny way; a tied
+    head stays the embedding (no second copy). Attaching from the packed default checks the blocks."""
+    from engine.errors import ModelLoadError
+
+    model, blocks = _blocked_model(tied)
+    model.pack_large = True
+    model.set_projections("packed")
+    stale = dict(blocks, **{"model.layers.0.mlp.gate_proj.weight": blocks["model.layers.1.mlp.gate_proj.weight"]})
+    with pytest.raises(ModelLoadError, match="gate_proj.weight do not dequantize"):
+        model.attach_quantized(stale, "blocks.safetensors")
+    assert model.attach_quantized(blocks, "blocks.safetensors") and model.projection_mode == "quantized"
+    layer_projections = [p for layer in model.layers for p in layer.projections()]
+    downs = [layer.down for layer in model.layers]
+    assert all(p.packed == (p not in downs) for p in layer_projections)
+    assert all((p.quant is model.quant_kernel) == (p not in downs) for p in layer_projections)
+    assert all(p.skinny is model.skinny_kernel for p in layer_projections)  # a decode step can run in C
+    assert (model.lm_head.weight is model.embed) == tied and model.lm_head.packed != tied
+    assert model.lm_head.quant is model.quant_kernel
+    x = torch.randn(70, model.cfg.hidden_size, generator=torch.Generator().manual_seed(3))
+    up = model.layers[1].gate_up
+    quantized = [up(x[:rows]) for rows in (1, 5, 64, 70)] + [model.compute_logits(x[:rows]) for rows in (1, 64)]
+    model.set_projections("skinny")
+    assert all(torch.equal(a, up(x[:rows])) for a, rows in zip(quantized, (1, 5, 64)))
+    assert all(torch.equal(a, model.compute_logits(x[:rows])) for a, rows in zip(quantized[4:], (1, 64)))
+    model.set_projections("packed")
+    assert torch.equal(quantized[3], up(x))
+
+
+def test_only_a_cpu_whose_mkl_is_slow_packs_larger_products():
+    from engine.model.linear import cpu_vendor, packs_large_products
+
+    assert not packs_large_products(torch.device("cpu"), torch.bfloat16)
+    assert not packs_large_products(torch.device("cuda"), torch.float32)
+    expected = can_pack(torch.device("cpu"), torch.float32) and cpu_vendor() != "GenuineIntel"
+    assert packs_large_products(torch.device("cpu"), torch.float32) == expected
+
+
 def test_blocks_that_fit_no_projection_leave_the_mode_alone():
     from engine.native.quant_linear import NativeQuantLinear, QuantizedWeight
 
     model = _tiny_model(False)
-    if model.projection_mode != "skinny" or NativeQuantLinear.load() is None:
-        pytest.skip("the quantized mode needs the skinny and quantized kernels (Intel AVX-512)")
+    if not model.takes_blocks or NativeQuantLinear.load() is None:
+        pytest.skip("the quantized mode needs the skinny and quantized kernels (AVX-512)")
+    default = model.projection_mode
     only_q = {"model.layers.0.self_attn.q_proj.weight": QuantizedWeight(torch.zeros(256, 160, dtype=torch.uint8), "Q4_1")}
     assert not model.attach_quantized(only_q, "blocks.safetensors")  # k and v missing: the fused qkv cannot take it
     assert not model.attach_quantized({}, "blocks.safetensors")
-    assert model.projection_mode == "skinny"
+    assert model.projection_mode == default
