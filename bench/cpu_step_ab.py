@@ -6,6 +6,7 @@ Changes:
   skinny-linear    the compiled skinny kernel for <= 64 rows, MKL above (engine/native) vs packed
   skinny-vs-mkl    the same vs MKL's F.linear at every row count (dense weights both)
   quantized        a GGUF model's own Q4_1/Q8_0 blocks for <= 64 rows (engine/native/quant_linear.c) vs skinny
+  quantized-vs-packed  the same vs packed weights at every row count (AMD's default before blocks ran there)
   q4-groups        those Q4_1 blocks in the kernel's 8-row layout (QuantizedWeight.regroup) vs the file's layout
   cpu-attention    the CPU attention path (engine/attention/cpu.py) vs the torch reference
   native-decode    the CPU path's compiled decode kernel (engine/native) vs its torch path
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m bench.cpu_step_ab", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "quantized", "q4-groups", "native-layers",
+    p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "quantized", "quantized-vs-packed", "q4-groups", "native-layers",
                                                        "cpu-attention", "native-decode", "native-prefill", "sampled-rows", "decode-split", "decode-heads",
                                                        "prefix-flash",
                                                        "layer-ops"))
@@ -105,11 +106,12 @@ def _switch(engine, change: str):
             raise SystemExit(f"{change}: the compiled kernel is not loaded here (AVX-512, BATON_NATIVE_KERNELS, CC)")
         base = "packed" if change == "skinny-linear" else "dense"
         return lambda on: model.set_projections("skinny" if on else base), (base if base == "packed" else "MKL", "skinny")
-    if change == "quantized":
+    if change in ("quantized", "quantized-vs-packed"):
         if model.quant_kernel is None:
-            raise SystemExit("quantized: no GGUF blocks attached here (a GGUF model, Intel AVX-512 with F16C, "
+            raise SystemExit(f"{change}: no GGUF blocks attached here (a GGUF model, AVX-512 with F16C, "
                              "BATON_NATIVE_KERNELS, CC)")
-        return lambda on: model.set_projections("quantized" if on else "skinny"), ("skinny", "quantized")
+        base = "skinny" if change == "quantized" else "packed"
+        return lambda on: model.set_projections("quantized" if on else base), (base, "quantized")
     if change == "q4-groups":
         grouped = {proj: proj.quantized for proj in _projections(model) if proj.quantized is not None
                    and proj.quantized.qtype == "Q4_1x8"}

@@ -21,6 +21,8 @@ def test_decode_split_runs_both_arms(capsys):
 def test_a_change_this_model_cannot_make_is_refused():
     with pytest.raises(SystemExit, match="no GGUF blocks"):  # tiny is not a GGUF model
         main(["--change", "quantized", *ARGS])
+    with pytest.raises(SystemExit, match="quantized-vs-packed: no GGUF blocks"):
+        main(["--change", "quantized-vs-packed", *ARGS])
 
 
 def test_prefill_after_a_cached_prefix(capsys):
