@@ -129,9 +129,9 @@ def drive(cluster: LocalCluster, w: InterferenceWorkload, vocab: int) -> dict:
 
 def run(model: str = "default", threads: int = 1, workload: InterferenceWorkload = InterferenceWorkload(),
         max_num_batched_tokens: int = 2048, local_prefill_threshold: int = 256, small_chunk_baseline: int = 0,
-        progress=lambda m: None) -> dict:
+        kv_shared_memory: bool = False, progress=lambda m: None) -> dict:
     engine = EngineConfig(model=model, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens),
-                          cache=CacheConfig(kv_cache_memory_gb=1.0))
+                          cache=CacheConfig(kv_cache_memory_gb=1.0, shared_memory=kv_shared_memory))
     setups = {
         "colocated": ClusterConfig(prefill_workers=0, decode_workers=1, engine=engine,
                                    torch_threads_per_worker=2 * threads, cpus_per_worker=2 * threads),
@@ -144,7 +144,8 @@ def run(model: str = "default", threads: int = 1, workload: InterferenceWorkload
         small = replace(engine, scheduler=SchedulerConfig(max_num_batched_tokens=small_chunk_baseline))
         setups[f"colocated_chunk{small_chunk_baseline}"] = replace(setups["colocated"], engine=small)
     out = {"workload": workload.__dict__, "max_num_batched_tokens": max_num_batched_tokens, "model": model,
-           "local_prefill_threshold": local_prefill_threshold, "setups": list(setups)}
+           "local_prefill_threshold": local_prefill_threshold, "kv_shared_memory": kv_shared_memory,
+           "setups": list(setups)}
     for name, cfg in setups.items():
         progress(f"{name}: starting")
         cluster = LocalCluster(cfg)
@@ -172,12 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--local-prefill-threshold", type=int, default=256)
     ap.add_argument("--small-chunk-baseline", type=int, default=0)
+    ap.add_argument("--kv-shared-memory", action="store_true",
+                    help="KV caches in /dev/shm: the disaggregated transfer copies from the peer's cache")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     wl = InterferenceWorkload(interactive=a.interactive, long_len=a.long_len, long_every_s=a.long_every,
                               duration_s=a.duration)
     r = run(a.model, 1, wl, a.max_num_batched_tokens, a.local_prefill_threshold, a.small_chunk_baseline,
-            progress=lambda m: print(f"[bench] {m}", file=sys.stderr))
+            a.kv_shared_memory, progress=lambda m: print(f"[bench] {m}", file=sys.stderr))
     print(json.dumps(r, indent=2))
     return 0
 

@@ -35,6 +35,8 @@ def add_parser(sub) -> None:
                    help="disaggregated setup: shorter prompts prefill on the decode worker")
     i.add_argument("--small-chunk-baseline", type=int, default=0,
                    help="also run colocated with this prefill chunk size (0: skip)")
+    i.add_argument("--kv-shared-memory", action="store_true",
+                   help="KV caches in /dev/shm: the disaggregated transfer copies from the peer's cache")
     i.add_argument("--json", action="store_true")
     i.set_defaults(run=_interference)
 
@@ -90,13 +92,14 @@ def _interference(args: argparse.Namespace) -> int:
     wl = InterferenceWorkload(interactive=args.interactive, long_len=args.long_len, long_every_s=args.long_every,
                               duration_s=args.duration)
     r = run(args.model, 1, wl, args.max_num_batched_tokens, args.local_prefill_threshold, args.small_chunk_baseline,
-            progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+            args.kv_shared_memory, progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(r, indent=2))
     else:
         for name in r["setups"]:
             x = r[name]
-            print(f"{name:14s} ITL p50 {x['itl_s']['p50'] * 1e3:7.1f} ms  p99 {x['itl_s']['p99'] * 1e3:7.1f} ms   "
+            print(f"{name:14s} ITL p50 {x['itl_s']['p50'] * 1e3:7.1f} ms  p99 {x['itl_s']['p99'] * 1e3:7.1f} ms  "
+                  f"p99.9 {x['itl_s']['p999'] * 1e3:7.1f} ms   "
                   f"{x['output_tok_s']:.1f} output tok/s, {x['total_tok_s']:.1f} total tok/s")
     return 0
 
