@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from bench.work import RowCost, WorkCounter
 from bench.workloads import OfflineRequest, anyscale_cpu, total_output_tokens
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.sampling_params import SamplingParams
@@ -61,6 +62,15 @@ def run_baton(engine_config: EngineConfig, requests: list[OfflineRequest], name:
     _warmup(engine)
     params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, detokenize=False) for r in requests]
     waste: list[float] = []
+    model = engine.runner.model
+    work, head = WorkCounter(RowCost.of(model.cfg)), model.compute_logits
+    sampled = [0]
+
+    def counted_logits(hidden):  # the head's rows: every row that samples
+        sampled[0] += hidden.shape[0]
+        return head(hidden)
+
+    model.compute_logits = counted_logits
     t0 = time.perf_counter()
     ids = [engine.add_request(None, list(r.prompt_token_ids), p) for r, p in zip(requests, params)]
     done = {}
@@ -70,6 +80,8 @@ def run_baton(engine_config: EngineConfig, requests: list[OfflineRequest], name:
             if out.finished:
                 done[out.request_id] = out.token_ids
         steps += 1
+        work.add_step(engine.last_scheduler_output.total_num_scheduled_tokens, sampled[0])
+        sampled[0] = 0
         used, allocated = engine.kv_slot_usage()
         if allocated:
             waste.append(1 - used / allocated)
@@ -78,7 +90,7 @@ def run_baton(engine_config: EngineConfig, requests: list[OfflineRequest], name:
     outputs = [done[i] for i in ids]
     assert all(len(o) == r.max_tokens for o, r in zip(outputs, requests)), "a request produced the wrong length"
     details = {"steps": steps, "kv_waste": sum(waste) / len(waste) if waste else 0.0,
-               "preemptions": engine.scheduler.num_preemptions}
+               "preemptions": engine.scheduler.num_preemptions, "work": work.report(seconds)}
     del engine
     gc.collect()
     return SystemResult(name, seconds, useful / seconds, outputs, details)
@@ -161,6 +173,9 @@ def run_offline(
         "kv_waste": cb.details["kv_waste"],
         "seconds": {s.name: s.seconds for s in systems},
         "baton_cb_over_static": cb.tok_s / static.tok_s,
+        # that ratio = static's work over CB's (the workload's) x CB's rate over static's (the engine's)
+        "static_over_cb_work": static.details["work"]["projection_tflop"] / cb.details["work"]["projection_tflop"],
+        "cb_over_static_gflop_s": cb.details["work"]["projection_gflop_s"] / static.details["work"]["projection_gflop_s"],
         "requests_identical_across_systems": agree,
         "details": {s.name: s.details for s in systems},
         "repeat": repeat,
@@ -223,6 +238,8 @@ def format_table(r: dict) -> str:
         if v is not None:
             lines.append(f"  {name:36s} {v:8.1f} tok/s   (Baton CB is {r['baton_cb_tok_s'] / v:.2f}x)")
     lines.append(f"  KV waste (Baton CB): {r['kv_waste'] * 100:.2f}%")
+    lines.append(f"  CB over static = {r['static_over_cb_work']:.2f}x the projection work (static's over CB's)"
+                 f" x {r['cb_over_static_gflop_s']:.2f}x the rate (CB's GFLOP/s over static's)")
     lines.append(f"  requests with identical tokens in every system: {r['requests_identical_across_systems']}")
     return "\n".join(lines)
 
