@@ -16,8 +16,9 @@ class SchedulerConfig:
     """Token-budget continuous batching limits.
 
     ``policy='static'`` is the static-batching baseline: a batch of ``static_batch_size`` requests
-    is admitted only when the previous one has fully finished, and rows that finish early keep
-    computing (as padding) until the batch's longest request ends.
+    is admitted only when the previous one has fully finished (its prompts start over as many steps
+    as the token budget needs), and rows that finish early keep computing (as padding) until the
+    batch's longest request ends.
     """
 
     max_num_seqs: int = 256

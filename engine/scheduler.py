@@ -168,7 +168,8 @@ class Scheduler:
 
     def _admit(self, budget: int, scheduled: list[Request], counts: list[int]) -> None:
         bm = self.block_manager
-        limit = self.admission.admission_limit(len(self.running) + len(self.reserved), self.config.max_num_seqs)
+        limit = self.admission.admission_limit(len(self.running) + len(self.reserved), self.config.max_num_seqs,
+                                               len(self.waiting))
         while budget > 0 and limit > 0 and len(self.waiting):
             req = self.waiting.peek()
             cached = bm.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
@@ -191,6 +192,7 @@ class Scheduler:
             counts.append(n)
             budget -= n
             limit -= 1
+            self.admission.admitted()
 
     def _build_output(
         self, scheduled: list[Request], counts: list[int], grew: dict[str, int], preempted: int

@@ -146,6 +146,22 @@ def test_static_policy_runs_batches_to_their_longest_request():
     assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
 
 
+def test_a_static_batch_is_its_full_size_even_when_the_budget_starts_its_prompts_over_several_steps():
+    sched, runner = make(policy="static", static_batch_size=2, max_num_batched_tokens=4)
+    a, b, c = req("a", 4, 3), req("b", 4, 8), req("c", 4, 2)
+    for r in (a, b, c):
+        sched.add_request(r)
+    steps = run(sched, runner)
+    first = {r: next(i for i, s in enumerate(steps) if r in s.num_scheduled_tokens) for r in "abc"}
+    assert first["a"] == 0 and first["b"] == 1  # the budget took one prompt a step: b still joins a's batch
+    last_b = max(i for i, s in enumerate(steps) if "b" in s.num_scheduled_tokens)
+    assert first["c"] == last_b + 1  # c waits for the batch's longest request
+    assert all(len(s.num_scheduled_tokens) <= 2 for s in steps)
+    for r in (a, b, c):
+        assert r.output_token_ids == expected_output(r.prompt_token_ids, r.sampling_params.max_tokens)
+    assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
+
+
 def test_prefix_cache_hit_skips_computed_tokens():
     sched, runner = make()
     a = req("a", 12, 2)
