@@ -192,7 +192,6 @@ class Scheduler:
             counts.append(n)
             budget -= n
             limit -= 1
-            self.admission.admitted()
 
     def _build_output(
         self, scheduled: list[Request], counts: list[int], grew: dict[str, int], preempted: int

@@ -56,30 +56,24 @@ class AdmissionPolicy:
     def admission_limit(self, num_running: int, max_num_seqs: int, num_waiting: int) -> int:
         return max_num_seqs - num_running
 
-    def admitted(self) -> None:
-        """One request was admitted (the scheduler calls this for each)."""
-
 
 class StaticBatchAdmission(AdmissionPolicy):
     """Static batching baseline: a batch is the ``batch_size`` requests (or fewer, if fewer wait)
     waiting when the previous batch has fully finished. It fills over as many steps as the token
     budget needs to start all their prompts (16 prompts of ~160 tokens take two steps of 2,048), and
-    then takes no one until its longest request ends."""
+    then takes no one until its longest request ends (its finished rows stay running, as padding,
+    so the running count is the batch's admitted count)."""
 
     hold_finished = True
 
     def __init__(self, batch_size: int) -> None:
         self.batch_size = batch_size
         self._quota = 0  # requests the current batch takes in all
-        self._admitted = 0  # of them, admitted so far
 
     def admission_limit(self, num_running: int, max_num_seqs: int, num_waiting: int) -> int:
         if num_running == 0:  # the previous batch has left: the next one is what waits now
-            self._quota, self._admitted = min(self.batch_size, max_num_seqs, num_waiting), 0
-        return self._quota - self._admitted
-
-    def admitted(self) -> None:
-        self._admitted += 1
+            self._quota = min(self.batch_size, max_num_seqs, num_waiting)
+        return max(self._quota - num_running, 0)
 
 
 class PreemptionPolicy:

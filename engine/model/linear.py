@@ -19,8 +19,9 @@ Three ways, one per model (``LlamaModel.set_projections``), all computing ``x @ 
   Projections without blocks, and larger products, go the skinny way -- except where MKL is not the
   fast large product (AMD: ``packs_large_products``): there a projection with blocks keeps oneDNN's
   packed weight instead of the dense one for its larger products (prefill); one without blocks
-  still goes the skinny way (MKL for its larger products). On the Zen 5 host measured (docs/BENCHMARKS.md, "quantized projections on AMD"),
-  SmolLM2's projections at 1 row take 3.5 ms this way against 14.0 packed, and prefill stays packed.
+  still goes the skinny way (MKL for its larger products). On the Zen 5 host measured, SmolLM2's
+  decode steps are 3.02x faster at 1 row and 1.15x at 64 than packed, prefill the same
+  (docs/BENCHMARKS.md, "Engine: offline throughput", the Zen 5 host).
 - ``dense``: ``F.linear`` (CUDA, other dtypes, a torch without oneDNN, A/B runs).
 """
 
@@ -35,7 +36,7 @@ from engine.native.quant_linear import NativeQuantLinear, QuantizedWeight
 from engine.native.skinny_linear import MAX_ROWS as SKINNY_MAX_ROWS
 
 assert QUANT_MAX_ROWS == SKINNY_MAX_ROWS  # one row limit decides "decode-sized" for both kernels
-from engine.native.skinny_linear import NativeSkinnyLinear
+from engine.native.skinny_linear import NativeSkinnyLinear, bias_fits
 
 PROJECTION_MODES = ("dense", "packed", "skinny", "quantized")
 
@@ -94,7 +95,7 @@ class Linear:
             raise ValueError(f"{mode} projections need the compiled kernel (engine/native/skinny_linear.c)")
         if mode == "quantized" and quant is None:
             raise ValueError("quantized projections need the compiled kernel (engine/native/quant_linear.c)")
-        blocks = mode == "quantized" and self.quantized is not None and _bias_fits(self.bias, self.out_features)
+        blocks = mode == "quantized" and self.quantized is not None and bias_fits(self.bias, self.out_features)
         self.pack() if mode == "packed" or (blocks and pack_large) else self.unpack()
         if blocks:  # decode-sized products multiply the blocks, whatever form the weight is in
             self.skinny, self.quant = skinny, quant
@@ -129,10 +130,6 @@ class Linear:
         if small and self.skinny is not None:
             return self.skinny(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
-
-
-def _bias_fits(bias: torch.Tensor | None, out_features: int) -> bool:
-    return bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (out_features,))
 
 
 def cpu_vendor() -> str:

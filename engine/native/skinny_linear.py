@@ -19,6 +19,11 @@ from engine.native.build import bind, build_and_load
 MAX_ROWS = 64
 
 
+def bias_fits(bias: torch.Tensor | None, out_features: int) -> bool:
+    """A bias the compiled projection kernels add (fp32, contiguous, one per output), or none."""
+    return bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (out_features,))
+
+
 class NativeSkinnyLinear:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._fn = bind(lib, "baton_skinny_linear_f32", "plpppliiii", ctypes.c_int)
@@ -37,7 +42,7 @@ class NativeSkinnyLinear:
         return (
             weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu"
             and weight.layout == torch.strided and weight.is_contiguous() and weight.shape[1] % 16 == 0
-            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == weight.shape[:1]))
+            and bias_fits(bias, weight.shape[0])
         )
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
