@@ -39,6 +39,9 @@ class ClusterConfig:
     cpus_per_worker: float = 1.0
     torch_threads_per_worker: int = 1  # CPU only
     local_prefill_threshold: int = 0  # prompts shorter than this skip the prefill pool
+    # With a prefill pool: the prompt tokens a decode worker's step may compute (its local prefills
+    # ride in its decode steps). None: the engine's whole step budget.
+    decode_prefill_token_budget: int | None = 256
     transfer_timeout_s: float = 10.0
     max_restarts: int = 0
     start_timeout_s: float = 300.0
@@ -49,6 +52,8 @@ class ClusterConfig:
             raise ValueError("a cluster needs at least one decode worker and a non-negative number of prefill workers")
         if self.transfer_timeout_s <= 0:
             raise ValueError("transfer_timeout_s must be > 0")
+        if self.decode_prefill_token_budget is not None and self.decode_prefill_token_budget < 1:
+            raise ValueError(f"decode_prefill_token_budget must be >= 1 or None, got {self.decode_prefill_token_budget}")
 
 
 class LocalCluster:
@@ -71,7 +76,8 @@ class LocalCluster:
                                 config.torch_threads_per_worker)
                  for role, n in (("prefill", config.prefill_workers), ("decode", config.decode_workers))}
         self.fleet = WorkerFleet(engine_cfg, pools["prefill"], pools["decode"],
-                                 FleetOptions(config.transfer_timeout_s, config.max_restarts, config.start_timeout_s),
+                                 FleetOptions(config.transfer_timeout_s, config.max_restarts, config.start_timeout_s,
+                                              decode_prefill_token_budget=config.decode_prefill_token_budget),
                                  say)
         self.pool = self.fleet.start()
         decode = self.pool.decode

@@ -51,6 +51,9 @@ class FleetOptions:
     transfer_timeout_s: float = 10.0
     max_restarts: int = 0  # Ray's own restarts of a dead actor, before the fleet replaces it
     start_timeout_s: float = 300.0
+    # Disaggregated (a prefill pool exists): the most prompt tokens a decode worker's step computes
+    # for its local prefills (SchedulerConfig.prefill_token_budget). None: its whole step budget.
+    decode_prefill_token_budget: int | None = None
     actor_name_prefix: str | None = None  # named actors (``baton cluster``): PREFIX-prefill-0, ...
 
 
@@ -96,7 +99,11 @@ class WorkerFleet:
 
     def _engine_for(self, role: str) -> EngineConfig:
         spec = self.specs[role]
-        return replace(self.engine, num_threads=spec.threads if not spec.gpus else None)
+        engine = replace(self.engine, num_threads=spec.threads if not spec.gpus else None)
+        budget = self.options.decode_prefill_token_budget
+        if role == "decode" and budget and self.specs["prefill"].workers:
+            engine = replace(engine, scheduler=replace(engine.scheduler, prefill_token_budget=budget))
+        return engine
 
     def _spawn(self, role: str, worker_id: str):
         spec = self.specs[role]

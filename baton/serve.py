@@ -72,6 +72,7 @@ class BatonServer:
             engine=cfg.engine_config(), gpus_per_worker=cfg.pools.decode.gpus, cpus_per_worker=cfg.pools.decode.cpus,
             torch_threads_per_worker=cfg.pools.decode.threads,
             local_prefill_threshold=cfg.pools.local_prefill_threshold,
+            decode_prefill_token_budget=cfg.pools.decode_prefill_token_budget,
             transfer_timeout_s=cfg.pools.transfer_timeout_s, max_restarts=cfg.pools.max_restarts)
         # On the main thread, blocking: Ray installs its handlers there, and nothing else runs yet.
         self.cluster = LocalCluster(cluster_cfg, self.say, self.router_id)

@@ -82,6 +82,7 @@ class ClusterSupervisor:
             PoolSpec("prefill", p.workers, p.cpus, p.gpus, p.threads, {cc.prefill_resource: 1.0}),
             PoolSpec("decode", d.workers, d.cpus, d.gpus, d.threads, {cc.decode_resource: 1.0}),
             FleetOptions(cfg.pools.transfer_timeout_s, cfg.pools.max_restarts, cc.start_timeout_s,
+                         decode_prefill_token_budget=cfg.pools.decode_prefill_token_budget,
                          actor_name_prefix=cfg.redis.cluster_name),
             self.say)
         self.say(f"starting {p.workers} prefill and {d.workers} decode workers ({cfg.model.path})")

@@ -2,11 +2,15 @@
 
 Steady interactive traffic (``interactive`` concurrent streams with short prompts and long
 outputs, each replaced by a new one as soon as it finishes) while long prompts (``long_len``
-tokens) arrive every ``long_every_s`` seconds. Both setups use the same cores and the same engine
+tokens) arrive every ``long_every_s`` seconds. Output lengths vary per request
+(``interactive_max_tokens``, uniform), so the streams do not finish, and send their next prompts,
+in lockstep: with one fixed length they all restart in the same step for the whole run, a burst
+of short prefills that is an artifact of the workload, not steady traffic. Both setups use the same cores and the same engine
 settings; they differ only in where prefill runs:
 
 * colocated: one decode worker with ``2 * threads`` torch threads prefills and decodes everything;
-* disaggregated: one prefill worker and one decode worker with ``threads`` threads each.
+* disaggregated: one prefill worker and one decode worker with ``threads`` threads each; short
+  prompts prefill on the decode worker, at most ``decode_prefill_token_budget`` tokens a step.
 
 Reported per setup: inter-token latency of the interactive streams (p50/p90/p99/p99.9/max, measured where
 the client receives tokens), their time to first token, the long prompts' time to first token,
@@ -22,25 +26,13 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from baton.cluster import ClusterConfig, LocalCluster
+from bench.interference_workload import InterferenceWorkload, add_arguments, workload_from_args
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.sampling_params import SamplingParams
 from router.stream import RequestFailed
-
-
-@dataclass(frozen=True)
-class InterferenceWorkload:
-    interactive: int = 8
-    interactive_prompt: tuple[int, int] = (32, 64)
-    interactive_max_tokens: int = 128
-    long_len: int = 2048
-    long_max_tokens: int = 8
-    long_every_s: float = 6.0
-    duration_s: float = 40.0
-    warmup_s: float = 5.0
-    seed: int = 0
 
 
 def _quantiles(xs: list[float]) -> dict:
@@ -65,8 +57,8 @@ def drive(cluster: LocalCluster, w: InterferenceWorkload, vocab: int) -> dict:
         while not stop.is_set():
             prompt = [r.randrange(3, vocab) for _ in range(r.randint(*w.interactive_prompt))]
             t0 = time.monotonic()
-            s = cluster.submit(prompt, SamplingParams(max_tokens=w.interactive_max_tokens, ignore_eos=True,
-                                                      detokenize=False))
+            s = cluster.submit(prompt, SamplingParams(max_tokens=r.randint(*w.interactive_max_tokens),
+                                                      ignore_eos=True, detokenize=False))
             try:
                 s.result(600)
             except RequestFailed:  # the cluster shut down under it: the run is over
@@ -128,7 +120,8 @@ def drive(cluster: LocalCluster, w: InterferenceWorkload, vocab: int) -> dict:
 
 def run(model: str = "default", threads: int = 1, workload: InterferenceWorkload = InterferenceWorkload(),
         max_num_batched_tokens: int = 2048, local_prefill_threshold: int = 256, small_chunk_baseline: int = 0,
-        kv_shared_memory: bool = False, progress=lambda m: None) -> dict:
+        kv_shared_memory: bool = False, decode_prefill_token_budget: int | None = 256,
+        progress=lambda m: None) -> dict:
     engine = EngineConfig(model=model, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens),
                           cache=CacheConfig(kv_cache_memory_gb=1.0, shared_memory=kv_shared_memory))
     setups = {
@@ -137,13 +130,15 @@ def run(model: str = "default", threads: int = 1, workload: InterferenceWorkload
         # Short (interactive) prompts prefill on the decode worker: conditional disaggregation.
         "disaggregated": ClusterConfig(prefill_workers=1, decode_workers=1, engine=engine,
                                        torch_threads_per_worker=threads, cpus_per_worker=threads,
-                                       local_prefill_threshold=local_prefill_threshold),
+                                       local_prefill_threshold=local_prefill_threshold,
+                                       decode_prefill_token_budget=decode_prefill_token_budget),
     }
     if small_chunk_baseline:  # the other colocated remedy: smaller prefill chunks
         small = replace(engine, scheduler=SchedulerConfig(max_num_batched_tokens=small_chunk_baseline))
         setups[f"colocated_chunk{small_chunk_baseline}"] = replace(setups["colocated"], engine=small)
     out = {"workload": workload.__dict__, "max_num_batched_tokens": max_num_batched_tokens, "model": model,
            "local_prefill_threshold": local_prefill_threshold, "kv_shared_memory": kv_shared_memory,
+           "decode_prefill_token_budget": decode_prefill_token_budget,
            "setups": list(setups)}
     for name, cfg in setups.items():
         progress(f"{name}: starting")
@@ -162,25 +157,16 @@ def run(model: str = "default", threads: int = 1, workload: InterferenceWorkload
     return out
 
 
+def run_from_args(a: argparse.Namespace) -> dict:
+    return run(a.model, 1, workload_from_args(a), a.max_num_batched_tokens, a.local_prefill_threshold,
+               a.small_chunk_baseline, a.kv_shared_memory, a.decode_prefill_budget or None,
+               progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", default="default")
-    ap.add_argument("--duration", type=float, default=40.0)
-    ap.add_argument("--interactive", type=int, default=8)
-    ap.add_argument("--long-len", type=int, default=2048)
-    ap.add_argument("--long-every", type=float, default=6.0)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    ap.add_argument("--local-prefill-threshold", type=int, default=256)
-    ap.add_argument("--small-chunk-baseline", type=int, default=0)
-    ap.add_argument("--kv-shared-memory", action="store_true",
-                    help="KV caches in /dev/shm: the disaggregated transfer copies from the peer's cache")
-    ap.add_argument("--json", action="store_true")
-    a = ap.parse_args(argv)
-    wl = InterferenceWorkload(interactive=a.interactive, long_len=a.long_len, long_every_s=a.long_every,
-                              duration_s=a.duration)
-    r = run(a.model, 1, wl, a.max_num_batched_tokens, a.local_prefill_threshold, a.small_chunk_baseline,
-            a.kv_shared_memory, progress=lambda m: print(f"[bench] {m}", file=sys.stderr))
-    print(json.dumps(r, indent=2))
+    add_arguments(ap)
+    print(json.dumps(run_from_args(ap.parse_args(argv)), indent=2))
     return 0
 
 

@@ -23,6 +23,10 @@ class SchedulerConfig:
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
+    # The most prompt tokens a step computes, all prefill chunks together (None: the whole
+    # max_num_batched_tokens). Decodes are not counted: a disaggregated decode worker caps its local
+    # prefills so that they never stall its decode steps for long.
+    prefill_token_budget: int | None = None
     policy: Literal["continuous", "static"] = "continuous"
     static_batch_size: int = 16
     # Free blocks kept back when admitting new requests, so running ones can grow without preemption.
@@ -32,6 +36,8 @@ class SchedulerConfig:
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("static_batch_size", self.static_batch_size)
+        if self.prefill_token_budget is not None:
+            _positive("prefill_token_budget", self.prefill_token_budget)
         if self.policy not in ("continuous", "static"):
             raise ValueError(f"scheduler policy must be 'continuous' or 'static', got {self.policy!r}")
         if not 0 <= self.admission_watermark < 1:

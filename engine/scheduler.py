@@ -14,7 +14,8 @@ Queues and transitions (``engine.request`` has the full table)::
 
 Each step serves running requests first (decodes, then continuing prefill chunks), then admits
 waiting requests in priority order while budget, ``max_num_seqs`` and free blocks allow. A step in
-which something was preempted admits nothing new.
+which something was preempted admits nothing new. Prompt chunks (continuing and new) also share
+``prefill_token_budget`` when one is set; decodes never wait for it.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class Scheduler:
     # -- the step ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
+        prefill_budget = self.config.prefill_token_budget or budget
         bm = self.block_manager
         bs = bm.block_size
         scheduled: list[Request] = []
@@ -126,6 +128,11 @@ class Scheduler:
                 break
             computed = req.num_computed_tokens
             n = 1 if req.is_padding else len(req.all_token_ids) - computed
+            chunk = n > 1  # a prompt chunk (or a preempted request's recompute), not a decode
+            if chunk and n > prefill_budget:
+                if not prefill_budget:
+                    continue
+                n = prefill_budget
             if n > budget:
                 n = budget
             have = len(req.block_ids)
@@ -135,6 +142,8 @@ class Scheduler:
                     if victim in scheduled:
                         i = scheduled.index(victim)
                         budget += counts[i]
+                        if counts[i] > 1:
+                            prefill_budget += counts[i]
                         del scheduled[i], counts[i]
                         grew.pop(victim.request_id, None)
                     self._preempt(victim)
@@ -147,9 +156,11 @@ class Scheduler:
             scheduled.append(req)
             counts.append(n)
             budget -= n
+            if chunk:
+                prefill_budget -= n
 
         if not preempted:
-            self._admit(budget, scheduled, counts)
+            self._admit(min(budget, prefill_budget), scheduled, counts)
         return self._build_output(scheduled, counts, grew, preempted)
 
     def _join_running(self, req: Request) -> None:

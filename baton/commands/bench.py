@@ -25,19 +25,9 @@ def add_parser(sub) -> None:
     o.set_defaults(run=_offline)
 
     i = bsub.add_parser("interference", help="colocated vs disaggregated on the same cores: ITL under long prompts")
-    i.add_argument("--model", default="default")
-    i.add_argument("--duration", type=float, default=40.0, help="measured seconds per setup")
-    i.add_argument("--interactive", type=int, default=8, help="concurrent interactive streams")
-    i.add_argument("--long-len", type=int, default=2048, help="tokens per long prompt")
-    i.add_argument("--long-every", type=float, default=6.0, help="seconds between long prompts")
-    i.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    i.add_argument("--local-prefill-threshold", type=int, default=256,
-                   help="disaggregated setup: shorter prompts prefill on the decode worker")
-    i.add_argument("--small-chunk-baseline", type=int, default=0,
-                   help="also run colocated with this prefill chunk size (0: skip)")
-    i.add_argument("--kv-shared-memory", action="store_true",
-                   help="KV caches in /dev/shm: the disaggregated transfer copies from the peer's cache")
-    i.add_argument("--json", action="store_true")
+    from bench.interference_workload import add_arguments as _interference_arguments  # argparse only: cheap
+
+    _interference_arguments(i)
     i.set_defaults(run=_interference)
 
     k = bsub.add_parser("kv-transfer", help="KV transfer throughput and latency between two actors")
@@ -85,14 +75,9 @@ def _scheduler(args: argparse.Namespace) -> int:
 def _interference(args: argparse.Namespace) -> int:
     import json
 
-    from bench.interference import InterferenceWorkload, run
+    from bench.interference import run_from_args
 
-    if args.duration <= 0 or args.interactive <= 0 or args.long_len <= 0 or args.long_every <= 0:
-        raise ValueError("--duration, --interactive, --long-len and --long-every must be positive")
-    wl = InterferenceWorkload(interactive=args.interactive, long_len=args.long_len, long_every_s=args.long_every,
-                              duration_s=args.duration)
-    r = run(args.model, 1, wl, args.max_num_batched_tokens, args.local_prefill_threshold, args.small_chunk_baseline,
-            args.kv_shared_memory, progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+    r = run_from_args(args)
     if args.json:
         print(json.dumps(r, indent=2))
     else:

@@ -1,5 +1,7 @@
 """The interference bench's latency summary (the cluster runs are a documented command, not a test)."""
 
+import pytest
+
 from bench.interference import _quantiles
 
 
@@ -13,3 +15,33 @@ def test_the_summary_shows_a_tail_under_one_percent():
 def test_too_few_gaps_give_no_quantiles():
     assert _quantiles([0.2]) == {"p50": None, "p90": None, "p99": None, "p999": None, "max": 0.2, "n": 1}
     assert _quantiles([])["max"] is None
+
+
+def _args(*argv):
+    import argparse
+
+    from bench.interference_workload import add_arguments
+
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    return ap.parse_args(list(argv))
+
+
+def test_interactive_output_lengths_are_a_range_so_the_streams_do_not_restart_in_lockstep():
+    from bench.interference_workload import workload_from_args
+
+    assert workload_from_args(_args()).interactive_max_tokens == (64, 192)
+    assert workload_from_args(_args("--interactive-max-tokens", "128")).interactive_max_tokens == (128, 128)
+
+
+@pytest.mark.parametrize("argv, names", [
+    (("--interactive-max-tokens", "192-64"), "--interactive-max-tokens"),
+    (("--interactive-max-tokens", "lots"), "--interactive-max-tokens"),
+    (("--interactive", "0"), "--interactive"),
+    (("--decode-prefill-budget", "-1"), "--decode-prefill-budget"),
+])
+def test_bad_arguments_are_named(argv, names):
+    from bench.interference_workload import workload_from_args
+
+    with pytest.raises(ValueError, match=names):
+        workload_from_args(_args(*argv))

@@ -174,3 +174,45 @@ def test_prefix_cache_hit_skips_computed_tokens():
     sched.update_from_output(runner.execute(so))
     run(sched, runner)
     assert b.output_token_ids == a.output_token_ids
+
+
+
+def test_a_prefill_token_budget_caps_the_prompt_tokens_of_a_step_but_never_the_decodes():
+    """A disaggregated decode worker's local prefills ride in its decode steps: the cap keeps them short."""
+    sched, runner = make(max_num_batched_tokens=64, prefill_token_budget=8)
+    d0, d1 = req("d0", 3, 12), req("d1", 3, 12, start=20)
+    sched.add_request(d0)
+    sched.add_request(d1)
+    so = sched.schedule()
+    assert so.num_scheduled_tokens == {"d0": 3, "d1": 3}
+    sched.update_from_output(runner.execute(so))
+    p0, p1 = req("p0", 20, 2, start=40), req("p1", 20, 2, start=70)
+    sched.add_request(p0)
+    sched.add_request(p1)
+    seen = []
+    for _ in range(4):
+        so = sched.schedule()
+        seen.append(so.num_scheduled_tokens)
+        sched.update_from_output(runner.execute(so))
+    assert seen == [  # decodes first and every step; prompt chunks share 8 tokens, a new one admitted in the rest
+        {"d0": 1, "d1": 1, "p0": 8},
+        {"d0": 1, "d1": 1, "p0": 8},
+        {"d0": 1, "d1": 1, "p0": 4, "p1": 4},
+        {"d0": 1, "d1": 1, "p0": 1, "p1": 8},
+    ]
+    run(sched, runner)
+    for r in (d0, d1, p0, p1):
+        assert r.output_token_ids == expected_output(r.prompt_token_ids, r.sampling_params.max_tokens)
+    assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
+
+
+def test_without_a_prefill_token_budget_prompts_take_the_whole_step_budget():
+    sched, runner = make(max_num_batched_tokens=16)
+    sched.add_request(req("a", 40, 2))
+    assert sched.schedule().num_scheduled_tokens == {"a": 16}
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_a_prefill_token_budget_must_be_positive(bad):
+    with pytest.raises(ValueError, match="prefill_token_budget"):
+        SchedulerConfig(prefill_token_budget=bad)

@@ -1,0 +1,57 @@
+"""The interference bench's workload and arguments (bench/interference.py runs it). Light: the CLI
+builds its parser from here without importing Ray or torch."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class InterferenceWorkload:
+    interactive: int = 8
+    interactive_prompt: tuple[int, int] = (32, 64)
+    interactive_max_tokens: tuple[int, int] = (64, 192)  # uniform; (128, 128): every stream in lockstep
+    long_len: int = 2048
+    long_max_tokens: int = 8
+    long_every_s: float = 6.0
+    duration_s: float = 40.0
+    warmup_s: float = 5.0
+    seed: int = 0
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--duration", type=float, default=40.0, help="measured seconds per setup")
+    ap.add_argument("--interactive", type=int, default=8, help="concurrent interactive streams")
+    ap.add_argument("--interactive-max-tokens", default="64-192",
+                    help="output tokens of an interactive request: N, or LO-HI drawn uniformly")
+    ap.add_argument("--long-len", type=int, default=2048, help="tokens per long prompt")
+    ap.add_argument("--long-every", type=float, default=6.0, help="seconds between long prompts")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--local-prefill-threshold", type=int, default=256,
+                    help="disaggregated setup: shorter prompts prefill on the decode worker")
+    ap.add_argument("--decode-prefill-budget", type=int, default=256,
+                    help="disaggregated setup: prompt tokens a decode step may add (0: its whole budget)")
+    ap.add_argument("--small-chunk-baseline", type=int, default=0,
+                    help="also run colocated with this prefill chunk size (0: skip)")
+    ap.add_argument("--kv-shared-memory", action="store_true",
+                    help="KV caches in /dev/shm: the disaggregated transfer copies from the peer's cache")
+    ap.add_argument("--json", action="store_true")
+
+
+def workload_from_args(a: argparse.Namespace) -> InterferenceWorkload:
+    """The workload the arguments name; ValueError naming the argument that is not valid."""
+    if a.duration <= 0 or a.interactive <= 0 or a.long_len <= 0 or a.long_every <= 0:
+        raise ValueError("--duration, --interactive, --long-len and --long-every must be positive")
+    if a.decode_prefill_budget < 0:
+        raise ValueError(f"--decode-prefill-budget must be >= 0, got {a.decode_prefill_budget}")
+    lo, _, hi = str(a.interactive_max_tokens).partition("-")
+    try:
+        span = (int(lo), int(hi or lo))
+    except ValueError:
+        raise ValueError(f"--interactive-max-tokens must be N or LO-HI, got {a.interactive_max_tokens!r}") from None
+    if not 1 <= span[0] <= span[1]:
+        raise ValueError(f"--interactive-max-tokens must be N or LO-HI with 1 <= LO <= HI, got {a.interactive_max_tokens!r}")
+    return InterferenceWorkload(interactive=a.interactive, interactive_max_tokens=span, long_len=a.long_len,
+                                long_every_s=a.long_every, duration_s=a.duration)

@@ -1,0 +1,30 @@
+"""What each pool's workers are started with (no Ray needed: the engine configs only)."""
+
+import pytest
+
+from baton.cluster import ClusterConfig
+from baton.fleet import FleetOptions, PoolSpec, WorkerFleet
+from engine.config import EngineConfig, SchedulerConfig
+
+
+def fleet(prefill_workers: int, budget: int | None) -> WorkerFleet:
+    engine = EngineConfig(model="tiny", scheduler=SchedulerConfig(max_num_batched_tokens=2048))
+    return WorkerFleet(engine, PoolSpec("prefill", prefill_workers, threads=1), PoolSpec("decode", 1, threads=1),
+                       FleetOptions(decode_prefill_token_budget=budget))
+
+
+def test_a_disaggregated_decode_worker_caps_its_local_prefills_and_the_prefill_worker_does_not():
+    f = fleet(prefill_workers=1, budget=256)
+    assert f._engine_for("decode").scheduler.prefill_token_budget == 256
+    assert f._engine_for("decode").scheduler.max_num_batched_tokens == 2048  # decodes keep the whole budget
+    assert f._engine_for("prefill").scheduler.prefill_token_budget is None
+
+
+def test_a_colocated_decode_worker_prefills_with_its_whole_budget():
+    assert fleet(prefill_workers=0, budget=256)._engine_for("decode").scheduler.prefill_token_budget is None
+    assert fleet(prefill_workers=1, budget=None)._engine_for("decode").scheduler.prefill_token_budget is None
+
+
+def test_the_cluster_config_refuses_a_zero_budget():
+    with pytest.raises(ValueError, match="decode_prefill_token_budget"):
+        ClusterConfig(decode_prefill_token_budget=0)
