@@ -16,7 +16,11 @@
  * Block formats (ggml): Q4_1 (type 3): fp16 d, fp16 m, 16 bytes of nibbles, the low nibbles weights
  * 0..15 and the high ones 16..31, w = d * q + m. Q8_0 (type 8): fp16 d, 32 int8, w = d * q.
  * The model multiplies Q4_1 regrouped by 8 rows (Q4_1x8, below: the same bytes, the same floats,
- * 1.16-1.47x faster at 1-8 rows: docs/BENCHMARKS.md). Limits (the caller checks them:
+ * 1.16-1.47x faster at 1-8 rows: docs/BENCHMARKS.md). One row of x (a decode step of one
+ * sequence) takes Q4_1x8 without the L1 buffer: there is no other row to share the dequantized
+ * weights with, so each is multiplied straight from the register it was made in, saving a store and
+ * a load per weight vector (direct_row_q4_1x8; the same floats again; SmolLM2's 30 layers' products
+ * 1.29x faster on the Zen 5 host: docs/BENCHMARKS.md). Limits (the caller checks them:
  * quant_linear.py): K a multiple of 32, one of those types, and N a multiple of 8 for Q4_1x8.
  */
 #include <omp.h>
@@ -67,21 +71,62 @@ static inline void dequant_q4_1(const uint8_t *block, float *dst) {
  * the two table lookups stays off the shuffle port: the scales are broadcast from memory, and a row's
  * nibble bytes, stored so that lane i of their 128-bit broadcast holds byte i at bit 8 * (i / 4)
  * (regroup's byte order), reach the low 4 bits of lane i by a variable shift. */
-static inline void dequant_q4_1x8(const uint8_t *group, float *dst, int64_t dst_stride) {
-    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i shift_lo = _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24);
-    const __m512i shift_hi = _mm512_add_epi32(shift_lo, _mm512_set1_epi32(4));
-    float dm[16] __attribute__((aligned(64))); /* d of rows 0..7, then m of rows 0..7 */
+#define Q4_1X8_SHIFT_LO _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24)
+#define Q4_1X8_SHIFT_HI _mm512_setr_epi32(4, 4, 4, 4, 12, 12, 12, 12, 20, 20, 20, 20, 28, 28, 28, 28)
+
+/* The group's 16 scales (d of rows 0..7, then m of rows 0..7) as floats in dm. */
+static inline void q4_1x8_scales(const uint8_t *group, float dm[16]) {
     _mm512_store_ps(dm, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)group)));
-    __asm__ volatile("" ::: "memory"); /* broadcast each scale from memory, not by a permute of the register */
+    /* Broadcast each scale from memory, not by a permute of the register: dm "changes" here. Only dm:
+     * a clobber of all memory would also flush direct_row_q4_1x8's accumulators out of registers. */
+    __asm__ volatile("" : "+m"(*(float(*)[16])dm));
+}
+
+/* Row j's table of 16 weights, (d * q) + m for q = 0 .. 15, and its nibble bytes broadcast. */
+static inline __m512 q4_1x8_table(const float dm[16], int j) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 table = _mm512_mul_ps(_mm512_set1_ps(dm[j]), iota);
+    ROUNDED(table);
+    return _mm512_add_ps(table, _mm512_set1_ps(dm[NB + j]));
+}
+static inline __m512i q4_1x8_quants(const uint8_t *group, int j) {
+    return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(group + 2 * 2 * NB + 16 * j)));
+}
+
+static inline void dequant_q4_1x8(const uint8_t *group, float *dst, int64_t dst_stride) {
+    float dm[16] __attribute__((aligned(64)));
+    q4_1x8_scales(group, dm);
     for (int j = 0; j < NB; j++) {
-        __m512 table = _mm512_mul_ps(_mm512_set1_ps(dm[j]), iota);
-        ROUNDED(table);
-        table = _mm512_add_ps(table, _mm512_set1_ps(dm[NB + j]));
-        const __m512i q = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(group + 2 * 2 * NB + 16 * j)));
-        _mm512_storeu_ps(dst + j * dst_stride, _mm512_permutexvar_ps(_mm512_srlv_epi32(q, shift_lo), table));
-        _mm512_storeu_ps(dst + j * dst_stride + 16, _mm512_permutexvar_ps(_mm512_srlv_epi32(q, shift_hi), table));
+        const __m512 table = q4_1x8_table(dm, j);
+        const __m512i q = q4_1x8_quants(group, j);
+        _mm512_storeu_ps(dst + j * dst_stride, _mm512_permutexvar_ps(_mm512_srlv_epi32(q, Q4_1X8_SHIFT_LO), table));
+        _mm512_storeu_ps(dst + j * dst_stride + 16, _mm512_permutexvar_ps(_mm512_srlv_epi32(q, Q4_1X8_SHIFT_HI), table));
     }
+}
+
+/* One row of x against one group's K chunk of Q4_1x8 (`blocks` block columns from src), each
+ * weight vector multiplied in the register dequant_q4_1x8 would have stored it from. Every
+ * accumulator gets the same products in the same K order as tile() over the buffer, so the floats
+ * are the same. `next`: the next group's chunk, prefetched meanwhile. (Two rows this way measured
+ * no faster than through the buffer: their multiplies, not the round trip, bound them.) */
+static inline void direct_row_q4_1x8(const float *x, const uint8_t *src, int blocks, const uint8_t *next,
+                                     const float *bias, int accumulate, float *out) {
+    v16 acc[MB][NB];
+    for (int j = 0; j < NB; j++) acc[0][j] = (v16){0};
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *group = src + b * GROUP_BYTES;
+        for (int line = 0; line < GROUP_BYTES; line += 64) __builtin_prefetch(next + b * GROUP_BYTES + line, 0, 1);
+        float dm[16] __attribute__((aligned(64)));
+        q4_1x8_scales(group, dm);
+        const v16 lo = *(const v16 *)(x + b * QK), hi = *(const v16 *)(x + b * QK + 16);
+        for (int j = 0; j < NB; j++) {
+            const __m512 table = q4_1x8_table(dm, j);
+            const __m512i q = q4_1x8_quants(group, j);
+            acc[0][j] += lo * (v16)_mm512_permutexvar_ps(_mm512_srlv_epi32(q, Q4_1X8_SHIFT_LO), table);
+            acc[0][j] += hi * (v16)_mm512_permutexvar_ps(_mm512_srlv_epi32(q, Q4_1X8_SHIFT_HI), table);
+        }
+    }
+    tile_store(1, NB, acc, bias, accumulate, out, 0);
 }
 
 static inline void dequant_q8_0(const uint8_t *block, float *dst) {
@@ -151,6 +196,12 @@ int baton_quant_linear_f32(const float *x, int64_t x_stride, const uint8_t *wq, 
             const int n0 = g * NB, nb = N - n0 < NB ? N - n0 : NB;
             for (int c = 0; c < chunks; c++) {
                 const int k0 = c * KC, kc = K - k0 < KC ? K - k0 : KC;
+                if (qtype == BATON_Q4_1X8 && M == 1) {
+                    const uint8_t *src = wq + (int64_t)g * NB * row_bytes + (int64_t)(k0 / QK) * GROUP_BYTES;
+                    direct_row_q4_1x8(x + k0, src, kc / QK, src + NB * row_bytes, bias ? bias + n0 : 0, c > 0,
+                                      out + n0);
+                    continue;
+                }
                 if (qtype == BATON_Q4_1X8) {
                     /* The group's chunk is contiguous, 160 bytes a block column; the next group's
                      * chunk, NB rows' bytes on, is prefetched meanwhile. */

@@ -38,6 +38,17 @@ static inline v8 hsum8x16(const v16 a[8]) {
     return __builtin_shufflevector(d, d, 0, 2, 4, 6, 8, 10, 12, 14) + __builtin_shufflevector(d, d, 1, 3, 5, 7, 9, 11, 13, 15);
 }
 
+/* A tile's lane sums into out: the first chunk writes them (+ bias), later ones add them. */
+static inline __attribute__((always_inline)) void tile_store(const int mb, const int nb, v16 acc[MB][NB],
+                                                             const float *bias, int accumulate, float *out,
+                                                             int64_t out_stride) {
+    for (int i = 0; i < mb; i++) {
+        const v8 sums = hsum8x16(acc[i]);
+        for (int j = 0; j < nb; j++)
+            out[i * out_stride + j] = sums[j] + (accumulate ? out[i * out_stride + j] : (bias ? bias[j] : 0.f));
+    }
+}
+
 /* One tile over one K chunk [0, kc) of rows w_stride apart; inlined with constant mb, nb so the
  * accumulators stay in registers. Columns past nb are zero vectors in the reduction and are not
  * stored. The first chunk writes out (+ bias), later ones add to it. */
@@ -69,11 +80,7 @@ static inline __attribute__((always_inline)) void tile(
             for (int i = 0; i < mb; i++) acc[i][j] += xv[i] * wv;
         }
     }
-    for (int i = 0; i < mb; i++) {
-        const v8 sums = hsum8x16(acc[i]);
-        for (int j = 0; j < nb; j++)
-            out[i * out_stride + j] = sums[j] + (accumulate ? out[i * out_stride + j] : (bias ? bias[j] : 0.f));
-    }
+    tile_store(mb, nb, acc, bias, accumulate, out, out_stride);
 }
 
 #define TILE_CASE(mb_, nb_) \

@@ -68,6 +68,27 @@ def test_q4_1_in_8_row_groups_gives_the_same_floats_and_products(out_features, i
         assert torch.equal(kernel(x, grouped, b), kernel(x, weight, b))
 
 
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_one_row_multiplies_the_8_row_groups_straight_from_registers_with_the_same_floats(rows):
+    """One row skips the L1 buffer (direct_row_q4_1x8; 2 and 3 rows go through it, beside it): strided
+    rows, a bias, K over two chunks and a part (each chunk's sums added to out), several threads: the
+    skinny kernel's floats either way."""
+    weight, floats = quantized(48, 1600, "Q4_1", seed=5)
+    grouped = weight.regroup()
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 1700, generator=g)[:, 50 : 50 + 1600]
+    b = torch.randn(48, generator=g)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 4):
+            torch.set_num_threads(threads)
+            assert torch.equal(kernel(x, grouped, b), skinny(x, floats, b))
+            assert torch.equal(kernel(x, grouped, None), skinny(x, floats, None))
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_regroup_takes_q4_1_in_whole_groups_only():
     q4, _ = quantized(12, 64, "Q4_1", seed=2)
     q8, _ = quantized(16, 64, "Q8_0", seed=2)
