@@ -5,8 +5,8 @@ outputs, each replaced by a new one as soon as it finishes) while long prompts (
 tokens) arrive every ``long_every_s`` seconds. Output lengths vary per request
 (``interactive_max_tokens``, uniform), so the streams do not finish, and send their next prompts,
 in lockstep: with one fixed length they all restart in the same step for the whole run, a burst
-of short prefills that is an artifact of the workload, not steady traffic. Both setups use the same cores and the same engine
-settings; they differ only in where prefill runs:
+of short prefills that is an artifact of the workload, not steady traffic. Both setups use the
+same cores and the same engine settings; they differ only in where prefill runs:
 
 * colocated: one decode worker with ``2 * threads`` torch threads prefills and decodes everything;
 * disaggregated: one prefill worker and one decode worker with ``threads`` threads each; short
