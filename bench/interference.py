@@ -158,8 +158,9 @@ def run(model: str = "default", threads: int = 1, workload: InterferenceWorkload
 
 
 def run_from_args(a: argparse.Namespace) -> dict:
-    return run(a.model, 1, workload_from_args(a), a.max_num_batched_tokens, a.local_prefill_threshold,
-               a.small_chunk_baseline, a.kv_shared_memory, a.decode_prefill_budget or None,
+    return run(a.model, threads=1, workload=workload_from_args(a), max_num_batched_tokens=a.max_num_batched_tokens,
+               local_prefill_threshold=a.local_prefill_threshold, small_chunk_baseline=a.small_chunk_baseline,
+               kv_shared_memory=a.kv_shared_memory, decode_prefill_token_budget=a.decode_prefill_budget or None,
                progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
 
 

@@ -111,7 +111,7 @@ static inline void dequant_q4_1x8(const uint8_t *group, float *dst, int64_t dst_
  * no faster than through the buffer: their multiplies, not the round trip, bound them.) */
 static inline void direct_row_q4_1x8(const float *x, const uint8_t *src, int blocks, const uint8_t *next,
                                      const float *bias, int accumulate, float *out) {
-    v16 acc[MB][NB];
+    v16 acc[1][NB];
     for (int j = 0; j < NB; j++) acc[0][j] = (v16){0};
     for (int b = 0; b < blocks; b++) {
         const uint8_t *group = src + b * GROUP_BYTES;

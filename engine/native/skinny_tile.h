@@ -39,7 +39,7 @@ static inline v8 hsum8x16(const v16 a[8]) {
 }
 
 /* A tile's lane sums into out: the first chunk writes them (+ bias), later ones add them. */
-static inline __attribute__((always_inline)) void tile_store(const int mb, const int nb, v16 acc[MB][NB],
+static inline __attribute__((always_inline)) void tile_store(const int mb, const int nb, v16 acc[][NB],
                                                              const float *bias, int accumulate, float *out,
                                                              int64_t out_stride) {
     for (int i = 0; i < mb; i++) {
