@@ -9,7 +9,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class InterferenceWorkload:
-    interactive: int = 8
+    # 64 streams: a decode batch sized for a ~100 ms ITL on the 2-core reference host. Each long
+    # prompt stalls each colocated stream once, so the stalls are 1 / (long_every_s x decode steps a
+    # second) of the gaps; with 8 or 32 streams and 13-36 ms steps that is 0.2-0.6%, which p99 does
+    # not see (docs/BENCHMARKS.md, the interference sweep).
+    interactive: int = 64
     interactive_prompt: tuple[int, int] = (32, 64)
     interactive_max_tokens: tuple[int, int] = (64, 192)  # uniform; (128, 128): every stream in lockstep
     long_len: int = 2048
@@ -21,13 +25,15 @@ class InterferenceWorkload:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
+    w = InterferenceWorkload()
+    lo, hi = w.interactive_max_tokens
     ap.add_argument("--model", default="default")
-    ap.add_argument("--duration", type=float, default=40.0, help="measured seconds per setup")
-    ap.add_argument("--interactive", type=int, default=8, help="concurrent interactive streams")
-    ap.add_argument("--interactive-max-tokens", default="64-192",
+    ap.add_argument("--duration", type=float, default=w.duration_s, help="measured seconds per setup")
+    ap.add_argument("--interactive", type=int, default=w.interactive, help="concurrent interactive streams")
+    ap.add_argument("--interactive-max-tokens", default=f"{lo}-{hi}",
                     help="output tokens of an interactive request: N, or LO-HI drawn uniformly")
-    ap.add_argument("--long-len", type=int, default=2048, help="tokens per long prompt")
-    ap.add_argument("--long-every", type=float, default=6.0, help="seconds between long prompts")
+    ap.add_argument("--long-len", type=int, default=w.long_len, help="tokens per long prompt")
+    ap.add_argument("--long-every", type=float, default=w.long_every_s, help="seconds between long prompts")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--local-prefill-threshold", type=int, default=256,
                     help="disaggregated setup: shorter prompts prefill on the decode worker")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.interference import _quantiles
+from bench.interference import _quantiles, _stalls
 
 
 def test_the_summary_shows_a_tail_under_one_percent():
@@ -10,6 +10,15 @@ def test_the_summary_shows_a_tail_under_one_percent():
     q = _quantiles(gaps)
     assert q["p50"] == q["p99"] == 0.01 and q["n"] == 1000
     assert q["p999"] > 0.01 and q["max"] == 1.5
+
+
+def test_stalls_are_counted_as_a_share_of_the_gaps_and_of_the_waiting_time():
+    gaps = [0.015] * 100 + [1.5]  # one stall behind a long prefill among a hundred ordinary gaps
+    s = _stalls(gaps, 0.5)
+    assert s["n"] == 1 and s["gap_share"] == pytest.approx(1 / 101)
+    assert s["time_share"] == pytest.approx(1.5 / 3.0)
+    assert _stalls([0.015] * 10, 0.5)["time_share"] == 0.0
+    assert _stalls([], 0.5) == {"threshold_s": 0.5, "n": 0, "gap_share": None, "time_share": None}
 
 
 def test_too_few_gaps_give_no_quantiles():
@@ -28,9 +37,10 @@ def _args(*argv):
 
 
 def test_interactive_output_lengths_are_a_range_so_the_streams_do_not_restart_in_lockstep():
-    from bench.interference_workload import workload_from_args
+    from bench.interference_workload import InterferenceWorkload, workload_from_args
 
     assert workload_from_args(_args()).interactive_max_tokens == (64, 192)
+    assert workload_from_args(_args()) == InterferenceWorkload()  # the CLI's defaults are the workload's
     assert workload_from_args(_args("--interactive-max-tokens", "128")).interactive_max_tokens == (128, 128)
 
 
