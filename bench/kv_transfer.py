@@ -1,13 +1,20 @@
-"""KV transfer throughput and per-request latency between two Ray actors (gloo on CPU, NCCL on GPU).
+"""KV transfer throughput and per-request latency between two actors (gloo on CPU, NCCL between GPUs).
 
 For each prompt length, the sending actor ships the prompt's blocks (SmolLM2-135M geometry by
 default) through ``TransferAgent`` exactly as a prefill worker does — chunks of
 ``chunk_tokens`` gathered from a block-major cache, header + payload, scattered into reserved
 blocks, acknowledged — and the latency is send start → acknowledgement. Baselines measured in the
 same run between the same two actors: one raw ``send``/``recv`` of a contiguous tensor of the same
-size over the same kind of pair group (the wire ceiling), and a local memcpy of that size. A
-second pair with shared-memory caches measures the local path (kv_transfer/local_kv.py: block ids
-on the wire, the receiver copies from the sender's cache).
+size over the same kind of pair group (the wire ceiling), and a copy of that size on the device
+(memcpy; device-to-device on CUDA). A second pair whose caches the receiver can map measures the
+local path (kv_transfer/local_kv.py: block ids on the wire, the receiver copies from the sender's
+cache): shared memory on CPU, CUDA IPC for two workers on one GPU.
+
+    python -m bench.kv_transfer [--json]                         # CPU, two Ray actors
+    python -m bench.kv_transfer --device cuda --no-ray --json    # a GPU machine without Ray
+
+``--device cuda`` on one GPU measures the IPC path only (NCCL refuses two ranks on one device); with
+two GPUs it adds the NCCL path between them. ``--no-ray`` runs the two peers as spawned processes.
 """
 
 from __future__ import annotations
@@ -19,7 +26,6 @@ import statistics
 import threading
 import time
 
-import ray
 import torch
 import torch.distributed as dist
 
@@ -28,33 +34,45 @@ from kv_transfer.local_kv import locality
 from kv_transfer.pair_group import connect_store, form_pair_group
 from kv_transfer.peer import PeerInfo, StoreAddress
 
-# SmolLM2-135M: 30 layers, 3 KV heads of 64, fp32 -> 46 KB of KV per token.
-DEFAULT_GEOMETRY = dict(layers=30, kv_heads=3, head_dim=64, block_size=16)
+
+
+GEOMETRIES = {
+    "smollm2-135m": dict(layers=30, kv_heads=3, head_dim=64, block_size=16),
+    "qwen2.5-0.5b": dict(layers=24, kv_heads=2, head_dim=64, block_size=16),
+    "llama-3.2-1b": dict(layers=16, kv_heads=8, head_dim=64, block_size=16),
+}
 
 
 class BenchPeer:
-    def __init__(self, role: str, store: StoreAddress, num_blocks: int, geometry: dict, shared: bool = False) -> None:
+    def __init__(self, role: str, store: StoreAddress, num_blocks: int, geometry: dict, shared: bool = False,
+                 device: str = "cpu", dtype: str = "float32") -> None:
         torch.set_num_threads(1)
         g = geometry
         shape = (num_blocks, g["layers"], 2, g["block_size"], g["kv_heads"], g["head_dim"])
+        dt = getattr(torch, dtype)
+        self.device = torch.device(device)
         self.segment = None
-        if shared:
+        if shared and self.device.type == "cpu":
             from multiprocessing import shared_memory
 
-            self.segment = shared_memory.SharedMemory(create=True, size=int(torch.tensor(shape).prod()) * 4)
-            self.kv = torch.frombuffer(self.segment.buf, dtype=torch.float32).view(shape)
+            size = int(torch.tensor(shape).prod()) * torch.empty((), dtype=dt).element_size()
+            self.segment = shared_memory.SharedMemory(create=True, size=size)
+            self.kv = torch.frombuffer(self.segment.buf, dtype=dt).view(shape)
             if role == "prefill":
                 self.kv.copy_(torch.randn(shape))
+        elif role == "prefill":
+            self.kv = torch.randn(shape, device=self.device).to(dt)
         else:
-            self.kv = torch.randn(shape) if role == "prefill" else torch.zeros(shape)
-        where = locality(self.kv, self.segment.name) if shared else ""
+            self.kv = torch.zeros(shape, dtype=dt, device=self.device)
+        # A CUDA cache is always mappable by a peer on the same GPU (IPC); a CPU one only in /dev/shm.
+        where = locality(self.kv, self.segment.name if self.segment else None) if shared else ""
         self.peer = PeerInfo(f"bench-{role}", "shm" if shared else "x", role, locality=where)
         self.role = role
         self.store = store
         self.done = threading.Condition()
         self.acked: dict[str, float] = {}
         self.agent = TransferAgent(self.peer, store, self.kv, on_received=self._received,
-                                   on_acked=self._acked, kv_segment_name=self.segment.name if shared else None)
+                                   on_acked=self._acked, kv_segment_name=self.segment.name if self.segment else None)
         self.raw_group = None
 
     def info(self) -> PeerInfo:
@@ -97,82 +115,152 @@ class BenchPeer:
             self.segment.unlink()
 
     def raw(self, num_bytes: int, send: bool) -> float:
-        t = torch.empty(num_bytes // 4, dtype=torch.float32)
+        dev = self.kv.device
+        t = torch.empty(num_bytes // 4, dtype=torch.float32, device=dev)
         t0 = time.perf_counter()
         if send:
             self.raw_group.send([t], self.raw_peer, 1).wait()
-            self.raw_group.recv([torch.empty(1)], self.raw_peer, 2).wait()  # round trip, like the ack
+            self.raw_group.recv([torch.empty(1, device=dev)], self.raw_peer, 2).wait()  # round trip, like the ack
         else:
             self.raw_group.recv([t], self.raw_peer, 1).wait()
-            self.raw_group.send([torch.ones(1)], self.raw_peer, 2).wait()
+            self.raw_group.send([torch.ones(1, device=dev)], self.raw_peer, 2).wait()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)  # NCCL's wait() only orders streams
         return time.perf_counter() - t0
 
 
-def run(lengths: list[int], repeats: int = 5, chunk_tokens: int = 2048, geometry: dict | None = None) -> dict:
-    g = geometry or DEFAULT_GEOMETRY
+class _Actors:
+    """Starts bench peers and calls them: as Ray actors, or as spawned processes where Ray is not
+    installed (bench/proc_actor.py). Calls in one ``get`` run at the same time."""
+
+    def __init__(self, use_ray: bool) -> None:
+        self.use_ray, self._own_ray, self._started = use_ray, False, []
+        if use_ray:
+            import ray
+
+            self._ray = ray
+            if not ray.is_initialized():
+                ray.init(num_cpus=4, include_dashboard=False, configure_logging=False, log_to_driver=False)
+                self._own_ray = True
+            self._cls = ray.remote(num_cpus=1)(BenchPeer)
+
+    def start(self, *args):
+        from bench.proc_actor import ProcActor
+
+        h = self._cls.remote(*args) if self.use_ray else ProcActor(BenchPeer, *args)
+        self._started.append(h)
+        return h
+
+    def call(self, h, method: str, *args):
+        return getattr(h, method).remote(*args) if self.use_ray else h.call(method, *args)
+
+    def get(self, calls: list):
+        from bench.proc_actor import gather
+
+        return self._ray.get(calls) if self.use_ray else gather(calls)
+
+    def stop(self) -> None:
+        for h in self._started:
+            self._ray.kill(h) if self.use_ray else h.stop()
+        if self._own_ray:
+            self._ray.shutdown()
+
+
+def _copy_seconds(src: torch.Tensor, dst: torch.Tensor) -> float:
+    """One copy (memcpy on CPU, device-to-device on CUDA)."""
+    device = src.device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    dst.copy_(src)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def run(lengths: list[int], repeats: int = 5, chunk_tokens: int = 2048, geometry: dict | None = None,
+        device: str = "cpu", dtype: str | None = None, use_ray: bool = True) -> dict:
+    """The wire path (gloo on CPU; NCCL between two GPUs) against a raw send/recv, and the local
+    path (shared memory on CPU; CUDA IPC on one GPU) against a copy on the device."""
+    g = geometry or GEOMETRIES["smollm2-135m"]  # fp32: 46 KB of KV a token
+    dev = torch.device(device)
+    dtype = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
     bs = g["block_size"]
-    block_bytes = g["layers"] * 2 * bs * g["kv_heads"] * g["head_dim"] * 4
+    block_bytes = g["layers"] * 2 * bs * g["kv_heads"] * g["head_dim"] * getattr(torch, dtype).itemsize
     max_blocks = max(lengths) // bs + 1
-    own = not ray.is_initialized()
-    if own:
-        ray.init(num_cpus=4, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    if dev.type == "cuda":
+        # NCCL refuses two ranks on one GPU: the wire path needs a second one.
+        wire_devices = ("cuda:0", "cuda:1") if torch.cuda.device_count() >= 2 else None
+        local_device = "cuda:0"
+    else:
+        wire_devices, local_device = ("cpu", "cpu"), "cpu"
     master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                            timeout=datetime.timedelta(seconds=60))
     store = StoreAddress("127.0.0.1", master.port)
-    cls = ray.remote(num_cpus=1)(BenchPeer)
-    p, d = cls.remote("prefill", store, max_blocks, g), cls.remote("decode", store, max_blocks, g)
-    pi, di = ray.get([p.info.remote(), d.info.remote()])
-    ray.get([p.connect.remote(di), d.connect.remote(pi)])
-    ray.get([p.connect_raw.remote(di), d.connect_raw.remote(pi)])
-    # The local path: a second pair whose caches live in shared memory on this host.
-    lp, ld = cls.remote("prefill", store, max_blocks, g, True), cls.remote("decode", store, max_blocks, g, True)
-    lpi, ldi = ray.get([lp.info.remote(), ld.info.remote()])
-    ray.get([lp.connect.remote(ldi), ld.connect.remote(lpi)])
-    results = []
-    tid = 0
-    for length in lengths:
-        n = -(-length // bs)
-        nbytes = n * block_bytes
-        lat, raw, copy, local = [], [], [], []
-        src, dst = torch.randn(nbytes // 4), torch.empty(nbytes // 4)
-        for r in range(repeats + 1):  # the first round warms up
-            tid += 1
-            rid = f"len{length}-{r}"
-            ray.get(d.expect.remote(pi, tid, rid, list(range(n))))
-            t = ray.get(p.ship.remote(di, tid, rid, n, max(1, chunk_tokens // bs)))
-            ray.get(ld.expect.remote(lpi, tid, rid, list(range(n))))
-            tl = ray.get(lp.ship.remote(ldi, tid, rid, n, max(1, chunk_tokens // bs)))
-            rs, _ = ray.get([p.raw.remote(nbytes, True), d.raw.remote(nbytes, False)])
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            c = time.perf_counter() - t0
-            if r:
-                local.append(tl)
-                lat.append(t)
-                raw.append(rs)
-                copy.append(c)
-        ms = statistics.median(lat)
-        results.append({
-            "prompt_tokens": length,
-            "blocks": n,
-            "bytes": nbytes,
-            "latency_ms_median": ms * 1e3,
-            "throughput_gb_s": nbytes / ms / 1e9,
-            "raw_send_recv_ms_median": statistics.median(raw) * 1e3,
-            "raw_send_recv_gb_s": nbytes / statistics.median(raw) / 1e9,
-            "memcpy_gb_s": nbytes / statistics.median(copy) / 1e9,
-            "fraction_of_raw": statistics.median(raw) / ms,
-            "local_latency_ms_median": statistics.median(local) * 1e3,
-            "local_throughput_gb_s": nbytes / statistics.median(local) / 1e9,
-            "local_speedup": ms / statistics.median(local),
-        })
-    ray.get([lp.release.remote(), ld.release.remote()])
-    for a in (p, d, lp, ld):
-        ray.kill(a)
-    if own:
-        ray.shutdown()
-    return {"backend": "gloo (CPU)", "geometry": g, "chunk_tokens": chunk_tokens, "repeats": repeats,
-            "results": results}
+    actors = _Actors(use_ray)
+    try:
+        if wire_devices:
+            p = actors.start("prefill", store, max_blocks, g, False, wire_devices[0], dtype)
+            d = actors.start("decode", store, max_blocks, g, False, wire_devices[1], dtype)
+            pi, di = actors.get([actors.call(p, "info"), actors.call(d, "info")])
+            actors.get([actors.call(p, "connect", di), actors.call(d, "connect", pi)])
+            actors.get([actors.call(p, "connect_raw", di), actors.call(d, "connect_raw", pi)])
+        # The local path: a second pair whose caches the receiver maps (/dev/shm, or CUDA IPC).
+        lp = actors.start("prefill", store, max_blocks, g, True, local_device, dtype)
+        ld = actors.start("decode", store, max_blocks, g, True, local_device, dtype)
+        lpi, ldi = actors.get([actors.call(lp, "info"), actors.call(ld, "info")])
+        actors.get([actors.call(lp, "connect", ldi), actors.call(ld, "connect", lpi)])
+        results = []
+        tid = 0
+        for length in lengths:
+            n = -(-length // bs)
+            nbytes = n * block_bytes
+            lat, raw, copy, local = [], [], [], []
+            src = torch.randn(nbytes // 4, device=local_device)
+            dst = torch.empty_like(src)
+            for r in range(repeats + 1):  # the first round warms up
+                tid += 1
+                rid = f"len{length}-{r}"
+                if wire_devices:
+                    actors.get([actors.call(d, "expect", pi, tid, rid, list(range(n)))])
+                    (t,) = actors.get([actors.call(p, "ship", di, tid, rid, n, max(1, chunk_tokens // bs))])
+                    rs, _ = actors.get([actors.call(p, "raw", nbytes, True), actors.call(d, "raw", nbytes, False)])
+                actors.get([actors.call(ld, "expect", lpi, tid, rid, list(range(n)))])
+                (tl,) = actors.get([actors.call(lp, "ship", ldi, tid, rid, n, max(1, chunk_tokens // bs))])
+                c = _copy_seconds(src, dst)
+                if r:
+                    local.append(tl)
+                    copy.append(c)
+                    if wire_devices:
+                        lat.append(t)
+                        raw.append(rs)
+            ms, lms, cs = (statistics.median(lat) if lat else None), statistics.median(local), statistics.median(copy)
+            results.append({
+                "prompt_tokens": length,
+                "blocks": n,
+                "bytes": nbytes,
+                "latency_ms_median": ms * 1e3 if ms else None,
+                "throughput_gb_s": nbytes / ms / 1e9 if ms else None,
+                "raw_send_recv_ms_median": statistics.median(raw) * 1e3 if raw else None,
+                "raw_send_recv_gb_s": nbytes / statistics.median(raw) / 1e9 if raw else None,
+                "memcpy_gb_s": nbytes / cs / 1e9,  # bytes copied a second (a D2D copy on CUDA)
+                "fraction_of_raw": statistics.median(raw) / ms if ms else None,
+                "local_latency_ms_median": lms * 1e3,
+                "local_throughput_gb_s": nbytes / lms / 1e9,
+                "local_fraction_of_copy": cs / lms,
+                "local_speedup": ms / lms if ms else None,
+            })
+        pairs = [lp, ld] + ([p, d] if wire_devices else [])
+        actors.get([actors.call(a, "release") for a in pairs])
+    finally:
+        actors.stop()
+    if dev.type == "cuda":
+        backend = "NCCL between two GPUs, CUDA IPC on one" if wire_devices else "CUDA IPC on one GPU (one GPU: no NCCL pair)"
+        name = torch.cuda.get_device_name(0)
+    else:
+        backend, name = "gloo (CPU)", "cpu"
+    return {"backend": backend, "device": name, "dtype": dtype, "geometry": g, "chunk_tokens": chunk_tokens,
+            "repeats": repeats, "results": results}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,17 +268,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", default="256,1024,4096")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--chunk-tokens", type=int, default=2048)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (CUDA IPC on one GPU; NCCL too with two)")
+    ap.add_argument("--geometry", default="smollm2-135m", choices=sorted(GEOMETRIES))
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                    help="KV dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    ap.add_argument("--no-ray", action="store_true", help="peers in spawned processes instead of Ray actors")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    r = run([int(x) for x in a.lengths.split(",")], a.repeats, a.chunk_tokens)
+    try:
+        lengths = [int(x) for x in a.lengths.split(",")]
+    except ValueError:
+        ap.error(f"--lengths must be comma-separated token counts, got {a.lengths!r}")
+    if not lengths or min(lengths) <= 0 or a.repeats < 1 or a.chunk_tokens < 1:
+        ap.error("--lengths, --repeats and --chunk-tokens must be positive")
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device is available")
+    if a.device not in ("cpu", "cuda"):
+        ap.error(f"--device must be cpu or cuda, got {a.device!r}")
+    r = run(lengths, a.repeats, a.chunk_tokens, GEOMETRIES[a.geometry], a.device, a.dtype, use_ray=not a.no_ray)
     if a.json:
         print(json.dumps(r, indent=2))
     else:
         for x in r["results"]:
-            print(f"{x['prompt_tokens']:5d} tokens ({x['bytes'] / 2**20:6.1f} MiB): {x['latency_ms_median']:7.1f} ms, "
-                  f"{x['throughput_gb_s']:.2f} GB/s; raw send/recv {x['raw_send_recv_gb_s']:.2f} GB/s "
-                  f"({x['fraction_of_raw'] * 100:.0f}% of it); memcpy {x['memcpy_gb_s']:.1f} GB/s; local path "
-                  f"{x['local_latency_ms_median']:.1f} ms ({x['local_speedup']:.1f}x faster)")
+            wire = (f"{x['latency_ms_median']:7.1f} ms, {x['throughput_gb_s']:.2f} GB/s; raw send/recv "
+                    f"{x['raw_send_recv_gb_s']:.2f} GB/s ({x['fraction_of_raw'] * 100:.0f}% of it)"
+                    if x["latency_ms_median"] else "no wire path")
+            print(f"{x['prompt_tokens']:5d} tokens ({x['bytes'] / 2**20:6.1f} MiB): {wire}; copy "
+                  f"{x['memcpy_gb_s']:.1f} GB/s; local path {x['local_latency_ms_median']:.1f} ms, "
+                  f"{x['local_throughput_gb_s']:.2f} GB/s ({x['local_fraction_of_copy'] * 100:.0f}% of the copy)")
     return 0
 
 

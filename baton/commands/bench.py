@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
     k = bsub.add_parser("kv-transfer", help="KV transfer throughput and latency between two actors")
     k.add_argument("--lengths", default="256,1024,4096")
     k.add_argument("--repeats", type=int, default=5)
+    k.add_argument("--device", default="cpu", help="cpu, or cuda (CUDA IPC on one GPU; NCCL too with two)")
+    k.add_argument("--geometry", default="smollm2-135m", help="smollm2-135m, qwen2.5-0.5b or llama-3.2-1b")
+    k.add_argument("--no-ray", action="store_true", help="peers in spawned processes instead of Ray actors")
     k.add_argument("--json", action="store_true")
     k.set_defaults(run=_kv_transfer)
 
@@ -92,7 +95,8 @@ def _interference(args: argparse.Namespace) -> int:
 def _kv_transfer(args: argparse.Namespace) -> int:
     from bench.kv_transfer import main
 
-    return main(["--lengths", args.lengths, "--repeats", str(args.repeats)] + (["--json"] if args.json else []))
+    return main(["--lengths", args.lengths, "--repeats", str(args.repeats), "--device", args.device,
+                 "--geometry", args.geometry] + (["--no-ray"] if args.no_ray else []) + (["--json"] if args.json else []))
 
 
 def _serve(args: argparse.Namespace) -> int:

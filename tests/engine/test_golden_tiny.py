@@ -30,7 +30,9 @@ def _prompts(seed=0, n=8, shared_prefix=0):
 def _engine(model_dir, **kw):
     sched = kw.pop("scheduler", {})
     cache = kw.pop("cache", {})
-    return LLMEngine(EngineConfig(model=str(model_dir), scheduler=SchedulerConfig(**sched),
+    # fp32 on every device, like the oracle: on a GPU machine this checks the CUDA path (Triton
+    # attention) token for token instead of comparing bf16 against fp32.
+    return LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", scheduler=SchedulerConfig(**sched),
                                   cache=CacheConfig(**cache), **kw))
 
 

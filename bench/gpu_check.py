@@ -1,0 +1,130 @@
+"""Every check that needs a GPU, as one prepared run for a borrowed CUDA machine (one short lease,
+no network, no Ray there): the Triton kernels against the torch reference, the engine's CUDA path
+against transformers token for token, the kernels' bandwidth as a fraction of a device-to-device
+copy, the KV transfer over CUDA IPC (and NCCL with two GPUs), and offline throughput on a
+random-weight Qwen2.5-0.5B against the same engine's static batching.
+
+    PYTHONUNBUFFERED=1 python3 -m bench.gpu_check --out "$OUT" --budget-s 420
+
+Each step runs in its own process with the time left (a hang or crash costs that step only) and is
+recorded as it ends in OUT/gpu_check.json (return code, seconds, output tail, and the JSON a bench
+printed), so a run cut short still returns what it measured. Without CUDA it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _steps(tmp: Path) -> list[tuple[str, list[str], int]]:
+    """(name, command, most seconds it may take), most important first."""
+    py = sys.executable
+    return [
+        ("env", [py, "-c", "import json, torch, triton; p = torch.cuda.get_device_properties(0); "
+                 "print(json.dumps({'torch': torch.__version__, 'triton': triton.__version__, "
+                 "'device': p.name, 'capability': list(torch.cuda.get_device_capability(0)), "
+                 "'gpus': torch.cuda.device_count(), 'memory_gib': round(p.total_memory / 2**30, 1)}))"], 60),
+        ("triton_kernels", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            "tests/engine/attention/test_triton_kernels.py"], 240),
+        ("golden_tiny_cuda_fp32", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                   "tests/engine/test_golden_tiny.py"], 240),
+        ("kernels_bandwidth", [py, "-m", "bench.kernels", "--json"], 180),
+        ("kv_transfer_ipc", [py, "-m", "bench.kv_transfer", "--device", "cuda", "--no-ray",
+                             "--geometry", "llama-3.2-1b", "--json"], 120),
+        ("offline_qwen2.5-0.5b", [py, "-m", "bench.gpu_check", "--offline", "qwen2.5-0.5b", "--model-dir",
+                                  str(tmp / "qwen2.5-0.5b")], 240),
+    ]
+
+
+def _last_json(text: str):
+    """The JSON object a bench printed last (its report: a "{" at the start of a line), or None."""
+    start = text.rfind("\n{") + 1  # 0 when the output starts with it (or holds none)
+    try:
+        value = json.loads(text[start:])
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def run_checks(out: Path, budget_s: float, steps=None) -> dict:
+    """Run ``steps`` (default: ``_steps``, given a scratch folder) in order inside ``budget_s``."""
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "budget_s": budget_s, "steps": {}}
+    deadline = time.monotonic() + budget_s
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p),
+               PYTHONUNBUFFERED="1")
+    env.pop("TRITON_INTERPRET", None)
+    with tempfile.TemporaryDirectory() as tmp, open(out / "gpu_check.log", "w") as log:
+        for name, cmd, most_s in (steps if steps is not None else _steps(Path(tmp))):
+            left = deadline - time.monotonic()
+            if left < 20:
+                report["steps"][name] = {"skipped": f"{left:.0f} s of the budget left"}
+                continue
+            t0 = time.monotonic()
+            print(f"== {name}: {' '.join(cmd[1:])}", file=log, flush=True)
+            try:
+                p = subprocess.run(cmd, cwd=_ROOT, env=env, capture_output=True, text=True, timeout=min(most_s, left))
+                rc, stdout, stderr = p.returncode, p.stdout, p.stderr
+            except subprocess.TimeoutExpired as e:
+                rc = "timeout"
+                stdout, stderr = (x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                                  for x in (e.stdout, e.stderr))
+            log.write(stdout + stderr + "\n")
+            log.flush()
+            report["steps"][name] = {"rc": rc, "seconds": round(time.monotonic() - t0, 1),
+                                     "tail": (stdout + stderr)[-3000:],
+                                     "result": _last_json(stdout) if rc == 0 else None}
+            (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
+            print(f"{name}: rc={rc} in {report['steps'][name]['seconds']} s", flush=True)
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def offline(name: str, model_dir: Path, n: int) -> dict:
+    """A random-weight model with a published config, on CUDA in bf16: Baton continuous batching
+    against the same engine's static batching (batches of 16), same requests, one run."""
+    from bench.offline import run_offline
+    from bench.random_model import build_random_model
+
+    t0 = time.perf_counter()
+    build_random_model(name, model_dir, device="cuda", dtype="bfloat16")
+    built = time.perf_counter() - t0
+    r = run_offline("anyscale-cpu", str(model_dir), n, include_hf=False)
+    r["model"], r["build_seconds"] = name, round(built, 1)
+    return r
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("gpu_check_out"))
+    ap.add_argument("--budget-s", type=float, default=420.0, help="seconds for all the steps together")
+    ap.add_argument("--offline", help=argparse.SUPPRESS)  # one step, run in its own process
+    ap.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, default=256, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench.gpu_check: CUDA is not available; nothing to check here.")
+        return 0
+    if a.offline:
+        print(json.dumps(offline(a.offline, a.model_dir, a.n), indent=2, default=str))
+        return 0
+    report = run_checks(a.out, a.budget_s)
+    failed = [k for k, v in report["steps"].items() if v.get("rc") not in (0, None)]
+    print(f"bench.gpu_check: {len(report['steps'])} steps, failed: {', '.join(failed) or 'none'}; "
+          f"report in {a.out / 'gpu_check.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
