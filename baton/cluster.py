@@ -38,7 +38,8 @@ class ClusterConfig:
     gpus_per_worker: float = 0.0  # 0 on CPU
     cpus_per_worker: float = 1.0
     torch_threads_per_worker: int = 1  # CPU only
-    local_prefill_threshold: int = 0  # prompts shorter than this skip the prefill pool
+    local_prefill_threshold: int = 0  # prompts shorter than this skip the prefill pool...
+    short_prompts_to_idle_prefill: bool = True  # ...unless a prefill worker has room for them now
     # With a prefill pool: the prompt tokens a decode worker's step may compute (its local prefills
     # ride in its decode steps). None: the engine's whole step budget.
     decode_prefill_token_budget: int | None = 256
@@ -84,7 +85,8 @@ class LocalCluster:
         first = decode[0].info
         self.max_model_len, self.vocab_size = first.max_model_len, first.vocab_size
         self.dispatcher = Dispatcher(self.pool, router_id=router_id,
-                                     local_prefill_threshold=config.local_prefill_threshold)
+                                     local_prefill_threshold=config.local_prefill_threshold,
+                                     short_prompts_to_idle_prefill=config.short_prompts_to_idle_prefill)
         self.dispatcher.start()
         self._ids = itertools.count()
         say("cluster ready")

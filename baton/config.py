@@ -86,6 +86,9 @@ class PoolsSection(_Model):
     prefill: PoolSection = PoolSection(workers=1)
     decode: PoolSection = PoolSection(workers=1)
     local_prefill_threshold: int = Field(256, ge=0, description="shorter prompts prefill on the decode worker")
+    short_prompts_to_idle_prefill: bool = Field(
+        True, description="a short prompt still goes to a prefill worker with room for it now (idle between "
+                          "long prompts), so decode steps do not compute it")
     decode_prefill_token_budget: int | None = Field(
         256, ge=1, description="with a prefill pool: prompt tokens a decode worker's step may compute (null: no cap)")
     transfer_timeout_s: float = Field(10.0, gt=0)

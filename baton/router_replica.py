@@ -68,7 +68,8 @@ class RouterReplica:
             for w, info in zip(pool.all(), infos):
                 w.info, w.alive = info, True
             dispatcher = Dispatcher(pool, router_id=self.replica_id,
-                                    local_prefill_threshold=self.cfg.pools.local_prefill_threshold)
+                                    local_prefill_threshold=self.cfg.pools.local_prefill_threshold,
+                                    short_prompts_to_idle_prefill=self.cfg.pools.short_prompts_to_idle_prefill)
             dispatcher.start()
             frontend = RouterFrontend(self.cfg, dispatcher, model_dir, self.redis_url,
                                       advertise_host=self.node_ip if self.cfg.router.host == "0.0.0.0" else None)

@@ -72,6 +72,7 @@ class BatonServer:
             engine=cfg.engine_config(), gpus_per_worker=cfg.pools.decode.gpus, cpus_per_worker=cfg.pools.decode.cpus,
             torch_threads_per_worker=cfg.pools.decode.threads,
             local_prefill_threshold=cfg.pools.local_prefill_threshold,
+            short_prompts_to_idle_prefill=cfg.pools.short_prompts_to_idle_prefill,
             decode_prefill_token_budget=cfg.pools.decode_prefill_token_budget,
             transfer_timeout_s=cfg.pools.transfer_timeout_s, max_restarts=cfg.pools.max_restarts)
         # On the main thread, blocking: Ray installs its handlers there, and nothing else runs yet.
@@ -97,9 +98,10 @@ class BatonServer:
         """Tests: a new router replica (same ports) over the same pools and Redis."""
         for w in self.cluster.pool.all():
             w.requests.clear()
-            w.dispatched_tokens = 0
+            w.forget_dispatched()
         dispatcher = Dispatcher(self.cluster.pool, router_id=router_id,
-                                local_prefill_threshold=self.cluster.config.local_prefill_threshold)
+                                local_prefill_threshold=self.cluster.config.local_prefill_threshold,
+                                short_prompts_to_idle_prefill=self.cluster.config.short_prompts_to_idle_prefill)
         dispatcher.start()
         await self._start_frontend(dispatcher, job_idle_ms)
 

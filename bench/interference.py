@@ -10,7 +10,8 @@ same cores and the same engine settings; they differ only in where prefill runs:
 
 * colocated: one decode worker with ``2 * threads`` torch threads prefills and decodes everything;
 * disaggregated: one prefill worker and one decode worker with ``threads`` threads each; short
-  prompts prefill on the decode worker, at most ``decode_prefill_token_budget`` tokens a step.
+  prompts prefill on the decode worker, at most ``decode_prefill_token_budget`` tokens a step,
+  except those the prefill worker has room for when they arrive (``short_prompts_to_idle_prefill``).
 
 Reported per setup: inter-token latency of the interactive streams (p50/p90/p99/p99.9/max, measured where
 the client receives tokens), the share of their gaps, and of their waiting time, in stalls of at
@@ -136,7 +137,7 @@ def drive(cluster: LocalCluster, w: InterferenceWorkload, vocab: int) -> dict:
 def run(model: str = "default", threads: int = 1, workload: InterferenceWorkload = InterferenceWorkload(),
         max_num_batched_tokens: int = 2048, local_prefill_threshold: int = 256, small_chunk_baseline: int = 0,
         kv_shared_memory: bool = False, decode_prefill_token_budget: int | None = 256,
-        progress=lambda m: None) -> dict:
+        short_prompts_to_idle_prefill: bool = True, progress=lambda m: None) -> dict:
     engine = EngineConfig(model=model, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens),
                           cache=CacheConfig(kv_cache_memory_gb=1.0, shared_memory=kv_shared_memory))
     setups = {
@@ -146,6 +147,7 @@ def run(model: str = "default", threads: int = 1, workload: InterferenceWorkload
         "disaggregated": ClusterConfig(prefill_workers=1, decode_workers=1, engine=engine,
                                        torch_threads_per_worker=threads, cpus_per_worker=threads,
                                        local_prefill_threshold=local_prefill_threshold,
+                                       short_prompts_to_idle_prefill=short_prompts_to_idle_prefill,
                                        decode_prefill_token_budget=decode_prefill_token_budget),
     }
     if small_chunk_baseline:  # the other colocated remedy: smaller prefill chunks
@@ -154,7 +156,7 @@ def run(model: str = "default", threads: int = 1, workload: InterferenceWorkload
     out = {"workload": workload.__dict__, "max_num_batched_tokens": max_num_batched_tokens, "model": model,
            "local_prefill_threshold": local_prefill_threshold, "kv_shared_memory": kv_shared_memory,
            "decode_prefill_token_budget": decode_prefill_token_budget,
-           "setups": list(setups)}
+           "short_prompts_to_idle_prefill": short_prompts_to_idle_prefill, "setups": list(setups)}
     for name, cfg in setups.items():
         progress(f"{name}: starting")
         cluster = LocalCluster(cfg)
@@ -176,7 +178,7 @@ def run_from_args(a: argparse.Namespace) -> dict:
     return run(a.model, threads=1, workload=workload_from_args(a), max_num_batched_tokens=a.max_num_batched_tokens,
                local_prefill_threshold=a.local_prefill_threshold, small_chunk_baseline=a.small_chunk_baseline,
                kv_shared_memory=a.kv_shared_memory, decode_prefill_token_budget=a.decode_prefill_budget or None,
-               progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+               short_prompts_to_idle_prefill=a.short_prompts_to_idle_prefill == "on", progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--local-prefill-threshold", type=int, default=256,
                     help="disaggregated setup: shorter prompts prefill on the decode worker")
+    ap.add_argument("--short-prompts-to-idle-prefill", choices=("on", "off"), default="on",
+                    help="disaggregated setup: short prompts go to the prefill worker while it has room "
+                         "(pools.short_prompts_to_idle_prefill)")
     ap.add_argument("--decode-prefill-budget", type=int, default=256,
                     help="disaggregated setup: prompt tokens a decode step may add (0: its whole budget)")
     ap.add_argument("--small-chunk-baseline", type=int, default=0,

@@ -98,12 +98,15 @@ class DecodeWorker:
 
         return self.loop.call(do)
 
-    def prefill_locally(self, request_id: str) -> bool:
-        """Give up on the transfer for a reserved request (its prefill worker is gone) and prefill here."""
+    def prefill_locally(self, request_id: str, failed: bool = True) -> bool:
+        """Give up on the transfer for a reserved request and prefill here: its prefill worker is gone
+        or refused (``failed``: counted as a fallback), or the router chose to before starting it."""
 
         def do(engine: LLMEngine) -> bool:
             self._cancel_transfer(request_id)
-            return self._fallback(engine, request_id)
+            if failed:
+                return self._fallback(engine, request_id)
+            return engine.fallback_to_local_prefill(request_id)
 
         return self.loop.call(do)
 

@@ -6,7 +6,7 @@ and the counters the router turns into metrics.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,10 @@ class WorkerLoad:
     busy_seconds: float = 0.0  # wall time in steps
     busy_cpu_seconds: float = 0.0  # the stepping thread's CPU time in them (less: it waited for a core)
     prompt_tokens_computed: int = 0  # cumulative: with busy_seconds, the measured prefill rate
+    # Prefill role: prompt tokens of the tasks it has queued since it started, by the router that
+    # sent them (``RequestSpec.origin``). A router subtracts them from what it has dispatched there
+    # to know what is still on the way (router/worker_pool.py).
+    prompt_tokens_received: dict[str, int] = field(default_factory=dict)
 
     @property
     def kv_usage(self) -> float:

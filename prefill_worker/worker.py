@@ -44,6 +44,7 @@ class PrefillWorker:
         self.agent = TransferAgent(self.peer, store, self.engine.runner.kv_cache, connect_timeout_s=connect_timeout_s,
                                    faults=self.faults, on_acked=self._on_acked, kv_segment_name=kv_segment_name(self.engine))
         self._shipping: dict[str, _Shipping] = {}  # engine thread only
+        self._received: dict[str, int] = {}  # engine thread only: WorkerLoad.prompt_tokens_received
         self.loop.add_after_step(self._ship)
         freeze_startup_objects()  # the engine is loaded: no full collections over it (engine/gc_freeze.py)
         self.loop.start()
@@ -64,6 +65,8 @@ class PrefillWorker:
             engine.add_request(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
                                priority=spec.priority, cache_salt=spec.cache_salt, prefill_only=True)
             self._shipping[spec.request_id] = _Shipping(task, next_block=task.skip_blocks)
+            # Counted on the loop's thread, with the queue the load report reads: consistent.
+            self._received[spec.origin] = self._received.get(spec.origin, 0) + spec.num_prompt_tokens
 
         self.loop.call(add)
 
@@ -142,5 +145,5 @@ class PrefillWorker:
             transfer_bytes=self.agent.bytes_sent(), prefix_queries=bm.num_prefix_queries,
             prefix_hits=bm.num_prefix_hits, steps=self.loop.num_steps, busy_seconds=self.loop.busy_seconds,
             busy_cpu_seconds=self.loop.busy_cpu_seconds,
-            prompt_tokens_computed=s.prompt_tokens_computed,
+            prompt_tokens_computed=s.prompt_tokens_computed, prompt_tokens_received=dict(self._received),
         )

@@ -30,7 +30,8 @@ from decode_worker.messages import OutputBatch, ReserveResult
 from engine.outputs import RequestOutput
 from engine.request_spec import RequestSpec
 from prefill_worker.messages import PrefillTask
-from router.placement import NO_HINT, PlacementHint, choose_decode, choose_prefill, prefill_on_decode
+from router.placement import (NO_HINT, PlacementHint, choose_decode, choose_prefill, prefill_on_decode,
+                              short_prompt_still_fits)
 from router.stream import RequestStream
 from router.worker_pool import WorkerHandle, WorkerPool
 
@@ -55,6 +56,7 @@ class Dispatcher:
         router_id: str = "",
         on_kv_events: Callable[[str, list], None] | None = None,
         local_prefill_threshold: int = 0,
+        short_prompts_to_idle_prefill: bool = True,
         poll_timeout_s: float = 0.5,
         call_timeout_s: float = 60.0,
         max_migrations: int = 3,
@@ -65,6 +67,7 @@ class Dispatcher:
         self.on_kv_events = on_kv_events or (lambda worker_id, events: None)
         self.on_worker_reset: Callable[[str], None] = lambda worker_id: None  # its cache is gone
         self.local_prefill_threshold = local_prefill_threshold
+        self.short_prompts_to_idle_prefill = short_prompts_to_idle_prefill
         self.poll_timeout_s = poll_timeout_s
         self.call_timeout_s = call_timeout_s
         self.max_migrations = max_migrations
@@ -167,29 +170,48 @@ class Dispatcher:
     def _disaggregate(self, t: _Tracked, d: WorkerHandle) -> bool:
         """Reserve on D and start the prefill on P. False: prefill on D instead."""
         spec = t.spec
-        if prefill_on_decode(self.pool, spec, d, t.hint, self.local_prefill_threshold):
+        if prefill_on_decode(self.pool, spec, d, t.hint, self.local_prefill_threshold,
+                             short_to_idle_prefill=self.short_prompts_to_idle_prefill):
             return False
         p = choose_prefill(self.pool, spec, t.hint)
         if p is None:
             return False
-        res: ReserveResult = self._call(d.actor.reserve.remote(spec, p.peer))
+        # Counted on P before the reserve returns (a decode step's wait): placements made meanwhile
+        # must see this prompt queued there, or a short prompt sent to a "free" P waits behind it.
+        self._count_dispatched(p, spec.num_prompt_tokens)
+        try:
+            res: ReserveResult = self._call(d.actor.reserve.remote(spec, p.peer))
+        except BaseException:
+            self._count_dispatched(p, -spec.num_prompt_tokens)
+            raise
         if not res.accepted:
+            self._count_dispatched(p, -spec.num_prompt_tokens)
             log.debug("%s refused %s (%s); prefilling it there when blocks free up", d.worker_id,
                       spec.request_id, res.reason)
             return False
+        if spec.num_prompt_tokens < self.local_prefill_threshold and not short_prompt_still_fits(
+                p, self.local_prefill_threshold):
+            self._count_dispatched(p, -spec.num_prompt_tokens)  # P got busy: prefill it on D after all
+            self._call(d.actor.prefill_locally.remote(spec.request_id, False))
+            self.num_local_prefills += 1
+            return True
         t.prefill_id = p.worker_id
-        p.dispatched_tokens += spec.num_prompt_tokens
         try:
             self._call(p.actor.prefill.remote(PrefillTask(spec, d.peer, res.transfer_id, res.num_cached_blocks)))
             self.num_disaggregated += 1
         except RayError as e:
             if isinstance(e, RayTaskError):  # it refused this prefill; it is not down
+                self._count_dispatched(p, -spec.num_prompt_tokens)  # and did not queue it
                 log.warning("%s refused the prefill of %s (%s); prefilling on %s", p.worker_id, spec.request_id,
                             _cause(e), d.worker_id)
             else:
                 self._mark_dead(p, e)
             self._call(d.actor.prefill_locally.remote(spec.request_id))
         return True
+
+    def _count_dispatched(self, p: WorkerHandle, tokens: int) -> None:
+        with self.pool.lock:
+            p.count_dispatched(self.router_id, tokens)
 
     def _call(self, ref):
         return ray.get(ref, timeout=self.call_timeout_s)
@@ -273,6 +295,10 @@ class Dispatcher:
             return
         restarted = w.info is not None and info.peer.incarnation != w.info.peer.incarnation
         w.info = info
+        if restarted:
+            with self.pool.lock:  # what we sent the old incarnation, and its report, are gone
+                w.forget_dispatched()
+                w.load = None
         if restarted:
             self.on_worker_reset(w.worker_id)
         if restarted and w.role == "decode":

@@ -6,6 +6,9 @@ disaggregation), and which prefill worker computes its prompt (pure Python).
   (from the cluster prefix index) plus the prefill tokens already queued on it.
 - Prefill on the decode worker itself when the request is a migration (recompute), when the prompt
   is short, when the decode worker already caches most of it, or when no prefill worker is alive.
+  With ``short_to_idle_prefill``, a short prompt still goes to a prefill worker that has room for it
+  within one threshold's worth of queued tokens: the prefill pool is idle between long prompts,
+  and a prompt computed there is one the decode worker's streams do not wait for.
 """
 
 from __future__ import annotations
@@ -48,14 +51,32 @@ def choose_prefill(pool: WorkerPool, spec: RequestSpec, hint: PlacementHint = NO
 
 
 def prefill_on_decode(pool: WorkerPool, spec: RequestSpec, d: WorkerHandle, hint: PlacementHint,
-                      threshold_tokens: int, cached_fraction: float = 0.5) -> bool:
-    if spec.resume_token_ids or spec.num_prompt_tokens < threshold_tokens or not pool.live("prefill"):
+                      threshold_tokens: int, cached_fraction: float = 0.5, short_to_idle_prefill: bool = False) -> bool:
+    if spec.resume_token_ids or not pool.live("prefill"):
+        return True
+    if _stays_local(pool, spec.num_prompt_tokens, threshold_tokens, short_to_idle_prefill):
         return True
     return hint.overlap_tokens.get(d.worker_id, 0) >= cached_fraction * spec.num_prompt_tokens
 
 
+def _stays_local(pool: WorkerPool, prompt_tokens: int, threshold_tokens: int, short_to_idle_prefill: bool) -> bool:
+    """A short prompt prefills on its decode worker, unless (``short_to_idle_prefill``) a prefill
+    worker would still have at most ``threshold_tokens`` queued with it."""
+    if prompt_tokens >= threshold_tokens:
+        return False
+    return not (short_to_idle_prefill
+                and any(_queued(w) + prompt_tokens <= threshold_tokens for w in pool.live("prefill")))
+
+
+def short_prompt_still_fits(p: WorkerHandle, threshold_tokens: int) -> bool:
+    """After the decode worker's reserve (up to a decode step later): is the prefill worker chosen for
+    a short prompt still within one threshold of queued tokens, this prompt included? A long prompt
+    that reached it meanwhile would be computed in the same step, and the short one wait for it."""
+    return _queued(p) <= threshold_tokens
+
+
 def prefill_queue(pool: WorkerPool, prompt_tokens: int, threshold_tokens: int,
-                  rate_of: Callable[[list[str]], float]) -> tuple[int, float]:
+                  rate_of: Callable[[list[str]], float], short_to_idle_prefill: bool = False) -> tuple[int, float]:
     """(prompt tokens queued ahead, prefill tokens/s) where a new prompt will be computed, for the
     admission's TTFT prediction: the prefill pool, or — when conditional disaggregation will keep
     it on a decode worker (short prompt, or no prefill worker alive) — the decode worker
@@ -64,7 +85,7 @@ def prefill_queue(pool: WorkerPool, prompt_tokens: int, threshold_tokens: int,
     wait behind the long batch prompts queued on the prefill workers.
     ``rate_of``: worker ids -> their measured prefill tokens/s (``PrefillRate.tokens_per_s``)."""
     prefill = pool.live("prefill")
-    if prefill and prompt_tokens >= threshold_tokens:
+    if prefill and not _stays_local(pool, prompt_tokens, threshold_tokens, short_to_idle_prefill):
         return sum(_queued(w) for w in prefill), rate_of([w.worker_id for w in prefill])
     decode = pool.live("decode")
     if not prefill:  # colocated: every decode worker prefills

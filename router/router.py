@@ -170,7 +170,7 @@ class Router:
         # the ones admitted before them (an await here let a burst all see an empty queue).
         hint = NO_HINT if durable else await self._placement_hint(ids, self._salt(tenant.name))
         queued, rate = prefill_queue(self.pool, len(ids), self.dispatcher.local_prefill_threshold,
-                                     self.prefill_rate.tokens_per_s)
+                                     self.prefill_rate.tokens_per_s, self.dispatcher.short_prompts_to_idle_prefill)
         try:
             predicted = await self.admission.admit(AdmissionInput(
                 lane=lane_cfg, tenant=tenant, prompt_tokens=len(ids), max_tokens=req.sampling.max_tokens,

@@ -21,13 +21,29 @@ class WorkerHandle:
     alive: bool = False
     failures: int = 0
     requests: set[str] = field(default_factory=set)  # decode: requests it is serving
-    # Prefill tokens dispatched since the last load report (which will include them).
-    dispatched_tokens: int = 0
+    # Prompt tokens sent to this (prefill) worker since it started, by router id. Its load report
+    # says how many of them it has queued (WorkerLoad.prompt_tokens_received); the rest are on the
+    # way. Not reset by a report: a report computed before a dispatch arrived would wipe it and
+    # show a worker busy with a long prompt as idle until its next report, after that prompt.
+    dispatched_by_router: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def dispatched_tokens(self) -> int:
+        """Prompt tokens dispatched here that its latest load report does not include yet."""
+        received = self.load.prompt_tokens_received if self.load is not None else {}
+        return sum(max(0, n - received.get(router, 0)) for router, n in self.dispatched_by_router.items())
+
+    def count_dispatched(self, router_id: str, tokens: int) -> None:
+        """``tokens`` more (or, for a dispatch that never arrived, fewer) sent by ``router_id``."""
+        self.dispatched_by_router[router_id] = max(0, self.dispatched_by_router.get(router_id, 0) + tokens)
+
+    def forget_dispatched(self) -> None:
+        """A new incarnation counts from zero; so does a new router."""
+        self.dispatched_by_router.clear()
 
     def update_load(self, load: WorkerLoad | None) -> None:
         if load is not None:
             self.load = load
-            self.dispatched_tokens = 0
 
     @property
     def peer(self) -> PeerInfo:

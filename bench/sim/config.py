@@ -30,6 +30,7 @@ class SimConfig:
     enable_prefix_caching: bool = True
     kv_shared_memory: bool = False  # engine.kv_shared_memory: same-host transfers copy through /dev/shm
     local_prefill_threshold: int = 256
+    short_prompts_to_idle_prefill: bool = True  # pools.short_prompts_to_idle_prefill
     lanes: LanePolicy = field(default_factory=LanePolicy)
     slo_rejection: bool = True
     pace_guard: bool = True  # router.pace_guard
@@ -86,5 +87,6 @@ def sim_config_from_baton(cfg, cost) -> SimConfig:
         prefill_max_num_batched_tokens=e.max_num_batched_tokens, decode_max_num_batched_tokens=e.max_num_batched_tokens,
         max_num_seqs=e.max_num_seqs, num_kv_blocks=blocks, enable_prefix_caching=e.enable_prefix_caching,
         kv_shared_memory=getattr(e, "kv_shared_memory", False),
-        local_prefill_threshold=pools.local_prefill_threshold, lanes=cfg.lane_policy(),
+        local_prefill_threshold=pools.local_prefill_threshold,
+        short_prompts_to_idle_prefill=pools.short_prompts_to_idle_prefill, lanes=cfg.lane_policy(),
         slo_rejection=router.slo_rejection, pace_guard=router.pace_guard, initial_prefill_tokens_per_s=router.initial_prefill_tokens_per_s)

@@ -20,7 +20,8 @@ from bench.sim.transfer import PrefillHooks
 from bench.sim.worker import ReserveResult, SimWorker
 from engine.request import Request
 from engine.request_spec import RequestSpec
-from router.placement import PlacementHint, choose_decode, choose_prefill, prefill_on_decode
+from router.placement import (PlacementHint, choose_decode, choose_prefill, prefill_on_decode,
+                              short_prompt_still_fits)
 from router.worker_pool import WorkerHandle, WorkerPool
 
 
@@ -41,11 +42,12 @@ class Tracked:
 
 class SimDispatcher:
     def __init__(self, loop: EventLoop, pool: WorkerPool, prefill_hooks: PrefillHooks, *, threshold: int,
-                 threads: int, on_finished: Callable[[Tracked], None]) -> None:
+                 threads: int, on_finished: Callable[[Tracked], None], short_to_idle_prefill: bool = True) -> None:
         self.loop = loop
         self.pool = pool
         self.prefill_hooks = prefill_hooks
         self.threshold = threshold
+        self.short_to_idle_prefill = short_to_idle_prefill
         self.free_threads = threads
         self.on_finished = on_finished
         self._backlog: deque[Tracked] = deque()  # submits waiting for a dispatch thread
@@ -71,24 +73,32 @@ class SimDispatcher:
         d.requests.add(spec.request_id)
         dw: SimWorker = d.actor
         p = None
-        if not prefill_on_decode(self.pool, spec, d, t.hint, self.threshold):
+        if not prefill_on_decode(self.pool, spec, d, t.hint, self.threshold,
+                                 short_to_idle_prefill=self.short_to_idle_prefill):
             p = choose_prefill(self.pool, spec, t.hint)
         if p is None:
             t.prefill = d
             dw.call(lambda w: w.add_request(spec), lambda _: self._placed(t, "local"))
             return
+        p.count_dispatched(spec.origin, spec.num_prompt_tokens)  # before the reserve, as the dispatcher does
         dw.call(lambda w: w.reserve(spec), lambda res: self._reserved(t, d, p, res))
 
     def _reserved(self, t: Tracked, d: WorkerHandle, p: WorkerHandle, res: ReserveResult) -> None:
         spec = t.spec
         if not res.accepted:  # the decode worker is full now: it prefills the prompt when it can
             self.num_refused += 1
+            p.count_dispatched(spec.origin, -spec.num_prompt_tokens)
             t.prefill = d
             d.actor.call(lambda w: w.add_request(spec), lambda _: self._placed(t, "local"))
             return
+        if spec.num_prompt_tokens < self.threshold and not short_prompt_still_fits(p, self.threshold):
+            p.count_dispatched(spec.origin, -spec.num_prompt_tokens)  # P got busy: prefill it on D after all
+            t.prefill = d
+            d.actor.call(lambda w: w.scheduler.fallback_to_local_prefill(spec.request_id),
+                         lambda _: self._placed(t, "local"))
+            return
         t.record.prefill_worker = p.worker_id
         t.prefill = p
-        p.dispatched_tokens += spec.num_prompt_tokens
         hooks, dw = self.prefill_hooks, d.actor
         p.actor.call(lambda w: hooks.start(w, spec, dw, res.num_cached_blocks),
                      lambda _: self._placed(t, "disaggregated"))

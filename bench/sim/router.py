@@ -77,7 +77,7 @@ class SimRouter:
             rec.lane = lane
             lane_cfg = self.policy.lane(lane)
             queued, rate = prefill_queue(self.pool, len(ids), self.cfg.local_prefill_threshold,
-                                         self.prefill_rate.tokens_per_s)
+                                         self.prefill_rate.tokens_per_s, self.cfg.short_prompts_to_idle_prefill)
             if self.pace_guard is not None:
                 self.pace_guard.arrived(lane, now)
             run_sync(self.admission.admit(AdmissionInput(

@@ -102,7 +102,9 @@ class Simulation:
         transfer = cost.local_transfer if cfg.kv_shared_memory and cost.local_transfer else cost.transfer
         self.prefill_hooks = PrefillHooks(self.channels, self._kv_landed, transfer)
         self.dispatcher = SimDispatcher(self.loop, self.pool, self.prefill_hooks,
-                                        threshold=cfg.local_prefill_threshold, threads=cfg.dispatch_threads,
+                                        threshold=cfg.local_prefill_threshold,
+                                        short_to_idle_prefill=cfg.short_prompts_to_idle_prefill,
+                                        threads=cfg.dispatch_threads,
                                         on_finished=self.router.on_finished)
         self.polls = DecodePolls(self.loop, self.pool, self.dispatcher.deliver, self.router.on_load)
         self.router.dispatcher = self.dispatcher

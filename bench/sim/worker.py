@@ -106,6 +106,7 @@ class SimWorker:
         self.steps = 0
         self.busy_seconds = 0.0
         self.max_step_s = 0.0
+        self.prompt_tokens_received: dict[str, int] = {}  # by router id
         # Per request prefilled here: [arrival, first scheduled, prompt computed] in simulated time
         # (the engine's own timestamps are wall-clock); the TTFT breakdown the real workers report.
         self.prefill_timing: dict[str, list[float | None]] = {}
@@ -182,6 +183,9 @@ class SimWorker:
     def add_request(self, spec: RequestSpec, prefill_only: bool = False) -> Request:
         req = self._request(spec, prefill_only)
         self.scheduler.add_request(req)
+        if prefill_only:  # a prefill task: WorkerLoad.prompt_tokens_received
+            self.prompt_tokens_received[spec.origin] = (self.prompt_tokens_received.get(spec.origin, 0)
+                                                        + spec.num_prompt_tokens)
         self.prefill_timing[spec.request_id] = [self.loop.now, None, None]
         return req
 
@@ -206,7 +210,7 @@ class SimWorker:
             queued_prefill_tokens=queued_prefill_tokens(s), num_reserved=len(s.reserved),
             num_transferring=len(s.transferring), prefix_queries=bm.num_prefix_queries,
             prefix_hits=bm.num_prefix_hits, steps=self.steps, busy_seconds=self.busy_seconds,
-            prompt_tokens_computed=s.prompt_tokens_computed)
+            prompt_tokens_computed=s.prompt_tokens_computed, prompt_tokens_received=dict(self.prompt_tokens_received))
 
     @property
     def idle(self) -> bool:

@@ -99,8 +99,8 @@ def test_disaggregation_keeps_long_prompts_out_of_decode_steps():
     cm = synthetic_cost_model(const_s=0.040, per_token_s=0.001, prefill_pair_s=2e-8)
     reqs = _stream(120, 2.0, prompt=(16, 64), output=(64, 128), long_every=6, long_len=2048)
     colo = simulate(cm, SimConfig(prefill_workers=0, decode_workers=2, **NO_ADMISSION), reqs)
-    dis = simulate(cm, SimConfig(prefill_workers=1, decode_workers=1, local_prefill_threshold=256, **NO_ADMISSION),
-                   reqs)
+    dis = simulate(cm, SimConfig(prefill_workers=1, decode_workers=1, local_prefill_threshold=256,
+                                 short_prompts_to_idle_prefill=False, **NO_ADMISSION), reqs)
     assert colo.complete and dis.complete
     assert dis.num_disaggregated == sum(1 for r in reqs if r.prompt_len >= 256)
     c, d = colo.summary["summary"]["itl_s"], dis.summary["summary"]["itl_s"]
@@ -238,3 +238,19 @@ def test_the_simulator_and_planner_import_neither_torch_nor_ray():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=root,
                          env={**os.environ, "PYTHONPATH": str(root)})
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_short_prompts_fill_the_prefill_worker_between_long_ones():
+    # The same traffic as above: a long prompt every ~3 s keeps the prefill worker busy ~2 s of them.
+    cm = synthetic_cost_model(const_s=0.040, per_token_s=0.001, prefill_pair_s=2e-8)
+    reqs = _stream(120, 2.0, prompt=(16, 64), output=(64, 128), long_every=6, long_len=2048)
+    runs = {rule: simulate(cm, SimConfig(prefill_workers=1, decode_workers=1, local_prefill_threshold=256,
+                                         short_prompts_to_idle_prefill=rule, **NO_ADMISSION), reqs)
+            for rule in (False, True)}
+    long_prompts = sum(1 for r in reqs if r.prompt_len >= 256)
+    off, on = runs[False], runs[True]
+    assert off.complete and on.complete
+    # short prompts arriving while it is idle go to the prefill worker; the others stay local
+    assert off.num_disaggregated == long_prompts < on.num_disaggregated - 10 and on.num_disaggregated < len(reqs)
+    itl_off, itl_on = off.summary["summary"]["itl_s"], on.summary["summary"]["itl_s"]
+    assert itl_on["mean"] < itl_off["mean"] and itl_on["p99"] <= itl_off["p99"]

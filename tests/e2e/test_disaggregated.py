@@ -12,7 +12,8 @@ VOCAB = 4096
 
 @pytest.fixture(scope="module")
 def c11(ray_session, tiny_model_dir):
-    c = start_cluster(tiny_model_dir, 1, 1, local_prefill_threshold=24)
+    # Short prompts always local here (the threshold rule); the idle-prefill rule is tested on its own.
+    c = start_cluster(tiny_model_dir, 1, 1, local_prefill_threshold=24, short_prompts_to_idle_prefill=False)
     yield c
     c.shutdown()
 
@@ -22,6 +23,15 @@ def c22(ray_session, tiny_model_dir):
     c = start_cluster(tiny_model_dir, 2, 2)
     yield c
     c.shutdown()
+
+
+def _wait_for(cond, timeout=10.0):
+    import time
+
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.05)
 
 
 def _transfer_blocks(cluster):
@@ -61,6 +71,23 @@ def test_short_prompts_prefill_locally(c11, tiny_model_dir):
     ps = prompts(3, 3, VOCAB, lo=5, hi=20)
     got = [o.token_ids for o in c11.generate(ps, greedy(10))]
     assert c11.dispatcher.num_local_prefills == local_before + 3
+    assert got == colocated(tiny_model_dir, ps, [10] * 3)
+    c11.wait_until_drained()
+
+
+def test_short_prompts_go_to_an_idle_prefill_worker_when_the_rule_is_on(c11, tiny_model_dir):
+    c11.wait_until_drained()  # nothing queued on the prefill worker: it has room
+    local, disagg = c11.dispatcher.num_local_prefills, c11.dispatcher.num_disaggregated
+    c11.dispatcher.short_prompts_to_idle_prefill = True
+    try:
+        ps = prompts(5, 3, VOCAB, lo=5, hi=20)
+        got = []
+        for p in ps:  # one at a time, each once the router has seen P take the one before
+            _wait_for(lambda: c11.pool.prefill[0].dispatched_tokens == 0)
+            got.append(c11.generate([p], greedy(10))[0].token_ids)
+    finally:
+        c11.dispatcher.short_prompts_to_idle_prefill = False
+    assert c11.dispatcher.num_disaggregated == disagg + 3 and c11.dispatcher.num_local_prefills == local
     assert got == colocated(tiny_model_dir, ps, [10] * 3)
     c11.wait_until_drained()
 

@@ -20,10 +20,11 @@ def _handle(wid: str, role: str, max_num_seqs: int = 8, num_blocks: int = 1000) 
     return WorkerHandle(wid, role, actor=None, info=info, alive=True)
 
 
-def _load(h: WorkerHandle, running: int = 0, waiting: int = 0, queued_prefill: int = 0) -> None:
+def _load(h: WorkerHandle, running: int = 0, waiting: int = 0, queued_prefill: int = 0,
+          received: dict[str, int] | None = None) -> None:
     h.update_load(WorkerLoad(h.worker_id, "i0", h.role, num_running=running, num_waiting=waiting,
                              num_free_blocks=h.info.num_blocks, num_total_blocks=h.info.num_blocks,
-                             queued_prefill_tokens=queued_prefill))
+                             queued_prefill_tokens=queued_prefill, prompt_tokens_received=received or {}))
 
 
 def test_a_burst_in_one_round_takes_no_more_than_the_free_slots():
@@ -64,7 +65,9 @@ def test_prefill_backlog_counts_placed_tokens_until_the_next_report():
     assert cap.reserve(200, 16, 16) and cap.reserve(200, 16, 16)
     assert not cap.has_room(200, 16)  # 400 charged + 200 > 512
     clock.t += 1.0  # charges expired, but the dispatcher placed them: counted on the handle
-    prefill.dispatched_tokens = 400
+    prefill.count_dispatched("r", 400)
     assert not cap.has_room(200, 16)
-    _load(prefill, queued_prefill=0)  # the report after they were computed: room again
+    _load(prefill, queued_prefill=0)  # a report from before they arrived: still on the way
+    assert prefill.dispatched_tokens == 400 and not cap.has_room(200, 16)
+    _load(prefill, queued_prefill=0, received={"r": 400})  # the report after they were computed: room again
     assert prefill.dispatched_tokens == 0 and cap.has_room(200, 16)

@@ -1,6 +1,8 @@
 """Placement helpers in isolation (pure Python)."""
 
-from router.placement import prefill_queue
+from engine.request_spec import RequestSpec
+from engine.sampling_params import SamplingParams
+from router.placement import NO_HINT, choose_prefill, prefill_on_decode, prefill_queue, short_prompt_still_fits
 from router.worker_pool import WorkerPool
 from tests.router.test_capacity import _handle, _load
 
@@ -23,8 +25,69 @@ def test_colocated_and_no_live_prefill_worker_use_the_decode_pool():
     d0, d1 = _handle("d0", "decode"), _handle("d1", "decode")
     _load(d0, queued_prefill=100)
     _load(d1, queued_prefill=300)
-    d0.dispatched_tokens = 50  # placed since its last report
+    d0.count_dispatched("r", 50)  # placed since its last report
     assert prefill_queue(WorkerPool([], [d0, d1]), 900, 256, _rates({"d0": 60.0, "d1": 40.0})) == (450, 100.0)
     p0 = _handle("p0", "prefill")
     p0.alive = False
     assert prefill_queue(WorkerPool([p0], [d0, d1]), 900, 256, _rates({"d0": 60.0, "d1": 40.0})) == (450, 100.0)
+
+
+def _spec(n: int) -> RequestSpec:
+    return RequestSpec("r1", list(range(3, 3 + n)), SamplingParams(max_tokens=4), origin="router-a")
+
+
+def test_a_short_prompt_goes_to_a_prefill_worker_with_room_for_it_and_stays_local_when_it_is_busy():
+    p0, d0 = _handle("p0", "prefill"), _handle("d0", "decode")
+    _load(p0), _load(d0)
+    pool = WorkerPool([p0], [d0])
+    idle = dict(short_to_idle_prefill=True)
+    assert not prefill_on_decode(pool, _spec(48), d0, NO_HINT, 256, **idle)  # idle: P computes it
+    assert prefill_on_decode(pool, _spec(48), d0, NO_HINT, 256)  # the rule off: every short prompt stays
+    p0.count_dispatched("router-a", 2048)  # a long prompt on its way to P
+    assert prefill_on_decode(pool, _spec(48), d0, NO_HINT, 256, **idle)
+    _load(p0, queued_prefill=0, received={"router-a": 2048})  # computed: room again
+    assert not prefill_on_decode(pool, _spec(48), d0, NO_HINT, 256, **idle)
+    _load(p0, queued_prefill=220, received={"router-a": 2048})  # 220 + 48 > 256: no room for this one
+    assert prefill_on_decode(pool, _spec(48), d0, NO_HINT, 256, **idle)
+    assert not prefill_on_decode(pool, _spec(30), d0, NO_HINT, 256, **idle)  # 220 + 30 fits
+    assert not prefill_on_decode(pool, _spec(900), d0, NO_HINT, 256, **idle)  # long prompts: always P
+    resumed = RequestSpec("r2", [5] * 48, SamplingParams(max_tokens=4), resume_token_ids=[7])
+    _load(p0)
+    assert prefill_on_decode(pool, resumed, d0, NO_HINT, 256, **idle)  # a migration recomputes where it is
+
+
+def test_a_short_prompt_sent_to_an_idle_prefill_worker_is_taken_back_if_a_long_one_got_there_first():
+    p0 = _handle("p0", "prefill")
+    _load(p0)
+    p0.count_dispatched("router-a", 48)  # ours, counted when placed
+    assert short_prompt_still_fits(p0, 256)
+    p0.count_dispatched("router-b", 2048)  # a long prompt placed while our reserve waited for a decode step
+    assert not short_prompt_still_fits(p0, 256)
+
+
+def test_the_admission_prediction_follows_the_same_rule():
+    p0, d0 = _handle("p0", "prefill"), _handle("d0", "decode")
+    _load(p0, queued_prefill=40)
+    _load(d0, queued_prefill=100)
+    pool = WorkerPool([p0], [d0])
+    rates = _rates({"p0": 200.0, "d0": 50.0})
+    assert prefill_queue(pool, 80, 256, rates, short_to_idle_prefill=True) == (40, 200.0)  # P has room
+    _load(p0, queued_prefill=3000)
+    assert prefill_queue(pool, 80, 256, rates, short_to_idle_prefill=True) == (100, 200.0)  # P busy: local
+
+
+def test_a_report_older_than_a_dispatch_does_not_make_a_busy_worker_look_idle():
+    p0, p1 = _handle("p0", "prefill"), _handle("p1", "prefill")
+    _load(p0), _load(p1)
+    p0.count_dispatched("router-a", 2048)
+    _load(p0)  # answered before the prompt arrived (it was still being reserved on a decode worker)
+    assert p0.dispatched_tokens == 2048
+    assert choose_prefill(WorkerPool([p0, p1], []), _spec(100)) is p1
+    p0.count_dispatched("router-b", 300)  # another router sharing the worker counts apart
+    _load(p0, queued_prefill=1500, received={"router-a": 2048})
+    assert p0.dispatched_tokens == 300
+    p0.count_dispatched("router-b", -300)  # refused by the worker: never arrived
+    assert p0.dispatched_tokens == 0
+    p0.count_dispatched("router-a", 100)
+    p0.forget_dispatched()  # a new incarnation: nothing sent to the old one is on its way
+    assert p0.dispatched_tokens == 0
