@@ -296,10 +296,10 @@ class Dispatcher:
         restarted = w.info is not None and info.peer.incarnation != w.info.peer.incarnation
         w.info = info
         if restarted:
-            with self.pool.lock:  # what we sent the old incarnation, and its report, are gone
+            with self.pool.lock:  # what we sent the old incarnation, and what it said it had, are gone
                 w.forget_dispatched()
-                w.load = None
-        if restarted:
+                if w.role == "prefill":
+                    w.load = None  # its received counts start again from zero
             self.on_worker_reset(w.worker_id)
         if restarted and w.role == "decode":
             self._migrate_from(w)

@@ -31,7 +31,10 @@ class WorkerHandle:
     def dispatched_tokens(self) -> int:
         """Prompt tokens dispatched here that its latest load report does not include yet."""
         received = self.load.prompt_tokens_received if self.load is not None else {}
-        return sum(max(0, n - received.get(router, 0)) for router, n in self.dispatched_by_router.items())
+        # tuple(): one C-level copy, so a dispatch thread adding a router's first count cannot
+        # change the dict under this (unlocked) reader's iteration.
+        sent = tuple(self.dispatched_by_router.items())
+        return sum(max(0, n - received.get(router, 0)) for router, n in sent)
 
     def count_dispatched(self, router_id: str, tokens: int) -> None:
         """``tokens`` more (or, for a dispatch that never arrived, fewer) sent by ``router_id``."""
