@@ -288,13 +288,16 @@ def test_one_scrape_shows_the_whole_cluster(srv):
 
 def test_durable_batch_lane_survives_a_router_restart(srv, tiny_model_dir):
     prompts = [list(range(300 + 10 * i, 340 + 10 * i)) for i in range(4)]
-    want = colocated(tiny_model_dir, prompts, [40] * 4)
+    # Outputs long enough that a job is still running when the loop below looks: with 40 tokens it
+    # once timed out in a full-suite run having seen all four journaled and none running (most
+    # likely they had all finished between its looks).
+    want = colocated(tiny_model_dir, prompts, [160] * 4)
     h = {"Authorization": f"Bearer {KEY}"}
 
     def submit(i):
         try:  # non-streaming, no explicit lane, long output: the batch lane (durable)
             httpx.post(f"{srv.http}/v1/completions", headers={**h, "X-Request-Id": f"durable-{i}"},
-                       json={"model": "tiny", "prompt": prompts[i], "max_tokens": 40, "ignore_eos": True,
+                       json={"model": "tiny", "prompt": prompts[i], "max_tokens": 160, "ignore_eos": True,
                              "lane": "batch", "temperature": 0}, timeout=30)
         except httpx.HTTPError:
             pass  # the router dies under it: that is the point
