@@ -178,7 +178,8 @@ def run_from_args(a: argparse.Namespace) -> dict:
     return run(a.model, threads=1, workload=workload_from_args(a), max_num_batched_tokens=a.max_num_batched_tokens,
                local_prefill_threshold=a.local_prefill_threshold, small_chunk_baseline=a.small_chunk_baseline,
                kv_shared_memory=a.kv_shared_memory, decode_prefill_token_budget=a.decode_prefill_budget or None,
-               short_prompts_to_idle_prefill=a.short_prompts_to_idle_prefill == "on", progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+               short_prompts_to_idle_prefill=a.short_prompts_to_idle_prefill == "on",
+               progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import statistics
 import threading
 import time
@@ -29,17 +30,23 @@ import time
 import torch
 import torch.distributed as dist
 
+from bench.random_model import PUBLISHED
 from kv_transfer.agent import TransferAgent
 from kv_transfer.local_kv import locality
 from kv_transfer.pair_group import connect_store, form_pair_group
 from kv_transfer.peer import PeerInfo, StoreAddress
 
 
+def _kv_geometry(cfg: dict, block_size: int = 16) -> dict:
+    """A model configuration's KV cache shape per token (what a transfer moves)."""
+    head_dim = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    return dict(layers=cfg["num_hidden_layers"], kv_heads=cfg["num_key_value_heads"], head_dim=head_dim,
+                block_size=block_size)
+
 
 GEOMETRIES = {
-    "smollm2-135m": dict(layers=30, kv_heads=3, head_dim=64, block_size=16),
-    "qwen2.5-0.5b": dict(layers=24, kv_heads=2, head_dim=64, block_size=16),
-    "llama-3.2-1b": dict(layers=16, kv_heads=8, head_dim=64, block_size=16),
+    "smollm2-135m": dict(layers=30, kv_heads=3, head_dim=64, block_size=16),  # the default model
+    **{name: _kv_geometry(cfg) for name, cfg in PUBLISHED.items()},  # the GPU measurements' models
 }
 
 
@@ -55,7 +62,7 @@ class BenchPeer:
         if shared and self.device.type == "cpu":
             from multiprocessing import shared_memory
 
-            size = int(torch.tensor(shape).prod()) * torch.empty((), dtype=dt).element_size()
+            size = math.prod(shape) * dt.itemsize
             self.segment = shared_memory.SharedMemory(create=True, size=size)
             self.kv = torch.frombuffer(self.segment.buf, dtype=dt).view(shape)
             if role == "prefill":
@@ -115,7 +122,7 @@ class BenchPeer:
             self.segment.unlink()
 
     def raw(self, num_bytes: int, send: bool) -> float:
-        dev = self.kv.device
+        dev = self.device
         t = torch.empty(num_bytes // 4, dtype=torch.float32, device=dev)
         t0 = time.perf_counter()
         if send:
