@@ -1,7 +1,9 @@
 """The engine's CUDA attention path, end to end, without a GPU: ``attention_backend="triton"`` runs
 the Triton paged-attention and KV-write kernels inside the engine's own steps (decode, prefill over
-a paged prefix, the two mixed in one step) under Triton's interpreter, and greedy outputs must equal
-transformers' token for token, batched, chunked, with prefix hits and with preemption.
+a paged prefix, the two mixed in one step) under Triton's interpreter, with the compiled CPU kernels
+off (``BATON_NATIVE_KERNELS=0``), so the rest of the step is the torch arithmetic a GPU runs. Greedy
+outputs must equal transformers' token for token, batched, chunked, with prefix hits and with
+preemption.
 
 The kernel tests (tests/engine/attention/test_triton_kernels.py) check each kernel against the
 reference on made-up inputs; this checks the wiring: the metadata the runner builds, the cache
@@ -55,6 +57,7 @@ def _child_main(arch: str, work_dir: str) -> None:
         outs = engine.generate(prompts[:1], params[:1]) + engine.generate(prompts[1:], params[1:])
         results[name] = {
             "backend": engine.runner.attn.name,
+            "layer_ops": type(engine.runner.model.ops).__name__,
             "got": [o.token_ids for o in outs],
             "want": hf_greedy(hf, prompts, max_new),
             "leaked_blocks": engine.num_total_blocks - engine.num_free_blocks,
@@ -67,7 +70,7 @@ def _child_main(arch: str, work_dir: str) -> None:
 @pytest.fixture(scope="module", params=ARCHS)
 def golden(request, tmp_path_factory) -> dict:
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    env = dict(os.environ, TRITON_INTERPRET="1", BATON_NATIVE_KERNELS="0")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
     code = "import sys; from tests.engine.test_golden_triton import _child_main; _child_main(sys.argv[1], sys.argv[2])"
     work_dir = tmp_path_factory.mktemp(f"triton-{request.param}")
@@ -83,6 +86,7 @@ def golden(request, tmp_path_factory) -> dict:
 def test_triton_attention_in_the_engine_equals_hf(golden: dict, scenario: str) -> None:
     res = golden[scenario]
     assert res["backend"] == "triton"
+    assert res["layer_ops"] == "TorchLayerOps"
     assert res["got"] == res["want"]
     assert res["leaked_blocks"] == 0
     if scenario == "prefix_hits":
