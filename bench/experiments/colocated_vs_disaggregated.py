@@ -5,9 +5,11 @@ each), the same engine settings and the same open-loop traffic:
 
 - ``colocated``: no prefill pool, two decode workers that each prefill and decode their requests
   (``pools.prefill.workers: 0, pools.decode.workers: 2``);
-- ``disaggregated``: one prefill worker and one decode worker (``prefill 1 + decode 1``); prompts
-  shorter than ``pools.local_prefill_threshold`` still prefill on the decode worker (conditional
-  disaggregation), ``--local-prefill-threshold`` changes it for this setup.
+- ``disaggregated``: one prefill worker and one decode worker (``prefill 1 + decode 1``); a prompt
+  shorter than ``pools.local_prefill_threshold`` prefills on the decode worker (conditional
+  disaggregation) unless the prefill worker has room for it (``pools.short_prompts_to_idle_prefill``,
+  on by default; ``--set pools.short_prompts_to_idle_prefill=false`` turns it off);
+  ``--local-prefill-threshold`` changes the threshold for this setup.
 
 The router's SLO-predictive early rejection is off by default (``--admission`` turns it on), so
 both setups serve every request and the comparison is of latency and throughput, not of what
