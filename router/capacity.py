@@ -12,6 +12,13 @@ router's own unfinished dispatches, which is exact and current for one router.
 
 Keeping the backlog in the router, where lanes are visible, rather than in the workers' queues is
 what lets weighted fair sharing and admission work.
+
+The prefill backlog limits only prompts that need the prefill pool: one shorter than
+``local_prefill_threshold`` prefills on a decode worker whenever the prefill pool is busy, so it
+does not wait for that pool's backlog (``Room.PREFILL_FULL`` tells the lane queues that such
+requests may pass a long prompt waiting for it). Holding them too let a burst of long prompts hold
+every short one behind them in the router: 17.5 s to a short prompt's first token behind twelve
+~1,700-token prompts on one prefill worker.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import time
 from collections import deque
 from typing import Callable
 
+from router.lane_queues import Room
 from router.worker_pool import WorkerPool
 
 
@@ -31,9 +39,11 @@ class Capacity:
         prefill_backlog_chunks: float = 2.0,
         kv_reserve_fraction: float = 0.05,
         charge_ttl_s: float = 0.25,
+        local_prefill_threshold: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool = pool
+        self.local_prefill_threshold = local_prefill_threshold  # shorter prompts may prefill on decode workers
         self._clock = clock  # the simulator passes its own
         # Requests this router dispatched (reserve) that have not finished (release): an exact,
         # current lower bound on the decode slots in use, where load reports lag by a polling interval.
@@ -48,15 +58,15 @@ class Capacity:
             self._charges.popleft()
         return sum(c[1] for c in self._charges), sum(c[2] for c in self._charges)
 
-    def reserve(self, prompt_tokens: int, max_tokens: int, block_size: int) -> bool:
+    def reserve(self, prompt_tokens: int, max_tokens: int, block_size: int) -> Room:
         """Take the credits for one request if there is room (the dispatcher then sends it). Checking
         and charging together matters: one dispatch round may pass many requests, and each must see
         the ones before it."""
-        if not self.has_room(prompt_tokens, max_tokens):
-            return False
-        self.charge(prompt_tokens, max_tokens, block_size)
-        self.in_flight += 1
-        return True
+        room = self.room(prompt_tokens, max_tokens)
+        if room is Room.YES:
+            self.charge(prompt_tokens, max_tokens, block_size)
+            self.in_flight += 1
+        return room
 
     def release(self) -> None:
         """A reserved request finished (or was aborted)."""
@@ -71,10 +81,13 @@ class Capacity:
         return slots - max(reported, self.in_flight)
 
     def has_room(self, prompt_tokens: int, max_tokens: int) -> bool:
+        return self.room(prompt_tokens, max_tokens) is Room.YES
+
+    def room(self, prompt_tokens: int, max_tokens: int) -> Room:
         p_blocks, p_tokens = self._pending(self._clock())
         decode = self.pool.live("decode")
         if not decode:
-            return False
+            return Room.NO
         free = 0
         need = 0
         reserve = 0
@@ -84,20 +97,23 @@ class Capacity:
             free += w.info.num_blocks if w.load is None else w.load.num_free_blocks
             reserve += int(self.kv_reserve_fraction * w.info.num_blocks)
         if free - p_blocks - need < reserve or self.free_seq_slots() < 1:
-            return False
+            return Room.NO
         prefill = self.pool.live("prefill")
-        if prefill:
+        if prefill and prompt_tokens >= self.local_prefill_threshold:
             limit = sum(self.prefill_backlog_chunks * w.info.max_num_batched_tokens for w in prefill)
             # dispatched_tokens: placed since that worker's last report (which will include them).
             queued = sum((w.load.queued_prefill_tokens if w.load else 0) + w.dispatched_tokens for w in prefill)
             # A lone prompt bigger than the limit still goes when the pool is empty.
             if queued + p_tokens > 0 and queued + p_tokens + prompt_tokens > limit:
-                return False
-        return True
+                return Room.PREFILL_FULL
+        return Room.YES
 
     def charge(self, prompt_tokens: int, max_tokens: int, block_size: int) -> None:
         blocks = -(-(prompt_tokens + min(max_tokens, 64)) // block_size)
-        self._charges.append((self._clock(), blocks, prompt_tokens))
+        # A short prompt is not charged to the prefill backlog: it goes there only when a prefill
+        # worker has room for it (placement counts it on that worker's handle then).
+        prefill_tokens = prompt_tokens if prompt_tokens >= self.local_prefill_threshold else 0
+        self._charges.append((self._clock(), blocks, prefill_tokens))
 
     def idle(self) -> bool:
         """Spare capacity: under half the sequence slots in use and no prefill backlog."""

@@ -14,11 +14,27 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Callable
 
 from router.lanes import LaneConfig
 
 QUANTUM_TOKENS = 512
+# How far behind a head that waits for the prefill pool a dispatch round looks for requests that
+# do not need that pool (bounded: the batch lane may hold thousands).
+BACKFILL_SCAN = 32
+
+
+class Room(Enum):
+    """What the pools can take now (a ``take`` capacity check may also answer a plain bool)."""
+
+    YES = "yes"
+    NO = "no"  # the decode pool is full: dispatch stops until credits come back
+    # Only the prefill pool's backlog is full: requests that prefill on the decode pool may still go.
+    PREFILL_FULL = "prefill_full"
+
+    def __bool__(self) -> bool:
+        return self is Room.YES
 
 
 @dataclass(eq=False)
@@ -93,12 +109,21 @@ class LaneQueues:
         """Pop what may be dispatched now, by deficit round robin weighted by lane, until capacity
         runs out or ``limit``. ``idle``: the pools have spare capacity (a batch window may then end
         early). A lane whose head costs more than one quantum accumulates credit over rounds.
-        ``held``: lanes held back -> the longest a request of that lane may be held (seconds)."""
+        ``held``: lanes held back -> the longest a request of that lane may be held (seconds).
+
+        ``has_capacity`` takes the credits for a request it passes. When it answers
+        ``Room.PREFILL_FULL`` for a lane's head (a long prompt waiting for the prefill pool), the
+        requests behind it that the pools can take now (short prompts, which prefill on the decode
+        pool) go ahead, and the other lanes keep their turns: the head does not wait any longer for
+        it, since what it waits for is the prefill pool. A head refused for the decode pool
+        (``Room.NO`` or False) stops the round, so nothing overtakes it there."""
         now = time.monotonic() if now is None else now
         self._held = held or {}
         out: list[Pending] = []
+        blocked: set[str] = set()  # lanes whose head waits for the prefill pool, this round
         while len(out) < limit:
-            ready = [n for n in self.order if self.queues[n] and self._eligible(n, self.queues[n][0], now, idle)]
+            ready = [n for n in self.order if n not in blocked and self.queues[n]
+                     and self._eligible(n, self.queues[n][0], now, idle)]
             if not ready:
                 break
             start = self._cursor % len(ready)
@@ -108,7 +133,12 @@ class LaneQueues:
                 self.deficit[name] += self.lanes[name].weight * self.quantum
                 while q and self._eligible(name, q[0], now, idle) and q[0].cost <= self.deficit[name]:
                     head = q[0]
-                    if not has_capacity(head):
+                    room = has_capacity(head)
+                    if room is Room.PREFILL_FULL:
+                        blocked.add(name)
+                        out.extend(self._backfill(name, has_capacity, limit - len(out), now, idle))
+                        break
+                    if not room:
                         return out  # the pools are full: dispatch resumes when credits come back
                     q.popleft()
                     self.queued_tokens[name] -= head.cost
@@ -130,6 +160,26 @@ class LaneQueues:
             return True
         others_waiting = any(q for n, q in self.queues.items() if n != lane)
         return idle and not others_waiting
+
+    def _backfill(self, lane: str, has_capacity, room: int, now: float, idle: bool) -> list[Pending]:
+        """Requests behind ``lane``'s head (which waits for the prefill pool) that the pools take now,
+        in order, while the lane's credit lasts."""
+        q = self.queues[lane]
+        out: list[Pending] = []
+        for p in list(q)[1:BACKFILL_SCAN + 1]:
+            if len(out) >= room or p.cost > self.deficit[lane]:
+                break
+            if not self._eligible(lane, p, now, idle):
+                continue
+            room_for_p = has_capacity(p)
+            if room_for_p is Room.NO or room_for_p is False:
+                break  # the decode pool is full: nothing behind it fits either
+            if room_for_p:
+                q.remove(p)
+                self.queued_tokens[lane] -= p.cost
+                self.deficit[lane] -= p.cost
+                out.append(p)
+        return out
 
     def _same_prefix(self, lane: str, head: Pending, has_capacity, room: int) -> list[Pending]:
         if self.lanes[lane].batch_window_s <= 0 or head.prefix_key is None or room <= 0:

@@ -29,7 +29,7 @@ from router.classify import classify
 from router.cluster_state import ClusterState
 from router.dispatcher import Dispatcher
 from router.durable_batch import DurableBatch, job_payload
-from router.lane_queues import LaneQueues, Pending
+from router.lane_queues import LaneQueues, Pending, Room
 from router.lanes import LanePolicy, TenantConfig
 from router.load_signals import LoadSignals
 from router.metrics import RouterMetrics
@@ -79,7 +79,7 @@ class Router:
         self.queues = LaneQueues(self.policy.lanes)
         self.pace_guard = (PaceGuard(self.policy.lanes, hold_at=0.8 * config.slo_headroom) if config.pace_guard
                            else None)
-        self.capacity = Capacity(pool)
+        self.capacity = Capacity(pool, local_prefill_threshold=dispatcher.local_prefill_threshold)
         self.created = int(time.time())
         self._requests: dict[str, RequestContext] = {}
         self._wake = asyncio.Event()
@@ -322,7 +322,7 @@ class Router:
         active = {c.lane for c in running} | {n for n, q in self.queues.queues.items() if q}
         return guard.held(self.signals.decode_pace_s(self._live_token_times(running)), active, time.monotonic())
 
-    def _has_room(self, p: Pending) -> bool:
+    def _has_room(self, p: Pending) -> Room:
         ctx: RequestContext = p.payload
         return self.capacity.reserve(ctx.prompt_tokens, ctx.max_tokens, self.block_size)
 

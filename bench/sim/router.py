@@ -24,7 +24,7 @@ from router.admission import Admission, AdmissionInput, PrefillRate
 from router.api import RouterError
 from router.capacity import Capacity
 from router.classify import classify
-from router.lane_queues import LaneQueues, Pending
+from router.lane_queues import LaneQueues, Pending, Room
 from router.load_signals import LoadSignals
 from router.pace_guard import PaceGuard
 from router.placement import NO_HINT, PlacementHint, prefill_queue
@@ -58,7 +58,7 @@ class SimRouter:
         self.running: dict[str, Tracked] = {}  # dispatched, not finished
         self.queues = LaneQueues(self.policy.lanes)
         self.pace_guard = PaceGuard(self.policy.lanes, hold_at=0.8 * 0.75) if cfg.pace_guard else None  # as Router
-        self.capacity = Capacity(pool, clock=lambda: loop.now)
+        self.capacity = Capacity(pool, local_prefill_threshold=cfg.local_prefill_threshold, clock=lambda: loop.now)
         self.index = LocalPrefixIndex()
         self.dispatcher: SimDispatcher | None = None  # wired by the simulation
         self.records: list[RequestRecord] = []
@@ -146,7 +146,7 @@ class SimRouter:
         active = {t.lane for t in running} | {n for n, q in self.queues.queues.items() if q}
         return guard.held(pace, active, now)
 
-    def _has_room(self, p: Pending) -> bool:
+    def _has_room(self, p: Pending) -> Room:
         t: Tracked = p.payload
         return self.capacity.reserve(t.record.prompt_len, t.record.output_len, self.block_size)
 

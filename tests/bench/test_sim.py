@@ -254,3 +254,19 @@ def test_short_prompts_fill_the_prefill_worker_between_long_ones():
     assert off.num_disaggregated == long_prompts < on.num_disaggregated - 10 and on.num_disaggregated < len(reqs)
     itl_off, itl_on = off.summary["summary"]["itl_s"], on.summary["summary"]["itl_s"]
     assert itl_on["mean"] < itl_off["mean"] and itl_on["p99"] <= itl_off["p99"]
+
+
+def test_short_prompts_are_not_held_behind_long_ones_waiting_for_the_prefill_pool():
+    # Twelve ~1,700-token prompts at once fill the prefill worker's backlog for ~20 s; six short
+    # prompts half a second later prefill on the decode worker at once, as the router's real lane
+    # queues and capacity credits let them (they used to wait behind the long ones: ~17 s).
+    cm = synthetic_cost_model(const_s=0.010, per_token_s=0.001, prefill_pair_s=2e-8)
+    reqs = [SimRequest(i, 1.0, "interactive", 1700, 4) for i in range(12)]
+    reqs += [SimRequest(12 + i, 1.5, "interactive", 8, 4) for i in range(6)]
+    res = simulate(cm, SimConfig(prefill_workers=1, decode_workers=1, local_prefill_threshold=256, **NO_ADMISSION),
+                   reqs)
+    assert res.complete
+    long_ttft = sorted(r.ttft_s for r in res.records if r.prompt_len >= 256)
+    short_ttft = [r.ttft_s for r in res.records if r.prompt_len < 256]
+    assert long_ttft[-1] > 15.0  # the long ones queue for the prefill worker, one after another
+    assert max(short_ttft) < 0.5

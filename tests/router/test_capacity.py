@@ -3,6 +3,7 @@
 from engine.worker_stats import WorkerLoad
 from kv_transfer.peer import PeerInfo, WorkerInfo
 from router.capacity import Capacity
+from router.lane_queues import Room
 from router.worker_pool import WorkerHandle, WorkerPool
 
 
@@ -34,7 +35,7 @@ def test_a_burst_in_one_round_takes_no_more_than_the_free_slots():
     assert cap.reserve(40, 48, 16)
     _load(decode, running=1)  # the last report: 7 free
     # No report arrives between the checks of one dispatch round: each reservation must count.
-    taken = [cap.reserve(40, 48, 16) for _ in range(24)]
+    taken = [bool(cap.reserve(40, 48, 16)) for _ in range(24)]
     assert taken.count(True) == 7 and taken[:7] == [True] * 7
     assert cap.free_seq_slots() == 0
 
@@ -71,3 +72,18 @@ def test_prefill_backlog_counts_placed_tokens_until_the_next_report():
     assert prefill.dispatched_tokens == 400 and not cap.has_room(200, 16)
     _load(prefill, queued_prefill=0, received={"r": 400})  # the report after they were computed: room again
     assert prefill.dispatched_tokens == 0 and cap.has_room(200, 16)
+
+
+def test_a_short_prompt_does_not_wait_for_the_prefill_backlog():
+    prefill, decode = _handle("p0", "prefill"), _handle("d0", "decode", max_num_seqs=64)
+    _load(prefill, queued_prefill=2000), _load(decode)  # far past the 2 x 256-token backlog limit
+    cap = Capacity(WorkerPool([prefill], [decode]), local_prefill_threshold=256, clock=Clock())
+    assert cap.reserve(1700, 16, 16) is Room.PREFILL_FULL  # needs the prefill pool: waits
+    assert cap.reserve(40, 16, 16) is Room.YES  # prefills on the decode worker
+    assert cap.in_flight == 1
+    # Not charged to the prefill backlog: once the pool drains, a long prompt is not held by it.
+    _load(prefill, queued_prefill=0)
+    assert cap.reserve(500, 16, 16) is Room.YES
+    # A full decode pool refuses short and long prompts alike.
+    _load(decode, running=64)
+    assert cap.reserve(40, 16, 16) is Room.NO and cap.reserve(1700, 16, 16) is Room.NO

@@ -1,7 +1,7 @@
 """The router's lane queues (pure Python): weighted deficit round robin, batch windows, prefix
 groups, and how much work a new request would wait behind."""
 
-from router.lane_queues import LaneQueues, Pending
+from router.lane_queues import LaneQueues, Pending, Room
 from router.lanes import LaneConfig
 
 INTERACTIVE = LaneConfig("interactive", ttft_slo_s=2, tpot_slo_s=0.25, weight=8, priority=0)
@@ -54,6 +54,42 @@ def test_capacity_running_out_stops_the_round_and_keeps_the_order():
         _push(q, f"i{i}", "interactive")
     assert [p.request_id for p in q.take(lambda p: p.request_id != "i1", idle=False)] == ["i0"]
     assert [p.request_id for p in q.take(lambda p: True, idle=False)] == ["i1", "i2"] and len(q) == 0
+
+
+def _prefill_full_for(long: set[str]):
+    """Room for everything but the prompts in ``long``, which wait for the prefill pool."""
+    return lambda p: Room.PREFILL_FULL if p.request_id in long else Room.YES
+
+
+def test_short_prompts_pass_a_long_one_that_waits_for_the_prefill_pool():
+    q = _queues()
+    for rid in ("long0", "s0", "long1", "s1", "s2"):
+        _push(q, rid, "interactive")
+    out = q.take(_prefill_full_for({"long0", "long1"}), idle=False)
+    assert [p.request_id for p in out] == ["s0", "s1", "s2"]
+    # The long ones keep their places, in order, and go first once the prefill pool has room.
+    assert [p.request_id for p in q.take(lambda p: Room.YES, idle=False)] == ["long0", "long1"]
+
+
+def test_a_lane_waiting_for_the_prefill_pool_leaves_the_other_lanes_their_turns():
+    q = _queues()
+    _push(q, "long", "interactive")
+    _push(q, "b0", "batch")
+    out = q.take(_prefill_full_for({"long"}), idle=False, now=10.0)
+    assert [p.request_id for p in out] == ["b0"] and len(q) == 1
+
+
+def test_nothing_passes_a_head_that_waits_for_the_decode_pool():
+    q = _queues()
+    for rid in ("i0", "i1", "i2"):
+        _push(q, rid, "interactive")
+    _push(q, "b0", "batch")
+    assert q.take(lambda p: Room.NO if p.request_id == "i0" else Room.YES, idle=False, now=10.0) == []
+    # Behind a long head, a request the decode pool cannot take stops the scan too (no overtaking there).
+    answers = {"i0": Room.PREFILL_FULL, "i1": Room.NO, "i2": Room.YES, "b0": Room.YES}
+    out = q.take(lambda p: answers[p.request_id], idle=False, now=10.0)
+    assert [p.request_id for p in out] == ["b0"]
+    assert [p.request_id for p in q.take(lambda p: Room.YES, idle=False)] == ["i0", "i1", "i2"]
 
 
 def test_requests_ahead_counts_other_lanes_by_their_share():
