@@ -88,12 +88,14 @@ class DecodeWorker:
 
     def generate_local(self, spec: RequestSpec) -> bool:
         """Prefill and decode here (short or cached prompts, migrated requests)."""
+        # Queued from now: the wait for the step in flight belongs to the prefill_queue stage.
+        received = time.monotonic()
 
         def do(engine: LLMEngine) -> bool:
             self._register(engine, spec)
             engine.add_request(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
                                priority=spec.priority, cache_salt=spec.cache_salt,
-                               resume_token_ids=list(spec.resume_token_ids))
+                               resume_token_ids=list(spec.resume_token_ids), arrival_time=received)
             return True
 
         return self.loop.call(do)

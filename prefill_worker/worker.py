@@ -8,6 +8,7 @@ in this worker's prefix cache for later hits.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
@@ -58,12 +59,14 @@ class PrefillWorker:
 
     def prefill(self, task: PrefillTask) -> None:
         """Queue the prompt; its KV goes to ``task.decode`` as chunks complete."""
+        received = time.monotonic()  # queued from now: the step in flight is part of prefill_queue
         self.agent.connect(task.decode)  # form the pair group while the request waits
         spec = task.spec
 
         def add(engine: LLMEngine) -> None:
             engine.add_request(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
-                               priority=spec.priority, cache_salt=spec.cache_salt, prefill_only=True)
+                               priority=spec.priority, cache_salt=spec.cache_salt, prefill_only=True,
+                               arrival_time=received)
             self._shipping[spec.request_id] = _Shipping(task, next_block=task.skip_blocks)
             # Counted on the loop's thread, with the queue the load report reads: consistent.
             self._received[spec.origin] = self._received.get(spec.origin, 0) + spec.num_prompt_tokens

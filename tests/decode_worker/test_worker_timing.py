@@ -1,0 +1,43 @@
+"""A decode worker in this process (no Ray; the rendezvous store is real): the first token's
+TTFT breakdown counts the wait for the engine step in flight as queueing."""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import pytest
+import torch.distributed as dist
+
+from decode_worker.worker import DecodeWorker
+from engine.config import CacheConfig, EngineConfig
+from engine.request_spec import RequestSpec
+from engine.sampling_params import SamplingParams
+from kv_transfer.peer import StoreAddress
+
+
+@pytest.fixture
+def worker(tiny_model_dir):
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=20))
+    w = DecodeWorker("decode-t", EngineConfig(model=str(tiny_model_dir), cache=CacheConfig(num_blocks=64)),
+                     StoreAddress("127.0.0.1", store.port))
+    yield w
+    w.shutdown()
+
+
+def test_the_wait_for_the_step_in_flight_is_counted_in_prefill_queue(worker: DecodeWorker) -> None:
+    # The engine thread is busy for 0.4 s (a long step, as far as a new request can tell).
+    worker.loop.call_async(lambda engine: time.sleep(0.4))
+    time.sleep(0.05)
+    sent = time.monotonic()
+    spec = RequestSpec("r1", tuple(range(5, 25)), SamplingParams(max_tokens=2, ignore_eos=True), origin="router-a")
+    assert worker.generate_local(spec)
+    outputs, deadline = [], time.monotonic() + 10
+    while not any(o.finished for o in outputs) and time.monotonic() < deadline:
+        outputs += worker.poll(0.5, "router-a").outputs
+    first = next(o for o in outputs if o.ttft_breakdown is not None)
+    stages = first.ttft_breakdown
+    assert stages["prefill_queue"] >= 0.3  # was ~0: the clock started when the engine thread took it
+    assert stages["prefill_queue"] + stages["prefill_compute"] <= time.monotonic() - sent
+    assert any(o.finished for o in outputs)
