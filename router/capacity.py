@@ -17,8 +17,8 @@ The prefill backlog limits only prompts that need the prefill pool: one shorter 
 ``local_prefill_threshold`` prefills on a decode worker whenever the prefill pool is busy, so it
 does not wait for that pool's backlog (``Room.PREFILL_FULL`` tells the lane queues that such
 requests may pass a long prompt waiting for it). Holding them too let a burst of long prompts hold
-every short one behind them in the router: 17.5 s to a short prompt's first token behind twelve
-~1,700-token prompts on one prefill worker.
+every short one behind them in the router: 20.7 s to a short prompt's first token behind twelve
+1,700-token prompts on one prefill worker (docs/BENCHMARKS.md, "Short prompts behind a burst").
 """
 
 from __future__ import annotations

@@ -172,13 +172,14 @@ class LaneQueues:
             if not self._eligible(lane, p, now, idle):
                 continue
             room_for_p = has_capacity(p)
-            if room_for_p is Room.NO or room_for_p is False:
+            if room_for_p is Room.PREFILL_FULL:
+                continue  # another long prompt: it waits too
+            if not room_for_p:
                 break  # the decode pool is full: nothing behind it fits either
-            if room_for_p:
-                q.remove(p)
-                self.queued_tokens[lane] -= p.cost
-                self.deficit[lane] -= p.cost
-                out.append(p)
+            q.remove(p)
+            self.queued_tokens[lane] -= p.cost
+            self.deficit[lane] -= p.cost
+            out.append(p)
         return out
 
     def _same_prefix(self, lane: str, head: Pending, has_capacity, room: int) -> list[Pending]:
