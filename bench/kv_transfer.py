@@ -97,7 +97,7 @@ class BenchPeer:
     def expect(self, other: PeerInfo, tid: int, rid: str, blocks: list[int]) -> None:
         self.agent.expect(other, tid, rid, blocks)
 
-    def _received(self, rid: str, tok: int, timing) -> None:
+    def _received(self, rid: str, tok: int, timing, logprob) -> None:
         pass
 
     def _acked(self, rid: str, ok: bool) -> None:

@@ -19,6 +19,7 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.engine_loop import EngineLoop
 from engine.gc_freeze import freeze_startup_objects
+from engine.logprobs import TokenLogprob
 from engine.errors import InvalidParameterError
 from engine.request_spec import RequestSpec
 from engine.worker_stats import WorkerLoad, queued_prefill_tokens
@@ -141,14 +142,15 @@ class DecodeWorker:
         release_kv(self.engine)
 
     # -- transfer callbacks (channel threads) ------------------------------------------------
-    def _on_received(self, request_id: str, first_token: int, timing: TransferTiming) -> None:
+    def _on_received(self, request_id: str, first_token: int, timing: TransferTiming,
+                     first_logprob: TokenLogprob | None = None) -> None:
         with self._lock:
             self._transfer_of.pop(request_id, None)
 
         def arrived(engine: LLMEngine) -> None:
             breakdown = {"prefill_queue": timing.prefill_queue_s, "prefill_compute": timing.prefill_compute_s,
                          "transfer": timing.transfer_s, "decode_queue": time.monotonic() - timing.landed}
-            self.loop.push_outputs(engine.kv_arrived(request_id, first_token, breakdown))
+            self.loop.push_outputs(engine.kv_arrived(request_id, first_token, breakdown, first_logprob))
 
         self.loop.call_async(arrived)
 

@@ -14,6 +14,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.errors import ContextLengthError, InvalidParameterError
 from engine.kv_events import KVCacheEvent
+from engine.logprobs import TokenLogprob
 from engine.model_loader import LoadedModel, load_model
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
@@ -130,11 +131,12 @@ class LLMEngine:
         self.output_processor.add(req)
         return req
 
-    def kv_arrived(self, request_id: str, first_token: int,
-                   ttft_breakdown: dict[str, float] | None = None) -> list[RequestOutput]:
+    def kv_arrived(self, request_id: str, first_token: int, ttft_breakdown: dict[str, float] | None = None,
+                   first_logprob: TokenLogprob | None = None) -> list[RequestOutput]:
         """Decode role: the KV is in the reserved blocks; emit the first token and start decoding.
-        ``ttft_breakdown``: the stages measured by the prefill side and the transfer."""
-        req = self.scheduler.kv_arrived(request_id, first_token)
+        ``ttft_breakdown``: the stages measured by the prefill side and the transfer;
+        ``first_logprob``: the first token's, computed there (when the request asked for logprobs)."""
+        req = self.scheduler.kv_arrived(request_id, first_token, first_logprob)
         if req is None:
             return []
         outs = self.output_processor.process([req])
@@ -159,17 +161,23 @@ class LLMEngine:
     def generate(
         self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None
     ) -> list[RequestOutput]:
-        """Run prompts to completion; outputs in prompt order."""
+        """Run prompts to completion; outputs in prompt order, each with the whole generation (its
+        ``logprobs`` too, when asked for: one per token of ``token_ids``)."""
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError("generate: one SamplingParams per prompt, or one for all")
         ids = [self.add_request(None, p, sp) for p, sp in zip(prompts, params)]
         done: dict[str, RequestOutput] = {}
+        logprobs: dict[str, list[TokenLogprob]] = {}
         while self.has_unfinished_requests():
             for out in self.step():
+                if out.logprobs is not None:
+                    logprobs.setdefault(out.request_id, []).extend(out.logprobs)
                 if out.finished:
                     done[out.request_id] = out
+        for rid, lps in logprobs.items():
+            done[rid].logprobs = lps
         return [done[i] for i in ids]
 
     # -- introspection ----------------------------------------------------------------------

@@ -77,6 +77,8 @@ class OutputProcessor:
         text_delta = st.text[st.num_sent_chars : end]
         st.num_sent_chars = end
         out = RequestOutput(req.request_id, new_ids, text_delta)
+        if req.sampling_params.logprobs is not None:
+            out.logprobs, req.pending_logprobs = req.pending_logprobs, []
         if st.first and new_ids:
             st.first = False
             if req.first_scheduled_time is not None and req.first_token_time is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.logprobs import TokenLogprob
+
 
 @dataclass(slots=True)
 class RequestMetrics:
@@ -32,3 +34,5 @@ class RequestOutput:
     # On the output carrying the first token: TTFT by stage on the workers (prefill_queue,
     # prefill_compute, transfer, decode_queue), in seconds.
     ttft_breakdown: dict[str, float] | None = None
+    # One per token of ``new_token_ids`` when the request asked for logprobs, else None.
+    logprobs: list[TokenLogprob] | None = None

@@ -104,6 +104,7 @@ class Request:
         "first_token_time",
         "is_padding",
         "prefill_only",
+        "pending_logprobs",
         "slot",
     )
 
@@ -145,6 +146,8 @@ class Request:
         self.first_token_time: float | None = None
         self.is_padding = False  # static-batching baseline: finished, but its row still computes
         self.prefill_only = prefill_only  # prefill role: stop after the first token, then hand off
+        # Logprobs of tokens appended since the last output (sampling_params.logprobs set), in order.
+        self.pending_logprobs: list = []
         self.slot = -1  # the runner row while running (assigned by the scheduler)
 
     # -- token accounting -------------------------------------------------------------------

@@ -9,6 +9,7 @@ import torch
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.input_batch import InputBatch, StepInputs
+from engine.logprobs import compute_logprobs
 from engine.model.llama import LlamaModel
 from engine.sampler import Sampler
 from engine.scheduler_output import RunnerOutput, SchedulerOutput
@@ -57,9 +58,10 @@ class ModelRunner:
         rows = inputs.sample_rows
         params = [batch.params[r] for r in rows.tolist()]
         out_pos = (batch.num_tokens[rows] - batch.num_prompt_tokens[rows]).tolist()
-        sampled = self.sampler.sample(logits, params, out_pos).cpu().numpy()
+        sampled_t = self.sampler.sample(logits, params, out_pos)
+        sampled = sampled_t.cpu().numpy()
         batch.append_sampled(rows, sampled)
-        return RunnerOutput(inputs.sample_rows.tolist(), sampled.tolist())
+        return RunnerOutput(inputs.sample_rows.tolist(), sampled.tolist(), _logprobs(logits, sampled_t, params))
 
     def _metadata(self, x: StepInputs) -> AttentionMetadata:
         t = self._tensor
@@ -80,3 +82,16 @@ class ModelRunner:
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
         tensor = torch.from_numpy(np.ascontiguousarray(a))
         return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
+
+
+def _logprobs(logits: torch.Tensor, sampled: torch.Tensor, params: list) -> list | None:
+    """Logprobs of the rows whose request asked for them, in row order (None elsewhere)."""
+    asking = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if not asking:
+        return None
+    idx = torch.tensor(asking, device=logits.device)
+    computed = compute_logprobs(logits[idx], sampled[idx], [params[i].logprobs for i in asking])
+    out: list = [None] * len(params)
+    for i, lp in zip(asking, computed):
+        out[i] = lp
+    return out

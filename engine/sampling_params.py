@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import InvalidParameterError
+from engine.logprobs import MAX_TOP_LOGPROBS
 
 _MAX_STOP_STRINGS = 16
 
@@ -15,6 +16,8 @@ class SamplingParams:
 
     ``temperature == 0`` is greedy. ``top_k == 0`` and ``top_p == 1`` disable those filters.
     ``seed`` makes a sampled request reproducible regardless of what it is batched with.
+    ``logprobs``: None reports none; n >= 0 reports each generated token's logprob and the n most
+    likely tokens at its position (engine/logprobs.py).
     """
 
     max_tokens: int = 16
@@ -29,6 +32,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     detokenize: bool = True
     skip_special_tokens: bool = True
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # Normalize list inputs (JSON gives lists) into tuples so params stay hashable/immutable.
@@ -63,6 +67,11 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
                 raise InvalidParameterError("stop_token_ids", f"stop_token_ids must be non-negative integers, got {t!r}")
+
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise InvalidParameterError("logprobs", f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] "
+                                                    f"(the number of top alternatives), got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool:

@@ -24,6 +24,7 @@ import time
 
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
+from engine.logprobs import TokenLogprob
 from engine.request import FinishReason, Request, RequestState
 from engine.scheduler_output import NewRequestData, RunnerOutput, SchedulerOutput
 from engine.scheduler_policies import AdmissionPolicy, PreemptionPolicy, StaticBatchAdmission, WaitingQueue
@@ -251,7 +252,8 @@ class Scheduler:
         updated: list[Request] = []
         slot_req = self._slot_req
         max_len = self.max_model_len
-        for slot, tok in zip(out.slots, out.sampled_token_ids):
+        logprobs = out.logprobs
+        for i, (slot, tok) in enumerate(zip(out.slots, out.sampled_token_ids)):
             req = slot_req[slot]
             if req is None:
                 continue  # left the batch while the step ran
@@ -260,6 +262,8 @@ class Scheduler:
                     self._release_padding(req)
                 continue
             req.all_token_ids.append(tok)
+            if logprobs is not None and logprobs[i] is not None:
+                req.pending_logprobs.append(logprobs[i])
             if req.state is _S.PREFILLING:
                 req.first_token_time = time.monotonic()
                 if req.prefill_only:  # prefill role: hold the blocks until the KV is acknowledged
@@ -371,8 +375,9 @@ class Scheduler:
         self.reserved[req.request_id] = req
         return True
 
-    def kv_arrived(self, request_id: str, first_token: int) -> Request | None:
-        """Decode role: the prompt's KV and the first token are here; join the decode batch."""
+    def kv_arrived(self, request_id: str, first_token: int, first_logprob: TokenLogprob | None = None) -> Request | None:
+        """Decode role: the prompt's KV and the first token (with its logprob, if asked for) are
+        here; join the decode batch."""
         req = self.reserved.pop(request_id, None)
         if req is None:
             return None
@@ -381,6 +386,8 @@ class Scheduler:
         req.transition(_S.DECODING)
         req.first_token_time = time.monotonic()
         req.all_token_ids.append(first_token)
+        if first_logprob is not None:
+            req.pending_logprobs.append(first_logprob)
         self._join_running(req)
         reason = self._check_stop(req, first_token, self.max_model_len)
         if reason is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 
 
@@ -53,3 +54,5 @@ class RunnerOutput:
 
     slots: list[int]
     sampled_token_ids: list[int]
+    # Per row, for requests that asked for logprobs (None for the others); None if none asked.
+    logprobs: list[TokenLogprob | None] | None = None

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from engine.logprobs import TokenLogprob
 from kv_transfer.channel import Channel
 from kv_transfer.fault import FaultInjector
 from kv_transfer.local_kv import export_kv
@@ -77,7 +78,7 @@ class TransferAgent:
         *,
         connect_timeout_s: float = 30.0,
         faults: FaultInjector | None = None,
-        on_received: Callable[[str, int, TransferTiming], None] | None = None,
+        on_received: Callable[[str, int, TransferTiming, TokenLogprob | None], None] | None = None,
         on_receive_failed: Callable[[str, str], None] | None = None,
         on_acked: Callable[[str, bool], None] | None = None,
         kv_segment_name: str | None = None,
@@ -97,7 +98,7 @@ class TransferAgent:
         self._delay_until: dict[int, float] = {}  # injected delays, by transfer id
         # Callbacks run on channel threads: (request id, first token), (request id, reason),
         # (request id, acknowledged) — False when the peer failed or refused.
-        self.on_received = on_received or (lambda rid, tok, timing: None)
+        self.on_received = on_received or (lambda rid, tok, timing, logprob: None)
         self.on_receive_failed = on_receive_failed or (lambda rid, why: None)
         self.on_acked = on_acked or (lambda rid, ok: None)
         self.stats = TransferStats()
@@ -153,6 +154,7 @@ class TransferAgent:
         first_token: int = -1,
         prefill_queue_s: float = 0.0,
         prefill_compute_s: float = 0.0,
+        first_logprob: TokenLogprob | None = None,
     ) -> bool:
         """Gather ``block_ids`` now (the caller may reuse them right after) and queue them."""
         key = (peer.key, transfer_id)
@@ -181,7 +183,7 @@ class TransferAgent:
             payload = self.kv_cache.index_select(0, idx)
         header = Header(Kind.KV, transfer_id, chunk_index, block_offset, len(block_ids), FLAG_LAST if last else 0,
                         first_token, int(prefill_queue_s * 1e6), int(prefill_compute_s * 1e6),
-                        int(time.time() * 1e6) if last else 0)
+                        int(time.time() * 1e6) if last else 0, first_logprob if last else None)
         out.chunks += 1
         self.stats.blocks_sent += len(block_ids)
         ok = ch.send(header, payload)
@@ -243,7 +245,7 @@ class TransferAgent:
         self.stats.seconds += time.monotonic() - exp.started
         timing = TransferTiming(header.prefill_queue_us / 1e6, header.prefill_compute_us / 1e6,
                                 max(0.0, time.time() - header.sent_wall_us / 1e6), time.monotonic())
-        self.on_received(exp.request_id, header.first_token, timing)
+        self.on_received(exp.request_id, header.first_token, timing, header.first_logprob)
 
     def _finish_outgoing(self, key: tuple[str, int], acked: bool) -> None:
         with self._lock:

@@ -6,18 +6,25 @@ always drain a payload it no longer wants (a transfer that missed its deadline) 
 Header fields: magic/version, kind, transfer id, chunk index, first block index (within the
 request's block list), number of blocks, flags, first token (last chunk only), and for the TTFT
 breakdown on the last chunk: the prefill queue and compute times (µs, the sender's clock) and the
-sender's wall-clock send time (µs since the epoch; the receiver derives the transfer time).
+sender's wall-clock send time (µs since the epoch; the receiver derives the transfer time). Then,
+when the request asked for logprobs, the first token's (last chunk only): the number of top
+alternatives (-1: none sent), its logprob, and up to 20 (token id, logprob) pairs; logprobs travel
+as the bit patterns of float64s. A fixed size keeps every message one header receive.
 """
 
 from __future__ import annotations
 
 import enum
+import struct
 from dataclasses import dataclass
 
 import torch
 
-HEADER_LEN = 11
-MAGIC = 0x42544E02  # "BTN" v2
+from engine.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
+
+_BASE_LEN = 11
+HEADER_LEN = _BASE_LEN + 2 + 2 * MAX_TOP_LOGPROBS
+MAGIC = 0x42544E03  # "BTN" v3
 
 
 class Kind(enum.IntEnum):
@@ -42,6 +49,7 @@ class Header:
     prefill_queue_us: int = 0
     prefill_compute_us: int = 0
     sent_wall_us: int = 0
+    first_logprob: TokenLogprob | None = None
 
     @property
     def is_last(self) -> bool:
@@ -50,6 +58,7 @@ class Header:
     def to_tensor(self, device: torch.device) -> torch.Tensor:
         values = [MAGIC, int(self.kind), self.transfer_id, self.chunk_index, self.block_offset, self.num_blocks,
                   self.flags, self.first_token, self.prefill_queue_us, self.prefill_compute_us, self.sent_wall_us]
+        values += _encode_logprob(self.first_logprob)
         return torch.tensor(values, dtype=torch.int64, device=device)
 
     @classmethod
@@ -57,8 +66,35 @@ class Header:
         v = t.tolist()
         if v[0] != MAGIC:
             raise ValueError(f"bad KV transfer header magic {v[0]:#x}: the stream is out of sync")
-        return cls(Kind(v[1]), *v[2:HEADER_LEN])
+        return cls(Kind(v[1]), *v[2:_BASE_LEN], first_logprob=_decode_logprob(v[7], v[_BASE_LEN:]))
 
 
 def empty_header(device: torch.device) -> torch.Tensor:
     return torch.empty(HEADER_LEN, dtype=torch.int64, device=device)
+
+
+def _bits(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+def _float(bits: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", bits))[0]
+
+
+def _encode_logprob(lp: TokenLogprob | None) -> list[int]:
+    out = [0] * (HEADER_LEN - _BASE_LEN)
+    if lp is None:
+        out[0] = -1
+        return out
+    out[0], out[1] = len(lp.top), _bits(lp.logprob)
+    for i, (tok, value) in enumerate(lp.top):
+        out[2 + 2 * i], out[3 + 2 * i] = tok, _bits(value)
+    return out
+
+
+def _decode_logprob(first_token: int, v: list[int]) -> TokenLogprob | None:
+    n = v[0]
+    if not 0 <= n <= MAX_TOP_LOGPROBS:
+        return None
+    top = tuple((v[2 + 2 * i], _float(v[3 + 2 * i])) for i in range(n))
+    return TokenLogprob(first_token, _float(v[1]), top)

@@ -120,13 +120,15 @@ class PrefillWorker:
                 continue
             blocks = req.block_ids[ship.next_block : end]
             first = req.all_token_ids[req.num_prompt_tokens] if done else -1
+            first_logprob = req.pending_logprobs[-1] if done and req.pending_logprobs else None
             queue_s = compute_s = 0.0
             if done and req.first_scheduled_time is not None and req.first_token_time is not None:
                 queue_s = req.first_scheduled_time - req.arrival_time
                 compute_s = req.first_token_time - req.first_scheduled_time
             self.agent.send_blocks(ship.task.decode, ship.task.transfer_id, rid, ship.next_block, blocks,
                                    chunk_index=ship.chunks, last=done, first_token=first,
-                                   prefill_queue_s=queue_s, prefill_compute_s=compute_s)
+                                   prefill_queue_s=queue_s, prefill_compute_s=compute_s,
+                                   first_logprob=first_logprob)
             ship.chunks += 1
             ship.next_block = max(end, ship.next_block)
             if done:

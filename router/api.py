@@ -10,9 +10,10 @@ until one has ``finished``; a frontend whose client goes away calls ``abort()``.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol
+from dataclasses import asdict, dataclass, field
+from typing import AsyncIterator, Protocol, Sequence
 
+from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 
 
@@ -124,6 +125,7 @@ class StreamEvent:
     stop_reason: int | str | None = None
     usage: Usage | None = None
     error: RouterError | None = None  # set when the request failed after streaming started
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token of ``token_ids``, when asked for
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,21 @@ class GenerationResult:
     usage: Usage
     lane: str
     prompt_text: str | None = None  # for ``echo``
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token of ``token_ids``, when asked for
+
+    def to_dict(self) -> dict:
+        """JSON-ready (what Redis keeps for idempotent replays and batch jobs)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> GenerationResult:
+        u = d.get("usage") or {}
+        lps = d.get("logprobs")
+        return cls(d["request_id"], d["text"], tuple(d["token_ids"]), d.get("finish_reason"),
+                   Usage(u.get("prompt_tokens", 0), u.get("completion_tokens", 0), u.get("cached_tokens", 0)),
+                   d.get("lane", ""), d.get("prompt_text"),
+                   None if lps is None else tuple(
+                       TokenLogprob(lp["token_id"], lp["logprob"], tuple((t, v) for t, v in lp["top"])) for lp in lps))
 
 
 class GenerationStream(Protocol):
@@ -183,6 +200,10 @@ class RouterAPI(Protocol):
     async def abort(self, request_id: str, tenant: str) -> bool: ...
 
     def model_info(self) -> ModelInfo: ...
+
+    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
+        """The bytes each token stands for (logprobs name their tokens with them)."""
+        ...
 
     def readiness(self) -> Readiness:
         """Not ready while draining or while a pool has no live worker."""

@@ -138,7 +138,7 @@ class ClusterState:
                 raise RouterError(ErrorKind.CONFLICT, "This Idempotency-Key was already used with a different "
                                   "request.", param="Idempotency-Key", code="idempotency_key_reused")
             if state == "done" and stored is not None:
-                return _result_from_dict(stored)
+                return GenerationResult.from_dict(stored)
             if time.monotonic() > deadline:
                 raise RouterError(ErrorKind.CONFLICT, "A request with this Idempotency-Key is still running.",
                                   param="Idempotency-Key", code="idempotency_in_progress")
@@ -171,9 +171,10 @@ class ClusterState:
         if final.finish_reason in (None, "abort", "error"):
             await self.idempotency_release(tenant, key)  # a retry may run it again
             return
-        result = asdict(GenerationResult(ctx.request_id, final.text, tuple(final.token_ids), final.finish_reason,
-                                         Usage(ctx.prompt_tokens, len(final.token_ids), final.num_cached_tokens),
-                                         ctx.lane, ctx.prompt_text))
+        logprobs = None if final.logprobs is None else tuple(final.logprobs)
+        result = GenerationResult(ctx.request_id, final.text, tuple(final.token_ids), final.finish_reason,
+                                  Usage(ctx.prompt_tokens, len(final.token_ids), final.num_cached_tokens),
+                                  ctx.lane, ctx.prompt_text, logprobs).to_dict()
         entry = self._local_idem.get((tenant, key))
         if entry is not None:
             entry.update(state="done", result=result)
@@ -222,11 +223,3 @@ class ClusterState:
                     self.degraded_since = time.monotonic()
                 was_up = False
             await asyncio.sleep(HEARTBEAT_S)
-
-
-def _result_from_dict(d: dict) -> GenerationResult:
-    u = d.get("usage") or {}
-    return GenerationResult(d["request_id"], d["text"], tuple(d["token_ids"]), d.get("finish_reason"),
-                            Usage(u.get("prompt_tokens", 0), u.get("completion_tokens", 0), u.get("cached_tokens", 0)),
-                            d.get("lane", ""), d.get("prompt_text"))
-

@@ -24,7 +24,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, AsyncIterator
 
 from engine.sampling_params import SamplingParams
-from router.api import ErrorKind, GenerationResult, RouterError, StreamEvent, Usage
+from router.api import ErrorKind, GenerationResult, RouterError, StreamEvent
 from router.state.connection import StateUnavailable
 from router.state.journal import BatchJournal, ClaimedJob
 from router.task_stop import stop_tasks
@@ -47,7 +47,7 @@ class JobWaitStream:
     async def __aiter__(self) -> AsyncIterator[StreamEvent]:
         r = await self.result()
         yield StreamEvent(r.request_id, r.text, r.token_ids, finished=True, finish_reason=r.finish_reason,
-                          usage=r.usage)
+                          usage=r.usage, logprobs=r.logprobs)
 
     async def result(self) -> GenerationResult:
         return await self._batch.wait(self.request_id, self.tenant)
@@ -91,7 +91,7 @@ class DurableBatch:
                         pass
                 status = await self._status(job_id, tenant)
                 if status is not None and status.status == "done" and status.result:
-                    return _result(status.result)
+                    return GenerationResult.from_dict(status.result)
                 if status is not None and status.status == "failed":
                     raise RouterError(ErrorKind.INTERNAL, f"batch job {job_id} failed: {status.error}")
                 if fut is None:
@@ -159,7 +159,7 @@ class DurableBatch:
             self._running.pop(job_id, None)
         if self._stopping and result.finish_reason == "abort":
             return  # aborted because this router stopped, not by the client: left to the next claim
-        await self._safe(self.journal.complete(job_id, claimed.entry_id, asdict(result), ttl_s=self.result_ttl_s))
+        await self._safe(self.journal.complete(job_id, claimed.entry_id, result.to_dict(), ttl_s=self.result_ttl_s))
         self.jobs_completed += 1
         fut = self._done.get(job_id)
         if fut is not None and not fut.done():
@@ -177,10 +177,3 @@ def job_payload(request_id: str, tenant: str, lane: str, ids: list[int], samplin
                 prompt_text: str | None) -> dict:
     return {"request_id": request_id, "tenant": tenant, "lane": lane, "prompt_token_ids": list(ids),
             "sampling": asdict(sampling), "prompt_text": prompt_text}
-
-
-def _result(d: dict) -> GenerationResult:
-    u = d.get("usage") or {}
-    return GenerationResult(d["request_id"], d["text"], tuple(d["token_ids"]), d.get("finish_reason"),
-                            Usage(u.get("prompt_tokens", 0), u.get("completion_tokens", 0), u.get("cached_tokens", 0)),
-                            d.get("lane", ""), d.get("prompt_text"))

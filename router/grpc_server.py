@@ -12,7 +12,7 @@ import asyncio
 import logging
 import math
 import time
-from typing import Any, Awaitable, NoReturn, TypeVar
+from typing import Any, Awaitable, Callable, NoReturn, Sequence, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -102,7 +102,8 @@ def sampling_from_proto(msg: pb.SamplingParameters | None) -> SamplingParams:
         "stop": tuple(msg.stop), "stop_token_ids": tuple(msg.stop_token_ids),
         "ignore_eos": msg.ignore_eos, "include_stop_str_in_output": msg.include_stop_str_in_output,
     }
-    for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "min_tokens", "skip_special_tokens"):
+    for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "min_tokens", "skip_special_tokens",
+                 "logprobs"):
         if msg.HasField(name):
             kwargs[name] = getattr(msg, name)
     try:
@@ -153,9 +154,18 @@ def request_from_proto(msg: pb.GenerateRequest, tenant: str, time_remaining: flo
     )
 
 
-def response_from_event(ev: StreamEvent, lane: str) -> pb.GenerateResponse:
+def response_from_event(ev: StreamEvent, lane: str,
+                        token_bytes: Callable[[Sequence[int]], list[bytes]] | None = None) -> pb.GenerateResponse:
+    """``token_bytes`` names the tokens of the event's logprobs (RouterAPI.token_bytes)."""
     out = pb.GenerateResponse(request_id=ev.request_id, text=ev.text, token_ids=ev.token_ids,
                               finished=ev.finished, finish_reason=ev.finish_reason or "", lane=lane)
+    if ev.logprobs and token_bytes is not None:
+        ids = [lp.token_id for lp in ev.logprobs] + [t for lp in ev.logprobs for t, _ in lp.top]
+        raw = dict(zip(ids, token_bytes(ids)))
+        out.logprobs.extend(
+            pb.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, token=raw[lp.token_id],
+                            top_logprobs=[pb.TopLogprob(token_id=t, logprob=v, token=raw[t]) for t, v in lp.top])
+            for lp in ev.logprobs)
     if ev.usage is not None:
         out.usage.CopyFrom(pb.Usage(prompt_tokens=ev.usage.prompt_tokens,
                                     completion_tokens=ev.usage.completion_tokens,
@@ -206,7 +216,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                 if ev.error is not None:  # failed after streaming started: the messages sent stand
                     finished = True
                     await _abort(context, ev.error)
-                await context.write(response_from_event(ev, stream.lane))
+                await context.write(response_from_event(ev, stream.lane, self._router.token_bytes))
                 # After the last event, iterate once more rather than break, so the stream's own
                 # end-of-request code runs instead of being cut off by aclose().
                 finished = ev.finished

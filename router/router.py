@@ -16,6 +16,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Sequence
 
 from engine.block_hash import hash_blocks
 from engine.model.tokenizer import Tokenizer
@@ -254,6 +255,11 @@ class Router:
     def model_info(self) -> ModelInfo:
         return ModelInfo(self.config.model_name, self.max_model_len, self.vocab_size, self.created,
                          tuple(lane.name for lane in self.policy.lanes))
+
+    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
+        if self.tokenizer is None:  # a model without a tokenizer: name tokens by id, as vLLM does
+            return [f"token_id:{t}".encode() for t in token_ids]
+        return [self.tokenizer.token_bytes(t) for t in token_ids]
 
     def readiness(self) -> Readiness:
         if self.draining:

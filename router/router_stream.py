@@ -57,7 +57,8 @@ class RouterStream:
                 if out.finished and out.finish_reason == "abort" and self.deadline_hit:
                     yield StreamEvent(ctx.request_id, out.text_delta, tuple(out.new_token_ids), finished=True,
                                       finish_reason="error", usage=self._usage(),
-                                      error=RouterError(ErrorKind.DEADLINE_EXCEEDED, "The request's deadline passed."))
+                                      error=RouterError(ErrorKind.DEADLINE_EXCEEDED, "The request's deadline passed."),
+                                      logprobs=_tuple(out.logprobs))
                     return
                 yield self._event(out)
                 if out.finished:
@@ -75,7 +76,7 @@ class RouterStream:
             self.ctx.request_id, out.text_delta, tuple(out.new_token_ids), finished=out.finished,
             finish_reason=out.finish_reason if out.finished else None,
             stop_reason=out.stop_reason if out.finished else None,
-            usage=self._usage() if out.finished else None,
+            usage=self._usage() if out.finished else None, logprobs=_tuple(out.logprobs),
         )
 
     def _usage(self) -> Usage:
@@ -85,6 +86,7 @@ class RouterStream:
     async def result(self) -> GenerationResult:
         text: list[str] = []
         ids: list[int] = []
+        logprobs: list | None = None
         reason = None
         usage = None
         async for ev in self:
@@ -92,10 +94,14 @@ class RouterStream:
                 raise ev.error
             text.append(ev.text)
             ids.extend(ev.token_ids)
+            if ev.logprobs is not None:
+                if logprobs is None:
+                    logprobs = []
+                logprobs.extend(ev.logprobs)
             if ev.finished:
                 reason, usage = ev.finish_reason, ev.usage
         return GenerationResult(self.ctx.request_id, "".join(text), tuple(ids), reason, usage or self._usage(),
-                                self.ctx.lane, prompt_text=self.ctx.prompt_text)
+                                self.ctx.lane, prompt_text=self.ctx.prompt_text, logprobs=_tuple(logprobs))
 
     async def abort(self) -> None:
         if not self.ctx.durable:  # a journaled job outlives its client
@@ -113,7 +119,7 @@ class ReplayStream:
     async def __aiter__(self) -> AsyncIterator[StreamEvent]:
         r = self._result
         yield StreamEvent(r.request_id, r.text, r.token_ids, finished=True, finish_reason=r.finish_reason,
-                          usage=r.usage)
+                          usage=r.usage, logprobs=r.logprobs)
 
     async def result(self) -> GenerationResult:
         return self._result
@@ -129,3 +135,7 @@ async def with_deadline(stream, deadline_s: float | None) -> None:
     await asyncio.sleep(max(0.0, deadline_s - time.monotonic()))
     stream.deadline_hit = True
     await stream.abort()
+
+
+def _tuple(logprobs: list | None) -> tuple | None:
+    return None if logprobs is None else tuple(logprobs)

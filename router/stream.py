@@ -10,6 +10,7 @@ import threading
 import time
 from typing import AsyncIterator, Iterator
 
+from engine.logprobs import TokenLogprob
 from engine.outputs import RequestOutput
 
 
@@ -33,6 +34,7 @@ class RequestStream:
         self.finished_time: float | None = None
         self.token_times: list[float] = []  # arrival time of each delivered token (ITL measurement)
         self.ttft_breakdown: dict[str, float] | None = None  # stages measured on the workers
+        self.logprobs: list[TokenLogprob] | None = None  # one per delivered token, when asked for
         self._queue: queue.SimpleQueue[RequestOutput | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._async: tuple[asyncio.AbstractEventLoop, asyncio.Queue] | None = None
@@ -48,6 +50,10 @@ class RequestStream:
             if out.ttft_breakdown is not None and self.ttft_breakdown is None:
                 self.ttft_breakdown = out.ttft_breakdown
             self.token_ids.extend(out.new_token_ids)
+            if out.logprobs is not None:
+                if self.logprobs is None:
+                    self.logprobs = []
+                self.logprobs.extend(out.logprobs)
             self.token_times.extend([now] * len(out.new_token_ids))
             self.text += out.text_delta
             if out.finished:
@@ -121,4 +127,5 @@ class RequestStream:
     def final_output(self) -> RequestOutput:
         return RequestOutput(self.request_id, [], "", finished=self.finished, finish_reason=self.finish_reason,
                              stop_reason=self.stop_reason, num_prompt_tokens=self.num_prompt_tokens,
-                             num_cached_tokens=self.num_cached_tokens, token_ids=list(self.token_ids), text=self.text)
+                             num_cached_tokens=self.num_cached_tokens, token_ids=list(self.token_ids), text=self.text,
+                             logprobs=None if self.logprobs is None else list(self.logprobs))

@@ -24,6 +24,13 @@ def test_generate_json_on_tiny(tiny_model_dir):
     assert [x["prompt"] for x in lines] == ["hello", "second prompt here"]
     for x in lines:
         assert len(x["token_ids"]) == 6 and isinstance(x["text"], str)
+        assert "logprobs" not in x
+    r = baton("generate", "--model", str(tiny_model_dir), "--prompt", "hello", "--max-tokens", "3", "--ignore-eos",
+              "--logprobs", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert [lp["token_id"] for lp in out["logprobs"]] == out["token_ids"]
+    assert all(len(lp["top"]) == 2 and lp["top"][0] == [lp["token_id"], lp["logprob"]] for lp in out["logprobs"])
 
 
 @pytest.mark.slow
@@ -43,6 +50,7 @@ def test_generate_chat_on_default_model(default_model_dir):
         (["--top-p", "1.5"], "top_p"),
         (["--temperature", "-1"], "temperature"),
         (["--max-tokens", "100000"], "maximum context length"),
+        (["--logprobs", "21"], "logprobs"),
     ],
 )
 def test_bad_parameters_give_a_clear_error(tiny_model_dir, args, needle):

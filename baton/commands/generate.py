@@ -31,11 +31,14 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="report each token's logprob and its N most likely alternatives (0-20; with --json)")
 
 
 def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                          top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
+                          top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
+                          logprobs=args.logprobs)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,13 +52,17 @@ def run(args: argparse.Namespace) -> int:
         outputs = engine.generate(_encode(engine.tokenizer, args), params)
     for text, out in zip(args.prompt, outputs):
         if args.json:
-            print(json.dumps({
+            record = {
                 "prompt": text,
                 "text": out.text,
                 "token_ids": out.token_ids,
                 "finish_reason": out.finish_reason,
                 "num_prompt_tokens": out.num_prompt_tokens,
-            }), flush=True)
+            }
+            if out.logprobs is not None:
+                record["logprobs"] = [{"token_id": lp.token_id, "logprob": lp.logprob,
+                                       "top": [[t, v] for t, v in lp.top]} for lp in out.logprobs]
+            print(json.dumps(record), flush=True)
         else:
             print(f"=== {text}\n{out.text}\n", flush=True)
     return 0

@@ -58,6 +58,7 @@ class Tokenizer:
             if i not in eos_ids:
                 eos_ids.append(i)
         self._eos_ids = tuple(eos_ids)
+        self._byte_level: bool | None = None  # the decoder maps GPT-2's byte alphabet (token_bytes)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
@@ -129,6 +130,24 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._backend.id_to_token(token_id)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (what logprobs report per token): exact for byte-level BPE
+        and ``<0xHH>`` byte-fallback pieces, so a token holding part of a UTF-8 character is not
+        turned into U+FFFD; otherwise the UTF-8 of the piece (sentencepiece's ``▁`` as a space)."""
+        piece = self._backend.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self._byte_level is None:
+            self._byte_level = _decoder_is_byte_level(self._backend)
+        if self._byte_level and all(c in _BYTE_DECODER for c in piece):
+            return bytes(_BYTE_DECODER[c] for c in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        return piece.replace("\u2581", " ").encode()
 
     def token_to_id(self, token: str) -> int | None:
         return self._backend.token_to_id(token)
@@ -324,3 +343,27 @@ def _read_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise ModelLoadError(f"{path}: expected a JSON object")
     return data
+
+
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: printable bytes stand for themselves, the others are
+    shifted to code points from 256 up."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_DECODER = _gpt2_byte_decoder()
+
+
+def _decoder_is_byte_level(backend: _Backend) -> bool:
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    if decoder.get("type") == "Sequence":
+        return any(d.get("type") == "ByteLevel" for d in decoder.get("decoders", []))
+    return decoder.get("type") == "ByteLevel"

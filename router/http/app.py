@@ -7,6 +7,8 @@ Endpoints (every ``/v1/*`` one authenticates with ``Authorization: Bearer <key>`
   Baton extensions: ``lane`` (body) or ``X-Baton-Lane`` (header) picks a traffic-class lane;
   ``Idempotency-Key`` (header) makes retries safe; ``top_k``, ``min_tokens``, ``ignore_eos`` and
   ``stop_token_ids`` body fields. Responses carry ``X-Request-Id`` and ``X-Baton-Lane``.
+  ``logprobs`` (completions: 0-20 alternatives) and ``logprobs`` + ``top_logprobs`` (chat) are
+  reported in OpenAI's shapes (router/http/logprobs.py), streamed with their tokens.
 - ``GET /v1/models``, ``GET /v1/models/{model}``: the served model.
 - ``GET /v1/batches/{job_id}``: fetch the durable result of a batch-lane job (``{"id", "status",
   "result"?}``); ``job_id`` is the id the router gave the job (the ``X-Request-Id`` of the request
@@ -50,6 +52,7 @@ from router.http.responses import (
     sse,
     text_completion,
 )
+from router.http.logprobs import LogprobsFormatter
 from router.http.schemas import ChatCompletionRequest, CompletionRequest, parse_body
 
 log = logging.getLogger(__name__)
@@ -314,8 +317,12 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
         stream = await router.generate(gen)
         headers = {"X-Request-Id": stream.request_id, "X-Baton-Lane": stream.lane}
         model = body.model or served_model_name
+        logprobs = None
+        if sampling.logprobs is not None:
+            logprobs = LogprobsFormatter(router.token_bytes, chat=chat, text_offset=len(echo_text or ""))
         if body.wants_stream:
-            chunks = ChunkBuilder(stream.request_id, model, created, chat=chat, include_usage=body.include_usage)
+            chunks = ChunkBuilder(stream.request_id, model, created, chat=chat, include_usage=body.include_usage,
+                                  logprobs=logprobs)
             return SSEResponse(sse_events(stream, chunks, echo_text), stream, headers)
         try:
             done, result = await _unless_disconnected(stream.result(), request.receive)
@@ -328,12 +335,13 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
             await _abort_quietly(stream)
             return Response(status_code=CLIENT_CLOSED, headers=headers)
         if chat:
-            return json_response(chat_completion(result, model=model, created=created), headers=headers)
+            return json_response(chat_completion(result, model=model, created=created, logprobs=logprobs),
+                                 headers=headers)
         if body.echo:
             echo_text = result.prompt_text if result.prompt_text is not None else (
                 body.prompt if isinstance(body.prompt, str) else None)
-        return json_response(text_completion(result, model=model, created=created, echo_text=echo_text),
-                             headers=headers)
+        return json_response(text_completion(result, model=model, created=created, echo_text=echo_text,
+                                             logprobs=logprobs), headers=headers)
 
     @app.post("/v1/completions", include_in_schema=False)
     @guarded

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 
 from router.api import GenerationResult, StreamEvent, Usage
+from router.http.logprobs import LogprobsFormatter
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -43,7 +44,14 @@ def _finish(reason: str | None) -> str:
     return reason or "stop"
 
 
-def text_completion(result: GenerationResult, *, model: str, created: int, echo_text: str | None = None) -> dict:
+def _logprobs(result: GenerationResult, formatter: LogprobsFormatter | None) -> dict | None:
+    if formatter is None or result.logprobs is None:
+        return None
+    return formatter.format(result.logprobs)
+
+
+def text_completion(result: GenerationResult, *, model: str, created: int, echo_text: str | None = None,
+                    logprobs: LogprobsFormatter | None = None) -> dict:
     """The ``text_completion`` object of a non-streaming /v1/completions call."""
     text = (echo_text or "") + result.text
     return {
@@ -51,13 +59,15 @@ def text_completion(result: GenerationResult, *, model: str, created: int, echo_
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": _finish(result.finish_reason)}],
+        "choices": [{"index": 0, "text": text, "logprobs": _logprobs(result, logprobs),
+                     "finish_reason": _finish(result.finish_reason)}],
         "usage": usage_dict(result.usage),
         "system_fingerprint": None,
     }
 
 
-def chat_completion(result: GenerationResult, *, model: str, created: int) -> dict:
+def chat_completion(result: GenerationResult, *, model: str, created: int,
+                    logprobs: LogprobsFormatter | None = None) -> dict:
     """The ``chat.completion`` object of a non-streaming /v1/chat/completions call."""
     return {
         "id": response_id(result.request_id, chat=True),
@@ -67,7 +77,7 @@ def chat_completion(result: GenerationResult, *, model: str, created: int) -> di
         "choices": [{
             "index": 0,
             "message": {"role": "assistant", "content": result.text},
-            "logprobs": None,
+            "logprobs": _logprobs(result, logprobs),
             "finish_reason": _finish(result.finish_reason),
         }],
         "usage": usage_dict(result.usage),
@@ -86,6 +96,7 @@ class ChunkBuilder:
     created: int
     chat: bool
     include_usage: bool = False
+    logprobs: LogprobsFormatter | None = None  # set when the request asked for logprobs
 
     def _chunk(self, choice: dict | None) -> dict:
         chunk = {
@@ -99,11 +110,11 @@ class ChunkBuilder:
             chunk["usage"] = None
         return chunk
 
-    def _choice(self, text: str, finish_reason: str | None, *, role: bool = False) -> dict:
+    def _choice(self, text: str, finish_reason: str | None, *, role: bool = False, logprobs: dict | None = None) -> dict:
         if not self.chat:
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         delta: dict = {"role": "assistant", "content": text} if role else ({"content": text} if text else {})
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def opening(self, echo_text: str | None = None) -> dict | None:
         """The chunk sent before any token: the assistant role for chat, the echoed prompt for
@@ -115,10 +126,14 @@ class ChunkBuilder:
         return None
 
     def delta(self, ev: StreamEvent) -> dict | None:
-        """The chunk for one event; None for an empty non-final event (nothing to say)."""
-        if not ev.text and not ev.finished:
+        """The chunk for one event; None for an empty non-final event (nothing to say). Logprobs go
+        with the chunk of the event that carried their tokens, even if its text is held back (a
+        possible stop string)."""
+        logprobs = self.logprobs.format(ev.logprobs) if self.logprobs is not None and ev.logprobs else None
+        if not ev.text and not ev.finished and logprobs is None:
             return None
-        return self._chunk(self._choice(ev.text, _finish(ev.finish_reason) if ev.finished else None))
+        return self._chunk(self._choice(ev.text, _finish(ev.finish_reason) if ev.finished else None,
+                                        logprobs=logprobs))
 
     def usage(self, usage: Usage) -> dict:
         chunk = self._chunk(None)

@@ -3,8 +3,8 @@ errors onto OpenAI error objects.
 
 Models validate in *strict* mode: OpenAI rejects ``"max_tokens": "10"`` and so do we, instead of
 silently coercing. Unknown fields are ignored (clients send many we have no use for), but fields
-that would change the output in ways Baton cannot honour (``n > 1``, ``logprobs``, penalties,
-``logit_bias``, tools, JSON mode) are rejected with a 400 rather than ignored, so that a client never
+that would change the output in ways Baton cannot honour (``n > 1``, the prompt's logprobs,
+penalties, ``logit_bias``, tools, JSON mode) are rejected with a 400 rather than ignored, so that a client never
 gets an answer to a different question than the one it asked. Range checks of sampling values are
 left to ``SamplingParams`` so there is a single source of truth for them.
 """
@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from engine.errors import InvalidParameterError
+from engine.logprobs import MAX_TOP_LOGPROBS
 from engine.sampling_params import SamplingParams
 from router.api import ChatMessage, RouterError, invalid
 
@@ -108,7 +109,7 @@ class _SamplingFields(_Strict):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
-    def _sampling(self, max_tokens: int, default_temperature: float) -> SamplingParams:
+    def _sampling(self, max_tokens: int, default_temperature: float, logprobs: int | None = None) -> SamplingParams:
         """Raises ``InvalidParameterError`` for out-of-range values."""
         top_k = self.top_k
         if top_k == -1:
@@ -123,6 +124,7 @@ class _SamplingFields(_Strict):
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
+            logprobs=logprobs,
         )
 
 
@@ -154,13 +156,6 @@ class CompletionRequest(_SamplingFields):
         raise _bad_type("Invalid type for 'prompt': expected a string, an array of token ids (non-negative "
                         "integers), or an array holding one of those.")
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: int | None) -> int | None:
-        if v:
-            raise _unsupported("logprobs")
-        return v
-
     @field_validator("best_of")
     @classmethod
     def _no_best_of(cls, v: int | None) -> int | None:
@@ -180,8 +175,11 @@ class CompletionRequest(_SamplingFields):
         return self.max_tokens is not None
 
     def sampling_params(self, *, default_temperature: float) -> SamplingParams:
+        if self.logprobs is not None and self.echo:
+            raise InvalidParameterError("logprobs", "'logprobs' with 'echo' (the prompt's logprobs) is not supported "
+                                                    "by this server.")
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
-        return self._sampling(max_tokens, default_temperature)
+        return self._sampling(max_tokens, default_temperature, self.logprobs)
 
 
 class InputMessage(_Strict):
@@ -234,13 +232,6 @@ class ChatCompletionRequest(_SamplingFields):
             raise _bad_value("'messages' must contain at least one message.")
         return v
 
-    @field_validator("logprobs", "top_logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: object, info) -> object:
-        if v:
-            raise _unsupported(info.field_name)
-        return v
-
     @field_validator("tools", "functions")
     @classmethod
     def _no_tools(cls, v: list | None, info) -> list | None:
@@ -262,15 +253,22 @@ class ChatCompletionRequest(_SamplingFields):
     def sampling_params(self, *, default_temperature: float, default_max_tokens: int) -> SamplingParams:
         """``default_max_tokens`` applies when the client bounds nothing (OpenAI's "up to the context
         length"); the router may then clamp it to what the prompt leaves of the context."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidParameterError("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.")
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
         if self.max_completion_tokens is not None:
-            try:
-                return self._sampling(self.max_completion_tokens, default_temperature)
-            except InvalidParameterError as e:  # name the field the client actually sent
-                if e.param == "max_tokens":
-                    raise InvalidParameterError("max_completion_tokens",
-                                                e.message.replace("max_tokens", "max_completion_tokens")) from e
-                raise
-        return self._sampling(default_max_tokens if self.max_tokens is None else self.max_tokens, default_temperature)
+            max_tokens = self.max_completion_tokens
+        try:
+            return self._sampling(max_tokens, default_temperature, logprobs)
+        except InvalidParameterError as e:  # name the fields the client actually sent
+            if e.param == "max_tokens" and self.max_completion_tokens is not None:
+                raise InvalidParameterError("max_completion_tokens",
+                                            e.message.replace("max_tokens", "max_completion_tokens")) from e
+            if e.param == "logprobs":
+                raise InvalidParameterError("top_logprobs", f"top_logprobs must be an integer in "
+                                                            f"[0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}") from e
+            raise
 
     def router_messages(self) -> tuple[ChatMessage, ...]:
         return tuple(m.to_router() for m in self.messages)

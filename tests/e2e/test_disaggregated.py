@@ -51,6 +51,29 @@ def test_1p1d_equals_colocated_and_transformers(c11, tiny_model_dir):
     assert loads["decode-0"].transfers_completed >= 6 and loads["decode-0"].transfers_failed == 0
 
 
+def test_logprobs_cross_the_transfer(c11, tiny_model_dir):
+    """The first token is sampled on the prefill worker: its logprobs travel with the KV. Every
+    token's equal transformers', disaggregated or prefilled locally."""
+    import torch
+
+    from engine.sampling_params import SamplingParams
+
+    hf = load_hf(tiny_model_dir)
+    long_ps, short_ps = prompts(11, 2, VOCAB, lo=40, hi=80), prompts(12, 2, VOCAB, lo=5, hi=15)
+    disagg, local = c11.dispatcher.num_disaggregated, c11.dispatcher.num_local_prefills
+    params = SamplingParams(max_tokens=6, ignore_eos=True, logprobs=3)
+    outs = c11.generate(long_ps + short_ps, params)
+    assert c11.dispatcher.num_disaggregated == disagg + 2 and c11.dispatcher.num_local_prefills == local + 2
+    for p, out in zip(long_ps + short_ps, outs):
+        assert [lp.token_id for lp in out.logprobs] == out.token_ids
+        with torch.inference_mode():
+            ref = torch.log_softmax(hf(torch.tensor([p + out.token_ids])).logits[0, len(p) - 1 : -1].float(), -1)
+        for i, lp in enumerate(out.logprobs):
+            assert lp.logprob == pytest.approx(ref[i, lp.token_id].item(), abs=1e-4)
+            assert [t for t, _ in lp.top] == ref[i].topk(3).indices.tolist()
+    c11.wait_until_drained()
+
+
 def test_shared_prefix_ships_fewer_blocks(c11, tiny_model_dir):
     prefix = prompts(1, 1, VOCAB, lo=64, hi=64)[0]  # exactly 4 blocks of 16
     a, b = prompts(2, 2, VOCAB, lo=40, hi=40, prefix=prefix)  # 104 tokens = 7 blocks each

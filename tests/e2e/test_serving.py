@@ -94,6 +94,29 @@ def test_greedy_through_the_stack_equals_the_engine(srv, tiny_model_dir):
     drained(srv)
 
 
+def test_logprobs_through_the_stack(srv):
+    """Chat logprobs (the openai client), streamed completion logprobs, and an idempotent retry that
+    replays them from Redis, over the real router and pools."""
+    c = client(srv)
+    chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x " * 40}], max_tokens=6,
+                                     temperature=0, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens == 6
+    assert all(t.top_logprobs[0].logprob == t.logprob <= 0 for t in content)  # greedy: the most likely
+    chunks = list(c.completions.create(model="tiny", prompt=list(range(50, 90)), max_tokens=5, temperature=0,
+                                       logprobs=1, stream=True, extra_body={"ignore_eos": True}))
+    streamed = [v for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for v in ch.choices[0].logprobs.token_logprobs]
+    assert len(streamed) == 5
+    h = {"Authorization": f"Bearer {KEY}", "Idempotency-Key": "idem-logprobs"}
+    body = {"model": "tiny", "prompt": "replay me", "max_tokens": 4, "temperature": 0.8, "logprobs": 2}
+    a = httpx.post(f"{srv.http}/v1/completions", headers=h, json=body).json()
+    b = httpx.post(f"{srv.http}/v1/completions", headers=h, json=body).json()
+    assert a["choices"][0]["logprobs"]["token_logprobs"]
+    assert a["choices"][0]["logprobs"] == b["choices"][0]["logprobs"]
+    drained(srv)
+
+
 def test_sse_framing_is_exact(srv):
     with httpx.stream("POST", f"{srv.http}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
                       json={"model": "tiny", "prompt": "frame", "max_tokens": 4, "stream": True}) as r:

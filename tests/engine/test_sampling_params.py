@@ -21,6 +21,10 @@ from engine.sampling_params import SamplingParams
         ({"stop": ["ok", ""]}, "stop"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
         ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+        ({"logprobs": -1}, "logprobs"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": 2.0}, "logprobs"),
     ],
 )
 def test_bad_parameters_name_the_parameter(kwargs, param):

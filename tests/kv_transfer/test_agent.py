@@ -45,7 +45,7 @@ def make_pair(store, inc="a"):
     p_peer, d_peer = PeerInfo("p0", inc, "prefill"), PeerInfo("d0", inc, "decode")
     received, failed, acked = Events(), Events(), Events()
     p = TransferAgent(p_peer, store, torch.randn(SHAPE), on_acked=lambda rid, ok: acked.add(rid, ok))
-    d = TransferAgent(d_peer, store, torch.zeros(SHAPE), on_received=lambda rid, tok, timing: received.add(rid, tok),
+    d = TransferAgent(d_peer, store, torch.zeros(SHAPE), on_received=lambda rid, tok, timing, logprob: received.add(rid, tok),
                       on_receive_failed=lambda rid, why: failed.add(rid, why))
     return p, d, p_peer, d_peer, received, failed, acked
 
@@ -123,7 +123,7 @@ def make_local_pair(store, inc="l"):
     received, failed, acked = Events(), Events(), Events()
     p = TransferAgent(p_peer, store, caches[0], on_acked=lambda rid, ok: acked.add(rid, ok),
                       kv_segment_name=segments[0].name)
-    d = TransferAgent(d_peer, store, caches[1], on_received=lambda rid, tok, timing: received.add(rid, tok),
+    d = TransferAgent(d_peer, store, caches[1], on_received=lambda rid, tok, timing, logprob: received.add(rid, tok),
                       on_receive_failed=lambda rid, why: failed.add(rid, why), kv_segment_name=segments[1].name)
     return p, d, p_peer, d_peer, received, failed, acked, segments
 

@@ -10,6 +10,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
+from engine.logprobs import TokenLogprob
 from router.api import (
     ErrorKind,
     GenerateRequest,
@@ -57,21 +58,35 @@ class FakeStream:
                 self.request_id, word, (100 + i,), finished=finished,
                 finish_reason=("stop" if stop_hit else "length") if finished else None,
                 usage=Usage(self.prompt_tokens, i + 1) if finished else None,
+                logprobs=self._logprobs(i),
             )
             if finished:
                 self.router.completed.append(self.request_id)
                 return
 
+    def _logprobs(self, i: int) -> tuple[TokenLogprob, ...] | None:
+        """Token 100 + i has logprob -(i + 1) / 4; its alternatives are 300 + i (a split UTF-8
+        character), 200 + i, ... (FakeRouter.token_bytes names them)."""
+        n = self.request.sampling.logprobs
+        if n is None:
+            return None
+        value = -(i + 1) / 4
+        top = ((300 + i, value + 0.1), (100 + i, value)) + tuple((200 + i + 10 * k, value - 1 - k) for k in range(18))
+        return (TokenLogprob(100 + i, value, top[:n]),)
+
     async def result(self) -> GenerationResult:
-        text, ids, reason, usage = "", [], None, None
+        text, ids, reason, usage, logprobs = "", [], None, None, None
         async for ev in self:
             if ev.error is not None:
                 raise ev.error
             text += ev.text
             ids += ev.token_ids
+            if ev.logprobs is not None:
+                logprobs = (logprobs or ()) + ev.logprobs
             reason, usage = ev.finish_reason, ev.usage or usage
         return GenerationResult(self.request_id, text, tuple(ids), reason, usage or Usage(self.prompt_tokens, len(ids)),
-                                self.lane, prompt_text=self.request.prompt if self.request.echo_prompt else None)
+                                self.lane, prompt_text=self.request.prompt if self.request.echo_prompt else None,
+                                logprobs=logprobs)
 
     async def abort(self) -> None:
         if not self.aborted:
@@ -138,6 +153,18 @@ class FakeRouter:
 
     def model_info(self) -> ModelInfo:
         return ModelInfo("fake-model", self.max_model_len, 1000, int(time.time()), ("interactive", "batch"))
+
+    def token_bytes(self, token_ids) -> list[bytes]:
+        """100 + i: the i-th word of the script; 300 + i: the first byte of "é" (half a character);
+        any other id: b"alt<id>"."""
+        def one(t: int) -> bytes:
+            if 100 <= t < 200:
+                return WORDS[(t - 100) % len(WORDS)].encode()
+            if 300 <= t < 400:
+                return "é".encode()[:1]
+            return f"alt{t}".encode()
+
+        return [one(t) for t in token_ids]
 
     def readiness(self) -> Readiness:
         return self.ready

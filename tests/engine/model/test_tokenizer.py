@@ -239,3 +239,27 @@ def test_importable_without_torch() -> None:
     )
     root = Path(__file__).resolve().parents[3]
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+
+
+# ---- token bytes (what logprobs name tokens by) ----------------------------------------------------
+
+
+def test_token_bytes_concatenate_to_the_text(tiny_model_dir: Path) -> None:
+    """Byte-level BPE: a token's bytes are exact, even for a token holding part of a character."""
+    tok = Tokenizer.from_dir(tiny_model_dir)
+    for text in TEXTS + _random_texts(50, seed=3):
+        ids = tok.encode(text, add_special_tokens=False)
+        assert b"".join(tok.token_bytes(i) for i in ids) == text.encode(), text
+    assert tok.token_bytes(10**9) == b""  # not in the vocabulary
+
+
+def test_token_bytes_of_sentencepiece_pieces() -> None:
+    """Byte-fallback ``<0xHH>`` pieces are their byte; ``▁`` is a space."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models
+
+    vocab = {"<unk>": 0, "▁Hello": 1, "<0xE2>": 2, "world": 3}
+    backend = Backend(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback()])
+    tok = Tokenizer(backend, special_tokens={}, chat_template=None)
+    assert [tok.token_bytes(i) for i in range(4)] == [b"<unk>", b" Hello", b"\xe2", b"world"]

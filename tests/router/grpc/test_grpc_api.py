@@ -150,6 +150,18 @@ def test_sampling_fields_and_defaults(stub, fake):
         ignore_eos=True, min_tokens=1, include_stop_str_in_output=True, skip_special_tokens=False)
 
 
+def test_logprobs(stub, fake):
+    msgs = list(stub.Generate(pb.GenerateRequest(text="x", sampling=SP(max_tokens=2, logprobs=2))))
+    assert fake.requests[-1].sampling.logprobs == 2
+    lps = [lp for m in msgs for lp in m.logprobs]
+    assert [(lp.token_id, lp.token, round(lp.logprob, 4)) for lp in lps] == [(100, b"alpha", -0.25), (101, b" beta", -0.5)]
+    assert [(t.token_id, t.token, round(t.logprob, 4)) for t in lps[0].top_logprobs] == [
+        (300, b"\xc3", -0.15), (100, b"alpha", -0.25)]  # most likely first; half a character, exact
+    assert all(len(m.logprobs) == len(m.token_ids) for m in msgs)
+    plain = list(stub.Generate(text_req(max_tokens=2)))  # not asked: none
+    assert fake.requests[-1].sampling.logprobs is None and not any(m.logprobs for m in plain)
+
+
 def test_in_band_error_aborts_after_sent_messages(stub, fake):
     fake.fail_after_tokens = 2
     call = stub.Generate(text_req(max_tokens=5, request_id="r-err"))
@@ -258,6 +270,8 @@ BAD_INPUTS = {
     "negative top_k": (pb.GenerateRequest(text="x", sampling=SP(top_k=-1)), "sampling.top_k"),
     "min > max tokens": (pb.GenerateRequest(text="x", sampling=SP(max_tokens=2, min_tokens=3)), "sampling.min_tokens"),
     "empty stop string": (pb.GenerateRequest(text="x", sampling=SP(stop=[""])), "sampling.stop"),
+    "logprobs > 20": (pb.GenerateRequest(text="x", sampling=SP(logprobs=21)), "sampling.logprobs"),
+    "negative logprobs": (pb.GenerateRequest(text="x", sampling=SP(logprobs=-1)), "sampling.logprobs"),
     "empty lane": (text_req(lane=""), "lane"),
     "empty request id": (text_req(request_id=""), "request_id"),
     "long request id": (text_req(request_id="r" * 300), "request_id"),

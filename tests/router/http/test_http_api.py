@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import httpx
 import openai
@@ -19,43 +19,13 @@ import pytest
 from router.api import ErrorKind, Readiness, RouterError
 from router.http.app import create_app
 from router.http.responses import response_id
-from router.http.server import HttpServer, ThreadedHttpServer
+from router.http.server import HttpServer
 from tests.router.fake_router import FakeRouter
 
 MODEL = "baton-test"
 CHAT = "/v1/chat/completions"
 COMPL = "/v1/completions"
 HELLO = [{"role": "user", "content": "hello there"}]
-
-
-@pytest.fixture
-def serve() -> Iterator[Callable[[FakeRouter], str]]:
-    """Starts the app in front of a FakeRouter on 127.0.0.1 (a free port); returns the base URL."""
-    servers: list[ThreadedHttpServer] = []
-
-    def start(fake: FakeRouter) -> str:
-        srv = ThreadedHttpServer(create_app(fake, served_model_name=MODEL), "127.0.0.1", 0).start()
-        servers.append(srv)
-        return srv.url
-
-    yield start
-    for srv in servers:
-        srv.stop()
-
-
-@pytest.fixture
-def fake() -> FakeRouter:
-    return FakeRouter()
-
-
-@pytest.fixture
-def url(serve, fake) -> str:
-    return serve(fake)
-
-
-@pytest.fixture
-def client(url) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="sk-test", max_retries=0, timeout=10)
 
 
 def assert_openai_error(resp: httpx.Response, status: int) -> dict:
@@ -183,7 +153,9 @@ BAD_INPUTS = [
     (CHAT, {"messages": HELLO, "n": 2}, "n", "n=1"),
     (CHAT, {"messages": HELLO, "stream": "yes"}, "stream", "expected a boolean"),
     (CHAT, {"messages": HELLO, "lane": "vip"}, "lane", "unknown lane"),
-    (CHAT, {"messages": HELLO, "logprobs": True}, "logprobs", "not supported"),
+    (CHAT, {"messages": HELLO, "top_logprobs": 2}, "top_logprobs", "requires 'logprobs'"),
+    (CHAT, {"messages": HELLO, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
+    (CHAT, {"messages": HELLO, "logprobs": "yes"}, "logprobs", "expected a boolean"),
     (CHAT, {"messages": HELLO, "presence_penalty": 0.5}, "presence_penalty", "not supported"),
     (CHAT, {"messages": HELLO, "tools": [{"type": "function"}]}, "tools", "not supported"),
     (CHAT, {"messages": [{"role": "user", "content": "w " * 60}], "max_tokens": 10}, "max_tokens",
@@ -191,7 +163,9 @@ BAD_INPUTS = [
     (COMPL, {"max_tokens": 4}, "prompt", "Missing required parameter"),
     (COMPL, {"prompt": {"a": 1}}, "prompt", "Invalid type"),
     (COMPL, {"prompt": ["a", "b"]}, "prompt", "not supported"),
-    (COMPL, {"prompt": "hi", "logprobs": 2}, "logprobs", "not supported"),
+    (COMPL, {"prompt": "hi", "logprobs": 21}, "logprobs", "[0, 20]"),
+    (COMPL, {"prompt": "hi", "logprobs": -1}, "logprobs", "[0, 20]"),
+    (COMPL, {"prompt": "hi", "logprobs": 2, "echo": True}, "logprobs", "not supported"),
     (COMPL, {"prompt": "hi", "stop": 5}, "stop", "stop"),
     (COMPL, {"prompt": "hi", "frequency_penalty": 1.0}, "frequency_penalty", "not supported"),
     (COMPL, {"prompt": "hi", "seed": "x"}, "seed", "expected an integer"),

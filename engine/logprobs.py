@@ -1,0 +1,42 @@
+"""Log probabilities of sampled tokens (OpenAI's ``logprobs`` / ``top_logprobs``).
+
+They are the model's own distribution: ``log_softmax`` of the raw logits, before temperature,
+top-k or top-p reshape it for sampling (what OpenAI and vLLM report), so a token's logprob does not
+depend on how it was drawn. Computed only for the rows of requests that ask, after sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's top_logprobs limit (and vLLM's default max_logprobs)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's logprob and the ``top`` most likely tokens at its position (most likely
+    first; the sampled token is among them only if it was that likely)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def compute_logprobs(logits, sampled, top_counts: list[int]) -> list[TokenLogprob]:
+    """``logits`` [N, V] float32 and ``sampled`` [N] token ids (torch) -> one TokenLogprob per row,
+    with ``top_counts[i]`` alternatives for row i."""
+    import torch  # the engine's data types above stay importable without torch
+
+    with torch.inference_mode():
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        chosen = logprobs.gather(1, sampled.view(-1, 1).long()).view(-1).tolist()
+        k = max(top_counts, default=0)
+        if k:
+            top_values, top_ids = logprobs.topk(k, dim=-1)
+            top_values, top_ids = top_values.tolist(), top_ids.tolist()
+    out = []
+    for i, (tok, lp) in enumerate(zip(sampled.tolist(), chosen)):
+        n = top_counts[i]
+        top = tuple(zip(top_ids[i][:n], top_values[i][:n])) if n else ()
+        out.append(TokenLogprob(int(tok), float(lp), top))
+    return out

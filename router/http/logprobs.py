@@ -1,0 +1,71 @@
+"""OpenAI's logprobs objects for one request's tokens, in the two shapes the API uses.
+
+- ``/v1/completions`` (legacy): ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``,
+  where each ``top_logprobs`` entry maps token text to logprob for the requested alternatives *and*
+  the sampled token (so up to ``logprobs + 1`` entries, as OpenAI documents).
+- ``/v1/chat/completions``: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}],
+  "refusal": null}``.
+
+A token is named by its bytes decoded as UTF-8; a token that holds only part of a character is
+named ``bytes:\\xNN...`` (OpenAI's spelling) and its exact bytes are in ``bytes``. Logprobs are
+clamped at -9999.0 (vLLM's floor) so that JSON never carries -Infinity.
+"""
+
+from __future__ import annotations
+
+import codecs
+from typing import Callable, Sequence
+
+from engine.logprobs import TokenLogprob
+
+_FLOOR = -9999.0
+
+
+def token_name(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def _lp(value: float) -> float:
+    return value if value >= _FLOOR else _FLOOR
+
+
+class LogprobsFormatter:
+    """Formats one request's logprobs, in order, chunk by chunk (it keeps the completions text
+    offset between chunks)."""
+
+    def __init__(self, token_bytes: Callable[[Sequence[int]], list[bytes]], *, chat: bool, text_offset: int = 0) -> None:
+        self._token_bytes = token_bytes
+        self.chat = chat
+        self._offset = text_offset  # characters of text before the next token (completions)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # across split characters
+
+    def format(self, logprobs: Sequence[TokenLogprob]) -> dict:
+        ids = [lp.token_id for lp in logprobs]
+        for lp in logprobs:
+            ids.extend(t for t, _ in lp.top)
+        names = dict(zip(ids, self._token_bytes(ids)))
+        return self._chat(logprobs, names) if self.chat else self._completion(logprobs, names)
+
+    def _chat(self, logprobs: Sequence[TokenLogprob], raw: dict[int, bytes]) -> dict:
+        def entry(token_id: int, value: float) -> dict:
+            return {"token": token_name(raw[token_id]), "logprob": _lp(value), "bytes": list(raw[token_id])}
+
+        content = [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                   for lp in logprobs]
+        return {"content": content, "refusal": None}
+
+    def _completion(self, logprobs: Sequence[TokenLogprob], raw: dict[int, bytes]) -> dict:
+        tokens, values, tops, offsets = [], [], [], []
+        for lp in logprobs:
+            name = token_name(raw[lp.token_id])
+            top = {token_name(raw[t]): _lp(v) for t, v in lp.top}
+            top.setdefault(name, _lp(lp.logprob))
+            tokens.append(name)
+            values.append(_lp(lp.logprob))
+            tops.append(top)
+            offsets.append(self._offset)
+            self._offset += len(self._utf8.decode(raw[lp.token_id]))
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}

@@ -1,0 +1,90 @@
+"""Logprobs of generated tokens equal transformers' log-softmax of the same positions' logits (the
+raw distribution, whatever the sampling settings), with the top alternatives in order; one per
+token through chunked prefill and preemption; none unless asked for."""
+
+import pytest
+import torch
+
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.engine import LLMEngine
+from engine.logprobs import TokenLogprob, compute_logprobs
+from engine.sampling_params import SamplingParams
+from tests.engine.hf_oracle import build_tiny_hf_model, load_hf
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [300, 17, 2, 99], list(range(40, 100))]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = build_tiny_hf_model(tmp_path_factory.mktemp("lp"), "qwen2", seed=3)
+    return d, load_hf(d)
+
+
+def _hf_logprobs(hf, prompt, generated):
+    with torch.inference_mode():
+        logits = hf(torch.tensor([prompt + generated])).logits[0].float()
+    return torch.log_softmax(logits[len(prompt) - 1 : len(prompt) - 1 + len(generated)], dim=-1)
+
+
+def _check(hf, prompts, outs, k):
+    for prompt, out in zip(prompts, outs):
+        assert len(out.logprobs) == len(out.token_ids)
+        ref = _hf_logprobs(hf, prompt, out.token_ids)
+        for i, (tok, lp) in enumerate(zip(out.token_ids, out.logprobs)):
+            assert lp.token_id == tok
+            assert lp.logprob == pytest.approx(ref[i, tok].item(), abs=1e-4)
+            assert len(lp.top) == k
+            values = [v for _, v in lp.top]
+            assert values == sorted(values, reverse=True)
+            assert values == pytest.approx(ref[i].topk(k).values.tolist(), abs=1e-4)
+
+
+@pytest.mark.parametrize("setup", ["batched", "chunked_and_preempted"])
+def test_greedy_logprobs_equal_hf(tiny, setup):
+    d, hf = tiny
+    kw = {}
+    if setup == "chunked_and_preempted":  # 8-token chunks, and a pool too small for all three at once
+        kw = {"scheduler": SchedulerConfig(max_num_batched_tokens=8, admission_watermark=0.0),
+              "cache": CacheConfig(block_size=4, num_blocks=24)}
+    eng = LLMEngine(EngineConfig(model=str(d), dtype="float32", **kw))
+    params = SamplingParams(max_tokens=16, ignore_eos=True, detokenize=False, logprobs=4)
+    outs = eng.generate(PROMPTS, params)
+    if setup == "chunked_and_preempted":
+        assert eng.scheduler.num_preemptions > 0
+    _check(hf, PROMPTS, outs, 4)
+    for out in outs:  # greedy: the sampled token is the most likely one
+        assert all(lp.top[0][0] == lp.token_id for lp in out.logprobs)
+    assert eng.num_free_blocks == eng.num_total_blocks
+
+
+def test_sampled_tokens_report_the_raw_distribution(tiny):
+    d, hf = tiny
+    eng = LLMEngine(EngineConfig(model=str(d), dtype="float32"))
+    params = SamplingParams(max_tokens=10, temperature=1.7, top_k=5, seed=11, ignore_eos=True, detokenize=False,
+                            logprobs=0)
+    outs = eng.generate(PROMPTS[:2], params)
+    _check(hf, PROMPTS[:2], outs, 0)  # not the temperature- or top-k-shaped one
+
+
+def test_no_logprobs_unless_asked_and_mixed_batches(tiny):
+    d, _ = tiny
+    eng = LLMEngine(EngineConfig(model=str(d), dtype="float32"))
+    asked = SamplingParams(max_tokens=5, ignore_eos=True, detokenize=False, logprobs=1)
+    plain = SamplingParams(max_tokens=5, ignore_eos=True, detokenize=False)
+    outs = eng.generate(PROMPTS, [plain, asked, plain])
+    assert outs[0].logprobs is None and outs[2].logprobs is None
+    assert len(outs[1].logprobs) == 5
+    eng.add_request("s", PROMPTS[0], asked)
+    deltas = []
+    while eng.has_unfinished_requests():
+        deltas += eng.step()
+    assert all(len(o.logprobs) == len(o.new_token_ids) for o in deltas)  # each delta carries its own
+
+
+def test_compute_logprobs_counts_per_row():
+    logits = torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]])
+    out = compute_logprobs(logits, torch.tensor([0, 0]), [2, 0])
+    ref = torch.log_softmax(logits, dim=-1)
+    assert out[0] == TokenLogprob(0, pytest.approx(ref[0, 0].item()),
+                                  ((2, pytest.approx(ref[0, 2].item())), (1, pytest.approx(ref[0, 1].item()))))
+    assert out[1].top == () and out[1].logprob == pytest.approx(ref[1, 0].item())

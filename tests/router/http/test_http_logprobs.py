@@ -1,0 +1,77 @@
+"""``logprobs`` on the HTTP API, in OpenAI's two shapes, through the real app and the openai client
+(the FakeRouter scripts token 100 + i with logprob -(i + 1) / 4 and alternatives 300 + i, half of
+"é", and 200 + i, ...)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from tests.router.http.conftest import MODEL
+from tests.router.http.test_http_api import CHAT, COMPL, HELLO, sse_payloads
+
+
+def test_completion_logprobs(url, fake):
+    r = httpx.post(url + COMPL, json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "logprobs": 2})
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    assert fake.requests[-1].sampling.logprobs == 2
+    assert lp["tokens"] == ["alpha", " beta", " gamma"]
+    assert lp["token_logprobs"] == [-0.25, -0.5, -0.75]
+    assert lp["text_offset"] == [0, 5, 10]  # into the returned text
+    # the requested alternatives, and the sampled token (already among them here)
+    assert lp["top_logprobs"][0] == {"bytes:\\xc3": -0.15, "alpha": -0.25}
+
+
+def test_completion_logprobs_zero_reports_the_sampled_token(url):
+    r = httpx.post(url + COMPL, json={"prompt": "hi", "max_tokens": 2, "logprobs": 0})
+    lp = r.json()["choices"][0]["logprobs"]
+    assert lp["token_logprobs"] == [-0.25, -0.5]
+    assert lp["top_logprobs"] == [{"alpha": -0.25}, {" beta": -0.5}]
+
+
+def test_no_logprobs_unless_asked(url, fake):
+    for path, body in ((COMPL, {"prompt": "hi", "max_tokens": 2}), (CHAT, {"messages": HELLO, "max_tokens": 2}),
+                       (CHAT, {"messages": HELLO, "max_tokens": 2, "logprobs": False})):
+        r = httpx.post(url + path, json=body)
+        assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None
+        assert fake.requests[-1].sampling.logprobs is None
+
+
+def test_chat_logprobs_with_the_openai_client(client, fake):
+    resp = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2, logprobs=True, top_logprobs=3)
+    content = resp.choices[0].logprobs.content
+    assert fake.requests[-1].sampling.logprobs == 3
+    assert [c.token for c in content] == ["alpha", " beta"]
+    assert [c.logprob for c in content] == [-0.25, -0.5]
+    assert content[0].bytes == list(b"alpha")
+    top = content[0].top_logprobs
+    assert [t.token for t in top] == ["bytes:\\xc3", "alpha", "alt200"]
+    assert top[0].bytes == [0xC3]  # half a character: its exact byte
+    assert [t.logprob for t in top] == [-0.15, -0.25, -1.25]
+
+
+def test_chat_logprobs_without_top_logprobs(client):
+    resp = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1, logprobs=True)
+    assert [(c.token, c.top_logprobs) for c in resp.choices[0].logprobs.content] == [("alpha", [])]
+
+
+def test_streamed_logprobs_ride_with_their_tokens(url):
+    for path, body in ((CHAT, {"messages": HELLO, "logprobs": True, "top_logprobs": 1}),
+                       (COMPL, {"prompt": "hi", "logprobs": 1})):
+        with httpx.stream("POST", url + path, json={**body, "max_tokens": 3, "stream": True}) as r:
+            chunks = [json.loads(p) for p in sse_payloads(r.read())[:-1]]
+        per_token = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["logprobs"] is not None]
+        if path == CHAT:
+            assert chunks[0]["choices"][0]["logprobs"] is None  # the role chunk
+            assert [lp["content"][0]["token"] for lp in per_token] == ["alpha", " beta", " gamma"]
+        else:
+            assert [lp["tokens"] for lp in per_token] == [["alpha"], [" beta"], [" gamma"]]
+            assert [lp["text_offset"] for lp in per_token] == [[0], [5], [10]]  # continued across chunks
+
+
+def test_streamed_logprobs_with_the_openai_client(client):
+    stream = client.completions.create(model=MODEL, prompt="hi", max_tokens=2, logprobs=1, stream=True)
+    got = [(c.choices[0].text, c.choices[0].logprobs.token_logprobs) for c in stream if c.choices]
+    assert got == [("alpha", [-0.25]), (" beta", [-0.5])]
