@@ -252,8 +252,12 @@ class Scheduler:
         updated: list[Request] = []
         slot_req = self._slot_req
         max_len = self.max_model_len
-        logprobs = out.logprobs
-        for i, (slot, tok) in enumerate(zip(out.slots, out.sampled_token_ids)):
+        if out.logprobs is not None:  # first: a request the loop below finishes leaves its slot
+            for slot, lp in zip(out.slots, out.logprobs):
+                req = slot_req[slot]
+                if lp is not None and req is not None and not req.is_padding:
+                    req.pending_logprobs.append(lp)
+        for slot, tok in zip(out.slots, out.sampled_token_ids):
             req = slot_req[slot]
             if req is None:
                 continue  # left the batch while the step ran
@@ -262,8 +266,6 @@ class Scheduler:
                     self._release_padding(req)
                 continue
             req.all_token_ids.append(tok)
-            if logprobs is not None and logprobs[i] is not None:
-                req.pending_logprobs.append(logprobs[i])
             if req.state is _S.PREFILLING:
                 req.first_token_time = time.monotonic()
                 if req.prefill_only:  # prefill role: hold the blocks until the KV is acknowledged
