@@ -8,7 +8,8 @@ Endpoints (every ``/v1/*`` one authenticates with ``Authorization: Bearer <key>`
   ``Idempotency-Key`` (header) makes retries safe; ``top_k``, ``min_tokens``, ``ignore_eos`` and
   ``stop_token_ids`` body fields. Responses carry ``X-Request-Id`` and ``X-Baton-Lane``.
   ``logprobs`` (completions: 0-20 alternatives) and ``logprobs`` + ``top_logprobs`` (chat) are
-  reported in OpenAI's shapes (router/http/logprobs.py), streamed with their tokens.
+  reported in OpenAI's shapes (router/http/logprobs.py), streamed with their tokens. ``n`` (1-16)
+  runs one router request per choice (router/http/choices.py); ``X-Request-Id`` then lists them.
 - ``GET /v1/models``, ``GET /v1/models/{model}``: the served model.
 - ``GET /v1/batches/{job_id}``: fetch the durable result of a batch-lane job (``{"id", "status",
   "result"?}``); ``job_id`` is the id the router gave the job (the ``X-Request-Id`` of the request
@@ -43,7 +44,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from engine.errors import ContextLengthError, InvalidParameterError
-from router.api import ErrorKind, GenerateRequest, GenerationStream, RouterAPI, RouterError, invalid
+from router.api import ErrorKind, GenerateRequest, RouterAPI, RouterError, Usage, invalid
 from router.http.responses import (
     SSE_DONE,
     ChunkBuilder,
@@ -51,7 +52,9 @@ from router.http.responses import (
     dumps,
     sse,
     text_completion,
+    total_usage,
 )
+from router.http.choices import Choices
 from router.http.logprobs import LogprobsFormatter
 from router.http.schemas import ChatCompletionRequest, CompletionRequest, parse_body
 
@@ -132,13 +135,6 @@ async def _unless_disconnected(work: Awaitable[T], receive: Receive) -> tuple[bo
     return False, None
 
 
-async def _abort_quietly(stream: GenerationStream) -> None:
-    try:
-        await stream.abort()
-    except Exception:
-        log.exception("aborting request %s failed", stream.request_id)
-
-
 class SSEResponse(StreamingResponse):
     """A ``text/event-stream`` response that aborts its generation when the client disconnects.
 
@@ -147,11 +143,11 @@ class SSEResponse(StreamingResponse):
     could be much later; here the pump races an ``http.disconnect`` watcher instead.
     """
 
-    def __init__(self, events: AsyncIterator[bytes], stream: GenerationStream, headers: dict[str, str]) -> None:
+    def __init__(self, events: AsyncIterator[bytes], choices: Choices, headers: dict[str, str]) -> None:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers}
         super().__init__(events, media_type="text/event-stream", headers=headers)
         self._events = events
-        self._stream = stream
+        self._choices = choices
 
     async def _pump(self, send: Send) -> None:
         async for chunk in self._events:
@@ -164,37 +160,37 @@ class SSEResponse(StreamingResponse):
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             completed, _ = await _unless_disconnected(self._pump(send), receive)
         except OSError:  # the connection broke under a write: nobody to tell
-            log.debug("stream of request %s: client connection lost", self._stream.request_id)
+            log.debug("stream of request %s: client connection lost", self._choices.request_id)
         finally:  # disconnected, failed to send, or cancelled (server shutdown): free the request
             if not completed:
-                await _abort_quietly(self._stream)
+                await self._choices.abort()
             await self._events.aclose()  # type: ignore[attr-defined]
 
 
-async def sse_events(stream: GenerationStream, chunks: ChunkBuilder, echo_text: str | None) -> AsyncIterator[bytes]:
-    """The SSE byte stream of one generation, ``[DONE]``-terminated. A failure after streaming
-    started can no longer change the status code, so it is sent in-band as an error event."""
+async def sse_events(choices: Choices, chunks: ChunkBuilder, echo_text: str | None) -> AsyncIterator[bytes]:
+    """The SSE byte stream of one request's choices, ``[DONE]``-terminated. A failure after
+    streaming started can no longer change the status code, so it is sent in-band as an error event."""
     try:
-        opening = chunks.opening(echo_text)
-        if opening is not None:
-            yield sse(opening)
-        usage = None
-        async for ev in stream:
+        for i in range(len(choices.streams)):
+            opening = chunks.opening(echo_text, i)
+            if opening is not None:
+                yield sse(opening)
+        usages: dict[int, Usage] = {}
+        async for i, ev in choices.events():
             if ev.error is not None:
                 yield sse(ev.error.to_openai())
                 break
-            chunk = chunks.delta(ev)
+            chunk = chunks.delta(ev, i)
             if chunk is not None:
                 yield sse(chunk)
-            if ev.finished:
-                usage = ev.usage
-                break
-        if chunks.include_usage and usage is not None:
-            yield sse(chunks.usage(usage))
+            if ev.finished and ev.usage is not None:
+                usages[i] = ev.usage
+        if chunks.include_usage and len(usages) == len(choices.streams):
+            yield sse(chunks.usage(total_usage([usages[i] for i in sorted(usages)])))
     except RouterError as e:
         yield sse(e.to_openai())
     except Exception:
-        log.exception("stream of request %s failed", stream.request_id)
+        log.exception("stream of request %s failed", choices.request_id)
         yield sse(_internal().to_openai())
     yield SSE_DONE
 
@@ -314,33 +310,34 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
             **inputs,
         )
         created = int(time.time())
-        stream = await router.generate(gen)
-        headers = {"X-Request-Id": stream.request_id, "X-Baton-Lane": stream.lane}
+        choices = await Choices.start(router, gen, body.n or 1)
+        headers = {"X-Request-Id": choices.request_id, "X-Baton-Lane": choices.lane}
         model = body.model or served_model_name
         logprobs = None
         if sampling.logprobs is not None:
-            logprobs = LogprobsFormatter(router.token_bytes, chat=chat, text_offset=len(echo_text or ""))
+            logprobs = functools.partial(LogprobsFormatter, router.token_bytes, chat=chat)
         if body.wants_stream:
-            chunks = ChunkBuilder(stream.request_id, model, created, chat=chat, include_usage=body.include_usage,
-                                  logprobs=logprobs)
-            return SSEResponse(sse_events(stream, chunks, echo_text), stream, headers)
+            chunks = ChunkBuilder(choices.streams[0].request_id, model, created, chat=chat,
+                                  include_usage=body.include_usage, logprobs=logprobs)
+            return SSEResponse(sse_events(choices, chunks, echo_text), choices, headers)
         try:
-            done, result = await _unless_disconnected(stream.result(), request.receive)
+            done, results = await _unless_disconnected(choices.results(), request.receive)
         except RouterError:  # the router ended the request itself
+            await choices.abort()  # the other choices, if any
             raise
         except BaseException:  # a bug, or cancelled by a server shutdown: free the request
-            await _abort_quietly(stream)
+            await choices.abort()
             raise
-        if not done or result is None:
-            await _abort_quietly(stream)
+        if not done or results is None:
+            await choices.abort()
             return Response(status_code=CLIENT_CLOSED, headers=headers)
         if chat:
-            return json_response(chat_completion(result, model=model, created=created, logprobs=logprobs),
+            return json_response(chat_completion(results, model=model, created=created, logprobs=logprobs),
                                  headers=headers)
         if body.echo:
-            echo_text = result.prompt_text if result.prompt_text is not None else (
+            echo_text = results[0].prompt_text if results[0].prompt_text is not None else (
                 body.prompt if isinstance(body.prompt, str) else None)
-        return json_response(text_completion(result, model=model, created=created, echo_text=echo_text,
+        return json_response(text_completion(results, model=model, created=created, echo_text=echo_text,
                                              logprobs=logprobs), headers=headers)
 
     @app.post("/v1/completions", include_in_schema=False)

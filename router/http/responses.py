@@ -9,7 +9,8 @@ request id is the ``X-Request-Id`` header (what ``/v1/abort/{request_id}`` takes
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 from router.api import GenerationResult, StreamEvent, Usage
 from router.http.logprobs import LogprobsFormatter
@@ -44,43 +45,47 @@ def _finish(reason: str | None) -> str:
     return reason or "stop"
 
 
-def _logprobs(result: GenerationResult, formatter: LogprobsFormatter | None) -> dict | None:
+def _logprobs(result: GenerationResult, formatter: Callable[[], LogprobsFormatter] | None) -> dict | None:
     if formatter is None or result.logprobs is None:
         return None
-    return formatter.format(result.logprobs)
+    return formatter().format(result.logprobs)
 
 
-def text_completion(result: GenerationResult, *, model: str, created: int, echo_text: str | None = None,
-                    logprobs: LogprobsFormatter | None = None) -> dict:
-    """The ``text_completion`` object of a non-streaming /v1/completions call."""
-    text = (echo_text or "") + result.text
+def total_usage(usages: Sequence[Usage]) -> Usage:
+    """The usage of a request's choices together: the prompt counted once, every choice's output."""
+    return Usage(usages[0].prompt_tokens, sum(u.completion_tokens for u in usages), usages[0].cached_tokens)
+
+
+def text_completion(results: Sequence[GenerationResult], *, model: str, created: int, echo_text: str | None = None,
+                    logprobs: Callable[[], LogprobsFormatter] | None = None) -> dict:
+    """The ``text_completion`` object of a non-streaming /v1/completions call (one choice per result)."""
     return {
-        "id": response_id(result.request_id, chat=False),
+        "id": response_id(results[0].request_id, chat=False),
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": _logprobs(result, logprobs),
-                     "finish_reason": _finish(result.finish_reason)}],
-        "usage": usage_dict(result.usage),
+        "choices": [{"index": i, "text": (echo_text or "") + r.text, "logprobs": _logprobs(r, logprobs),
+                     "finish_reason": _finish(r.finish_reason)} for i, r in enumerate(results)],
+        "usage": usage_dict(total_usage([r.usage for r in results])),
         "system_fingerprint": None,
     }
 
 
-def chat_completion(result: GenerationResult, *, model: str, created: int,
-                    logprobs: LogprobsFormatter | None = None) -> dict:
-    """The ``chat.completion`` object of a non-streaming /v1/chat/completions call."""
+def chat_completion(results: Sequence[GenerationResult], *, model: str, created: int,
+                    logprobs: Callable[[], LogprobsFormatter] | None = None) -> dict:
+    """The ``chat.completion`` object of a non-streaming /v1/chat/completions call (one choice per result)."""
     return {
-        "id": response_id(result.request_id, chat=True),
+        "id": response_id(results[0].request_id, chat=True),
         "object": "chat.completion",
         "created": created,
         "model": model,
         "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": result.text},
-            "logprobs": _logprobs(result, logprobs),
-            "finish_reason": _finish(result.finish_reason),
-        }],
-        "usage": usage_dict(result.usage),
+            "index": i,
+            "message": {"role": "assistant", "content": r.text},
+            "logprobs": _logprobs(r, logprobs),
+            "finish_reason": _finish(r.finish_reason),
+        } for i, r in enumerate(results)],
+        "usage": usage_dict(total_usage([r.usage for r in results])),
         "system_fingerprint": None,
     }
 
@@ -96,7 +101,8 @@ class ChunkBuilder:
     created: int
     chat: bool
     include_usage: bool = False
-    logprobs: LogprobsFormatter | None = None  # set when the request asked for logprobs
+    logprobs: Callable[[], LogprobsFormatter] | None = None  # set when the request asked for logprobs
+    _formatters: dict[int, LogprobsFormatter] = field(default_factory=dict)  # one per choice
 
     def _chunk(self, choice: dict | None) -> dict:
         chunk = {
@@ -110,29 +116,35 @@ class ChunkBuilder:
             chunk["usage"] = None
         return chunk
 
-    def _choice(self, text: str, finish_reason: str | None, *, role: bool = False, logprobs: dict | None = None) -> dict:
+    def _choice(self, index: int, text: str, finish_reason: str | None, *, role: bool = False,
+                logprobs: dict | None = None) -> dict:
         if not self.chat:
-            return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         delta: dict = {"role": "assistant", "content": text} if role else ({"content": text} if text else {})
-        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def opening(self, echo_text: str | None = None) -> dict | None:
-        """The chunk sent before any token: the assistant role for chat, the echoed prompt for
-        completions with ``echo`` (nothing otherwise)."""
+    def opening(self, echo_text: str | None = None, index: int = 0) -> dict | None:
+        """The chunk sent for a choice before any token: the assistant role for chat, the echoed
+        prompt for completions with ``echo`` (nothing otherwise)."""
         if self.chat:
-            return self._chunk(self._choice("", None, role=True))
+            return self._chunk(self._choice(index, "", None, role=True))
         if echo_text:
-            return self._chunk(self._choice(echo_text, None))
+            return self._chunk(self._choice(index, echo_text, None))
         return None
 
-    def delta(self, ev: StreamEvent) -> dict | None:
-        """The chunk for one event; None for an empty non-final event (nothing to say). Logprobs go
-        with the chunk of the event that carried their tokens, even if its text is held back (a
-        possible stop string)."""
-        logprobs = self.logprobs.format(ev.logprobs) if self.logprobs is not None and ev.logprobs else None
+    def delta(self, ev: StreamEvent, index: int = 0) -> dict | None:
+        """The chunk for one event of choice ``index``; None for an empty non-final event (nothing
+        to say). Logprobs go with the chunk of the event that carried their tokens, even if its text
+        is held back (a possible stop string)."""
+        logprobs = None
+        if self.logprobs is not None and ev.logprobs:
+            formatter = self._formatters.get(index)
+            if formatter is None:
+                formatter = self._formatters[index] = self.logprobs()
+            logprobs = formatter.format(ev.logprobs)
         if not ev.text and not ev.finished and logprobs is None:
             return None
-        return self._chunk(self._choice(ev.text, _finish(ev.finish_reason) if ev.finished else None,
+        return self._chunk(self._choice(index, ev.text, _finish(ev.finish_reason) if ev.finished else None,
                                         logprobs=logprobs))
 
     def usage(self, usage: Usage) -> dict:

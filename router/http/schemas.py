@@ -3,7 +3,7 @@ errors onto OpenAI error objects.
 
 Models validate in *strict* mode: OpenAI rejects ``"max_tokens": "10"`` and so do we, instead of
 silently coercing. Unknown fields are ignored (clients send many we have no use for), but fields
-that would change the output in ways Baton cannot honour (``n > 1``, the prompt's logprobs,
+that would change the output in ways Baton cannot honour (``best_of``, the prompt's logprobs,
 penalties, ``logit_bias``, tools, JSON mode) are rejected with a 400 rather than ignored, so that a client never
 gets an answer to a different question than the one it asked. Range checks of sampling values are
 left to ``SamplingParams`` so there is a single source of truth for them.
@@ -21,6 +21,7 @@ from engine.errors import InvalidParameterError
 from engine.logprobs import MAX_TOP_LOGPROBS
 from engine.sampling_params import SamplingParams
 from router.api import ChatMessage, RouterError, invalid
+from router.http.choices import MAX_CHOICES
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 
@@ -73,9 +74,9 @@ class _SamplingFields(_Strict):
 
     @field_validator("n")
     @classmethod
-    def _only_one_choice(cls, v: int | None) -> int | None:
-        if v is not None and v != 1:
-            raise _bad_value("Only n=1 is supported by this server.")
+    def _choices(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= MAX_CHOICES:
+            raise _bad_value(f"n must be an integer in [1, {MAX_CHOICES}], got {v}.")
         return v
 
     @field_validator("presence_penalty", "frequency_penalty")

@@ -117,6 +117,27 @@ def test_logprobs_through_the_stack(srv):
     drained(srv)
 
 
+def test_n_choices_through_the_stack(srv):
+    c = client(srv)
+    msgs = [{"role": "user", "content": "tell me something"}]
+    a = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, n=3, temperature=1.0, seed=5,
+                                  extra_body={"ignore_eos": True})
+    assert [ch.index for ch in a.choices] == [0, 1, 2] and a.usage.completion_tokens == 24
+    texts = [ch.message.content for ch in a.choices]
+    assert len(set(texts)) > 1  # seeds 5, 6, 7
+    b = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, n=3, temperature=1.0, seed=5,
+                                  extra_body={"ignore_eos": True})
+    assert [ch.message.content for ch in b.choices] == texts  # and reproducible
+    chunks = list(c.completions.create(model="tiny", prompt="a b c", max_tokens=4, n=2, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True}))
+    by_index = {0: "", 1: ""}
+    for ch in chunks:
+        for choice in ch.choices:
+            by_index[choice.index] += choice.text
+    assert by_index[0] == by_index[1] != ""  # greedy: the same answer twice
+    drained(srv)
+
+
 def test_sse_framing_is_exact(srv):
     with httpx.stream("POST", f"{srv.http}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
                       json={"model": "tiny", "prompt": "frame", "max_tokens": 4, "stream": True}) as r:

@@ -105,6 +105,7 @@ class FakeRouter:
         self.token_delay_s = token_delay_s
         self.max_model_len = max_model_len
         self.fail_next: RouterError | None = None  # raised by the next generate() call
+        self.fail_calls: dict[int, RouterError] = {}  # raised by the k-th generate() call (1-based)
         self.fail_after_tokens: int | None = None  # in-band error after this many tokens
         self.ready = Readiness(True)
         self.requests: list[GenerateRequest] = []
@@ -128,6 +129,8 @@ class FakeRouter:
         if self.fail_next is not None:
             err, self.fail_next = self.fail_next, None
             raise err
+        if len(self.requests) in self.fail_calls:
+            raise self.fail_calls.pop(len(self.requests))
         if request.lane is not None and request.lane not in ("interactive", "batch", "long_context"):
             raise invalid(f"unknown lane {request.lane!r}", param="lane")
         if request.prompt is not None:

@@ -1,0 +1,117 @@
+"""``n`` choices for one HTTP request: ``n`` router requests started together, merged into one
+response and stopped together.
+
+Choice ``i`` is its own router request (admitted, queued, placed and counted like any other):
+its id is ``<id>-<i>`` when the client named the request, its ``Idempotency-Key`` is
+``<key>#<i>``, and when the client gave a ``seed`` it samples with ``seed + i``, so the choices
+differ yet each is reproducible (greedy choices are all the same answer, as with OpenAI). If any
+choice is refused at admission, the ones already started are aborted and the refusal is the
+response. A choice that fails after streaming started ends the others too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+from typing import AsyncIterator
+
+from router.api import GenerateRequest, GenerationResult, GenerationStream, RouterAPI, StreamEvent
+
+log = logging.getLogger(__name__)
+
+MAX_CHOICES = 16
+
+
+def choice_request(gen: GenerateRequest, index: int) -> GenerateRequest:
+    seed = gen.sampling.seed
+    return replace(
+        gen,
+        request_id=None if gen.request_id is None else f"{gen.request_id}-{index}",
+        idempotency_key=None if gen.idempotency_key is None else f"{gen.idempotency_key}#{index}",
+        sampling=gen.sampling if seed is None else replace(gen.sampling, seed=seed + index),
+    )
+
+
+class Choices:
+    """The streams of one request's choices, in choice order."""
+
+    def __init__(self, streams: list[GenerationStream]) -> None:
+        self.streams = streams
+
+    @classmethod
+    async def start(cls, router: RouterAPI, gen: GenerateRequest, n: int) -> Choices:
+        if n == 1:
+            return cls([await router.generate(gen)])
+        streams: list[GenerationStream] = []
+        try:
+            for i in range(n):
+                streams.append(await router.generate(choice_request(gen, i)))
+        except BaseException:
+            await cls(streams).abort()
+            raise
+        return cls(streams)
+
+    @property
+    def request_id(self) -> str:
+        """The ids of the choices' requests, comma-separated (what ``X-Request-Id`` carries)."""
+        return ",".join(s.request_id for s in self.streams)
+
+    @property
+    def lane(self) -> str:
+        return self.streams[0].lane
+
+    async def abort(self) -> None:
+        for s in self.streams:
+            try:
+                await s.abort()
+            except Exception:
+                log.exception("aborting request %s failed", s.request_id)
+
+    async def results(self) -> list[GenerationResult]:
+        if len(self.streams) == 1:
+            return [await self.streams[0].result()]
+        tasks = [asyncio.ensure_future(s.result()) for s in self.streams]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:  # one failed (or we were cancelled): the others are stopped, not left running
+            if not all(t.done() and not t.cancelled() and t.exception() is None for t in tasks):
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                await self.abort()
+
+    async def events(self) -> AsyncIterator[tuple[int, StreamEvent]]:
+        """(choice index, event) as they come; a choice's events stay in order."""
+        if len(self.streams) == 1:
+            async for ev in self.streams[0]:
+                yield 0, ev
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, stream: GenerationStream) -> None:
+            try:
+                async for ev in stream:
+                    queue.put_nowait((i, ev))
+            except BaseException as e:  # handed to the consumer, which raises it
+                queue.put_nowait((i, e))
+            finally:
+                queue.put_nowait((i, None))
+
+        tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(self.streams)]
+        try:
+            left = len(tasks)
+            while left:
+                i, item = await queue.get()
+                if item is None:
+                    left -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    if item.error is not None:
+                        await self.abort()  # one choice failed: the response ends here for all
+                    yield i, item
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
