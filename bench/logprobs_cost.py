@@ -1,6 +1,7 @@
 """What reporting logprobs costs: the same offline requests through one engine with logprobs off,
-with the sampled token's only (``logprobs=0``) and with 20 alternatives (the most OpenAI allows),
-rounds interleaved so that a shared host's drift hits every mode alike.
+with the sampled token's only (``logprobs=0``), with 20 alternatives (the most OpenAI allows), and
+scoring the prompts too (``prompt_logprobs=1``, what ``echo`` with ``logprobs`` asks), rounds
+interleaved so that a shared host's drift hits every mode alike.
 
     python -m bench.logprobs_cost [--model default] [--n 16] [--rounds 3] [--json PATH]
 
@@ -14,7 +15,8 @@ import json
 import statistics
 import time
 
-MODES = {"off": None, "logprobs=0": 0, "logprobs=20": 20}
+MODES = {"off": {}, "logprobs=0": {"logprobs": 0}, "logprobs=20": {"logprobs": 20},
+         "prompt_logprobs=1": {"prompt_logprobs": 1, "logprobs": 1}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     seconds: dict[str, list[float]] = {m: [] for m in MODES}
     outputs: dict[str, list[list[int]]] = {}
     for _ in range(args.rounds):
-        for mode, k in MODES.items():
-            params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, detokenize=False, logprobs=k)
+        for mode, extra in MODES.items():
+            params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, detokenize=False, **extra)
                       for r in requests]
             assert engine.block_manager.pool.reset_prefix_cache()  # every run prefills: no hits from the last
             t0 = time.perf_counter()

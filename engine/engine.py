@@ -162,7 +162,7 @@ class LLMEngine:
         self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None
     ) -> list[RequestOutput]:
         """Run prompts to completion; outputs in prompt order, each with the whole generation (its
-        ``logprobs`` too, when asked for: one per token of ``token_ids``)."""
+        ``logprobs`` and ``prompt_logprobs`` too, when asked for)."""
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
@@ -170,14 +170,19 @@ class LLMEngine:
         ids = [self.add_request(None, p, sp) for p, sp in zip(prompts, params)]
         done: dict[str, RequestOutput] = {}
         logprobs: dict[str, list[TokenLogprob]] = {}
+        prompt_logprobs: dict[str, list[TokenLogprob]] = {}
         while self.has_unfinished_requests():
             for out in self.step():
                 if out.logprobs is not None:
                     logprobs.setdefault(out.request_id, []).extend(out.logprobs)
                 if out.finished:
                     done[out.request_id] = out
+                if out.prompt_logprobs is not None:
+                    prompt_logprobs[out.request_id] = out.prompt_logprobs
         for rid, lps in logprobs.items():
             done[rid].logprobs = lps
+        for rid, lps in prompt_logprobs.items():
+            done[rid].prompt_logprobs = lps
         return [done[i] for i in ids]
 
     # -- introspection ----------------------------------------------------------------------

@@ -7,7 +7,7 @@ tokens. Rows are recycled as requests leave.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,6 +31,9 @@ class StepInputs:
     prefill_seq_lens: np.ndarray  # [P] int32
     logits_indices: np.ndarray  # [N] rows of the hidden states to sample from
     sample_rows: np.ndarray  # [N] rows (slots) that sample
+    # Prompt chunks whose request wants prompt logprobs: (slot, index of the first prompt token
+    # scored, rows of the hidden states whose logits score it and the next ones, those tokens).
+    prompt_logprob_rows: list[tuple[int, int, np.ndarray, np.ndarray]] = field(default_factory=list)
 
 
 class InputBatch:
@@ -47,6 +50,7 @@ class InputBatch:
         self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)
         self.num_prompt_tokens = np.zeros(max_num_seqs, dtype=np.int64)
         self.params: list[SamplingParams | None] = [None] * max_num_seqs
+        self.scoring_rows: set[int] = set()  # rows whose request wants prompt logprobs
 
     # -- deltas -----------------------------------------------------------------------------
     def apply(self, so: SchedulerOutput) -> None:
@@ -60,6 +64,10 @@ class InputBatch:
             self.block_table[row, :nb] = new.block_ids
             self.num_blocks[row] = nb
             self.params[row] = new.sampling_params
+            if new.sampling_params.prompt_logprobs is not None:
+                self.scoring_rows.add(row)
+            else:
+                self.scoring_rows.discard(row)
             self.num_prompt_tokens[row] = new.num_prompt_tokens
         for row, blocks in so.new_block_ids.items():
             start = self.num_blocks[row]
@@ -101,6 +109,7 @@ class InputBatch:
         p_cu = np.zeros(len(p_rows) + 1, dtype=np.int32)
         np.cumsum(counts[num_decode:], out=p_cu[1:])
 
+        scored = self._prompt_logprob_rows(rows, starts, counts, cu) if self.scoring_rows else []
         self.num_computed[rows] = seq_lens
         return StepInputs(
             input_ids=input_ids,
@@ -115,7 +124,22 @@ class InputBatch:
             prefill_seq_lens=p_lens.astype(np.int32),
             logits_indices=logits_indices,
             sample_rows=sample_rows,
+            prompt_logprob_rows=scored,
         )
+
+    def _prompt_logprob_rows(self, rows, starts, counts, cu) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+        """The hidden-state row at position p scores prompt token p + 1: every position of a
+        chunk up to the prompt's second-to-last (the last one samples). A chunk may be one token."""
+        out = []
+        for row, start, count, end in zip(rows.tolist(), starts.tolist(), counts.tolist(), cu.tolist()):
+            if row not in self.scoring_rows:
+                continue
+            n = min(start + count, int(self.num_prompt_tokens[row]) - 1) - start
+            if n > 0:
+                first_row = end - count
+                out.append((row, start + 1, np.arange(first_row, first_row + n, dtype=np.int64),
+                            self.token_ids[row, start + 1 : start + 1 + n].copy()))
+        return out
 
     def append_sampled(self, rows: np.ndarray, token_ids: np.ndarray) -> None:
         n = self.num_tokens[rows]

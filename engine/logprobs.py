@@ -1,4 +1,6 @@
-"""Log probabilities of sampled tokens (OpenAI's ``logprobs`` / ``top_logprobs``).
+"""Log probabilities of sampled tokens (OpenAI's ``logprobs`` / ``top_logprobs``) and of prompt
+tokens (``prompt_logprobs``: what completions' ``echo`` with ``logprobs`` reports, the way
+evaluation harnesses score a text).
 
 They are the model's own distribution: ``log_softmax`` of the raw logits, before temperature,
 top-k or top-p reshape it for sampling (what OpenAI and vLLM report), so a token's logprob does not
@@ -14,17 +16,19 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's top_logprobs limit (and vLLM's default max_log
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
-    """One generated token's logprob and the ``top`` most likely tokens at its position (most likely
-    first; the sampled token is among them only if it was that likely)."""
+    """One token's logprob and the ``top`` most likely tokens at its position (most likely first;
+    the token itself is among them only if it was that likely). ``logprob`` is None only for a
+    prompt's first token, which nothing precedes."""
 
     token_id: int
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[int, float], ...] = ()
 
 
 def compute_logprobs(logits, sampled, top_counts: list[int]) -> list[TokenLogprob]:
-    """``logits`` [N, V] float32 and ``sampled`` [N] token ids (torch) -> one TokenLogprob per row,
-    with ``top_counts[i]`` alternatives for row i."""
+    """``logits`` [N, V] float32 and ``sampled`` [N] token ids (torch: the tokens whose logprobs are
+    wanted, sampled or the prompt's next) -> one TokenLogprob per row, with ``top_counts[i]``
+    alternatives for row i."""
     import torch  # the engine's data types above stay importable without torch
 
     with torch.inference_mode():

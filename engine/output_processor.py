@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from engine.logprobs import TokenLogprob
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.request import FinishReason, Request
 from engine.scheduler import Scheduler
@@ -81,6 +82,8 @@ class OutputProcessor:
             out.logprobs, req.pending_logprobs = req.pending_logprobs, []
         if st.first and new_ids:
             st.first = False
+            if req.prompt_logprobs is not None:  # complete once the first token is sampled
+                out.prompt_logprobs = [TokenLogprob(req.prompt_token_ids[0], None), *req.prompt_logprobs]
             if req.first_scheduled_time is not None and req.first_token_time is not None:
                 out.ttft_breakdown = {"prefill_queue": req.first_scheduled_time - req.arrival_time,
                                       "prefill_compute": req.first_token_time - req.first_scheduled_time,

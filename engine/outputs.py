@@ -36,3 +36,6 @@ class RequestOutput:
     ttft_breakdown: dict[str, float] | None = None
     # One per token of ``new_token_ids`` when the request asked for logprobs, else None.
     logprobs: list[TokenLogprob] | None = None
+    # On the output carrying the first token, when asked for: one per prompt token (the first
+    # one's logprob is None).
+    prompt_logprobs: list[TokenLogprob] | None = None

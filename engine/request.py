@@ -105,6 +105,7 @@ class Request:
         "is_padding",
         "prefill_only",
         "pending_logprobs",
+        "prompt_logprobs",
         "slot",
     )
 
@@ -148,6 +149,10 @@ class Request:
         self.prefill_only = prefill_only  # prefill role: stop after the first token, then hand off
         # Logprobs of tokens appended since the last output (sampling_params.logprobs set), in order.
         self.pending_logprobs: list = []
+        # Prompt tokens 1.. as the prefill computes them (sampling_params.prompt_logprobs set); a
+        # resumed (migrated) request reported them where it started.
+        self.prompt_logprobs: list | None = (
+            [] if sampling_params.prompt_logprobs is not None and not resume_token_ids else None)
         self.slot = -1  # the runner row while running (assigned by the scheduler)
 
     # -- token accounting -------------------------------------------------------------------
@@ -166,6 +171,11 @@ class Request:
     @property
     def max_total_tokens(self) -> int:
         return self.num_prompt_tokens + self.sampling_params.max_tokens
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Its prompt must be computed whole (a prefix-cache hit would skip positions)."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
 
     def append_token(self, token_id: int) -> None:
         self.all_token_ids.append(token_id)

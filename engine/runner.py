@@ -14,6 +14,11 @@ from engine.model.llama import LlamaModel
 from engine.sampler import Sampler
 from engine.scheduler_output import RunnerOutput, SchedulerOutput
 
+# Prompt positions scored per head call: a whole chunk's logits would be rows x vocabulary floats,
+# and up to 64 rows the CPU head runs in the compiled kernel (linear.SKINNY_MAX_ROWS), not a
+# dense GEMM: 2.6x faster for SmolLM2's tied head on the Zen 5 host.
+_SCORE_ROWS = 64
+
 
 class ModelRunner:
     def __init__(
@@ -39,17 +44,42 @@ class ModelRunner:
         if so.is_empty:
             return RunnerOutput([], [])
         inputs = self.batch.prepare(so)
-        hidden = self.model.forward(  # the sampled rows' hidden states only
+        keep = inputs.logits_indices.astype(np.int64, copy=False)
+        scored = inputs.prompt_logprob_rows
+        if scored:  # prompt positions to score as well
+            keep = np.union1d(keep, np.concatenate([r[2] for r in scored]))
+        hidden = self.model.forward(  # the kept rows' hidden states only (ascending)
             self._tensor(inputs.input_ids),
             self._tensor(inputs.positions),
             self.kv_cache,
             self._metadata(inputs),
             self.attn,
-            keep=self._tensor(inputs.logits_indices.astype(np.int64, copy=False)),
+            keep=self._tensor(keep),
         )
+        prompt_logprobs = None
+        if scored:
+            prompt_logprobs = self._prompt_logprobs(hidden, keep, scored)
+            hidden = hidden[self._tensor(np.searchsorted(keep, inputs.logits_indices))]
         if not len(inputs.logits_indices):
-            return RunnerOutput([], [])
-        return self._sample(hidden, inputs)
+            return RunnerOutput([], [], prompt_logprobs=prompt_logprobs)
+        out = self._sample(hidden, inputs)
+        out.prompt_logprobs = prompt_logprobs
+        return out
+
+    @torch.inference_mode()
+    def _prompt_logprobs(self, hidden: torch.Tensor, keep: np.ndarray, scored) -> dict:
+        """The prompt positions' logprobs, ``_SCORE_ROWS`` rows at a time."""
+        out = {}
+        for slot, first, rows, targets in scored:
+            at = np.searchsorted(keep, rows)
+            k = self.batch.params[slot].prompt_logprobs
+            values = []
+            for i in range(0, len(at), _SCORE_ROWS):
+                logits = self.model.compute_logits(hidden[self._tensor(at[i : i + _SCORE_ROWS])])
+                part = targets[i : i + _SCORE_ROWS]
+                values += compute_logprobs(logits, self._tensor(part), [k] * len(part))
+            out[slot] = (first, values)
+        return out
 
     @torch.inference_mode()
     def _sample(self, hidden: torch.Tensor, inputs: StepInputs) -> RunnerOutput:

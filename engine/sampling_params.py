@@ -17,7 +17,8 @@ class SamplingParams:
     ``temperature == 0`` is greedy. ``top_k == 0`` and ``top_p == 1`` disable those filters.
     ``seed`` makes a sampled request reproducible regardless of what it is batched with.
     ``logprobs``: None reports none; n >= 0 reports each generated token's logprob and the n most
-    likely tokens at its position (engine/logprobs.py).
+    likely tokens at its position (engine/logprobs.py). ``prompt_logprobs``: the same for every
+    prompt token after the first (the prompt is then computed whole: no prefix-cache hits).
     """
 
     max_tokens: int = 16
@@ -33,6 +34,7 @@ class SamplingParams:
     detokenize: bool = True
     skip_special_tokens: bool = True
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # Normalize list inputs (JSON gives lists) into tuples so params stay hashable/immutable.
@@ -68,10 +70,11 @@ class SamplingParams:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
                 raise InvalidParameterError("stop_token_ids", f"stop_token_ids must be non-negative integers, got {t!r}")
 
-        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
-                                          or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
-            raise InvalidParameterError("logprobs", f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] "
-                                                    f"(the number of top alternatives), got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOP_LOGPROBS):
+                raise InvalidParameterError(name, f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}] "
+                                                  f"(the number of top alternatives), got {v!r}")
 
     @property
     def greedy(self) -> bool:

@@ -26,13 +26,14 @@ from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.logprobs import TokenLogprob
 from engine.request import FinishReason, Request, RequestState
+from engine.scheduler_disagg import DisaggregationMixin
 from engine.scheduler_output import NewRequestData, RunnerOutput, SchedulerOutput
 from engine.scheduler_policies import AdmissionPolicy, PreemptionPolicy, StaticBatchAdmission, WaitingQueue
 
 _S = RequestState
 
 
-class Scheduler:
+class Scheduler(DisaggregationMixin):
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int) -> None:
         self.config = config
         self.block_manager = block_manager
@@ -184,7 +185,7 @@ class Scheduler:
                                                len(self.waiting))
         while budget > 0 and limit > 0 and len(self.waiting):
             req = self.waiting.peek()
-            cached = bm.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
+            cached = bm.find_cached_prefix(req) if req.num_computed_tokens == 0 and not req.needs_prompt_logprobs else []
             n = req.num_tokens - req.num_computed_tokens - len(cached) * bm.block_size
             if n > budget:
                 n = budget
@@ -252,6 +253,8 @@ class Scheduler:
         updated: list[Request] = []
         slot_req = self._slot_req
         max_len = self.max_model_len
+        if out.prompt_logprobs:
+            self._add_prompt_logprobs(out.prompt_logprobs)
         if out.logprobs is not None:  # first: a request the loop below finishes leaves its slot
             for slot, lp in zip(out.slots, out.logprobs):
                 req = slot_req[slot]
@@ -281,6 +284,17 @@ class Scheduler:
             for r in list(self.running):
                 self._release_padding(r)
         return updated
+
+    def _add_prompt_logprobs(self, computed: dict[int, tuple[int, list[TokenLogprob]]]) -> None:
+        """Chunks' prompt logprobs (first token index, values) in order; a chunk recomputed after a
+        preemption adds only what is still missing."""
+        for slot, (first, values) in computed.items():
+            req = self._slot_req[slot]
+            if req is None or req.prompt_logprobs is None:
+                continue
+            have = len(req.prompt_logprobs) + 1  # the index of the next prompt token wanted
+            if first <= have < first + len(values):
+                req.prompt_logprobs.extend(values[have - first :])
 
     @staticmethod
     def _check_stop(req: Request, tok: int, max_len: int) -> FinishReason | None:
@@ -337,74 +351,3 @@ class Scheduler:
         req.transition(_S.PREEMPTED)
         self.waiting.push(req)
         self.num_preemptions += 1
-
-    # -- disaggregation ---------------------------------------------------------------------
-    def _hand_off(self, req: Request) -> None:
-        """Prefill role: the first token is sampled; keep the blocks until the decode side has the KV."""
-        req.transition(_S.TRANSFERRING)
-        self._leave_running(req)
-        self.transferring[req.request_id] = req
-
-    def release_transferred(self, request_id: str) -> Request | None:
-        """Prefill role: the decode side acknowledged (or gave up on) the KV; free the blocks.
-        They stay in the prefix cache for later hits."""
-        req = self.transferring.get(request_id)
-        if req is not None:
-            self._finish(req, FinishReason.LENGTH, _S.FINISHED)
-        return req
-
-    def reserve(self, req: Request) -> bool:
-        """Decode role: allocate blocks for ``req``'s known tokens, to be filled by a prefill worker.
-
-        Blocks this worker already caches are reused, so only the rest needs to be shipped
-        (``req.num_cached_tokens`` says how many tokens). False if the pool cannot hold it now.
-        """
-        if req.request_id in self.requests:
-            raise ValueError(f"duplicate request id {req.request_id!r}")
-        if len(self.running) + len(self.reserved) >= self.config.max_num_seqs:
-            return False  # it could not join the batch when its KV arrives
-        bm = self.block_manager
-        cached = bm.find_cached_prefix(req, max_tokens=req.num_tokens)
-        need = bm._num_new_blocks(req, req.num_tokens - len(cached) * bm.block_size, len(cached))
-        if need > bm.num_free_blocks - self._watermark_blocks and self.running:
-            return False
-        if not bm.allocate(req, req.num_tokens - len(cached) * bm.block_size, cached):
-            return False
-        req.num_cached_tokens = len(cached) * bm.block_size
-        req.first_scheduled_time = time.monotonic()
-        self._register(req)
-        req.transition(_S.RESERVED)
-        self.reserved[req.request_id] = req
-        return True
-
-    def kv_arrived(self, request_id: str, first_token: int, first_logprob: TokenLogprob | None = None) -> Request | None:
-        """Decode role: the prompt's KV and the first token (with its logprob, if asked for) are
-        here; join the decode batch."""
-        req = self.reserved.pop(request_id, None)
-        if req is None:
-            return None
-        req.num_computed_tokens = req.num_tokens
-        self.block_manager.register_full_blocks(req, req.num_tokens)
-        req.transition(_S.DECODING)
-        req.first_token_time = time.monotonic()
-        req.all_token_ids.append(first_token)
-        if first_logprob is not None:
-            req.pending_logprobs.append(first_logprob)
-        self._join_running(req)
-        reason = self._check_stop(req, first_token, self.max_model_len)
-        if reason is not None:
-            self.finish(req, reason)
-        return req
-
-    def fallback_to_local_prefill(self, request_id: str) -> Request | None:
-        """Decode role: the KV did not come in time; compute the prompt here instead.
-
-        Only the locally cached prefix is trusted; whatever part of the transfer arrived is recomputed.
-        """
-        req = self.reserved.pop(request_id, None)
-        if req is None:
-            return None
-        req.num_computed_tokens = req.num_cached_tokens
-        req.transition(_S.PREFILLING)
-        self._join_running(req)
-        return req

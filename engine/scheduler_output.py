@@ -50,9 +50,13 @@ class SchedulerOutput:
 
 @dataclass(slots=True)
 class RunnerOutput:
-    """One sampled token per request that reached the end of its known tokens this step."""
+    """One sampled token per request that reached the end of its known tokens this step (and the
+    logprobs asked for)."""
 
     slots: list[int]
     sampled_token_ids: list[int]
     # Per row, for requests that asked for logprobs (None for the others); None if none asked.
     logprobs: list[TokenLogprob | None] | None = None
+    # slot -> (index of the first prompt token covered, its logprobs and the next ones'), for the
+    # prompt chunks of requests that asked for prompt logprobs.
+    prompt_logprobs: dict[int, tuple[int, list[TokenLogprob]]] | None = None

@@ -126,6 +126,8 @@ class StreamEvent:
     usage: Usage | None = None
     error: RouterError | None = None  # set when the request failed after streaming started
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token of ``token_ids``, when asked for
+    # On the event with the first token, when asked for: one per prompt token (the first's is None).
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,7 @@ class GenerationResult:
     lane: str
     prompt_text: str | None = None  # for ``echo``
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token of ``token_ids``, when asked for
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # one per prompt token, when asked for
 
     def to_dict(self) -> dict:
         """JSON-ready (what Redis keeps for idempotent replays and batch jobs)."""
@@ -146,12 +149,16 @@ class GenerationResult:
     @classmethod
     def from_dict(cls, d: dict) -> GenerationResult:
         u = d.get("usage") or {}
-        lps = d.get("logprobs")
         return cls(d["request_id"], d["text"], tuple(d["token_ids"]), d.get("finish_reason"),
                    Usage(u.get("prompt_tokens", 0), u.get("completion_tokens", 0), u.get("cached_tokens", 0)),
-                   d.get("lane", ""), d.get("prompt_text"),
-                   None if lps is None else tuple(
-                       TokenLogprob(lp["token_id"], lp["logprob"], tuple((t, v) for t, v in lp["top"])) for lp in lps))
+                   d.get("lane", ""), d.get("prompt_text"), _logprobs(d.get("logprobs")),
+                   _logprobs(d.get("prompt_logprobs")))
+
+
+def _logprobs(stored: list[dict] | None) -> tuple[TokenLogprob, ...] | None:
+    if stored is None:
+        return None
+    return tuple(TokenLogprob(lp["token_id"], lp["logprob"], tuple((t, v) for t, v in lp["top"])) for lp in stored)
 
 
 class GenerationStream(Protocol):

@@ -172,9 +172,10 @@ class ClusterState:
             await self.idempotency_release(tenant, key)  # a retry may run it again
             return
         logprobs = None if final.logprobs is None else tuple(final.logprobs)
+        prompt_logprobs = None if final.prompt_logprobs is None else tuple(final.prompt_logprobs)
         result = GenerationResult(ctx.request_id, final.text, tuple(final.token_ids), final.finish_reason,
                                   Usage(ctx.prompt_tokens, len(final.token_ids), final.num_cached_tokens),
-                                  ctx.lane, ctx.prompt_text, logprobs).to_dict()
+                                  ctx.lane, ctx.prompt_text, logprobs, prompt_logprobs).to_dict()
         entry = self._local_idem.get((tenant, key))
         if entry is not None:
             entry.update(state="done", result=result)

@@ -47,7 +47,7 @@ class JobWaitStream:
     async def __aiter__(self) -> AsyncIterator[StreamEvent]:
         r = await self.result()
         yield StreamEvent(r.request_id, r.text, r.token_ids, finished=True, finish_reason=r.finish_reason,
-                          usage=r.usage, logprobs=r.logprobs)
+                          usage=r.usage, logprobs=r.logprobs, prompt_logprobs=r.prompt_logprobs)
 
     async def result(self) -> GenerationResult:
         return await self._batch.wait(self.request_id, self.tenant)

@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from engine.errors import InvalidParameterError
+from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 from router.api import ChatMessage, ErrorKind, GenerateRequest, RouterAPI, RouterError, StreamEvent, invalid
 from router.grpc_gen.baton.v1 import generate_pb2 as pb
@@ -103,7 +104,7 @@ def sampling_from_proto(msg: pb.SamplingParameters | None) -> SamplingParams:
         "ignore_eos": msg.ignore_eos, "include_stop_str_in_output": msg.include_stop_str_in_output,
     }
     for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "min_tokens", "skip_special_tokens",
-                 "logprobs"):
+                 "logprobs", "prompt_logprobs"):
         if msg.HasField(name):
             kwargs[name] = getattr(msg, name)
     try:
@@ -154,18 +155,26 @@ def request_from_proto(msg: pb.GenerateRequest, tenant: str, time_remaining: flo
     )
 
 
+def _token_logprobs(logprobs: Sequence[TokenLogprob],
+                    token_bytes: Callable[[Sequence[int]], list[bytes]]) -> list[pb.TokenLogprob]:
+    if not logprobs:
+        return []
+    ids = [lp.token_id for lp in logprobs] + [t for lp in logprobs for t, _ in lp.top]
+    raw = dict(zip(ids, token_bytes(ids)))
+    return [pb.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, token=raw[lp.token_id],
+                            top_logprobs=[pb.TopLogprob(token_id=t, logprob=v, token=raw[t]) for t, v in lp.top])
+            for lp in logprobs]
+
+
 def response_from_event(ev: StreamEvent, lane: str,
                         token_bytes: Callable[[Sequence[int]], list[bytes]] | None = None) -> pb.GenerateResponse:
     """``token_bytes`` names the tokens of the event's logprobs (RouterAPI.token_bytes)."""
     out = pb.GenerateResponse(request_id=ev.request_id, text=ev.text, token_ids=ev.token_ids,
                               finished=ev.finished, finish_reason=ev.finish_reason or "", lane=lane)
-    if ev.logprobs and token_bytes is not None:
-        ids = [lp.token_id for lp in ev.logprobs] + [t for lp in ev.logprobs for t, _ in lp.top]
-        raw = dict(zip(ids, token_bytes(ids)))
-        out.logprobs.extend(
-            pb.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, token=raw[lp.token_id],
-                            top_logprobs=[pb.TopLogprob(token_id=t, logprob=v, token=raw[t]) for t, v in lp.top])
-            for lp in ev.logprobs)
+    if token_bytes is not None:
+        out.logprobs.extend(_token_logprobs(ev.logprobs or (), token_bytes))
+        out.prompt_logprobs.extend(_token_logprobs([lp for lp in ev.prompt_logprobs or () if lp.logprob is not None],
+                                                   token_bytes))
     if ev.usage is not None:
         out.usage.CopyFrom(pb.Usage(prompt_tokens=ev.usage.prompt_tokens,
                                     completion_tokens=ev.usage.completion_tokens,

@@ -54,6 +54,8 @@ def prefill_on_decode(pool: WorkerPool, spec: RequestSpec, d: WorkerHandle, hint
                       threshold_tokens: int, cached_fraction: float = 0.5, short_to_idle_prefill: bool = False) -> bool:
     if spec.resume_token_ids or not pool.live("prefill"):
         return True
+    if spec.sampling_params.prompt_logprobs is not None:
+        return True  # its prompt's logprobs come out of the prefill, and only decode workers report
     if _stays_local(pool, spec.num_prompt_tokens, threshold_tokens, short_to_idle_prefill):
         return True
     return hint.overlap_tokens.get(d.worker_id, 0) >= cached_fraction * spec.num_prompt_tokens

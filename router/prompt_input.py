@@ -49,5 +49,5 @@ def request_fingerprint(req: GenerateRequest, ids: list[int]) -> str:
     """What makes two requests "the same" for an Idempotency-Key: the prompt and the parameters."""
     sp = req.sampling
     body = json.dumps([ids, sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.seed, list(sp.stop),
-                       list(sp.stop_token_ids), sp.ignore_eos, req.lane, sp.logprobs], sort_keys=True)
+                       list(sp.stop_token_ids), sp.ignore_eos, req.lane, sp.logprobs, sp.prompt_logprobs], sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()

@@ -77,6 +77,7 @@ class RouterStream:
             finish_reason=out.finish_reason if out.finished else None,
             stop_reason=out.stop_reason if out.finished else None,
             usage=self._usage() if out.finished else None, logprobs=_tuple(out.logprobs),
+            prompt_logprobs=_tuple(out.prompt_logprobs),
         )
 
     def _usage(self) -> Usage:
@@ -87,6 +88,7 @@ class RouterStream:
         text: list[str] = []
         ids: list[int] = []
         logprobs: list | None = None
+        prompt_logprobs = None
         reason = None
         usage = None
         async for ev in self:
@@ -98,10 +100,13 @@ class RouterStream:
                 if logprobs is None:
                     logprobs = []
                 logprobs.extend(ev.logprobs)
+            if ev.prompt_logprobs is not None:
+                prompt_logprobs = ev.prompt_logprobs
             if ev.finished:
                 reason, usage = ev.finish_reason, ev.usage
         return GenerationResult(self.ctx.request_id, "".join(text), tuple(ids), reason, usage or self._usage(),
-                                self.ctx.lane, prompt_text=self.ctx.prompt_text, logprobs=_tuple(logprobs))
+                                self.ctx.lane, prompt_text=self.ctx.prompt_text, logprobs=_tuple(logprobs),
+                                prompt_logprobs=prompt_logprobs)
 
     async def abort(self) -> None:
         if not self.ctx.durable:  # a journaled job outlives its client
@@ -119,7 +124,7 @@ class ReplayStream:
     async def __aiter__(self) -> AsyncIterator[StreamEvent]:
         r = self._result
         yield StreamEvent(r.request_id, r.text, r.token_ids, finished=True, finish_reason=r.finish_reason,
-                          usage=r.usage, logprobs=r.logprobs)
+                          usage=r.usage, logprobs=r.logprobs, prompt_logprobs=r.prompt_logprobs)
 
     async def result(self) -> GenerationResult:
         return self._result

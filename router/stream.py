@@ -35,6 +35,7 @@ class RequestStream:
         self.token_times: list[float] = []  # arrival time of each delivered token (ITL measurement)
         self.ttft_breakdown: dict[str, float] | None = None  # stages measured on the workers
         self.logprobs: list[TokenLogprob] | None = None  # one per delivered token, when asked for
+        self.prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token, when asked for
         self._queue: queue.SimpleQueue[RequestOutput | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._async: tuple[asyncio.AbstractEventLoop, asyncio.Queue] | None = None
@@ -50,6 +51,8 @@ class RequestStream:
             if out.ttft_breakdown is not None and self.ttft_breakdown is None:
                 self.ttft_breakdown = out.ttft_breakdown
             self.token_ids.extend(out.new_token_ids)
+            if out.prompt_logprobs is not None and self.prompt_logprobs is None:
+                self.prompt_logprobs = out.prompt_logprobs
             if out.logprobs is not None:
                 if self.logprobs is None:
                     self.logprobs = []
@@ -128,4 +131,5 @@ class RequestStream:
         return RequestOutput(self.request_id, [], "", finished=self.finished, finish_reason=self.finish_reason,
                              stop_reason=self.stop_reason, num_prompt_tokens=self.num_prompt_tokens,
                              num_cached_tokens=self.num_cached_tokens, token_ids=list(self.token_ids), text=self.text,
-                             logprobs=None if self.logprobs is None else list(self.logprobs))
+                             logprobs=None if self.logprobs is None else list(self.logprobs),
+                             prompt_logprobs=self.prompt_logprobs)

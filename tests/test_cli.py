@@ -31,6 +31,10 @@ def test_generate_json_on_tiny(tiny_model_dir):
     out = json.loads(r.stdout)
     assert [lp["token_id"] for lp in out["logprobs"]] == out["token_ids"]
     assert all(len(lp["top"]) == 2 and lp["top"][0] == [lp["token_id"], lp["logprob"]] for lp in out["logprobs"])
+    r = baton("generate", "--model", str(tiny_model_dir), "--prompt", "hello", "--max-tokens", "1",
+              "--prompt-logprobs", "0", "--json")
+    out = json.loads(r.stdout)
+    assert len(out["prompt_logprobs"]) == out["num_prompt_tokens"] and out["prompt_logprobs"][0]["logprob"] is None
 
 
 @pytest.mark.slow

@@ -33,12 +33,14 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="report each token's logprob and its N most likely alternatives (0-20; with --json)")
+    g.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
+                   help="the same for the prompt's tokens (0-20; with --json)")
 
 
 def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
-                          logprobs=args.logprobs)
+                          logprobs=args.logprobs, prompt_logprobs=args.prompt_logprobs)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,9 +61,11 @@ def run(args: argparse.Namespace) -> int:
                 "finish_reason": out.finish_reason,
                 "num_prompt_tokens": out.num_prompt_tokens,
             }
-            if out.logprobs is not None:
-                record["logprobs"] = [{"token_id": lp.token_id, "logprob": lp.logprob,
-                                       "top": [[t, v] for t, v in lp.top]} for lp in out.logprobs]
+            for key in ("logprobs", "prompt_logprobs"):
+                values = getattr(out, key)
+                if values is not None:
+                    record[key] = [{"token_id": lp.token_id, "logprob": lp.logprob, "top": [[t, v] for t, v in lp.top]}
+                                   for lp in values]
             print(json.dumps(record), flush=True)
         else:
             print(f"=== {text}\n{out.text}\n", flush=True)

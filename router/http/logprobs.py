@@ -2,7 +2,8 @@
 
 - ``/v1/completions`` (legacy): ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``,
   where each ``top_logprobs`` entry maps token text to logprob for the requested alternatives *and*
-  the sampled token (so up to ``logprobs + 1`` entries, as OpenAI documents).
+  the sampled token (so up to ``logprobs + 1`` entries, as OpenAI documents). With ``echo`` the
+  prompt's tokens come first, the very first with ``null`` (nothing precedes it).
 - ``/v1/chat/completions``: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}],
   "refusal": null}``.
 
@@ -54,18 +55,22 @@ class LogprobsFormatter:
             return {"token": token_name(raw[token_id]), "logprob": _lp(value), "bytes": list(raw[token_id])}
 
         content = [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
-                   for lp in logprobs]
+                   for lp in logprobs if lp.logprob is not None]
         return {"content": content, "refusal": None}
 
     def _completion(self, logprobs: Sequence[TokenLogprob], raw: dict[int, bytes]) -> dict:
         tokens, values, tops, offsets = [], [], [], []
         for lp in logprobs:
             name = token_name(raw[lp.token_id])
-            top = {token_name(raw[t]): _lp(v) for t, v in lp.top}
-            top.setdefault(name, _lp(lp.logprob))
             tokens.append(name)
-            values.append(_lp(lp.logprob))
-            tops.append(top)
+            if lp.logprob is None:  # a prompt's first token: nothing precedes it (OpenAI: null)
+                values.append(None)
+                tops.append(None)
+            else:
+                top = {token_name(raw[t]): _lp(v) for t, v in lp.top}
+                top.setdefault(name, _lp(lp.logprob))
+                values.append(_lp(lp.logprob))
+                tops.append(top)
             offsets.append(self._offset)
             self._offset += len(self._utf8.decode(raw[lp.token_id]))
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}

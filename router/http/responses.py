@@ -48,7 +48,7 @@ def _finish(reason: str | None) -> str:
 def _logprobs(result: GenerationResult, formatter: Callable[[], LogprobsFormatter] | None) -> dict | None:
     if formatter is None or result.logprobs is None:
         return None
-    return formatter().format(result.logprobs)
+    return formatter().format((*(result.prompt_logprobs or ()), *result.logprobs))
 
 
 def total_usage(usages: Sequence[Usage]) -> Usage:
@@ -137,11 +137,11 @@ class ChunkBuilder:
         to say). Logprobs go with the chunk of the event that carried their tokens, even if its text
         is held back (a possible stop string)."""
         logprobs = None
-        if self.logprobs is not None and ev.logprobs:
+        if self.logprobs is not None and (ev.logprobs or ev.prompt_logprobs):
             formatter = self._formatters.get(index)
             if formatter is None:
                 formatter = self._formatters[index] = self.logprobs()
-            logprobs = formatter.format(ev.logprobs)
+            logprobs = formatter.format((*(ev.prompt_logprobs or ()), *(ev.logprobs or ())))
         if not ev.text and not ev.finished and logprobs is None:
             return None
         return self._chunk(self._choice(index, ev.text, _finish(ev.finish_reason) if ev.finished else None,

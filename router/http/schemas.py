@@ -3,7 +3,7 @@ errors onto OpenAI error objects.
 
 Models validate in *strict* mode: OpenAI rejects ``"max_tokens": "10"`` and so do we, instead of
 silently coercing. Unknown fields are ignored (clients send many we have no use for), but fields
-that would change the output in ways Baton cannot honour (``best_of``, the prompt's logprobs,
+that would change the output in ways Baton cannot honour (``best_of``, ``suffix``,
 penalties, ``logit_bias``, tools, JSON mode) are rejected with a 400 rather than ignored, so that a client never
 gets an answer to a different question than the one it asked. Range checks of sampling values are
 left to ``SamplingParams`` so there is a single source of truth for them.
@@ -12,6 +12,7 @@ left to ``SamplingParams`` so there is a single source of truth for them.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
@@ -176,11 +177,10 @@ class CompletionRequest(_SamplingFields):
         return self.max_tokens is not None
 
     def sampling_params(self, *, default_temperature: float) -> SamplingParams:
-        if self.logprobs is not None and self.echo:
-            raise InvalidParameterError("logprobs", "'logprobs' with 'echo' (the prompt's logprobs) is not supported "
-                                                    "by this server.")
+        """With ``echo``, ``logprobs`` covers the prompt's tokens too (how harnesses score a text)."""
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
-        return self._sampling(max_tokens, default_temperature, self.logprobs)
+        sp = self._sampling(max_tokens, default_temperature, self.logprobs)
+        return replace(sp, prompt_logprobs=self.logprobs) if self.echo and self.logprobs is not None else sp
 
 
 class InputMessage(_Strict):

@@ -74,6 +74,24 @@ def test_logprobs_cross_the_transfer(c11, tiny_model_dir):
     c11.wait_until_drained()
 
 
+def test_prompt_logprobs_prefill_on_the_decode_worker(c11, tiny_model_dir):
+    """Only decode workers report outputs, so a long prompt whose logprobs are wanted prefills there."""
+    import torch
+
+    from engine.sampling_params import SamplingParams
+
+    p = prompts(13, 1, VOCAB, lo=60, hi=60)[0]
+    disagg, local = c11.dispatcher.num_disaggregated, c11.dispatcher.num_local_prefills
+    out = c11.generate([p], SamplingParams(max_tokens=2, ignore_eos=True, prompt_logprobs=1))[0]
+    assert c11.dispatcher.num_disaggregated == disagg and c11.dispatcher.num_local_prefills == local + 1
+    with torch.inference_mode():
+        ref = torch.log_softmax(load_hf(tiny_model_dir)(torch.tensor([p])).logits[0].float(), -1)
+    assert [lp.token_id for lp in out.prompt_logprobs] == p and out.prompt_logprobs[0].logprob is None
+    for j in range(1, len(p)):
+        assert out.prompt_logprobs[j].logprob == pytest.approx(ref[j - 1, p[j]].item(), abs=1e-4)
+    c11.wait_until_drained()
+
+
 def test_shared_prefix_ships_fewer_blocks(c11, tiny_model_dir):
     prefix = prompts(1, 1, VOCAB, lo=64, hi=64)[0]  # exactly 4 blocks of 16
     a, b = prompts(2, 2, VOCAB, lo=40, hi=40, prefix=prefix)  # 104 tokens = 7 blocks each

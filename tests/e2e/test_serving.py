@@ -114,6 +114,13 @@ def test_logprobs_through_the_stack(srv):
     b = httpx.post(f"{srv.http}/v1/completions", headers=h, json=body).json()
     assert a["choices"][0]["logprobs"]["token_logprobs"]
     assert a["choices"][0]["logprobs"] == b["choices"][0]["logprobs"]
+    # An evaluation harness's loglikelihood request: the prompt scored, with its continuation.
+    score = httpx.post(f"{srv.http}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                       json={"model": "tiny", "prompt": list(range(60, 100)), "max_tokens": 1, "temperature": 0,
+                             "logprobs": 1, "echo": True}).json()
+    lp = score["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == 41 and lp["token_logprobs"][0] is None
+    assert all(v <= 0 for v in lp["token_logprobs"][1:]) and lp["top_logprobs"][0] is None
     drained(srv)
 
 

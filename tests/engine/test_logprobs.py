@@ -88,3 +88,45 @@ def test_compute_logprobs_counts_per_row():
     assert out[0] == TokenLogprob(0, pytest.approx(ref[0, 0].item()),
                                   ((2, pytest.approx(ref[0, 2].item())), (1, pytest.approx(ref[0, 1].item()))))
     assert out[1].top == () and out[1].logprob == pytest.approx(ref[1, 0].item())
+
+
+def _check_prompt(hf, prompts, outs, k):
+    for prompt, out in zip(prompts, outs):
+        lps = out.prompt_logprobs
+        assert [lp.token_id for lp in lps] == prompt
+        assert lps[0].logprob is None and lps[0].top == ()
+        with torch.inference_mode():
+            ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+        for j in range(1, len(prompt)):  # position j - 1 predicts token j
+            assert lps[j].logprob == pytest.approx(ref[j - 1, prompt[j]].item(), abs=1e-4)
+            assert [t for t, _ in lps[j].top] == ref[j - 1].topk(k).indices.tolist()
+
+
+@pytest.mark.parametrize("setup", ["batched", "chunked_and_preempted"])
+def test_prompt_logprobs_equal_hf_even_with_the_prefix_cached(tiny, setup):
+    d, hf = tiny
+    kw = {}
+    if setup == "chunked_and_preempted":
+        kw = {"scheduler": SchedulerConfig(max_num_batched_tokens=8, admission_watermark=0.0),
+              "cache": CacheConfig(block_size=4, num_blocks=24)}
+    eng = LLMEngine(EngineConfig(model=str(d), dtype="float32", **kw))
+    # The prompts' blocks are cached first: prompt logprobs must still cover every position.
+    eng.generate(PROMPTS, SamplingParams(max_tokens=1, ignore_eos=True, detokenize=False))
+    params = SamplingParams(max_tokens=16, ignore_eos=True, detokenize=False, prompt_logprobs=2, logprobs=1)
+    outs = eng.generate(PROMPTS, params)
+    if setup == "chunked_and_preempted":
+        assert eng.scheduler.num_preemptions > 0
+    assert all(o.num_cached_tokens == 0 for o in outs)
+    _check_prompt(hf, PROMPTS, outs, 2)
+    _check(hf, PROMPTS, outs, 1)
+    assert eng.num_free_blocks == eng.num_total_blocks
+    # and the blocks it computed serve the next request's prefix as usual
+    again = eng.generate([PROMPTS[2]], SamplingParams(max_tokens=1, ignore_eos=True, detokenize=False))
+    assert again[0].num_cached_tokens > 0 and again[0].prompt_logprobs is None
+
+
+def test_prompt_logprobs_of_a_one_token_prompt(tiny):
+    d, _ = tiny
+    eng = LLMEngine(EngineConfig(model=str(d), dtype="float32"))
+    out = eng.generate([[42]], SamplingParams(max_tokens=2, ignore_eos=True, detokenize=False, prompt_logprobs=0))[0]
+    assert [(lp.token_id, lp.logprob) for lp in out.prompt_logprobs] == [(42, None)]

@@ -25,6 +25,8 @@ from engine.sampling_params import SamplingParams
         ({"logprobs": 21}, "logprobs"),
         ({"logprobs": True}, "logprobs"),
         ({"logprobs": 2.0}, "logprobs"),
+        ({"prompt_logprobs": 21}, "prompt_logprobs"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs"),
     ],
 )
 def test_bad_parameters_name_the_parameter(kwargs, param):

@@ -58,7 +58,7 @@ class FakeStream:
                 self.request_id, word, (100 + i,), finished=finished,
                 finish_reason=("stop" if stop_hit else "length") if finished else None,
                 usage=Usage(self.prompt_tokens, i + 1) if finished else None,
-                logprobs=self._logprobs(i),
+                logprobs=self._logprobs(i), prompt_logprobs=self._prompt_logprobs() if i == 0 else None,
             )
             if finished:
                 self.router.completed.append(self.request_id)
@@ -74,8 +74,16 @@ class FakeStream:
         top = ((300 + i, value + 0.1), (100 + i, value)) + tuple((200 + i + 10 * k, value - 1 - k) for k in range(18))
         return (TokenLogprob(100 + i, value, top[:n]),)
 
+    def _prompt_logprobs(self) -> tuple[TokenLogprob, ...] | None:
+        """Prompt token j is 500 + j (b"p<j>"), with logprob -j / 8; the first has none."""
+        n = self.request.sampling.prompt_logprobs
+        if n is None:
+            return None
+        return (TokenLogprob(500, None),) + tuple(
+            TokenLogprob(500 + j, -j / 8, ((500 + j, -j / 8),)[:n]) for j in range(1, self.prompt_tokens))
+
     async def result(self) -> GenerationResult:
-        text, ids, reason, usage, logprobs = "", [], None, None, None
+        text, ids, reason, usage, logprobs, prompt_logprobs = "", [], None, None, None, None
         async for ev in self:
             if ev.error is not None:
                 raise ev.error
@@ -83,10 +91,11 @@ class FakeStream:
             ids += ev.token_ids
             if ev.logprobs is not None:
                 logprobs = (logprobs or ()) + ev.logprobs
+            prompt_logprobs = ev.prompt_logprobs or prompt_logprobs
             reason, usage = ev.finish_reason, ev.usage or usage
         return GenerationResult(self.request_id, text, tuple(ids), reason, usage or Usage(self.prompt_tokens, len(ids)),
                                 self.lane, prompt_text=self.request.prompt if self.request.echo_prompt else None,
-                                logprobs=logprobs)
+                                logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
     async def abort(self) -> None:
         if not self.aborted:
@@ -159,12 +168,14 @@ class FakeRouter:
 
     def token_bytes(self, token_ids) -> list[bytes]:
         """100 + i: the i-th word of the script; 300 + i: the first byte of "é" (half a character);
-        any other id: b"alt<id>"."""
+        500 + j: prompt token j (b"p<j>"); any other id: b"alt<id>"."""
         def one(t: int) -> bytes:
             if 100 <= t < 200:
                 return WORDS[(t - 100) % len(WORDS)].encode()
             if 300 <= t < 400:
                 return "é".encode()[:1]
+            if 500 <= t < 600:
+                return f"p{t - 500}".encode()
             return f"alt{t}".encode()
 
         return [one(t) for t in token_ids]

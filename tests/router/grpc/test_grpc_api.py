@@ -160,6 +160,15 @@ def test_logprobs(stub, fake):
     assert all(len(m.logprobs) == len(m.token_ids) for m in msgs)
     plain = list(stub.Generate(text_req(max_tokens=2)))  # not asked: none
     assert fake.requests[-1].sampling.logprobs is None and not any(m.logprobs for m in plain)
+    assert not any(m.prompt_logprobs for m in plain)
+
+
+def test_prompt_logprobs(stub, fake):
+    msgs = list(stub.Generate(pb.GenerateRequest(text="a b c", sampling=SP(max_tokens=2, prompt_logprobs=1))))
+    assert fake.requests[-1].sampling.prompt_logprobs == 1
+    assert [(lp.token_id, lp.token, lp.logprob) for lp in msgs[0].prompt_logprobs] == [
+        (501, b"p1", -0.125), (502, b"p2", -0.25)]  # from the second prompt token on
+    assert all(not m.prompt_logprobs for m in msgs[1:])
 
 
 def test_in_band_error_aborts_after_sent_messages(stub, fake):
@@ -272,6 +281,8 @@ BAD_INPUTS = {
     "empty stop string": (pb.GenerateRequest(text="x", sampling=SP(stop=[""])), "sampling.stop"),
     "logprobs > 20": (pb.GenerateRequest(text="x", sampling=SP(logprobs=21)), "sampling.logprobs"),
     "negative logprobs": (pb.GenerateRequest(text="x", sampling=SP(logprobs=-1)), "sampling.logprobs"),
+    "prompt_logprobs > 20": (pb.GenerateRequest(text="x", sampling=SP(prompt_logprobs=21)),
+                             "sampling.prompt_logprobs"),
     "empty lane": (text_req(lane=""), "lane"),
     "empty request id": (text_req(request_id=""), "request_id"),
     "long request id": (text_req(request_id="r" * 300), "request_id"),

@@ -166,7 +166,7 @@ BAD_INPUTS = [
     (COMPL, {"prompt": ["a", "b"]}, "prompt", "not supported"),
     (COMPL, {"prompt": "hi", "logprobs": 21}, "logprobs", "[0, 20]"),
     (COMPL, {"prompt": "hi", "logprobs": -1}, "logprobs", "[0, 20]"),
-    (COMPL, {"prompt": "hi", "logprobs": 2, "echo": True}, "logprobs", "not supported"),
+    (COMPL, {"prompt": "hi", "logprobs": 2, "echo": True, "n": 0}, "n", "[1, 16]"),
     (COMPL, {"prompt": "hi", "stop": 5}, "stop", "stop"),
     (COMPL, {"prompt": "hi", "frequency_penalty": 1.0}, "frequency_penalty", "not supported"),
     (COMPL, {"prompt": "hi", "seed": "x"}, "seed", "expected an integer"),

@@ -75,3 +75,29 @@ def test_streamed_logprobs_with_the_openai_client(client):
     stream = client.completions.create(model=MODEL, prompt="hi", max_tokens=2, logprobs=1, stream=True)
     got = [(c.choices[0].text, c.choices[0].logprobs.token_logprobs) for c in stream if c.choices]
     assert got == [("alpha", [-0.25]), (" beta", [-0.5])]
+
+
+def test_echo_with_logprobs_scores_the_prompt_too(url, fake):
+    """How evaluation harnesses score a text: the prompt's tokens first, the first one null."""
+    r = httpx.post(url + COMPL, json={"prompt": "one two three", "max_tokens": 1, "echo": True, "logprobs": 1})
+    assert r.status_code == 200, r.text
+    assert fake.requests[-1].sampling.prompt_logprobs == 1 and fake.requests[-1].sampling.logprobs == 1
+    choice = r.json()["choices"][0]
+    assert choice["text"] == "one two threealpha"
+    lp = choice["logprobs"]
+    assert lp["tokens"] == ["p0", "p1", "p2", "alpha"]
+    assert lp["token_logprobs"] == [None, -0.125, -0.25, -0.25]
+    assert lp["top_logprobs"][0] is None and lp["top_logprobs"][1] == {"p1": -0.125}
+    assert lp["text_offset"] == [0, 2, 4, 6]
+    plain = httpx.post(url + COMPL, json={"prompt": "one two", "max_tokens": 1, "logprobs": 1})
+    assert plain.json()["choices"][0]["logprobs"]["tokens"] == ["alpha"]  # without echo: none of the prompt
+    assert fake.requests[-1].sampling.prompt_logprobs is None
+
+
+def test_streamed_echo_with_logprobs(url):
+    body = {"prompt": "one two", "max_tokens": 2, "echo": True, "logprobs": 0, "stream": True}
+    with httpx.stream("POST", url + COMPL, json=body) as r:
+        chunks = [json.loads(p) for p in sse_payloads(r.read())[:-1]]
+    assert chunks[0]["choices"][0]["text"] == "one two" and chunks[0]["choices"][0]["logprobs"] is None
+    tokens = [t for c in chunks[1:] if c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["tokens"]]
+    assert tokens == ["p0", "p1", "alpha", " beta"]

@@ -1,0 +1,88 @@
+"""The scheduler's prefill and decode roles in a disaggregated cluster (pure Python, no torch).
+
+Prefill role: a request stops after its first token and holds its blocks (TRANSFERRING) until the
+decode side has the KV. Decode role: blocks are reserved for a prompt a prefill worker computes
+(RESERVED); when its KV and first token arrive the request joins the decode batch (DECODING), or,
+if they do not come, it prefills here after all (PREFILLING). ``Scheduler`` mixes these in.
+"""
+
+from __future__ import annotations
+
+import time
+
+from engine.logprobs import TokenLogprob
+from engine.request import FinishReason, Request, RequestState
+
+_S = RequestState
+
+
+class DisaggregationMixin:
+    def _hand_off(self, req: Request) -> None:
+        """Prefill role: the first token is sampled; keep the blocks until the decode side has the KV."""
+        req.transition(_S.TRANSFERRING)
+        self._leave_running(req)
+        self.transferring[req.request_id] = req
+
+    def release_transferred(self, request_id: str) -> Request | None:
+        """Prefill role: the decode side acknowledged (or gave up on) the KV; free the blocks.
+        They stay in the prefix cache for later hits."""
+        req = self.transferring.get(request_id)
+        if req is not None:
+            self._finish(req, FinishReason.LENGTH, _S.FINISHED)
+        return req
+
+    def reserve(self, req: Request) -> bool:
+        """Decode role: allocate blocks for ``req``'s known tokens, to be filled by a prefill worker.
+
+        Blocks this worker already caches are reused, so only the rest needs to be shipped
+        (``req.num_cached_tokens`` says how many tokens). False if the pool cannot hold it now.
+        """
+        if req.request_id in self.requests:
+            raise ValueError(f"duplicate request id {req.request_id!r}")
+        if len(self.running) + len(self.reserved) >= self.config.max_num_seqs:
+            return False  # it could not join the batch when its KV arrives
+        bm = self.block_manager
+        cached = bm.find_cached_prefix(req, max_tokens=req.num_tokens)
+        need = bm._num_new_blocks(req, req.num_tokens - len(cached) * bm.block_size, len(cached))
+        if need > bm.num_free_blocks - self._watermark_blocks and self.running:
+            return False
+        if not bm.allocate(req, req.num_tokens - len(cached) * bm.block_size, cached):
+            return False
+        req.num_cached_tokens = len(cached) * bm.block_size
+        req.first_scheduled_time = time.monotonic()
+        self._register(req)
+        req.transition(_S.RESERVED)
+        self.reserved[req.request_id] = req
+        return True
+
+    def kv_arrived(self, request_id: str, first_token: int, first_logprob: TokenLogprob | None = None) -> Request | None:
+        """Decode role: the prompt's KV and the first token (with its logprob, if asked for) are
+        here; join the decode batch."""
+        req = self.reserved.pop(request_id, None)
+        if req is None:
+            return None
+        req.num_computed_tokens = req.num_tokens
+        self.block_manager.register_full_blocks(req, req.num_tokens)
+        req.transition(_S.DECODING)
+        req.first_token_time = time.monotonic()
+        req.all_token_ids.append(first_token)
+        if first_logprob is not None:
+            req.pending_logprobs.append(first_logprob)
+        self._join_running(req)
+        reason = self._check_stop(req, first_token, self.max_model_len)
+        if reason is not None:
+            self.finish(req, reason)
+        return req
+
+    def fallback_to_local_prefill(self, request_id: str) -> Request | None:
+        """Decode role: the KV did not come in time; compute the prompt here instead.
+
+        Only the locally cached prefix is trusted; whatever part of the transfer arrived is recomputed.
+        """
+        req = self.reserved.pop(request_id, None)
+        if req is None:
+            return None
+        req.num_computed_tokens = req.num_cached_tokens
+        req.transition(_S.PREFILLING)
+        self._join_running(req)
+        return req
