@@ -103,6 +103,9 @@ class LLMEngine:
         bad = next((t for t in token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidParameterError("prompt", f"token id {bad!r} is outside the vocabulary [0, {vocab})")
+        bad = next((t for t, _ in params.logit_bias if t >= vocab), None)
+        if bad is not None:
+            raise InvalidParameterError("logit_bias", f"token id {bad} is outside the vocabulary [0, {vocab})")
         total = len(token_ids) - num_generated + params.max_tokens
         if total > self.max_model_len:
             raise ContextLengthError(

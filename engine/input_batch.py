@@ -51,6 +51,7 @@ class InputBatch:
         self.num_prompt_tokens = np.zeros(max_num_seqs, dtype=np.int64)
         self.params: list[SamplingParams | None] = [None] * max_num_seqs
         self.scoring_rows: set[int] = set()  # rows whose request wants prompt logprobs
+        self.processing_rows: set[int] = set()  # rows whose request has penalties or a logit bias
 
     # -- deltas -----------------------------------------------------------------------------
     def apply(self, so: SchedulerOutput) -> None:
@@ -64,10 +65,12 @@ class InputBatch:
             self.block_table[row, :nb] = new.block_ids
             self.num_blocks[row] = nb
             self.params[row] = new.sampling_params
-            if new.sampling_params.prompt_logprobs is not None:
-                self.scoring_rows.add(row)
-            else:
-                self.scoring_rows.discard(row)
+            for wanted, rows in ((new.sampling_params.prompt_logprobs is not None, self.scoring_rows),
+                                 (new.sampling_params.processes_logits, self.processing_rows)):
+                if wanted:
+                    rows.add(row)
+                else:
+                    rows.discard(row)
             self.num_prompt_tokens[row] = new.num_prompt_tokens
         for row, blocks in so.new_block_ids.items():
             start = self.num_blocks[row]

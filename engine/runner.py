@@ -9,6 +9,7 @@ import torch
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.input_batch import InputBatch, StepInputs
+from engine.logits_processing import process_logits
 from engine.logprobs import compute_logprobs
 from engine.model.llama import LlamaModel
 from engine.sampler import Sampler
@@ -86,9 +87,15 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden)
         batch = self.batch
         rows = inputs.sample_rows
-        params = [batch.params[r] for r in rows.tolist()]
+        row_list = rows.tolist()
+        params = [batch.params[r] for r in row_list]
         out_pos = (batch.num_tokens[rows] - batch.num_prompt_tokens[rows]).tolist()
-        sampled_t = self.sampler.sample(logits, params, out_pos)
+        to_sample = logits
+        if batch.processing_rows and not batch.processing_rows.isdisjoint(row_list):
+            histories = [batch.token_ids[r, : batch.num_tokens[r]] if r in batch.processing_rows else None
+                         for r in row_list]
+            to_sample = process_logits(logits, params, histories, batch.num_prompt_tokens[rows].tolist())
+        sampled_t = self.sampler.sample(to_sample, params, out_pos)
         sampled = sampled_t.cpu().numpy()
         batch.append_sampled(rows, sampled)
         return RunnerOutput(inputs.sample_rows.tolist(), sampled.tolist(), _logprobs(logits, sampled_t, params))

@@ -8,6 +8,12 @@ from engine.errors import InvalidParameterError
 from engine.logprobs import MAX_TOP_LOGPROBS
 
 _MAX_STOP_STRINGS = 16
+_MAX_LOGIT_BIAS = 1024
+
+
+def _first(pair: tuple) -> int:
+    """Sort key of a logit_bias pair (a malformed one sorts first; validation rejects it)."""
+    return pair[0] if pair and isinstance(pair[0], int) else -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +25,10 @@ class SamplingParams:
     ``logprobs``: None reports none; n >= 0 reports each generated token's logprob and the n most
     likely tokens at its position (engine/logprobs.py). ``prompt_logprobs``: the same for every
     prompt token after the first (the prompt is then computed whole: no prefix-cache hits).
+    ``presence_penalty`` / ``frequency_penalty`` (OpenAI's, over the generated tokens),
+    ``repetition_penalty`` (vLLM's and transformers', over prompt and generated tokens; 1 is off)
+    and ``logit_bias`` ((token id, bias) pairs; a dict is accepted) reshape the logits before
+    sampling, greedy included (engine/logits_processing.py).
     """
 
     max_tokens: int = 16
@@ -35,6 +45,10 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         # Normalize list inputs (JSON gives lists) into tuples so params stay hashable/immutable.
@@ -44,6 +58,9 @@ class SamplingParams:
             object.__setattr__(self, "stop", tuple(self.stop or ()))
         if not isinstance(self.stop_token_ids, tuple):
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else (self.logit_bias or ())
+        pairs = tuple(tuple(b) if isinstance(b, (list, tuple)) else (b,) for b in bias)  # (b,): rejected below
+        object.__setattr__(self, "logit_bias", tuple(sorted(pairs, key=_first)))
         self._validate()
 
     def _validate(self) -> None:
@@ -70,6 +87,22 @@ class SamplingParams:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
                 raise InvalidParameterError("stop_token_ids", f"stop_token_ids must be non-negative integers, got {t!r}")
 
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _is_number(v) or not -2 <= v <= 2:
+                raise InvalidParameterError(name, f"{name} must be a number in [-2, 2], got {v!r}")
+        if not _is_number(self.repetition_penalty) or not 0 < self.repetition_penalty <= 10:
+            raise InvalidParameterError("repetition_penalty",
+                                        f"repetition_penalty must be in (0, 10] (1 is off), got {self.repetition_penalty!r}")
+        if len(self.logit_bias) > _MAX_LOGIT_BIAS:
+            raise InvalidParameterError("logit_bias", f"logit_bias may bias at most {_MAX_LOGIT_BIAS} tokens")
+        for entry in self.logit_bias:
+            if (len(entry) != 2 or isinstance(entry[0], bool) or not isinstance(entry[0], int) or entry[0] < 0
+                    or not _is_number(entry[1]) or not -100 <= entry[1] <= 100):
+                raise InvalidParameterError("logit_bias", "logit_bias maps token ids (integers >= 0) to biases in "
+                                                          f"[-100, 100], got {entry!r}")
+        if len({t for t, _ in self.logit_bias}) != len(self.logit_bias):
+            raise InvalidParameterError("logit_bias", "logit_bias names a token twice")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOP_LOGPROBS):
@@ -79,6 +112,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether penalties or a logit bias reshape the logits before sampling."""
+        return bool(self.logit_bias) or self.repetition_penalty != 1.0 or bool(self.presence_penalty) \
+            or bool(self.frequency_penalty)
 
 
 def _is_number(x: object) -> bool:

@@ -102,9 +102,10 @@ def sampling_from_proto(msg: pb.SamplingParameters | None) -> SamplingParams:
     kwargs: dict[str, Any] = {
         "stop": tuple(msg.stop), "stop_token_ids": tuple(msg.stop_token_ids),
         "ignore_eos": msg.ignore_eos, "include_stop_str_in_output": msg.include_stop_str_in_output,
+        "logit_bias": dict(msg.logit_bias),
     }
     for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "min_tokens", "skip_special_tokens",
-                 "logprobs", "prompt_logprobs"):
+                 "logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty"):
         if msg.HasField(name):
             kwargs[name] = getattr(msg, name)
     try:

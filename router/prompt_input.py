@@ -42,6 +42,9 @@ def tokenize_request(req: GenerateRequest, tokenizer: Tokenizer | None, vocab_si
         ids = tokenizer.encode(req.prompt)
     if not ids:
         raise invalid("the prompt is empty", param="prompt")
+    biased = next((t for t, _ in req.sampling.logit_bias if t >= vocab_size), None)
+    if biased is not None:
+        raise invalid(f"logit_bias token id {biased} is outside the vocabulary [0, {vocab_size})", param="logit_bias")
     return ids, (text if req.echo_prompt else None)
 
 
@@ -49,5 +52,6 @@ def request_fingerprint(req: GenerateRequest, ids: list[int]) -> str:
     """What makes two requests "the same" for an Idempotency-Key: the prompt and the parameters."""
     sp = req.sampling
     body = json.dumps([ids, sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.seed, list(sp.stop),
-                       list(sp.stop_token_ids), sp.ignore_eos, req.lane, sp.logprobs, sp.prompt_logprobs], sort_keys=True)
+                       list(sp.stop_token_ids), sp.ignore_eos, req.lane, sp.logprobs, sp.prompt_logprobs, sp.presence_penalty,
+                       sp.frequency_penalty, sp.repetition_penalty, [list(b) for b in sp.logit_bias]], sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()

@@ -3,9 +3,8 @@ errors onto OpenAI error objects.
 
 Models validate in *strict* mode: OpenAI rejects ``"max_tokens": "10"`` and so do we, instead of
 silently coercing. Unknown fields are ignored (clients send many we have no use for), but fields
-that would change the output in ways Baton cannot honour (``best_of``, ``suffix``,
-penalties, ``logit_bias``, tools, JSON mode) are rejected with a 400 rather than ignored, so that a client never
-gets an answer to a different question than the one it asked. Range checks of sampling values are
+that would change the output in ways Baton cannot honour (``best_of``, ``suffix``, tools, JSON
+mode) are rejected with a 400 rather than ignored, so that a client never gets an answer to a different question than the one it asked. Range checks of sampling values are
 left to ``SamplingParams`` so there is a single source of truth for them.
 """
 
@@ -67,7 +66,8 @@ class _SamplingFields(_Strict):
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string, JSON keys are) -> bias
+    repetition_penalty: float | None = None  # extension (vLLM's); 1 is off
     user: str | None = None
     ignore_eos: bool = False  # extension
     min_tokens: int = 0  # extension
@@ -80,18 +80,11 @@ class _SamplingFields(_Strict):
             raise _bad_value(f"n must be an integer in [1, {MAX_CHOICES}], got {v}.")
         return v
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalties(cls, v: float | None, info) -> float | None:
-        if v:  # 0 and null are the identity
-            raise _unsupported(f"A non-zero {info.field_name}")
-        return v
-
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, v: dict | None) -> dict | None:
-        if v:
-            raise _unsupported("logit_bias")
+    def _token_ids(cls, v: dict | None) -> dict | None:
+        if v is not None and not all(k.isascii() and k.isdigit() for k in v):
+            raise _bad_value("logit_bias keys must be token ids (non-negative integers as strings).")
         return v
 
     @field_validator("stop", mode="plain")
@@ -127,6 +120,10 @@ class _SamplingFields(_Strict):
             ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
             logprobs=logprobs,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias={int(k): b for k, b in (self.logit_bias or {}).items()},
         )
 
 

@@ -74,6 +74,26 @@ def test_logprobs_cross_the_transfer(c11, tiny_model_dir):
     c11.wait_until_drained()
 
 
+def test_penalties_and_bias_across_the_transfer(c11, tiny_model_dir):
+    """The first token is sampled on the prefill worker with the request's penalties and bias."""
+    from engine.sampling_params import SamplingParams
+
+    ps = prompts(14, 3, VOCAB, lo=40, hi=80)
+    plain = [o.token_ids for o in c11.generate(ps, SamplingParams(max_tokens=12, ignore_eos=True))]
+    params = SamplingParams(max_tokens=12, ignore_eos=True, repetition_penalty=1.4, frequency_penalty=0.3,
+                            logit_bias={plain[0][0]: -100.0})
+    disagg = c11.dispatcher.num_disaggregated
+    got = [o.token_ids for o in c11.generate(ps, params)]
+    assert c11.dispatcher.num_disaggregated == disagg + 3
+    from engine.engine import LLMEngine
+    from tests.e2e.helpers import engine_config
+
+    eng = LLMEngine(engine_config(tiny_model_dir))
+    assert got == [o.token_ids for o in eng.generate(ps, params)]
+    assert got[0][0] != plain[0][0]  # the bias applied where the first token was sampled
+    c11.wait_until_drained()
+
+
 def test_prompt_logprobs_prefill_on_the_decode_worker(c11, tiny_model_dir):
     """Only decode workers report outputs, so a long prompt whose logprobs are wanted prefills there."""
     import torch

@@ -161,6 +161,7 @@ def test_sse_framing_is_exact(srv):
     ({"model": "tiny", "prompt": "x", "max_tokens": 100000}, 400, "maximum context length"),
     ({"model": "tiny", "prompt": "x", "max_tokens": 4, "lane": "nope"}, 400, "lane"),
     ({"model": "tiny", "prompt": [5, 999999], "max_tokens": 4}, 400, "vocabulary"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": 4, "logit_bias": {"999999": 1}}, 400, "logit_bias"),
     ({"model": "tiny", "prompt": "x", "max_tokens": "ten"}, 400, "max_tokens"),
     ({"model": "tiny", "prompt": "x", "top_p": 2}, 400, "top_p"),
     ({"model": "tiny", "messages": "hi"}, 400, "prompt"),

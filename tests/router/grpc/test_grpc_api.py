@@ -163,6 +163,14 @@ def test_logprobs(stub, fake):
     assert not any(m.prompt_logprobs for m in plain)
 
 
+def test_penalties_and_logit_bias(stub, fake):
+    sp = SP(max_tokens=1, presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.3, logit_bias={9: -100.0})
+    list(stub.Generate(pb.GenerateRequest(text="x", sampling=sp)))
+    got = fake.requests[-1].sampling
+    assert (got.presence_penalty, got.frequency_penalty, got.repetition_penalty, got.logit_bias) == (
+        0.5, -0.25, 1.3, ((9, -100.0),))
+
+
 def test_prompt_logprobs(stub, fake):
     msgs = list(stub.Generate(pb.GenerateRequest(text="a b c", sampling=SP(max_tokens=2, prompt_logprobs=1))))
     assert fake.requests[-1].sampling.prompt_logprobs == 1
@@ -283,6 +291,8 @@ BAD_INPUTS = {
     "negative logprobs": (pb.GenerateRequest(text="x", sampling=SP(logprobs=-1)), "sampling.logprobs"),
     "prompt_logprobs > 20": (pb.GenerateRequest(text="x", sampling=SP(prompt_logprobs=21)),
                              "sampling.prompt_logprobs"),
+    "presence_penalty > 2": (pb.GenerateRequest(text="x", sampling=SP(presence_penalty=3)), "sampling.presence_penalty"),
+    "logit_bias > 100": (pb.GenerateRequest(text="x", sampling=SP(logit_bias={1: 200})), "sampling.logit_bias"),
     "empty lane": (text_req(lane=""), "lane"),
     "empty request id": (text_req(request_id=""), "request_id"),
     "long request id": (text_req(request_id="r" * 300), "request_id"),

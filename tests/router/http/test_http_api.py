@@ -157,7 +157,11 @@ BAD_INPUTS = [
     (CHAT, {"messages": HELLO, "top_logprobs": 2}, "top_logprobs", "requires 'logprobs'"),
     (CHAT, {"messages": HELLO, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
     (CHAT, {"messages": HELLO, "logprobs": "yes"}, "logprobs", "expected a boolean"),
-    (CHAT, {"messages": HELLO, "presence_penalty": 0.5}, "presence_penalty", "not supported"),
+    (CHAT, {"messages": HELLO, "presence_penalty": 2.5}, "presence_penalty", "[-2, 2]"),
+    (CHAT, {"messages": HELLO, "logit_bias": {"abc": 1}}, "logit_bias", "token ids"),
+    (CHAT, {"messages": HELLO, "logit_bias": {"5": 101}}, "logit_bias", "[-100, 100]"),
+    (CHAT, {"messages": HELLO, "logit_bias": {"5": "x"}}, "logit_bias.5", "expected a number"),
+    (CHAT, {"messages": HELLO, "repetition_penalty": 0}, "repetition_penalty", "(0, 10]"),
     (CHAT, {"messages": HELLO, "tools": [{"type": "function"}]}, "tools", "not supported"),
     (CHAT, {"messages": [{"role": "user", "content": "w " * 60}], "max_tokens": 10}, "max_tokens",
      "maximum context length"),
@@ -168,7 +172,7 @@ BAD_INPUTS = [
     (COMPL, {"prompt": "hi", "logprobs": -1}, "logprobs", "[0, 20]"),
     (COMPL, {"prompt": "hi", "logprobs": 2, "echo": True, "n": 0}, "n", "[1, 16]"),
     (COMPL, {"prompt": "hi", "stop": 5}, "stop", "stop"),
-    (COMPL, {"prompt": "hi", "frequency_penalty": 1.0}, "frequency_penalty", "not supported"),
+    (COMPL, {"prompt": "hi", "frequency_penalty": -3}, "frequency_penalty", "[-2, 2]"),
     (COMPL, {"prompt": "hi", "seed": "x"}, "seed", "expected an integer"),
     (COMPL, {"prompt": "hi", "top_k": -3}, "top_k", "top_k"),
     (COMPL, {"prompt": "word " * 60, "max_tokens": 10}, "max_tokens", "maximum context length"),
@@ -337,3 +341,15 @@ def test_response_ids_do_not_double_the_prefix():
     assert response_id("cmpl-ab12", chat=False) == "cmpl-ab12"
     assert response_id("cmpl-ab12", chat=True) == "chatcmpl-ab12"
     assert response_id("r1", chat=False) == "cmpl-r1" and response_id("r1", chat=True) == "chatcmpl-r1"
+
+
+def test_penalties_and_logit_bias_reach_the_router(client, fake):
+    client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1, presence_penalty=0.5,
+                                   frequency_penalty=-1, logit_bias={"17": 5, "3": -100},
+                                   extra_body={"repetition_penalty": 1.2})
+    sp = fake.requests[-1].sampling
+    assert (sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty) == (0.5, -1, 1.2)
+    assert sp.logit_bias == ((3, -100), (17, 5))
+    client.completions.create(model=MODEL, prompt="hi", max_tokens=1, presence_penalty=0, logit_bias={})
+    sp = fake.requests[-1].sampling
+    assert not sp.processes_logits  # zeros and an empty bias are the identity

@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x62\x61ton/v1/generate.proto\x12\x08\x62\x61ton.v1\"\xa1\x02\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\'\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x12.baton.v1.TokenIdsH\x00\x12&\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x16.baton.v1.ChatMessagesH\x00\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.baton.v1.SamplingParameters\x12\x11\n\x04lane\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x17\n\nrequest_id\x18\x06 \x01(\tH\x02\x88\x01\x01\x12\x1c\n\x0fidempotency_key\x18\x07 \x01(\tH\x03\x88\x01\x01\x42\x07\n\x05inputB\x07\n\x05_laneB\r\n\x0b_request_idB\x12\n\x10_idempotency_key\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"u\n\x0c\x43hatMessages\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.baton.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\xd4\x03\n\x12SamplingParameters\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x17\n\nmin_tokens\x18\t \x01(\x05H\x05\x88\x01\x01\x12\"\n\x1ainclude_stop_str_in_output\x18\n \x01(\x08\x12 \n\x13skip_special_tokens\x18\x0b \x01(\x08H\x06\x88\x01\x01\x12\x15\n\x08logprobs\x18\x0c \x01(\x05H\x07\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\r \x01(\x05H\x08\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\r\n\x0b_min_tokensB\x16\n\x14_skip_special_tokensB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\xb8\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x1e\n\x05usage\x18\x06 \x01(\x0b\x32\x0f.baton.v1.Usage\x12\x0c\n\x04lane\x18\x07 \x01(\t\x12\x15\n\x0bstop_string\x18\x08 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\t \x01(\rH\x00\x12(\n\x08logprobs\x18\n \x03(\x0b\x32\x16.baton.v1.TokenLogprob\x12/\n\x0fprompt_logprobs\x18\x0b \x03(\x0b\x32\x16.baton.v1.TokenLogprobB\r\n\x0bstop_reason\"l\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05token\x18\x03 \x01(\x0c\x12*\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x14.baton.v1.TopLogprob\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05token\x18\x03 \x01(\x0c\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x15\n\x13GetModelInfoRequest\"t\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x0f\n\x07\x63reated\x18\x04 \x01(\x03\x12\r\n\x05lanes\x18\x05 \x03(\t\x12\x10\n\x08owned_by\x18\x06 \x01(\t2\xcf\x01\n\nGeneration\x12\x43\n\x08Generate\x12\x19.baton.v1.GenerateRequest\x1a\x1a.baton.v1.GenerateResponse0\x01\x12\x38\n\x05\x41\x62ort\x12\x16.baton.v1.AbortRequest\x1a\x17.baton.v1.AbortResponse\x12\x42\n\x0cGetModelInfo\x12\x1d.baton.v1.GetModelInfoRequest\x1a\x13.baton.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x62\x61ton/v1/generate.proto\x12\x08\x62\x61ton.v1\"\xa1\x02\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\'\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x12.baton.v1.TokenIdsH\x00\x12&\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x16.baton.v1.ChatMessagesH\x00\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.baton.v1.SamplingParameters\x12\x11\n\x04lane\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x17\n\nrequest_id\x18\x06 \x01(\tH\x02\x88\x01\x01\x12\x1c\n\x0fidempotency_key\x18\x07 \x01(\tH\x03\x88\x01\x01\x42\x07\n\x05inputB\x07\n\x05_laneB\r\n\x0b_request_idB\x12\n\x10_idempotency_key\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"u\n\x0c\x43hatMessages\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.baton.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\xe9\x05\n\x12SamplingParameters\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x17\n\nmin_tokens\x18\t \x01(\x05H\x05\x88\x01\x01\x12\"\n\x1ainclude_stop_str_in_output\x18\n \x01(\x08\x12 \n\x13skip_special_tokens\x18\x0b \x01(\x08H\x06\x88\x01\x01\x12\x15\n\x08logprobs\x18\x0c \x01(\x05H\x07\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\r \x01(\x05H\x08\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0e \x01(\x01H\t\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0f \x01(\x01H\n\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x10 \x01(\x01H\x0b\x88\x01\x01\x12?\n\nlogit_bias\x18\x11 \x03(\x0b\x32+.baton.v1.SamplingParameters.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\r\n\x0b_min_tokensB\x16\n\x14_skip_special_tokensB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penalty\"\xb8\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x1e\n\x05usage\x18\x06 \x01(\x0b\x32\x0f.baton.v1.Usage\x12\x0c\n\x04lane\x18\x07 \x01(\t\x12\x15\n\x0bstop_string\x18\x08 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\t \x01(\rH\x00\x12(\n\x08logprobs\x18\n \x03(\x0b\x32\x16.baton.v1.TokenLogprob\x12/\n\x0fprompt_logprobs\x18\x0b \x03(\x0b\x32\x16.baton.v1.TokenLogprobB\r\n\x0bstop_reason\"l\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05token\x18\x03 \x01(\x0c\x12*\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x14.baton.v1.TopLogprob\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05token\x18\x03 \x01(\x0c\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x15\n\x13GetModelInfoRequest\"t\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x0f\n\x07\x63reated\x18\x04 \x01(\x03\x12\r\n\x05lanes\x18\x05 \x03(\t\x12\x10\n\x08owned_by\x18\x06 \x01(\t2\xcf\x01\n\nGeneration\x12\x43\n\x08Generate\x12\x19.baton.v1.GenerateRequest\x1a\x1a.baton.v1.GenerateResponse0\x01\x12\x38\n\x05\x41\x62ort\x12\x16.baton.v1.AbortRequest\x1a\x17.baton.v1.AbortResponse\x12\x42\n\x0cGetModelInfo\x12\x1d.baton.v1.GetModelInfoRequest\x1a\x13.baton.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'router.grpc_gen.baton.v1.generate_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SAMPLINGPARAMETERS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMETERS_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_GENERATEREQUEST']._serialized_start=38
   _globals['_GENERATEREQUEST']._serialized_end=327
   _globals['_TOKENIDS']._serialized_start=329
@@ -40,23 +42,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHATMESSAGES']._serialized_start=400
   _globals['_CHATMESSAGES']._serialized_end=517
   _globals['_SAMPLINGPARAMETERS']._serialized_start=520
-  _globals['_SAMPLINGPARAMETERS']._serialized_end=988
-  _globals['_GENERATERESPONSE']._serialized_start=991
-  _globals['_GENERATERESPONSE']._serialized_end=1303
-  _globals['_TOKENLOGPROB']._serialized_start=1305
-  _globals['_TOKENLOGPROB']._serialized_end=1413
-  _globals['_TOPLOGPROB']._serialized_start=1415
-  _globals['_TOPLOGPROB']._serialized_end=1477
-  _globals['_USAGE']._serialized_start=1479
-  _globals['_USAGE']._serialized_end=1559
-  _globals['_ABORTREQUEST']._serialized_start=1561
-  _globals['_ABORTREQUEST']._serialized_end=1595
-  _globals['_ABORTRESPONSE']._serialized_start=1597
-  _globals['_ABORTRESPONSE']._serialized_end=1629
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1631
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1652
-  _globals['_MODELINFO']._serialized_start=1654
-  _globals['_MODELINFO']._serialized_end=1770
-  _globals['_GENERATION']._serialized_start=1773
-  _globals['_GENERATION']._serialized_end=1980
+  _globals['_SAMPLINGPARAMETERS']._serialized_end=1265
+  _globals['_SAMPLINGPARAMETERS_LOGITBIASENTRY']._serialized_start=1019
+  _globals['_SAMPLINGPARAMETERS_LOGITBIASENTRY']._serialized_end=1067
+  _globals['_GENERATERESPONSE']._serialized_start=1268
+  _globals['_GENERATERESPONSE']._serialized_end=1580
+  _globals['_TOKENLOGPROB']._serialized_start=1582
+  _globals['_TOKENLOGPROB']._serialized_end=1690
+  _globals['_TOPLOGPROB']._serialized_start=1692
+  _globals['_TOPLOGPROB']._serialized_end=1754
+  _globals['_USAGE']._serialized_start=1756
+  _globals['_USAGE']._serialized_end=1836
+  _globals['_ABORTREQUEST']._serialized_start=1838
+  _globals['_ABORTREQUEST']._serialized_end=1872
+  _globals['_ABORTRESPONSE']._serialized_start=1874
+  _globals['_ABORTRESPONSE']._serialized_end=1906
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1908
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1929
+  _globals['_MODELINFO']._serialized_start=1931
+  _globals['_MODELINFO']._serialized_end=2047
+  _globals['_GENERATION']._serialized_start=2050
+  _globals['_GENERATION']._serialized_end=2257
 # @@protoc_insertion_point(module_scope)

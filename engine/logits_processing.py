@@ -1,0 +1,46 @@
+"""Penalties and logit bias: the logits of the rows whose request asks are reshaped before
+sampling (greedy included); logprobs still report the model's own distribution.
+
+Applied in this order, to a copy of the step's logits:
+- ``logit_bias``: a fixed amount added to the named tokens' logits (OpenAI).
+- ``repetition_penalty`` r, over every token of the prompt and the output so far (transformers'
+  and vLLM's): a positive logit is divided by r, a negative one multiplied by it.
+- ``frequency_penalty`` f and ``presence_penalty`` p, over the output so far (OpenAI's): a token
+  generated c times loses ``f * c + p * (c > 0)``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+@torch.inference_mode()
+def process_logits(logits: torch.Tensor, params: Sequence[SamplingParams], histories: Sequence[np.ndarray | None],
+                   num_prompt_tokens: Sequence[int]) -> torch.Tensor:
+    """``logits`` [N, V]; ``histories[i]``: row i's tokens so far (prompt, then output), needed only
+    where ``params[i].processes_logits``. Returns a new tensor; ``logits`` is left as it was."""
+    out = logits.clone()
+    vocab = logits.shape[1]
+    for i, sp in enumerate(params):
+        if not sp.processes_logits:
+            continue
+        row = out[i]
+        if sp.logit_bias:
+            ids = torch.tensor([t for t, _ in sp.logit_bias], device=row.device)
+            row.index_add_(0, ids, torch.tensor([b for _, b in sp.logit_bias], device=row.device, dtype=row.dtype))
+        history = torch.from_numpy(np.asarray(histories[i], dtype=np.int64)).to(row.device)
+        if sp.repetition_penalty != 1.0 and len(history):
+            seen = torch.unique(history)
+            values = row[seen]
+            row[seen] = torch.where(values > 0, values / sp.repetition_penalty, values * sp.repetition_penalty)
+        if sp.frequency_penalty or sp.presence_penalty:
+            output = history[num_prompt_tokens[i]:]
+            if len(output):
+                counts = torch.bincount(output, minlength=vocab)[:vocab].to(row.dtype)
+                row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(row.dtype)
+    return out
