@@ -55,6 +55,8 @@ def test_generate_chat_on_default_model(default_model_dir):
         (["--temperature", "-1"], "temperature"),
         (["--max-tokens", "100000"], "maximum context length"),
         (["--logprobs", "21"], "logprobs"),
+        (["--frequency-penalty", "3"], "frequency_penalty"),
+        (["--repetition-penalty", "0"], "repetition_penalty"),
     ],
 )
 def test_bad_parameters_give_a_clear_error(tiny_model_dir, args, needle):

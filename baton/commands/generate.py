@@ -15,6 +15,10 @@ def add_parser(sub) -> None:
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     add_sampling_args(p)
     p.add_argument("--json", action="store_true", help="one JSON object per prompt")
+    p.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="with --json: each token's logprob and its N most likely alternatives (0-20)")
+    p.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
+                   help="with --json: the same for the prompt's tokens (0-20)")
     g = p.add_argument_group("disaggregated serving (runs through a local Ray cluster when either is set)")
     g.add_argument("--prefill-workers", type=int, default=None, help="prefill pool size")
     g.add_argument("--decode-workers", type=int, default=None, help="decode pool size")
@@ -31,16 +35,18 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true")
-    g.add_argument("--logprobs", type=int, default=None, metavar="N",
-                   help="report each token's logprob and its N most likely alternatives (0-20; with --json)")
-    g.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
-                   help="the same for the prompt's tokens (0-20; with --json)")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="[-2, 2]: once per generated token (OpenAI)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="[-2, 2]: per occurrence (OpenAI)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, help="(0, 10], 1 is off: over prompt and output")
 
 
 def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
-                          logprobs=args.logprobs, prompt_logprobs=args.prompt_logprobs)
+                          logprobs=getattr(args, "logprobs", None),
+                          prompt_logprobs=getattr(args, "prompt_logprobs", None),
+                          presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                          repetition_penalty=args.repetition_penalty)
 
 
 def run(args: argparse.Namespace) -> int:
