@@ -1,4 +1,4 @@
-"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds.
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, per-request seeds.
 
 A seeded request draws the noise for output position p from a generator seeded with (seed, p), so
 its tokens do not depend on what it is batched with, nor on being preempted and recomputed.
@@ -38,6 +38,9 @@ class Sampler:
         if any(p.top_p < 1.0 for p in sp):
             sub = _apply_top_p(sub, torch.tensor([p.top_p for p in sp], device=logits.device, dtype=sub.dtype))
         probs = torch.softmax(sub, dim=-1)
+        if any(p.min_p for p in sp):  # drop tokens less likely than min_p x the most likely one
+            min_p = torch.tensor([p.min_p for p in sp], device=logits.device, dtype=probs.dtype)
+            probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
         # Exponential race (Gumbel-max): argmax(p / E), E ~ Exp(1), samples from p.
         noise = torch.empty_like(probs)
         unseeded = [j for j, p in enumerate(sp) if p.seed is None]

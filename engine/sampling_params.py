@@ -20,7 +20,8 @@ def _first(pair: tuple) -> int:
 class SamplingParams:
     """How to turn logits into tokens for one request.
 
-    ``temperature == 0`` is greedy. ``top_k == 0`` and ``top_p == 1`` disable those filters.
+    ``temperature == 0`` is greedy. ``top_k == 0``, ``top_p == 1`` and ``min_p == 0`` disable those
+    filters (``min_p``: drop tokens less likely than ``min_p`` times the most likely one).
     ``seed`` makes a sampled request reproducible regardless of what it is batched with.
     ``logprobs``: None reports none; n >= 0 reports each generated token's logprob and the n most
     likely tokens at its position (engine/logprobs.py). ``prompt_logprobs``: the same for every
@@ -35,6 +36,7 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -70,6 +72,8 @@ class SamplingParams:
             raise InvalidParameterError("temperature", f"temperature must be >= 0, got {self.temperature!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise InvalidParameterError("top_p", f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise InvalidParameterError("min_p", f"min_p must be in [0, 1], got {self.min_p!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise InvalidParameterError("top_k", f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):

@@ -105,7 +105,8 @@ def sampling_from_proto(msg: pb.SamplingParameters | None) -> SamplingParams:
         "logit_bias": dict(msg.logit_bias),
     }
     for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "min_tokens", "skip_special_tokens",
-                 "logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+                 "logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                 "min_p"):
         if msg.HasField(name):
             kwargs[name] = getattr(msg, name)
     try:

@@ -53,5 +53,6 @@ def request_fingerprint(req: GenerateRequest, ids: list[int]) -> str:
     sp = req.sampling
     body = json.dumps([ids, sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.seed, list(sp.stop),
                        list(sp.stop_token_ids), sp.ignore_eos, req.lane, sp.logprobs, sp.prompt_logprobs, sp.presence_penalty,
-                       sp.frequency_penalty, sp.repetition_penalty, [list(b) for b in sp.logit_bias]], sort_keys=True)
+                       sp.frequency_penalty, sp.repetition_penalty, [list(b) for b in sp.logit_bias], sp.min_p,
+                       sp.include_stop_str_in_output, sp.skip_special_tokens], sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()

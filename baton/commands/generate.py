@@ -32,6 +32,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--min-p", type=float, default=0.0, help="[0, 1]: drop tokens below min_p x the most likely one")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true")
@@ -42,7 +43,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                          top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
+                          top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
                           logprobs=getattr(args, "logprobs", None),
                           prompt_logprobs=getattr(args, "prompt_logprobs", None),
                           presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,

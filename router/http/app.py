@@ -6,7 +6,8 @@ Endpoints (every ``/v1/*`` one authenticates with ``Authorization: Bearer <key>`
 - ``POST /v1/completions``, ``POST /v1/chat/completions``: OpenAI semantics, streaming as SSE.
   Baton extensions: ``lane`` (body) or ``X-Baton-Lane`` (header) picks a traffic-class lane;
   ``Idempotency-Key`` (header) makes retries safe; ``top_k``, ``min_tokens``, ``ignore_eos``,
-  ``stop_token_ids`` and ``repetition_penalty`` body fields. Responses carry ``X-Request-Id`` and ``X-Baton-Lane``.
+  ``stop_token_ids``, ``repetition_penalty``, ``min_p``, ``include_stop_str_in_output`` and
+  ``skip_special_tokens`` body fields. Responses carry ``X-Request-Id`` and ``X-Baton-Lane``.
   ``logprobs`` (completions: 0-20 alternatives) and ``logprobs`` + ``top_logprobs`` (chat) are
   reported in OpenAI's shapes (router/http/logprobs.py), streamed with their tokens. ``n`` (1-16)
   runs one router request per choice (router/http/choices.py); ``X-Request-Id`` then lists them.

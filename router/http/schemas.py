@@ -68,6 +68,9 @@ class _SamplingFields(_Strict):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string, JSON keys are) -> bias
     repetition_penalty: float | None = None  # extension (vLLM's); 1 is off
+    min_p: float | None = None  # extension (vLLM's); 0 is off
+    include_stop_str_in_output: bool = False  # extension (vLLM's)
+    skip_special_tokens: bool = True  # extension (vLLM's)
     user: str | None = None
     ignore_eos: bool = False  # extension
     min_tokens: int = 0  # extension
@@ -123,6 +126,9 @@ class _SamplingFields(_Strict):
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            min_p=self.min_p or 0.0,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
             logit_bias={int(k): b for k, b in (self.logit_bias or {}).items()},
         )
 

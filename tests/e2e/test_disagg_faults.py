@@ -94,9 +94,15 @@ def test_prefill_worker_killed_mid_prefill(cluster, tiny_model_dir):
 
 
 def test_decode_worker_killed_mid_stream_migrates_without_gaps(cluster, tiny_model_dir):
+    """Tokens and their logprobs: none missing or repeated across the migration."""
+    from engine.engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+    from tests.e2e.helpers import engine_config
+
     ps = prompts(14, 3, VOCAB, lo=20, hi=60)
     n = 120
-    streams = [cluster.submit(p, greedy(n)) for p in ps]
+    params = SamplingParams(max_tokens=n, ignore_eos=True, logprobs=1)
+    streams = [cluster.submit(p, params) for p in ps]
     first = next(iter(streams[0]))
     victim = cluster.dispatcher.placement(first.request_id)[0]
     seen = len(streams[0].token_ids)
@@ -105,4 +111,8 @@ def test_decode_worker_killed_mid_stream_migrates_without_gaps(cluster, tiny_mod
     assert [o.token_ids for o in outs] == colocated(tiny_model_dir, ps, [n] * 3)
     assert all(len(o.token_ids) == n for o in outs) and seen < n
     assert cluster.dispatcher.num_migrations >= 1
+    want = LLMEngine(engine_config(tiny_model_dir)).generate(ps, params)
+    for got, ref in zip(outs, want):
+        assert [lp.token_id for lp in got.logprobs] == got.token_ids
+        assert [lp.logprob for lp in got.logprobs] == pytest.approx([lp.logprob for lp in ref.logprobs], abs=1e-4)
     cluster.wait_until_drained()

@@ -27,6 +27,10 @@ from engine.sampling_params import SamplingParams
         ({"logprobs": 2.0}, "logprobs"),
         ({"prompt_logprobs": 21}, "prompt_logprobs"),
         ({"prompt_logprobs": -1}, "prompt_logprobs"),
+        ({"min_p": -0.1}, "min_p"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
     ],
 )
 def test_bad_parameters_name_the_parameter(kwargs, param):

@@ -293,6 +293,7 @@ BAD_INPUTS = {
                              "sampling.prompt_logprobs"),
     "presence_penalty > 2": (pb.GenerateRequest(text="x", sampling=SP(presence_penalty=3)), "sampling.presence_penalty"),
     "logit_bias > 100": (pb.GenerateRequest(text="x", sampling=SP(logit_bias={1: 200})), "sampling.logit_bias"),
+    "min_p > 1": (pb.GenerateRequest(text="x", sampling=SP(min_p=2)), "sampling.min_p"),
     "empty lane": (text_req(lane=""), "lane"),
     "empty request id": (text_req(request_id=""), "request_id"),
     "long request id": (text_req(request_id="r" * 300), "request_id"),

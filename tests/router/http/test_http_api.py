@@ -162,6 +162,7 @@ BAD_INPUTS = [
     (CHAT, {"messages": HELLO, "logit_bias": {"5": 101}}, "logit_bias", "[-100, 100]"),
     (CHAT, {"messages": HELLO, "logit_bias": {"5": "x"}}, "logit_bias.5", "expected a number"),
     (CHAT, {"messages": HELLO, "repetition_penalty": 0}, "repetition_penalty", "(0, 10]"),
+    (CHAT, {"messages": HELLO, "min_p": 1.5}, "min_p", "[0, 1]"),
     (CHAT, {"messages": HELLO, "tools": [{"type": "function"}]}, "tools", "not supported"),
     (CHAT, {"messages": [{"role": "user", "content": "w " * 60}], "max_tokens": 10}, "max_tokens",
      "maximum context length"),
@@ -346,9 +347,11 @@ def test_response_ids_do_not_double_the_prefix():
 def test_penalties_and_logit_bias_reach_the_router(client, fake):
     client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1, presence_penalty=0.5,
                                    frequency_penalty=-1, logit_bias={"17": 5, "3": -100},
-                                   extra_body={"repetition_penalty": 1.2})
+                                   extra_body={"repetition_penalty": 1.2, "min_p": 0.1,
+                                               "include_stop_str_in_output": True, "skip_special_tokens": False})
     sp = fake.requests[-1].sampling
     assert (sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty) == (0.5, -1, 1.2)
+    assert (sp.min_p, sp.include_stop_str_in_output, sp.skip_special_tokens) == (0.1, True, False)
     assert sp.logit_bias == ((3, -100), (17, 5))
     client.completions.create(model=MODEL, prompt="hi", max_tokens=1, presence_penalty=0, logit_bias={})
     sp = fake.requests[-1].sampling
