@@ -212,6 +212,15 @@ class RouterAPI(Protocol):
         """The bytes each token stands for (logprobs name their tokens with them)."""
         ...
 
+    def tokenize(self, request: GenerateRequest) -> list[int]:
+        """The prompt's token ids exactly as a generation would see them (chat template included).
+        Raises RouterError (invalid) for a bad prompt."""
+        ...
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """Raises RouterError (invalid) for ids outside the vocabulary or a model without a tokenizer."""
+        ...
+
     def readiness(self) -> Readiness:
         """Not ready while draining or while a pool has no live worker."""
         ...

@@ -1,4 +1,5 @@
-"""A request's prompt as token ids, and what makes two requests "the same" (pure Python).
+"""A request's prompt as token ids (and token ids back as text or bytes), and what makes two
+requests "the same" (pure Python).
 
 Exactly one of a text prompt, token ids or chat messages; token ids are checked against the
 vocabulary, text and messages go through the model's tokenizer (and its chat template). Every
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Sequence
 
 from engine.errors import InvalidParameterError
 from engine.model.tokenizer import Tokenizer
@@ -56,3 +58,21 @@ def request_fingerprint(req: GenerateRequest, ids: list[int]) -> str:
                        sp.frequency_penalty, sp.repetition_penalty, [list(b) for b in sp.logit_bias], sp.min_p,
                        sp.include_stop_str_in_output, sp.skip_special_tokens], sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()
+
+
+def detokenize(token_ids: Sequence[int], tokenizer: Tokenizer | None, vocab_size: int) -> str:
+    """Token ids -> text, special tokens included (the inverse of tokenizing a prompt)."""
+    if tokenizer is None:
+        raise invalid("this model has no tokenizer", param="tokens")
+    bad = next((t for t in token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size),
+               None)
+    if bad is not None:
+        raise invalid(f"token id {bad!r} is outside the vocabulary [0, {vocab_size})", param="tokens")
+    return tokenizer.decode(list(token_ids), skip_special_tokens=False)
+
+
+def token_bytes(token_ids: Sequence[int], tokenizer: Tokenizer | None) -> list[bytes]:
+    """The bytes each token stands for; a model without a tokenizer names them by id, as vLLM does."""
+    if tokenizer is None:
+        return [f"token_id:{t}".encode() for t in token_ids]
+    return [tokenizer.token_bytes(t) for t in token_ids]

@@ -36,7 +36,7 @@ from router.load_signals import LoadSignals
 from router.metrics import RouterMetrics
 from router.pace_guard import PaceGuard
 from router.placement import NO_HINT, PlacementHint, prefill_queue
-from router.prompt_input import request_fingerprint, tokenize_request
+from router.prompt_input import detokenize, request_fingerprint, token_bytes, tokenize_request
 from router.router_stream import ReplayStream, RequestContext, RouterStream, with_deadline
 from router.state.connection import StateUnavailable
 from router.stream import RequestStream
@@ -256,10 +256,14 @@ class Router:
         return ModelInfo(self.config.model_name, self.max_model_len, self.vocab_size, self.created,
                          tuple(lane.name for lane in self.policy.lanes))
 
+    def tokenize(self, request: GenerateRequest) -> list[int]:
+        return tokenize_request(request, self.tokenizer, self.vocab_size)[0]
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return detokenize(token_ids, self.tokenizer, self.vocab_size)
+
     def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
-        if self.tokenizer is None:  # a model without a tokenizer: name tokens by id, as vLLM does
-            return [f"token_id:{t}".encode() for t in token_ids]
-        return [self.tokenizer.token_bytes(t) for t in token_ids]
+        return token_bytes(token_ids, self.tokenizer)
 
     def readiness(self) -> Readiness:
         if self.draining:

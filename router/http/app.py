@@ -12,6 +12,9 @@ Endpoints (every ``/v1/*`` one authenticates with ``Authorization: Bearer <key>`
   reported in OpenAI's shapes (router/http/logprobs.py), streamed with their tokens. ``n`` (1-16)
   runs one router request per choice (router/http/choices.py); ``X-Request-Id`` then lists them.
 - ``GET /v1/models``, ``GET /v1/models/{model}``: the served model.
+- ``POST /tokenize`` (``prompt`` or ``messages``) -> ``{"count", "max_model_len", "tokens"}`` and
+  ``POST /detokenize`` (``tokens``) -> ``{"prompt"}``, vLLM's: count and check tokens with the
+  server's own tokenizer and chat template.
 - ``GET /v1/batches/{job_id}``: fetch the durable result of a batch-lane job (``{"id", "status",
   "result"?}``); ``job_id`` is the id the router gave the job (the ``X-Request-Id`` of the request
   that created it). Poll it instead of holding a connection open for a long batch request.
@@ -30,37 +33,34 @@ generation, so its request is aborted at once (streaming or not) instead of at t
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import math
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import Response
 
 from engine.errors import ContextLengthError, InvalidParameterError
-from router.api import ErrorKind, GenerateRequest, RouterAPI, RouterError, Usage, invalid
-from router.http.responses import (
-    SSE_DONE,
-    ChunkBuilder,
-    chat_completion,
-    dumps,
-    sse,
-    text_completion,
-    total_usage,
-)
+from engine.sampling_params import SamplingParams
+from router.api import ErrorKind, GenerateRequest, RouterAPI, RouterError, invalid
 from router.http.choices import Choices
 from router.http.logprobs import LogprobsFormatter
-from router.http.schemas import ChatCompletionRequest, CompletionRequest, parse_body
+from router.http.responses import ChunkBuilder, chat_completion, dumps, internal_error, text_completion
+from router.http.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    parse_body,
+)
+from router.http.streaming import SSEResponse, sse_events, unless_disconnected
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 Endpoint = Callable[[Request], Awaitable[Response]]
 CLIENT_CLOSED = 499  # nginx's "client closed request": never seen by anyone, but logged
 
@@ -75,10 +75,6 @@ def error_response(err: RouterError, headers: dict[str, str] | None = None) -> R
     if err.retry_after_s is not None:  # HTTP wants whole seconds; never tell a client to retry at once
         headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
     return json_response(err.to_openai(), err.kind.http_status, headers)
-
-
-def _internal(message: str = "The server had an error while processing your request.") -> RouterError:
-    return RouterError(ErrorKind.INTERNAL, message)
 
 
 def _api_key(request: Request) -> str | None:
@@ -105,95 +101,9 @@ def guarded(fn: Endpoint) -> Endpoint:
             return Response(status_code=CLIENT_CLOSED)
         except Exception:
             log.exception("unhandled error in %s %s", request.method, request.url.path)
-            return error_response(_internal())
+            return error_response(internal_error())
 
     return endpoint
-
-
-async def _until_disconnect(receive: Receive) -> None:
-    """Returns when the client has gone. Only called once the request body has been read, so the
-    next ASGI message can only be ``http.disconnect`` (uvicorn sends it on connection loss)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _cancel(*tasks: asyncio.Future) -> None:
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _unless_disconnected(work: Awaitable[T], receive: Receive) -> tuple[bool, T | None]:
-    """(True, result of ``work``) or (False, None) if the client disconnected first."""
-    main = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_until_disconnect(receive))
-    try:
-        await asyncio.wait({main, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        await _cancel(main, watch)  # no-op for the finished one, but retrieves its exception
-    if main.done() and not main.cancelled():
-        return True, main.result()
-    return False, None
-
-
-class SSEResponse(StreamingResponse):
-    """A ``text/event-stream`` response that aborts its generation when the client disconnects.
-
-    Starlette's ``StreamingResponse`` only notices a vanished client when a write fails (uvicorn
-    silently drops writes to a closed connection), which for a request still queued or prefilling
-    could be much later; here the pump races an ``http.disconnect`` watcher instead.
-    """
-
-    def __init__(self, events: AsyncIterator[bytes], choices: Choices, headers: dict[str, str]) -> None:
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers}
-        super().__init__(events, media_type="text/event-stream", headers=headers)
-        self._events = events
-        self._choices = choices
-
-    async def _pump(self, send: Send) -> None:
-        async for chunk in self._events:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        completed = False
-        try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            completed, _ = await _unless_disconnected(self._pump(send), receive)
-        except OSError:  # the connection broke under a write: nobody to tell
-            log.debug("stream of request %s: client connection lost", self._choices.request_id)
-        finally:  # disconnected, failed to send, or cancelled (server shutdown): free the request
-            if not completed:
-                await self._choices.abort()
-            await self._events.aclose()  # type: ignore[attr-defined]
-
-
-async def sse_events(choices: Choices, chunks: ChunkBuilder, echo_text: str | None) -> AsyncIterator[bytes]:
-    """The SSE byte stream of one request's choices, ``[DONE]``-terminated. A failure after
-    streaming started can no longer change the status code, so it is sent in-band as an error event."""
-    try:
-        for i in range(len(choices.streams)):
-            opening = chunks.opening(echo_text, i)
-            if opening is not None:
-                yield sse(opening)
-        usages: dict[int, Usage] = {}
-        async for i, ev in choices.events():
-            if ev.error is not None:
-                yield sse(ev.error.to_openai())
-                break
-            chunk = chunks.delta(ev, i)
-            if chunk is not None:
-                yield sse(chunk)
-            if ev.finished and ev.usage is not None:
-                usages[i] = ev.usage
-        if chunks.include_usage and len(usages) == len(choices.streams):
-            yield sse(chunks.usage(total_usage([usages[i] for i in sorted(usages)])))
-    except RouterError as e:
-        yield sse(e.to_openai())
-    except Exception:
-        log.exception("stream of request %s failed", choices.request_id)
-        yield sse(_internal().to_openai())
-    yield SSE_DONE
 
 
 def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -229,7 +139,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     async def on_any(request: Request, exc: Exception) -> Response:
         log.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
-        return error_response(_internal())
+        return error_response(internal_error())
 
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(RequestValidationError, on_validation)
@@ -322,7 +232,7 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
                                   include_usage=body.include_usage, logprobs=logprobs)
             return SSEResponse(sse_events(choices, chunks, echo_text), choices, headers)
         try:
-            done, results = await _unless_disconnected(choices.results(), request.receive)
+            done, results = await unless_disconnected(choices.results(), request.receive)
         except RouterError:  # the router ended the request itself
             await choices.abort()  # the other choices, if any
             raise
@@ -355,6 +265,27 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
         info = router.model_info()
         return {"id": served_model_name, "object": "model", "created": info.created, "owned_by": info.owned_by,
                 "max_model_len": info.max_model_len, "lanes": list(info.lanes)}
+
+    @app.post("/tokenize", include_in_schema=False)
+    @guarded
+    async def tokenize(request: Request) -> Response:
+        tenant_of(request)
+        body: TokenizeRequest = parse_body(await request.body(), TokenizeRequest)
+        check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise invalid("Send exactly one of 'prompt' and 'messages'.", param="prompt")
+        messages = tuple(m.to_router() for m in body.messages) if body.messages is not None else None
+        ids = router.tokenize(GenerateRequest(sampling=SamplingParams(), prompt=body.prompt, messages=messages,
+                                              add_generation_prompt=body.add_generation_prompt))
+        return json_response({"count": len(ids), "max_model_len": router.model_info().max_model_len, "tokens": ids})
+
+    @app.post("/detokenize", include_in_schema=False)
+    @guarded
+    async def detokenize(request: Request) -> Response:
+        tenant_of(request)
+        body: DetokenizeRequest = parse_body(await request.body(), DetokenizeRequest)
+        check_model(body.model)
+        return json_response({"prompt": router.detokenize(body.tokens)})
 
     @app.get("/v1/models", include_in_schema=False)
     @guarded

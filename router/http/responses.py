@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from router.api import GenerationResult, StreamEvent, Usage
+from router.api import ErrorKind, GenerationResult, RouterError, StreamEvent, Usage
 from router.http.logprobs import LogprobsFormatter
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -25,6 +25,10 @@ def dumps(obj: object) -> str:
 def sse(obj: object) -> bytes:
     """One server-sent event: a ``data:`` line and the blank line that ends the event."""
     return f"data: {dumps(obj)}\n\n".encode()
+
+
+def internal_error(message: str = "The server had an error while processing your request.") -> RouterError:
+    return RouterError(ErrorKind.INTERNAL, message)
 
 
 def response_id(request_id: str, *, chat: bool) -> str:

@@ -278,6 +278,37 @@ class ChatCompletionRequest(_SamplingFields):
         return tuple(m.to_router() for m in self.messages)
 
 
+class TokenizeRequest(_Strict):
+    """``POST /tokenize`` (vLLM's): a completions ``prompt`` or chat ``messages``, tokenized exactly
+    as a generation request would be."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[InputMessage] | None = None
+    add_generation_prompt: bool = True
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty_prompt(cls, v: str | None) -> str | None:
+        if v is not None and not v:
+            raise _bad_value("'prompt' must not be empty.")
+        return v
+
+    @field_validator("messages")
+    @classmethod
+    def _non_empty_messages(cls, v: list[InputMessage] | None) -> list[InputMessage] | None:
+        if v is not None and not v:
+            raise _bad_value("'messages' must contain at least one message.")
+        return v
+
+
+class DetokenizeRequest(_Strict):
+    """``POST /detokenize`` (vLLM's)."""
+
+    model: str | None = None
+    tokens: list[int]
+
+
 # -- parsing and error mapping ------------------------------------------------------------------
 _EXPECTED = {
     "int_type": "an integer", "int_from_float": "an integer", "int_parsing": "an integer",

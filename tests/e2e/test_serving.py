@@ -124,6 +124,22 @@ def test_logprobs_through_the_stack(srv):
     drained(srv)
 
 
+def test_tokenize_counts_what_generation_sees(srv):
+    h = {"Authorization": f"Bearer {KEY}"}
+    msgs = [{"role": "user", "content": "count my tokens, please"}]
+    tok = httpx.post(f"{srv.http}/tokenize", headers=h, json={"model": "tiny", "messages": msgs}).json()
+    chat = client(srv).chat.completions.create(model="tiny", messages=msgs, max_tokens=1)
+    assert tok["count"] == len(tok["tokens"]) == chat.usage.prompt_tokens  # the chat template included
+    back = httpx.post(f"{srv.http}/detokenize", headers=h, json={"tokens": tok["tokens"]}).json()["prompt"]
+    assert "count my tokens, please" in back
+    text = httpx.post(f"{srv.http}/tokenize", headers=h, json={"prompt": "once upon a time"}).json()
+    assert text["count"] == client(srv).completions.create(model="tiny", prompt="once upon a time",
+                                                            max_tokens=1).usage.prompt_tokens
+    bad = httpx.post(f"{srv.http}/detokenize", headers=h, json={"tokens": [10**7]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    drained(srv)
+
+
 def test_n_choices_through_the_stack(srv):
     c = client(srv)
     msgs = [{"role": "user", "content": "tell me something"}]

@@ -166,6 +166,16 @@ class FakeRouter:
     def model_info(self) -> ModelInfo:
         return ModelInfo("fake-model", self.max_model_len, 1000, int(time.time()), ("interactive", "batch"))
 
+    def tokenize(self, request: GenerateRequest) -> list[int]:
+        """Word j of a prompt (or of the messages' contents) is token 500 + j."""
+        text = request.prompt if request.prompt is not None else " ".join(m.content for m in request.messages)
+        return [500 + j for j in range(len(text.split()))]
+
+    def detokenize(self, token_ids) -> str:
+        if any(t >= 1000 for t in token_ids):
+            raise invalid("token id outside the vocabulary", param="tokens")
+        return b"".join(self.token_bytes(token_ids)).decode("utf-8", "replace")
+
     def token_bytes(self, token_ids) -> list[bytes]:
         """100 + i: the i-th word of the script; 300 + i: the first byte of "é" (half a character);
         500 + j: prompt token j (b"p<j>"); any other id: b"alt<id>"."""
