@@ -188,11 +188,16 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
                           "disagree.", param="lane")
         return body_lane if body_lane is not None else header_lane
 
-    async def generate(request: Request, chat: bool) -> Response:
-        tenant = tenant_of(request)  # before looking at the body, as OpenAI does
-        raw = await request.body()
-        body: Any = parse_body(raw, ChatCompletionRequest if chat else CompletionRequest)
+    async def authenticated_body(request: Request, schema: type) -> tuple[str, Any]:
+        """(tenant, the parsed body): the key is checked before the body is looked at, as OpenAI
+        does; the body's ``model`` must be the served one."""
+        tenant = tenant_of(request)
+        body = parse_body(await request.body(), schema)
         check_model(body.model)
+        return tenant, body
+
+    async def generate(request: Request, chat: bool) -> Response:
+        tenant, body = await authenticated_body(request, ChatCompletionRequest if chat else CompletionRequest)
         echo_text = None
         if chat:
             sampling = body.sampling_params(default_temperature=default_temperature,
@@ -269,9 +274,7 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
     @app.post("/tokenize", include_in_schema=False)
     @guarded
     async def tokenize(request: Request) -> Response:
-        tenant_of(request)
-        body: TokenizeRequest = parse_body(await request.body(), TokenizeRequest)
-        check_model(body.model)
+        _, body = await authenticated_body(request, TokenizeRequest)
         if (body.prompt is None) == (body.messages is None):
             raise invalid("Send exactly one of 'prompt' and 'messages'.", param="prompt")
         messages = tuple(m.to_router() for m in body.messages) if body.messages is not None else None
@@ -282,9 +285,7 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
     @app.post("/detokenize", include_in_schema=False)
     @guarded
     async def detokenize(request: Request) -> Response:
-        tenant_of(request)
-        body: DetokenizeRequest = parse_body(await request.body(), DetokenizeRequest)
-        check_model(body.model)
+        _, body = await authenticated_body(request, DetokenizeRequest)
         return json_response({"prompt": router.detokenize(body.tokens)})
 
     @app.get("/v1/models", include_in_schema=False)
