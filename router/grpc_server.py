@@ -22,6 +22,7 @@ from engine.errors import InvalidParameterError
 from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 from router.api import ChatMessage, ErrorKind, GenerateRequest, RouterAPI, RouterError, StreamEvent, invalid
+from router.choices import MAX_CHOICES, Choices
 from router.grpc_gen.baton.v1 import generate_pb2 as pb
 from router.grpc_gen.baton.v1 import generate_pb2_grpc as pb_grpc
 
@@ -215,35 +216,41 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         tenant = await self._tenant(context)
         try:
             greq = request_from_proto(request, tenant, context.time_remaining())
+            n = request.n if request.HasField("n") else 1
+            if not 1 <= n <= MAX_CHOICES:
+                raise invalid(f"must be in [1, {MAX_CHOICES}], got {n}", param="n")
         except RouterError as err:
             await _abort(context, err)
-        stream = await _guard(context, self._router.generate(greq))
-        finished = False  # False on every exit but a normal end: the request must be stopped
-        events = stream.__aiter__()
+        choices = await _guard(context, Choices.start(self._router, greq, n))
+        left = n  # choices not finished yet; any left on exit must be stopped
+        events = choices.events()
         try:
-            async for ev in events:
-                if finished:
+            async for index, ev in events:
+                if not left:
                     break  # nothing may follow the last event
                 if ev.error is not None:  # failed after streaming started: the messages sent stand
-                    finished = True
+                    left = 0  # the others were stopped with it
                     await _abort(context, ev.error)
-                await context.write(response_from_event(ev, stream.lane, self._router.token_bytes))
+                msg = response_from_event(ev, choices.lane, self._router.token_bytes)
+                msg.index = index
+                await context.write(msg)
                 # After the last event, iterate once more rather than break, so the stream's own
                 # end-of-request code runs instead of being cut off by aclose().
-                finished = ev.finished
-                if not finished and context.cancelled():
+                if ev.finished:
+                    left -= 1
+                if left and context.cancelled():
                     break
             else:
-                finished = True  # the router ended the stream itself
+                left = 0  # the router ended the streams itself
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise  # client cancel / deadline (the task is cancelled) or our own abort
         except Exception:
-            log.exception("generation stream %s failed", stream.request_id)
+            log.exception("generation stream %s failed", choices.request_id)
             await context.abort(grpc.StatusCode.INTERNAL, "internal error")
         finally:
-            if not finished:
+            if left:
                 # Shielded: a second cancellation (server shutdown) must not leave blocks allocated.
-                await _shielded(stream.abort(), f"abort of {stream.request_id}")
+                await _shielded(choices.abort(), f"abort of {choices.request_id}")
             await _close(events)
 
     async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:

@@ -10,7 +10,7 @@ Endpoints (every ``/v1/*`` one authenticates with ``Authorization: Bearer <key>`
   ``skip_special_tokens`` body fields. Responses carry ``X-Request-Id`` and ``X-Baton-Lane``.
   ``logprobs`` (completions: 0-20 alternatives) and ``logprobs`` + ``top_logprobs`` (chat) are
   reported in OpenAI's shapes (router/http/logprobs.py), streamed with their tokens. ``n`` (1-16)
-  runs one router request per choice (router/http/choices.py); ``X-Request-Id`` then lists them.
+  runs one router request per choice (router/choices.py); ``X-Request-Id`` then lists them.
 - ``GET /v1/models``, ``GET /v1/models/{model}``: the served model.
 - ``POST /tokenize`` (``prompt`` or ``messages``) -> ``{"count", "max_model_len", "tokens"}`` and
   ``POST /detokenize`` (``tokens``) -> ``{"prompt"}``, vLLM's: count and check tokens with the
@@ -48,7 +48,7 @@ from starlette.responses import Response
 from engine.errors import ContextLengthError, InvalidParameterError
 from engine.sampling_params import SamplingParams
 from router.api import ErrorKind, GenerateRequest, RouterAPI, RouterError, invalid
-from router.http.choices import Choices
+from router.choices import Choices
 from router.http.logprobs import LogprobsFormatter
 from router.http.responses import ChunkBuilder, chat_completion, dumps, internal_error, text_completion
 from router.http.schemas import (

@@ -21,7 +21,7 @@ from engine.errors import InvalidParameterError
 from engine.logprobs import MAX_TOP_LOGPROBS
 from engine.sampling_params import SamplingParams
 from router.api import ChatMessage, RouterError, invalid
-from router.http.choices import MAX_CHOICES
+from router.choices import MAX_CHOICES
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 

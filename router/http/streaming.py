@@ -12,7 +12,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from router.api import RouterError, Usage
-from router.http.choices import Choices
+from router.choices import Choices
 from router.http.responses import SSE_DONE, ChunkBuilder, internal_error, sse, total_usage
 
 log = logging.getLogger(__name__)

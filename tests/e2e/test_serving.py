@@ -158,6 +158,12 @@ def test_n_choices_through_the_stack(srv):
         for choice in ch.choices:
             by_index[choice.index] += choice.text
     assert by_index[0] == by_index[1] != ""  # greedy: the same answer twice
+    with grpc.insecure_channel(srv.grpc) as ch:  # and over gRPC
+        req = pb.GenerateRequest(text="a b c", n=2, sampling=pb.SamplingParameters(max_tokens=4, temperature=0,
+                                                                                   ignore_eos=True))
+        msgs = list(pbg.GenerationStub(ch).Generate(req, metadata=_grpc_md(), timeout=30))
+    texts = ["".join(m.text for m in msgs if m.index == i) for i in (0, 1)]
+    assert texts[0] == texts[1] == by_index[0] and sum(m.finished for m in msgs) == 2
     drained(srv)
 
 

@@ -179,6 +179,24 @@ def test_prompt_logprobs(stub, fake):
     assert all(not m.prompt_logprobs for m in msgs[1:])
 
 
+def test_n_choices(stub, fake):
+    msgs = list(stub.Generate(pb.GenerateRequest(text="x", request_id="r", n=3, sampling=SP(max_tokens=3, seed=4))))
+    assert [q.request_id for q in fake.requests] == ["r-0", "r-1", "r-2"]
+    assert [q.sampling.seed for q in fake.requests] == [4, 5, 6]
+    for i in range(3):
+        mine = [m for m in msgs if m.index == i]
+        assert "".join(m.text for m in mine) == "alpha beta gamma" and mine[-1].finished
+        assert [m.finished for m in mine].count(True) == 1 and mine[-1].request_id == f"r-{i}"
+
+
+def test_n_choices_cancelled_are_all_stopped(stub, fake):
+    fake.token_delay_s = 0.05
+    call = stub.Generate(text_req(max_tokens=200, request_id="c", n=2))
+    next(call)
+    call.cancel()
+    assert wait_for(lambda: {"c-0", "c-1"} <= set(fake.aborted), 2.0), fake.aborted
+
+
 def test_in_band_error_aborts_after_sent_messages(stub, fake):
     fake.fail_after_tokens = 2
     call = stub.Generate(text_req(max_tokens=5, request_id="r-err"))
@@ -294,6 +312,8 @@ BAD_INPUTS = {
     "presence_penalty > 2": (pb.GenerateRequest(text="x", sampling=SP(presence_penalty=3)), "sampling.presence_penalty"),
     "logit_bias > 100": (pb.GenerateRequest(text="x", sampling=SP(logit_bias={1: 200})), "sampling.logit_bias"),
     "min_p > 1": (pb.GenerateRequest(text="x", sampling=SP(min_p=2)), "sampling.min_p"),
+    "n 0": (text_req(n=0), "n"),
+    "n 17": (text_req(n=17), "n"),
     "empty lane": (text_req(lane=""), "lane"),
     "empty request id": (text_req(request_id=""), "request_id"),
     "long request id": (text_req(request_id="r" * 300), "request_id"),

@@ -1,5 +1,5 @@
-"""``n`` choices for one HTTP request: ``n`` router requests started together, merged into one
-response and stopped together.
+"""``n`` choices for one frontend request (HTTP or gRPC): ``n`` router requests started together,
+merged into one response (or one interleaved stream) and stopped together.
 
 Choice ``i`` is its own router request (admitted, queued, placed and counted like any other):
 its id is ``<id>-<i>`` when the client named the request, its ``Idempotency-Key`` is
