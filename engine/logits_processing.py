@@ -25,7 +25,6 @@ def process_logits(logits: torch.Tensor, params: Sequence[SamplingParams], histo
     """``logits`` [N, V]; ``histories[i]``: row i's tokens so far (prompt, then output), needed only
     where ``params[i].processes_logits``. Returns a new tensor; ``logits`` is left as it was."""
     out = logits.clone()
-    vocab = logits.shape[1]
     for i, sp in enumerate(params):
         if not sp.processes_logits:
             continue
@@ -40,7 +39,7 @@ def process_logits(logits: torch.Tensor, params: Sequence[SamplingParams], histo
             row[seen] = torch.where(values > 0, values / sp.repetition_penalty, values * sp.repetition_penalty)
         if sp.frequency_penalty or sp.presence_penalty:
             output = history[num_prompt_tokens[i]:]
-            if len(output):
-                counts = torch.bincount(output, minlength=vocab)[:vocab].to(row.dtype)
-                row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(row.dtype)
+            if len(output):  # only the tokens generated so far change: no vocabulary-sized pass
+                seen, counts = torch.unique(output, return_counts=True)
+                row[seen] -= sp.frequency_penalty * counts.to(row.dtype) + sp.presence_penalty
     return out
