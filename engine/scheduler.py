@@ -3,7 +3,8 @@
 A request is "computed tokens chasing total tokens": each step gives it
 ``min(num_tokens - num_computed_tokens, remaining budget)`` tokens, which is one token for a decode,
 a chunk for a prompt (chunked prefill), and the whole known sequence again after preemption.
-Prefix-cache hits advance ``num_computed_tokens`` at admission.
+Prefix-cache hits advance ``num_computed_tokens`` at admission (except for a request that still
+needs its prompt's logprobs: a hit would skip positions it must score).
 
 Queues and transitions (``engine.request`` has the full table)::
 
