@@ -50,8 +50,11 @@ class InputBatch:
         self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)
         self.num_prompt_tokens = np.zeros(max_num_seqs, dtype=np.int64)
         self.params: list[SamplingParams | None] = [None] * max_num_seqs
-        self.scoring_rows: set[int] = set()  # rows whose request wants prompt logprobs
-        self.processing_rows: set[int] = set()  # rows whose request has penalties or a logit bias
+        # Rows whose request wants logprobs / prompt logprobs / has penalties or a logit bias: a step
+        # looks for those features only while some row in the batch has them.
+        self.logprob_rows: set[int] = set()
+        self.scoring_rows: set[int] = set()
+        self.processing_rows: set[int] = set()
 
     # -- deltas -----------------------------------------------------------------------------
     def apply(self, so: SchedulerOutput) -> None:
@@ -65,8 +68,10 @@ class InputBatch:
             self.block_table[row, :nb] = new.block_ids
             self.num_blocks[row] = nb
             self.params[row] = new.sampling_params
-            for wanted, rows in ((new.sampling_params.prompt_logprobs is not None, self.scoring_rows),
-                                 (new.sampling_params.processes_logits, self.processing_rows)):
+            sp = new.sampling_params
+            for wanted, rows in ((sp.logprobs is not None, self.logprob_rows),
+                                 (sp.prompt_logprobs is not None, self.scoring_rows),
+                                 (sp.processes_logits, self.processing_rows)):
                 if wanted:
                     rows.add(row)
                 else:

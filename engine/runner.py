@@ -98,7 +98,10 @@ class ModelRunner:
         sampled_t = self.sampler.sample(to_sample, params, out_pos)
         sampled = sampled_t.cpu().numpy()
         batch.append_sampled(rows, sampled)
-        return RunnerOutput(inputs.sample_rows.tolist(), sampled.tolist(), _logprobs(logits, sampled_t, params))
+        logprobs = None
+        if batch.logprob_rows and not batch.logprob_rows.isdisjoint(row_list):
+            logprobs = _logprobs(logits, sampled_t, params)
+        return RunnerOutput(row_list, sampled.tolist(), logprobs)
 
     def _metadata(self, x: StepInputs) -> AttentionMetadata:
         t = self._tensor

@@ -14,6 +14,7 @@ as the bit patterns of float64s. A fixed size keeps every message one header rec
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import struct
 from dataclasses import dataclass
@@ -66,7 +67,9 @@ class Header:
         v = t.tolist()
         if v[0] != MAGIC:
             raise ValueError(f"bad KV transfer header magic {v[0]:#x}: the stream is out of sync")
-        return cls(Kind(v[1]), *v[2:_BASE_LEN], first_logprob=_decode_logprob(v[7], v[_BASE_LEN:]))
+        header = cls(Kind(v[1]), *v[2:_BASE_LEN])
+        first_logprob = _decode_logprob(header.first_token, v[_BASE_LEN:])
+        return header if first_logprob is None else dataclasses.replace(header, first_logprob=first_logprob)
 
 
 def empty_header(device: torch.device) -> torch.Tensor:

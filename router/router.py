@@ -16,7 +16,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
 
 from engine.block_hash import hash_blocks
 from engine.model.tokenizer import Tokenizer
@@ -36,7 +35,7 @@ from router.load_signals import LoadSignals
 from router.metrics import RouterMetrics
 from router.pace_guard import PaceGuard
 from router.placement import NO_HINT, PlacementHint, prefill_queue
-from router.prompt_input import detokenize, request_fingerprint, token_bytes, tokenize_request
+from router.prompt_input import TokenTexts, request_fingerprint, tokenize_request
 from router.router_stream import ReplayStream, RequestContext, RouterStream, with_deadline
 from router.state.connection import StateUnavailable
 from router.stream import RequestStream
@@ -59,7 +58,7 @@ class RouterConfig:
     drain_timeout_s: float = 30.0
 
 
-class Router:
+class Router(TokenTexts):
     def __init__(self, config: RouterConfig, pool: WorkerPool, dispatcher: Dispatcher,
                  state: ClusterState | None = None) -> None:
         self.config = config
@@ -255,15 +254,6 @@ class Router:
     def model_info(self) -> ModelInfo:
         return ModelInfo(self.config.model_name, self.max_model_len, self.vocab_size, self.created,
                          tuple(lane.name for lane in self.policy.lanes))
-
-    def tokenize(self, request: GenerateRequest) -> list[int]:
-        return tokenize_request(request, self.tokenizer, self.vocab_size)[0]
-
-    def detokenize(self, token_ids: Sequence[int]) -> str:
-        return detokenize(token_ids, self.tokenizer, self.vocab_size)
-
-    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
-        return token_bytes(token_ids, self.tokenizer)
 
     def readiness(self) -> Readiness:
         if self.draining:

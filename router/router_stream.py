@@ -87,8 +87,6 @@ class RouterStream:
     async def result(self) -> GenerationResult:
         text: list[str] = []
         ids: list[int] = []
-        logprobs: list | None = None
-        prompt_logprobs = None
         reason = None
         usage = None
         async for ev in self:
@@ -96,17 +94,12 @@ class RouterStream:
                 raise ev.error
             text.append(ev.text)
             ids.extend(ev.token_ids)
-            if ev.logprobs is not None:
-                if logprobs is None:
-                    logprobs = []
-                logprobs.extend(ev.logprobs)
-            if ev.prompt_logprobs is not None:
-                prompt_logprobs = ev.prompt_logprobs
             if ev.finished:
                 reason, usage = ev.finish_reason, ev.usage
+        s = self.ctx.stream  # it already keeps the logprobs the caller was sent
         return GenerationResult(self.ctx.request_id, "".join(text), tuple(ids), reason, usage or self._usage(),
-                                self.ctx.lane, prompt_text=self.ctx.prompt_text, logprobs=_tuple(logprobs),
-                                prompt_logprobs=prompt_logprobs)
+                                self.ctx.lane, prompt_text=self.ctx.prompt_text, logprobs=_tuple(s.logprobs),
+                                prompt_logprobs=_tuple(s.prompt_logprobs))
 
     async def abort(self) -> None:
         if not self.ctx.durable:  # a journaled job outlives its client
