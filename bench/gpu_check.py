@@ -1,6 +1,7 @@
 """Every check that needs a GPU, as one prepared run for a borrowed CUDA machine (one short lease,
 no network, no Ray there): the Triton kernels against the torch reference, the engine's CUDA path
-against transformers token for token, the kernels' bandwidth as a fraction of a device-to-device
+against transformers token for token, a prefill and a decode worker sharing the GPU (CUDA IPC)
+against the colocated engine, the kernels' bandwidth as a fraction of a device-to-device
 copy, the KV transfer over CUDA IPC (and NCCL with two GPUs), and offline throughput on a
 random-weight Qwen2.5-0.5B against the same engine's static batching.
 
@@ -37,11 +38,14 @@ def _steps(tmp: Path) -> list[tuple[str, list[str], int]]:
                             "tests/engine/attention/test_triton_kernels.py"], 240),
         ("golden_tiny_cuda_fp32", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                    "tests/engine/test_golden_tiny.py"], 240),
+        ("disagg_ipc_tiny", [py, "-m", "bench.disagg_check", "--device", "cuda", "--json"], 120),
         ("kernels_bandwidth", [py, "-m", "bench.kernels", "--json"], 180),
         ("kv_transfer_ipc", [py, "-m", "bench.kv_transfer", "--device", "cuda", "--no-ray",
                              "--geometry", "llama-3.2-1b", "--json"], 120),
         ("offline_qwen2.5-0.5b", [py, "-m", "bench.gpu_check", "--offline", "qwen2.5-0.5b", "--model-dir",
                                   str(tmp / "qwen2.5-0.5b")], 240),
+        ("offline_llama-3.2-1b", [py, "-m", "bench.gpu_check", "--offline", "llama-3.2-1b", "--model-dir",
+                                  str(tmp / "llama-3.2-1b")], 240),
     ]
 
 
@@ -55,8 +59,9 @@ def _last_json(text: str):
     return value if isinstance(value, dict) else None
 
 
-def run_checks(out: Path, budget_s: float, steps=None) -> dict:
-    """Run ``steps`` (default: ``_steps``, given a scratch folder) in order inside ``budget_s``."""
+def run_checks(out: Path, budget_s: float, steps=None, only: set[str] | None = None) -> dict:
+    """Run ``steps`` (default: ``_steps``, given a scratch folder; those named in ``only``, if given)
+    in order inside ``budget_s``."""
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "budget_s": budget_s, "steps": {}}
     deadline = time.monotonic() + budget_s
@@ -65,6 +70,8 @@ def run_checks(out: Path, budget_s: float, steps=None) -> dict:
     env.pop("TRITON_INTERPRET", None)
     with tempfile.TemporaryDirectory() as tmp, open(out / "gpu_check.log", "w") as log:
         for name, cmd, most_s in (steps if steps is not None else _steps(Path(tmp))):
+            if only is not None and name not in only:
+                continue
             left = deadline - time.monotonic()
             if left < 20:
                 report["steps"][name] = {"skipped": f"{left:.0f} s of the budget left"}
@@ -107,10 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("gpu_check_out"))
     ap.add_argument("--budget-s", type=float, default=420.0, help="seconds for all the steps together")
+    ap.add_argument("--only", help="comma-separated step names (default: all, in order)")
     ap.add_argument("--offline", help=argparse.SUPPRESS)  # one step, run in its own process
     ap.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, default=256, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    only = set(a.only.split(",")) if a.only else None
+    unknown = (only or set()) - {name for name, _, _ in _steps(Path("."))}
+    if unknown:
+        ap.error(f"unknown steps: {', '.join(sorted(unknown))}")
     import torch
 
     if not torch.cuda.is_available():
@@ -119,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.offline:
         print(json.dumps(offline(a.offline, a.model_dir, a.n), indent=2, default=str))
         return 0
-    report = run_checks(a.out, a.budget_s)
+    report = run_checks(a.out, a.budget_s, only=only)
     failed = [k for k, v in report["steps"].items() if v.get("rc") not in (0, None)]
     print(f"bench.gpu_check: {len(report['steps'])} steps, failed: {', '.join(failed) or 'none'}; "
           f"report in {a.out / 'gpu_check.json'}")

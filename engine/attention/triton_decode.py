@@ -21,6 +21,13 @@ _MIN_PROGRAMS_WITHOUT_SPLIT = 256
 _DEFAULT_PARTITION = 512
 # Keys per loop step; independent of the cache block size (keys are gathered one by one).
 _BLOCK_N = 32
+# tl.dot on NVIDIA GPUs needs every operand dimension >= 16 (the interpreter does not check).
+_MIN_DOT_DIM = 16
+
+
+def dot_pad(n: int) -> int:
+    """The padded size of a tl.dot operand dimension of real size ``n``: a power of two, >= 16."""
+    return max(_MIN_DOT_DIM, triton.next_power_of_2(n))
 
 
 @triton.jit
@@ -164,8 +171,8 @@ def paged_decode_attention(
     part_len = _partition_len(num_seqs, kv_heads, max_len, partition_size)
     num_parts = triton.cdiv(max_len, part_len)
     split = num_parts > 1
-    d_pad = triton.next_power_of_2(head_dim)
-    group_pad = max(16, triton.next_power_of_2(group))
+    d_pad = dot_pad(head_dim)
+    group_pad = dot_pad(group)
 
     if split:
         part_acc = torch.empty(num_seqs, num_heads, num_parts, d_pad, device=q.device, dtype=torch.float32)

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.attention.triton_decode import dot_pad
+
 _LOG2E = 1.4426950408889634
 _BLOCK_M = 64  # rows (tokens x group heads) per program
 _BLOCK_N = 32  # keys per loop step
@@ -169,7 +171,7 @@ def paged_prefill_attention(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, tiles, out,
         scale * _LOG2E, num_seqs,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
-        GROUP=group, TOKENS=tokens, HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim),
+        GROUP=group, TOKENS=tokens, HEAD_DIM=head_dim, D_PAD=dot_pad(head_dim),
         BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
     )
     return out

@@ -44,3 +44,13 @@ def test_without_cuda_it_says_so_and_succeeds(tmp_path, capsys):
         pytest.skip("this machine has CUDA: the real run applies")
     assert main(["--out", str(tmp_path)]) == 0
     assert "CUDA is not available" in capsys.readouterr().out
+
+
+def test_only_the_named_steps_run_and_unknown_names_are_refused(tmp_path, capsys):
+    py = sys.executable
+    steps = [("a", [py, "-c", "print('{\"a\": 1}')"], 30), ("b", [py, "-c", "print('{\"b\": 1}')"], 30)]
+    assert run_checks(tmp_path, budget_s=60, steps=steps, only={"b"})["steps"].keys() == {"b"}
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["--only", "no_such_step", "--out", str(tmp_path)])
