@@ -44,6 +44,11 @@ DECODE_CASES: dict[str, dict[str, Any]] = {
     # Head dims below tl.dot's minimum of 16 (the tests' tiny models) and not a power of two.
     "gqa2_bs8_d8": dict(heads=4, kv_heads=2, head_dim=8, block_size=8, lens=[1, 9, 30]),
     "gqa1_bs16_d80_split": dict(heads=2, kv_heads=2, head_dim=80, block_size=16, lens=[70, 5], partition=32),
+    # Other launch shapes (bench/kernel_sweep.py): key tiles wider than a cache block, and narrower.
+    "tiles_n128_split": dict(heads=8, kv_heads=2, head_dim=64, block_size=16, lens=[300, 7, 129], partition=256,
+                             tiles=dict(block_n=128, num_warps=8)),
+    "tiles_original_n32": dict(heads=8, kv_heads=2, head_dim=64, block_size=16, lens=[100, 3], tiles=dict(block_n=32)),
+    "tiles_n16": dict(heads=9, kv_heads=3, head_dim=64, block_size=32, lens=[70, 1, 33], tiles=dict(block_n=16, num_warps=2)),
 }
 PREFILL_CASES: dict[str, dict[str, Any]] = {
     "no_prefix_gqa1_bs8": dict(heads=4, kv_heads=4, head_dim=64, block_size=8, q_lens=[1, 8, 20], ctx=[1, 8, 20]),
@@ -60,6 +65,12 @@ PREFILL_CASES: dict[str, dict[str, Any]] = {
     "bf16_gqa3": dict(heads=9, kv_heads=3, head_dim=64, block_size=16, q_lens=[20, 7], ctx=[60, 7], dtype="bfloat16"),
     "gqa2_bs8_d8": dict(heads=4, kv_heads=2, head_dim=8, block_size=8, q_lens=[9, 1, 30], ctx=[20, 5, 30]),
     "gqa1_bs16_d80": dict(heads=2, kv_heads=2, head_dim=80, block_size=16, q_lens=[33, 4], ctx=[50, 4]),
+    "tiles_m128_n128": dict(heads=8, kv_heads=2, head_dim=64, block_size=16, q_lens=[150, 3, 40], ctx=[300, 3, 170],
+                            tiles=dict(block_m=128, block_n=128, num_warps=8, num_stages=2)),
+    "tiles_original_m64_n32": dict(heads=8, kv_heads=2, head_dim=64, block_size=16, q_lens=[70, 5], ctx=[90, 5],
+                                   tiles=dict(block_m=64, block_n=32)),
+    "tiles_m16_group7": dict(heads=14, kv_heads=2, head_dim=64, block_size=16, q_lens=[20, 9], ctx=[45, 9],
+                             tiles=dict(block_m=16, block_n=64)),
 }
 KV_WRITE_CASES: dict[str, dict[str, Any]] = {
     "kvh3_bs16_d64": dict(kv_heads=3, head_dim=64, block_size=16, tokens=40),
@@ -149,8 +160,8 @@ def _run_kv_write(case: dict[str, Any], device: str) -> float:
 
 def run_cases(device: str) -> dict[str, dict[str, Any]]:
     """Every case's max abs error (or its traceback), keyed ``kind/name``."""
-    from engine.attention.triton_decode import paged_decode_attention
-    from engine.attention.triton_prefill import paged_prefill_attention
+    from engine.attention.triton_decode import DecodeTiles, paged_decode_attention
+    from engine.attention.triton_prefill import PrefillTiles, paged_prefill_attention
 
     results: dict[str, dict[str, Any]] = {}
 
@@ -166,7 +177,8 @@ def run_cases(device: str) -> dict[str, dict[str, Any]]:
 
         def decode(case: dict[str, Any] = case) -> float:
             args = decode_inputs(case, device)
-            got = paged_decode_attention(*args, partition_size=case.get("partition"))
+            tiles = DecodeTiles(**case["tiles"]) if "tiles" in case else None  # None: the kernel's choice
+            got = paged_decode_attention(*args, partition_size=case.get("partition"), tiles=tiles)
             return _err(got.cpu(), ref.paged_decode_attention(*(a.cpu() if torch.is_tensor(a) else a for a in args)))
 
         record(f"decode/{name}", decode)
@@ -176,7 +188,8 @@ def run_cases(device: str) -> dict[str, dict[str, Any]]:
 
         def prefill(case: dict[str, Any] = case) -> float:
             args = prefill_inputs(case, device)
-            got = paged_prefill_attention(*args)
+            tiles = PrefillTiles(**case["tiles"]) if "tiles" in case else None
+            got = paged_prefill_attention(*args, tiles=tiles)
             return _err(got.cpu(), ref.paged_prefill_attention(*(a.cpu() if torch.is_tensor(a) else a for a in args)))
 
         record(f"prefill/{name}", prefill)
@@ -307,6 +320,18 @@ def test_cases_cover_the_brief() -> None:
     assert {64, 128} <= {c["head_dim"] for c in (*DECODE_CASES.values(), *PREFILL_CASES.values())}
     assert any(c["ctx"] == c["q_lens"] for c in PREFILL_CASES.values())
     assert any(1 in c["lens"] for c in DECODE_CASES.values())
+
+
+def test_wide_tiles_only_where_their_buffers_fit_in_shared_memory() -> None:
+    pytest.importorskip("triton")
+    from engine.attention.triton_decode import DEFAULT_DECODE_TILES, default_decode_tiles
+    from engine.attention.triton_prefill import DEFAULT_PREFILL_TILES, default_prefill_tiles
+
+    assert default_decode_tiles(64, torch.bfloat16).block_n == 128
+    assert default_prefill_tiles(64, torch.bfloat16).block_m == 128
+    assert default_decode_tiles(8, torch.float32).block_n == 128  # padded to 16 fp32: 64-byte rows
+    assert default_decode_tiles(128, torch.bfloat16) == DEFAULT_DECODE_TILES
+    assert default_prefill_tiles(64, torch.float32) == DEFAULT_PREFILL_TILES
 
 
 def test_dot_operands_are_padded_to_what_a_gpu_compiles() -> None:
