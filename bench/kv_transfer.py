@@ -209,6 +209,11 @@ def run(lengths: list[int], repeats: int = 5, chunk_tokens: int = 2048, geometry
                            timeout=datetime.timedelta(seconds=60))
     store = StoreAddress("127.0.0.1", master.port)
     actors = _Actors(use_ray)
+    # This process works on one thread, as the peers do: a parallel copy or randn here would leave
+    # its pool's threads spinning on a core the peers need for the next transfer (on 2 cores that
+    # made the local path's small transfers ~5x slower).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
         if wire_devices:
             p = actors.start("prefill", store, max_blocks, g, False, wire_devices[0], dtype)
@@ -265,6 +270,7 @@ def run(lengths: list[int], repeats: int = 5, chunk_tokens: int = 2048, geometry
         actors.get([actors.call(a, "release") for a in pairs])
     finally:
         actors.stop()
+        torch.set_num_threads(threads)
     if dev.type == "cuda":
         backend = "NCCL between two GPUs, CUDA IPC on one" if wire_devices else "CUDA IPC on one GPU (one GPU: no NCCL pair)"
         name = torch.cuda.get_device_name(0)

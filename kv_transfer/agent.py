@@ -22,7 +22,7 @@ import torch.distributed as dist
 from engine.logprobs import TokenLogprob
 from kv_transfer.channel import Channel
 from kv_transfer.fault import FaultInjector
-from kv_transfer.local_kv import export_kv
+from kv_transfer.local_kv import LocalRows, export_kv
 from kv_transfer.pair_group import connect_store
 from kv_transfer.peer import PeerInfo, StoreAddress
 from kv_transfer.wire import FLAG_LAST, Header, Kind
@@ -204,7 +204,7 @@ class TransferAgent:
             self.faults.before_chunk()
         return True
 
-    def _on_message(self, ch: Channel, header: Header, payload: torch.Tensor | None) -> None:
+    def _on_message(self, ch: Channel, header: Header, payload: torch.Tensor | LocalRows | None) -> None:
         if header.kind is Kind.KV:
             self._receive_kv(ch, header, payload)
         elif header.kind is Kind.ABORT:
@@ -216,7 +216,7 @@ class TransferAgent:
         elif header.kind in (Kind.ACK, Kind.NACK):
             self._finish_outgoing((ch.peer.key, header.transfer_id), acked=header.kind is Kind.ACK)
 
-    def _receive_kv(self, ch: Channel, header: Header, payload: torch.Tensor | None) -> None:
+    def _receive_kv(self, ch: Channel, header: Header, payload: torch.Tensor | LocalRows | None) -> None:
         with self._lock:
             exp = self._expected.get(header.transfer_id)
             if exp is not None and payload is not None:
@@ -224,12 +224,16 @@ class TransferAgent:
                 if len(dst) != header.num_blocks:
                     exp = None  # a malformed chunk: refuse the transfer rather than corrupt blocks
                     self._expected.pop(header.transfer_id, None)
+                elif isinstance(payload, LocalRows):
+                    payload.copy_into(self.kv_cache, dst)
+                    self.stats.bytes_received += payload.num_bytes
                 else:
                     idx = torch.tensor(dst, dtype=torch.long, device=self.device)
                     self.kv_cache.index_copy_(0, idx, payload)
+                    self.stats.bytes_received += payload.numel() * payload.element_size()
+                if exp is not None:
                     exp.chunks += 1
                     exp.last_progress = time.monotonic()
-                    self.stats.bytes_received += payload.numel() * payload.element_size()
                     self.stats.blocks_received += header.num_blocks
             if exp is not None and header.is_last:
                 del self._expected[header.transfer_id]

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from kv_transfer.local_kv import PeerKV
+from kv_transfer.local_kv import LocalRows, PeerKV
 from kv_transfer.pair_group import form_pair_group
 from kv_transfer.peer import PeerInfo
 from kv_transfer.wire import Header, empty_header
@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 # (header, payload or None); None is the sender's stop signal.
 Outgoing = tuple[Header, torch.Tensor | None]
+# What a received KV message carries: the packed rows (group mode), or where to copy them from (local).
+Received = torch.Tensor | LocalRows
 
 
 class Channel:
@@ -38,7 +40,7 @@ class Channel:
         device: torch.device,
         payload_shape: tuple[int, ...],
         payload_dtype: torch.dtype,
-        on_message: Callable[[Channel, Header, torch.Tensor | None], None],
+        on_message: Callable[[Channel, Header, Received | None], None],
         on_failure: Callable[[Channel, str], None],
         connect_timeout_s: float = 30.0,
         before_send: Callable[[Header], bool] | None = None,
@@ -147,8 +149,8 @@ class Channel:
                 if header.num_blocks > 0 and self.local:
                     ids = torch.empty(header.num_blocks, dtype=torch.long)
                     group.recv([ids], self._peer_rank, 0).wait()
-                    payload = self._peer_kv.gather(ids, self.device)
-                    self.bytes_received += payload.numel() * payload.element_size()
+                    payload = self._peer_kv.rows(ids)  # copied into our blocks by the agent, under its lock
+                    self.bytes_received += payload.num_bytes
                 elif header.num_blocks > 0:
                     payload = torch.empty((header.num_blocks, *self.payload_shape), dtype=self.payload_dtype,
                                           device=device)

@@ -90,8 +90,9 @@ class PeerKV:
         else:
             raise ValueError(f"unknown KV export kind {kind!r}")
 
-    def gather(self, block_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return self.tensor.index_select(0, block_ids.to(self.tensor.device)).to(device)
+    def rows(self, block_ids: torch.Tensor) -> LocalRows:
+        """A chunk's payload on the local path: these rows of the peer's cache, copied on arrival."""
+        return LocalRows(self, block_ids)
 
     def close(self) -> None:
         self.tensor = None
@@ -101,3 +102,43 @@ class PeerKV:
             except BufferError:  # a view is still alive somewhere: the mapping goes with it
                 pass
             self._map = None
+
+
+@dataclass(frozen=True)
+class LocalRows:
+    """Rows (blocks) of a peer's mapped cache, to be copied into ours: the local path's payload."""
+
+    peer: PeerKV
+    block_ids: torch.Tensor  # the sender's block ids, int64 on the CPU
+
+    @property
+    def num_bytes(self) -> int:
+        src = self.peer.tensor
+        return len(self.block_ids) * src[0].numel() * src.element_size()
+
+    def copy_into(self, cache: torch.Tensor, dst_block_ids: list[int]) -> None:
+        """Copy the rows into ``cache``'s blocks ``dst_block_ids`` (same order)."""
+        src = self.peer.tensor
+        if cache.device.type == "cuda":
+            # One gather and one scatter on the device: launches, not bytes, are what cost here.
+            rows = src.index_select(0, self.block_ids.to(src.device))
+            cache.index_copy_(0, torch.tensor(dst_block_ids, dtype=torch.long, device=cache.device), rows)
+            return
+        # CPU: straight from the mapping into our blocks, one slice copy per run of consecutive ids
+        # on both sides. A gathered temporary would be a fresh allocation every chunk, and faulting
+        # its pages in cost ~5x the copy itself (180 MiB: 40 ms against 8).
+        for src_start, dst_start, n in consecutive_runs(self.block_ids.tolist(), dst_block_ids):
+            cache[dst_start : dst_start + n].copy_(src[src_start : src_start + n])
+
+
+def consecutive_runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
+    """(src start, dst start, length) for the maximal runs where both id lists count up by one."""
+    if len(src) != len(dst):
+        raise ValueError(f"{len(src)} source blocks for {len(dst)} destination blocks")
+    runs: list[tuple[int, int, int]] = []
+    for s, d in zip(src, dst):
+        if runs and s == runs[-1][0] + runs[-1][2] and d == runs[-1][1] + runs[-1][2]:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((s, d, 1))
+    return runs

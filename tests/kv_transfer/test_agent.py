@@ -162,3 +162,32 @@ def test_only_peers_sharing_a_locality_use_the_local_path():
     assert not Channel.is_local(here, PeerInfo("d1", "x", "decode", locality="shm:boot-b:host-b"))
     assert not Channel.is_local(here, PeerInfo("d1", "x", "decode"))  # its cache cannot be shared
     assert not Channel.is_local(PeerInfo("p1", "x", "prefill"), PeerInfo("d1", "x", "decode"))
+
+
+def test_local_path_copies_runs_of_blocks_into_exactly_their_places(store):
+    """On CPU the rows go straight from the peer's mapping into our blocks, a slice per run of
+    consecutive ids on both sides: runs that break on either side must land block by block."""
+    p, d, pp, dp, received, failed, acked, segments = make_local_pair(store, inc="runs")
+    try:
+        src, dst = [8, 9, 10, 3, 4, 30], [12, 13, 20, 21, 22, 2]
+        d.expect(pp, 1, "r", dst)
+        p.send_blocks(dp, 1, "r", 0, src[:4], chunk_index=0, last=False)
+        p.send_blocks(dp, 1, "r", 4, src[4:], chunk_index=1, last=True, first_token=9)
+        assert received.wait() == [("r", 9)] and acked.wait() == [("r", True)]
+        assert torch.equal(d.kv_cache[dst], p.kv_cache[src])
+        untouched = [b for b in range(d.kv_cache.shape[0]) if b not in dst]
+        assert torch.count_nonzero(d.kv_cache[untouched]) == 0
+    finally:
+        p.close()
+        d.close()
+        for s in segments:
+            s.unlink()
+
+
+def test_consecutive_runs_follow_both_sides():
+    from kv_transfer.local_kv import consecutive_runs
+
+    assert consecutive_runs([8, 9, 10, 3, 4], [40, 41, 50, 51, 52]) == [(8, 40, 2), (10, 50, 1), (3, 51, 2)]
+    assert consecutive_runs([], []) == []
+    with pytest.raises(ValueError):
+        consecutive_runs([1], [])
