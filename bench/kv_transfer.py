@@ -81,6 +81,7 @@ class BenchPeer:
         self.agent = TransferAgent(self.peer, store, self.kv, on_received=self._received,
                                    on_acked=self._acked, kv_segment_name=self.segment.name if self.segment else None)
         self.raw_group = None
+        self._raw_buffers: dict[int, torch.Tensor] = {}
 
     def info(self) -> PeerInfo:
         return self.peer
@@ -123,7 +124,11 @@ class BenchPeer:
 
     def raw(self, num_bytes: int, send: bool) -> float:
         dev = self.device
-        t = torch.empty(num_bytes // 4, dtype=torch.float32, device=dev)
+        # One buffer per size, touched before timing: page faults are not the wire's cost (Baton's
+        # receiver reuses its buffer too).
+        t = self._raw_buffers.get(num_bytes)
+        if t is None:
+            t = self._raw_buffers[num_bytes] = torch.zeros(num_bytes // 4, dtype=torch.float32, device=dev)
         t0 = time.perf_counter()
         if send:
             self.raw_group.send([t], self.raw_peer, 1).wait()

@@ -24,6 +24,7 @@ from kv_transfer.channel import Channel
 from kv_transfer.fault import FaultInjector
 from kv_transfer.local_kv import LocalRows, export_kv
 from kv_transfer.pair_group import connect_store
+from kv_transfer.send_buffers import SendBuffers
 from kv_transfer.peer import PeerInfo, StoreAddress
 from kv_transfer.wire import FLAG_LAST, Header, Kind
 
@@ -102,6 +103,7 @@ class TransferAgent:
         self.on_receive_failed = on_receive_failed or (lambda rid, why: None)
         self.on_acked = on_acked or (lambda rid, ok: None)
         self.stats = TransferStats()
+        self.send_buffers = SendBuffers(tuple(kv_cache.shape[1:]), kv_cache.dtype)  # CPU pair-group path
 
     # -- channels ---------------------------------------------------------------------------
     def channel(self, peer: PeerInfo) -> Channel:
@@ -172,12 +174,14 @@ class TransferAgent:
             if delay:
                 self._delay_until[transfer_id] = time.monotonic() + delay
         ch = self.channel(peer)
-        payload = None
+        payload, on_sent = None, None
         if block_ids and ch.local:
             # The peer reads these rows of our cache itself; the blocks stay ours until the ack.
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # the step that wrote them has finished
             payload = torch.tensor(block_ids, dtype=torch.long)
+        elif block_ids and self.device.type == "cpu":
+            payload, on_sent = self.send_buffers.gather(self.kv_cache, torch.tensor(block_ids, dtype=torch.long))
         elif block_ids:
             idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
             payload = self.kv_cache.index_select(0, idx)
@@ -186,7 +190,7 @@ class TransferAgent:
                         int(time.time() * 1e6) if last else 0, first_logprob if last else None)
         out.chunks += 1
         self.stats.blocks_sent += len(block_ids)
-        ok = ch.send(header, payload)
+        ok = ch.send(header, payload, on_sent)
         if not ok:
             self._finish_outgoing(key, acked=False)
         return ok

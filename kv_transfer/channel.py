@@ -25,8 +25,8 @@ from kv_transfer.wire import Header, empty_header
 
 log = logging.getLogger(__name__)
 
-# (header, payload or None); None is the sender's stop signal.
-Outgoing = tuple[Header, torch.Tensor | None]
+# (header, payload or None, called once the payload has left or None); None is the sender's stop signal.
+Outgoing = tuple[Header, torch.Tensor | None, Callable[[], None] | None]
 # What a received KV message carries: the packed rows (group mode), or where to copy them from (local).
 Received = torch.Tensor | LocalRows
 
@@ -53,6 +53,7 @@ class Channel:
             raise ValueError(f"{me.key} claims locality {me.locality!r} but exports no KV cache")
         self._kv_export = kv_export
         self._peer_kv: PeerKV | None = None
+        self._rx_buffer: torch.Tensor | None = None  # receive thread only (_receive_buffer)
         self.payload_shape, self.payload_dtype = payload_shape, payload_dtype
         self._store = store
         self._on_message, self._on_failure = on_message, on_failure
@@ -77,11 +78,13 @@ class Channel:
     def failed(self) -> bool:
         return self._failed.is_set()
 
-    def send(self, header: Header, payload: torch.Tensor | None = None) -> bool:
-        """Queue a message (FIFO). False if the channel has already failed."""
+    def send(self, header: Header, payload: torch.Tensor | None = None,
+             on_sent: Callable[[], None] | None = None) -> bool:
+        """Queue a message (FIFO). False if the channel has already failed. ``on_sent`` runs on the
+        send thread once the payload has left (or was dropped by fault injection); not after a failure."""
         if self._failed.is_set():
             return False
-        self._queue.put((header, payload))
+        self._queue.put((header, payload, on_sent))
         return True
 
     def close(self) -> None:
@@ -112,14 +115,15 @@ class Channel:
                 item = self._queue.get()
                 if item is None:
                     return
-                header, payload = item
-                if self._before_send is not None and not self._before_send(header):
-                    continue
-                self._group.send([header.to_tensor(self._wire_device)], self._peer_rank, 0).wait()
-                if payload is not None:
-                    self._group.send([payload], self._peer_rank, 0).wait()
-                    self.bytes_sent += (payload.numel() * self._row_bytes if self.local
-                                        else payload.numel() * payload.element_size())
+                header, payload, on_sent = item
+                if self._before_send is None or self._before_send(header):
+                    self._group.send([header.to_tensor(self._wire_device)], self._peer_rank, 0).wait()
+                    if payload is not None:
+                        self._group.send([payload], self._peer_rank, 0).wait()
+                        self.bytes_sent += (payload.numel() * self._row_bytes if self.local
+                                            else payload.numel() * payload.element_size())
+                if on_sent is not None:
+                    on_sent()
         except Exception as e:
             self._fail(f"send to {self.peer.key} failed: {e}")
 
@@ -152,8 +156,7 @@ class Channel:
                     payload = self._peer_kv.rows(ids)  # copied into our blocks by the agent, under its lock
                     self.bytes_received += payload.num_bytes
                 elif header.num_blocks > 0:
-                    payload = torch.empty((header.num_blocks, *self.payload_shape), dtype=self.payload_dtype,
-                                          device=device)
+                    payload = self._receive_buffer(header.num_blocks, device)
                     group.recv([payload], self._peer_rank, 0).wait()
                     self.bytes_received += payload.numel() * payload.element_size()
                 self._on_message(self, header, payload)
@@ -163,6 +166,18 @@ class Channel:
         finally:
             if self._peer_kv is not None:  # this thread is its only user
                 self._peer_kv.close()
+
+    def _receive_buffer(self, num_blocks: int, device: torch.device) -> torch.Tensor:
+        """Room for a chunk's rows. On CPU one buffer per channel, grown to the largest chunk and
+        reused: a fresh allocation per chunk faults its pages in again, which costs more than the
+        copy out of it. Safe because each payload is copied into the cache before the next recv.
+        CUDA's caching allocator already reuses memory."""
+        shape = (num_blocks, *self.payload_shape)
+        if device.type != "cpu":
+            return torch.empty(shape, dtype=self.payload_dtype, device=device)
+        if self._rx_buffer is None or self._rx_buffer.shape[0] < num_blocks:
+            self._rx_buffer = torch.empty(shape, dtype=self.payload_dtype)
+        return self._rx_buffer[:num_blocks]
 
     def _fail(self, reason: str) -> None:
         if self._failed.is_set():

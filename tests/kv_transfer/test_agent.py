@@ -63,6 +63,23 @@ def test_chunks_land_in_reserved_blocks_and_are_acknowledged(store):
     assert d.stats.blocks_received == 5 and p.stats.blocks_sent == 5 and not failed.items
 
 
+def test_staging_buffers_are_reused_and_their_reuse_never_corrupts_a_chunk(store):
+    """On CPU the sender gathers into kept buffers and the receiver into one per channel; many
+    back-to-back transfers of different blocks and sizes must each land exactly."""
+    p, d, pp, dp, received, failed, acked = make_pair(store, inc="reuse")
+    for tid in range(1, 13):
+        n = 1 + tid % 4
+        src, dst = [(tid * 5 + i) % 32 for i in range(n)], [(tid * 3 + 7 * i) % 32 for i in range(n)]
+        d.expect(pp, tid, f"r{tid}", dst)
+        p.send_blocks(dp, tid, f"r{tid}", 0, src[:1], chunk_index=0, last=n == 1)
+        if n > 1:
+            p.send_blocks(dp, tid, f"r{tid}", 1, src[1:], chunk_index=1, last=True)
+        assert acked.wait(tid)[-1] == (f"r{tid}", True)
+        assert torch.equal(d.kv_cache[dst], p.kv_cache[src]), tid
+    assert p.send_buffers.allocated <= 4 and p.send_buffers.idle() <= p.send_buffers.keep
+    assert not failed.items
+
+
 def test_a_cancelled_transfer_is_drained_not_written_and_nacked(store):
     p, d, pp, dp, received, failed, acked = make_pair(store)
     d.expect(pp, 1, "late", [1, 2])
