@@ -2,8 +2,9 @@
 no network, no Ray there): the Triton kernels against the torch reference, the engine's CUDA path
 against transformers token for token, a prefill and a decode worker sharing the GPU (CUDA IPC)
 against the colocated engine, the kernels' bandwidth as a fraction of a device-to-device
-copy, the KV transfer over CUDA IPC (and NCCL with two GPUs), and offline throughput on a
-random-weight Qwen2.5-0.5B against the same engine's static batching.
+copy, the KV transfer over CUDA IPC (and NCCL with two GPUs), offline throughput on
+random-weight Qwen2.5-0.5B and Llama-3.2-1B against the same engine's static batching, and the
+prefill kernel's launch-shape sweep.
 
     PYTHONUNBUFFERED=1 python3 -m bench.gpu_check --out "$OUT" --budget-s 420
 
@@ -46,6 +47,9 @@ def _steps(tmp: Path) -> list[tuple[str, list[str], int]]:
                                   str(tmp / "qwen2.5-0.5b")], 240),
         ("offline_llama-3.2-1b", [py, "-m", "bench.gpu_check", "--offline", "llama-3.2-1b", "--model-dir",
                                   str(tmp / "llama-3.2-1b")], 240),
+        # The prefill tiles' one doubtful point (docs/BENCHMARKS.md, "Launch shapes"): the defaults
+        # against the grid again, same run.
+        ("prefill_tile_sweep", [py, "-m", "bench.kernel_sweep", "--only", "prefill"], 120),
     ]
 
 
