@@ -17,15 +17,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 
 from engine.logprobs import TokenLogprob
 from kv_transfer.channel import Channel
 from kv_transfer.fault import FaultInjector
 from kv_transfer.local_kv import LocalRows, export_kv
 from kv_transfer.pair_group import connect_store
-from kv_transfer.send_buffers import SendBuffers
 from kv_transfer.peer import PeerInfo, StoreAddress
+from kv_transfer.send_buffers import SendBuffers
 from kv_transfer.wire import FLAG_LAST, Header, Kind
 
 log = logging.getLogger(__name__)
