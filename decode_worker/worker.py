@@ -47,6 +47,7 @@ class DecodeWorker:
         self._transfer_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._transfer_of: dict[str, int] = {}  # request id -> transfer id, while reserved
+        self._placed: dict[str, int] = {}  # engine thread only: WorkerLoad.prompt_tokens_placed
         self.num_fallbacks = 0
         self.orphan_timeout_s = orphan_timeout_s
         self.num_orphans_aborted = 0
@@ -76,6 +77,7 @@ class DecodeWorker:
                                  priority=spec.priority, cache_salt=spec.cache_salt)
             if req is None:
                 return ReserveResult(False, reason="no free KV blocks")
+            self._count_placed(spec)
             # Expect before returning: the first chunk may arrive as soon as the caller hears back.
             self.agent.expect(prefill, tid, spec.request_id, req.block_ids)
             with self._lock:
@@ -97,6 +99,7 @@ class DecodeWorker:
             engine.add_request(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
                                priority=spec.priority, cache_salt=spec.cache_salt,
                                resume_token_ids=list(spec.resume_token_ids), arrival_time=received)
+            self._count_placed(spec)
             return True
 
         return self.loop.call(do)
@@ -218,6 +221,10 @@ class DecodeWorker:
         if tid is not None:
             self.agent.cancel(tid)
 
+    def _count_placed(self, spec: RequestSpec) -> None:
+        # On the loop's thread, like the block counts the load report reads: consistent with them.
+        self._placed[spec.origin] = self._placed.get(spec.origin, 0) + spec.num_prompt_tokens
+
     def _load(self, engine: LLMEngine) -> WorkerLoad:
         s, st, bm = engine.scheduler, self.agent.stats, engine.block_manager
         return WorkerLoad(
@@ -228,5 +235,5 @@ class DecodeWorker:
             transfer_bytes=st.bytes_received, transfer_seconds=st.seconds, prefix_queries=bm.num_prefix_queries,
             prefix_hits=bm.num_prefix_hits, steps=self.loop.num_steps, busy_seconds=self.loop.busy_seconds,
             busy_cpu_seconds=self.loop.busy_cpu_seconds,
-            prompt_tokens_computed=s.prompt_tokens_computed,
+            prompt_tokens_computed=s.prompt_tokens_computed, prompt_tokens_placed=dict(self._placed),
         )

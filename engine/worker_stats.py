@@ -35,6 +35,10 @@ class WorkerLoad:
     # sent them (``RequestSpec.origin``). A router subtracts them from what it has dispatched there
     # to know what is still on the way (router/worker_pool.py).
     prompt_tokens_received: dict[str, int] = field(default_factory=dict)
+    # Decode role: prompt tokens of the requests placed here (reserved or added) since it started, by
+    # router. The same reconciliation for decode placement: what a router placed here that no report
+    # includes yet will take KV blocks the report still shows free (router/worker_pool.py).
+    prompt_tokens_placed: dict[str, int] = field(default_factory=dict)
 
     @property
     def kv_usage(self) -> float:

@@ -152,6 +152,9 @@ class Dispatcher:
                     return  # aborted meanwhile
                 t.decode_id, t.prefill_id = d.worker_id, None
                 d.requests.add(spec.request_id)
+            # Counted before the calls (each waits for a decode step): placements made meanwhile
+            # must see the blocks this request will take there.
+            self._count_placed(d, spec.num_prompt_tokens)
             try:
                 if self._disaggregate(t, d):
                     return
@@ -160,10 +163,12 @@ class Dispatcher:
                 return
             except RayTaskError as e:  # the worker is up and refused this request: not a dead worker
                 d.requests.discard(spec.request_id)
+                self._count_placed(d, -spec.num_prompt_tokens)
                 self._fail(t, f"{d.worker_id} refused the request: {_cause(e)}")
                 return
             except RayError as e:
                 d.requests.discard(spec.request_id)
+                self._count_placed(d, -spec.num_prompt_tokens)
                 self._mark_dead(d, e)
                 tried.add(d.worker_id)
 
@@ -208,6 +213,10 @@ class Dispatcher:
                 self._mark_dead(p, e)
             self._call(d.actor.prefill_locally.remote(spec.request_id))
         return True
+
+    def _count_placed(self, d: WorkerHandle, tokens: int) -> None:
+        with self.pool.lock:
+            d.count_placed(self.router_id, tokens)
 
     def _count_dispatched(self, p: WorkerHandle, tokens: int) -> None:
         with self.pool.lock:

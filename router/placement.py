@@ -1,7 +1,8 @@
 """Placement: which decode worker serves a request, whether it prefills there (conditional
 disaggregation), and which prefill worker computes its prompt (pure Python).
 
-- Decode worker: the most free KV (as a fraction), then the fewest sequences.
+- Decode worker: the most free KV (as a fraction, less the blocks of requests placed there since its
+  last load report), then the fewest sequences.
 - Prefill worker: the least work to finish this prompt — prompt tokens it does not already cache
   (from the cluster prefix index) plus the prefill tokens already queued on it.
 - Prefill on the decode worker itself when the request is a migration (recompute), when the prompt
@@ -101,9 +102,13 @@ def _queued(w: WorkerHandle) -> int:
 
 
 def _free_ratio(w: WorkerHandle) -> float:
-    if w.load is None or not w.load.num_total_blocks:
+    total = w.load.num_total_blocks if w.load is not None else (w.info.num_blocks if w.info else 0)
+    if not total:
         return 1.0
-    return w.load.num_free_blocks / w.load.num_total_blocks
+    free = w.load.num_free_blocks if w.load is not None else total
+    # Less the blocks that the prompts placed there since its last report will take, about.
+    pending = -(-w.placed_tokens // w.info.block_size) if w.info is not None else 0
+    return (free - pending) / total
 
 
 def _sequences(w: WorkerHandle) -> int:

@@ -26,6 +26,10 @@ class WorkerHandle:
     # way. Not reset by a report: a report computed before a dispatch arrived would wipe it and
     # show a worker busy with a long prompt as idle until its next report, after that prompt.
     dispatched_by_router: dict[str, int] = field(default_factory=dict)
+    # Decode: prompt tokens of the requests placed here, by router id, reconciled the same way with
+    # WorkerLoad.prompt_tokens_placed. Without it a burst placed between two reports all went to the
+    # worker whose last report showed the most free KV.
+    placed_by_router: dict[str, int] = field(default_factory=dict)
 
     @property
     def dispatched_tokens(self) -> int:
@@ -36,6 +40,17 @@ class WorkerHandle:
         sent = tuple(self.dispatched_by_router.items())
         return sum(max(0, n - received.get(router, 0)) for router, n in sent)
 
+    @property
+    def placed_tokens(self) -> int:
+        """Prompt tokens of requests placed here (decode) that its latest load report does not include yet."""
+        reported = self.load.prompt_tokens_placed if self.load is not None else {}
+        placed = tuple(self.placed_by_router.items())  # see dispatched_tokens
+        return sum(max(0, n - reported.get(router, 0)) for router, n in placed)
+
+    def count_placed(self, router_id: str, tokens: int) -> None:
+        """``tokens`` more placed here by ``router_id`` (negative: a placement that did not happen)."""
+        self.placed_by_router[router_id] = max(0, self.placed_by_router.get(router_id, 0) + tokens)
+
     def count_dispatched(self, router_id: str, tokens: int) -> None:
         """``tokens`` more (or, for a dispatch that never arrived, fewer) sent by ``router_id``."""
         self.dispatched_by_router[router_id] = max(0, self.dispatched_by_router.get(router_id, 0) + tokens)
@@ -43,6 +58,7 @@ class WorkerHandle:
     def forget_dispatched(self) -> None:
         """A new incarnation counts from zero; so does a new router."""
         self.dispatched_by_router.clear()
+        self.placed_by_router.clear()
 
     def update_load(self, load: WorkerLoad | None) -> None:
         if load is not None:

@@ -71,6 +71,7 @@ class SimDispatcher:
         t.decode = d
         t.record.decode_worker = d.worker_id
         d.requests.add(spec.request_id)
+        d.count_placed(spec.origin, spec.num_prompt_tokens)  # before the calls, as the dispatcher does
         dw: SimWorker = d.actor
         p = None
         if not prefill_on_decode(self.pool, spec, d, t.hint, self.threshold,

@@ -107,6 +107,7 @@ class SimWorker:
         self.busy_seconds = 0.0
         self.max_step_s = 0.0
         self.prompt_tokens_received: dict[str, int] = {}  # by router id
+        self.prompt_tokens_placed: dict[str, int] = {}  # by router id (decode role)
         # Per request prefilled here: [arrival, first scheduled, prompt computed] in simulated time
         # (the engine's own timestamps are wall-clock); the TTFT breakdown the real workers report.
         self.prefill_timing: dict[str, list[float | None]] = {}
@@ -186,6 +187,8 @@ class SimWorker:
         if prefill_only:  # a prefill task: WorkerLoad.prompt_tokens_received
             self.prompt_tokens_received[spec.origin] = (self.prompt_tokens_received.get(spec.origin, 0)
                                                         + spec.num_prompt_tokens)
+        else:  # placed here to decode: WorkerLoad.prompt_tokens_placed
+            self._count_placed(spec)
         self.prefill_timing[spec.request_id] = [self.loop.now, None, None]
         return req
 
@@ -200,7 +203,11 @@ class SimWorker:
         req = self._request(spec)
         if not self.scheduler.reserve(req):
             return ReserveResult(False, reason="no free KV blocks")
+        self._count_placed(spec)
         return ReserveResult(True, req.num_cached_tokens // self.block_manager.block_size)
+
+    def _count_placed(self, spec: RequestSpec) -> None:
+        self.prompt_tokens_placed[spec.origin] = self.prompt_tokens_placed.get(spec.origin, 0) + spec.num_prompt_tokens
 
     def load(self) -> WorkerLoad:
         s, bm = self.scheduler, self.block_manager
@@ -210,7 +217,8 @@ class SimWorker:
             queued_prefill_tokens=queued_prefill_tokens(s), num_reserved=len(s.reserved),
             num_transferring=len(s.transferring), prefix_queries=bm.num_prefix_queries,
             prefix_hits=bm.num_prefix_hits, steps=self.steps, busy_seconds=self.busy_seconds,
-            prompt_tokens_computed=s.prompt_tokens_computed, prompt_tokens_received=dict(self.prompt_tokens_received))
+            prompt_tokens_computed=s.prompt_tokens_computed, prompt_tokens_received=dict(self.prompt_tokens_received),
+            prompt_tokens_placed=dict(self.prompt_tokens_placed))
 
     @property
     def idle(self) -> bool:

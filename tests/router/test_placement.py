@@ -91,3 +91,34 @@ def test_a_report_older_than_a_dispatch_does_not_make_a_busy_worker_look_idle():
     p0.count_dispatched("router-a", 100)
     p0.forget_dispatched()  # a new incarnation: nothing sent to the old one is on its way
     assert p0.dispatched_tokens == 0
+
+
+def _decode_report(h, free: int, placed: dict[str, int] | None = None) -> None:
+    from engine.worker_stats import WorkerLoad
+
+    h.update_load(WorkerLoad(h.worker_id, "i0", "decode", num_running=0, num_waiting=0, num_free_blocks=free,
+                             num_total_blocks=h.info.num_blocks, queued_prefill_tokens=0,
+                             prompt_tokens_placed=placed or {}))
+
+
+def test_a_burst_between_two_reports_is_spread_over_the_decode_workers():
+    from router.placement import choose_decode
+
+    d0, d1 = _handle("d0", "decode"), _handle("d1", "decode")  # 1,000 blocks of 16 tokens each
+    _decode_report(d0, free=810)
+    _decode_report(d1, free=800)  # a hair less free: every placement used to go to d0 until d1's next report
+    pool = WorkerPool([], [d0, d1])
+    placed = {"d0": 0, "d1": 0}
+    for i in range(20):  # 20 prompts of 160 tokens (10 blocks each), no report in between
+        d = choose_decode(pool)
+        d.requests.add(f"r{i}")
+        d.count_placed("router-a", 160)
+        placed[d.worker_id] += 1
+    assert placed == {"d0": 10, "d1": 10}
+    # A report that includes d0's placements takes them out of what is pending; a later one counts again.
+    _decode_report(d0, free=710, placed={"router-a": 1600})
+    assert d0.placed_tokens == 0 and d1.placed_tokens == 1600
+    d1.count_placed("router-a", -160)  # a placement the worker refused
+    assert d1.placed_tokens == 1440
+    d1.forget_dispatched()  # a new incarnation
+    assert d1.placed_tokens == 0
