@@ -31,6 +31,10 @@ class SchedulerConfig:
     static_batch_size: int = 16
     # Free blocks kept back when admitting new requests, so running ones can grow without preemption.
     admission_watermark: float = 0.01
+    # A waiting request whose next prompt block a running request is still computing waits for it
+    # (then hits the prefix cache) instead of computing the same prefix alongside it. Off: the
+    # plain first-come admission, for comparison.
+    defer_for_shared_prefix: bool = True
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs)

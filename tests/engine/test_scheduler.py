@@ -216,3 +216,50 @@ def test_without_a_prefill_token_budget_prompts_take_the_whole_step_budget():
 def test_a_prefill_token_budget_must_be_positive(bad):
     with pytest.raises(ValueError, match="prefill_token_budget"):
         SchedulerConfig(prefill_token_budget=bad)
+
+
+def _shared(rid, prefix_len, suffix_start, suffix_len=3, max_tokens=2):
+    """A prompt of ``prefix_len`` common tokens, then ``suffix_len`` of its own."""
+    tokens = list(range(10, 10 + prefix_len)) + list(range(suffix_start, suffix_start + suffix_len))
+    return Request(rid, tokens, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+
+
+@pytest.mark.parametrize("defer", [True, False])
+def test_a_burst_sharing_a_prefix_computes_it_once(defer):
+    """Three prompts with a common 32-token prefix arrive together, and one unrelated prompt behind
+    them. With deferral the first computes the prefix (in two 16-token chunks) while the other two
+    wait for it and then hit it; the unrelated one is not held up. Without, all three compute it."""
+    sched, runner = make(max_num_batched_tokens=24, defer_for_shared_prefix=defer)
+    a, b, c = (_shared(x, 32, 500 + 10 * i) for i, x in enumerate("abc"))
+    other = req("other", 6, 2, start=900)
+    for r in (a, b, c, other):
+        sched.add_request(r)
+    steps = run(sched, runner)
+    first = steps[0].num_scheduled_tokens
+    computed = sched.prompt_tokens_computed
+    if defer:
+        assert first == {"a": 24}  # a takes the whole budget
+        assert "other" in steps[1].num_scheduled_tokens  # b and c pass over (a's blocks 6-7 in flight); it does not wait
+        assert b.num_cached_tokens == c.num_cached_tokens == 32
+        assert computed == 35 + 3 + 3 + 6
+    else:  # b and c start while a's second chunk is in flight, and compute it again
+        assert b.num_cached_tokens < 32 and computed > 35 + 3 + 3 + 6
+    for r in (a, b, c, other):
+        assert r.output_token_ids == expected_output(r.prompt_token_ids, r.sampling_params.max_tokens)
+    assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
+
+
+def test_a_waiting_request_is_not_held_for_its_last_prompt_block():
+    """The block holding a prompt's last token is always recomputed, so waiting for it gains nothing:
+    only the blocks before it are waited for."""
+    sched, runner = make(max_num_batched_tokens=64)
+    x, y = req("x", 8, 2), req("y", 8, 2)  # identical 8-token prompts: 2 blocks, the second holds the last token
+    sched.add_request(x), sched.add_request(y)
+    so = sched.schedule()
+    assert so.num_scheduled_tokens == {"x": 8}  # y waits for x's first block, which it can hit
+    sched.update_from_output(runner.execute(so))
+    so = sched.schedule()
+    assert so.num_scheduled_tokens == {"x": 1, "y": 4} and y.num_cached_tokens == 4  # its second block: computed
+    sched.update_from_output(runner.execute(so))
+    run(sched, runner)
+    assert y.output_token_ids == x.output_token_ids == expected_output(x.prompt_token_ids, 2)
