@@ -115,3 +115,15 @@ def test_bad_input_names_the_problem(engine):
         SamplingParams(top_p=0)
     assert e.value.param == "top_p"
     assert not engine.has_unfinished_requests()
+
+
+def test_samples_of_one_prompt_submitted_together_compute_it_once(engine):
+    """What ``n`` choices send a worker: the same prompt several times at once. The first computes
+    it; the others wait for its blocks and hit them (all but the block holding the last token)."""
+    prompt = list(range(5, 305))  # 300 tokens: 18 full blocks of 16, then 12 tokens
+    before = engine.scheduler.prompt_tokens_computed
+    outs = engine.generate([prompt] * 4, [SamplingParams(max_tokens=3, temperature=1.0, seed=i, ignore_eos=True)
+                                          for i in range(4)])
+    assert sorted(o.num_cached_tokens for o in outs) == [0, 288, 288, 288]
+    assert engine.scheduler.prompt_tokens_computed - before == 300 + 3 * 12
+    assert engine.num_free_blocks == engine.num_total_blocks
