@@ -28,7 +28,7 @@ import torch
 
 from bench.kernels import (
     CPU_SHAPES, DECODE_SHAPES, PREFILL_SHAPES, Shape, _FLUSH_BYTES, attention_flops, copy_bandwidth_gbs,
-    make_inputs, time_cpu, time_cuda, useful_bytes,
+    kernel_call, make_inputs, time_cpu, time_cuda, useful_bytes,
 )
 
 _TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}  # as tests/engine/attention/test_triton_kernels.py
@@ -50,17 +50,11 @@ def _grid(kind: str, mods: dict[str, Any], small: bool) -> list[Any]:
 def sweep_shape(kind: str, shape: Shape, grid: list[Any], default: Any, mods: dict[str, Any], reference: Any,
                 dtype: torch.dtype, device: str, iters: int, flush: torch.Tensor | None, copy_gbs: float) -> dict:
     x = make_inputs(shape, dtype, device)
-    if kind == "decode":
-        def call(t):
-            return mods["triton_decode"].paged_decode_attention(x.q, x.k_cache, x.v_cache, x.block_tables,
-                                                                x.seq_lens, x.scale, tiles=t)
-        want = reference.paged_decode_attention(x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens, x.scale)
-    else:
-        def call(t):
-            return mods["triton_prefill"].paged_prefill_attention(x.q, x.k_cache, x.v_cache, x.block_tables,
-                                                                  x.cu_seqlens_q, x.seq_lens, x.scale, tiles=t)
-        want = reference.paged_prefill_attention(x.q, x.k_cache, x.v_cache, x.block_tables, x.cu_seqlens_q,
-                                                 x.seq_lens, x.scale)
+
+    def call(t: Any) -> torch.Tensor:
+        return kernel_call(kind, mods[f"triton_{kind}"], x, tiles=t)()
+
+    want = kernel_call(kind, reference, x)()
     nbytes, flops = useful_bytes(shape, x), attention_flops(shape)
     points = []
     for t in [default] + [t for t in grid if t != default]:

@@ -81,6 +81,15 @@ def make_inputs(shape: Shape, dtype: torch.dtype, device: str) -> Inputs:
     return Inputs(q, kv[:, 1, 0], kv[:, 1, 1], tables, cu, lens, shape.head_dim**-0.5)
 
 
+def kernel_call(kind: str, impl: Any, x: Inputs, **kwargs: Any) -> Callable[[], torch.Tensor]:
+    """A no-argument call of ``impl``'s (a kernel module's) decode or prefill attention on ``x``."""
+    if kind == "decode":
+        return lambda: impl.paged_decode_attention(x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens, x.scale,
+                                                   **kwargs)
+    return lambda: impl.paged_prefill_attention(x.q, x.k_cache, x.v_cache, x.block_tables, x.cu_seqlens_q,
+                                                x.seq_lens, x.scale, **kwargs)
+
+
 def useful_bytes(shape: Shape, x: Inputs) -> int:
     """Bytes an ideal kernel moves: context K+V once, q in, out back, and the block tables."""
     kv = shape.seqs * shape.ctx * shape.kv_heads * shape.head_dim * 2 * x.q.element_size()
@@ -132,13 +141,7 @@ def bench_shape(kind: str, shape: Shape, dtype: torch.dtype, device: str, iters:
                 flush: torch.Tensor | None, copy_gbs: float) -> list[dict[str, Any]]:
     """Time each implementation on one shape; Triton is checked against the reference first."""
     x = make_inputs(shape, dtype, device)
-    if kind == "decode":
-        calls = {n: (lambda m=m: m.paged_decode_attention(x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens,
-                                                          x.scale)) for n, m in impls.items()}
-    else:
-        calls = {n: (lambda m=m: m.paged_prefill_attention(x.q, x.k_cache, x.v_cache, x.block_tables,
-                                                           x.cu_seqlens_q, x.seq_lens, x.scale))
-                 for n, m in impls.items()}
+    calls = {n: kernel_call(kind, m, x) for n, m in impls.items()}
     err = (calls["triton"]().float() - calls["reference"]().float()).abs().max().item()
     nbytes = useful_bytes(shape, x)
     rows = []

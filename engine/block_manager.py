@@ -185,6 +185,12 @@ class BlockManager:
         return req.block_hashes[i - 1] if i else root_hash(req.cache_salt)
 
     # -- prefix hits --------------------------------------------------------------------------
+    def max_hit_blocks(self, req: Request, max_tokens: int | None = None) -> int:
+        """How many leading blocks of ``req`` a prefix-cache hit may cover (its hashes must be up to
+        date): full blocks within ``max_tokens``, by default all but the last known token."""
+        limit = req.num_tokens - 1 if max_tokens is None else max_tokens
+        return min(len(req.block_hashes), limit // self.block_size)
+
     def find_cached_prefix(self, req: Request, max_tokens: int | None = None) -> list[int]:
         """Block ids of the longest cached prefix of ``req`` (not yet referenced).
 
@@ -194,8 +200,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         self.update_block_hashes(req)
-        limit = req.num_tokens - 1 if max_tokens is None else max_tokens
-        max_blocks = min(len(req.block_hashes), limit // self.block_size)
+        max_blocks = self.max_hit_blocks(req, max_tokens)
         hit: list[int] = []
         bs, tokens = self.block_size, req.all_token_ids
         for i in range(max_blocks):

@@ -198,7 +198,7 @@ class Scheduler(DisaggregationMixin):
             can_hit = req.num_computed_tokens == 0 and not req.needs_prompt_logprobs
             cached = bm.find_cached_prefix(req) if can_hit else []
             # Only a block it could hit (never the one holding its last prompt token) is worth waiting for.
-            if share and can_hit and len(cached) < min(len(req.block_hashes), (req.num_tokens - 1) // bm.block_size):
+            if share and can_hit and len(cached) < bm.max_hit_blocks(req):
                 if in_flight is None:
                     in_flight = self._prompt_blocks_in_flight()
                 if req.block_hashes[len(cached)] in in_flight:

@@ -34,26 +34,20 @@ class WorkerHandle:
     @property
     def dispatched_tokens(self) -> int:
         """Prompt tokens dispatched here that its latest load report does not include yet."""
-        received = self.load.prompt_tokens_received if self.load is not None else {}
-        # tuple(): one C-level copy, so a dispatch thread adding a router's first count cannot
-        # change the dict under this (unlocked) reader's iteration.
-        sent = tuple(self.dispatched_by_router.items())
-        return sum(max(0, n - received.get(router, 0)) for router, n in sent)
+        return _unreported(self.dispatched_by_router, self.load.prompt_tokens_received if self.load else {})
 
     @property
     def placed_tokens(self) -> int:
         """Prompt tokens of requests placed here (decode) that its latest load report does not include yet."""
-        reported = self.load.prompt_tokens_placed if self.load is not None else {}
-        placed = tuple(self.placed_by_router.items())  # see dispatched_tokens
-        return sum(max(0, n - reported.get(router, 0)) for router, n in placed)
+        return _unreported(self.placed_by_router, self.load.prompt_tokens_placed if self.load else {})
 
     def count_placed(self, router_id: str, tokens: int) -> None:
         """``tokens`` more placed here by ``router_id`` (negative: a placement that did not happen)."""
-        self.placed_by_router[router_id] = max(0, self.placed_by_router.get(router_id, 0) + tokens)
+        _add(self.placed_by_router, router_id, tokens)
 
     def count_dispatched(self, router_id: str, tokens: int) -> None:
         """``tokens`` more (or, for a dispatch that never arrived, fewer) sent by ``router_id``."""
-        self.dispatched_by_router[router_id] = max(0, self.dispatched_by_router.get(router_id, 0) + tokens)
+        _add(self.dispatched_by_router, router_id, tokens)
 
     def forget_dispatched(self) -> None:
         """A new incarnation counts from zero; so does a new router."""
@@ -68,6 +62,17 @@ class WorkerHandle:
     def peer(self) -> PeerInfo:
         assert self.info is not None, f"{self.worker_id} has not reported yet"
         return self.info.peer
+
+
+def _unreported(counted: dict[str, int], reported: dict[str, int]) -> int:
+    """What the routers counted beyond what the worker's report includes, summed over routers."""
+    # tuple(): one C-level copy, so a dispatch thread adding a router's first count cannot change
+    # the dict under this (unlocked) reader's iteration.
+    return sum(max(0, n - reported.get(router, 0)) for router, n in tuple(counted.items()))
+
+
+def _add(counts: dict[str, int], router_id: str, tokens: int) -> None:
+    counts[router_id] = max(0, counts.get(router_id, 0) + tokens)
 
 
 class WorkerPool:

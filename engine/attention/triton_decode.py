@@ -43,12 +43,17 @@ DEFAULT_DECODE_TILES = DecodeTiles()
 _WIDE_DECODE_TILES = DecodeTiles(block_n=128, num_warps=4)
 # A K or V row of D_PAD elements up to this many bytes keeps the wide tiles' pipelined K/V buffers
 # well inside shared memory (bf16 up to head dim 64, fp32 up to 32); wider rows keep the old tiles.
-WIDE_TILE_ROW_BYTES = 128
+_WIDE_TILE_ROW_BYTES = 128
+
+
+def wide_tiles_fit(head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether the wide (measured fastest) tiles' K/V buffers fit in shared memory for this row size."""
+    return dot_pad(head_dim) * dtype.itemsize <= _WIDE_TILE_ROW_BYTES
 
 
 def default_decode_tiles(head_dim: int, dtype: torch.dtype) -> DecodeTiles:
     """The fastest measured tiles where they fit in shared memory; the smaller original ones elsewhere."""
-    return _WIDE_DECODE_TILES if dot_pad(head_dim) * dtype.itemsize <= WIDE_TILE_ROW_BYTES else DEFAULT_DECODE_TILES
+    return _WIDE_DECODE_TILES if wide_tiles_fit(head_dim, dtype) else DEFAULT_DECODE_TILES
 
 
 # tl.dot on NVIDIA GPUs needs every operand dimension >= 16 (the interpreter does not check).

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.attention.triton_decode import WIDE_TILE_ROW_BYTES, dot_pad, launch_options
+from engine.attention.triton_decode import dot_pad, launch_options, wide_tiles_fit
 
 _LOG2E = 1.4426950408889634
 
@@ -50,9 +50,7 @@ _WIDE_PREFILL_TILES = PrefillTiles(block_m=128, block_n=128, num_warps=4, num_st
 def default_prefill_tiles(head_dim: int, dtype: torch.dtype) -> PrefillTiles:
     """The fastest measured tiles where their K/V buffers fit in shared memory (the same row-size
     rule as decode's); the smaller original ones elsewhere."""
-    if dot_pad(head_dim) * dtype.itemsize <= WIDE_TILE_ROW_BYTES:
-        return _WIDE_PREFILL_TILES
-    return DEFAULT_PREFILL_TILES
+    return _WIDE_PREFILL_TILES if wide_tiles_fit(head_dim, dtype) else DEFAULT_PREFILL_TILES
 
 
 @triton.jit
