@@ -76,6 +76,11 @@ def test_staging_buffers_are_reused_and_their_reuse_never_corrupts_a_chunk(store
             p.send_blocks(dp, tid, f"r{tid}", 1, src[1:], chunk_index=1, last=True)
         assert acked.wait(tid)[-1] == (f"r{tid}", True)
         assert torch.equal(d.kv_cache[dst], p.kv_cache[src]), tid
+        # The ack can overtake the send thread handing the buffer back: wait for it, so that the
+        # pool's reuse (what is asserted below) does not depend on thread timing.
+        bufs, deadline = p.send_buffers, time.monotonic() + 5
+        while bufs.idle() < min(bufs.keep, bufs.allocated) and time.monotonic() < deadline:
+            time.sleep(0.001)
     assert p.send_buffers.allocated <= 4 and p.send_buffers.idle() <= p.send_buffers.keep
     assert not failed.items
 
