@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 from typing import Callable, Sequence
 
 from engine.block_manager import BlockManager
@@ -44,6 +45,7 @@ class LLMEngine:
             record_events=record_kv_events,
         )
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.max_model_len)
+        self.eos_token_ids = self.tokenizer.eos_token_ids if self.tokenizer else self.model_config.eos_token_ids
         self.runner = ModelRunner(
             loaded.model,
             loaded.kv_cache,
@@ -52,9 +54,9 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             block_size=config.cache.block_size,
             seed=config.seed,
+            eos_token_ids=self.eos_token_ids,
         )
         self.output_processor = OutputProcessor(self.scheduler, self.tokenizer)
-        self.eos_token_ids = self.tokenizer.eos_token_ids if self.tokenizer else self.model_config.eos_token_ids
         self._ids = itertools.count()
         self.num_steps = 0
         self.last_scheduler_output = None  # what the latest step computed (the prefill role ships it)
@@ -88,8 +90,8 @@ class LLMEngine:
     def _new_request(self, request_id, prompt, params, priority, cache_salt, arrival_time, resume_token_ids=None,
                      prefill_only=False) -> Request:
         params = params or SamplingParams()
-        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        resume = list(resume_token_ids or ())
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else _token_ids(prompt, "prompt")
+        resume = _token_ids(resume_token_ids or (), "resume_token_ids")
         self.validate_prompt(token_ids + resume, params, num_generated=len(resume))
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         return Request(rid, token_ids, params, eos_token_ids=tuple(self.eos_token_ids), priority=priority,
@@ -103,9 +105,13 @@ class LLMEngine:
         bad = next((t for t in token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidParameterError("prompt", f"token id {bad!r} is outside the vocabulary [0, {vocab})")
-        bad = next((t for t, _ in params.logit_bias if t >= vocab), None)
-        if bad is not None:
-            raise InvalidParameterError("logit_bias", f"token id {bad} is outside the vocabulary [0, {vocab})")
+        if num_generated >= params.max_tokens:
+            raise InvalidParameterError("resume_token_ids", f"{num_generated} tokens were already generated, and "
+                                                            f"max_tokens is {params.max_tokens}: nothing is left to generate")
+        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]), ("stop_token_ids", params.stop_token_ids)):
+            bad = next((t for t in ids if t >= vocab), None)
+            if bad is not None:
+                raise InvalidParameterError(name, f"token id {bad} is outside the vocabulary [0, {vocab})")
         total = len(token_ids) - num_generated + params.max_tokens
         if total > self.max_model_len:
             raise ContextLengthError(
@@ -170,7 +176,14 @@ class LLMEngine:
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError("generate: one SamplingParams per prompt, or one for all")
-        ids = [self.add_request(None, p, sp) for p, sp in zip(prompts, params)]
+        ids: list[str] = []
+        try:
+            for p, sp in zip(prompts, params):
+                ids.append(self.add_request(None, p, sp))
+        except Exception:  # all or nothing: a bad prompt leaves none of the others queued
+            for rid in ids:
+                self.abort(rid)
+            raise
         done: dict[str, RequestOutput] = {}
         logprobs: dict[str, list[TokenLogprob]] = {}
         prompt_logprobs: dict[str, list[TokenLogprob]] = {}
@@ -207,3 +220,15 @@ class LLMEngine:
         allocated = sum(len(r.block_ids) for r in self.scheduler.running) * bs
         return used, allocated
 
+
+def _token_ids(ids: Sequence[int], param: str) -> list[int]:
+    """Token ids as Python ints (numpy's integers are welcome); anything else is named as the problem."""
+    out = []
+    for t in ids:
+        if isinstance(t, bool):
+            raise InvalidParameterError(param, f"token ids must be integers, got {t!r}")
+        try:
+            out.append(operator.index(t))
+        except TypeError:
+            raise InvalidParameterError(param, f"token ids must be integers, got {t!r}") from None
+    return out

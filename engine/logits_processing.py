@@ -7,6 +7,8 @@ Applied in this order, to a copy of the step's logits:
   and vLLM's): a positive logit is divided by r, a negative one multiplied by it.
 - ``frequency_penalty`` f and ``presence_penalty`` p, over the output so far (OpenAI's): a token
   generated c times loses ``f * c + p * (c > 0)``.
+- ``min_tokens`` m: until m tokens are out, the stop tokens (EOS unless ``ignore_eos``, and
+  ``stop_token_ids``) cannot be sampled (vLLM's): the output never holds a stop token before m.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from engine.sampling_params import SamplingParams
 
 @torch.inference_mode()
 def process_logits(logits: torch.Tensor, params: Sequence[SamplingParams], histories: Sequence[np.ndarray | None],
-                   num_prompt_tokens: Sequence[int]) -> torch.Tensor:
+                   num_prompt_tokens: Sequence[int], eos_token_ids: Sequence[int] = ()) -> torch.Tensor:
     """``logits`` [N, V]; ``histories[i]``: row i's tokens so far (prompt, then output), needed only
     where ``params[i].processes_logits``. Returns a new tensor; ``logits`` is left as it was."""
     out = logits.clone()
@@ -29,6 +31,10 @@ def process_logits(logits: torch.Tensor, params: Sequence[SamplingParams], histo
         if not sp.processes_logits:
             continue
         row = out[i]
+        if sp.min_tokens and len(histories[i]) - num_prompt_tokens[i] < sp.min_tokens:
+            stops = list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos_token_ids))
+            if stops:
+                row[torch.tensor(stops, device=row.device)] = float("-inf")
         if sp.logit_bias:
             ids = torch.tensor([t for t, _ in sp.logit_bias], device=row.device)
             row.index_add_(0, ids, torch.tensor([b for _, b in sp.logit_bias], device=row.device, dtype=row.dtype))

@@ -63,14 +63,22 @@ class OutputProcessor:
         before = len(st.text)
         st.text += delta
         sp = req.sampling_params
+        if not sp.stop or req.num_tokens - req.num_prompt_tokens < sp.min_tokens:
+            return  # as vLLM: no stop string ends a request before its min_tokens
+        found: tuple[int, str] | None = None  # the stop string that starts first in the text
         for stop in sp.stop:
             i = st.text.find(stop, max(0, before - len(stop) + 1))
-            if i >= 0:
-                st.text = st.text[: i + len(stop)] if sp.include_stop_str_in_output else st.text[:i]
-                req.stop_reason = stop
-                if not req.is_finished:
-                    self.scheduler.finish(req, FinishReason.STOP)
-                break
+            if i >= 0 and (found is None or i < found[0]):
+                found = (i, stop)
+        if found is None:
+            return
+        i, stop = found
+        st.text = st.text[: i + len(stop)] if sp.include_stop_str_in_output else st.text[:i]
+        req.stop_reason = stop
+        if not req.is_finished:
+            self.scheduler.finish(req, FinishReason.STOP)
+        elif req.finish_reason is FinishReason.LENGTH:  # the last allowed token held it: the text was cut
+            req.finish_reason = FinishReason.STOP
 
     def _output(self, req: Request, st: _Stream, new_ids: list[int]) -> RequestOutput:
         finished = req.is_finished

@@ -32,8 +32,10 @@ class ModelRunner:
         max_model_len: int,
         block_size: int,
         seed: int,
+        eos_token_ids: tuple[int, ...] | list[int] = (),
     ) -> None:
         self.model = model
+        self.eos_token_ids = list(eos_token_ids)  # masked while a request is short of its min_tokens
         self.kv_cache = kv_cache
         self.attn = attn
         self.device = kv_cache.device
@@ -94,7 +96,8 @@ class ModelRunner:
         if batch.processing_rows and not batch.processing_rows.isdisjoint(row_list):
             histories = [batch.token_ids[r, : batch.num_tokens[r]] if r in batch.processing_rows else None
                          for r in row_list]
-            to_sample = process_logits(logits, params, histories, batch.num_prompt_tokens[rows].tolist())
+            to_sample = process_logits(logits, params, histories, batch.num_prompt_tokens[rows].tolist(),
+                                       self.eos_token_ids)
         sampled_t = self.sampler.sample(to_sample, params, out_pos)
         sampled = sampled_t.cpu().numpy()
         batch.append_sampled(rows, sampled)

@@ -24,7 +24,7 @@ class Sampler:
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], output_positions: list[int]) -> torch.Tensor:
         """logits [N, V] float32 -> token ids [N] (int64, on the logits' device)."""
-        greedy = [p.temperature == 0.0 for p in params]
+        greedy = [p.greedy for p in params]
         if all(greedy):
             return logits.argmax(dim=-1)
         out = logits.argmax(dim=-1)
@@ -74,5 +74,6 @@ def _apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     # Drop a token when the mass strictly before it already reaches top_p (the first always stays).
     mass_before = probs.cumsum(dim=-1) - probs
     drop_sorted = mass_before >= top_p[:, None]
+    drop_sorted[:, 0] = False  # even where top_p rounds to 0 in float32 (1e-46, say)
     drop = torch.zeros_like(drop_sorted).scatter(1, sorted_idx, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))

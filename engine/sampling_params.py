@@ -16,11 +16,14 @@ def _first(pair: tuple) -> int:
     return pair[0] if pair and isinstance(pair[0], int) else -1
 
 
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How to turn logits into tokens for one request.
 
-    ``temperature == 0`` is greedy. ``top_k == 0``, ``top_p == 1`` and ``min_p == 0`` disable those
+    ``temperature == 0`` (or below ``GREEDY_BELOW``) is greedy. ``top_k == 0``, ``top_p == 1`` and ``min_p == 0`` disable those
     filters (``min_p``: drop tokens less likely than ``min_p`` times the most likely one).
     ``seed`` makes a sampled request reproducible regardless of what it is batched with.
     ``logprobs``: None reports none; n >= 0 reports each generated token's logprob and the n most
@@ -115,13 +118,17 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperatures below ``GREEDY_BELOW`` sample greedily (as vLLM's): dividing logits by a
+        subnormal temperature overflows to inf, and the softmax of that is NaN."""
+        return self.temperature < GREEDY_BELOW
 
     @property
     def processes_logits(self) -> bool:
-        """Whether penalties or a logit bias reshape the logits before sampling."""
+        """Whether penalties, a logit bias or ``min_tokens`` (which masks the stop tokens until then)
+        reshape the logits before sampling."""
+        masks_stops = self.min_tokens > 0 and (bool(self.stop_token_ids) or not self.ignore_eos)
         return bool(self.logit_bias) or self.repetition_penalty != 1.0 or bool(self.presence_penalty) \
-            or bool(self.frequency_penalty)
+            or bool(self.frequency_penalty) or masks_stops
 
 
 def _is_number(x: object) -> bool:

@@ -86,12 +86,13 @@ class Scheduler(DisaggregationMixin):
         self.requests[req.request_id] = req
 
     def abort(self, request_id: str) -> Request | None:
-        """Stop a request wherever it is; its blocks are freed now. Returns it, or None if unknown."""
+        """Stop a request wherever it is; its blocks are freed now. Returns it, or None if unknown or
+        already ended."""
         req = self.requests.get(request_id)
         if req is None:
             return None
-        if req.is_finished:  # a static-batching padding row: it leaves with its batch
-            return req
+        if req.is_finished:  # a static-batching padding row: already ended; it leaves with its batch
+            return None
         if req.state in (_S.QUEUED, _S.PREEMPTED):
             self.waiting.remove(req)
         self._finish(req, FinishReason.ABORT, _S.ABORTED)
@@ -122,7 +123,7 @@ class Scheduler(DisaggregationMixin):
         deferred: list[Request] = []
 
         def decodes_first():  # decodes in one pass; continuing prefill chunks after them
-            for r in running:
+            for r in list(running):  # a copy: a preemption below removes from ``running``
                 if len(r.all_token_ids) - r.num_computed_tokens == 1:
                     yield r
                 else:
@@ -131,7 +132,7 @@ class Scheduler(DisaggregationMixin):
 
         # The hot loop: a decode that stays inside its last block costs a few attribute reads.
         for req in decodes_first():
-            if preempted and req.state is _S.PREEMPTED:  # a victim earlier in this loop
+            if preempted and req.slot < 0:  # a victim earlier in this loop (it left the batch)
                 continue
             if not budget:
                 break
@@ -155,11 +156,14 @@ class Scheduler(DisaggregationMixin):
                             prefill_budget += counts[i]
                         del scheduled[i], counts[i]
                         grew.pop(victim.request_id, None)
-                    self._preempt(victim)
+                    if victim.is_padding:  # a static batch's finished row: its blocks go, nothing to redo
+                        self._release_padding(victim)
+                    else:
+                        self._preempt(victim)
                     preempted += 1
                     if victim is req:
                         break
-                if req.state is _S.PREEMPTED:
+                if req.slot < 0:
                     continue
                 grew[req.request_id] = have
             scheduled.append(req)
@@ -213,10 +217,9 @@ class Scheduler(DisaggregationMixin):
             if not bm.allocate(req, n, cached):
                 break
             self.waiting.pop()
-            if req.num_cached_tokens == 0:
-                req.num_cached_tokens = len(cached) * bm.block_size
-            if req.first_scheduled_time is None:
+            if req.first_scheduled_time is None:  # first admission (not a preempted request's return)
                 req.first_scheduled_time = time.monotonic()
+                req.num_cached_tokens = len(cached) * bm.block_size
             req.transition(_S.PREFILLING)
             self._join_running(req)
             scheduled.append(req)
@@ -307,7 +310,8 @@ class Scheduler(DisaggregationMixin):
                 continue
             req.all_token_ids.append(tok)
             if req.state is _S.PREFILLING:
-                req.first_token_time = time.monotonic()
+                if req.first_token_time is None:  # not again after a preemption's recompute
+                    req.first_token_time = time.monotonic()
                 if req.prefill_only:  # prefill role: hold the blocks until the KV is acknowledged
                     self._hand_off(req)
                     updated.append(req)

@@ -11,11 +11,14 @@ from engine.request import Request
 
 
 class WaitingQueue:
-    """Requests waiting for admission, most important first, then oldest first."""
+    """Requests waiting for admission, most important first, then oldest first.
+
+    Removal is lazy and keyed by ``arrival_seq``, unique to one registration: an aborted request's
+    id may be reused at once by a new request, whose entry must not be mistaken for the old one."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[int, int, Request]] = []
-        self._removed: set[str] = set()
+        self._removed: set[int] = set()  # arrival_seq of entries removed but still in the heap
         self._len = 0
 
     def push(self, req: Request) -> None:
@@ -33,19 +36,19 @@ class WaitingQueue:
 
     def remove(self, req: Request) -> None:
         """Lazy removal (abort); the entry is skipped when it reaches the head."""
-        self._removed.add(req.request_id)
+        self._removed.add(req.arrival_seq)
         self._len -= 1
 
     def _drop_removed(self) -> None:
         heap = self._heap
-        while heap and heap[0][2].request_id in self._removed:
-            self._removed.discard(heapq.heappop(heap)[2].request_id)
+        while heap and heap[0][1] in self._removed:
+            self._removed.discard(heapq.heappop(heap)[1])
 
     def __len__(self) -> int:
         return self._len
 
     def __iter__(self):
-        return (r for _, _, r in sorted(self._heap) if r.request_id not in self._removed)
+        return (r for _, seq, r in sorted(self._heap) if seq not in self._removed)
 
 
 class AdmissionPolicy:
@@ -77,7 +80,8 @@ class StaticBatchAdmission(AdmissionPolicy):
 
 
 class PreemptionPolicy:
-    """Victim: the least important running request, newest first (it has the least work to redo)."""
+    """Victim: a static batch's padding row first (a finished request: releasing it loses nothing),
+    else the least important running request, newest first (it has the least work to redo)."""
 
     def pick_victim(self, running: list[Request]) -> Request:
-        return max(running, key=lambda r: (r.priority, r.arrival_seq))
+        return max(running, key=lambda r: (r.is_padding, r.priority, r.arrival_seq))

@@ -158,7 +158,15 @@ class Tokenizer:
     # ---- encode / decode ----------------------------------------------------------------------
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch, not encode: the same ids at the same cost, but it releases the GIL, so a huge
+        # prompt tokenized on a worker thread does not stall the server's event loop.
+        try:
+            return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        except TypeError:
+            if isinstance(text, str) and not _is_unicode(text):
+                raise InvalidParameterError("prompt", "the text is not valid Unicode (it holds a lone surrogate, "
+                                                      "such as \\ud800)") from None
+            raise
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -367,3 +375,12 @@ def _decoder_is_byte_level(backend: _Backend) -> bool:
     if decoder.get("type") == "Sequence":
         return any(d.get("type") == "ByteLevel" for d in decoder.get("decoders", []))
     return decoder.get("type") == "ByteLevel"
+
+
+def _is_unicode(text: str) -> bool:
+    """False for a str holding a lone surrogate (JSON's "\\ud800" decodes to one): not encodable."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -127,3 +127,101 @@ def test_samples_of_one_prompt_submitted_together_compute_it_once(engine):
     assert sorted(o.num_cached_tokens for o in outs) == [0, 288, 288, 288]
     assert engine.scheduler.prompt_tokens_computed - before == 300 + 3 * 12
     assert engine.num_free_blocks == engine.num_total_blocks
+
+
+# -- stop strings: where several match, min_tokens, the last allowed token ---------------------------
+def _first_token_text(engine, prompt):
+    out = engine.generate([prompt], SamplingParams(max_tokens=1, ignore_eos=True))[0]
+    return out.text
+
+
+def test_the_stop_string_that_starts_first_in_the_text_wins_not_the_first_listed(engine):
+    prompt = next(p for p in PROMPTS if len(_first_token_text(engine, p)) >= 5)
+    t0 = _first_token_text(engine, prompt)
+    early, late = t0[0:2], t0[3:5]  # both complete in the first token's text
+    out = engine.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True, stop=[late, early]))[0]
+    assert out.finish_reason == "stop" and out.stop_reason == early
+    assert out.text == t0[: t0.index(early)]  # was cut at ``late``, leaving ``early`` in the text
+    _drain(engine)
+
+
+def test_no_stop_string_ends_a_request_before_its_min_tokens(engine):
+    prompt = PROMPTS[1]
+    full = engine.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    stop = _first_token_text(engine, prompt)[:2]
+    out = engine.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True, stop=[stop], min_tokens=6))[0]
+    assert len(out.token_ids) >= 6 and out.token_ids == full.token_ids[: len(out.token_ids)]
+    _drain(engine)
+
+
+def test_a_stop_string_in_the_last_allowed_token_is_a_stop_not_a_length(engine):
+    for prompt in PROMPTS + ["the cat sat on the mat", "numbers one two three"]:
+        full = engine.generate([prompt], SamplingParams(max_tokens=3, ignore_eos=True))[0]
+        before = engine.tokenizer.decode(full.token_ids[:2])
+        last = full.text[len(before):]
+        stop = next((last[i : i + 2] for i in range(len(last) - 1) if last[i : i + 2] not in full.text[: len(before) + i + 1]),
+                    None)
+        if stop is None:
+            continue
+        out = engine.generate([prompt], SamplingParams(max_tokens=3, ignore_eos=True, stop=[stop]))[0]
+        assert out.finish_reason == "stop" and out.stop_reason == stop  # was "length": max_tokens ended it too
+        assert out.text == full.text[: full.text.index(stop)]
+        return
+    pytest.fail("no prompt's last token held a new two-character string")
+
+
+# -- min_tokens keeps stop tokens out ----------------------------------------------------------------
+def test_min_tokens_masks_eos_and_stop_tokens_until_reached(engine):
+    eos = engine.eos_token_ids[0]
+    out = engine.generate(["hello"], SamplingParams(max_tokens=8, min_tokens=4, logit_bias={eos: 50.0}))[0]
+    assert eos not in out.token_ids[:4] and out.token_ids[4] == eos and out.finish_reason == "stop"
+    stop_id = 7
+    out = engine.generate(["hello"], SamplingParams(max_tokens=8, min_tokens=3, stop_token_ids=[stop_id],
+                                                    logit_bias={stop_id: 50.0}, ignore_eos=True))[0]
+    assert out.token_ids[:3].count(stop_id) == 0 and out.token_ids[3] == stop_id and out.stop_reason == stop_id
+    _drain(engine)
+
+
+# -- sampling edge values ----------------------------------------------------------------------------
+def test_subnormal_temperature_and_top_p_sample_the_top_token_not_token_zero(engine):
+    greedy = engine.generate(PROMPTS, SamplingParams(max_tokens=6, ignore_eos=True))
+    cold = engine.generate(PROMPTS, SamplingParams(max_tokens=6, temperature=1e-40, seed=1, ignore_eos=True))
+    narrow = engine.generate(PROMPTS, SamplingParams(max_tokens=6, temperature=1.0, top_p=1e-46, ignore_eos=True))
+    assert [o.token_ids for o in cold] == [o.token_ids for o in greedy] == [o.token_ids for o in narrow]
+    assert SamplingParams(temperature=1e-6).greedy and not SamplingParams(temperature=1e-4).greedy
+
+
+# -- input checks ------------------------------------------------------------------------------------
+def test_generate_is_all_or_nothing(engine):
+    with pytest.raises(ContextLengthError):
+        engine.generate([[5, 6], [5] * 600], SamplingParams(max_tokens=2))
+    assert not engine.has_unfinished_requests() and not engine.scheduler.requests  # [5, 6] was left queued
+    _drain(engine)
+
+
+def test_numpy_token_ids_are_accepted_and_other_types_named(engine):
+    import numpy as np
+
+    ids = engine.generate([np.array([5, 6, 7])], SamplingParams(max_tokens=3, ignore_eos=True))[0].token_ids
+    assert ids == engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))[0].token_ids
+    for bad in ([5, 6.0], [5, True], [5, "6"]):
+        with pytest.raises(InvalidParameterError, match="must be integers") as e:
+            engine.add_request(None, bad, SamplingParams())
+        assert e.value.param == "prompt"
+    _drain(engine)
+
+
+def test_resumed_tokens_must_leave_something_to_generate(engine):
+    with pytest.raises(InvalidParameterError, match="nothing is left") as e:
+        engine.add_request(None, [5, 6], SamplingParams(max_tokens=2, ignore_eos=True), resume_token_ids=[7, 8, 9])
+    assert e.value.param == "resume_token_ids"
+    with pytest.raises(InvalidParameterError, match="vocabulary") as e:
+        engine.add_request(None, [5, 6], SamplingParams(stop_token_ids=[10**6]))
+    assert e.value.param == "stop_token_ids"
+    assert not engine.has_unfinished_requests()
+
+
+def test_a_lone_surrogate_in_a_text_prompt_is_named(engine):
+    with pytest.raises(InvalidParameterError, match="not valid Unicode") as e:
+        engine.add_request(None, "a\ud800b", SamplingParams())
+    assert e.value.param == "prompt"

@@ -124,6 +124,76 @@ def test_abort_in_every_state_frees_blocks():
     assert {"p", "d"} <= so.finished_request_ids  # the runner is told to drop their rows
 
 
+@pytest.mark.parametrize("priority", [0, -1])
+def test_an_id_reused_after_its_queued_request_was_aborted_names_only_the_new_request(priority):
+    sched, runner = make()
+    old = req("w", 4, 3)
+    sched.add_request(old)
+    assert sched.abort("w") is old
+    new = req("w", 6, 4, priority=priority, start=50)
+    sched.add_request(new)  # the aborted entry is still in the queue (removal is lazy)
+    assert sched.abort("w") is new and sched.num_waiting == 0
+    again = req("w", 5, 2, start=80)
+    sched.add_request(again)
+    other = req("x", 4, 2, start=90)
+    sched.add_request(other)
+    run(sched, runner)  # was: IllegalTransitionError (ABORTED -> PREFILLING): a stale entry was served
+    assert old.state is RequestState.ABORTED and new.state is RequestState.ABORTED and not new.output_token_ids
+    for r in (again, other):
+        assert r.output_token_ids == expected_output(r.prompt_token_ids, r.sampling_params.max_tokens)
+    assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
+
+
+def test_a_decode_that_needs_no_block_is_not_skipped_in_the_step_of_a_preemption():
+    sched, runner = make(num_blocks=4, admission_watermark=0.0)
+    a = req("a", 2, 6, priority=1, start=5)
+    sched.add_request(a)
+    sched.update_from_output(runner.execute(sched.schedule()))
+    b, c = req("b", 3, 5, start=8), req("c", 2, 5, start=10)
+    sched.add_request(b)
+    sched.add_request(c)
+    steps = [sched.schedule()]
+    sched.update_from_output(runner.execute(steps[-1]))
+    first_token_time = a.first_token_time
+    while not steps[-1].num_preempted:
+        steps.append(sched.schedule())
+        sched.update_from_output(runner.execute(steps[-1]))
+    # a (least important) was preempted for b's block; c's decode fits its block and must still run
+    assert a.num_preemptions == 1 and set(steps[-1].request_ids) == {"b", "c"}
+    run(sched, runner)
+    # Its recompute after the preemption neither moves its first token's time (TTFT) nor turns the
+    # blocks it had computed itself into a prefix-cache hit at its first admission.
+    assert a.first_token_time == first_token_time and a.num_cached_tokens == 0
+    for r in (a, b, c):
+        assert r.output_token_ids == expected_output(r.prompt_token_ids, r.sampling_params.max_tokens)
+
+
+def test_a_static_batch_releases_a_padding_row_rather_than_preempt_anyone():
+    # 6 blocks of 4: b grows past what is left while a's finished row (padding) still holds blocks.
+    sched, runner = make(num_blocks=6, policy="static", admission_watermark=0.0)
+    b, a = req("b", 4, 12, start=10), req("a", 4, 1, start=5)
+    sched.add_request(b)
+    sched.add_request(a)
+    run(sched, runner)  # was: IllegalTransitionError (FINISHED -> PREEMPTED) on the padding row
+    assert b.num_preemptions == 0 and a.finish_reason is FinishReason.LENGTH
+    for r in (a, b):
+        assert r.output_token_ids == expected_output(r.prompt_token_ids, r.sampling_params.max_tokens)
+    assert sched.block_manager.num_free_blocks == 6 and not sched.requests
+
+
+def test_aborting_a_static_batch_padding_row_reports_nothing_more():
+    sched, runner = make(policy="static")
+    b, a = req("b", 3, 8, start=10), req("a", 2, 1, start=5)
+    sched.add_request(b)
+    sched.add_request(a)
+    for _ in range(2):
+        sched.update_from_output(runner.execute(sched.schedule()))
+    assert a.state is RequestState.FINISHED and a.is_padding
+    assert sched.abort("a") is None  # it ended (length) already: no second, contradictory final output
+    run(sched, runner)
+    assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
+
+
 def test_request_needing_more_blocks_than_the_cache_is_rejected():
     sched, _ = make(num_blocks=4)
     with pytest.raises(ValueError, match="KV blocks"):
