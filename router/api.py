@@ -99,6 +99,7 @@ class GenerateRequest:
     deadline_s: float | None = None  # absolute monotonic time after which the request is aborted
     echo_prompt: bool = False  # completions' ``echo``
     endpoint: str = "completions"  # "completions" | "chat" | "grpc" (for metrics labels)
+    num_choices: int = 1  # the client's ``n``: this request is one of them (router/choices.py)
 
 
 # -- outputs ------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 merged into one response (or one interleaved stream) and stopped together.
 
 Choice ``i`` is its own router request (admitted, queued, placed and counted like any other):
-its id is ``<id>-<i>`` when the client named the request, its ``Idempotency-Key`` is
-``<key>#<i>``, and when the client gave a ``seed`` it samples with ``seed + i``, so the choices
+its id is ``<id>-<i>`` when the client named the request, its ``Idempotency-Key`` is the
+client's key for choice 0 and ``<key>#<i>`` for the others, each fingerprinted with ``n`` (so a key
+reused with another ``n`` collides on choice 0 and is refused, 409, before anything runs), and when the client gave a ``seed`` it samples with ``seed + i``, so the choices
 differ yet each is reproducible (greedy choices are all the same answer, as with OpenAI). If any
 choice is refused at admission, the ones already started are aborted and the refusal is the
 response. A choice that fails after streaming started ends the others too.
@@ -23,13 +24,15 @@ log = logging.getLogger(__name__)
 MAX_CHOICES = 16
 
 
-def choice_request(gen: GenerateRequest, index: int) -> GenerateRequest:
+def choice_request(gen: GenerateRequest, index: int, n: int) -> GenerateRequest:
     seed = gen.sampling.seed
+    key = gen.idempotency_key
     return replace(
         gen,
         request_id=None if gen.request_id is None else f"{gen.request_id}-{index}",
-        idempotency_key=None if gen.idempotency_key is None else f"{gen.idempotency_key}#{index}",
+        idempotency_key=key if key is None or index == 0 else f"{key}#{index}",
         sampling=gen.sampling if seed is None else replace(gen.sampling, seed=seed + index),
+        num_choices=n,
     )
 
 
@@ -46,7 +49,7 @@ class Choices:
         streams: list[GenerationStream] = []
         try:
             for i in range(n):
-                streams.append(await router.generate(choice_request(gen, i)))
+                streams.append(await router.generate(choice_request(gen, i, n)))
         except BaseException:
             await cls(streams).abort()
             raise

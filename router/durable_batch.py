@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 from engine.sampling_params import SamplingParams
 from router.api import ErrorKind, GenerationResult, RouterError, StreamEvent
 from router.state.connection import StateUnavailable
-from router.state.journal import BatchJournal, ClaimedJob
+from router.state.journal import BatchJournal, ClaimedJob, JobIdConflict
 from router.task_stop import stop_tasks
 
 if TYPE_CHECKING:
@@ -73,8 +73,19 @@ class DurableBatch:
 
     async def submit(self, job: dict, lane: str) -> JobWaitStream:
         job_id = job["request_id"]
+        created = job_id not in self._done
         self._done.setdefault(job_id, asyncio.get_running_loop().create_future())
-        await self.journal.submit(job, job_id=job_id)
+        try:
+            await self.journal.submit(job, job_id=job_id)
+        except JobIdConflict:
+            if created:
+                self._done.pop(job_id, None)
+            raise RouterError(ErrorKind.CONFLICT, f"request id {job_id!r} already names another batch request; "
+                                                  "choose another X-Request-Id", param="request_id") from None
+        except BaseException:
+            if created:
+                self._done.pop(job_id, None)
+            raise
         return JobWaitStream(job_id, lane, job["tenant"], self)
 
     def is_running(self, job_id: str) -> bool:

@@ -8,6 +8,7 @@ problem is an ``invalid`` error naming the parameter (HTTP 400 / gRPC INVALID_AR
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from typing import Sequence
@@ -50,13 +51,27 @@ def tokenize_request(req: GenerateRequest, tokenizer: Tokenizer | None, vocab_si
     return ids, (text if req.echo_prompt else None)
 
 
+# Prompts longer than this (characters) are tokenized on a worker thread: the tokenizer releases
+# the GIL, and a multi-megabyte prompt would otherwise stall every request on the event loop for seconds.
+OFF_LOOP_CHARS = 32_768
+
+
+async def tokenize_off_loop(req: GenerateRequest, tokenizer: Tokenizer | None,
+                            vocab_size: int) -> tuple[list[int], str | None]:
+    """``tokenize_request`` for a coroutine: inline for ordinary prompts, on a thread for huge ones."""
+    chars = len(req.prompt or "") + sum(len(m.content) for m in req.messages or ())
+    if chars < OFF_LOOP_CHARS:
+        return tokenize_request(req, tokenizer, vocab_size)
+    return await asyncio.to_thread(tokenize_request, req, tokenizer, vocab_size)
+
+
 def request_fingerprint(req: GenerateRequest, ids: list[int]) -> str:
     """What makes two requests "the same" for an Idempotency-Key: the prompt and the parameters."""
     sp = req.sampling
     body = json.dumps([ids, sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.seed, list(sp.stop),
                        list(sp.stop_token_ids), sp.ignore_eos, req.lane, sp.logprobs, sp.prompt_logprobs, sp.presence_penalty,
                        sp.frequency_penalty, sp.repetition_penalty, [list(b) for b in sp.logit_bias], sp.min_p,
-                       sp.include_stop_str_in_output, sp.skip_special_tokens], sort_keys=True)
+                       sp.include_stop_str_in_output, sp.skip_special_tokens, req.num_choices], sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()
 
 

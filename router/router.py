@@ -35,7 +35,7 @@ from router.load_signals import LoadSignals
 from router.metrics import RouterMetrics
 from router.pace_guard import PaceGuard
 from router.placement import NO_HINT, PlacementHint, prefill_queue
-from router.prompt_input import TokenTexts, request_fingerprint, tokenize_request
+from router.prompt_input import TokenTexts, request_fingerprint, tokenize_off_loop
 from router.router_stream import ReplayStream, RequestContext, RouterStream, with_deadline
 from router.state.connection import StateUnavailable
 from router.stream import RequestStream
@@ -139,7 +139,7 @@ class Router(TokenTexts):
                 ErrorKind.OVERLOADED, "The server is shutting down; retry on another replica.", code="draining",
                 retry_after_s=5.0))
         tenant = self._tenant(req.tenant)
-        ids, prompt_text = tokenize_request(req, self.tokenizer, self.vocab_size)
+        ids, prompt_text = await tokenize_off_loop(req, self.tokenizer, self.vocab_size)
         if not req.max_tokens_given:  # "up to the context length", as OpenAI's chat API means it
             room = self.max_model_len - len(ids)
             if room >= 1 and req.sampling.max_tokens > room:

@@ -33,6 +33,7 @@ generation, so its request is aborted at once (streaming or not) instead of at t
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import math
@@ -209,11 +210,6 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
             prompt_is_text = isinstance(body.prompt, str)
             inputs = {"prompt": body.prompt} if prompt_is_text else {"prompt_token_ids": body.prompt}
             inputs["echo_prompt"] = bool(body.echo)
-            if body.echo and body.wants_stream:
-                if not prompt_is_text:
-                    raise invalid("'echo' with a token-id prompt is not supported when streaming.", param="echo",
-                                  code="unsupported_parameter")
-                echo_text = body.prompt
         gen = GenerateRequest(
             sampling=sampling,
             stream=body.wants_stream,
@@ -227,6 +223,8 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
         )
         created = int(time.time())
         choices = await Choices.start(router, gen, body.n or 1)
+        if not chat and body.echo:  # a token-id prompt is echoed as its text (the router checked its ids)
+            echo_text = body.prompt if isinstance(body.prompt, str) else router.detokenize(list(body.prompt))
         headers = {"X-Request-Id": choices.request_id, "X-Baton-Lane": choices.lane}
         model = body.model or served_model_name
         logprobs = None
@@ -250,9 +248,8 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
         if chat:
             return json_response(chat_completion(results, model=model, created=created, logprobs=logprobs),
                                  headers=headers)
-        if body.echo:
-            echo_text = results[0].prompt_text if results[0].prompt_text is not None else (
-                body.prompt if isinstance(body.prompt, str) else None)
+        if body.echo and results[0].prompt_text is not None:
+            echo_text = results[0].prompt_text
         return json_response(text_completion(results, model=model, created=created, echo_text=echo_text,
                                              logprobs=logprobs), headers=headers)
 
@@ -278,8 +275,10 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
         if (body.prompt is None) == (body.messages is None):
             raise invalid("Send exactly one of 'prompt' and 'messages'.", param="prompt")
         messages = tuple(m.to_router() for m in body.messages) if body.messages is not None else None
-        ids = router.tokenize(GenerateRequest(sampling=SamplingParams(), prompt=body.prompt, messages=messages,
-                                              add_generation_prompt=body.add_generation_prompt))
+        # On a thread: a huge prompt must not stall the event loop (the tokenizer releases the GIL).
+        ids = await asyncio.to_thread(router.tokenize, GenerateRequest(
+            sampling=SamplingParams(), prompt=body.prompt, messages=messages,
+            add_generation_prompt=body.add_generation_prompt))
         return json_response({"count": len(ids), "max_model_len": router.model_info().max_model_len, "tokens": ids})
 
     @app.post("/detokenize", include_in_schema=False)

@@ -364,7 +364,31 @@ def parse_body(raw: bytes, model: type[_Strict]) -> Any:
                       "(Content-Type: application/json).", code="invalid_json") from None
     if not isinstance(data, dict):
         raise invalid(f"The request body must be a JSON object, got {_json_kind(data)}.", code="invalid_json")
+    where = _lone_surrogate_at(data, ())
+    if where is not None:  # JSON may escape one ("\ud800"); no tokenizer or response can hold it
+        raise invalid("The text is not valid Unicode: it holds a lone surrogate (such as \\ud800).",
+                      param=_param(where), code="invalid_value")
     try:
         return model.model_validate(data)
     except ValidationError as e:
         raise validation_error(e) from None
+
+
+def _lone_surrogate_at(data: Any, root: tuple) -> tuple | None:
+    """The path of the first string (key or value) in parsed JSON that UTF-8 cannot encode, or None.
+    Iterative: a body nested as deep as the JSON parser allows must not exhaust the stack here."""
+    stack: list[tuple[Any, tuple]] = [(data, root)]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return path
+        elif isinstance(value, dict):
+            for k, v in reversed(value.items()):
+                stack.append((v, path + (k,)))
+                stack.append((k, path))
+        elif isinstance(value, list):
+            stack.extend((v, path + (i,)) for i, v in reversed(list(enumerate(value))))
+    return None

@@ -65,6 +65,7 @@ class RedisState:
         timeout_s: float = 0.5,
         backoff_s: float = 0.75,
         deadline_s: float | None = None,
+        max_connections: int = 256,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not cluster:
@@ -81,8 +82,13 @@ class RedisState:
         self._down_until = 0.0  # clock() before which calls fail without touching the network
         self._down = False  # for logging transitions only
         self.last_error: BaseException | None = None
-        self.client: aioredis.Redis = aioredis.Redis.from_url(
+        # A blocking pool: a burst of more concurrent calls than ``max_connections`` waits (within the
+        # call's deadline) for a connection. The default pool raised MaxConnectionsError instead, a
+        # ConnectionError that put a healthy Redis into degraded mode (idempotency records lost).
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=max_connections,
+            timeout=self.deadline_s,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 0),
@@ -94,6 +100,7 @@ class RedisState:
             # Redis restart between two calls is invisible instead of failing the next call.
             protocol=2,
         )
+        self.client: aioredis.Redis = aioredis.Redis.from_pool(pool)  # closing the client closes the pool
         self._prefix = f"baton:{_escape(cluster)}:"
 
     def __repr__(self) -> str:

@@ -20,6 +20,7 @@ latency-critical) and resumes when Redis returns, re-creating the consumer group
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -32,6 +33,14 @@ from router.state.connection import RedisState
 
 T = TypeVar("T")
 JobState = Literal["queued", "running", "done", "failed"]
+
+
+class JobIdConflict(Exception):
+    """A batch job id already names another job (another body or another tenant)."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"batch job id {job_id!r} already names another request")
+        self.job_id = job_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,19 +110,26 @@ class BatchJournal:
     async def submit(self, job: dict[str, Any], job_id: str | None = None) -> str:
         """Queue ``job`` (a JSON object with a string ``tenant``); returns the job id (``job_id`` if
         given: a client-chosen id lets it find the result after losing its connection). Submitting
-        an id that already exists queues nothing and returns it."""
+        an id that already exists with the same job queues nothing and returns it; with another job
+        (or tenant) it raises :class:`JobIdConflict`: the earlier job's result is not this one's."""
         tenant = job.get("tenant")
         if not isinstance(tenant, str) or not tenant:
             raise ValueError("a batch job needs a non-empty string 'tenant'")
         job_id, now = job_id or uuid.uuid4().hex, time.time()
-        fields = {"job_id": job_id, "tenant": tenant, "job": json.dumps(job)}
+        body = json.dumps(job, sort_keys=True)
+        fingerprint = hashlib.sha256(body.encode()).hexdigest()
+        fields = {"job_id": job_id, "tenant": tenant, "job": body}
 
         async def op(r: Any) -> None:
-            if await r.exists(self._job_key(job_id)):
+            had_tenant, had_fp = await r.hmget(self._job_key(job_id), "tenant", "fp")
+            if had_tenant is not None:
+                if _s(had_tenant) != tenant or (had_fp is not None and _s(had_fp) != fingerprint):
+                    raise JobIdConflict(job_id)
                 return
             async with r.pipeline(transaction=True) as p:
                 p.hset(self._job_key(job_id), mapping={
                     "status": "queued", "tenant": tenant, "created_at": now, "updated_at": now, "attempts": 0,
+                    "fp": fingerprint,
                 })
                 p.xadd(self.stream, fields)
                 await p.execute()

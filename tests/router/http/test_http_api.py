@@ -86,6 +86,11 @@ def test_openai_completions(client, fake):
     assert fake.requests[-1].sampling.max_tokens == 16 and not fake.requests[-1].max_tokens_given
     resp = client.completions.create(model=MODEL, prompt="say", max_tokens=1, echo=True)
     assert resp.choices[0].text == "sayalpha"
+    # A token-id prompt is echoed as its text (it was silently dropped), streamed or not.
+    resp = client.completions.create(model=MODEL, prompt=[101, 102], max_tokens=1, echo=True)
+    assert resp.choices[0].text == " beta gammaalpha"
+    chunks = list(client.completions.create(model=MODEL, prompt=[101, 102], max_tokens=1, echo=True, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == " beta gammaalpha"
 
 
 def test_openai_chat_streaming_with_usage(client):
@@ -177,6 +182,11 @@ BAD_INPUTS = [
     (COMPL, {"prompt": "hi", "seed": "x"}, "seed", "expected an integer"),
     (COMPL, {"prompt": "hi", "top_k": -3}, "top_k", "top_k"),
     (COMPL, {"prompt": "word " * 60, "max_tokens": 10}, "max_tokens", "maximum context length"),
+    # JSON may escape a lone surrogate; no tokenizer (or response) can hold one: a 400, never a 500
+    (COMPL, b'{"prompt": "a\\ud800b"}', "prompt", "not valid Unicode"),
+    (CHAT, b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}',
+     "messages.[0].content.[0].text", "not valid Unicode"),
+    (COMPL, b'{"model": "m\\ud800", "prompt": "x"}', "model", "not valid Unicode"),
 ]
 
 

@@ -28,7 +28,8 @@ def test_request_ids_and_idempotency_keys_per_choice(url, fake):
                    headers={"X-Request-Id": "job-1", "Idempotency-Key": "k"})
     assert r.status_code == 200
     assert [q.request_id for q in fake.requests] == ["job-1-0", "job-1-1"]
-    assert [q.idempotency_key for q in fake.requests] == ["k#0", "k#1"]
+    assert [q.idempotency_key for q in fake.requests] == ["k", "k#1"]  # choice 0 holds the client's key
+    assert [q.num_choices for q in fake.requests] == [2, 2]  # fingerprinted: reused with another n, it collides
     assert r.headers["x-request-id"] == "job-1-0,job-1-1"
     assert [q.sampling.seed for q in fake.requests] == [None, None]
     assert [c["index"] for c in r.json()["choices"]] == [0, 1]

@@ -114,3 +114,23 @@ def test_a_job_that_fails_while_the_router_runs_is_recorded_failed(make_state: C
         await st.close()
 
     asyncio.run(main())
+
+
+def test_a_reused_request_id_with_another_prompt_is_a_409_not_the_earlier_answer(
+        make_state: Callable[..., RedisState]) -> None:
+    async def main() -> None:
+        st = make_state()
+        batch = DurableBatch(FakeRouter("finish"), BatchJournal(st), "router-a", idle_ms=200, poll_s=0.01)
+        first = job_payload("bj-1", "t", "batch", [1, 2, 3], SamplingParams(max_tokens=2), "first prompt")
+        await batch.submit(first, "batch")
+        await batch.submit(dict(first), "batch")  # the same request again (a retry): the same job
+        other = job_payload("bj-1", "t", "batch", [4, 5, 6, 7], SamplingParams(max_tokens=2), "another prompt")
+        try:
+            await batch.submit(other, "batch")
+            raise AssertionError("a different request under the same id was accepted")
+        except RouterError as e:
+            assert e.kind is ErrorKind.CONFLICT and e.param == "request_id"
+        assert "bj-1" in batch._done  # the first request's waiters are untouched
+        await st.close()
+
+    asyncio.run(main())

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from router.state import RedisState
-from router.state.journal import BatchJournal, ClaimedJob
+from router.state.journal import BatchJournal, ClaimedJob, JobIdConflict
 
 
 def test_submit_claim_complete_get(make_state: Callable[..., RedisState]) -> None:
@@ -48,6 +48,23 @@ def test_tenant_isolation_and_validation(make_state: Callable[..., RedisState]) 
         assert (await j.get(job_id, "acme")) is not None
         with pytest.raises(ValueError):
             await j.submit({"x": 1})
+        await st.close()
+
+    asyncio.run(main())
+
+
+def test_a_job_id_names_one_job_for_one_tenant(make_state: Callable[..., RedisState]) -> None:
+    async def main() -> None:
+        st = make_state()
+        j = BatchJournal(st)
+        job = {"tenant": "acme", "prompt": "first prompt"}
+        assert await j.submit(job, job_id="bj-1") == "bj-1"
+        assert await j.submit(dict(job), job_id="bj-1") == "bj-1"  # the same job again: queued once
+        assert await j.pending_count() == 1
+        for other in ({"tenant": "acme", "prompt": "another prompt"}, {"tenant": "globex", "prompt": "first prompt"}):
+            with pytest.raises(JobIdConflict):  # was: accepted, and answered with bj-1's result
+                await j.submit(other, job_id="bj-1")
+        assert await j.pending_count() == 1
         await st.close()
 
     asyncio.run(main())

@@ -1,0 +1,48 @@
+"""A request's prompt as token ids: huge prompts are tokenized off the event loop, and what makes two
+requests "the same" for an Idempotency-Key includes how many choices they ask for."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+from engine.model.tokenizer import Tokenizer
+from engine.sampling_params import SamplingParams
+from router.api import GenerateRequest
+from router.prompt_input import OFF_LOOP_CHARS, request_fingerprint, tokenize_off_loop, tokenize_request
+
+
+def test_the_fingerprint_tells_apart_requests_for_another_number_of_choices():
+    req = GenerateRequest(sampling=SamplingParams(max_tokens=4), prompt="hi")
+    same = replace(req)
+    assert request_fingerprint(req, [1, 2]) == request_fingerprint(same, [1, 2])
+    assert request_fingerprint(req, [1, 2]) != request_fingerprint(replace(req, num_choices=2), [1, 2])
+    assert request_fingerprint(req, [1, 2]) != request_fingerprint(req, [1, 3])
+
+
+def test_a_huge_prompt_is_tokenized_while_the_event_loop_keeps_serving(tiny_model_dir):
+    tokenizer = Tokenizer.from_dir(tiny_model_dir)
+    huge = GenerateRequest(sampling=SamplingParams(), prompt="the quick brown fox jumps " * 40_000)  # 1 MB
+    assert len(huge.prompt) > OFF_LOOP_CHARS
+
+    async def main() -> tuple[list[int], float]:
+        gaps, last = [], time.monotonic()
+
+        async def ticker() -> None:
+            nonlocal last
+            while True:
+                await asyncio.sleep(0.005)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        tick = asyncio.create_task(ticker())
+        await asyncio.sleep(0.02)
+        ids, _ = await tokenize_off_loop(huge, tokenizer, 1 << 20)
+        tick.cancel()
+        return ids, max(gaps)
+
+    ids, longest_stall = asyncio.run(main())
+    assert ids == tokenize_request(huge, tokenizer, 1 << 20)[0]
+    assert longest_stall < 0.25, f"the event loop stalled {longest_stall:.2f} s"  # inline it takes ~0.5-1 s
