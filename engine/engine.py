@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.errors import ContextLengthError, InvalidParameterError
+from engine.host_memory import keep_freed_memory
 from engine.kv_events import KVCacheEvent
 from engine.logprobs import TokenLogprob
 from engine.model_loader import LoadedModel, load_model
@@ -37,6 +38,8 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.max_model_len = loaded.max_model_len
         self.device = loaded.device
+        if self.device.type == "cpu":
+            keep_freed_memory()  # large steps reuse their activations' pages (engine/host_memory.py)
         self.kv_segment = loaded.kv_segment  # the shared-memory segment of the KV cache, if any
         self.block_manager = BlockManager(
             loaded.num_blocks,
