@@ -57,6 +57,7 @@ def test_generate_chat_on_default_model(default_model_dir):
         (["--logprobs", "21"], "logprobs"),
         (["--frequency-penalty", "3"], "frequency_penalty"),
         (["--repetition-penalty", "0"], "repetition_penalty"),
+        (["--device", "foo"], "device must be auto, cpu, cuda or cuda:N"),
     ],
 )
 def test_bad_parameters_give_a_clear_error(tiny_model_dir, args, needle):
