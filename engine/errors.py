@@ -9,6 +9,9 @@ class InvalidParameterError(ValueError):
         self.param = param
         self.message = message
 
+    def __reduce__(self):  # picklable (a Ray worker raising it reaches the router as itself)
+        return type(self), (self.param, self.message)
+
 
 class ContextLengthError(InvalidParameterError):
     """prompt + max_tokens exceeds the model's context length."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 import ray
-from ray.exceptions import GetTimeoutError, RayError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayError, RayTaskError, UnserializableException
 
 from decode_worker.messages import OutputBatch, ReserveResult
 from engine.outputs import RequestOutput
@@ -36,6 +36,11 @@ from router.stream import RequestStream
 from router.worker_pool import WorkerHandle, WorkerPool
 
 log = logging.getLogger(__name__)
+
+
+# The worker is up and raised: a refusal of this request, not a dead worker (an exception Ray
+# cannot pickle arrives as UnserializableException; taking that for a death cost a worker's requests).
+_REFUSED = (RayTaskError, UnserializableException)
 
 
 @dataclass
@@ -161,7 +166,7 @@ class Dispatcher:
                 self._call(d.actor.generate_local.remote(spec))
                 self.num_local_prefills += 1
                 return
-            except RayTaskError as e:  # the worker is up and refused this request: not a dead worker
+            except _REFUSED as e:  # the worker is up and refused this request: not a dead worker
                 d.requests.discard(spec.request_id)
                 self._count_placed(d, -spec.num_prompt_tokens)
                 self._fail(t, f"{d.worker_id} refused the request: {_cause(e)}")
@@ -205,7 +210,7 @@ class Dispatcher:
             self._call(p.actor.prefill.remote(PrefillTask(spec, d.peer, res.transfer_id, res.num_cached_blocks)))
             self.num_disaggregated += 1
         except RayError as e:
-            if isinstance(e, RayTaskError):  # it refused this prefill; it is not down
+            if isinstance(e, _REFUSED):  # it refused this prefill; it is not down
                 self._count_dispatched(p, -spec.num_prompt_tokens)  # and did not queue it
                 log.warning("%s refused the prefill of %s (%s); prefilling on %s", p.worker_id, spec.request_id,
                             _cause(e), d.worker_id)
@@ -335,7 +340,7 @@ class Dispatcher:
             threading.Thread(target=self._place, args=(t, {d.worker_id}), daemon=True).start()
 
 
-def _cause(error: RayTaskError) -> str:
+def _cause(error: RayError) -> str:
     """The worker's own exception, not Ray's wrapping of it."""
     cause = getattr(error, "cause", None)
     return f"{type(cause).__name__}: {cause}" if cause is not None else str(error).splitlines()[0]

@@ -81,7 +81,7 @@ class DurableBatch:
             if created:
                 self._done.pop(job_id, None)
             raise RouterError(ErrorKind.CONFLICT, f"request id {job_id!r} already names another batch request; "
-                                                  "choose another X-Request-Id", param="request_id") from None
+                                                  "choose another one", param="request_id") from None
         except BaseException:
             if created:
                 self._done.pop(job_id, None)
@@ -90,6 +90,11 @@ class DurableBatch:
 
     def is_running(self, job_id: str) -> bool:
         return job_id in self._running
+
+    def holds(self, job_id: str) -> bool:
+        """Whether ``job_id`` names a job submitted through this replica and not yet answered, or one
+        it is running: no other request may take that id meanwhile."""
+        return job_id in self._done or job_id in self._running
 
     async def wait(self, job_id: str, tenant: str) -> GenerationResult:
         fut = self._done.get(job_id)

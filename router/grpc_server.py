@@ -11,45 +11,47 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
-from typing import Any, Awaitable, Callable, NoReturn, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, NoReturn, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from engine.errors import InvalidParameterError
-from engine.logprobs import TokenLogprob
-from engine.sampling_params import SamplingParams
-from router.api import ChatMessage, ErrorKind, GenerateRequest, RouterAPI, RouterError, StreamEvent, invalid
+from router.api import ErrorKind, RouterAPI, RouterError, invalid
 from router.choices import MAX_CHOICES, Choices
 from router.grpc_gen.baton.v1 import generate_pb2 as pb
 from router.grpc_gen.baton.v1 import generate_pb2_grpc as pb_grpc
+from router.grpc_messages import request_from_proto, response_from_event
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 GENERATION_SERVICE = pb.DESCRIPTOR.services_by_name["Generation"].full_name  # "baton.v1.Generation"
-_MAX_ID_LEN = 256
-# Router errors name OpenAI request fields; gRPC clients know them by their proto path.
+# Router errors name OpenAI request fields (and HTTP headers); gRPC clients know them by their proto path.
 _SAMPLING_FIELDS = frozenset(pb.SamplingParameters.DESCRIPTOR.fields_by_name)
-_FIELD_PATHS = {"prompt": "text", "prompt_token_ids": "token_ids", "messages": "chat.messages"}
+_FIELD_PATHS = {"prompt_token_ids": "token_ids", "messages": "chat.messages", "Idempotency-Key": "idempotency_key",
+                "X-Request-Id": "request_id"}
+_PROMPT_PATHS = {"text": "text", "token_ids": "token_ids", "chat": "chat.messages"}  # by the request's input
 
 
 # -- errors -------------------------------------------------------------------------------------
-def _field_path(param: str) -> str:
+def _field_path(param: str, prompt_path: str = "text") -> str:
     if param in _SAMPLING_FIELDS:
         return f"sampling.{param}"
+    if param == "prompt":  # the router's name for whichever input the request used
+        return prompt_path
     return _FIELD_PATHS.get(param, param)
 
 
-def status_for(err: RouterError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+def status_for(err: RouterError, prompt_path: str = "text") -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
     """(code, details, trailing metadata) for a router error. INVALID_ARGUMENT details start with
     the field path; ``retry-after`` (whole seconds, >= 1) tells throttled clients when to retry."""
     code = grpc.StatusCode[err.kind.grpc_code]
     details = err.message
     if err.kind is ErrorKind.INVALID_REQUEST and err.param:
-        path = _field_path(err.param)
+        path = _field_path(err.param, prompt_path)
         if not details.startswith(f"{path}:"):
             details = f"{path}: {details}"
     trailers: list[tuple[str, str]] = []
@@ -58,135 +60,30 @@ def status_for(err: RouterError) -> tuple[grpc.StatusCode, str, tuple[tuple[str,
     if err.code:
         trailers.append(("baton-error-code", err.code))
     if err.param:
-        trailers.append(("baton-error-param", _field_path(err.param)))
+        trailers.append(("baton-error-param", _field_path(err.param, prompt_path)))
     return code, details, tuple(trailers)
 
 
-async def _abort(context: grpc.aio.ServicerContext, err: RouterError) -> NoReturn:
-    code, details, trailers = status_for(err)
+async def _abort(context: grpc.aio.ServicerContext, err: RouterError, prompt_path: str = "text") -> NoReturn:
+    code, details, trailers = status_for(err, prompt_path)
     await context.abort(code, details, trailing_metadata=trailers)
     raise AssertionError("unreachable: context.abort raises")  # for type checkers
 
 
-async def _guard(context: grpc.aio.ServicerContext, call: Awaitable[T]) -> T:
+async def _guard(context: grpc.aio.ServicerContext, call: Awaitable[T], prompt_path: str = "text") -> T:
     """Await a router call, turning its failures into the RPC's status."""
     try:
         return await call
     except RouterError as err:
-        await _abort(context, err)
+        await _abort(context, err, prompt_path)
     except InvalidParameterError as err:  # the router let an engine validation error through
-        await _abort(context, invalid(err.message, param=err.param))
+        await _abort(context, invalid(err.message, param=err.param), prompt_path)
     except (grpc.aio.AbortError, asyncio.CancelledError):
         raise
     except Exception:
         log.exception("router call failed")
         await context.abort(grpc.StatusCode.INTERNAL, "internal error")
     raise AssertionError("unreachable")
-
-
-# -- proto -> router.api --------------------------------------------------------------------------
-def _optional_str(msg: Any, name: str, *, max_len: int | None = None) -> str | None:
-    if not msg.HasField(name):
-        return None
-    value = getattr(msg, name)
-    if not value:
-        raise invalid("must not be empty when set", param=name)
-    if max_len is not None and len(value) > max_len:
-        raise invalid(f"must be at most {max_len} characters", param=name)
-    return value
-
-
-def sampling_from_proto(msg: pb.SamplingParameters | None) -> SamplingParams:
-    """Absent optional fields keep the ``SamplingParams`` defaults; its validation names the field."""
-    if msg is None:
-        return SamplingParams()
-    kwargs: dict[str, Any] = {
-        "stop": tuple(msg.stop), "stop_token_ids": tuple(msg.stop_token_ids),
-        "ignore_eos": msg.ignore_eos, "include_stop_str_in_output": msg.include_stop_str_in_output,
-        "logit_bias": dict(msg.logit_bias),
-    }
-    for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "min_tokens", "skip_special_tokens",
-                 "logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                 "min_p"):
-        if msg.HasField(name):
-            kwargs[name] = getattr(msg, name)
-    try:
-        return SamplingParams(**kwargs)
-    except InvalidParameterError as err:
-        raise invalid(err.message, param=f"sampling.{err.param}") from None
-
-
-def request_from_proto(msg: pb.GenerateRequest, tenant: str, time_remaining: float | None) -> GenerateRequest:
-    """Shape-check a ``GenerateRequest`` and build the router's; raises ``RouterError`` (invalid)."""
-    prompt: str | None = None
-    token_ids: tuple[int, ...] | None = None
-    messages: tuple[ChatMessage, ...] | None = None
-    add_generation_prompt = True
-    kind = msg.WhichOneof("input")
-    if kind is None:
-        raise invalid("one of text, token_ids or chat is required", param="input")
-    if kind == "text":
-        if not msg.text:
-            raise invalid("the prompt must not be empty", param="text")
-        prompt = msg.text
-    elif kind == "token_ids":
-        if not msg.token_ids.ids:
-            raise invalid("the prompt must contain at least one token id", param="token_ids")
-        token_ids = tuple(msg.token_ids.ids)
-    else:
-        if not msg.chat.messages:
-            raise invalid("at least one message is required", param="chat.messages")
-        for i, m in enumerate(msg.chat.messages):
-            if not m.role:
-                raise invalid("the role must not be empty", param=f"chat.messages[{i}].role")
-        messages = tuple(ChatMessage(m.role, m.content) for m in msg.chat.messages)
-        if msg.chat.HasField("add_generation_prompt"):
-            add_generation_prompt = msg.chat.add_generation_prompt
-    has_sampling = msg.HasField("sampling")
-    deadline_s = None
-    if time_remaining is not None and math.isfinite(time_remaining):
-        deadline_s = time.monotonic() + max(0.0, time_remaining)
-    return GenerateRequest(
-        sampling=sampling_from_proto(msg.sampling if has_sampling else None),
-        prompt=prompt, prompt_token_ids=token_ids, messages=messages,
-        add_generation_prompt=add_generation_prompt, stream=True,
-        lane=_optional_str(msg, "lane"), tenant=tenant,
-        request_id=_optional_str(msg, "request_id", max_len=_MAX_ID_LEN),
-        idempotency_key=_optional_str(msg, "idempotency_key", max_len=_MAX_ID_LEN),
-        max_tokens_given=has_sampling and msg.sampling.HasField("max_tokens"),
-        deadline_s=deadline_s, endpoint="grpc",
-    )
-
-
-def _token_logprobs(logprobs: Sequence[TokenLogprob],
-                    token_bytes: Callable[[Sequence[int]], list[bytes]]) -> list[pb.TokenLogprob]:
-    if not logprobs:
-        return []
-    ids = [lp.token_id for lp in logprobs] + [t for lp in logprobs for t, _ in lp.top]
-    raw = dict(zip(ids, token_bytes(ids)))
-    return [pb.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, token=raw[lp.token_id],
-                            top_logprobs=[pb.TopLogprob(token_id=t, logprob=v, token=raw[t]) for t, v in lp.top])
-            for lp in logprobs]
-
-
-def response_from_event(ev: StreamEvent, lane: str,
-                        token_bytes: Callable[[Sequence[int]], list[bytes]] | None = None) -> pb.GenerateResponse:
-    """``token_bytes`` names the tokens of the event's logprobs (RouterAPI.token_bytes)."""
-    out = pb.GenerateResponse(request_id=ev.request_id, text=ev.text, token_ids=ev.token_ids,
-                              finished=ev.finished, finish_reason=ev.finish_reason or "", lane=lane)
-    if token_bytes is not None:
-        out.logprobs.extend(_token_logprobs(ev.logprobs or (), token_bytes))
-        out.prompt_logprobs.extend(_token_logprobs([lp for lp in ev.prompt_logprobs or () if lp.logprob is not None],
-                                                   token_bytes))
-    if ev.usage is not None:
-        out.usage.CopyFrom(pb.Usage(prompt_tokens=ev.usage.prompt_tokens,
-                                    completion_tokens=ev.usage.completion_tokens,
-                                    cached_tokens=ev.usage.cached_tokens))
-    if isinstance(ev.stop_reason, str):
-        out.stop_string = ev.stop_reason
-    elif isinstance(ev.stop_reason, int):
-        out.stop_token_id = ev.stop_reason
-    return out
 
 
 # -- servicers ----------------------------------------------------------------------------------
@@ -214,14 +111,15 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         tenant = await self._tenant(context)
+        prompt_path = _PROMPT_PATHS.get(request.WhichOneof("input") or "text", "text")
         try:
             greq = request_from_proto(request, tenant, context.time_remaining())
             n = request.n if request.HasField("n") else 1
             if not 1 <= n <= MAX_CHOICES:
                 raise invalid(f"must be in [1, {MAX_CHOICES}], got {n}", param="n")
         except RouterError as err:
-            await _abort(context, err)
-        choices = await _guard(context, Choices.start(self._router, greq, n))
+            await _abort(context, err, prompt_path)
+        choices = await _guard(context, Choices.start(self._router, greq, n), prompt_path)
         left = n  # choices not finished yet; any left on exit must be stopped
         events = choices.events()
         try:
@@ -230,7 +128,9 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                     break  # nothing may follow the last event
                 if ev.error is not None:  # failed after streaming started: the messages sent stand
                     left = 0  # the others were stopped with it
-                    await _abort(context, ev.error)
+                    if context.done():
+                        break  # the RPC has ended already (its deadline): no status left to set
+                    await _abort(context, ev.error, prompt_path)
                 msg = response_from_event(ev, choices.lane, self._router.token_bytes)
                 msg.index = index
                 await context.write(msg)
@@ -245,8 +145,9 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise  # client cancel / deadline (the task is cancelled) or our own abort
         except Exception:
-            log.exception("generation stream %s failed", choices.request_id)
-            await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+            if not context.done():  # (once the RPC has ended, aborting it again only raises)
+                log.exception("generation stream %s failed", choices.request_id)
+                await context.abort(grpc.StatusCode.INTERNAL, "internal error")
         finally:
             if left:
                 # Shielded: a second cancellation (server shutdown) must not leave blocks allocated.
@@ -320,6 +221,47 @@ class ReadinessHealthServicer(health.aio.HealthServicer):
             await asyncio.sleep(interval_s)
 
 
+class _Malformed:
+    """What a request's bytes parse to when they are not its message (a corrupt wire format, a string
+    field holding invalid UTF-8): the handler answers INVALID_ARGUMENT, not gRPC's UNKNOWN."""
+
+    def __init__(self, message_name: str, error: DecodeError) -> None:
+        self.reason = f"the request is not a valid {message_name}: {error}"
+
+
+def _parse(message_type: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as err:
+            return _Malformed(message_type.DESCRIPTOR.full_name, err)
+
+    return parse
+
+
+def _checked(method: Callable[[Any, grpc.aio.ServicerContext], Awaitable[T]]):
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> T:
+        if isinstance(request, _Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+        return await method(request, context)
+
+    return handle
+
+
+def _add_generation_service(servicer: GenerationServicer, server: grpc.aio.Server) -> None:
+    """``add_GenerationServicer_to_server``, with requests that fail to parse answered INVALID_ARGUMENT."""
+    methods = pb.DESCRIPTOR.services_by_name["Generation"].methods_by_name
+    handlers = {}
+    for name, method in methods.items():
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        request_type, response_type = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
+        handlers[name] = make(_checked(getattr(servicer, name)), request_deserializer=_parse(request_type),
+                              response_serializer=response_type.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(GENERATION_SERVICE, handlers),))
+    if hasattr(server, "add_registered_method_handlers"):
+        server.add_registered_method_handlers(GENERATION_SERVICE, handlers)
+
+
 # -- server -------------------------------------------------------------------------------------
 class GrpcServer:
     """The gRPC frontend on ``host:port`` (port 0: any free port). ``start`` and ``stop`` run on the
@@ -349,7 +291,7 @@ class GrpcServer:
         if self._server is not None:
             raise RuntimeError("GrpcServer already started")
         server = grpc.aio.server(options=self._options, maximum_concurrent_rpcs=self._max_concurrent_rpcs)
-        pb_grpc.add_GenerationServicer_to_server(GenerationServicer(self.router), server)
+        _add_generation_service(GenerationServicer(self.router), server)
         self._health = ReadinessHealthServicer(self.router, ("", GENERATION_SERVICE))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((GENERATION_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

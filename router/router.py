@@ -152,7 +152,7 @@ class Router(TokenTexts):
                 ErrorKind.OVERLOADED, "No decode worker is available.", code="no_workers", retry_after_s=5.0))
 
         rid = req.request_id or f"cmpl-{uuid.uuid4().hex[:24]}"
-        if rid in self._requests:
+        if rid in self._requests or (self.batch is not None and self.batch.holds(rid)):  # (a queued batch job too)
             raise RouterError(ErrorKind.CONFLICT, f"request id {rid!r} is already in flight", param="request_id")
         idem = None
         if req.idempotency_key:
@@ -225,9 +225,10 @@ class Router(TokenTexts):
     async def run_durable(self, job_id: str, tenant: str, lane: str, ids: list[int], sampling: SamplingParams,
                           prompt_text: str | None) -> GenerationResult:
         """Run a journaled batch job through the lane queues (called by the durable-batch consumer)."""
-        if job_id in self._requests:  # already running here (a re-claim of our own job)
-            ctx = self._requests[job_id]
-        else:
+        while job_id in self._requests and not self._requests[job_id].durable:  # another request's id (another
+            await asyncio.sleep(0.05)  # replica queued the job): it must end first, never share its stream
+        ctx = self._requests.get(job_id)  # already running here: a re-claim of our own job
+        if ctx is None:
             hint = await self._placement_hint(ids, self._salt(tenant))
             ctx = self._requests.get(job_id) or self._enqueue(job_id, tenant, lane, ids, sampling, prompt_text, hint)
         ctx.durable = True

@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import statistics
+import threading
 import time
 
 import grpc
@@ -187,6 +188,8 @@ def test_sse_framing_is_exact(srv):
     ({"model": "tiny", "prompt": "x", "max_tokens": "ten"}, 400, "max_tokens"),
     ({"model": "tiny", "prompt": "x", "top_p": 2}, 400, "top_p"),
     ({"model": "tiny", "messages": "hi"}, 400, "prompt"),
+    # checked by the router: on the worker, Ray could not pickle the error and took the worker for dead
+    ({"model": "tiny", "prompt": "x", "max_tokens": 4, "stop_token_ids": [999999]}, 400, "stop_token_ids"),
 ])
 def test_bad_inputs(srv, body, status, needle):
     r = httpx.post(f"{srv.http}/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, json=body)
@@ -336,6 +339,27 @@ def test_idempotency_key_runs_once(srv):
     assert finished_total() == before + 1  # the retry was served from the stored result
     other = httpx.post(f"{srv.http}/v1/completions", headers=h, json={**body, "prompt": "different"})
     assert other.status_code == 409
+
+
+def test_a_queued_batch_jobs_id_is_taken_until_it_is_answered(srv):
+    h = {"Authorization": f"Bearer {KEY}", "X-Request-Id": "dup-1"}
+    body = {"model": "tiny", "prompt": "a batch job", "max_tokens": 48, "ignore_eos": True, "lane": "batch",
+            "temperature": 0}
+    job: dict = {}
+    t = threading.Thread(target=lambda: job.update(r=httpx.post(f"{srv.http}/v1/completions", headers=h, json=body,
+                                                                timeout=60)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{srv.http}/v1/batches/dup-1", headers=h).status_code != 200:  # journaled
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    other = httpx.post(f"{srv.http}/v1/completions", headers=h, timeout=30,
+                       json={"model": "tiny", "prompt": "an interactive request", "max_tokens": 200, "ignore_eos": True})
+    assert other.status_code == 409  # was: admitted, then the job's run shared its stream (tokens lost, job hung)
+    t.join(60)
+    done = job["r"].json()
+    assert job["r"].status_code == 200 and done["usage"]["completion_tokens"] == 48
+    assert drained(srv)
 
 
 def test_one_scrape_shows_the_whole_cluster(srv):

@@ -108,8 +108,10 @@ class FakeRouter:
     ``max_model_len`` words (or ids) plus max_tokens is rejected like the real router does, unless
     the client gave no max_tokens: then max_tokens is clamped to what the prompt leaves."""
 
-    def __init__(self, *, require_auth: bool = False, token_delay_s: float = 0.0, max_model_len: int = 64) -> None:
+    def __init__(self, *, require_auth: bool = False, token_delay_s: float = 0.0, max_model_len: int = 64,
+                 check_vocab: bool = False) -> None:
         self.require_auth = require_auth
+        self.check_vocab = check_vocab  # refuse prompt token ids >= 1000 (the model card's vocabulary), as the router
         self.keys = {"sk-test": "acme"}
         self.token_delay_s = token_delay_s
         self.max_model_len = max_model_len
@@ -142,6 +144,8 @@ class FakeRouter:
             raise self.fail_calls.pop(len(self.requests))
         if request.lane is not None and request.lane not in ("interactive", "batch", "long_context"):
             raise invalid(f"unknown lane {request.lane!r}", param="lane")
+        if self.check_vocab and request.prompt_token_ids is not None and any(t >= 1000 for t in request.prompt_token_ids):
+            raise invalid("token id outside the vocabulary [0, 1000)", param="prompt")  # the router's name for it
         if request.prompt is not None:
             n_prompt = len(request.prompt.split())
         elif request.prompt_token_ids is not None:

@@ -46,3 +46,16 @@ def test_a_huge_prompt_is_tokenized_while_the_event_loop_keeps_serving(tiny_mode
     ids, longest_stall = asyncio.run(main())
     assert ids == tokenize_request(huge, tokenizer, 1 << 20)[0]
     assert longest_stall < 0.25, f"the event loop stalled {longest_stall:.2f} s"  # inline it takes ~0.5-1 s
+
+
+def test_token_ids_the_sampling_names_are_checked_against_the_vocabulary():
+    from router.api import RouterError
+
+    for sampling, param in ((SamplingParams(stop_token_ids=[5, 1000]), "stop_token_ids"),
+                            (SamplingParams(logit_bias={1000: 1.0}), "logit_bias")):
+        req = GenerateRequest(sampling=sampling, prompt_token_ids=(1, 2))
+        try:
+            tokenize_request(req, None, 1000)
+            raise AssertionError(f"{param} outside the vocabulary was accepted")
+        except RouterError as e:
+            assert e.param == param and "outside the vocabulary" in e.message

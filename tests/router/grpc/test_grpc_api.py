@@ -52,7 +52,7 @@ class ServerThread:
 
 @pytest.fixture
 def fake() -> FakeRouter:
-    return FakeRouter(max_model_len=1000)
+    return FakeRouter(max_model_len=1000, check_vocab=True)
 
 
 @pytest.fixture
@@ -319,6 +319,9 @@ BAD_INPUTS = {
     "long request id": (text_req(request_id="r" * 300), "request_id"),
     "unknown lane (router)": (text_req(lane="vip"), "lane"),
     "context length (router)": (text_req(max_tokens=999), "sampling.max_tokens"),
+    # the router names the prompt "prompt": the path is the input the request used (was always "text")
+    "token id outside the vocabulary (router)": (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 5000])),
+                                                 "token_ids"),
 }
 
 
@@ -349,6 +352,29 @@ def test_router_error_mapping(stub, fake, kind, retry_after_s, code, retry_after
     err = rpc_error(lambda: list(stub.Generate(text_req())))
     assert err.code() == code and err.details() == f"scripted {kind.name}"
     assert dict(err.trailing_metadata()).get("retry-after") == retry_after
+
+
+def test_http_named_params_get_their_proto_paths(stub, fake):
+    fake.fail_next = RouterError(ErrorKind.CONFLICT, "This Idempotency-Key was already used with a different request.",
+                                 param="Idempotency-Key")
+    err = rpc_error(lambda: list(stub.Generate(text_req(idempotency_key="k1"))))
+    assert err.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert dict(err.trailing_metadata())["baton-error-param"] == "idempotency_key"
+
+
+@pytest.mark.parametrize("method,raw", [
+    ("Generate", b"\xff\xff\xff\xff"),  # corrupt wire format
+    ("Generate", b"\x0a\x03\xff\xfe\xfd"),  # text (field 1) holding invalid UTF-8
+    ("Abort", b"\x0a\x02\xc3\x28"),  # request_id (field 1) holding invalid UTF-8
+    ("GetModelInfo", b"\xff\xff\xff\xff"),
+])
+def test_bytes_that_are_not_the_request_message_are_invalid_argument(channel, fake, method, raw):
+    path = f"/baton.v1.Generation/{method}"
+    call = (channel.unary_stream if method == "Generate" else channel.unary_unary)(
+        path, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    err = rpc_error(lambda: list(call(raw)) if method == "Generate" else call(raw))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err  # was UNKNOWN, naming a Python exception class
+    assert "is not a valid baton.v1." in err.details() and fake.requests == []
 
 
 def test_authentication(stub, fake):
