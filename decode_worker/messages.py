@@ -26,3 +26,6 @@ class OutputBatch:
     outputs: list[RequestOutput] = field(default_factory=list)
     load: WorkerLoad | None = None
     kv_events: list = field(default_factory=list)  # BlocksStored/BlocksRemoved since the last poll
+    # This router's requests the worker dropped as orphans (it had not polled for the orphan timeout)
+    # although it polls again: they have no outputs coming, so the router places them anew.
+    dropped: list[str] = field(default_factory=list)

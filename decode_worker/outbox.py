@@ -13,12 +13,16 @@ import time
 from engine.outputs import RequestOutput
 
 
+_MAX_DROPPED = 4096  # per router: ids kept to tell a router that never polls again cost bounded memory
+
+
 class Outbox:
     def __init__(self) -> None:
         self._cv = threading.Condition()
         self._boxes: dict[str, list[RequestOutput]] = {}
         self._origin_of: dict[str, str] = {}
         self._last_seen: dict[str, float] = {}  # origin -> its latest poll (or request)
+        self._dropped: dict[str, list[str]] = {}  # origin -> its requests dropped as orphans, not yet told
         self._closed = False
 
     def register(self, request_id: str, origin: str) -> str | None:
@@ -36,11 +40,27 @@ class Outbox:
         with self._cv:
             gone = {o for o, t in self._last_seen.items() if now - t > timeout_s}
             out = [rid for rid, o in self._origin_of.items() if o in gone]
+            for rid in out:  # told to the origin if it polls again after all (it was only stalled)
+                told = self._dropped.setdefault(self._origin_of[rid], [])
+                told.append(rid)
+                del told[:-_MAX_DROPPED]
             for o in gone:
                 self._boxes.pop(o, None)
                 if not any(v == o for v in self._origin_of.values() if v not in gone):
                     self._last_seen.pop(o, None)
             return out
+
+    def touch_all(self) -> None:
+        """Every router counts as just seen: the worker itself was away (paused, stopped by a signal),
+        so their silence meanwhile says nothing about them."""
+        now = time.monotonic()
+        with self._cv:
+            for origin in self._last_seen:
+                self._last_seen[origin] = now
+
+    def take_dropped(self, origin: str) -> list[str]:
+        with self._cv:
+            return self._dropped.pop(origin, [])
 
     def put(self, outputs: list[RequestOutput]) -> None:
         if not outputs:

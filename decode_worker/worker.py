@@ -53,6 +53,7 @@ class DecodeWorker:
         self.num_orphans_aborted = 0
         self.num_taken_over = 0  # requests re-sent by another router while the first one's copy ran
         self._next_orphan_check = 0.0
+        self._last_tick = time.monotonic()  # the orphan ticker's previous run
         self._load_snapshot = self._load(self.engine)
         self.loop.add_ticker(self._expire_transfers)
         self.loop.add_ticker(self._abort_orphans)
@@ -98,7 +99,8 @@ class DecodeWorker:
             self._register(engine, spec)
             engine.add_request(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
                                priority=spec.priority, cache_salt=spec.cache_salt,
-                               resume_token_ids=list(spec.resume_token_ids), arrival_time=received)
+                               resume_token_ids=list(spec.resume_token_ids),
+                               resume_text_chars=spec.resume_text_chars, arrival_time=received)
             self._count_placed(spec)
             return True
 
@@ -130,7 +132,8 @@ class DecodeWorker:
         report and the prefix-cache events since any router's last poll."""
         outputs = self.outbox.poll(origin, timeout_s)
         events, self._kv_events = self._kv_events, []
-        return OutputBatch(self.worker_id, self.peer.incarnation, outputs, self._load_snapshot, events)
+        return OutputBatch(self.worker_id, self.peer.incarnation, outputs, self._load_snapshot, events,
+                           dropped=self.outbox.take_dropped(origin))
 
     def load(self) -> WorkerLoad:
         return self._load_snapshot
@@ -190,8 +193,12 @@ class DecodeWorker:
                 self._fallback(engine, rid)
 
     def _abort_orphans(self, engine: LLMEngine) -> None:
-        """Requests of a router that stopped polling (it died) are aborted: nobody reads them."""
+        """Requests of a router that stopped polling (it died) are aborted: nobody reads them. A router
+        that polls again after all is told which of its requests went (``OutputBatch.dropped``)."""
         now = time.monotonic()
+        if now - self._last_tick > self.orphan_timeout_s / 2:  # this worker was away (SIGSTOP, a paused VM):
+            self.outbox.touch_all()  # the routers' silence meanwhile was not theirs
+        self._last_tick = now
         if now < self._next_orphan_check:
             return
         self._next_orphan_check = now + 1.0

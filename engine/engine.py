@@ -75,19 +75,21 @@ class LLMEngine:
         cache_salt: str | None = None,
         arrival_time: float | None = None,
         resume_token_ids: Sequence[int] | None = None,
+        resume_text_chars: int = 0,
         prefill_only: bool = False,
     ) -> str:
         """Queue a request (text is tokenized as is; use ``tokenizer.encode_chat`` for chat).
 
         ``resume_token_ids``: tokens this request already generated elsewhere (migration); they are
-        recomputed, not re-emitted. ``prefill_only``: the prefill role; the request stops after its
+        recomputed, not re-emitted, and ``resume_text_chars`` of their text were delivered there (the
+        rest, held back there, comes with the next output). ``prefill_only``: the prefill role; the request stops after its
         first token and holds its blocks until ``release_transferred``.
         """
         req = self._new_request(request_id, prompt, params, priority, cache_salt, arrival_time, resume_token_ids,
                                 prefill_only)
         self.scheduler.add_request(req)
         if not prefill_only:
-            self.output_processor.add(req)
+            self.output_processor.add(req, resume_text_chars)
         return req.request_id
 
     def _new_request(self, request_id, prompt, params, priority, cache_salt, arrival_time, resume_token_ids=None,

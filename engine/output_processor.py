@@ -29,14 +29,19 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self._streams: dict[str, _Stream] = {}
 
-    def add(self, req: Request) -> None:
+    def add(self, req: Request, resume_text_chars: int = 0) -> None:
+        """``resume_text_chars``: of a resumed (migrated) request's generated tokens' text, how much the
+        caller has: their text is rebuilt here exactly as the first worker built it (same tokens, same
+        detokenizer), and what it held back (a character cut by a token, a possible stop string's
+        start) goes out with the next output instead of being lost."""
         sp = req.sampling_params
-        detok = None
+        detok, text = None, ""
         if self.tokenizer is not None and sp.detokenize:
-            # A resumed (migrated) request continues after the tokens it already produced elsewhere.
-            detok = self.tokenizer.new_detokenizer(req.all_token_ids, skip_special_tokens=sp.skip_special_tokens)
+            detok = self.tokenizer.new_detokenizer(req.prompt_token_ids, skip_special_tokens=sp.skip_special_tokens)
+            text = detok.add(req.all_token_ids[req.num_prompt_tokens :])
         hold = max((len(s) for s in sp.stop), default=1) - 1
-        self._streams[req.request_id] = _Stream(detok, req.num_tokens, hold=hold)
+        self._streams[req.request_id] = _Stream(detok, req.num_tokens, text=text,
+                                                num_sent_chars=min(resume_text_chars, len(text)), hold=hold)
 
     def discard(self, request_id: str) -> None:
         self._streams.pop(request_id, None)

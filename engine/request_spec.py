@@ -16,6 +16,9 @@ class RequestSpec:
     cache_salt: str | None = None
     # Tokens already generated for this request elsewhere (migration after a worker died).
     resume_token_ids: tuple[int, ...] = field(default=())
+    # How much of those tokens' text the caller has received: a worker holds back the text of a token
+    # that ends inside a UTF-8 sequence (or may begin a stop string); the new worker sends the rest.
+    resume_text_chars: int = 0
     origin: str = ""  # the router replica that owns the request (its outputs go back there)
 
     @property

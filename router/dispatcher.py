@@ -51,6 +51,7 @@ class _Tracked:
     decode_id: str | None = None
     prefill_id: str | None = None
     migrations: int = 0
+    placing: bool = False  # a _place call owns it: a worker's death is handled there, not by _migrate_from
 
 
 class Dispatcher:
@@ -145,7 +146,8 @@ class Dispatcher:
         return True
 
     def _place(self, t: _Tracked, exclude: set[str]) -> None:
-        spec = t.spec
+        """Place ``t`` on a live decode worker, trying the next one while they die under the call. It
+        owns ``t`` meanwhile (``placing``): a death noticed by a poller is not a second migration."""
         tried = set(exclude)
         while True:
             d = choose_decode(self.pool, tried)
@@ -153,19 +155,28 @@ class Dispatcher:
                 self._fail(t, "no live decode worker")
                 return
             with self._lock:
-                if spec.request_id not in self._tracked:
+                if t.spec.request_id not in self._tracked:
                     return  # aborted meanwhile
-                t.decode_id, t.prefill_id = d.worker_id, None
-                d.requests.add(spec.request_id)
+                if tried - exclude and t.stream.token_ids:  # an earlier try delivered tokens: resume after them
+                    t.spec = replace(t.spec, resume_token_ids=tuple(t.stream.token_ids),
+                                     resume_text_chars=len(t.stream.text))
+                t.decode_id, t.prefill_id, t.placing = d.worker_id, None, True
+                d.requests.add(t.spec.request_id)
+            spec = t.spec
             # Counted before the calls (each waits for a decode step): placements made meanwhile
             # must see the blocks this request will take there.
             self._count_placed(d, spec.num_prompt_tokens)
             try:
-                if self._disaggregate(t, d):
-                    return
-                self._call(d.actor.generate_local.remote(spec))
-                self.num_local_prefills += 1
-                return
+                if not self._disaggregate(t, d):
+                    self._call(d.actor.generate_local.remote(spec))
+                    self.num_local_prefills += 1
+                with self._lock:
+                    if d.alive:  # else its death came while the call ran: try the next worker here
+                        t.placing = False
+                        return
+                d.actor.abort.remote(spec.request_id)  # in case d was only slow: never two copies running
+                tried.add(d.worker_id)
+                continue
             except _REFUSED as e:  # the worker is up and refused this request: not a dead worker
                 d.requests.discard(spec.request_id)
                 self._count_placed(d, -spec.num_prompt_tokens)
@@ -252,6 +263,8 @@ class Dispatcher:
             if batch.kv_events:
                 self.on_kv_events(d.worker_id, batch.kv_events)
             self._deliver(d, batch.outputs)
+            if batch.dropped:
+                self._take_back(d, batch.dropped)
 
     def _deliver(self, d: WorkerHandle, outputs: list[RequestOutput]) -> None:
         for out in outputs:
@@ -322,11 +335,27 @@ class Dispatcher:
         log.info("worker %s is up (incarnation %s)", w.worker_id, info.peer.incarnation)
 
     def _migrate_from(self, d: WorkerHandle) -> None:
-        with self._lock:
-            moving = [t for t in self._tracked.values() if t.decode_id == d.worker_id]
+        with self._lock:  # (one being placed there is its _place call's: that call fails or sees d dead)
+            moving = [t for t in self._tracked.values() if t.decode_id == d.worker_id and not t.placing]
             for t in moving:
                 t.decode_id = None  # outputs still in flight from d are stale now
         d.requests.clear()
+        self._migrate(moving, d, {d.worker_id})
+
+    def _take_back(self, d: WorkerHandle, request_ids: list[str]) -> None:
+        """Requests a live ``d`` dropped as orphans (our poller had stalled past its orphan timeout):
+        no output is coming for them, so they are placed anew, resuming after what was delivered."""
+        with self._lock:
+            moving = [t for t in map(self._tracked.get, request_ids)
+                      if t is not None and t.decode_id == d.worker_id and not t.placing]
+            for t in moving:
+                t.decode_id = None
+                d.requests.discard(t.spec.request_id)
+        if moving:
+            log.warning("%s dropped %d of our requests as orphans; placing them again", d.worker_id, len(moving))
+        self._migrate(moving, d, set())
+
+    def _migrate(self, moving: list[_Tracked], d: WorkerHandle, exclude: set[str]) -> None:
         for t in moving:
             if t.migrations >= self.max_migrations:
                 self._fail(t, f"request {t.spec.request_id} lost its decode worker {self.max_migrations + 1} times")
@@ -334,10 +363,10 @@ class Dispatcher:
             t.migrations += 1
             self.num_migrations += 1
             # Resume after exactly what the caller has received: no gap, no duplicate.
-            t.spec = replace(t.spec, resume_token_ids=tuple(t.stream.token_ids))
+            t.spec = replace(t.spec, resume_token_ids=tuple(t.stream.token_ids), resume_text_chars=len(t.stream.text))
             log.info("migrating %s from %s after %d tokens", t.spec.request_id, d.worker_id,
                      len(t.stream.token_ids))
-            threading.Thread(target=self._place, args=(t, {d.worker_id}), daemon=True).start()
+            threading.Thread(target=self._place, args=(t, exclude), daemon=True).start()
 
 
 def _cause(error: RayError) -> str:

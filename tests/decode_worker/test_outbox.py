@@ -1,6 +1,8 @@
 """Per-router outboxes: outputs go to the router that sent the request; a request re-sent by another
 router moves to it and the first one is told; silent routers' requests are orphans."""
 
+import time
+
 from decode_worker.outbox import Outbox
 from engine.outputs import RequestOutput
 
@@ -36,3 +38,21 @@ def test_requests_of_a_silent_router_are_orphans():
     box.poll("router-1", 0)
     assert box.orphans(60.0) == []
     assert sorted(box.orphans(0.0)) == ["a", "b"]
+
+
+def test_a_router_that_polls_again_is_told_which_requests_were_dropped():
+    box = Outbox()
+    box.register("a", "router-0")
+    box.register("b", "router-0")
+    assert sorted(box.orphans(0.0)) == ["a", "b"]  # router-0 stalled past the timeout
+    assert sorted(box.take_dropped("router-0")) == ["a", "b"]  # it polls again: it places them anew
+    assert box.take_dropped("router-0") == []
+
+
+def test_after_the_worker_itself_was_away_no_router_is_an_orphan():
+    box = Outbox()
+    box.register("a", "router-0")
+    time.sleep(0.05)
+    assert box.orphans(60.0) == []
+    box.touch_all()  # what the worker does when its own loop was stopped (SIGSTOP) for a while
+    assert box.orphans(0.04) == []

@@ -225,3 +225,30 @@ def test_a_lone_surrogate_in_a_text_prompt_is_named(engine):
     with pytest.raises(InvalidParameterError, match="not valid Unicode") as e:
         engine.add_request(None, "a\ud800b", SamplingParams())
     assert e.value.param == "prompt"
+
+
+def test_a_resumed_request_sends_the_text_its_first_worker_held_back(engine):
+    """Migration: the router resumes a request with the tokens it received and how much of their text;
+    the text the first worker held back (here: the possible start of a stop string) must still come."""
+    prompt = engine.tokenizer.encode("tell a story")
+    sp = SamplingParams(max_tokens=16, ignore_eos=True, stop=["\x00never\x00"])  # holds back 6 characters
+    full = engine.generate([prompt], sp)[0]
+    rid = engine.add_request(None, prompt, sp)
+    tokens, delivered = [], ""
+    while len(tokens) < 6:
+        for o in engine.step():
+            if o.request_id == rid:
+                tokens += o.new_token_ids
+                delivered += o.text_delta
+    engine.abort(rid)  # its worker is gone
+    assert len(delivered) < len(engine.tokenizer.decode(full.token_ids[: len(tokens)]))  # some text was held
+    resumed = engine.add_request(None, prompt, sp, resume_token_ids=tokens, resume_text_chars=len(delivered))
+    text = delivered
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.request_id == resumed:
+                text += o.text_delta
+                if o.finished:
+                    assert o.token_ids == full.token_ids and o.text == full.text
+    assert text == full.text  # was short by what the first worker held back
+    _drain(engine)

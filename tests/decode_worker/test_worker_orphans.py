@@ -1,0 +1,50 @@
+"""A decode worker's orphan check (``DecodeWorker._abort_orphans``) with a scripted engine: a router that
+stops polling loses its requests, but a worker that was itself stopped (SIGSTOP, a paused VM) does not
+count the routers' silence meanwhile against them (it dropped every request, silently, and the
+router waited on them forever)."""
+
+import threading
+import time
+
+from decode_worker.outbox import Outbox
+from decode_worker.worker import DecodeWorker
+
+
+class ScriptedEngine:
+    def __init__(self):
+        self.aborted = []
+
+    def abort(self, request_id):
+        self.aborted.append(request_id)
+
+
+def _worker(timeout_s: float) -> DecodeWorker:
+    w = object.__new__(DecodeWorker)  # only the orphan check's state: no model, no transfer agent
+    w.worker_id, w.orphan_timeout_s, w.num_orphans_aborted = "decode-0", timeout_s, 0
+    w.outbox, w._lock, w._transfer_of = Outbox(), threading.Lock(), {}
+    w._last_tick, w._next_orphan_check = time.monotonic(), 0.0
+    return w
+
+
+def _tick(w: DecodeWorker, engine: ScriptedEngine) -> None:
+    w._next_orphan_check = 0.0  # (the real check runs at most once a second)
+    w._abort_orphans(engine)
+
+
+def test_a_worker_that_was_stopped_does_not_orphan_the_requests_of_live_routers():
+    w, engine = _worker(0.2), ScriptedEngine()
+    w.outbox.register("a", "router-0")
+    time.sleep(0.3)  # no tick for longer than the timeout: the worker was stopped
+    _tick(w, engine)
+    assert engine.aborted == [] and w.outbox.take_dropped("router-0") == []
+
+
+def test_a_router_silent_while_the_worker_ticks_loses_its_requests_and_is_told_if_it_returns():
+    w, engine = _worker(0.2), ScriptedEngine()
+    w.outbox.register("a", "router-0")
+    end = time.monotonic() + 0.4
+    while time.monotonic() < end:
+        _tick(w, engine)
+        time.sleep(0.02)
+    assert engine.aborted == ["a"] and w.num_orphans_aborted == 1
+    assert w.outbox.take_dropped("router-0") == ["a"]  # in its next OutputBatch: it places "a" again

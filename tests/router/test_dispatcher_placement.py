@@ -1,0 +1,124 @@
+"""The dispatcher's placement when a decode worker dies under the placing call (scripted actors, no
+Ray cluster): the request is placed once on another worker, never twice (a second copy on the same
+worker was refused as a "duplicate request id" and failed the request)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+from ray.exceptions import RayError
+
+from engine.request_spec import RequestSpec
+from engine.sampling_params import SamplingParams
+from router.dispatcher import Dispatcher
+from router.worker_pool import WorkerHandle, WorkerPool
+
+
+class _Method:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args):  # runs at once, as a Ray actor call is sent at once; the "ref" gives the outcome
+        try:
+            result = self.fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to whoever "gets" the ref
+            error = e
+
+            def failed():
+                raise error
+            return failed
+        return lambda: result
+
+
+class ScriptedDecode:
+    """generate_local runs ``during(spec)`` (a death noticed meanwhile), then ``outcome``."""
+
+    def __init__(self, outcome: str = "ok", during=lambda spec: None) -> None:
+        self.placed: list[str] = []
+        self.aborted: list[str] = []
+        self.outcome, self.during = outcome, during
+        self.generate_local = _Method(self._generate_local)
+        self.abort = _Method(self.aborted.append)
+
+    def _generate_local(self, spec: RequestSpec) -> bool:
+        self.during(spec)
+        if self.outcome == "dies":
+            raise RayError("the actor died")
+        if spec.request_id in self.placed:
+            raise AssertionError(f"duplicate request id {spec.request_id!r}")
+        self.placed.append(spec.request_id)
+        return True
+
+
+class ScriptedDispatcher(Dispatcher):
+    def _call(self, ref):
+        return ref()
+
+
+def _handle(worker_id: str, actor) -> WorkerHandle:
+    info = SimpleNamespace(num_blocks=100, block_size=16, peer=None)
+    return WorkerHandle(worker_id, "decode", actor, info=info, alive=True)
+
+
+def _spec() -> RequestSpec:
+    return RequestSpec("req-1", (1, 2, 3), SamplingParams(max_tokens=4))
+
+
+def _settle(d: Dispatcher) -> None:
+    time.sleep(0.2)  # migration threads, if any were (wrongly) started
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and t.daemon and t.name.startswith("Thread-"):
+            t.join(2)
+
+
+def _pool_where_decode0_dies_under_the_call(outcome: str):
+    pool_box: dict = {}
+
+    def noticed(spec):  # the poller sees decode-0 gone while the placing call is still running
+        pool_box["dispatcher"]._mark_dead(pool_box["d0"], RayError("poll failed"))
+
+    a0, a1 = ScriptedDecode(outcome, during=noticed), ScriptedDecode()
+    d0, d1 = _handle("decode-0", a0), _handle("decode-1", a1)
+    d1.requests.add("another request")  # decode-0 is chosen first (it serves fewer)
+    pool = WorkerPool([], [d0, d1])
+    disp = ScriptedDispatcher(pool, router_id="r")
+    pool_box.update(dispatcher=disp, d0=d0)
+    return disp, a0, a1
+
+
+def test_a_worker_dying_under_the_placing_call_is_retried_once_elsewhere():
+    disp, a0, a1 = _pool_where_decode0_dies_under_the_call("dies")
+    stream = disp.submit(_spec())
+    _settle(disp)
+    assert a0.placed == [] and a1.placed == ["req-1"] and stream.error is None  # was: placed twice, then failed
+    assert disp.placement("req-1")[0] == "decode-1"
+
+
+def test_a_worker_marked_dead_while_its_call_succeeded_is_left_and_the_request_placed_elsewhere():
+    disp, a0, a1 = _pool_where_decode0_dies_under_the_call("ok")
+    stream = disp.submit(_spec())
+    _settle(disp)
+    assert a0.placed == ["req-1"] and a0.aborted == ["req-1"]  # no second copy left running there
+    assert a1.placed == ["req-1"] and stream.error is None
+    assert disp.placement("req-1")[0] == "decode-1"
+
+
+def test_requests_a_live_worker_dropped_as_orphans_are_placed_again_after_what_was_delivered():
+    from engine.outputs import RequestOutput
+
+    a0, a1 = ScriptedDecode(), ScriptedDecode()
+    d0, d1 = _handle("decode-0", a0), _handle("decode-1", a1)
+    d1.requests.add("another request")
+    disp = ScriptedDispatcher(WorkerPool([], [d0, d1]), router_id="r")
+    stream = disp.submit(_spec())
+    assert a0.placed == ["req-1"]
+    disp._deliver(d0, [RequestOutput("req-1", [7, 8], "ab")])
+    a0.placed.remove("req-1")  # decode-0 dropped it as an orphan (our poller had stalled)
+    disp._take_back(d0, ["req-1", "unknown"])  # what OutputBatch.dropped says on the router's next poll
+    _settle(disp)
+    assert disp.num_migrations == 1 and stream.error is None
+    assert a0.placed + a1.placed == ["req-1"] and disp.placement("req-1")[0] is not None  # placed anew, once
+    tracked = disp._tracked["req-1"]
+    assert tracked.spec.resume_token_ids == (7, 8) and tracked.spec.resume_text_chars == 2
