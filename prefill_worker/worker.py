@@ -64,6 +64,9 @@ class PrefillWorker:
         spec = task.spec
 
         def add(engine: LLMEngine) -> None:
+            if spec.request_id in engine.scheduler.requests:  # an earlier placement's copy (its decode worker died)
+                self._abort(engine, spec.request_id)  # this one supersedes it: stop it and free its blocks
+                log.info("%s: %s re-sent; its earlier prefill was aborted", self.worker_id, spec.request_id)
             engine.add_request(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
                                priority=spec.priority, cache_salt=spec.cache_salt, prefill_only=True,
                                arrival_time=received)
@@ -74,13 +77,13 @@ class PrefillWorker:
         self.loop.call(add)
 
     def abort(self, request_id: str) -> bool:
-        def do(engine: LLMEngine) -> bool:
-            ship = self._shipping.pop(request_id, None)
-            if ship is not None:
-                self.agent.send_abort(ship.task.decode, ship.task.transfer_id)
-            return engine.abort(request_id) is not None
+        return self.loop.call(lambda engine: self._abort(engine, request_id))
 
-        return self.loop.call(do)
+    def _abort(self, engine: LLMEngine, request_id: str) -> bool:
+        ship = self._shipping.pop(request_id, None)
+        if ship is not None:
+            self.agent.send_abort(ship.task.decode, ship.task.transfer_id)
+        return engine.abort(request_id) is not None
 
     def load(self) -> WorkerLoad:
         return self.loop.call(self._load)

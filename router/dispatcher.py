@@ -357,6 +357,10 @@ class Dispatcher:
 
     def _migrate(self, moving: list[_Tracked], d: WorkerHandle, exclude: set[str]) -> None:
         for t in moving:
+            p = self.pool.get(t.prefill_id) if t.prefill_id else None
+            if p is not None:  # a prefill still running there ships to d's old reservation: stop it
+                p.actor.abort.remote(t.spec.request_id)  # (fire and forget; a finished one ignores it)
+                t.prefill_id = None
             if t.migrations >= self.max_migrations:
                 self._fail(t, f"request {t.spec.request_id} lost its decode worker {self.max_migrations + 1} times")
                 continue

@@ -122,3 +122,18 @@ def test_requests_a_live_worker_dropped_as_orphans_are_placed_again_after_what_w
     assert a0.placed + a1.placed == ["req-1"] and disp.placement("req-1")[0] is not None  # placed anew, once
     tracked = disp._tracked["req-1"]
     assert tracked.spec.resume_token_ids == (7, 8) and tracked.spec.resume_text_chars == 2
+
+
+def test_a_migration_calls_off_the_prefill_still_shipping_to_the_dead_worker():
+    a0, a1, prefill = ScriptedDecode(), ScriptedDecode(), ScriptedDecode()
+    d0, d1 = _handle("decode-0", a0), _handle("decode-1", a1)
+    p0 = WorkerHandle("prefill-0", "prefill", prefill, info=SimpleNamespace(num_blocks=100, block_size=16), alive=True)
+    d1.requests.add("another request")
+    disp = ScriptedDispatcher(WorkerPool([p0], [d0, d1]), router_id="r", local_prefill_threshold=100,
+                              short_prompts_to_idle_prefill=False)  # placed on decode-0 alone, for the script
+    stream = disp.submit(_spec())
+    disp._tracked["req-1"].prefill_id = "prefill-0"  # as _disaggregate leaves it
+    disp._mark_dead(d0, RayError("gone"))
+    _settle(disp)
+    assert prefill.aborted == ["req-1"]  # its blocks were held while it shipped to decode-0's reservation
+    assert a1.placed == ["req-1"] and stream.error is None
