@@ -92,6 +92,11 @@ class TransferAgent:
         self.connect_timeout_s = connect_timeout_s
         self._store = connect_store(store_addr, connect_timeout_s)
         self._channels: dict[str, Channel] = {}
+        # Incarnations whose channel failed: gone for good (a restart is a new incarnation). A new
+        # pair group with one would rendezvous on the dead process's stale store entries, and gloo
+        # can wait for that connection for its whole op timeout (24 h), holding the transfers queued
+        # on it and their blocks; sends to them fail at once instead.
+        self._gone: set[str] = set()
         self._lock = threading.Lock()
         self._expected: dict[int, _Expected] = {}  # decode side
         self._outgoing: dict[tuple[str, int], _Outgoing] = {}  # prefill side: (peer key, transfer id)
@@ -105,11 +110,17 @@ class TransferAgent:
         self.send_buffers = SendBuffers(tuple(kv_cache.shape[1:]), kv_cache.dtype)  # CPU pair-group path
 
     # -- channels ---------------------------------------------------------------------------
+    def is_gone(self, peer: PeerInfo) -> bool:
+        """Whether a channel with this incarnation of ``peer`` has failed (no new one is formed)."""
+        with self._lock:
+            return peer.key in self._gone
+
     def channel(self, peer: PeerInfo) -> Channel:
         with self._lock:
             ch = self._channels.get(peer.worker_id)
             if ch is not None and ch.peer == peer and not ch.failed:
                 return ch
+            old = ch if ch is not None and not ch.failed else None  # another incarnation's, still open
             if ch is not None:
                 ch.close()
             ch = Channel(
@@ -118,17 +129,27 @@ class TransferAgent:
                 kv_export=self._kv_export,
             )
             self._channels[peer.worker_id] = ch
-            return ch
+        if old is not None:  # the worker restarted: what was in flight with its old process failed
+            old.fail(f"{old.peer.key} was replaced by {peer.key}")
+        return ch
 
     def connect(self, peer: PeerInfo) -> None:
         """Start forming the pair group now (both sides must do so); returns at once."""
-        self.channel(peer)
+        if not self.is_gone(peer):
+            self.channel(peer)
 
     # -- decode side --------------------------------------------------------------------------
     def expect(self, peer: PeerInfo, transfer_id: int, request_id: str, block_ids: list[int]) -> None:
         with self._lock:
             now = time.monotonic()
             self._expected[transfer_id] = _Expected(request_id, peer.key, list(block_ids), now, now)
+            gone = peer.key in self._gone
+        if gone:  # that prefill worker died: nothing will come (the caller prefills locally)
+            with self._lock:
+                self._expected.pop(transfer_id, None)
+            self.stats.failed += 1
+            self.on_receive_failed(request_id, f"{peer.key} is gone")
+            return
         self.channel(peer)
 
     def cancel(self, transfer_id: int) -> bool:
@@ -163,6 +184,9 @@ class TransferAgent:
             out = self._outgoing.get(key)
             if out is None:
                 out = self._outgoing[key] = _Outgoing(request_id, peer)
+        if self.is_gone(peer):  # its decode worker died: release now, never form a group with it again
+            self._finish_outgoing(key, acked=False)
+            return False
         if out.dropped or self.faults.should_drop(transfer_id):
             out.dropped = True
             if last:  # nothing was sent: release as if refused, the decode side will time out
@@ -195,7 +219,8 @@ class TransferAgent:
         return ok
 
     def send_abort(self, peer: PeerInfo, transfer_id: int) -> None:
-        self.channel(peer).send(Header(Kind.ABORT, transfer_id))
+        if not self.is_gone(peer):
+            self.channel(peer).send(Header(Kind.ABORT, transfer_id))
         self._finish_outgoing((peer.key, transfer_id), acked=False)
 
     # -- channel callbacks (channel threads) --------------------------------------------------
@@ -274,6 +299,7 @@ class TransferAgent:
             orphans = [k for k in self._outgoing if k[0] == ch.peer.key]
             if self._channels.get(ch.peer.worker_id) is ch:
                 del self._channels[ch.peer.worker_id]
+            self._gone.add(ch.peer.key)
         for _, e in lost:
             self.stats.failed += 1
             self.on_receive_failed(e.request_id, reason)

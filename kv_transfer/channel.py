@@ -179,10 +179,15 @@ class Channel:
             self._rx_buffer = torch.empty(shape, dtype=self.payload_dtype)
         return self._rx_buffer[:num_blocks]
 
+    def fail(self, reason: str) -> None:
+        """Fail the channel from outside (its peer is known gone); once, like any failure."""
+        self._fail(reason)
+
     def _fail(self, reason: str) -> None:
         if self._failed.is_set():
             return
         self.failure = reason
         self._failed.set()
+        self._queue.put(None)  # the send thread, if waiting for work, ends (it was left blocked forever)
         log.warning("KV channel %s -> %s failed: %s", self.me.key, self.peer.key, reason)
         self._on_failure(self, reason)

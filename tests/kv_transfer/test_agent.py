@@ -213,3 +213,43 @@ def test_consecutive_runs_follow_both_sides():
     assert consecutive_runs([], []) == []
     with pytest.raises(ValueError):
         consecutive_runs([1], [])
+
+
+def test_a_failed_incarnation_is_never_dialled_again_and_its_transfers_fail_at_once(store):
+    """A decode worker that died leaves its address in the store: a new pair group with it could
+    wait on gloo's connect for its whole op timeout (24 h), holding the transfers queued behind it
+    and their blocks (a leak seen after a decode worker was killed mid-load)."""
+    acked, failed = Events(), Events()
+    p = TransferAgent(PeerInfo("p0", "a", "prefill"), store, torch.randn(SHAPE),
+                      on_acked=lambda rid, ok: acked.add(rid, ok))
+    d = TransferAgent(PeerInfo("d0", "a", "decode"), store, torch.zeros(SHAPE),
+                      on_receive_failed=lambda rid, why: failed.add(rid, why))
+    dead_decode, dead_prefill = PeerInfo("d0", "dead", "decode"), PeerInfo("p0", "dead", "prefill")
+    try:
+        p.channel(dead_decode).fail("receive from d0@dead failed: connection reset")  # it died
+        d.channel(dead_prefill).fail("receive from p0@dead failed: connection reset")
+        assert p.is_gone(dead_decode) and d.is_gone(dead_prefill)
+        t0 = time.monotonic()
+        assert not p.send_blocks(dead_decode, 5, "r5", 0, [1, 2], chunk_index=0, last=False)
+        assert acked.wait(1, timeout=1.0) == [("r5", False)]  # released now: its blocks are free
+        assert time.monotonic() - t0 < 1.0 and "d0" not in p._channels  # no new group is formed
+        p.send_abort(dead_decode, 6)  # nothing to dial either
+        d.expect(dead_prefill, 9, "r9", [3, 4])  # a reservation naming the dead prefill worker
+        assert failed.wait(1, timeout=1.0)[0][0] == "r9" and d.pending_transfers() == []
+    finally:
+        p.close()
+        d.close()
+
+
+def test_a_restarted_peer_fails_what_was_in_flight_with_its_old_process(store):
+    acked = Events()
+    p = TransferAgent(PeerInfo("p0", "a", "prefill"), store, torch.randn(SHAPE),
+                      on_acked=lambda rid, ok: acked.add(rid, ok))
+    old, new = PeerInfo("d0", "old", "decode"), PeerInfo("d0", "new", "decode")
+    try:
+        assert p.send_blocks(old, 1, "r1", 0, [1], chunk_index=0, last=True)  # queued: d0@old never answers
+        p.channel(new)  # d0 is back as a new process
+        assert acked.wait(1, timeout=2.0) == [("r1", False)]  # was never released (blocks held)
+        assert p.is_gone(old) and not p.is_gone(new)
+    finally:
+        p.close()
