@@ -29,14 +29,32 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.run(args)
-    except InvalidParameterError as e:
-        print(f"baton: error: {e.param}: {e.message}", file=sys.stderr)
-    except (ModelLoadError, ValueError, RuntimeError) as e:
-        print(f"baton: error: {e}", file=sys.stderr)
     except KeyboardInterrupt:
         print("baton: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - only the ones that say what the user got wrong; others raise
+        message = user_error(e, (InvalidParameterError, ModelLoadError, ValueError, RuntimeError, OSError))
+        if message is None:
+            raise
+        print(f"baton: error: {message}", file=sys.stderr)
     return 2
+
+
+def user_error(error: BaseException, kinds: tuple[type[BaseException], ...]) -> str | None:
+    """The one-line message of a bad-input error, found through the wrappers a Ray worker's error
+    arrives in (a bad model path fails inside the workers ``baton up`` starts); None for a bug."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, kinds) and not _is_ray_wrapper(error):
+            param = getattr(error, "param", None)
+            return f"{param}: {error.message}" if param and hasattr(error, "message") else str(error).strip()
+        error = getattr(error, "cause", None) or error.__cause__
+    return None
+
+
+def _is_ray_wrapper(error: BaseException) -> bool:
+    return type(error).__module__.startswith("ray.")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,10 @@ class ClusterConfig:
     gpus_per_worker: float = 0.0  # 0 on CPU
     cpus_per_worker: float = 1.0
     torch_threads_per_worker: int = 1  # CPU only
+    # The prefill pool's own resources (None: the values above, which are the decode pool's).
+    prefill_gpus_per_worker: float | None = None
+    prefill_cpus_per_worker: float | None = None
+    prefill_torch_threads_per_worker: int | None = None
     local_prefill_threshold: int = 0  # prompts shorter than this skip the prefill pool...
     short_prompts_to_idle_prefill: bool = True  # ...unless a prefill worker has room for them now
     # With a prefill pool: the prompt tokens a decode worker's step may compute (its local prefills
@@ -67,15 +71,20 @@ class LocalCluster:
         engine_cfg = replace(config.engine, model=str(model_dir))
         self.tokenizer = Tokenizer.from_dir(model_dir) if (model_dir / "tokenizer.json").exists() else None
         self._owns_ray = not ray.is_initialized()
+        c = config
+        pools = {
+            "prefill": PoolSpec("prefill", c.prefill_workers, _or(c.prefill_cpus_per_worker, c.cpus_per_worker),
+                                _or(c.prefill_gpus_per_worker, c.gpus_per_worker),
+                                _or(c.prefill_torch_threads_per_worker, c.torch_threads_per_worker)),
+            "decode": PoolSpec("decode", c.decode_workers, c.cpus_per_worker, c.gpus_per_worker,
+                               c.torch_threads_per_worker),
+        }
         if self._owns_ray:
             say("starting Ray")
-            n = config.prefill_workers + config.decode_workers
-            ray.init(address=config.ray_address, num_cpus=None if config.ray_address else max(2, int(n * config.cpus_per_worker) + 1),
+            cpus = sum(p.workers * p.cpus for p in pools.values())
+            ray.init(address=config.ray_address, num_cpus=None if config.ray_address else max(2, int(cpus) + 1),
                      include_dashboard=False, log_to_driver=True, configure_logging=False)
         say(f"starting {config.prefill_workers} prefill and {config.decode_workers} decode workers")
-        pools = {role: PoolSpec(role, n, config.cpus_per_worker, config.gpus_per_worker,
-                                config.torch_threads_per_worker)
-                 for role, n in (("prefill", config.prefill_workers), ("decode", config.decode_workers))}
         self.fleet = WorkerFleet(engine_cfg, pools["prefill"], pools["decode"],
                                  FleetOptions(config.transfer_timeout_s, config.max_restarts, config.start_timeout_s,
                                               decode_prefill_token_budget=config.decode_prefill_token_budget),
@@ -166,3 +175,6 @@ class LocalCluster:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
+
+def _or(value, default):
+    return default if value is None else value

@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class SecretRef(_Model):
@@ -114,6 +114,12 @@ class RouterSection(_Model):
     drain_timeout_s: float = Field(30.0, ge=0)
     initial_prefill_tokens_per_s: float = Field(1000.0, gt=0)
 
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> RouterSection:
+        if self.http_port and self.http_port == self.grpc_port:
+            raise ValueError(f"http_port and grpc_port are both {self.http_port}: they need a port each")
+        return self
+
 
 class LaneSection(_Model):
     name: str
@@ -128,9 +134,9 @@ class LaneSection(_Model):
 
 
 class TenantSection(_Model):
-    name: str
+    name: str = Field(min_length=1)
     api_key: SecretRef | None = None
-    allowed_lanes: list[str] | None = None
+    allowed_lanes: list[str] | None = Field(None, min_length=1, description="null: every lane")
     default_lane: str | None = None
     requests_per_min: float | None = Field(None, gt=0)
     tokens_per_min: float | None = Field(None, gt=0)
@@ -148,9 +154,18 @@ class AuthSection(_Model):
 
 
 class RedisSection(_Model):
-    url: str | None = Field(None, description="redis://host:port/db; empty: start an embedded redis-server")
+    url: str | None = Field(None, description="redis://host:port/db; null or empty: start an embedded redis-server")
     password: SecretRef | None = None
     cluster_name: str = Field("baton", pattern=r"^[A-Za-z0-9_-]+$")
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        if not v:
+            return None  # the embedded server
+        if not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"must start with redis://, rediss:// or unix://, got {v!r}")
+        return v
 
 
 class ClusterSection(_Model):
@@ -191,10 +206,19 @@ class BatonConfig(_Model):
             raise ValueError("lanes: lane names must be unique")
         if self.classification.default_lane not in names:
             raise ValueError(f"classification.default_lane: {self.classification.default_lane!r} is not a lane")
+        seen: set[str] = set()
         for i, t in enumerate(self.tenants):
             for lane in (t.allowed_lanes or []) + ([t.default_lane] if t.default_lane else []):
                 if lane not in names:
                     raise ValueError(f"tenants[{i}] ({t.name}): unknown lane {lane!r}")
+            if t.default_lane and t.allowed_lanes and t.default_lane not in t.allowed_lanes:
+                raise ValueError(f"tenants[{i}] ({t.name}): default_lane {t.default_lane!r} is not in its allowed_lanes")
+            if t.name in seen:  # the router knows a tenant by name: the second one's limits would be ignored
+                raise ValueError(f"tenants[{i}]: the name {t.name!r} is taken by an earlier tenant")
+            seen.add(t.name)
+        if self.auth.api_key is not None and "default" in seen:
+            raise ValueError("auth.api_key is the 'default' tenant's key, and a tenant named 'default' is "
+                             "configured too: give that tenant the key instead")
         return self
 
     # -- building the runtime objects ------------------------------------------------------------
@@ -240,23 +264,31 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
     if path is not None:
         source = str(path)
         try:
-            raw = Path(path).read_text()
+            raw = Path(path).read_text(encoding="utf-8")
         except OSError as e:
             raise ConfigError(f"{path}: cannot read the config file: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
         try:
-            data = yaml.safe_load(raw) or {}
+            data = yaml.load(raw, Loader=_UniqueKeyLoader) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+            raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the config must be a mapping at the top level")
+    applied = False
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
         node = data
         *parents, leaf = dotted.split(".")
-        for part in parents:
+        for depth, part in enumerate(parents):
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{source}: {'.'.join(parents[: depth + 1])}: must be a mapping, got {node!r}")
         node[leaf] = value
+        applied = True
+    if applied:
+        source += " + command-line options"
     try:
         return BatonConfig.model_validate(data)
     except ValidationError as e:
@@ -268,3 +300,21 @@ def _describe(err: dict) -> str:
     msg = err.get("msg", "invalid")
     msg = msg.removeprefix("Value error, ")
     return f"{loc}: {msg}" if loc else msg
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (the second would silently win)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                continue  # SafeLoader refuses an unhashable key itself
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import re
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -84,6 +85,9 @@ class WorkerFleet:
             self.kill_all()
             raise RuntimeError(f"the workers did not start within {self.options.start_timeout_s:.0f}s; "
                                f"the Ray cluster needs {self._demand()}") from None
+        except RayActorError as e:  # its __init__ raised (a bad model, say): that error, not Ray's dump
+            self.kill_all()
+            raise RuntimeError(f"a worker failed to start: {_raised_in(e)}") from None
         for w, info in zip(self.pool.all(), infos):
             w.info, w.alive = info, True
         return self.pool
@@ -168,3 +172,13 @@ def _is_restarting(error: RayActorError) -> bool:
 
 def driver_ip() -> str:
     return os.environ.get("BATON_NODE_IP") or ray.util.get_node_ip_address()
+
+
+def _raised_in(error: BaseException) -> str:
+    """The exception a Ray actor's constructor raised, from the traceback text Ray reports it in."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in reversed(lines):
+        m = re.match(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$", line)
+        if m:
+            return f"{m.group(2)} ({m.group(1)})"
+    return lines[-1] if lines else type(error).__name__

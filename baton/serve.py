@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import sys
 import time
 from typing import Callable
@@ -59,6 +60,8 @@ class BatonServer:
     async def start(self) -> Endpoints:
         cfg = self.cfg
         cfg.lane_policy()  # resolves secrets now: a missing key fails before anything starts
+        if not self.frontend:  # what would fail only after the cluster loaded: checked first
+            preflight(cfg)
         t0 = time.monotonic()
         url = cfg.redis.url
         if url is None:
@@ -72,7 +75,8 @@ class BatonServer:
         cluster_cfg = ClusterConfig(
             prefill_workers=cfg.pools.prefill.workers, decode_workers=cfg.pools.decode.workers,
             engine=cfg.engine_config(), gpus_per_worker=cfg.pools.decode.gpus, cpus_per_worker=cfg.pools.decode.cpus,
-            torch_threads_per_worker=cfg.pools.decode.threads,
+            torch_threads_per_worker=cfg.pools.decode.threads, prefill_gpus_per_worker=cfg.pools.prefill.gpus,
+            prefill_cpus_per_worker=cfg.pools.prefill.cpus, prefill_torch_threads_per_worker=cfg.pools.prefill.threads,
             local_prefill_threshold=cfg.pools.local_prefill_threshold,
             short_prompts_to_idle_prefill=cfg.pools.short_prompts_to_idle_prefill,
             decode_prefill_token_budget=cfg.pools.decode_prefill_token_budget,
@@ -138,6 +142,28 @@ class BatonServer:
         if self.redis is not None:
             await asyncio.to_thread(self.redis.stop)
         self.say("stopped")
+
+
+def preflight(cfg: BatonConfig) -> None:
+    """The router's ports are free and this machine has the GPUs the pools ask for (a local Ray has
+    what the machine has); else an error naming the setting, before Redis, Ray and the workers start."""
+    host = cfg.router.host
+    for name, port in (("router.http_port", cfg.router.http_port), ("router.grpc_port", cfg.router.grpc_port)):
+        if port:
+            try:
+                with socket.create_server((host, port)):
+                    pass
+            except OSError as e:
+                reason = (e.strerror or str(e)).split(" (while attempting")[0]
+                raise OSError(f"{name} {port}: cannot listen on {host}:{port}: {reason}") from None
+    need = sum(p.workers * p.gpus for p in (cfg.pools.prefill, cfg.pools.decode))
+    if need:
+        import torch
+
+        have = torch.cuda.device_count()
+        if need > have:
+            raise ValueError(f"pools.*.gpus: the pools ask for {need:g} GPUs (workers x gpus) and this machine has "
+                             f"{have}")
 
 
 def serve_forever(cfg: BatonConfig, progress: Callable[[str], None]) -> int:

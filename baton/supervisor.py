@@ -24,6 +24,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import time
 from typing import Callable
 
@@ -62,7 +63,11 @@ class ClusterSupervisor:
         address = cc.ray_address or os.environ.get("RAY_ADDRESS") or "auto"
         self.say(f"connecting to the Ray cluster at {address}")
         if not ray.is_initialized():
-            ray.init(address=address, namespace=cc.namespace, log_to_driver=True, configure_logging=False)
+            check_reachable(address)
+            try:
+                ray.init(address=address, namespace=cc.namespace, log_to_driver=True, configure_logging=False)
+            except ConnectionError as e:
+                raise RuntimeError(f"cluster.ray_address / RAY_ADDRESS {address!r}: {e}") from None
 
     def start(self) -> None:
         cfg, cc = self.cfg, self.cfg.cluster
@@ -190,6 +195,21 @@ class ClusterSupervisor:
         if aborted:
             self.say(f"drain timeout: aborted {aborted} request(s)")
         return aborted
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A ``host:port`` (or ``ray://host:port``) Ray address answers TCP within ``timeout_s``: else a
+    clear error now. (``ray.init`` retried a dead address forever, logging a timeout every 41 s.)"""
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return  # "auto", "local" and the like: Ray resolves them itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise RuntimeError(f"cluster.ray_address / RAY_ADDRESS {address!r}: nothing answers at {host}:{port} "
+                           f"({reason}); is the Ray head running?") from None
 
 
 def run_cluster(cfg: BatonConfig, progress: Callable[[str], None]) -> int:

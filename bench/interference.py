@@ -61,6 +61,10 @@ def _stalls(gaps: list[float], threshold_s: float) -> dict:
 
 
 def drive(cluster: LocalCluster, w: InterferenceWorkload, vocab: int) -> dict:
+    need = w.long_len + w.long_max_tokens
+    if need > cluster.max_model_len:  # else the long prompts fail in their thread and nothing interferes
+        raise ValueError(f"--long-len {w.long_len} + {w.long_max_tokens} output tokens exceed the model's context "
+                         f"length ({cluster.max_model_len})")
     rng = random.Random(w.seed)
     lock = threading.Lock()
     finished: list = []  # (kind, stream, submit time)

@@ -22,6 +22,8 @@ from engine.scheduler_output import RunnerOutput
 
 
 def measure(num_seqs: int = 256, prompt_len: int = 128, steps: int = 400, block_size: int = 16) -> dict:
+    if steps < 2:
+        raise ValueError(f"--steps must be at least 2 (a median and a p90 need steps), got {steps}")
     max_len = prompt_len + block_size + steps + 64
     blocks = num_seqs * (-(-max_len // block_size)) + 16
     sched = Scheduler(SchedulerConfig(max_num_seqs=num_seqs, max_num_batched_tokens=8192),

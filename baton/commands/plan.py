@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -114,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--target must be in (0, 1], got {args.target}")
     if args.duration is None:
         args.duration = max(60.0, min(600.0, 300.0 / rate))
-    if not args.duration > 0:
-        raise ValueError(f"--duration must be > 0, got {args.duration}")
+    if not 0 < args.duration < math.inf:
+        raise ValueError(f"--duration must be a finite number > 0, got {args.duration}")
     cost, spec, base = load_inputs(args)
     hardware = args.hardware or cost.device
     if hardware != cost.device:

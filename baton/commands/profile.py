@@ -12,7 +12,9 @@ The file (``baton.cost_model/1``) feeds ``python -m bench.sim`` and ``baton plan
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from pathlib import Path
 
 
 def add_parser(sub) -> None:
@@ -44,8 +46,13 @@ def add_parser(sub) -> None:
 
 
 def _positive(name: str, v: float | None) -> None:
-    if v is not None and not v > 0:
-        raise ValueError(f"{name} must be > 0, got {v}")
+    if v is not None and not 0 < v < math.inf:
+        raise ValueError(f"{name} must be a finite number > 0, got {v}")
+
+
+def _non_negative(name: str, v: float | None) -> None:
+    if v is not None and not 0 <= v < math.inf:  # (NaN fails both comparisons)
+        raise ValueError(f"{name} must be a finite number >= 0, got {v}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,10 +71,11 @@ def run(args: argparse.Namespace) -> int:
     _positive("--threads", args.threads)
     _positive("--transfer-bandwidth-gbps", args.transfer_bandwidth_gbps)
     _positive("--kv-cache-gb", args.kv_cache_gb)
-    if args.transfer_latency_ms is not None and args.transfer_latency_ms < 0:
-        raise ValueError(f"--transfer-latency-ms must be >= 0, got {args.transfer_latency_ms}")
-    if args.rpc_ms is not None and args.rpc_ms < 0:
-        raise ValueError(f"--rpc-ms must be >= 0, got {args.rpc_ms}")
+    _non_negative("--transfer-latency-ms", args.transfer_latency_ms)
+    _non_negative("--rpc-ms", args.rpc_ms)
+    out_dir = Path(args.out).resolve().parent
+    if not out_dir.is_dir():  # before the measurements, not after them
+        raise ValueError(f"--out {args.out}: the directory {out_dir} does not exist")
     transfer = None
     if args.transfer_bandwidth_gbps is not None or args.transfer_latency_ms is not None or args.no_ray:
         d = TransferModel()

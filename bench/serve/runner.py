@@ -12,6 +12,7 @@ measured window ``[warmup_s, duration_s)`` enter the statistics; all are kept in
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from dataclasses import dataclass, field, replace
@@ -57,6 +58,8 @@ class RunConfig:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if not self.duration_s > 0:
             raise ValueError(f"duration must be > 0, got {self.duration_s}")
+        if not 0 < self.timeout_s < math.inf:
+            raise ValueError(f"timeout must be a finite number of seconds > 0, got {self.timeout_s}")
         if not 0 <= self.warmup_s < self.duration_s:
             raise ValueError(f"warmup must be in [0, duration), got {self.warmup_s}")
         if self.burst is not None and self.concurrency is not None:

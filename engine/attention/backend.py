@@ -4,6 +4,8 @@ reused buffers; the plain reference elsewhere)."""
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -33,6 +35,9 @@ def select_backend(device: torch.device, requested: str = "auto") -> AttentionBa
             cpu = CpuPagedAttention(NativePagedDecode.load(), NativePagedPrefill.load())  # owns reused buffers: one per runner
             return AttentionBackend("torch", cpu.write_kv, cpu.decode, cpu.prefill, lambda: cpu.native_decode)
         return AttentionBackend("torch", reference.write_kv, reference.paged_decode_attention, reference.paged_prefill_attention)
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":  # triton's own error: "0 active drivers"
+        raise ValueError("attention_backend=triton runs on CUDA; on a CPU only under TRITON_INTERPRET=1 (the "
+                         "interpreter, for tests): use auto or torch here")
     try:
         from engine.attention import triton_decode, triton_prefill
     except ImportError as e:  # triton missing: say so rather than silently running the slow path

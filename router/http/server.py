@@ -31,13 +31,19 @@ class _EmbeddedServer(uvicorn.Server):
 def _bind(host: str, port: int) -> socket.socket:
     """Bind here rather than in uvicorn: a bind failure is then an ``OSError`` from ``start()``
     (uvicorn would ``sys.exit`` inside our loop), and with ``port=0`` the port is known at once."""
-    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                      flags=socket.AI_PASSIVE)[0]
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise OSError(f"cannot bind the HTTP server to {host!r}:{port}: {e.strerror}") from None
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(addr)
         sock.setblocking(False)
+    except OSError as e:
+        sock.close()
+        raise OSError(e.errno, f"cannot bind the HTTP server to {host}:{port}: {e.strerror}") from None
     except BaseException:
         sock.close()
         raise

@@ -1,0 +1,125 @@
+"""``baton up`` / ``baton cluster`` configuration and start-up checks: a wrong setting is a one-line
+error naming it, before anything starts (found by an audit: each case below was a traceback, a hang,
+or a setting silently ignored)."""
+
+from __future__ import annotations
+
+import math
+import socket
+
+import pytest
+
+from baton.config import ConfigError, load_config
+from baton.serve import preflight
+from baton.supervisor import check_reachable
+
+
+def _config(tmp_path, text: bytes | str, overrides=None):
+    path = tmp_path / "baton.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return load_config(path, overrides)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("router: {http_port: 1}\nrouter: {grpc_port: 2}\n", "the key 'router' is given twice"),
+    ("router: {http_port: 18213, grpc_port: 18213}\n", "they need a port each"),
+    ("tenants:\n  - {name: x, api_key: {value: k1}}\n  - {name: x, api_key: {value: k2}}\n",
+     "tenants[1]: the name 'x' is taken"),
+    ("tenants: [{name: y, allowed_lanes: [batch], default_lane: interactive}]\n", "is not in its allowed_lanes"),
+    ("auth: {api_key: {value: a}}\ntenants: [{name: default, api_key: {value: t}}]\n", "a tenant named 'default'"),
+    ("tenants: [{name: x, allowed_lanes: []}]\n", "allowed_lanes"),
+    ("engine: {kv_cache_memory_gb: .inf}\n", "engine.kv_cache_memory_gb: Input should be a finite number"),
+    ("redis: {url: notaurl}\n", "redis.url: must start with redis://"),
+    (b"\xff\xfe", "not UTF-8 text"),
+])
+def test_a_bad_config_names_the_problem(tmp_path, text, needle):
+    with pytest.raises(ConfigError) as e:
+        _config(tmp_path, text)
+    assert needle in str(e.value) and str(e.value).startswith(str(tmp_path / "baton.yaml"))
+
+
+def test_an_empty_redis_url_means_the_embedded_server(tmp_path):
+    assert _config(tmp_path, "redis: {url: ''}\n").redis.url is None
+
+
+def test_a_command_line_option_over_a_section_that_is_not_a_mapping(tmp_path):
+    with pytest.raises(ConfigError, match=r"router: must be a mapping, got 5"):
+        _config(tmp_path, "router: 5\n", {"router.http_port": 18201})  # was a TypeError traceback
+    with pytest.raises(ConfigError, match=r"command-line options: router.http_port"):
+        _config(tmp_path, "{}\n", {"router.http_port": 99999})  # not blamed on the file alone
+
+
+def test_preflight_finds_a_taken_port_and_missing_gpus_before_anything_starts(tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=rf"router.http_port {port}: cannot listen on 127.0.0.1:{port}"):
+            preflight(_config(tmp_path, f"router: {{http_port: {port}, grpc_port: 0}}\n"))
+    import torch
+
+    gpus = torch.cuda.device_count()
+    with pytest.raises(ValueError, match=rf"ask for {gpus + 1} GPUs .* has {gpus}"):
+        preflight(_config(tmp_path, f"router: {{http_port: 0, grpc_port: 0}}\npools: {{decode: {{gpus: {gpus + 1}}}}}\n"))
+
+
+def test_a_ray_address_nothing_answers_at_fails_at_once():
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+    with pytest.raises(RuntimeError, match=rf"nothing answers at 127.0.0.1:{port}"):
+        check_reachable(f"127.0.0.1:{port}")  # ray.init retried it forever
+    with pytest.raises(RuntimeError, match="nothing answers"):
+        check_reachable(f"ray://127.0.0.1:{port}")
+    check_reachable("auto")  # Ray resolves these itself
+
+
+def test_a_worker_that_failed_to_start_is_named_by_its_own_error():
+    from baton.cli import user_error
+    from baton.fleet import _raised_in
+
+    ray_text = ("The actor died because of an error raised in its creation task, ray::DecodeWorker.__init__() "
+                "(pid=1)\n  File \"engine/model/config.py\", line 124, in from_hf_dict\n"
+                "engine.errors.ModelLoadError: /m/config.json: model config: hidden_size must be a positive integer")
+    assert _raised_in(RuntimeError(ray_text)) == ("/m/config.json: model config: hidden_size must be a positive "
+                                                  "integer (ModelLoadError)")
+    assert user_error(OSError("router.http_port 8000: cannot listen"), (OSError,)) == "router.http_port 8000: cannot listen"
+    assert user_error(KeyError("a bug"), (OSError, ValueError)) is None  # a bug keeps its traceback
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["profile", "--quick", "--no-ray", "--model", "tiny", "--rpc-ms", "nan"], "--rpc-ms must be a finite number"),
+    (["profile", "--quick", "--no-ray", "--model", "tiny", "--out", "/nonexistent-dir/cm.json"], "does not exist"),
+    (["generate", "--model", "tiny", "--prompt", "hi", "--kv-cache-gb", "inf"], "kv_cache_memory_gb must be a finite"),
+    (["bench", "scheduler", "--steps", "1"], "--steps must be at least 2"),
+])
+def test_cli_values_that_used_to_pass_or_crash(capsys, argv, needle):
+    from baton.cli import main
+
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_plan_refuses_an_infinite_duration(tmp_path, capsys):
+    from baton.cli import main
+
+    assert main(["plan", "--cost-model", str(tmp_path / "missing.json"), "--slo", "ttft=2000,tpot=250",
+                 "--rate", "1", "--duration", str(math.inf)]) == 2
+    assert "--duration must be a finite number" in capsys.readouterr().err
+
+
+def test_a_serving_bench_needs_a_positive_timeout():
+    from bench.serve.runner import RunConfig
+    from bench.serve.workload import LengthDist, WorkloadSpec
+
+    spec = WorkloadSpec("t", {"interactive": 1.0}, LengthDist.fixed(8), LengthDist.fixed(4))
+    for timeout_s in (0, -1, math.nan):  # was: accepted, and then "cannot reach the server" with no reason
+        with pytest.raises(ValueError, match="timeout must be a finite number"):
+            RunConfig(url="http://127.0.0.1:1", spec=spec, rate=1.0, duration_s=1.0, timeout_s=timeout_s)
+
+
+def test_triton_attention_on_a_cpu_without_the_interpreter_is_named(monkeypatch):
+    import torch
+
+    from engine.attention.backend import select_backend
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="attention_backend=triton runs on CUDA"):  # was triton's "0 active drivers"
+        select_backend(torch.device("cpu"), "triton")
