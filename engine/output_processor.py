@@ -60,6 +60,10 @@ class OutputProcessor:
         return outs
 
     def _detokenize(self, req: Request, st: _Stream, new_ids: list[int]) -> None:
+        sp = req.sampling_params
+        if (new_ids and req.is_finished and req.finish_reason is FinishReason.STOP and isinstance(req.stop_reason, int)
+                and not sp.include_stop_str_in_output):
+            new_ids = new_ids[:-1]  # a stop token (EOS, stop_token_ids) is in token_ids, not in the text (vLLM's)
         delta = st.detokenizer.add(new_ids)
         if req.is_finished:
             delta += st.detokenizer.finish()  # release a held-back partial character
@@ -67,7 +71,6 @@ class OutputProcessor:
             return
         before = len(st.text)
         st.text += delta
-        sp = req.sampling_params
         if not sp.stop or req.num_tokens - req.num_prompt_tokens < sp.min_tokens:
             return  # as vLLM: no stop string ends a request before its min_tokens
         found: tuple[int, str] | None = None  # the stop string that starts first in the text

@@ -71,6 +71,11 @@ def test_stop_token_ids_and_eos(engine):
     out = engine.generate(["count with me"], SamplingParams(max_tokens=10, stop_token_ids=[stop_at]))[0]
     first = ref.index(stop_at)
     assert out.token_ids == ref[: first + 1] and out.finish_reason == "stop" and out.stop_reason == stop_at
+    # vLLM's text: the stop token is in token_ids, its text only with include_stop_str_in_output
+    assert out.text == engine.tokenizer.decode(ref[:first])
+    kept = engine.generate(["count with me"], SamplingParams(max_tokens=10, stop_token_ids=[stop_at],
+                                                             include_stop_str_in_output=True))[0]
+    assert kept.token_ids == out.token_ids and kept.text == engine.tokenizer.decode(ref[: first + 1])
     # With the stop token among the model's EOS ids the same happens unless ignore_eos.
     eng_eos = engine.eos_token_ids
     assert out.finish_reason == "stop" and isinstance(eng_eos, tuple)
