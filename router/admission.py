@@ -17,7 +17,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from router.api import ErrorKind, RouterError
 from router.lanes import LaneConfig, TenantConfig
@@ -152,6 +152,9 @@ class AdmissionInput:
     # Dispatched, unfinished requests: (output tokens so far, expected output tokens) each.
     running: tuple[tuple[int, int], ...] = ()
     expected_output_tokens: float | None = None  # of a request that takes a freed slot (None: max_tokens)
+    # The lane's depth when the queue bound is checked, after the rate limiter's await: requests of a
+    # burst admitted meanwhile count (``lane_depth`` is from before it). None: ``lane_depth``.
+    lane_depth_now: Callable[[], int] | None = None
 
 
 @dataclass(frozen=True)
@@ -273,7 +276,7 @@ class Admission:
                     f"Retry in {math.ceil(d.retry_after_s)} s.",
                     code="rate_limit_exceeded", retry_after_s=max(d.retry_after_s, 1.0),
                 )
-        if x.lane_depth >= x.lane.queue_bound:
+        if (x.lane_depth_now() if x.lane_depth_now else x.lane_depth) >= x.lane.queue_bound:
             self._count(lane, "queue_full")
             raise RouterError(
                 ErrorKind.OVERLOADED, f"The {lane} lane is full ({x.lane.queue_bound} requests waiting). Retry later.",

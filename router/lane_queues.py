@@ -49,6 +49,9 @@ class Pending:
     payload: Any = None  # the router's context for this request
 
 
+JOURNAL_GRACE_S = 5.0  # a journaled job is claimed within a consumer poll (0.1 s) unless its lane is full
+
+
 class LaneQueues:
     def __init__(self, lanes: tuple[LaneConfig, ...], quantum: int = QUANTUM_TOKENS) -> None:
         self.lanes = {lane.name: lane for lane in lanes}
@@ -57,6 +60,7 @@ class LaneQueues:
         self.queues: dict[str, deque[Pending]] = {name: deque() for name in self.order}
         self.deficit: dict[str, float] = {name: 0.0 for name in self.order}
         self._held: dict[str, float] = {}  # this take()'s held lanes
+        self._journaled: dict[str, tuple[str, float]] = {}  # durable jobs admitted, not yet queued: (lane, when)
         self.queued_tokens: dict[str, int] = {name: 0 for name in self.order}
         self._cursor = 0
 
@@ -64,10 +68,24 @@ class LaneQueues:
     def depth(self, lane: str) -> int:
         return len(self.queues[lane])
 
+    def hold_place(self, request_id: str, lane: str) -> None:
+        """A durable job admitted here is on its way through the journal: its place in ``lane`` counts
+        for admission until it is pushed (claimed by this replica) or ``JOURNAL_GRACE_S`` passes
+        (claimed elsewhere). Not for the consumer's room: that would keep the job from being claimed."""
+        self._journaled[request_id] = (lane, time.monotonic())
+
+    def admitted_depth(self, lane: str) -> int:
+        """``depth`` plus the durable jobs admitted here and not yet queued: what the bound holds to."""
+        now = time.monotonic()
+        for rid in [r for r, (_, t) in self._journaled.items() if now - t > JOURNAL_GRACE_S]:
+            del self._journaled[rid]
+        return len(self.queues[lane]) + sum(1 for held, _ in self._journaled.values() if held == lane)
+
     def __len__(self) -> int:
         return sum(len(q) for q in self.queues.values())
 
     def push(self, p: Pending) -> None:
+        self._journaled.pop(p.request_id, None)
         self.queues[p.lane].append(p)
         self.queued_tokens[p.lane] += p.cost
 

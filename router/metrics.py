@@ -64,14 +64,16 @@ class RouterMetrics:
         self.rejected.labels(lane, reason, self.model).inc()
 
     def request_finished(self, lane: str, finish_reason: str | None, prompt_tokens: int, generated: int,
-                         ttft_s: float | None, e2e_s: float, token_gaps: Iterable[float]) -> None:
+                         ttft_s: float | None, e2e_s: float | None, token_gaps: Iterable[float]) -> None:
+        """Counters always; latencies only where given (an aborted request's would skew them)."""
         m = self.model
         self.finished.labels(lane, finish_reason or "unknown", m).inc()
         self.prompt_tokens.labels(lane, m).inc(prompt_tokens)
         self.generation_tokens.labels(lane, m).inc(generated)
         if ttft_s is not None:
             self.ttft.labels(lane, m).observe(ttft_s)
-        self.e2e.labels(lane, m).observe(e2e_s)
+        if e2e_s is not None:
+            self.e2e.labels(lane, m).observe(e2e_s)
         h = self.itl.labels(lane, m)
         for gap in token_gaps:
             h.observe(gap)

@@ -174,20 +174,22 @@ class Router(TokenTexts):
         try:
             predicted = await self.admission.admit(AdmissionInput(
                 lane=lane_cfg, tenant=tenant, prompt_tokens=len(ids), max_tokens=req.sampling.max_tokens,
-                lane_depth=self.queues.depth(lane), tokens_ahead=self.queues.tokens_ahead(lane),
+                lane_depth=self.queues.admitted_depth(lane), tokens_ahead=self.queues.tokens_ahead(lane),
                 pool_queued_tokens=queued, prefill_tokens_per_s=rate,
                 requests_ahead=self.queues.requests_ahead(lane), free_seq_slots=self.capacity.free_seq_slots(),
                 completions_per_s=self.signals.completion_rate.per_s(),
                 service_s=self.signals.service_s(len(ids), rate),
                 decode_pace_s=self.signals.decode_pace_s(self._live_token_times()),
                 running=self.signals.running((len(c.stream.token_times), c.max_tokens) for c in self._running()),
-                expected_output_tokens=self.signals.expected_output(req.sampling.max_tokens)))
+                expected_output_tokens=self.signals.expected_output(req.sampling.max_tokens),
+                lane_depth_now=lambda: self.queues.admitted_depth(lane)))
         except RouterError:
             if idem:
                 await self.state.idempotency_release(*idem)
             raise
 
         if durable:
+            self.queues.hold_place(rid, lane)  # before the journal's await: the bound holds for a burst
             try:  # journaled first: it survives this router
                 return await self.batch.submit(job_payload(rid, tenant.name, lane, ids, req.sampling, prompt_text),
                                                lane)
@@ -345,7 +347,9 @@ class Router(TokenTexts):
         now = time.monotonic()
         self.signals.completion_rate.tick(now)
         s = ctx.stream
-        if s.finished_time is not None and s.finish_reason != "abort":
+        if s.finish_reason == "abort":  # counted (admitted = finished + running), not timed
+            self.prom.request_finished(ctx.lane, "abort", ctx.prompt_tokens, len(s.token_ids), None, None, ())
+        elif s.finished_time is not None:
             ttft = s.first_token_time - ctx.arrival if s.first_token_time else None
             gaps = [b - a for a, b in zip(s.token_times, s.token_times[1:])]
             self.prom.request_finished(ctx.lane, s.finish_reason, ctx.prompt_tokens, len(s.token_ids), ttft,

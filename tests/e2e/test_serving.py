@@ -259,7 +259,14 @@ def test_grpc_generate_abort_deadline_health_reflection(srv):
         assert info.id == "tiny" and info.max_model_len > 0
 
 
+def _aborted_total(srv) -> float:
+    text = httpx.get(f"{srv.http}/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("baton_requests_finished_total{") and 'finish_reason="abort"' in line)
+
+
 def test_client_disconnect_aborts_and_frees_blocks(srv):
+    aborted_before = _aborted_total(srv)
     with httpx.Client(timeout=30) as h:
         with h.stream("POST", f"{srv.http}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
                       json={"model": "tiny", "prompt": "keep going", "max_tokens": 3000, "ignore_eos": True,
@@ -270,6 +277,10 @@ def test_client_disconnect_aborts_and_frees_blocks(srv):
     t0 = time.monotonic()
     drained(srv, timeout=2.0)  # blocks are free again within 2 s
     assert time.monotonic() - t0 < 2.0
+    deadline = time.monotonic() + 5
+    while _aborted_total(srv) < aborted_before + 1:  # counted as finished with "abort" (it was not counted)
+        assert time.monotonic() < deadline, "the aborted request is missing from baton_requests_finished_total"
+        time.sleep(0.05)
 
 
 def _interactive_ttft_counts(srv) -> tuple[float, float]:

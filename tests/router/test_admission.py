@@ -151,3 +151,32 @@ def test_expected_length_of_a_running_request():
     assert expected_total_tokens(10, 4096, 120.0) == 120  # typical length, within its budget
     assert expected_total_tokens(150, 4096, 120.0) == 151  # already longer: at least one more
     assert expected_total_tokens(3, 16, 120.0) == 16  # never beyond max_tokens
+
+
+def test_the_queue_bound_holds_for_a_burst_whose_admission_awaits():
+    """A burst arriving together: each request's depth snapshot is taken before the rate limiter's
+    await, and the ones admitted meanwhile (queued, or on their way through the batch journal) must
+    count when the bound is checked (a burst of 6 into a lane bounded at 3 was admitted whole)."""
+
+    class SlowLimiter:  # a Redis round trip: every arrival awaits before the bound is checked
+        async def acquire(self, tenant, tokens):
+            await asyncio.sleep(0.01)
+            return type("Decision", (), {"allowed": True, "retry_after_s": 0.0, "reason": None})()
+
+    lane = LaneConfig("batch", ttft_slo_s=600.0, tpot_slo_s=5.0, queue_bound=3)
+    adm = Admission(4096, SlowLimiter(), slo_rejection=False)
+    queued: list[int] = []
+
+    async def arrive(i: int) -> str:
+        x = _input(lane=lane, lane_depth=len(queued), lane_depth_now=lambda: len(queued))
+        try:
+            await adm.admit(x)
+        except RouterError as e:
+            return e.code
+        queued.append(i)  # joins the queue (or holds its place) with no await after admission
+        return "admitted"
+
+    async def burst():
+        return await asyncio.gather(*(arrive(i) for i in range(6)))
+
+    assert sorted(asyncio.run(burst())) == ["admitted"] * 3 + ["queue_full"] * 3

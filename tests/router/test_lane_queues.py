@@ -104,3 +104,17 @@ def test_requests_ahead_counts_other_lanes_by_their_share():
     assert q.requests_ahead("batch") == 43
     # In tokens: ours, and the batch lane's share of at least one full round of ours (8 quanta).
     assert q.tokens_ahead("interactive") == 300 + 800 // 8
+
+
+def test_a_durable_job_on_its_way_through_the_journal_holds_its_place_for_admission_only():
+    import router.lane_queues as lq
+
+    q = lq.LaneQueues((LaneConfig("batch", ttft_slo_s=600.0, tpot_slo_s=5.0, queue_bound=3),))
+    q.hold_place("job-1", "batch")
+    assert q.admitted_depth("batch") == 1 and q.depth("batch") == 0  # the consumer's room is not taken
+    q.push(Pending("job-1", "batch", 10, None))  # claimed here: counted once, as queued
+    assert q.admitted_depth("batch") == 1 and q.depth("batch") == 1
+    q.hold_place("job-2", "batch")  # claimed by another replica: its hold lapses
+    assert q.admitted_depth("batch") == 2
+    q._journaled["job-2"] = ("batch", lq.time.monotonic() - lq.JOURNAL_GRACE_S - 1)  # (as if held long ago)
+    assert q.admitted_depth("batch") == 1
