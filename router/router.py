@@ -36,6 +36,7 @@ from router.metrics import RouterMetrics
 from router.pace_guard import PaceGuard
 from router.placement import NO_HINT, PlacementHint, prefill_queue
 from router.prompt_input import TokenTexts, request_fingerprint, tokenize_off_loop
+from router.request_ending import RequestEnding
 from router.router_stream import ReplayStream, RequestContext, RouterStream, with_deadline
 from router.state.connection import StateUnavailable
 from router.stream import RequestStream
@@ -58,7 +59,7 @@ class RouterConfig:
     drain_timeout_s: float = 30.0
 
 
-class Router(TokenTexts):
+class Router(RequestEnding, TokenTexts):
     def __init__(self, config: RouterConfig, pool: WorkerPool, dispatcher: Dispatcher,
                  state: ClusterState | None = None) -> None:
         self.config = config
@@ -335,34 +336,6 @@ class Router(TokenTexts):
         except Exception as e:  # never lose a request silently
             log.exception("dispatch of %s failed", ctx.request_id)
             ctx.stream.fail(f"dispatch failed: {e}")
-
-    def _finished(self, ctx: RequestContext) -> None:
-        """Called once per request when its stream ends: metrics, idempotency, bookkeeping."""
-        if ctx.finished:
-            return
-        ctx.finished = True
-        self._requests.pop(ctx.request_id, None)
-        if ctx.dispatched is not None:
-            self.capacity.release()
-        now = time.monotonic()
-        self.signals.completion_rate.tick(now)
-        s = ctx.stream
-        if s.finish_reason == "abort":  # counted (admitted = finished + running), not timed
-            self.prom.request_finished(ctx.lane, "abort", ctx.prompt_tokens, len(s.token_ids), None, None, ())
-        elif s.finished_time is not None:
-            ttft = s.first_token_time - ctx.arrival if s.first_token_time else None
-            gaps = [b - a for a, b in zip(s.token_times, s.token_times[1:])]
-            self.prom.request_finished(ctx.lane, s.finish_reason, ctx.prompt_tokens, len(s.token_ids), ttft,
-                                          s.finished_time - ctx.arrival, gaps)
-            measured = ttft is not None and ctx.dispatched is not None
-            bd = s.ttft_breakdown or {}
-            if measured:
-                self.prom.ttft_breakdown(ctx.lane, {"router_queue": ctx.dispatched - ctx.arrival, **bd})
-            self.signals.finished(now, s.token_times, s.first_token_time - ctx.dispatched if measured else None,
-                                  bd.get("prefill_queue", 0.0), bd.get("prefill_compute", 0.0))
-        if ctx.idempotency is not None and self._loop is not None:
-            final = s.final_output()
-            self._loop.create_task(self.state.idempotency_finish(*ctx.idempotency, ctx, final))
 
     # -- housekeeping ---------------------------------------------------------------------------
     async def _housekeeping(self) -> None:
