@@ -107,16 +107,13 @@ class LLMEngine:
         if not token_ids:
             raise InvalidParameterError("prompt", "the prompt is empty")
         vocab = self.model_config.vocab_size
-        bad = next((t for t in token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab), None)
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)  # (ints: _token_ids checked the types)
         if bad is not None:
             raise InvalidParameterError("prompt", f"token id {bad!r} is outside the vocabulary [0, {vocab})")
         if num_generated >= params.max_tokens:
             raise InvalidParameterError("resume_token_ids", f"{num_generated} tokens were already generated, and "
                                                             f"max_tokens is {params.max_tokens}: nothing is left to generate")
-        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]), ("stop_token_ids", params.stop_token_ids)):
-            bad = next((t for t in ids if t >= vocab), None)
-            if bad is not None:
-                raise InvalidParameterError(name, f"token id {bad} is outside the vocabulary [0, {vocab})")
+        params.check_vocabulary(vocab)
         total = len(token_ids) - num_generated + params.max_tokens
         if total > self.max_model_len:
             raise ContextLengthError(

@@ -122,6 +122,14 @@ class SamplingParams:
         subnormal temperature overflows to inf, and the softmax of that is NaN."""
         return self.temperature < GREEDY_BELOW
 
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """The token ids these parameters name (``logit_bias``, ``stop_token_ids``) exist in a
+        vocabulary of ``vocab_size``; else InvalidParameterError naming the parameter."""
+        for name, ids in (("logit_bias", [t for t, _ in self.logit_bias]), ("stop_token_ids", self.stop_token_ids)):
+            bad = next((t for t in ids if t >= vocab_size), None)
+            if bad is not None:
+                raise InvalidParameterError(name, f"{name} token id {bad} is outside the vocabulary [0, {vocab_size})")
+
     @property
     def processes_logits(self) -> bool:
         """Whether penalties, a logit bias or ``min_tokens`` (which masks the stop tokens until then)

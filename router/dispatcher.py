@@ -175,6 +175,7 @@ class Dispatcher:
                         t.placing = False
                         return
                 d.actor.abort.remote(spec.request_id)  # in case d was only slow: never two copies running
+                d.requests.discard(spec.request_id)
                 tried.add(d.worker_id)
                 continue
             except _REFUSED as e:  # the worker is up and refused this request: not a dead worker
@@ -335,25 +336,29 @@ class Dispatcher:
         log.info("worker %s is up (incarnation %s)", w.worker_id, info.peer.incarnation)
 
     def _migrate_from(self, d: WorkerHandle) -> None:
-        with self._lock:  # (one being placed there is its _place call's: that call fails or sees d dead)
-            moving = [t for t in self._tracked.values() if t.decode_id == d.worker_id and not t.placing]
-            for t in moving:
-                t.decode_id = None  # outputs still in flight from d are stale now
+        moving = self._detach(d)
         d.requests.clear()
         self._migrate(moving, d, {d.worker_id})
 
     def _take_back(self, d: WorkerHandle, request_ids: list[str]) -> None:
         """Requests a live ``d`` dropped as orphans (our poller had stalled past its orphan timeout):
         no output is coming for them, so they are placed anew, resuming after what was delivered."""
-        with self._lock:
-            moving = [t for t in map(self._tracked.get, request_ids)
-                      if t is not None and t.decode_id == d.worker_id and not t.placing]
-            for t in moving:
-                t.decode_id = None
-                d.requests.discard(t.spec.request_id)
+        moving = self._detach(d, request_ids)
         if moving:
             log.warning("%s dropped %d of our requests as orphans; placing them again", d.worker_id, len(moving))
         self._migrate(moving, d, set())
+
+    def _detach(self, d: WorkerHandle, request_ids: list[str] | None = None) -> list[_Tracked]:
+        """The requests ``d`` serves (all, or those of ``request_ids``), no longer ``d``'s: outputs still in
+        flight from it are stale. One being placed there belongs to its _place call, which fails or
+        finds ``d`` dead."""
+        with self._lock:
+            candidates = self._tracked.values() if request_ids is None else map(self._tracked.get, request_ids)
+            moving = [t for t in candidates if t is not None and t.decode_id == d.worker_id and not t.placing]
+            for t in moving:
+                t.decode_id = None
+                d.requests.discard(t.spec.request_id)
+        return moving
 
     def _migrate(self, moving: list[_Tracked], d: WorkerHandle, exclude: set[str]) -> None:
         for t in moving:

@@ -45,11 +45,10 @@ def tokenize_request(req: GenerateRequest, tokenizer: Tokenizer | None, vocab_si
         ids = tokenizer.encode(req.prompt)
     if not ids:
         raise invalid("the prompt is empty", param="prompt")
-    for param, named in (("logit_bias", [t for t, _ in req.sampling.logit_bias]),
-                         ("stop_token_ids", req.sampling.stop_token_ids)):
-        bad = next((t for t in named if t >= vocab_size), None)
-        if bad is not None:  # here, not on a worker: a worker's refusal costs a round trip (and once, a worker)
-            raise invalid(f"{param} token id {bad} is outside the vocabulary [0, {vocab_size})", param=param)
+    try:  # here, not on a worker: a worker's refusal costs a round trip (and once cost a worker)
+        req.sampling.check_vocabulary(vocab_size)
+    except InvalidParameterError as e:
+        raise invalid(e.message, param=e.param) from None
     return ids, (text if req.echo_prompt else None)
 
 
