@@ -97,6 +97,8 @@ class EmbeddedRedis:
         self._own_dir = False
         self.proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.RLock()  # stop/restart (the caller) vs revive (a watcher thread)
+        self._wanted = False  # started and not stopped: revive() brings it back, however often it fails
+        self._exit_code: int | None = None  # how it last exited, for revive() after a failed restart
 
     @property
     def url(self) -> str:
@@ -133,6 +135,7 @@ class EmbeddedRedis:
         """Start the server (no-op if running) and wait until it answers PING."""
         if self.running:
             return self
+        self._wanted = True
         if self.dir is None:
             if self._data_dir is not None:
                 self._data_dir.mkdir(parents=True, exist_ok=True)
@@ -207,21 +210,24 @@ class EmbeddedRedis:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the server and remove its private temp dir (a given ``data_dir`` is kept)."""
         with self._lock:
+            self._wanted = False
             self._terminate(timeout_s)
             self._cleanup_dir()
             atexit.unregister(self.stop)  # self.port is kept: start() again reuses it
 
     def revive(self) -> int | None:
         """If the server has exited (killed, crashed), reap it and start it again on the same port;
-        returns the exit code it had (None: it was running, nothing done). Its data is gone unless a
+        returns the exit code it had (None: it was running, or was stopped: nothing done). A failed
+        start raises and leaves it wanted, so the next call tries again. Its data is gone unless a
         data dir keeps the append-only file; the routers' clients reconnect by themselves."""
         with self._lock:
-            if self.proc is None or self.proc.poll() is None:
+            if not self._wanted or self.running:
                 return None
-            code = self.proc.returncode
-            self._reap()
+            if self.proc is not None:  # (None: an earlier revive's start failed; try again)
+                self._exit_code = self.proc.returncode
+                self._reap()
             self.start()
-            return code
+            return self._exit_code
 
     def restart(self, down_s: float = 0.0) -> EmbeddedRedis:
         """Stop and start again on the same port (optionally staying down ``down_s`` seconds).

@@ -173,15 +173,23 @@ class ClusterState:
             return
         logprobs = None if final.logprobs is None else tuple(final.logprobs)
         prompt_logprobs = None if final.prompt_logprobs is None else tuple(final.prompt_logprobs)
-        result = GenerationResult(ctx.request_id, final.text, tuple(final.token_ids), final.finish_reason,
-                                  Usage(ctx.prompt_tokens, len(final.token_ids), final.num_cached_tokens),
-                                  ctx.lane, ctx.prompt_text, logprobs, prompt_logprobs).to_dict()
+        await self.idempotency_store(tenant, key, GenerationResult(
+            ctx.request_id, final.text, tuple(final.token_ids), final.finish_reason,
+            Usage(ctx.prompt_tokens, len(final.token_ids), final.num_cached_tokens), ctx.lane, ctx.prompt_text,
+            logprobs, prompt_logprobs))
+
+    async def idempotency_store(self, tenant: str, key: str, result: GenerationResult) -> None:
+        """Keep ``result`` as the answer to retries with this key (an aborted one releases the key)."""
+        if result.finish_reason in (None, "abort", "error"):
+            await self.idempotency_release(tenant, key)
+            return
+        stored = result.to_dict()
         entry = self._local_idem.get((tenant, key))
         if entry is not None:
-            entry.update(state="done", result=result)
+            entry.update(state="done", result=stored)
         if self.idem is not None:
             try:
-                await self.idem.complete(tenant, key, result)
+                await self.idem.complete(tenant, key, stored)
             except StateUnavailable:
                 pass
 

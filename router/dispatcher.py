@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -60,6 +61,7 @@ class Dispatcher:
         pool: WorkerPool,
         *,
         router_id: str = "",
+        origin: str | None = None,
         on_kv_events: Callable[[str, list], None] | None = None,
         local_prefill_threshold: int = 0,
         short_prompts_to_idle_prefill: bool = True,
@@ -69,7 +71,12 @@ class Dispatcher:
         monitor_interval_s: float = 0.5,
     ) -> None:
         self.pool = pool
-        self.router_id = router_id  # decode workers file our requests' outputs under it
+        self.router_id = router_id
+        # What workers file this dispatcher's requests (and their outputs and counts) under: the
+        # replica's id plus this start's own tag. A replica restarted under the same id is then a
+        # new reader, not the old one: the old start's copies are orphans (or taken over by an id
+        # sent again), never "duplicate request id" refusals of the new start's requests.
+        self.origin = origin if origin is not None else f"{router_id}~{uuid.uuid4().hex[:8]}"
         self.on_kv_events = on_kv_events or (lambda worker_id, events: None)
         self.on_worker_reset: Callable[[str], None] = lambda worker_id: None  # its cache is gone
         self.local_prefill_threshold = local_prefill_threshold
@@ -121,8 +128,8 @@ class Dispatcher:
     def submit(self, spec: RequestSpec, stream: RequestStream | None = None,
                hint: PlacementHint = NO_HINT) -> RequestStream:
         """Place and start a request (blocking Ray calls: run it off the event loop)."""
-        if spec.origin != self.router_id:
-            spec = replace(spec, origin=self.router_id)
+        if spec.origin != self.origin:
+            spec = replace(spec, origin=self.origin)
         stream = stream or RequestStream(spec.request_id, spec.num_prompt_tokens)
         t = _Tracked(spec, stream, hint)
         with self._lock:
@@ -233,11 +240,11 @@ class Dispatcher:
 
     def _count_placed(self, d: WorkerHandle, tokens: int) -> None:
         with self.pool.lock:
-            d.count_placed(self.router_id, tokens)
+            d.count_placed(self.origin, tokens)
 
     def _count_dispatched(self, p: WorkerHandle, tokens: int) -> None:
         with self.pool.lock:
-            p.count_dispatched(self.router_id, tokens)
+            p.count_dispatched(self.origin, tokens)
 
     def _call(self, ref):
         return ray.get(ref, timeout=self.call_timeout_s)
@@ -251,7 +258,7 @@ class Dispatcher:
     def _poll_loop(self, d: WorkerHandle) -> None:
         while not self._stop.is_set():
             try:
-                batch: OutputBatch = ray.get(d.actor.poll.remote(self.poll_timeout_s, self.router_id),
+                batch: OutputBatch = ray.get(d.actor.poll.remote(self.poll_timeout_s, self.origin),
                                              timeout=self.poll_timeout_s + self.call_timeout_s)
             except (RayError, GetTimeoutError) as e:
                 if not self._stop.is_set():

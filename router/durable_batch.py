@@ -12,7 +12,12 @@ that client: a disconnect does not cancel it (``POST /v1/abort/{id}`` does).
 A router that stops (drained, shut down, or killed) does not fail or finish the jobs it holds:
 ``stop`` cancels them where they are, unacknowledged, and whichever replica claims next (this one
 restarted, or another) re-runs them once they have been idle for ``idle_ms`` -- the same as when
-the process dies with no chance to say anything.
+the process dies with no chance to say anything. So does a run that ends in an abort nobody asked
+for (a decode worker handed the job to another replica that re-claimed it, or dropped this one as
+stalled), or whose start or end Redis did not record: only the client's cancel
+(``POST /v1/abort/{id}``, recorded in the journal and noticed by whichever replica runs the job)
+ends a job early. A job submitted with an ``Idempotency-Key`` stores its result under that key
+where it finishes (or releases the key where it fails), so a retry replays it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, AsyncIterator
 
 from engine.sampling_params import SamplingParams
-from router.api import ErrorKind, GenerationResult, RouterError, StreamEvent
+from router.api import ErrorKind, GenerationResult, RouterError, StreamEvent, Usage
 from router.state.connection import StateUnavailable
 from router.state.journal import BatchJournal, ClaimedJob, JobIdConflict
 from router.task_stop import stop_tasks
@@ -50,25 +55,29 @@ class JobWaitStream:
                           usage=r.usage, logprobs=r.logprobs, prompt_logprobs=r.prompt_logprobs)
 
     async def result(self) -> GenerationResult:
-        return await self._batch.wait(self.request_id, self.tenant)
+        return await self._batch.wait(self.request_id, self.tenant, self.lane)
 
     async def abort(self) -> None:
-        return None  # durable: the client going away does not cancel the job
+        """The client went away: the job goes on (durable), nobody here waits for it any more."""
+        self._batch.detach(self.request_id)
 
 
 class DurableBatch:
     def __init__(self, router: Router, journal: BatchJournal, consumer: str, *, idle_ms: int = 15_000,
-                 poll_s: float = 0.1, result_ttl_s: float = 86_400.0) -> None:
+                 poll_s: float = 0.1, result_ttl_s: float = 86_400.0, lost_after_polls: int = 3) -> None:
         self.router = router
         self.journal = journal
         self.consumer = consumer
         self.idle_ms = idle_ms
         self.poll_s = poll_s
         self.result_ttl_s = result_ttl_s
+        self.lost_after_polls = lost_after_polls  # a waited-for job Redis no longer knows, polls in a row
         self._done: dict[str, asyncio.Future] = {}  # job id -> result, for clients waiting on this replica
-        self._running: dict[str, str] = {}  # job id -> stream entry id
+        self._running: dict[str, ClaimedJob] = {}  # the jobs this replica runs, by id
+        self._cancelled: set[str] = set()  # of those, the ones their client cancelled
         self._tasks: set[asyncio.Task] = set()  # the jobs this replica is running
         self._stopping = False
+        self._record_retry_s = 1.0
         self.jobs_completed = 0
 
     async def submit(self, job: dict, lane: str) -> JobWaitStream:
@@ -88,16 +97,20 @@ class DurableBatch:
             raise
         return JobWaitStream(job_id, lane, job["tenant"], self)
 
-    def is_running(self, job_id: str) -> bool:
-        return job_id in self._running
-
     def holds(self, job_id: str) -> bool:
         """Whether ``job_id`` names a job submitted through this replica and not yet answered, or one
         it is running: no other request may take that id meanwhile."""
         return job_id in self._done or job_id in self._running
 
-    async def wait(self, job_id: str, tenant: str) -> GenerationResult:
+    def detach(self, job_id: str) -> None:
+        """No client here waits for ``job_id`` any more (the job itself goes on)."""
+        fut = self._done.pop(job_id, None)
+        if fut is not None and not fut.done():
+            fut.cancel()
+
+    async def wait(self, job_id: str, tenant: str, lane: str = "") -> GenerationResult:
         fut = self._done.get(job_id)
+        unknown = 0  # polls in a row that found no such job in a reachable Redis
         try:
             while True:
                 if fut is not None:
@@ -105,21 +118,42 @@ class DurableBatch:
                         return await asyncio.wait_for(asyncio.shield(fut), timeout=1.0)
                     except asyncio.TimeoutError:
                         pass
-                status = await self._status(job_id, tenant)
+                try:
+                    status = await self.journal.get(job_id, tenant)
+                except StateUnavailable:
+                    status, unknown = None, 0  # Redis is away: the job is not lost, wait for it
+                else:
+                    unknown = 0 if status is not None or job_id in self._running else unknown + 1
                 if status is not None and status.status == "done" and status.result:
                     return GenerationResult.from_dict(status.result)
                 if status is not None and status.status == "failed":
                     raise RouterError(ErrorKind.INTERNAL, f"batch job {job_id} failed: {status.error}")
+                if status is not None and status.status == "cancelled":
+                    return (GenerationResult.from_dict(status.result) if status.result
+                            else GenerationResult(job_id, "", (), "abort", Usage(0, 0, 0), lane))
+                if unknown >= self.lost_after_polls:  # e.g. Redis restarted without persistence
+                    raise RouterError(ErrorKind.OVERLOADED, f"batch job {job_id} is gone from the journal (Redis "
+                                      "lost its data); submit it again", retry_after_s=1.0)
                 if fut is None:
                     await asyncio.sleep(0.5)
         finally:
             self._done.pop(job_id, None)
 
-    async def _status(self, job_id: str, tenant: str):
+    async def cancel(self, job_id: str, tenant: str) -> bool:
+        """The client's abort of its job ``job_id``, wherever the job is: queued in the journal, or
+        running here or on another replica (which notices within ``idle_ms / 3``). False if the job
+        is unknown to ``tenant`` or already ended."""
+        mine = self._running.get(job_id)
         try:
-            return await self.journal.get(job_id, tenant)
-        except StateUnavailable:
-            return None
+            had = await self.journal.cancel(job_id, tenant, ttl_s=self.result_ttl_s)
+        except StateUnavailable:  # Redis is away: only a job running here can be stopped
+            had = "running" if mine is not None and mine.tenant == tenant else None
+        if had not in ("queued", "running"):
+            return False
+        if mine is not None:
+            self._cancelled.add(job_id)
+            await self.router.stop_durable(job_id)
+        return True
 
     # -- the consumer ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -136,13 +170,21 @@ class DurableBatch:
                         self._tasks.add(task)
                         task.add_done_callback(self._tasks.discard)
                 if self._running and time.monotonic() - last_touch > self.idle_ms / 3000:
-                    await self.journal.touch(self.consumer, list(self._running.values()))
+                    await self.journal.touch(self.consumer, [c.entry_id for c in self._running.values()])
                     last_touch = time.monotonic()
+                    await self._stop_cancelled()
             except StateUnavailable:
                 await asyncio.sleep(1.0)  # the batch lane pauses while Redis is away
             except Exception:
                 log.exception("durable batch consumer")
             await asyncio.sleep(self.poll_s)
+
+    async def _stop_cancelled(self) -> None:
+        """Stop the jobs running here that their clients cancelled through another replica."""
+        for job_id, status in (await self.journal.statuses(list(self._running))).items():
+            if status == "cancelled" and job_id not in self._cancelled and job_id in self._running:
+                self._cancelled.add(job_id)
+                await self.router.stop_durable(job_id)
 
     async def stop(self) -> None:
         """Stop claiming and drop the jobs in flight here, leaving them pending in the journal (not
@@ -153,43 +195,86 @@ class DurableBatch:
         await stop_tasks(self._tasks, "durable batch jobs (they stay pending in the journal)")
 
     async def _run_job(self, claimed: ClaimedJob) -> None:
-        job = claimed.job
-        job_id = claimed.job_id
-        self._running[job_id] = claimed.entry_id
+        job, job_id, entry = claimed.job, claimed.job_id, claimed.entry_id
+        self._running[job_id] = claimed
         try:
-            await self.journal.set_running(job_id, self.consumer)
+            if not await self.journal.set_running(job_id, self.consumer):
+                self.journal.forget(entry)  # cancelled before it started: its entry is gone already
+                return
             sp = SamplingParams(**job["sampling"])
             result = await self.router.run_durable(job_id, claimed.tenant, job["lane"], job["prompt_token_ids"], sp,
                                                    job.get("prompt_text"))
+        except StateUnavailable as e:  # its start went unrecorded: left pending, re-run once Redis is back
+            log.warning("batch job %s left to the next claim: %s", job_id, e)
+            self.journal.forget(entry)
+            return
         except Exception as e:
             if self._stopping:  # the router is going away under the job, which stays pending
                 log.info("batch job %s left to the next claim: %s", job_id, e)
+                self.journal.forget(entry)
                 return
-            log.warning("batch job %s failed: %s", job_id, e)
-            await self._safe(self.journal.fail(job_id, claimed.entry_id, str(e), ttl_s=self.result_ttl_s))
-            fut = self._done.get(job_id)
-            if fut is not None and not fut.done():
-                fut.set_exception(RouterError(ErrorKind.INTERNAL, f"batch job {job_id} failed: {e}"))
+            error = str(e)
+            log.warning("batch job %s failed: %s", job_id, error)
+            self._answer(job_id, error=RouterError(ErrorKind.INTERNAL, f"batch job {job_id} failed: {error}"))
+            if await self._record(entry, lambda: self.journal.fail(job_id, entry, error, ttl_s=self.result_ttl_s)):
+                await self._release_idempotency(claimed)
             return
         finally:
             self._running.pop(job_id, None)
-        if self._stopping and result.finish_reason == "abort":
-            return  # aborted because this router stopped, not by the client: left to the next claim
-        await self._safe(self.journal.complete(job_id, claimed.entry_id, result.to_dict(), ttl_s=self.result_ttl_s))
-        self.jobs_completed += 1
+            cancelled = job_id in self._cancelled
+            self._cancelled.discard(job_id)
+        if result.finish_reason == "abort" and cancelled:
+            self._answer(job_id, result)
+            if await self._record(entry, lambda: self.journal.finish_cancelled(job_id, entry, result.to_dict(),
+                                                                                ttl_s=self.result_ttl_s)):
+                await self._release_idempotency(claimed)
+            return
+        if result.finish_reason == "abort":
+            # Not the client's: this router stopping, or a worker that gave the job to a replica that
+            # re-claimed it (or dropped this copy as stalled). The job stays pending for that claim.
+            log.info("batch job %s: this run was aborted under it; left to the next claim", job_id)
+            self.journal.forget(entry)
+            return
+        self._answer(job_id, result)
+        if await self._record(entry, lambda: self.journal.complete(job_id, entry, result.to_dict(),
+                                                                    ttl_s=self.result_ttl_s)):
+            self.jobs_completed += 1
+            key = job.get("idempotency_key")
+            if key:
+                await self.router.state.idempotency_store(claimed.tenant, key, result)
+
+    def _answer(self, job_id: str, result: GenerationResult | None = None, error: BaseException | None = None) -> None:
         fut = self._done.get(job_id)
         if fut is not None and not fut.done():
-            fut.set_result(result)
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)
 
-    @staticmethod
-    async def _safe(coro) -> None:
-        try:
-            await coro
-        except StateUnavailable:
-            log.warning("Redis unavailable while recording a batch job; it will be re-run after it returns")
+    async def _record(self, entry_id: str, write) -> bool:
+        """Write a job's end to the journal, retrying while Redis is away; if this router stops
+        first, the entry stays pending and the job runs again elsewhere (at least once)."""
+        while True:
+            try:
+                await write()
+                return True
+            except StateUnavailable:
+                if self._stopping:
+                    self.journal.forget(entry_id)
+                    return False
+                log.warning("Redis unavailable while recording a batch job's end; retrying")
+                await asyncio.sleep(self._record_retry_s)
+
+    async def _release_idempotency(self, claimed: ClaimedJob) -> None:
+        key = claimed.job.get("idempotency_key")
+        if key:
+            await self.router.state.idempotency_release(claimed.tenant, key)
 
 
 def job_payload(request_id: str, tenant: str, lane: str, ids: list[int], sampling: SamplingParams,
-                prompt_text: str | None) -> dict:
-    return {"request_id": request_id, "tenant": tenant, "lane": lane, "prompt_token_ids": list(ids),
-            "sampling": asdict(sampling), "prompt_text": prompt_text}
+                prompt_text: str | None, idempotency_key: str | None = None) -> dict:
+    job = {"request_id": request_id, "tenant": tenant, "lane": lane, "prompt_token_ids": list(ids),
+           "sampling": asdict(sampling), "prompt_text": prompt_text}
+    if idempotency_key:  # (absent otherwise: the same job's fingerprint as before keys existed)
+        job["idempotency_key"] = idempotency_key
+    return job

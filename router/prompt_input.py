@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from dataclasses import asdict
 from typing import Sequence
 
 from engine.errors import InvalidParameterError
@@ -68,11 +69,8 @@ async def tokenize_off_loop(req: GenerateRequest, tokenizer: Tokenizer | None,
 
 def request_fingerprint(req: GenerateRequest, ids: list[int]) -> str:
     """What makes two requests "the same" for an Idempotency-Key: the prompt and the parameters."""
-    sp = req.sampling
-    body = json.dumps([ids, sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.seed, list(sp.stop),
-                       list(sp.stop_token_ids), sp.ignore_eos, req.lane, sp.logprobs, sp.prompt_logprobs, sp.presence_penalty,
-                       sp.frequency_penalty, sp.repetition_penalty, [list(b) for b in sp.logit_bias], sp.min_p,
-                       sp.include_stop_str_in_output, sp.skip_special_tokens, req.num_choices], sort_keys=True)
+    # Every sampling field (a field added later is covered too), the lane and the choice count.
+    body = json.dumps([ids, asdict(req.sampling), req.lane, req.num_choices], sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()
 
 

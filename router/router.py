@@ -113,7 +113,7 @@ class Router(RequestEnding, TokenTexts):
             await self.batch.stop()  # its jobs still here stay journaled for another replica
         left = list(self._requests.values())
         for ctx in left:
-            await self.abort(ctx.request_id, ctx.tenant)
+            await self._abort_here(ctx)
         return len(left)
 
     async def stop(self) -> None:
@@ -191,11 +191,15 @@ class Router(RequestEnding, TokenTexts):
 
         if durable:
             self.queues.hold_place(rid, lane)  # before the journal's await: the bound holds for a burst
-            try:  # journaled first: it survives this router
-                return await self.batch.submit(job_payload(rid, tenant.name, lane, ids, req.sampling, prompt_text),
-                                               lane)
+            try:  # journaled first: it survives this router; its key gets the result where it ends
+                return await self.batch.submit(job_payload(rid, tenant.name, lane, ids, req.sampling, prompt_text,
+                                                           req.idempotency_key), lane)
             except StateUnavailable:
                 log.warning("Redis unavailable: batch request %s runs without the journal", rid)
+            except BaseException:
+                if idem:
+                    await self.state.idempotency_release(*idem)
+                raise
 
         ctx = self._enqueue(rid, tenant.name, lane, ids, req.sampling, prompt_text, hint, idem)
         ctx.predicted_ttft_s = predicted
@@ -212,7 +216,7 @@ class Router(RequestEnding, TokenTexts):
         lane_cfg = self.policy.lane(lane)
         salt = self._salt(tenant)
         spec = RequestSpec(rid, tuple(ids), sampling, priority=lane_cfg.priority, cache_salt=salt,
-                           origin=self.dispatcher.router_id)
+                           origin=self.dispatcher.origin)
         stream = RequestStream(rid, len(ids))
         stream.bind(asyncio.get_running_loop())
         ctx = RequestContext(rid, tenant, lane, len(ids), sampling.max_tokens, stream, spec,
@@ -242,18 +246,28 @@ class Router(RequestEnding, TokenTexts):
         lanes = [lane for lane in self.policy.lanes if lane.durable or not durable]
         return min((lane.queue_bound - self.queues.depth(lane.name) for lane in lanes), default=0)
 
-    async def abort(self, request_id: str, tenant: str, durable_ok: bool = False) -> bool:
+    async def abort(self, request_id: str, tenant: str) -> bool:
+        """The client's abort (``POST /v1/abort/{id}``, gRPC ``Abort``) of its request; a durable
+        batch job is cancelled wherever it is (``DurableBatch.cancel``). False: nothing of the
+        tenant's in flight under that id."""
         ctx = self._requests.get(request_id)
-        if ctx is None or ctx.tenant != tenant or ctx.stream.finished:
-            if self.batch is not None and not durable_ok and self.batch.is_running(request_id):
-                return await self.batch.cancel(request_id)
-            return False
-        if self.queues.remove(request_id) is not None:
-            ctx.stream.put(RequestOutput(request_id, [], "", finished=True, finish_reason="abort"))
-        else:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self.dispatcher.abort, request_id)
-        self._finished(ctx)
+        if ctx is None or ctx.tenant != tenant or ctx.stream.finished or ctx.durable:
+            return self.batch is not None and await self.batch.cancel(request_id, tenant)
+        await self._abort_here(ctx)
         return True
+
+    async def stop_durable(self, job_id: str) -> None:
+        """End this replica's run of a durable job (its client cancelled it)."""
+        ctx = self._requests.get(job_id)
+        if ctx is not None and ctx.durable and not ctx.stream.finished:
+            await self._abort_here(ctx)
+
+    async def _abort_here(self, ctx: RequestContext) -> None:
+        if self.queues.remove(ctx.request_id) is not None:
+            ctx.stream.put(RequestOutput(ctx.request_id, [], "", finished=True, finish_reason="abort"))
+        else:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self.dispatcher.abort, ctx.request_id)
+        self._finished(ctx)
 
     def model_info(self) -> ModelInfo:
         return ModelInfo(self.config.model_name, self.max_model_len, self.vocab_size, self.created,

@@ -8,9 +8,13 @@ therefore *at least once*: a job may run twice if its router was only slow, not 
 running long jobs call :meth:`BatchJournal.touch` to keep their claims fresh, and a job
 re-claimed more than ``max_attempts`` times is failed instead of crashing router after router.
 
-Each job also has a status hash ``baton:<c>:batch:job:<id>`` (status, tenant, timestamps,
-attempts, result/error) that clients poll through :meth:`get`; it gets a TTL once the job ends.
-Acknowledged entries are deleted from the stream, so its length is the number of unfinished jobs.
+Each job also has a status hash ``baton:<c>:batch:job:<id>`` (status, tenant, fingerprint, stream
+entry, timestamps, attempts, result/error) that clients poll through :meth:`get`; it gets a TTL
+once the job ends. Acknowledged entries are deleted from the stream, so its length is the number of
+unfinished jobs. A job's life: ``queued`` -> ``running`` (claimed) -> ``done`` | ``failed`` |
+``cancelled`` (:meth:`cancel`: the client's abort, wherever the job is; the replica running it
+notices through :meth:`statuses` and stops it). Submitting and cancelling are Lua scripts: the
+check and the writes are one step, so two submits of one id queue it once.
 
 Durability is Redis's: with persistence off (the embedded default) a Redis restart loses the
 queue; use ``EmbeddedRedis(data_dir=...)`` (appendonly) or a persistent Redis in production.
@@ -32,7 +36,8 @@ import redis.exceptions as rexc
 from router.state.connection import RedisState
 
 T = TypeVar("T")
-JobState = Literal["queued", "running", "done", "failed"]
+JobState = Literal["queued", "running", "done", "failed", "cancelled"]
+ENDED: frozenset[str] = frozenset({"done", "failed", "cancelled"})
 
 
 class JobIdConflict(Exception):
@@ -69,6 +74,46 @@ def _s(b: bytes | str) -> str:
     return b.decode() if isinstance(b, bytes) else b
 
 
+# KEYS: status hash, stream. ARGV: tenant, fingerprint, now, job id, job json.
+# Returns 'conflict', 'exists' or 'queued'.
+_SUBMIT = """
+local had = redis.call('HMGET', KEYS[1], 'tenant', 'fp')
+if had[1] then
+  if had[1] ~= ARGV[1] or (had[2] and had[2] ~= ARGV[2]) then return 'conflict' end
+  return 'exists'
+end
+local entry = redis.call('XADD', KEYS[2], '*', 'job_id', ARGV[4], 'tenant', ARGV[1], 'job', ARGV[5])
+redis.call('HSET', KEYS[1], 'status', 'queued', 'tenant', ARGV[1], 'created_at', ARGV[3], 'updated_at', ARGV[3],
+           'attempts', 0, 'fp', ARGV[2], 'entry', entry)
+return 'queued'
+"""
+
+# KEYS: status hash. ARGV: now, consumer. 0 when the job was cancelled meanwhile (do not run it).
+_SET_RUNNING = """
+if redis.call('HGET', KEYS[1], 'status') == 'cancelled' then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[1], 'consumer', ARGV[2])
+return 1
+"""
+
+# KEYS: status hash, stream. ARGV: tenant, group, now, ttl ms. Returns the status the job had
+# ('' if unknown or another tenant's); a queued or running job becomes 'cancelled' and its entry
+# leaves the stream (nobody claims it again).
+_CANCEL = """
+local h = redis.call('HMGET', KEYS[1], 'tenant', 'status', 'entry')
+if h[1] ~= ARGV[1] then return '' end
+local status = h[2] or 'queued'
+if status == 'queued' or status == 'running' then
+  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'error', 'cancelled by the client', 'updated_at', ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  if h[3] then
+    redis.call('XACK', KEYS[2], ARGV[2], h[3])
+    redis.call('XDEL', KEYS[2], h[3])
+  end
+end
+return status
+"""
+
+
 class BatchJournal:
     """Batch jobs in a Redis Stream with a consumer group of routers."""
 
@@ -85,6 +130,9 @@ class BatchJournal:
         # one of them to the same consumer, it is still being worked on here (the claim merely
         # refreshed it), unlike after a restart, when a fresh object re-delivers it.
         self._inflight: dict[str, set[str]] = {}
+        self._submit = state.client.register_script(_SUBMIT)
+        self._set_running = state.client.register_script(_SET_RUNNING)
+        self._cancel = state.client.register_script(_CANCEL)
 
     def _job_key(self, job_id: str) -> str:
         return self.state.key("batch", "job", job_id)
@@ -118,23 +166,10 @@ class BatchJournal:
         job_id, now = job_id or uuid.uuid4().hex, time.time()
         body = json.dumps(job, sort_keys=True)
         fingerprint = hashlib.sha256(body.encode()).hexdigest()
-        fields = {"job_id": job_id, "tenant": tenant, "job": body}
-
-        async def op(r: Any) -> None:
-            had_tenant, had_fp = await r.hmget(self._job_key(job_id), "tenant", "fp")
-            if had_tenant is not None:
-                if _s(had_tenant) != tenant or (had_fp is not None and _s(had_fp) != fingerprint):
-                    raise JobIdConflict(job_id)
-                return
-            async with r.pipeline(transaction=True) as p:
-                p.hset(self._job_key(job_id), mapping={
-                    "status": "queued", "tenant": tenant, "created_at": now, "updated_at": now, "attempts": 0,
-                    "fp": fingerprint,
-                })
-                p.xadd(self.stream, fields)
-                await p.execute()
-
-        await self.state.run(op)
+        keys, args = [self._job_key(job_id), self.stream], [tenant, fingerprint, now, job_id, body]
+        got = await self.state.run(lambda r: self._submit(keys=keys, args=args, client=r))
+        if _s(got) == "conflict":
+            raise JobIdConflict(job_id)
         return job_id
 
     async def claim(self, consumer: str, count: int = 10, min_idle_ms: int = 60_000) -> list[ClaimedJob]:
@@ -185,11 +220,38 @@ class BatchJournal:
         if entry_ids:
             await self._grouped(lambda r: r.xclaim(self.stream, self.group, consumer, 0, entry_ids, justid=True))
 
-    async def set_running(self, job_id: str, consumer: str | None = None) -> None:
-        mapping: dict[str, Any] = {"status": "running", "updated_at": time.time()}
-        if consumer:
-            mapping["consumer"] = consumer
-        await self.state.run(lambda r: r.hset(self._job_key(job_id), mapping=mapping))
+    async def set_running(self, job_id: str, consumer: str = "") -> bool:
+        """Mark the job running under ``consumer``; False if it was cancelled meanwhile (skip it)."""
+        keys, args = [self._job_key(job_id)], [time.time(), consumer]
+        return bool(await self.state.run(lambda r: self._set_running(keys=keys, args=args, client=r)))
+
+    def forget(self, entry_id: str) -> None:
+        """This object no longer works on ``entry_id`` although it is not finished (its run was
+        cut short): the next claim past ``min_idle_ms`` re-delivers it, to any consumer."""
+        for mine in self._inflight.values():
+            mine.discard(entry_id)
+
+    async def cancel(self, job_id: str, tenant: str, ttl_s: float | None = None) -> JobState | None:
+        """Cancel ``tenant``'s job ``job_id`` if it is queued or running (it becomes ``cancelled``
+        and leaves the stream). Returns the status it had, or None if unknown to this tenant."""
+        ttl_ms = max(1, int((ttl_s if ttl_s is not None else self.ttl_s) * 1000))
+        keys, args = [self._job_key(job_id), self.stream], [tenant, self.group, time.time(), ttl_ms]
+        had = _s(await self.state.run(lambda r: self._cancel(keys=keys, args=args, client=r)))
+        return had or None  # type: ignore[return-value]
+
+    async def statuses(self, job_ids: list[str]) -> dict[str, str | None]:
+        """Each job's status (None: unknown), in one round trip."""
+        if not job_ids:
+            return {}
+
+        async def op(r: Any) -> list[Any]:
+            async with r.pipeline(transaction=False) as p:
+                for job_id in job_ids:
+                    p.hget(self._job_key(job_id), "status")
+                return await p.execute()
+
+        got = await self.state.run(op)
+        return {job_id: (_s(v) if v is not None else None) for job_id, v in zip(job_ids, got)}
 
     async def _finish(self, job_id: str, entry_id: str, mapping: dict[str, Any], ttl_s: float | None) -> None:
         """Record the end state and acknowledge + delete the entry, atomically."""
@@ -211,6 +273,12 @@ class BatchJournal:
     async def complete(self, job_id: str, entry_id: str, result: dict[str, Any], ttl_s: float | None = None) -> None:
         """Store the result (kept ``ttl_s``), mark the job done and acknowledge its entry."""
         await self._finish(job_id, entry_id, {"status": "done", "result": json.dumps(result)}, ttl_s)
+
+    async def finish_cancelled(self, job_id: str, entry_id: str, result: dict[str, Any],
+                               ttl_s: float | None = None) -> None:
+        """A cancelled job's run ended: keep what it had produced, and acknowledge its entry."""
+        await self._finish(job_id, entry_id, {"status": "cancelled", "error": "cancelled by the client",
+                                              "result": json.dumps(result)}, ttl_s)
 
     async def fail(self, job_id: str, entry_id: str, error: str, ttl_s: float | None = None) -> None:
         """Mark the job failed (no retry) and acknowledge its entry."""

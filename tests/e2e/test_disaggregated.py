@@ -248,7 +248,8 @@ def test_a_refused_request_fails_alone_and_the_worker_stays_up(c11):
     [p] = prompts(8, 1, VOCAB, lo=60, hi=60)
     first = c11.submit(p, greedy(3000), request_id="dup-id")
     next(iter(first))
-    twin = Dispatcher(c11.pool, router_id=c11.dispatcher.router_id, local_prefill_threshold=24)
+    twin = Dispatcher(c11.pool, router_id=c11.dispatcher.router_id, origin=c11.dispatcher.origin,
+                      local_prefill_threshold=24)
     with pytest.raises(RequestFailed, match="refused the request: ValueError: duplicate request id"):
         twin.submit(RequestSpec("dup-id", tuple(p), greedy(5))).result(60)
     assert all(w.alive for w in c11.pool.all()) and c11.dispatcher.num_migrations == 0

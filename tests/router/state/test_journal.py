@@ -131,3 +131,41 @@ def test_fail_and_poison_jobs(make_state: Callable[..., RedisState]) -> None:
         await st.close()
 
     asyncio.run(main())
+
+
+def test_concurrent_submits_of_one_id_queue_it_once(make_state: Callable[..., RedisState]) -> None:
+    """The id check and the writes are one Lua script: no interleaving queues a job twice."""
+    async def main() -> None:
+        st = make_state()
+        journals = [BatchJournal(st) for _ in range(8)]
+        job = {"tenant": "acme", "prompt": "hello"}
+        assert set(await asyncio.gather(*(j.submit(dict(job), job_id="j-1") for j in journals))) == {"j-1"}
+        assert await journals[0].pending_count() == 1
+        assert len(await journals[0].claim("router-a", count=10, min_idle_ms=10_000)) == 1
+        await st.close()
+
+    asyncio.run(main())
+
+
+def test_cancel_a_queued_or_running_job_only_for_its_tenant(make_state: Callable[..., RedisState]) -> None:
+    async def main() -> None:
+        st = make_state()
+        j = BatchJournal(st)
+        queued = await j.submit({"tenant": "acme", "n": 1}, job_id="q")
+        running = await j.submit({"tenant": "acme", "n": 2}, job_id="r")
+        [c_q, c_r] = await j.claim("router-a", count=2, min_idle_ms=10_000)
+        assert await j.set_running(running, "router-a")
+        assert await j.cancel(queued, "other") is None  # another tenant's: unknown to this one
+        assert await j.cancel(queued, "acme") == "queued"
+        assert await j.cancel(running, "acme") == "running"
+        assert await j.statuses([queued, running, "nope"]) == {"q": "cancelled", "r": "cancelled", "nope": None}
+        assert not await j.set_running(queued, "router-a")  # claimed before the cancel: not started
+        assert await j.pending_count() == 0  # both entries left the stream
+        assert await j.cancel(running, "acme") == "cancelled"  # ended: nothing more to cancel
+        await j.finish_cancelled(running, c_r.entry_id, {"text": "par"})
+        s = await j.get(running, "acme")
+        assert s.status == "cancelled" and s.result == {"text": "par"}  # type: ignore[union-attr]
+        assert 0 < await st.client.pttl(st.key("batch", "job", running)) <= 86_400_000
+        await st.close()
+
+    asyncio.run(main())
