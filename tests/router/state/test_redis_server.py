@@ -76,6 +76,32 @@ def test_a_server_that_was_killed_is_revived_on_its_port() -> None:
         srv.stop()
 
 
+def test_revive_tries_again_after_a_failed_restart() -> None:
+    """The port was briefly taken when it restarted: the next round must try again (it saw
+    ``proc is None`` as "running" and never did), and a stopped server is left stopped."""
+    import signal
+
+    srv = EmbeddedRedis(startup_timeout_s=2.0).start()
+    try:
+        port = srv.port
+        os.kill(srv.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        srv.proc.wait()  # type: ignore[union-attr]
+        squatter = socket.socket()
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        try:
+            with pytest.raises(RedisServerError):
+                srv.revive()
+        finally:
+            squatter.close()
+        assert srv.revive() == -signal.SIGKILL and srv.running and srv.port == port and _ping(port)
+        srv.stop()
+        assert srv.revive() is None and not srv.running
+    finally:
+        srv.stop()
+
+
 def test_data_dir_enables_appendonly_and_survives_restart(tmp_path: Path) -> None:
     with EmbeddedRedis(data_dir=tmp_path / "redis") as srv:
         port = srv.port
