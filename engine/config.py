@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 
-def _positive(name: str, value: int) -> None:
+# The runner keeps per-sequence buffers of max_num_seqs rows (token ids: max_model_len + 1 each), so
+# an absurd value fails far from the flag (a numpy allocation error); far above any real batch.
+MAX_NUM_SEQS = 65536
+# torch.set_num_threads(100000) crashes the process (libgomp fails, or a segfault). The bound is
+# loose on purpose: a config built on a small head node may run on a bigger worker host.
+_MIN_THREAD_LIMIT = 1024
+
+
+def _positive(name: str, value: int, at_most: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if at_most is not None and value > at_most:
+        raise ValueError(f"{name} must be at most {at_most}, got {value}")
+
+
+def max_num_threads() -> int:
+    """The most torch threads an engine may ask for: 4 per CPU of this machine, at least 1024."""
+    return max(_MIN_THREAD_LIMIT, 4 * (os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
@@ -39,7 +55,7 @@ class SchedulerConfig:
     defer_for_shared_prefix: bool = True
 
     def __post_init__(self) -> None:
-        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_num_seqs", self.max_num_seqs, MAX_NUM_SEQS)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("static_batch_size", self.static_batch_size)
         if self.prefill_token_budget is not None:
@@ -101,4 +117,4 @@ class EngineConfig:
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
         if self.num_threads is not None:
-            _positive("num_threads", self.num_threads)
+            _positive("num_threads", self.num_threads, max_num_threads())

@@ -58,6 +58,9 @@ def test_generate_chat_on_default_model(default_model_dir):
         (["--frequency-penalty", "3"], "frequency_penalty"),
         (["--repetition-penalty", "0"], "repetition_penalty"),
         (["--device", "foo"], "device must be auto, cpu, cuda or cuda:N"),
+        (["--max-num-seqs", "10000000"], "max_num_seqs must be at most 65536"),  # was a numpy MemoryError
+        (["--threads", "100000"], "num_threads must be at most"),  # was a segfault
+        (["--threads", "20000"], "num_threads must be at most"),  # was a libgomp failure
     ],
 )
 def test_bad_parameters_give_a_clear_error(tiny_model_dir, args, needle):
@@ -83,3 +86,200 @@ def test_generate_through_the_pools_matches_the_engine(tiny_model_dir):
     assert local.returncode == 0 and pooled.returncode == 0, pooled.stderr[-2000:]
     assert [json.loads(x)["token_ids"] for x in pooled.stdout.splitlines()] == \
         [json.loads(x)["token_ids"] for x in local.stdout.splitlines()]
+
+
+# ---- baton chat, and the errors an audit found as tracebacks ----------------------------------------
+
+
+def chat(model_dir, stdin: bytes, *args, env=None):
+    return subprocess.run([sys.executable, "-m", "baton", "chat", "--model", str(model_dir), *args], input=stdin,
+                          capture_output=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def _copy_model(src: Path, dst: Path, drop: str | None = None) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(drop) if drop else None)
+    return dst
+
+
+def test_chat_skips_a_message_longer_than_the_context_and_goes_on(tiny_model_dir):
+    r = chat(tiny_model_dir, ("word " * 40 + "\nhi\n").encode(), "--max-tokens", "8", "--max-model-len", "32")
+    err = r.stderr.decode()
+    assert r.returncode == 0 and "Traceback" not in err, err  # was: a max_tokens error ended the session
+    assert "message too long (" in err and "context 32); not sent" in err
+    assert r.stdout.decode().count("model> ") == 1  # the next message got its reply
+
+
+@pytest.mark.parametrize("stdin_errors", ["surrogateescape", "strict"])  # C.UTF-8 and other UTF-8 locales
+def test_chat_skips_a_line_that_is_not_utf8(tiny_model_dir, stdin_errors):
+    r = chat(tiny_model_dir, b"\xffhi\nsecond\n", "--max-tokens", "4",
+             env={"PYTHONIOENCODING": f"utf-8:{stdin_errors}"})
+    err = r.stderr.decode()
+    assert r.returncode == 0 and "not valid UTF-8 text; not sent" in err and "surrogate" not in err, err
+    assert r.stdout.decode().count("model> ") == 1
+
+
+def test_chat_skips_a_message_the_template_rejects(tiny_model_dir, tmp_path):
+    model = _copy_model(tiny_model_dir, tmp_path / "m")
+    (model / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m['content'] == 'bad' %}{{ raise_exception('no bad words') }}{% endif %}"
+        "{{ m['content'] }}{% endfor %}")
+    r = chat(model, b"bad\nfine\n", "--max-tokens", "4")
+    err = r.stderr.decode()
+    assert r.returncode == 0 and "messages: chat template error: no bad words; not sent" in err, err
+    assert r.stdout.decode().count("model> ") == 1
+
+
+def test_chat_keeps_the_system_message_when_starting_over(tiny_model_dir, monkeypatch):
+    import io
+
+    from baton.cli import main
+    from engine.model.tokenizer import Tokenizer
+
+    sent = []
+    encode_chat = Tokenizer.encode_chat
+
+    def record(self, messages, *a, **k):
+        ids = encode_chat(self, messages, *a, **k)
+        sent.append(([m["role"] for m in messages], len(ids)))
+        return ids
+
+    monkeypatch.setattr(Tokenizer, "encode_chat", record)
+    monkeypatch.setattr("sys.stdin", io.StringIO("one two three four\nfive six seven eight nine\n"))
+    assert main(["chat", "--model", str(tiny_model_dir), "--system", "be brief", "--max-tokens", "8",
+                 "--max-model-len", "48", "--ignore-eos"]) == 0
+    # the second turn does not fit with the history, so it starts over: with the system message
+    assert sent[-2][0] == ["system", "user", "assistant", "user"] and sent[-2][1] >= 48
+    assert sent[-1][0] == ["system", "user"]
+
+
+def test_ctrl_c_stops_the_reply_not_the_chat(tiny_model_dir):
+    import pty
+    import select
+    import signal
+    import time
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "baton", "chat", "--model", str(tiny_model_dir), "--ignore-eos",
+                          "--max-tokens", "4000"], stdin=slave, stdout=slave, stderr=slave, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
+    os.close(slave)
+    seen = b""
+
+    def read_until(needle: bytes, after: int, timeout: float = 120) -> int:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while seen.find(needle, after) < 0:
+            assert time.monotonic() < deadline and p.poll() is None, seen.decode(errors="replace")[-2000:]
+            if select.select([master], [], [], 0.1)[0]:
+                try:
+                    seen += os.read(master, 65536)
+                except OSError:  # the child closed the terminal
+                    pass
+        return seen.find(needle, after) + len(needle)
+
+    try:
+        at = read_until(b"you> ", 0)
+        os.write(master, b"hello\n")
+        at = read_until(b"model> ", at)
+        read_until(b" ", at)  # the reply is streaming (4000 tokens: seconds from done)
+        os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: SIGINT to the foreground group
+        at = read_until(b"you> ", at)  # the reply stopped and the chat asks for the next message
+        os.write(master, b"\n")  # an empty line ends the session
+        assert p.wait(timeout=60) == 0
+        assert b"Traceback" not in seen and b"interrupted" not in seen
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+        os.close(master)
+
+
+def test_ctrl_c_aborts_the_request_and_keeps_the_partial_reply(tiny_model_dir, monkeypatch, capsys):
+    import io
+    import signal
+
+    from baton.cli import main
+    from engine.engine import LLMEngine
+    from engine.model.tokenizer import Tokenizer
+
+    sent, aborted, steps = [], [], []
+    encode_chat, step, abort = Tokenizer.encode_chat, LLMEngine.step, LLMEngine.abort
+
+    def record(self, messages, *a, **k):
+        sent.append([dict(m) for m in messages])
+        return encode_chat(self, messages, *a, **k)
+
+    def step_then_ctrl_c(self):
+        steps.append(1)
+        out = step(self)
+        if len(steps) == 4:  # the first reply is a few tokens along
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(Tokenizer, "encode_chat", record)
+    monkeypatch.setattr(LLMEngine, "step", step_then_ctrl_c)
+    monkeypatch.setattr(LLMEngine, "abort", lambda self, rid: aborted.append(rid) or abort(self, rid))
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello\nsecond\n"))
+    assert main(["chat", "--model", str(tiny_model_dir), "--max-tokens", "20", "--ignore-eos"]) == 0
+    assert len(aborted) == 1
+    assert len(steps) == 4 + 20  # the second reply ran to its max_tokens: nothing of the first was left over
+    partial = sent[-1][1]
+    assert sent[-1][0]["content"] == "hello" and partial["role"] == "assistant" and sent[-1][2]["content"] == "second"
+    assert partial["content"] and partial["content"] in capsys.readouterr().out  # kept as shown
+
+
+def test_chat_without_a_tokenizer_or_a_template_says_so_before_reading_input(tiny_model_dir, tmp_path):
+    r = chat(_copy_model(tiny_model_dir, tmp_path / "notok", drop="tokenizer.json"), b"hi\n")
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "has no tokenizer" in err and "Traceback" not in err, err
+    notmpl = _copy_model(tiny_model_dir, tmp_path / "notmpl")
+    cfg = json.loads((notmpl / "tokenizer_config.json").read_text())
+    del cfg["chat_template"]
+    (notmpl / "tokenizer_config.json").write_text(json.dumps(cfg))
+    r = chat(notmpl, b"hi\n")
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "you> " not in r.stdout.decode(), err
+    assert "no chat template" in err and "baton generate" in err and "completions API" not in err
+    r = baton("generate", "--model", str(notmpl), "--chat", "--prompt", "hi")
+    assert r.returncode == 2 and "no chat template" in r.stderr and "without --chat" in r.stderr
+    assert "completions API" not in r.stderr
+
+
+@pytest.mark.parametrize("value, rc", [("debug", 0), ("Info", 0), ("CRITICAL", 0), ("", 0), ("verbose", 2)])
+def test_log_level_from_the_environment(value, rc):
+    r = subprocess.run([sys.executable, "-m", "baton", "config", "--print-defaults"], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "BATON_LOG_LEVEL": value})
+    assert r.returncode == rc and "Traceback" not in r.stderr, r.stderr
+    if rc:
+        assert r.stderr.strip() == ("baton: error: BATON_LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, "
+                                    "CRITICAL (any case), got 'verbose'")
+    r = baton("--log-level", "debug", "config", "--print-defaults")
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_closed_output_pipe_ends_quietly(tiny_model_dir):
+    p = subprocess.Popen([sys.executable, "-m", "baton", "generate", "--model", str(tiny_model_dir), "--prompt", "a",
+                          "--prompt", "b", "--max-tokens", "2", "--json"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p.stdout.close()  # like `| true`: the reader is gone before the first line
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=300) == 141 and err == "", err  # was: "baton: error: [Errno 32] Broken pipe", rc 2
+
+
+def test_out_of_memory_is_one_line(monkeypatch, capsys):
+    import numpy as np
+
+    from baton import cli
+    from baton.commands import config_cmd
+
+    def huge(args):
+        return np.zeros((1 << 22, 1 << 22), dtype=np.int64)  # 128 TiB: numpy's _ArrayMemoryError
+
+    monkeypatch.setattr(config_cmd, "run", huge)
+    assert cli.main(["config", "--print-defaults"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("baton: error: out of memory (") and "max_num_seqs" in err and err.count("\n") == 1

@@ -123,3 +123,29 @@ def test_triton_attention_on_a_cpu_without_the_interpreter_is_named(monkeypatch)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="attention_backend=triton runs on CUDA"):  # was triton's "0 active drivers"
         select_backend(torch.device("cpu"), "triton")
+
+
+def test_config_check_resolves_the_redis_password(tmp_path, capsys, monkeypatch):
+    from baton.cli import main
+
+    path = tmp_path / "baton.yaml"
+    path.write_text("redis: {password: {env: BATON_TEST_MISSING_PASSWORD}}\n")
+    monkeypatch.delenv("BATON_TEST_MISSING_PASSWORD", raising=False)
+    assert main(["config", "--check", str(path)]) == 2  # was: approved, and `baton up` failed later
+    assert "redis.password: environment variable BATON_TEST_MISSING_PASSWORD is not set" in capsys.readouterr().err
+    monkeypatch.setenv("BATON_TEST_MISSING_PASSWORD", "pw")
+    assert main(["config", "--check", str(path)]) == 0
+
+
+def test_engine_limits_that_crashed_the_process():
+    import os
+
+    from engine.config import EngineConfig, SchedulerConfig
+
+    with pytest.raises(ValueError, match="max_num_seqs must be at most 65536, got 10000000"):
+        SchedulerConfig(max_num_seqs=10_000_000)  # was a numpy allocation error far from the flag
+    SchedulerConfig(max_num_seqs=65536)
+    for threads in (20_000, 100_000):  # were a libgomp failure and a segfault
+        with pytest.raises(ValueError, match=f"num_threads must be at most .*got {threads}"):
+            EngineConfig(num_threads=threads)
+    EngineConfig(num_threads=max(1024, 4 * (os.cpu_count() or 1)))  # loose: a worker host may be bigger

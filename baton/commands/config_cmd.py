@@ -27,6 +27,8 @@ def run(args: argparse.Namespace) -> int:
     from baton.config import load_config
 
     cfg = load_config(args.check)
-    cfg.lane_policy()  # resolves secret references: a missing env var fails here, naming the field
+    # Resolve every secret reference, as `baton up` will: a missing env var or file fails here, naming the field.
+    cfg.lane_policy()
+    cfg.redis_password()
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
     return 0

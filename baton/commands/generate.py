@@ -79,7 +79,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def require_chat_template(tok, model, command: str) -> None:
+    """Fail before any prompt is read when ``command`` cannot render chat messages for ``model``.
+
+    Checked here because the tokenizer's own message speaks to HTTP clients (the completions API).
+    """
+    if tok is None:
+        raise ValueError(f"{command}: model {str(model)!r} has no tokenizer (tokenizer.json); it needs one")
+    if not tok.has_chat_template:
+        raise ValueError(f"{command}: model {str(model)!r} has no chat template (none in tokenizer_config.json "
+                         "or chat_template.jinja); use `baton generate --prompt TEXT` without --chat for raw text")
+
+
 def _encode(tok, args: argparse.Namespace) -> list[list[int]]:
+    if args.chat:
+        require_chat_template(tok, args.model, "baton generate --chat")
     if tok is None:
         raise ValueError(f"model {args.model!r} has no tokenizer; text prompts need one")
     return [tok.encode_chat([{"role": "user", "content": p}]) if args.chat else tok.encode(p) for p in args.prompt]

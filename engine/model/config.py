@@ -79,6 +79,8 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, cfg: dict, source: str = "config.json") -> ModelConfig:
         archs = cfg.get("architectures") or []
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            raise ModelLoadError(f"{source}: architectures must be a list of strings, got {archs!r}")
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
             model_type = cfg.get("model_type")
@@ -127,9 +129,11 @@ class ModelConfig:
     def from_file(cls, path: str | Path) -> ModelConfig:
         path = Path(path)
         try:
-            cfg = json.loads(path.read_text())
+            cfg = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ModelLoadError(f"{path}: not found (a model directory needs config.json)") from None
+        except UnicodeDecodeError as e:
+            raise ModelLoadError(f"{path}: not UTF-8 text ({e})") from None
         except json.JSONDecodeError as e:
             raise ModelLoadError(f"{path}: invalid JSON ({e})") from None
         if not isinstance(cfg, dict):

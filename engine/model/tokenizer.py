@@ -82,12 +82,13 @@ class Tokenizer:
                 backend, special, bool(cfg.get("add_bos_token")), bool(cfg.get("add_eos_token"))
             )
 
-        template: str | Mapping[str, str] | None = cfg.get("chat_template")
-        if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
-            template = {t["name"]: t["template"] for t in template if isinstance(t, dict)}
+        template = _chat_template(cfg.get("chat_template"), path / TOKENIZER_CONFIG_FILE)
         template_file = path / CHAT_TEMPLATE_FILE
         if template_file.is_file():
-            template = template_file.read_text(encoding="utf-8")
+            try:
+                template = template_file.read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise ModelLoadError(f"{template_file}: not UTF-8 text ({e})") from None
         eos = gen.get("eos_token_id")
         eos_list = eos if isinstance(eos, list) else [eos]
         gen_eos = [e for e in eos_list if isinstance(e, int) and not isinstance(e, bool)]
@@ -338,6 +339,19 @@ def _token_content(value: Any) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
+
+
+def _chat_template(value: object, source: Path) -> str | dict[str, str] | None:
+    """tokenizer_config.json's chat_template: a string, or ``[{"name": ..., "template": ...}, ...]``
+    (transformers' named templates). Anything else would fail only when a chat request renders it."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(
+        isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str) for t in value
+    ):
+        return {t["name"]: t["template"] for t in value}
+    raise ModelLoadError(f"{source}: chat_template must be a string or a list of {{name, template}} objects "
+                         f"with string values, got {value!r:.80}")
 
 
 def _read_json(path: Path) -> dict:

@@ -54,7 +54,7 @@ def weight_files(model_dir: Path) -> list[tuple[Path, set[str] | None]]:
             weight_map = index["weight_map"]
             if not isinstance(weight_map, dict):
                 raise TypeError("weight_map is not an object")
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ModelLoadError(f"{index_path}: invalid JSON ({e})") from None
         except (KeyError, TypeError) as e:
             raise ModelLoadError(f"{index_path}: malformed index ({e})") from None
@@ -149,14 +149,35 @@ def _check_header(path: Path) -> None:
         raise ModelLoadError(f"{path}: corrupt safetensors header (not valid JSON: {e})") from None
     if not isinstance(header, dict):
         raise ModelLoadError(f"{path}: corrupt safetensors header (not a JSON object)")
-    data_end = max(
-        (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)),
-        default=0,
-    )
+    data_end = max((_entry_end(path, k, v) for k, v in header.items() if k != "__metadata__"), default=0)
     if 8 + header_len + data_end > size:
         raise ModelLoadError(
             f"{path}: truncated safetensors file ({size} bytes, header describes {8 + header_len + data_end})"
         )
+
+
+def _entry_end(path: Path, name: str, entry: object) -> int:
+    """Where one tensor's data ends, after checking its header entry has the fields safetensors needs
+    (safe_open's own complaint would not name the file)."""
+
+    def bad(what: str) -> ModelLoadError:
+        return ModelLoadError(f"{path}: corrupt safetensors header (tensor {name!r}: {what})")
+
+    def is_index(x: object) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+    if not isinstance(entry, dict):
+        raise bad("not a JSON object")
+    if not isinstance(entry.get("dtype"), str):
+        raise bad(f"dtype must be a string, got {entry.get('dtype')!r}")
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or not all(is_index(d) for d in shape):
+        raise bad(f"shape must be a list of non-negative integers, got {shape!r}")
+    offsets = entry.get("data_offsets")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_index(o) for o in offsets)
+            and offsets[0] <= offsets[1]):
+        raise bad(f"data_offsets must be [begin, end] with integers 0 <= begin <= end, got {offsets!r}")
+    return offsets[1]
 
 
 def write_safetensors(
