@@ -35,13 +35,21 @@ def served_name(cfg: BatonConfig) -> str:
 
 
 def with_password(url: str, password: str | None) -> str:
-    """``redis://host:port/db`` with the password in it (unless it already carries credentials)."""
-    if not password or "@" in url:
+    """``url`` (``redis://``, ``rediss://`` or ``unix://``) with ``password`` (percent-quoted) in its
+    userinfo, unless the URL already carries a password there or as ``?password=``:
+    ``redis://host:6379/0`` -> ``redis://:PW@host:6379/0``; a username is kept,
+    ``redis://user@host:6379/0`` -> ``redis://user:PW@host:6379/0``;
+    ``unix:///run/redis.sock`` -> ``unix://:PW@/run/redis.sock`` (as redis-py parses it)."""
+    if not password:
         return url
-    from urllib.parse import quote
+    from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://:{quote(password, safe='')}@{rest}"
+    parts = urlsplit(url)
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    username, _, existing = userinfo.partition(":")
+    if existing or "password" in parse_qs(parts.query):
+        return url
+    return urlunsplit(parts._replace(netloc=f"{username}:{quote(password, safe='')}@{hostport}"))
 
 
 class RouterFrontend:

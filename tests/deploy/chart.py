@@ -21,6 +21,11 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "baton"
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 BAD_VALUES = Path(__file__).resolve().parent / "bad_values"
+# bad values files the schema accepts but the chart's checks (templates/_helpers.tpl,
+# "baton.validate") refuse: file stem -> words the rendering error must contain.
+RENDER_BAD_VALUES = {
+    "same_router_ports": "router.ports.http and router.ports.grpc are both 8000",
+}
 
 # The values files shipped with the chart, by variant name; "default" is values.yaml alone.
 VALUES_FILES: dict[str, list[Path]] = {
@@ -163,7 +168,7 @@ def manifest_errors(doc: dict) -> list[str]:
     if key in CRD_SCHEMAS:
         validator = _crd_validator(CRD_SCHEMAS[key])
         return [f"{where}: {'.'.join(str(p) for p in e.absolute_path)}: {e.message}"
-                for e in validator.iter_errors(doc)]
+                for e in validator.iter_errors(doc)] + kuberay_errors(doc)
     import kubernetes_validate
 
     try:
@@ -173,6 +178,26 @@ def manifest_errors(doc: dict) -> list[str]:
     except kubernetes_validate.SchemaNotFoundError as e:
         return [f"{where}: no schema: {e.message}"]
     return []
+
+
+def kuberay_errors(doc: dict) -> list[str]:
+    """Rules KubeRay's own validation (ValidateRayClusterSpec) applies beyond the CRD schema, for a
+    RayCluster or a RayJob's rayClusterSpec; KubeRay refuses to reconcile a cluster that breaks one.
+    - a worker group's idleTimeoutSeconds needs autoscaler v2 (autoscalerOptions.version: v2, or
+      RAY_ENABLE_AUTOSCALER_V2 in the head's Ray container before KubeRay 1.4)."""
+    key = (doc.get("apiVersion"), doc.get("kind"))
+    spec = doc.get("spec") or {}
+    if key == ("ray.io/v1", "RayJob"):
+        spec = spec.get("rayClusterSpec") or {}
+    elif key != ("ray.io/v1", "RayCluster"):
+        return []
+    where = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+    head_containers = (((spec.get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}).get("containers") or [{}]
+    head_env = {e.get("name"): e.get("value") for e in head_containers[0].get("env") or []}
+    v2 = ((spec.get("autoscalerOptions") or {}).get("version") == "v2"
+          or head_env.get("RAY_ENABLE_AUTOSCALER_V2") in ("1", "true"))
+    return [f"{where}: worker group {g.get('groupName')}: idleTimeoutSeconds is set, but autoscaler v2 is not enabled"
+            for g in spec.get("workerGroupSpecs") or [] if g.get("idleTimeoutSeconds") is not None and not v2]
 
 
 # -- selecting rendered objects --------------------------------------------------------------------

@@ -17,11 +17,13 @@ from tests.deploy.chart import (
     BAD_VALUES,
     CHART,
     RELEASE,
+    RENDER_BAD_VALUES,
     VALUES_FILES,
     baton_config,
     by_kind,
     env_of,
     helm,
+    kuberay_errors,
     manifest_errors,
     one,
     ray_container,
@@ -46,6 +48,7 @@ VARIANTS = {
     "gpu": (GPU, ()),
     "cpu-rayjob": (CPU, ("launcher.mode=rayjob",)),
     "gpu-rayjob-autoscaling": (GPU, ("launcher.mode=rayjob", "autoscaling.enabled=true")),
+    "cpu-autoscaling": (CPU, ("autoscaling.enabled=true", "router.minReplicas=1", "router.maxReplicas=3")),
     "external-redis": (CPU, EXTERNAL_REDIS),
     "ingress-servicemonitor": ([], ("ingress.enabled=true", "ingress.className=nginx",
                                     "serviceMonitor.enabled=true", "serviceMonitor.labels.release=prom")),
@@ -114,6 +117,12 @@ def test_the_validators_catch_errors():
     job = one(render(CPU, ("launcher.mode=rayjob",)), "RayJob")
     del job["spec"]["clusterSelector"]
     assert any("rayClusterSpec" in e for e in manifest_errors(job))
+    # KubeRay's own validation: a per-group idle timeout without autoscaler v2
+    rc = raycluster(docs_for("cpu-autoscaling"))
+    rc["spec"]["workerGroupSpecs"][0]["idleTimeoutSeconds"] = 60
+    assert any("autoscaler v2 is not enabled" in e for e in manifest_errors(rc))
+    rc["spec"]["autoscalerOptions"]["version"] = "v2"
+    assert kuberay_errors(rc) == []
 
 
 # -- Baton's config --------------------------------------------------------------------------------
@@ -261,21 +270,51 @@ def test_router_probes():
     assert ports == {"http": 8000, "grpc": 50051}
     assert router["startupProbe"]["grpc"] == {"port": 50051}
     assert router["startupProbe"]["periodSeconds"] * router["startupProbe"]["failureThreshold"] >= 600
-    assert router["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert router["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
 
 
-@pytest.mark.parametrize("kind", ["readiness", "liveness", "none"])
+@pytest.mark.parametrize("variant", ["default", "cpu", "gpu"])
+def test_router_liveness_does_not_depend_on_baton_serving(variant):
+    """Baton's router serves only while a job runs: a liveness probe on /health or gRPC health would
+    restart the router containers (and their Ray nodes) after every job stop or crash. The router
+    container declares none, so KubeRay gives it its Ray node (raylet) liveness check."""
+    router = ray_container(groups(docs_for(variant))["router"])
+    assert "livenessProbe" not in router
+    assert {"startupProbe", "readinessProbe"} <= set(router)
+
+
+@pytest.mark.parametrize("kind", ["readiness", "none"])
 def test_router_grpc_health_probe_is_selectable(kind):
     router = ray_container(groups(render([], (f"router.probes.grpc={kind}",)))["router"])
     assert router["startupProbe"]["httpGet"]["path"] == "/health"
-    probes = {"readiness": router["readinessProbe"], "liveness": router["livenessProbe"]}
-    for name, probe in probes.items():
-        if name == kind:
-            assert probe["grpc"] == {"port": 50051}
-        else:
-            assert "grpc" not in probe
-            assert probe["httpGet"]["path"] == {"readiness": "/ready", "liveness": "/health"}[name]
+    assert "livenessProbe" not in router
+    if kind == "readiness":
+        assert router["readinessProbe"]["grpc"] == {"port": 50051}
+    else:
+        assert "grpc" not in router["readinessProbe"]
+        assert router["readinessProbe"]["httpGet"]["path"] == "/ready"
+
+
+@pytest.mark.parametrize("variant", ["cpu-autoscaling", "gpu-rayjob-autoscaling"])
+def test_autoscaling_sets_the_idle_timeout_once_for_autoscaler_v1(variant):
+    """KubeRay refuses a worker group's idleTimeoutSeconds unless autoscaler v2 is enabled; the chart
+    runs v1 and sets the idle timeout in autoscalerOptions, which applies to every group."""
+    docs = docs_for(variant)
+    spec = raycluster(docs)["spec"]
+    assert spec["enableInTreeAutoscaling"] is True
+    assert spec["autoscalerOptions"]["idleTimeoutSeconds"] == 60
+    assert spec["autoscalerOptions"].get("version", "v1") == "v1"
+    for name, group in groups(docs).items():
+        assert "idleTimeoutSeconds" not in group, name
+    g = groups(docs)
+    if variant == "cpu-autoscaling":
+        assert (g["router"]["replicas"], g["router"]["minReplicas"], g["router"]["maxReplicas"]) == (1, 1, 3)
+
+
+def test_autoscaling_idle_timeout_follows_values():
+    rc = raycluster(render(CPU, ("autoscaling.enabled=true", "autoscaling.idleTimeoutSeconds=300")))
+    assert rc["spec"]["autoscalerOptions"]["idleTimeoutSeconds"] == 300
+    assert not [g["groupName"] for g in rc["spec"]["workerGroupSpecs"] if "idleTimeoutSeconds" in g]
 
 
 def test_worker_pods_keep_kuberays_probes():
@@ -434,6 +473,10 @@ HELM_BAD_CASES = {
     "inline_secret": r"(api_key: Additional property value is not allowed|additional properties 'value' not allowed)",
     "chart_owned_key": r"(baton\.router: Additional property replicas is not allowed|additional properties 'replicas' not allowed)",
     "bad_launcher_mode": r"launcher[./]mode",
+    "block_size_not_power_of_two": r"baton[./]engine[./]block_size'?: .*(must be one of the following|value must be one of)",
+    "numeric_image_tag": r"image[./]tag'?: (Invalid type\. Expected: string, given: number|got number, want string)",
+    "numeric_redis_tag": r"redis[./]image[./]tag'?: (Invalid type\. Expected: string, given: number|got number, want string)",
+    "grpc_liveness_probe": r"router[./]probes[./]grpc'?: .*(must be one of the following|value must be one of)",
 }
 
 
@@ -445,7 +488,27 @@ def test_helm_rejects_bad_values_with_a_readable_message(case):
     assert re.search(HELM_BAD_CASES[case], proc.stderr), proc.stderr
 
 
+@pytest.mark.parametrize("case", sorted(RENDER_BAD_VALUES))
+def test_chart_rejects_bad_values_files_the_schema_lets_through(case):
+    proc = helm(*template_args([BAD_VALUES / f"{case}.yaml"]), check=False)
+    assert proc.returncode != 0
+    assert "values don't meet the specifications of the schema" not in proc.stderr, proc.stderr
+    assert RENDER_BAD_VALUES[case] in proc.stderr, proc.stderr
+
+
+def test_numeric_tags_never_render_as_go_format_errors():
+    """Quoted, a numeric-looking tag renders as written (the schema refuses it unquoted)."""
+    text = render_text([], ("image.tag=1.10", "redis.image.tag=7.4"))  # --set keeps 1.10 a string
+    assert "%!" not in text
+    assert "image: ghcr.io/baton-llm/baton:1.10" in text
+    assert "redis:7.4" in text
+    proc = helm(*template_args(set_jsons=("image.tag=1.1",)), check=False)
+    assert proc.returncode != 0 and "image" in proc.stderr and "tag" in proc.stderr
+
+
 @pytest.mark.parametrize("sets,message", [
+    (("router.ports.grpc=8000",), "router.ports.http and router.ports.grpc are both 8000"),
+    (("router.ports.http=9000", "router.ports.grpc=9000"), "router.ports.http and router.ports.grpc are both 9000"),
     (("router.minReplicas=3",), "router.minReplicas (3) is larger than router.replicas (2)"),
     (("decode.maxReplicas=0",), "decode.maxReplicas (0) is smaller than decode.replicas (1)"),
     (("model.source=pvc",), "model.source is pvc but model.pvc.claimName is empty"),

@@ -15,7 +15,17 @@ import yaml
 from pydantic import BaseModel
 
 from baton.config import BatonConfig
-from tests.deploy.chart import BAD_VALUES, CHART, ROOT, VALUES_FILES, values_errors, values_for, values_schema
+from tests.deploy.chart import (
+    BAD_VALUES,
+    CHART,
+    RENDER_BAD_VALUES,
+    ROOT,
+    VALUES_FILES,
+    merge_values,
+    values_errors,
+    values_for,
+    values_schema,
+)
 
 # The Baton config keys the chart sets itself (templates/_helpers.tpl, "baton.config").
 CHART_OWNED = {
@@ -34,6 +44,10 @@ BAD_CASES = {
     "inline_secret": ("baton.tenants.0.api_key", "is not valid under any of the given schemas"),
     "chart_owned_key": ("baton.router", "'replicas' was unexpected"),
     "bad_launcher_mode": ("launcher.mode", "is not one of ['head', 'rayjob']"),
+    "block_size_not_power_of_two": ("baton.engine.block_size", "24 is not one of [1, 2, 4, 8, 16,"),
+    "numeric_image_tag": ("image.tag", "1.1 is not of type 'string'"),
+    "numeric_redis_tag": ("redis.image.tag", "7.4 is not of type 'string'"),
+    "grpc_liveness_probe": ("router.probes.grpc", "is not one of ['startup', 'readiness', 'none']"),
 }
 
 
@@ -51,7 +65,43 @@ def test_bad_values_are_rejected_by_the_schema(case):
 
 
 def test_every_bad_values_file_has_a_case():
-    assert {p.stem for p in BAD_VALUES.glob("*.yaml")} == set(BAD_CASES)
+    assert {p.stem for p in BAD_VALUES.glob("*.yaml")} == set(BAD_CASES) | set(RENDER_BAD_VALUES)
+    assert not set(BAD_CASES) & set(RENDER_BAD_VALUES)
+
+
+@pytest.mark.parametrize("case", sorted(RENDER_BAD_VALUES))
+def test_render_time_bad_values_pass_the_schema(case):
+    """These are refused by the chart's templates (test_chart_render), not by the schema."""
+    assert values_errors(values_for([BAD_VALUES / f"{case}.yaml"])) == []
+
+
+def test_block_size_enum_is_what_baton_accepts():
+    """The schema lists the block sizes Baton accepts (powers of two), up to its largest entry."""
+    from pydantic import ValidationError
+
+    from baton.config import EngineSection
+
+    enum = values_schema()["properties"]["baton"]["properties"]["engine"]["properties"]["block_size"]["enum"]
+    assert EngineSection().block_size in enum
+    accepted = []
+    for n in range(-1, max(enum) + 1):
+        try:
+            EngineSection(block_size=n)
+        except ValidationError:
+            continue
+        accepted.append(n)
+    assert accepted == sorted(enum)
+
+
+def test_image_tags_are_strings():
+    """A tag YAML reads as a number would render as `repo:%!s(float64=1.1)`; quoted, it passes."""
+    for path, override in (("image.tag", {"image": {"tag": 1.1}}), ("redis.image.tag", {"redis": {"image": {"tag": 7}}})):
+        errors = values_errors(merge_values(values_for([]), override))
+        assert errors and all(e.startswith(f"{path}: ") for e in errors), errors
+    values = values_for([])
+    values["image"]["tag"] = "1.10"
+    values["redis"]["image"]["tag"] = "7.4"
+    assert values_errors(values) == []
 
 
 def _model_of(annotation) -> type[BaseModel] | None:

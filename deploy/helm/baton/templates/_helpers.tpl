@@ -112,6 +112,7 @@ Checks the JSON schema cannot express; each fails with a message naming the valu
 {{- if not $v.redis.url }}{{ fail "redis.mode is external but redis.url is empty: give redis://host:port/db" }}{{ end }}
 {{- if and $v.redis.auth.enabled (not $v.redis.auth.existingSecret) }}{{ fail "redis.mode is external with redis.auth.enabled: name the Secret holding the password in redis.auth.existingSecret (key redis.auth.secretKey)" }}{{ end }}
 {{- else if $v.redis.url }}{{ fail "redis.url is set but redis.mode is bundled: set redis.mode: external to use your own Redis" }}{{ end }}
+{{- if eq (int $v.router.ports.http) (int $v.router.ports.grpc) }}{{ fail (printf "router.ports.http and router.ports.grpc are both %d: the router serves HTTP and gRPC on a port each; give them different ports" (int $v.router.ports.http)) }}{{ end }}
 {{- range $g := list "prefill" "decode" }}
 {{- $p := index $v $g }}
 {{- $gpw := float64 $p.gpusPerWorker }}
@@ -294,7 +295,7 @@ imagePullSecrets:
 {{- toYaml $all }}
 {{- end }}
 
-{{/* The HTTP/gRPC probe handler for the router container: args (dict "root" $ "kind" "startup|liveness|readiness" "path" "/health"). */}}
+{{/* The HTTP/gRPC probe handler for the router container: args (dict "root" $ "kind" "startup|readiness" "path" "/health"). */}}
 {{- define "baton.routerProbe" -}}
 {{- $p := .root.Values.router.probes -}}
 {{- $cfg := index $p .kind -}}
