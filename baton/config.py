@@ -14,7 +14,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.config import MAX_NUM_SEQS, CacheConfig, EngineConfig, SchedulerConfig
 from router.lanes import ClassificationRules, LaneConfig, LanePolicy, TenantConfig, default_lanes
 
 
@@ -60,7 +60,7 @@ class ModelSection(_Model):
 
 class EngineSection(_Model):
     block_size: int = Field(16, ge=1)
-    max_num_seqs: int = Field(256, ge=1)
+    max_num_seqs: int = Field(256, ge=1, le=MAX_NUM_SEQS)
     max_num_batched_tokens: int = Field(2048, ge=16)
     kv_cache_memory_gb: float | None = Field(None, gt=0)
     enable_prefix_caching: bool = True
