@@ -24,6 +24,8 @@ from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.sampling_params import SamplingParams
 
 WORKLOADS = ("anyscale-cpu", "anyscale-cpu-small")
+# The transformers baselines run on CPU in fp32; "auto" would put Baton on a GPU in bf16 on a CUDA host.
+BATON_DEVICE, BATON_DTYPE = "cpu", "float32"
 
 
 @dataclass
@@ -118,11 +120,7 @@ def run_offline(
         raise ValueError(f"repeat must be at least 1, got {repeat}")
     model_dir, requests = model_and_workload(model, workload, n)
     useful = total_output_tokens(requests)
-    base = dict(model=str(model_dir), num_threads=threads, cache=CacheConfig())
-
-    cb_config = EngineConfig(**base, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens))
-    static_config = EngineConfig(**base, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
-                                                                   policy="static", static_batch_size=16))
+    cb_config, static_config = engine_configs(model_dir, threads, max_num_batched_tokens)
     runners: list[tuple[str, str, Callable[[], SystemResult]]] = [
         ("baton-cb", "(a) Baton continuous batching", lambda: run_baton(cb_config, requests, "baton-cb")),
         ("baton-static", "(b) Baton static batching (batches of 16)",
@@ -131,6 +129,7 @@ def run_offline(
     if torch_path_baseline:
         runners.append(("baton-cb-torch-path", "(a0) Baton continuous batching, torch CPU path (no native kernels)",
                         lambda: _without_native_kernels(lambda: run_baton(cb_config, requests, "baton-cb-torch-path"))))
+    hf_model = None
     if include_hf:
         from bench.hf_baselines import load_hf_model, run_hf_continuous, run_hf_static
 
@@ -180,7 +179,8 @@ def run_offline(
         "details": {s.name: s.details for s in systems},
         "repeat": repeat,
         "runs_tok_s": {name: [r.tok_s for r in rs] for name, rs in runs.items()},
-        "machine": machine_info(threads),
+        "machine": {**machine_info(threads), "baton_device": cb_config.device, "baton_dtype": cb_config.dtype,
+                    **hf_device_dtype(hf_model)},
     }
     if torch_path_baseline:
         result["baton_cb_torch_path_tok_s"] = by["baton-cb-torch-path"].tok_s
@@ -189,6 +189,22 @@ def run_offline(
         result["baton_cb_over_hf_cb"] = cb.tok_s / by["hf-cb"].tok_s
         result["baton_cb_over_hf_static"] = cb.tok_s / by["hf-static"].tok_s
     return result
+
+
+def engine_configs(model_dir, threads: int | None, max_num_batched_tokens: int) -> tuple[EngineConfig, EngineConfig]:
+    """Baton's continuous-batching and static-batching configs, pinned to the baselines' device and dtype."""
+    base = dict(model=str(model_dir), num_threads=threads, cache=CacheConfig(), device=BATON_DEVICE, dtype=BATON_DTYPE)
+    cb = EngineConfig(**base, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens))
+    static = EngineConfig(**base, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
+                                                            policy="static", static_batch_size=16))
+    return cb, static
+
+
+def hf_device_dtype(hf_model) -> dict:
+    """Where the transformers baselines ran (None when skipped), read off the loaded model."""
+    if hf_model is None:
+        return {"hf_device": None, "hf_dtype": None}
+    return {"hf_device": str(hf_model.device), "hf_dtype": str(hf_model.dtype).removeprefix("torch.")}
 
 
 def _without_native_kernels(run: Callable[[], SystemResult]) -> SystemResult:

@@ -100,7 +100,7 @@ def _describe(e, unit: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.sim.cli import load_inputs, parse_rates, sim_requests
+    from bench.sim.cli import check_output_file, load_inputs, parse_rates, sim_requests
     from bench.sim.plan import CPU_BUDGETS, GPU_BUDGETS, PlanSpace, search
     from bench.serve.slo import LaneSLO
 
@@ -117,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
         args.duration = max(60.0, min(600.0, 300.0 / rate))
     if not 0 < args.duration < math.inf:
         raise ValueError(f"--duration must be a finite number > 0, got {args.duration}")
+    if args.json:  # before the search, not after it
+        check_output_file("--json", args.json)
     cost, spec, base = load_inputs(args)
     hardware = args.hardware or cost.device
     if hardware != cost.device:

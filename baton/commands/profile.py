@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
 
 
 def add_parser(sub) -> None:
@@ -60,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
 
     from bench.profile.cost_model import CostModel, TransferModel
     from bench.profile.run import ProfileOptions, refit, run_profile, summary
+    from bench.sim.cli import check_output_file
 
+    check_output_file("--out", args.out)  # before the measurements, not after them
     if args.refit:
         cm = refit(CostModel.load(args.refit))
         cm.save(args.out)
@@ -73,9 +74,6 @@ def run(args: argparse.Namespace) -> int:
     _positive("--kv-cache-gb", args.kv_cache_gb)
     _non_negative("--transfer-latency-ms", args.transfer_latency_ms)
     _non_negative("--rpc-ms", args.rpc_ms)
-    out_dir = Path(args.out).resolve().parent
-    if not out_dir.is_dir():  # before the measurements, not after them
-        raise ValueError(f"--out {args.out}: the directory {out_dir} does not exist")
     transfer = None
     if args.transfer_bandwidth_gbps is not None or args.transfer_latency_ms is not None or args.no_ray:
         d = TransferModel()

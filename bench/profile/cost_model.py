@@ -165,8 +165,12 @@ class CostModel:
     def save(self, path: str | Path) -> None:
         p = Path(path)
         tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        tmp.replace(p)  # a reader never sees half a file
+        try:
+            tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+            tmp.replace(p)  # a reader never sees half a file
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a failed save (p is a directory, a full disk) leaves no stray file
+            raise
 
     @classmethod
     def from_json(cls, d: object, source: str = "cost model") -> CostModel:

@@ -71,8 +71,14 @@ def _lanes(text: str) -> dict[str, float]:
 def config_from_args(args: argparse.Namespace):
     from bench.serve.runner import RunConfig
     from bench.serve.slo import resolve_slos
-    from bench.serve.workload import Burst, load_workload
+    from bench.serve.workload import Burst, check_non_negative, check_positive, load_workload
 
+    # RunConfig checks these too; here the errors name the flags.
+    if args.rate is not None:
+        check_positive("--rate", args.rate)
+    check_positive("--duration", args.duration)
+    if args.drain is not None:
+        check_non_negative("--drain", args.drain)
     spec = load_workload(args.workload)
     changes: dict = {}
     if args.lanes:

@@ -25,7 +25,8 @@ from bench.serve.records import REQUEST_TIMEOUT, UNFINISHED, RequestRecord
 from bench.serve.server_metrics import MetricsSample, poll
 from bench.serve.slo import LaneSLO, resolve_slos
 from bench.serve.stats import LaneStats, summarize, summarize_by_lane
-from bench.serve.workload import Burst, PlannedRequest, WorkloadSpec, plan_requests, sample_request
+from bench.serve.workload import (Burst, PlannedRequest, WorkloadSpec, check_non_negative, check_positive,
+                                  plan_requests, sample_request)
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,14 @@ class RunConfig:
     def __post_init__(self) -> None:
         if (self.rate is None) == (self.concurrency is None):
             raise ValueError("give exactly one of rate (open loop) and concurrency (closed loop)")
-        if self.rate is not None and not self.rate > 0:
-            raise ValueError(f"rate must be > 0, got {self.rate}")
+        # Finite only: an infinite rate or duration plans requests forever; a negative drain cuts the run short.
+        if self.rate is not None:
+            check_positive("rate", self.rate)
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
-        if not self.duration_s > 0:
-            raise ValueError(f"duration must be > 0, got {self.duration_s}")
+        check_positive("duration", self.duration_s)
+        if self.drain_s is not None:
+            check_non_negative("drain", self.drain_s)
         if not 0 < self.timeout_s < math.inf:
             raise ValueError(f"timeout must be a finite number of seconds > 0, got {self.timeout_s}")
         if not 0 <= self.warmup_s < self.duration_s:

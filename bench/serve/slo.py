@@ -57,6 +57,8 @@ def resolve_slos(lanes: list[str] | tuple[str, ...], overrides: list[str] | tupl
     slos = {lane: DEFAULT_SLOS.get(lane, DEFAULT_SLOS[FALLBACK_LANE]) for lane in lanes}
     for text in overrides:
         lane, fields = parse_slo(text)
-        base = slos.get(lane, DEFAULT_SLOS.get(lane, DEFAULT_SLOS[FALLBACK_LANE]))
+        if lane not in slos:  # a typo would otherwise score the run against the default silently
+            raise ValueError(f"--slo {text!r}: the workload has no lane {lane!r}; its lanes: {', '.join(lanes)}")
+        base = slos[lane]
         slos[lane] = LaneSLO(ttft_s=fields.get("ttft_s", base.ttft_s), tpot_s=fields.get("tpot_s", base.tpot_s))
     return slos

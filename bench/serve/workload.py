@@ -292,6 +292,23 @@ def load_workload(name_or_path: str) -> WorkloadSpec:
 
 
 # -- planning ------------------------------------------------------------------------------------
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_positive(name: str, v: Any) -> float:
+    """``v`` if it is a finite number > 0 (NaN and inf are not), else a ValueError naming ``name``."""
+    if not (_finite(v) and v > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {v}")
+    return v
+
+
+def check_non_negative(name: str, v: Any) -> float:
+    if not (_finite(v) and v >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+    return v
+
+
 @dataclass(frozen=True)
 class Burst:
     """Multiply the arrival rate by ``factor`` during ``[start_s, start_s + length_s)``."""
@@ -301,8 +318,10 @@ class Burst:
     length_s: float
 
     def __post_init__(self) -> None:
-        if not self.factor > 0 or self.start_s < 0 or self.length_s < 0:
-            raise ValueError(f"a burst needs factor > 0, start >= 0, length >= 0; got {self}")
+        # A NaN start or an infinite factor makes plan_requests loop forever: finite values only.
+        check_positive("burst factor", self.factor)
+        check_non_negative("burst start", self.start_s)
+        check_non_negative("burst length", self.length_s)
 
     @staticmethod
     def parse(text: str) -> Burst:
@@ -372,10 +391,9 @@ def plan_requests(spec: WorkloadSpec, rate: float, duration_s: float, seed: int 
     Arrival times and request contents come from two independent seeded streams, so changing the
     rate (or adding a burst) changes when requests arrive but not the sequence of requests sent.
     """
-    if not rate > 0:
-        raise ValueError(f"rate must be > 0, got {rate}")
-    if duration_s < 0:
-        raise ValueError(f"duration must be >= 0, got {duration_s}")
+    # An infinite rate puts every arrival at 0 and an infinite (or NaN) duration never ends: both loop forever.
+    check_positive("rate", rate)
+    check_non_negative("duration", duration_s)
     arrivals_rng = random.Random(f"baton-arrivals:{seed}")
     content_rng = random.Random(f"baton-requests:{seed}")
     shape = spec.gamma_shape

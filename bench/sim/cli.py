@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -47,9 +49,21 @@ def positive_float(name: str, text: str) -> float:
         v = float(text)
     except ValueError:
         raise ValueError(f"{name} must be a number, got {text!r}") from None
-    if not v > 0:
-        raise ValueError(f"{name} must be > 0, got {text!r}")
+    if not 0 < v < math.inf:  # inf would plan every arrival at t=0, forever (NaN fails too)
+        raise ValueError(f"{name} must be a finite number > 0, got {text!r}")
     return v
+
+
+def check_output_file(flag: str, path: str) -> None:
+    """Fail before a long run, not after it, when ``path`` cannot be written."""
+    p = Path(path)
+    parent = p.resolve().parent
+    if p.is_dir():
+        raise ValueError(f"{flag} {path}: is a directory, not a file")
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or p.exists() and not os.access(p, os.W_OK):
+        raise ValueError(f"{flag} {path}: not writable")
 
 
 def parse_rates(text: str) -> list[float]:
@@ -123,10 +137,14 @@ def run(args: argparse.Namespace) -> int:
     from bench.sim.stats import format_summary
 
     rates = parse_rates(args.rate)
-    if not args.duration > 0:
-        raise ValueError(f"--duration must be > 0, got {args.duration}")
+    if not 0 < args.duration < math.inf:
+        raise ValueError(f"--duration must be a finite number > 0, got {args.duration}")
     if not 0 <= args.warmup < args.duration:
         raise ValueError(f"--warmup must be in [0, duration), got {args.warmup}")
+    if not 0 <= args.drain < math.inf:  # a negative drain ends the simulation before the last arrivals
+        raise ValueError(f"--drain must be a finite number >= 0, got {args.drain}")
+    if args.json:
+        check_output_file("--json", args.json)
     cost, spec, cfg = load_inputs(args)
     changes = {}
     if args.prefill_workers is not None:

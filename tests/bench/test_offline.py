@@ -15,6 +15,28 @@ def test_small_offline_bench_reports_all_systems(tiny_model_dir):
     # Greedy, EOS ignored: every system must produce the same tokens for every request.
     assert r["requests_identical_across_systems"] == 6
     assert set(r["seconds"]) == {"baton-cb", "baton-static", "hf-cb", "hf-static"}
+    machine = r["machine"]  # both sides on the same device and dtype, and the JSON says which
+    assert (machine["baton_device"], machine["baton_dtype"]) == (machine["hf_device"], machine["hf_dtype"]) \
+        == ("cpu", "float32")
+
+
+def test_baton_is_pinned_to_the_baselines_cpu_fp32_even_on_a_cuda_host(tiny_model_dir, monkeypatch):
+    import torch
+
+    import bench.offline as offline
+    from engine.model_loader import pick_device, pick_dtype
+
+    seen = []
+    real = offline.run_baton
+    monkeypatch.setattr(offline, "run_baton", lambda cfg, reqs, name: seen.append(cfg) or real(cfg, reqs, name))
+    r = run_offline("anyscale-cpu-small", model=str(tiny_model_dir), n=2, include_hf=False)
+    assert {(c.device, c.dtype) for c in seen} == {("cpu", "float32")}  # was ("auto", "auto"): bf16 on a GPU
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        device = pick_device(seen[0].device)
+        assert (device.type, pick_dtype(seen[0].dtype, device)) == ("cpu", torch.float32)
+    assert {k: r["machine"][k] for k in ("baton_device", "baton_dtype", "hf_device", "hf_dtype")} == {
+        "baton_device": "cpu", "baton_dtype": "float32", "hf_device": None, "hf_dtype": None}
 
 
 def test_repeated_rounds_report_each_systems_median_run(tiny_model_dir):

@@ -109,7 +109,9 @@ def test_plan_cli_prints_the_cheapest_and_the_colocated_configuration(cost_file,
 @pytest.mark.parametrize("args, needle", [
     (["--slo", "ttft=abc,tpot=250"], "baton: error: --slo: ttft must be a number of milliseconds, got 'abc'"),
     (["--slo", "ttft=2000"], "--slo needs both ttft and tpot"),
-    (["--rate", "0"], "--rate must be > 0"),
+    (["--rate", "0"], "--rate must be a finite number > 0"),
+    (["--rate", "inf"], "--rate must be a finite number > 0, got 'inf'"),  # was: hung, eating memory
+    (["--rate", "nan"], "--rate must be a finite number > 0, got 'nan'"),
     (["--rate", "fast"], "--rate must be a number"),
     (["--max-workers", "0"], "--max-workers must be >= 1"),
     (["--gpu"], "was profiled on cpu; run `baton profile` on the target hardware first"),
@@ -155,12 +157,44 @@ def test_sim_cli_runs_rates_and_writes_json(cost_file, tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--rate", "-1"], "--rate must be > 0"),
-    (["--rate", "1", "--duration", "0"], "--duration must be > 0"),
+    (["--rate", "-1"], "--rate must be a finite number > 0"),
+    (["--rate", "inf"], "--rate must be a finite number > 0"),  # was: hung, eating memory
+    (["--rate", "1", "--duration", "0"], "--duration must be a finite number > 0"),
+    (["--rate", "1", "--duration", "inf"], "--duration must be a finite number > 0"),
+    (["--rate", "1", "--duration", "nan"], "--duration must be a finite number > 0"),
+    (["--rate", "1", "--burst", "inf:1:1"], "burst factor must be a finite number > 0"),
+    (["--rate", "1", "--burst", "2:nan:1"], "burst start must be a finite number >= 0"),
+    (["--rate", "1", "--drain", "-5"], "--drain must be a finite number >= 0"),  # was: requests silently dropped
+    (["--rate", "1", "--drain", "nan"], "--drain must be a finite number >= 0"),
+    (["--rate", "1", "--slo", "interactve:ttft=100"], "the workload has no lane 'interactve'; its lanes: interactive"),
+    (["--rate", "1", "--json", "/nonexistent-dir/x.json"], "--json /nonexistent-dir/x.json: the directory"),
     (["--rate", "1", "--decode-workers", "0"], "a cluster needs at least one decode worker"),
     (["--rate", "1", "--workload", "nope"], "unknown workload 'nope'"),
 ])
 def test_sim_cli_errors(cost_file, args, needle):
-    r = run("bench.sim", "--cost-model", str(cost_file), *args)
+    r = run("bench.sim", "--cost-model", str(cost_file), "--duration", "10", *args)
     assert r.returncode == 2, r.stdout + r.stderr
     assert needle in r.stderr and "Traceback" not in r.stderr
+    assert "TTFT" not in r.stdout  # refused before simulating anything
+
+
+@pytest.mark.parametrize("make_out, needle", [
+    (lambda tmp: "/nonexistent-dir/plan.json", "--json /nonexistent-dir/plan.json: the directory /nonexistent-dir "
+                                               "does not exist"),
+    (lambda tmp: str(tmp), "is a directory, not a file"),
+])
+def test_plan_checks_its_json_output_before_the_search(cost_file, tmp_path, make_out, needle):
+    r = run("baton", "plan", "--workload", "fixed", "--rate", "1", "--slo", "ttft=2000,tpot=250",
+            "--cost-model", str(cost_file), "--duration", "10", "--json", make_out(tmp_path))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert "searched" not in r.stdout  # was: the whole search ran, then the write failed
+
+
+def test_parse_rates_refuses_infinite_and_nan_rates():
+    from bench.sim.cli import parse_rates
+
+    assert parse_rates("0.5, 2") == [0.5, 2.0]
+    for bad in ("inf", "1,inf", "nan", "-inf", "1e400"):
+        with pytest.raises(ValueError, match="--rate must be a finite number > 0"):
+            parse_rates(bad)

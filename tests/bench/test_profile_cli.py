@@ -58,6 +58,17 @@ def test_profile_flag_errors(tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
+def test_profile_checks_out_before_measuring(tmp_path):
+    out_dir = tmp_path / "models"
+    out_dir.mkdir()
+    r = baton("profile", "--model", "tiny", "--quick", "--no-ray", "--out", str(out_dir))
+    assert r.returncode == 2 and f"--out {out_dir}: is a directory, not a file" in r.stderr, r.stderr
+    assert "[profile]" not in r.stderr  # nothing measured (was: the whole profile, then a failed rename)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models"]  # and no models.tmp left behind
+    r = baton("profile", "--refit", str(tmp_path / "cm.json"), "--out", str(out_dir))
+    assert r.returncode == 2 and "is a directory, not a file" in r.stderr, r.stderr
+
+
 def test_profile_measures_the_slowdown_next_to_a_busy_worker(tiny_model_dir, tmp_path):
     out = tmp_path / "cm.json"
     r = baton("profile", "--model", str(tiny_model_dir), "--quick", "--no-ray", "--neighbour", "--out", str(out))

@@ -180,3 +180,11 @@ def test_typical_over_fastest_round_trips_and_is_checked():
     assert CostModel.from_json(json.loads(json.dumps(cm.to_json()))).typical_over_fastest == 1.07
     with pytest.raises(CostModelError, match="typical_over_fastest"):
         replace(cm, typical_over_fastest=0.9)
+
+
+def test_a_failed_save_leaves_no_temp_file(tmp_path):
+    target = tmp_path / "cm"
+    target.mkdir()  # the rename onto a directory fails
+    with pytest.raises(OSError):
+        synthetic_cost_model().save(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cm"]  # was: cm.tmp left behind

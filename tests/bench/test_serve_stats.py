@@ -176,6 +176,11 @@ def test_slo_overrides() -> None:
             parse_slo(bad)
 
 
+def test_an_slo_override_for_a_lane_the_workload_lacks_is_an_error() -> None:
+    with pytest.raises(ValueError, match=r"no lane 'interactve'; its lanes: interactive, batch"):
+        resolve_slos(("interactive", "batch"), ["interactve:ttft=100"])  # was: silently ignored
+
+
 # -- experiment analyses --------------------------------------------------------------------------
 def _report(requests: list[dict], timeseries: list[dict], burst: dict | None = None) -> dict:
     return {"config": {"warmup_s": 0.0, "duration_s": 30.0, "burst": burst,

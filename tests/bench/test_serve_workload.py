@@ -91,8 +91,43 @@ def test_burst_parsing() -> None:
         Burst.parse("2:30")
     with pytest.raises(ValueError, match="--burst"):
         Burst.parse("x:1:2")
-    with pytest.raises(ValueError, match="factor > 0"):
+    with pytest.raises(ValueError, match="burst factor must be a finite number > 0"):
         Burst.parse("0:1:2")
+
+
+@pytest.mark.parametrize("rate, duration", [(float("inf"), 10.0), (float("nan"), 10.0), (1.0, float("inf")),
+                                            (1.0, float("nan"))])
+def test_plan_refuses_infinite_or_nan_rates_and_durations(rate: float, duration: float) -> None:
+    with pytest.raises(ValueError, match="must be a finite number"):  # was: looped forever, eating memory
+        plan_requests(FIXED, rate, duration)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("inf:1:2", "burst factor must be a finite number > 0"), ("nan:1:2", "burst factor"),
+    ("2:nan:1", "burst start must be a finite number >= 0"), ("2:inf:1", "burst start"),
+    ("2:1:nan", "burst length must be a finite number >= 0"), ("2:1:inf", "burst length"),
+])
+def test_bursts_need_finite_values(text: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):  # a NaN start made plan_requests loop forever
+        Burst.parse(text)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"rate": float("inf")}, "rate must be a finite number > 0"),
+    ({"rate": float("nan")}, "rate must be a finite number > 0"),
+    ({"duration_s": float("inf")}, "duration must be a finite number > 0"),
+    ({"duration_s": float("nan")}, "duration must be a finite number > 0"),
+    ({"drain_s": -1.0}, "drain must be a finite number >= 0"),
+    ({"drain_s": float("nan")}, "drain must be a finite number >= 0"),
+    ({"drain_s": float("inf")}, "drain must be a finite number >= 0"),
+])
+def test_serving_run_config_refuses_values_that_hang_or_drop_requests(kwargs: dict, match: str) -> None:
+    from bench.serve.runner import RunConfig
+
+    cfg = {"url": "http://127.0.0.1:1", "spec": FIXED, "rate": 1.0, "duration_s": 10.0, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        RunConfig(**cfg)
+    RunConfig(**{**cfg, **{k: 1.0 for k in kwargs}})  # the same with a sane value is fine
 
 
 # -- lengths, lanes, prefixes ---------------------------------------------------------------------
