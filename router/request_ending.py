@@ -4,6 +4,7 @@ frees its capacity slot and stores its idempotent result."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from router.router_stream import RequestContext
@@ -18,6 +19,9 @@ class RequestEnding:
             return
         ctx.finished = True
         self._requests.pop(ctx.request_id, None)
+        timer = ctx.deadline_task
+        if timer is not None and timer is not asyncio.current_task():  # (its own abort ends it anyway)
+            timer.cancel()  # else it would abort whatever holds this id when the deadline passes
         if ctx.dispatched is not None:
             self.capacity.release()
         now = time.monotonic()

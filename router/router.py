@@ -83,6 +83,7 @@ class Router(RequestEnding, TokenTexts):
         self.capacity = Capacity(pool, local_prefill_threshold=dispatcher.local_prefill_threshold)
         self.created = int(time.time())
         self._requests: dict[str, RequestContext] = {}
+        self._ids_held: set[str] = set()  # ids checked free by a request still on its way to _requests
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dispatch")
         self._tasks: list[asyncio.Task] = []
@@ -134,7 +135,8 @@ class Router(RequestEnding, TokenTexts):
         return tenant.name
 
     async def generate(self, req: GenerateRequest):
-        lane_hint = req.lane or "none"
+        # A label in the metrics: only a configured lane's name, never the client's raw string.
+        lane_hint = req.lane if any(lane.name == req.lane for lane in self.policy.lanes) else "none"
         if self.draining:
             raise self.admission.reject(lane_hint, "draining", RouterError(
                 ErrorKind.OVERLOADED, "The server is shutting down; retry on another replica.", code="draining",
@@ -153,15 +155,31 @@ class Router(RequestEnding, TokenTexts):
                 ErrorKind.OVERLOADED, "No decode worker is available.", code="no_workers", retry_after_s=5.0))
 
         rid = req.request_id or f"cmpl-{uuid.uuid4().hex[:24]}"
-        if rid in self._requests or (self.batch is not None and self.batch.holds(rid)):  # (a queued batch job too)
-            raise RouterError(ErrorKind.CONFLICT, f"request id {rid!r} is already in flight", param="request_id")
         idem = None
-        if req.idempotency_key:
+        if req.idempotency_key:  # first: a retry that repeats its X-Request-Id too gets the first result
             idem = (tenant.name, req.idempotency_key)
             replay = await self.state.idempotency_begin(tenant.name, req.idempotency_key, request_fingerprint(req, ids))
             if replay is not None:
                 return ReplayStream(replay)
+        if rid in self._requests or rid in self._ids_held or (self.batch is not None and self.batch.holds(rid)):
+            if idem:  # (a queued batch job's id too)
+                await self.state.idempotency_release(*idem)
+            raise RouterError(ErrorKind.CONFLICT, f"request id {rid!r} is already in flight", param="request_id")
+        # Held from this check until the request is registered: the awaits in between (placement,
+        # rate limits, the journal) let a concurrent request with the same id through otherwise.
+        self._ids_held.add(rid)
+        try:
+            return await self._admit(req, rid, tenant, lane, ids, prompt_text, idem)
+        except BaseException:
+            if idem:
+                await self.state.idempotency_release(*idem)
+            raise
+        finally:
+            self._ids_held.discard(rid)
 
+    async def _admit(self, req: GenerateRequest, rid: str, tenant: TenantConfig, lane: str, ids: list[int],
+                     prompt_text: str | None, idem: tuple[str, str] | None):
+        """Admission, then the lane queue (or the batch journal): the rest of ``generate``."""
         lane_cfg = self.policy.lane(lane)
         if self.pace_guard is not None:
             self.pace_guard.arrived(lane, time.monotonic())
@@ -172,22 +190,17 @@ class Router(RequestEnding, TokenTexts):
         hint = NO_HINT if durable else await self._placement_hint(ids, self._salt(tenant.name))
         queued, rate = prefill_queue(self.pool, len(ids), self.dispatcher.local_prefill_threshold,
                                      self.prefill_rate.tokens_per_s, self.dispatcher.short_prompts_to_idle_prefill)
-        try:
-            predicted = await self.admission.admit(AdmissionInput(
-                lane=lane_cfg, tenant=tenant, prompt_tokens=len(ids), max_tokens=req.sampling.max_tokens,
-                lane_depth=self.queues.admitted_depth(lane), tokens_ahead=self.queues.tokens_ahead(lane),
-                pool_queued_tokens=queued, prefill_tokens_per_s=rate,
-                requests_ahead=self.queues.requests_ahead(lane), free_seq_slots=self.capacity.free_seq_slots(),
-                completions_per_s=self.signals.completion_rate.per_s(),
-                service_s=self.signals.service_s(len(ids), rate),
-                decode_pace_s=self.signals.decode_pace_s(self._live_token_times()),
-                running=self.signals.running((len(c.stream.token_times), c.max_tokens) for c in self._running()),
-                expected_output_tokens=self.signals.expected_output(req.sampling.max_tokens),
-                lane_depth_now=lambda: self.queues.admitted_depth(lane)))
-        except RouterError:
-            if idem:
-                await self.state.idempotency_release(*idem)
-            raise
+        predicted = await self.admission.admit(AdmissionInput(
+            lane=lane_cfg, tenant=tenant, prompt_tokens=len(ids), max_tokens=req.sampling.max_tokens,
+            lane_depth=self.queues.admitted_depth(lane), tokens_ahead=self.queues.tokens_ahead(lane),
+            pool_queued_tokens=queued, prefill_tokens_per_s=rate,
+            requests_ahead=self.queues.requests_ahead(lane), free_seq_slots=self.capacity.free_seq_slots(),
+            completions_per_s=self.signals.completion_rate.per_s(),
+            service_s=self.signals.service_s(len(ids), rate),
+            decode_pace_s=self.signals.decode_pace_s(self._live_token_times()),
+            running=self.signals.running((len(c.stream.token_times), c.max_tokens) for c in self._running()),
+            expected_output_tokens=self.signals.expected_output(req.sampling.max_tokens),
+            lane_depth_now=lambda: self.queues.admitted_depth(lane)))
 
         if durable:
             self.queues.hold_place(rid, lane)  # before the journal's await: the bound holds for a burst
@@ -196,16 +209,12 @@ class Router(RequestEnding, TokenTexts):
                                                            req.idempotency_key), lane)
             except StateUnavailable:
                 log.warning("Redis unavailable: batch request %s runs without the journal", rid)
-            except BaseException:
-                if idem:
-                    await self.state.idempotency_release(*idem)
-                raise
 
         ctx = self._enqueue(rid, tenant.name, lane, ids, req.sampling, prompt_text, hint, idem)
         ctx.predicted_ttft_s = predicted
         out = RouterStream(ctx, self)
-        if req.deadline_s is not None:
-            asyncio.get_running_loop().create_task(with_deadline(out, req.deadline_s))
+        if req.deadline_s is not None:  # cancelled when the request ends (RequestEnding._finished)
+            ctx.deadline_task = asyncio.get_running_loop().create_task(with_deadline(out, req.deadline_s))
         return out
 
     def _salt(self, tenant: str) -> str | None:

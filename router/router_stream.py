@@ -36,6 +36,7 @@ class RequestContext:
     finished: bool = False
     idempotency: tuple[str, str] | None = None  # (tenant, key)
     durable: bool = False  # a journaled batch job: a client going away does not abort it
+    deadline_task: asyncio.Task | None = None  # a gRPC deadline's timer, cancelled when the request ends
 
 
 class RouterStream:

@@ -6,59 +6,14 @@ restarted replica's dispatcher is a new origin for the workers."""
 from __future__ import annotations
 
 import asyncio
-import tempfile
-from pathlib import Path
 
-from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from kv_transfer.peer import PeerInfo, WorkerInfo
 from router.api import GenerateRequest
-from router.cluster_state import ClusterState
 from router.dispatcher import Dispatcher
-from router.lanes import LanePolicy, TenantConfig, default_lanes
+from router.lanes import TenantConfig
 from router.prompt_input import request_fingerprint
-from router.router import Router, RouterConfig
-from router.state import RedisState
-from router.worker_pool import WorkerHandle, WorkerPool
-
-
-class InProcessDispatcher:
-    """Finishes each request with two tokens at once, or holds it while ``hold`` is set."""
-
-    def __init__(self, pool: WorkerPool, router_id: str) -> None:
-        self.pool, self.router_id, self.origin = pool, router_id, router_id
-        self.local_prefill_threshold = 0
-        self.short_prompts_to_idle_prefill = True
-        self.on_kv_events = self.on_worker_reset = None
-        self.submitted: list[str] = []
-        self.aborted: list[str] = []
-        self.hold = False
-        self.held: dict[str, object] = {}
-
-    def submit(self, spec, stream, hint) -> None:
-        self.submitted.append(spec.request_id)
-        if self.hold:
-            self.held[spec.request_id] = stream
-        else:
-            stream.put(RequestOutput(spec.request_id, [7, 8], "xy", finished=True, finish_reason="length"))
-
-    def abort(self, request_id: str) -> None:
-        self.aborted.append(request_id)
-        stream = self.held.pop(request_id, None)
-        if stream is not None:
-            stream.put(RequestOutput(request_id, [], "", finished=True, finish_reason="abort"))
-
-
-def _router(url: str, cluster: str, tenants: tuple[TenantConfig, ...]) -> tuple[Router, InProcessDispatcher]:
-    info = WorkerInfo(PeerInfo("d0", "inc", "decode"), num_blocks=1000, block_size=16, max_model_len=2048,
-                      vocab_size=1000, model="m")
-    pool = WorkerPool([], [WorkerHandle("d0", "decode", None, info=info, alive=True)])
-    dispatcher = InProcessDispatcher(pool, "router-a")
-    config = RouterConfig(model_name="m", model_dir=Path(tempfile.mkdtemp()), slo_rejection=False, pace_guard=False,
-                          lanes=LanePolicy(lanes=default_lanes(), tenants=tenants))
-    router = Router(config, pool, dispatcher, ClusterState("router-a", RedisState(url, cluster)))
-    router.batch.poll_s = 0.02
-    return router, dispatcher
+from router.worker_pool import WorkerPool
+from tests.router.state.inprocess_router import make_router
 
 
 def _batch_request(**kw) -> GenerateRequest:
@@ -67,7 +22,7 @@ def _batch_request(**kw) -> GenerateRequest:
 
 def test_the_clients_abort_cancels_its_own_batch_job_only(redis_server, cluster) -> None:
     async def main() -> None:
-        router, dispatcher = _router(redis_server.url, cluster, (TenantConfig("alice", api_key="ka"),
+        router, dispatcher = make_router(redis_server.url, cluster, (TenantConfig("alice", api_key="ka"),
                                                                  TenantConfig("bob", api_key="kb")))
         dispatcher.hold = True
         await router.start()
@@ -99,7 +54,7 @@ def test_the_clients_abort_cancels_its_own_batch_job_only(redis_server, cluster)
 def test_an_idempotency_key_on_a_batch_request_replays_its_result(redis_server, cluster) -> None:
     """The key was claimed and never completed: a retry waited 600 s, then got a 409."""
     async def main() -> None:
-        router, dispatcher = _router(redis_server.url, cluster, (TenantConfig("default"),))
+        router, dispatcher = make_router(redis_server.url, cluster, (TenantConfig("default"),))
         await router.start()
         try:
             req = _batch_request(idempotency_key="K1")

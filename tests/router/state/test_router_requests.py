@@ -1,0 +1,116 @@
+"""Request ids, idempotent retries and deadlines in the router (router/router.py), a real ``Router``
+over Redis with an in-process dispatcher: one id is one request at a time even when two arrive
+together, a retry that repeats its id and key gets the first answer, a finished request's deadline
+timer is gone, and a client's lane string never becomes a metrics label."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from engine.sampling_params import SamplingParams
+from router.api import ErrorKind, GenerateRequest, RouterError
+from router.lanes import TenantConfig
+from tests.router.state.inprocess_router import make_router, release
+
+TENANTS = (TenantConfig("alice", api_key="ka"), TenantConfig("bob", api_key="kb"))
+
+
+def _request(**kw) -> GenerateRequest:
+    return GenerateRequest(SamplingParams(max_tokens=4), prompt_token_ids=tuple(range(1, 40)), **kw)
+
+
+def test_two_requests_arriving_together_with_one_id_are_one_request_and_a_409(redis_server, cluster) -> None:
+    """Both passed the in-flight check (awaits came between it and the queue): the second replaced
+    the first in the router's table, the first failed as a duplicate, the second could not be aborted."""
+    async def main() -> None:
+        router, dispatcher = make_router(redis_server.url, cluster, TENANTS)
+        dispatcher.hold = True
+        await router.start()
+        try:
+            got = await asyncio.gather(router.generate(_request(tenant="alice", request_id="shared-1")),
+                                       router.generate(_request(tenant="bob", request_id="shared-1")),
+                                       return_exceptions=True)
+            errors = [g for g in got if isinstance(g, BaseException)]
+            [stream] = [g for g in got if not isinstance(g, BaseException)]
+            assert len(errors) == 1 and isinstance(errors[0], RouterError) and errors[0].kind is ErrorKind.CONFLICT
+            for _ in range(250):
+                if dispatcher.held:
+                    break
+                await asyncio.sleep(0.02)
+            owner = stream.ctx.tenant
+            assert await router.abort("shared-1", owner)  # the one that runs can be stopped
+            assert (await stream.result()).finish_reason == "abort" and dispatcher.aborted == ["shared-1"]
+            assert not router._ids_held
+        finally:
+            await router.stop()
+
+    asyncio.run(main())
+
+
+def test_a_retry_repeating_its_request_id_and_key_gets_the_first_answer(redis_server, cluster) -> None:
+    """It got a 409 for the id (checked before the key) while the first attempt ran."""
+    async def main() -> None:
+        router, dispatcher = make_router(redis_server.url, cluster, TENANTS)
+        dispatcher.hold = True
+        await router.start()
+        try:
+            first = await router.generate(_request(tenant="alice", request_id="req-77", idempotency_key="K"))
+            retry = asyncio.create_task(router.generate(_request(tenant="alice", request_id="req-77",
+                                                                 idempotency_key="K")))
+            for _ in range(250):
+                if dispatcher.held:
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.3)
+            assert not retry.done()  # waiting for the first attempt, not refused
+            first_result = asyncio.create_task(first.result())  # its client reads it, as over HTTP
+            release(dispatcher)
+            answer = await (await asyncio.wait_for(retry, 20)).result()
+            assert answer.token_ids == (await first_result).token_ids == (7, 8)
+            assert dispatcher.submitted == ["req-77"]  # one generation
+        finally:
+            await router.stop()
+
+    asyncio.run(main())
+
+
+def test_a_finished_requests_deadline_does_not_abort_a_later_one_with_its_id(redis_server, cluster) -> None:
+    async def main() -> None:
+        router, dispatcher = make_router(redis_server.url, cluster, TENANTS)
+        await router.start()
+        try:
+            quick = await router.generate(_request(tenant="alice", request_id="job-42",
+                                                   deadline_s=time.monotonic() + 0.5))
+            assert (await quick.result()).finish_reason == "length"
+            dispatcher.hold = True
+            later = await router.generate(_request(tenant="alice", request_id="job-42"))  # no deadline
+            await asyncio.sleep(0.8)
+            assert dispatcher.aborted == [] and not later.ctx.stream.finished
+            assert not [t for t in asyncio.all_tasks() if "with_deadline" in repr(t.get_coro())]
+            release(dispatcher)
+            assert (await later.result()).finish_reason == "length"
+        finally:
+            await router.stop()
+
+    asyncio.run(main())
+
+
+def test_a_clients_lane_string_is_no_metrics_label(redis_server, cluster) -> None:
+    async def main() -> None:
+        router, _ = make_router(redis_server.url, cluster, TENANTS)
+        await router.start()
+        try:
+            router.draining = True
+            for lane in ("x" * 200, "batch"):
+                try:
+                    await router.generate(_request(tenant="alice", lane=lane))
+                    raise AssertionError("a draining router admitted a request")
+                except RouterError as e:
+                    assert e.kind is ErrorKind.OVERLOADED
+            assert set(router.admission.rejections) == {("none", "draining"), ("batch", "draining")}
+        finally:
+            router.draining = False
+            await router.stop()
+
+    asyncio.run(main())
