@@ -7,12 +7,13 @@ Lifecycle (each arrow is a legal transition; ``Request.transition`` enforces the
       │                     └──out of blocks──► PREEMPTED ──rescheduled (recompute)──► PREFILLING
       └──(decode role) reserve──► RESERVED ──KV + first token arrived──► DECODING
                                      └──transfer failed / deadline──► PREFILLING (local recompute)
+                                     └──the same, whole prompt a local hit──► PREEMPTED (queued afresh)
     DECODING ──out of blocks──► PREEMPTED
     any live state ──worker died──► MIGRATING ──resubmitted elsewhere──► QUEUED
     any live state ──client gone / abort──► ABORTED;  ──internal error──► FAILED
 
 Who moves requests: ``engine.scheduler`` (QUEUED/PREEMPTED→PREFILLING, →PREEMPTED, →DECODING,
-→FINISHED, →ABORTED), the decode worker (→RESERVED, RESERVED→DECODING/PREFILLING), the prefill worker
+→FINISHED, →ABORTED), the decode worker (→RESERVED, RESERVED→DECODING/PREFILLING/PREEMPTED), the prefill worker
 (→TRANSFERRING→FINISHED), and the router (→MIGRATING→QUEUED, →FAILED).
 
 This module is pure Python (no torch): the router imports it.
@@ -54,7 +55,7 @@ _TERMINAL = frozenset({RequestState.FINISHED, RequestState.ABORTED, RequestState
 _S = RequestState
 ALLOWED_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
     _S.QUEUED: frozenset({_S.PREFILLING, _S.RESERVED, _S.MIGRATING, _S.ABORTED, _S.FAILED}),
-    _S.RESERVED: frozenset({_S.DECODING, _S.PREFILLING, _S.MIGRATING, _S.ABORTED, _S.FAILED}),
+    _S.RESERVED: frozenset({_S.DECODING, _S.PREFILLING, _S.PREEMPTED, _S.MIGRATING, _S.ABORTED, _S.FAILED}),
     _S.PREFILLING: frozenset(
         {_S.DECODING, _S.TRANSFERRING, _S.PREEMPTED, _S.FINISHED, _S.MIGRATING, _S.ABORTED, _S.FAILED}
     ),

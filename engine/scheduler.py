@@ -31,6 +31,7 @@ import time
 
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
+from engine.errors import InvalidParameterError
 from engine.logprobs import TokenLogprob
 from engine.request import FinishReason, Request, RequestState
 from engine.scheduler_disagg import DisaggregationMixin
@@ -71,14 +72,19 @@ class Scheduler(DisaggregationMixin):
             raise ValueError(f"duplicate request id {req.request_id!r}")
         if req.num_prompt_tokens == 0:
             raise ValueError(f"request {req.request_id!r} has an empty prompt")
+        self._check_fits_cache(req)
+        self._register(req)
+        self.waiting.push(req)
+
+    def _check_fits_cache(self, req: Request) -> None:
+        """A request whose whole sequence needs more blocks than the pool has could never finish: it
+        would preempt itself for ever. Refused up front (as ``max_tokens``: the part a client sets)."""
         bm = self.block_manager
         need = bm.blocks_needed(min(req.max_total_tokens, self.max_model_len))
         if need > bm.num_blocks:
-            raise ValueError(
-                f"request {req.request_id!r} needs {need} KV blocks but the cache has only {bm.num_blocks}"
+            raise InvalidParameterError(
+                "max_tokens", f"request {req.request_id!r} needs {need} KV blocks but the cache has only {bm.num_blocks}"
             )
-        self._register(req)
-        self.waiting.push(req)
 
     def _register(self, req: Request) -> None:
         req.arrival_seq = self._arrivals

@@ -39,6 +39,7 @@ class DisaggregationMixin:
         """
         if req.request_id in self.requests:
             raise ValueError(f"duplicate request id {req.request_id!r}")
+        self._check_fits_cache(req)  # (as add_request: else it decodes until it preempts itself for good)
         if len(self.running) + len(self.reserved) >= self.config.max_num_seqs:
             return False  # it could not join the batch when its KV arrives
         bm = self.block_manager
@@ -82,6 +83,17 @@ class DisaggregationMixin:
         req = self.reserved.pop(request_id, None)
         if req is None:
             return None
+        if req.num_cached_tokens >= req.num_tokens:
+            # The whole (block-aligned) prompt was a local hit, which reserve() may take since the
+            # first token comes from the prefill side. Here the last prompt token must be computed
+            # for that token's logits, and not into a shared cached block: queue the request afresh,
+            # and admission takes the hit short of the last token. (Scheduled with 0 tokens, it
+            # stalled alone and broke a batch's logits rows.)
+            self.block_manager.free(req)
+            req.num_computed_tokens = req.num_cached_tokens = 0
+            req.transition(_S.PREEMPTED)
+            self.waiting.push(req)
+            return req
         req.num_computed_tokens = req.num_cached_tokens
         req.transition(_S.PREFILLING)
         self._join_running(req)

@@ -1,0 +1,60 @@
+"""The decode role's scheduler paths (engine/scheduler_disagg.py) with the fake runner: a prompt
+reserved for KV from a prefill worker, then prefilled here after all."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.block_manager import BlockManager
+from engine.config import SchedulerConfig
+from engine.errors import InvalidParameterError
+from engine.fake_runner import FakeModelRunner
+from engine.request import Request, RequestState
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+
+BS = 4
+PARAMS = SamplingParams(max_tokens=3, ignore_eos=True, detokenize=False)
+
+
+def _run(sched: Scheduler, runner: FakeModelRunner, max_steps: int = 50) -> None:
+    for _ in range(max_steps):
+        if not sched.has_unfinished():
+            return
+        out = sched.schedule()
+        assert all(n > 0 for n in out.num_scheduled_tokens.values()), out.num_scheduled_tokens
+        sched.update_from_output(runner.execute(out))
+    raise AssertionError("requests left unfinished")
+
+
+@pytest.mark.parametrize("with_batch_mate", [False, True])
+def test_a_local_prefill_after_a_whole_prompt_cache_hit_computes_its_last_token(with_batch_mate: bool) -> None:
+    """reserve() may take a hit over the whole block-aligned prompt (the first token comes from the
+    prefill side); the fallback then scheduled it with 0 tokens: alone it never finished, beside
+    another request its logits row was that request's (the real runner raised IndexError)."""
+    sched = Scheduler(SchedulerConfig(), BlockManager(32, BS), 64)
+    runner = FakeModelRunner(max_num_seqs=256, max_model_len=64, block_size=BS, vocab_size=1000)
+    prompt = list(range(10, 18))  # two full blocks
+    first = Request("a", prompt, PARAMS)
+    sched.add_request(first)
+    _run(sched, runner)
+
+    again = Request("b", prompt, PARAMS)
+    assert sched.reserve(again) and again.num_cached_tokens == len(prompt)  # all of it cached here
+    assert sched.fallback_to_local_prefill("b") is again  # the prefill worker died
+    if with_batch_mate:
+        sched.add_request(Request("c", list(range(100, 105)), PARAMS))
+    _run(sched, runner)
+    assert again.state is RequestState.FINISHED and again.output_token_ids == first.output_token_ids
+    assert sched.block_manager.num_free_blocks == 32  # (cached blocks with no holder count as free)
+
+
+def test_reserve_refuses_a_request_the_whole_cache_could_not_hold() -> None:
+    """add_request refused it; reserve() took it, and it decoded until it preempted itself for good."""
+    sched = Scheduler(SchedulerConfig(), BlockManager(4, BS), 64)
+    big = Request("r", list(range(10, 19)), SamplingParams(max_tokens=14, ignore_eos=True, detokenize=False))
+    with pytest.raises(InvalidParameterError, match="needs 6 KV blocks but the cache has only 4"):
+        sched.reserve(big)
+    with pytest.raises(InvalidParameterError):
+        sched.add_request(Request("r2", list(range(10, 19)), big.sampling_params))
+    assert sched.block_manager.num_free_blocks == 4 and not sched.has_unfinished()
