@@ -12,8 +12,9 @@ from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 from router.api import ChatMessage, GenerateRequest, StreamEvent, invalid
 from router.grpc_gen.baton.v1 import generate_pb2 as pb
+from router.http.request_ids import REQUEST_ID_RULE, is_valid_request_id
 
-MAX_ID_LEN = 256
+MAX_ID_LEN = 256  # idempotency_key (request_id follows router/http/request_ids.py)
 
 
 # -- proto -> router.api --------------------------------------------------------------------------
@@ -26,6 +27,15 @@ def _optional_str(msg: Any, name: str, *, max_len: int | None = None) -> str | N
     if max_len is not None and len(value) > max_len:
         raise invalid(f"must be at most {max_len} characters", param=name)
     return value
+
+
+def _request_id(msg: pb.GenerateRequest) -> str | None:
+    """The HTTP frontend's rule for a client-chosen id: it reaches logs and names durable batch
+    jobs, which ``GET /v1/batches/{id}`` must be able to name."""
+    rid = _optional_str(msg, "request_id")
+    if rid is not None and not is_valid_request_id(rid):
+        raise invalid(f"must be {REQUEST_ID_RULE}", param="request_id", code="invalid_request_id")
+    return rid
 
 
 def sampling_from_proto(msg: pb.SamplingParameters | None) -> SamplingParams:
@@ -83,7 +93,7 @@ def request_from_proto(msg: pb.GenerateRequest, tenant: str, time_remaining: flo
         prompt=prompt, prompt_token_ids=token_ids, messages=messages,
         add_generation_prompt=add_generation_prompt, stream=True,
         lane=_optional_str(msg, "lane"), tenant=tenant,
-        request_id=_optional_str(msg, "request_id", max_len=MAX_ID_LEN),
+        request_id=_request_id(msg),
         idempotency_key=_optional_str(msg, "idempotency_key", max_len=MAX_ID_LEN),
         max_tokens_given=has_sampling and msg.sampling.HasField("max_tokens"),
         deadline_s=deadline_s, endpoint="grpc",

@@ -10,6 +10,7 @@ whether admitted requests are journaled in Redis to survive a router restart (du
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass, field
 
 
@@ -102,8 +103,13 @@ class LanePolicy:
 
     def tenant_for_key(self, api_key: str | None) -> TenantConfig | None:
         if api_key:
+            # Constant time: ``==`` stops at the first differing character, so its timing would tell
+            # a caller how much of a guessed key is right. Every tenant is compared, with no early
+            # exit, so neither does the time say which tenant matched.
+            given = api_key.encode("utf-8", "surrogatepass")
+            found = None
             for t in self.tenants:
-                if t.api_key == api_key:
-                    return t
-            return None
+                if t.api_key and hmac.compare_digest(t.api_key.encode("utf-8", "surrogatepass"), given):
+                    found = t
+            return found
         return next((t for t in self.tenants if t.api_key is None), None)

@@ -61,7 +61,8 @@ OFF_LOOP_CHARS = 32_768
 async def tokenize_off_loop(req: GenerateRequest, tokenizer: Tokenizer | None,
                             vocab_size: int) -> tuple[list[int], str | None]:
     """``tokenize_request`` for a coroutine: inline for ordinary prompts, on a thread for huge ones."""
-    chars = len(req.prompt or "") + sum(len(m.content) for m in req.messages or ())
+    # (a token-id prompt's ids are each checked against the vocabulary: counted like characters)
+    chars = len(req.prompt or "") + sum(len(m.content) for m in req.messages or ()) + len(req.prompt_token_ids or ())
     if chars < OFF_LOOP_CHARS:
         return tokenize_request(req, tokenizer, vocab_size)
     return await asyncio.to_thread(tokenize_request, req, tokenizer, vocab_size)

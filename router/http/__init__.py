@@ -1,8 +1,9 @@
 """Baton's OpenAI-compatible HTTP frontend.
 
-``schemas`` parses and shape-checks the OpenAI request bodies, ``responses`` builds the OpenAI
-response objects and stream chunks, ``app`` wires both to a ``RouterAPI`` (``create_app``), and
-``server`` runs the app under uvicorn inside an existing event loop (``HttpServer``) or in a
-background thread (``ThreadedHttpServer``). The frontend holds no state of its own: everything a
-request needs (tenant, lane, admission) comes from the router.
+``schemas`` shape-checks the OpenAI request bodies, ``body`` reads them (size-limited) and parses
+them with those models, ``request_ids`` is the rule for client-chosen request ids (gRPC's too),
+``responses`` builds the OpenAI response objects and stream chunks, ``app`` wires them to a
+``RouterAPI`` (``create_app``), and ``server`` runs the app under uvicorn inside an existing event
+loop (``HttpServer``) or in a background thread (``ThreadedHttpServer``). The frontend holds no
+state of its own: everything a request needs (tenant, lane, admission) comes from the router.
 """

@@ -25,7 +25,8 @@ Endpoints (every ``/v1/*`` one authenticates with ``Authorization: Bearer <key>`
 
 Every error, including 404/405 and bodies FastAPI would answer with 422, is an OpenAI error object
 ``{"error": {"message", "type", "param", "code"}}``: clients (the openai package among them) only
-understand that shape. Request bodies are parsed here, not by FastAPI, for that reason.
+understand that shape. Request bodies are parsed here, not by FastAPI, for that reason. A body over
+``max_body_bytes`` (16 MiB by default) is refused with 413 before it is read whole (router/http/body.py).
 
 A client that goes away is noticed by waiting on the ASGI ``http.disconnect`` message next to the
 generation, so its request is aborted at once (streaming or not) instead of at the next write.
@@ -50,20 +51,22 @@ from engine.errors import ContextLengthError, InvalidParameterError
 from engine.sampling_params import SamplingParams
 from router.api import ErrorKind, GenerateRequest, RouterAPI, RouterError, invalid
 from router.choices import Choices
+from router.http.body import MAX_BODY_BYTES, BodyTooLarge, read_and_parse
 from router.http.logprobs import LogprobsFormatter
+from router.http.request_ids import REQUEST_ID_RULE, is_valid_request_id
 from router.http.responses import ChunkBuilder, chat_completion, dumps, internal_error, text_completion
 from router.http.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
-    parse_body,
 )
 from router.http.streaming import SSEResponse, sse_events, unless_disconnected
 
 log = logging.getLogger(__name__)
 Endpoint = Callable[[Request], Awaitable[Response]]
 CLIENT_CLOSED = 499  # nginx's "client closed request": never seen by anyone, but logged
+OFF_LOOP_TOKENS = 8192  # /detokenize decodes longer token lists on a thread (shorter: under a millisecond)
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -94,6 +97,8 @@ def guarded(fn: Endpoint) -> Endpoint:
             return await fn(request)
         except RouterError as e:
             return error_response(e)
+        except BodyTooLarge as e:
+            return json_response(e.to_openai(), e.status_code)
         except ContextLengthError as e:
             return error_response(invalid(e.message, param=e.param, code="context_length_exceeded"))
         except InvalidParameterError as e:
@@ -149,28 +154,26 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 # -- the app ------------------------------------------------------------------------------------
-_REQUEST_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
-
-
 def client_request_id(request: Request) -> str | None:
-    """A client-chosen ``X-Request-Id`` (1-128 of ``[A-Za-z0-9._-]``): it names a durable batch job, so
-    a client can fetch the result with ``GET /v1/batches/{id}`` even after losing its connection."""
+    """A client-chosen ``X-Request-Id`` (1-128 of ``[A-Za-z0-9._-]``, router/http/request_ids.py): it
+    names a durable batch job, so a client can fetch the result with ``GET /v1/batches/{id}`` even
+    after losing its connection."""
     rid = request.headers.get("x-request-id")
     if rid is None:
         return None
-    if not 1 <= len(rid) <= 128 or not set(rid) <= _REQUEST_ID_CHARS:
-        raise invalid("X-Request-Id must be 1-128 characters of letters, digits, '.', '_' or '-'.",
-                      param="X-Request-Id", code="invalid_request_id")
+    if not is_valid_request_id(rid):
+        raise invalid(f"X-Request-Id must be {REQUEST_ID_RULE}.", param="X-Request-Id", code="invalid_request_id")
     return rid
 
 
 def create_app(router: RouterAPI, *, served_model_name: str, default_temperature: float = 1.0,
-               default_max_tokens: int | None = None) -> FastAPI:
+               default_max_tokens: int | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """The HTTP frontend of ``router``. ``served_model_name`` is the model id clients send and
     ``/v1/models`` lists (the router's own ``ModelInfo.id`` is accepted too). ``default_temperature``
     applies when a request omits ``temperature`` (OpenAI's default is 1.0). ``default_max_tokens``
     bounds a chat request that bounds nothing itself; None means the model's context length, sent
-    with ``max_tokens_given=False`` so the router can clamp it to what the prompt leaves."""
+    with ``max_tokens_given=False`` so the router can clamp it to what the prompt leaves.
+    ``max_body_bytes`` bounds a request body (413 above it)."""
     app = FastAPI(title="Baton", docs_url=None, redoc_url=None, openapi_url=None)
     _install_error_handlers(app)
 
@@ -193,7 +196,7 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
         """(tenant, the parsed body): the key is checked before the body is looked at, as OpenAI
         does; the body's ``model`` must be the served one."""
         tenant = tenant_of(request)
-        body = parse_body(await request.body(), schema)
+        body = await read_and_parse(request, schema, max_body_bytes)
         check_model(body.model)
         return tenant, body
 
@@ -275,17 +278,30 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
         if (body.prompt is None) == (body.messages is None):
             raise invalid("Send exactly one of 'prompt' and 'messages'.", param="prompt")
         messages = tuple(m.to_router() for m in body.messages) if body.messages is not None else None
-        # On a thread: a huge prompt must not stall the event loop (the tokenizer releases the GIL).
-        ids = await asyncio.to_thread(router.tokenize, GenerateRequest(
-            sampling=SamplingParams(), prompt=body.prompt, messages=messages,
-            add_generation_prompt=body.add_generation_prompt))
-        return json_response({"count": len(ids), "max_model_len": router.model_info().max_model_len, "tokens": ids})
+        gen = GenerateRequest(sampling=SamplingParams(), prompt=body.prompt, messages=messages,
+                              add_generation_prompt=body.add_generation_prompt)
+        max_model_len = router.model_info().max_model_len
+
+        def answer() -> Response:
+            ids = router.tokenize(gen)
+            return json_response({"count": len(ids), "max_model_len": max_model_len, "tokens": ids})
+
+        # On a thread: a huge prompt (and its answer's JSON) must not stall the event loop (the
+        # tokenizer releases the GIL).
+        return await asyncio.to_thread(answer)
 
     @app.post("/detokenize", include_in_schema=False)
     @guarded
     async def detokenize(request: Request) -> Response:
         _, body = await authenticated_body(request, DetokenizeRequest)
-        return json_response({"prompt": router.detokenize(body.tokens)})
+
+        def answer() -> Response:
+            return json_response({"prompt": router.detokenize(body.tokens)})
+
+        if len(body.tokens) < OFF_LOOP_TOKENS:
+            return answer()
+        # On a thread: checking and decoding a long list (megabytes of text) would stall the event loop.
+        return await asyncio.to_thread(answer)
 
     @app.get("/v1/models", include_in_schema=False)
     @guarded

@@ -1,5 +1,5 @@
-"""Pydantic models of the OpenAI request bodies Baton accepts, and the mapping of their validation
-errors onto OpenAI error objects.
+"""Pydantic models of the OpenAI request bodies Baton accepts (router/http/body.py parses bodies
+with them and maps their validation errors onto OpenAI error objects).
 
 Models validate in *strict* mode: OpenAI rejects ``"max_tokens": "10"`` and so do we, instead of
 silently coercing. Unknown fields are ignored (clients send many we have no use for), but fields
@@ -10,20 +10,29 @@ left to ``SamplingParams`` so there is a single source of truth for them.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator
 from pydantic_core import PydanticCustomError
 
 from engine.errors import InvalidParameterError
 from engine.logprobs import MAX_TOP_LOGPROBS
 from engine.sampling_params import SamplingParams
-from router.api import ChatMessage, RouterError, invalid
+from router.api import ChatMessage
 from router.choices import MAX_CHOICES
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+# List bounds, checked here so that a long list is refused before the router walks it (the body
+# limit bounds the schema's own work). Stop strings and logit_bias keep SamplingParams' own limits
+# (OpenAI's are 4 and 300).
+MAX_STOP_STRINGS = 16
+MAX_LOGIT_BIAS = 1024
+MAX_STOP_TOKEN_IDS = 1024
+MAX_DETOKENIZE_TOKENS = 1 << 20  # longer than any served context
+# A token id has at most this many digits (vocabularies are far below 10**10); int() of a longer
+# string is slow, and past 4300 digits it raises ValueError (a 500, once).
+MAX_TOKEN_ID_DIGITS = 10
 
 
 def _unsupported(what: str) -> PydanticCustomError:
@@ -86,8 +95,20 @@ class _SamplingFields(_Strict):
     @field_validator("logit_bias")
     @classmethod
     def _token_ids(cls, v: dict | None) -> dict | None:
-        if v is not None and not all(k.isascii() and k.isdigit() for k in v):
-            raise _bad_value("logit_bias keys must be token ids (non-negative integers as strings).")
+        if v is None:
+            return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise _bad_value(f"logit_bias may bias at most {MAX_LOGIT_BIAS} tokens, got {len(v)}.")
+        if not all(k.isascii() and k.isdigit() and len(k) <= MAX_TOKEN_ID_DIGITS for k in v):
+            raise _bad_value(f"logit_bias keys must be token ids (non-negative integers of at most "
+                             f"{MAX_TOKEN_ID_DIGITS} digits, as strings).")
+        return v
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_token_ids(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and len(v) > MAX_STOP_TOKEN_IDS:
+            raise _bad_value(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} token ids, got {len(v)}.")
         return v
 
     @field_validator("stop", mode="plain")
@@ -96,6 +117,8 @@ class _SamplingFields(_Strict):
         if v is None or isinstance(v, str):
             return v
         if isinstance(v, list) and all(isinstance(s, str) for s in v):
+            if len(v) > MAX_STOP_STRINGS:
+                raise _bad_value(f"'stop' may hold at most {MAX_STOP_STRINGS} strings, got {len(v)}.")
             return v
         raise _bad_type("Invalid type for 'stop': expected a string or an array of strings.")
 
@@ -308,87 +331,9 @@ class DetokenizeRequest(_Strict):
     model: str | None = None
     tokens: list[int]
 
-
-# -- parsing and error mapping ------------------------------------------------------------------
-_EXPECTED = {
-    "int_type": "an integer", "int_from_float": "an integer", "int_parsing": "an integer",
-    "float_type": "a number", "float_parsing": "a number", "string_type": "a string", "bool_type": "a boolean",
-    "list_type": "an array", "tuple_type": "an array", "dict_type": "an object", "model_type": "an object",
-    "model_attributes_type": "an object",
-}
-
-
-def _json_kind(x: object) -> str:
-    if x is None:
-        return "null"
-    if isinstance(x, bool):
-        return "a boolean"
-    if isinstance(x, (int, float)):
-        return "a number"
-    if isinstance(x, str):
-        return "a string"
-    if isinstance(x, list):
-        return "an array"
-    return "an object"
-
-
-def _param(loc: tuple) -> str:
-    """OpenAI spells nested params as ``messages.[0].content``."""
-    return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc) or "body"
-
-
-def validation_error(e: ValidationError) -> RouterError:
-    """The first problem of a pydantic ValidationError as a 400 OpenAI error naming its ``param``."""
-    err = e.errors(include_url=False)[0]
-    param, kind = _param(tuple(err["loc"])), err["type"]
-    if kind == "missing":
-        return invalid(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
-    if kind in _EXPECTED:
-        return invalid(f"Invalid type for '{param}': expected {_EXPECTED[kind]}, but got {_json_kind(err['input'])} "
-                       "instead.", param=param, code="invalid_type")
-    if kind in ("invalid_type", "invalid_value", "unsupported_parameter"):  # ours: the message is complete
-        return invalid(err["msg"], param=param, code=kind)
-    return invalid(f"Invalid value for '{param}': {err['msg']}.", param=param, code="invalid_value")
-
-
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def parse_body(raw: bytes, model: type[_Strict]) -> Any:
-    """Bytes of a request body -> a validated ``model``; any problem is a 400 ``RouterError``."""
-    try:
-        data = json.loads(raw, parse_constant=_reject_constant)  # NaN/Infinity are not JSON
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        raise invalid("We could not parse the JSON body of your request. The body must be a JSON object "
-                      "(Content-Type: application/json).", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise invalid(f"The request body must be a JSON object, got {_json_kind(data)}.", code="invalid_json")
-    where = _lone_surrogate_at(data, ())
-    if where is not None:  # JSON may escape one ("\ud800"); no tokenizer or response can hold it
-        raise invalid("The text is not valid Unicode: it holds a lone surrogate (such as \\ud800).",
-                      param=_param(where), code="invalid_value")
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise validation_error(e) from None
-
-
-def _lone_surrogate_at(data: Any, root: tuple) -> tuple | None:
-    """The path of the first string (key or value) in parsed JSON that UTF-8 cannot encode, or None.
-    Iterative: a body nested as deep as the JSON parser allows must not exhaust the stack here."""
-    stack: list[tuple[Any, tuple]] = [(data, root)]
-    while stack:
-        value, path = stack.pop()
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                return path
-        elif isinstance(value, dict):
-            for k, v in reversed(value.items()):
-                stack.append((v, path + (k,)))
-                stack.append((k, path))
-        elif isinstance(value, list):
-            stack.extend((v, path + (i,)) for i, v in reversed(list(enumerate(value))))
-    return None
+    @field_validator("tokens")
+    @classmethod
+    def _bounded(cls, v: list[int]) -> list[int]:
+        if len(v) > MAX_DETOKENIZE_TOKENS:
+            raise _bad_value(f"'tokens' may hold at most {MAX_DETOKENIZE_TOKENS} token ids, got {len(v)}.")
+        return v
