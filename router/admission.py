@@ -1,8 +1,9 @@
 """Admission control, before anything reaches an accelerator (pure Python + an optional rate limiter).
 
 In order: (1) the context length (prompt + max_tokens) -> 400; (2) the tenant's token buckets
-(requests/min, tokens/min; in Redis, shared by router replicas) -> 429 + Retry-After; (3) the
-lane's queue bound -> 503 + Retry-After; (4) SLO-predictive early rejection: the request's TTFT is
+(requests/min, tokens/min; in Redis, shared by router replicas) -> 429 + Retry-After; a request
+refused by a later check gets that charge back, and the ``n`` choices of one request are charged
+together (ChoiceCharge); (3) the lane's queue bound -> 503 + Retry-After; (4) SLO-predictive early rejection: the request's TTFT is
 predicted from the work queued ahead of it (in the router's lanes and in the prefill pool) and the
 measured prefill rate; if it would miss the lane's TTFT SLO it is rejected now (503 +
 Retry-After) instead of timing out later; (5) the decode pace: while the time per output token
@@ -17,9 +18,9 @@ import heapq
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Awaitable, Callable, Protocol
 
-from router.api import ErrorKind, RouterError
+from router.api import ChoiceCharge, ErrorKind, RouterError
 from router.lanes import LaneConfig, TenantConfig
 
 
@@ -28,10 +29,12 @@ class RateDecision:
     allowed: bool
     retry_after_s: float = 0.0
     reason: str | None = None  # "requests" | "tokens"
+    # Gives back what an allowed acquire took, for a request refused after it (None: nothing to give).
+    refund: Callable[[], Awaitable[None]] | None = None
 
 
 class RateLimiter(Protocol):
-    async def acquire(self, tenant: TenantConfig, n_tokens: int) -> RateDecision: ...
+    async def acquire(self, tenant: TenantConfig, n_tokens: int, n_requests: int = 1) -> RateDecision: ...
 
 
 class PrefillRate:
@@ -155,6 +158,8 @@ class AdmissionInput:
     # The lane's depth when the queue bound is checked, after the rate limiter's await: requests of a
     # burst admitted meanwhile count (``lane_depth`` is from before it). None: ``lane_depth``.
     lane_depth_now: Callable[[], int] | None = None
+    # One of a request's ``n`` choices: the group's charge, taken all at once by the first (None: alone).
+    choice_charge: ChoiceCharge | None = None
 
 
 @dataclass(frozen=True)
@@ -260,22 +265,48 @@ class Admission:
         """Raise RouterError if the request must be rejected; else return its predicted TTFT."""
         lane = x.lane.name
         self.check_context(x.prompt_tokens, x.max_tokens, lane)
-        if self.rate_limiter is not None:
-            d = await self.rate_limiter.acquire(x.tenant, x.prompt_tokens + x.max_tokens)
-            if not d.allowed and math.isinf(d.retry_after_s):
-                self._count(lane, "rate_limit_too_large")
-                raise RouterError(ErrorKind.INVALID_REQUEST,
-                                  f"The request ({x.prompt_tokens + x.max_tokens} tokens) is larger than tenant "
-                                  f"{x.tenant.name!r}'s per-minute {d.reason} limit allows at once.",
-                                  param="max_tokens", code="rate_limit_too_large")
-            if not d.allowed:
-                self._count(lane, f"rate_limit_{d.reason or 'requests'}")
-                raise RouterError(
-                    ErrorKind.RATE_LIMITED,
-                    f"Rate limit reached for tenant {x.tenant.name!r} ({d.reason} per minute). "
-                    f"Retry in {math.ceil(d.retry_after_s)} s.",
-                    code="rate_limit_exceeded", retry_after_s=max(d.retry_after_s, 1.0),
-                )
+        group = x.choice_charge
+        units = 1 if group is None else (0 if group.charged else group.pending)
+        refund = None
+        if self.rate_limiter is not None and units > 0:
+            refund = await self._charge(x, units)
+        try:
+            ttft = self._decide(x)
+        except RouterError:
+            if refund is not None:  # refused after it was charged: a refused request spends no budget
+                await refund()
+            raise
+        if group is not None and units > 0:
+            group.charged, group.refund = True, refund
+        return ttft
+
+    async def _charge(self, x: AdmissionInput, units: int) -> Callable[[], Awaitable[None]] | None:
+        """Take ``units`` requests and their tokens from the tenant's buckets (429 / 400 if not)."""
+        lane = x.lane.name
+        n_tokens = units * (x.prompt_tokens + x.max_tokens)
+        d = await self.rate_limiter.acquire(x.tenant, n_tokens, units)
+        if not d.allowed and math.isinf(d.retry_after_s):
+            self._count(lane, "rate_limit_too_large")
+            what = f"{n_tokens} tokens" if units == 1 else (
+                f"{units} choices" if d.reason == "requests" else f"{n_tokens} tokens for {units} choices")
+            raise RouterError(ErrorKind.INVALID_REQUEST,
+                              f"The request ({what}) is larger than tenant {x.tenant.name!r}'s per-minute "
+                              f"{d.reason} limit allows at once.",
+                              param="n" if units > 1 and d.reason == "requests" else "max_tokens",
+                              code="rate_limit_too_large")
+        if not d.allowed:
+            self._count(lane, f"rate_limit_{d.reason or 'requests'}")
+            raise RouterError(
+                ErrorKind.RATE_LIMITED,
+                f"Rate limit reached for tenant {x.tenant.name!r} ({d.reason} per minute). "
+                f"Retry in {math.ceil(d.retry_after_s)} s.",
+                code="rate_limit_exceeded", retry_after_s=max(d.retry_after_s, 1.0),
+            )
+        return getattr(d, "refund", None)
+
+    def _decide(self, x: AdmissionInput) -> float:
+        """The checks after the rate limiter, with no await: the queue bound, the SLO predictions."""
+        lane = x.lane.name
         if (x.lane_depth_now() if x.lane_depth_now else x.lane_depth) >= x.lane.queue_bound:
             self._count(lane, "queue_full")
             raise RouterError(

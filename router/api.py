@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import AsyncIterator, Protocol, Sequence
+from typing import AsyncIterator, Awaitable, Callable, Protocol, Sequence
 
 from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
@@ -80,6 +80,25 @@ class ChatMessage:
     content: str
 
 
+class ChoiceCharge:
+    """The rate-limit charge of one frontend request's ``n`` choices (router/choices.py), taken all at
+    once: the first choice to reach the rate limiter takes ``pending`` requests (itself and every
+    choice after it) and their tokens, the later ones take nothing. So ``n`` can never be admitted
+    piecemeal (choices started, then a 429 throws them away) and ``n`` beyond the bucket is a 400
+    like any request too large for it. ``Choices.start`` sets ``pending`` before each choice and
+    gives the charge back if a later choice is refused."""
+
+    def __init__(self, n: int) -> None:
+        self.pending = n  # choices not yet started, the one being admitted included
+        self.charged = False
+        self.refund: Callable[[], Awaitable[None]] | None = None
+
+    async def give_back(self) -> None:
+        refund, self.refund, self.charged = self.refund, None, False
+        if refund is not None:
+            await refund()
+
+
 @dataclass(frozen=True)
 class GenerateRequest:
     """One generation request, whichever frontend it came through. Exactly one of ``prompt``,
@@ -100,6 +119,7 @@ class GenerateRequest:
     echo_prompt: bool = False  # completions' ``echo``
     endpoint: str = "completions"  # "completions" | "chat" | "grpc" (for metrics labels)
     num_choices: int = 1  # the client's ``n``: this request is one of them (router/choices.py)
+    charge: ChoiceCharge | None = field(default=None, compare=False)  # its choices' shared rate-limit charge
 
 
 # -- outputs ------------------------------------------------------------------------------------

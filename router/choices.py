@@ -5,9 +5,11 @@ Choice ``i`` is its own router request (admitted, queued, placed and counted lik
 its id is ``<id>-<i>`` when the client named the request, its ``Idempotency-Key`` is the
 client's key for choice 0 and ``<key>#<i>`` for the others, each fingerprinted with ``n`` (so a key
 reused with another ``n`` collides on choice 0 and is refused, 409, before anything runs), and when the client gave a ``seed`` it samples with ``seed + i``, so the choices
-differ yet each is reproducible (greedy choices are all the same answer, as with OpenAI). If any
-choice is refused at admission, the ones already started are aborted and the refusal is the
-response. A choice that fails after streaming started ends the others too.
+differ yet each is reproducible (greedy choices are all the same answer, as with OpenAI). The
+tenant's rate limits are charged for all ``n`` at once, by the first choice admitted
+(api.ChoiceCharge, carried by each choice's GenerateRequest): ``n`` beyond a bucket is a 400, never a 429 after some choices started.
+If any choice is refused at admission, the ones already started are aborted, the charge is given
+back and the refusal is the response. A choice that fails after streaming started ends the others too.
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ import logging
 from dataclasses import replace
 from typing import AsyncIterator
 
-from router.api import GenerateRequest, GenerationResult, GenerationStream, RouterAPI, StreamEvent
+from router.api import ChoiceCharge, GenerateRequest, GenerationResult, GenerationStream, RouterAPI, StreamEvent
 
 log = logging.getLogger(__name__)
 
 MAX_CHOICES = 16
 
 
-def choice_request(gen: GenerateRequest, index: int, n: int) -> GenerateRequest:
+def choice_request(gen: GenerateRequest, index: int, n: int, charge: ChoiceCharge | None = None) -> GenerateRequest:
     seed = gen.sampling.seed
     key = gen.idempotency_key
     return replace(
@@ -33,6 +35,7 @@ def choice_request(gen: GenerateRequest, index: int, n: int) -> GenerateRequest:
         idempotency_key=key if key is None or index == 0 else f"{key}#{index}",
         sampling=gen.sampling if seed is None else replace(gen.sampling, seed=seed + index),
         num_choices=n,
+        charge=charge,
     )
 
 
@@ -47,11 +50,14 @@ class Choices:
         if n == 1:
             return cls([await router.generate(gen)])
         streams: list[GenerationStream] = []
+        charge = ChoiceCharge(n)  # the first choice admitted is charged for all n at once
         try:
             for i in range(n):
-                streams.append(await router.generate(choice_request(gen, i, n)))
+                charge.pending = n - i
+                streams.append(await router.generate(choice_request(gen, i, n, charge)))
         except BaseException:
             await cls(streams).abort()
+            await charge.give_back()  # the request is refused whole: its choices spend no budget
             raise
         return cls(streams)
 

@@ -19,7 +19,7 @@ from router.admission import RateDecision
 from router.api import ErrorKind, GenerationResult, RouterError, Usage
 from router.lanes import TenantConfig
 from router.state.connection import RedisState, StateUnavailable
-from router.state.idempotency import IdempotencyStore
+from router.state.idempotency import IdempotencyStore, LocalIdempotencyStore
 from router.state.journal import BatchJournal
 from router.state.prefix_index import LocalPrefixIndex, RedisPrefixIndex
 from router.state.rate_limit import LocalRateLimiter, RateLimiter, TenantLimits
@@ -40,15 +40,24 @@ class _Limiter:
         self.local = LocalRateLimiter()
         self.shared = RateLimiter(redis, local=self.local) if redis is not None else None
 
-    async def acquire(self, tenant: TenantConfig, n_tokens: int) -> RateDecision:
+    async def acquire(self, tenant: TenantConfig, n_tokens: int, n_requests: int = 1) -> RateDecision:
         limits = TenantLimits(tenant.requests_per_min, tenant.tokens_per_min)
         if limits.unlimited:
             return RateDecision(True)
         if self.shared is not None:
-            d = await self.shared.acquire(tenant.name, 1, n_tokens, limits=limits)
+            d = await self.shared.acquire(tenant.name, n_requests, n_tokens, limits=limits)
         else:
-            d = self.local.acquire(tenant.name, 1, n_tokens, limits=limits)
-        return RateDecision(d.allowed, d.retry_after_s, d.reason)
+            d = self.local.acquire(tenant.name, n_requests, n_tokens, limits=limits)
+        if not d.allowed:
+            return RateDecision(False, d.retry_after_s, d.reason)
+
+        async def refund() -> None:  # to the buckets that were charged (shared, or local while degraded)
+            if self.shared is not None:
+                await self.shared.refund(tenant.name, n_requests, n_tokens, limits=limits, degraded=d.degraded)
+            else:
+                self.local.refund(tenant.name, n_requests, n_tokens, limits=limits)
+
+        return RateDecision(True, refund=refund)
 
 
 class ClusterState:
@@ -62,7 +71,13 @@ class ClusterState:
         self.registry = WorkerRegistry(redis) if redis else None
         self.journal = BatchJournal(redis) if redis else None
         self.job_idle_ms = job_idle_ms
-        self._local_idem: dict[tuple[str, str], dict] = {}
+        self._local_idem = (LocalIdempotencyStore(ttl_s=self.idem.ttl_s, lease_s=self.idem.lease_s) if self.idem
+                            else LocalIdempotencyStore())
+        # Retries waiting on a key in progress, per (tenant, key): bounded, so a flood of retries is
+        # refused at once instead of each polling (they pass no rate limit before they wait).
+        self._idem_waiters: dict[tuple[str, str], int] = {}
+        self.max_idem_waiters = 8
+        self.idem_poll_s = (0.1, 2.0)  # first and longest wait between polls, doubling between
         self._index_stale = False  # events were applied locally only: re-seed Redis when it returns
         self._tasks: list[asyncio.Task] = []
         self.degraded_since: float | None = None
@@ -128,21 +143,39 @@ class ClusterState:
     async def idempotency_begin(self, tenant: str, key: str, fingerprint: str,
                                 wait_s: float = 600.0) -> GenerationResult | None:
         """None: run the request. A result: it already ran, replay it. Waits while another attempt
-        with the same key is in flight; raises CONFLICT when the key was used for another request."""
+        with the same key is in flight (polling at ``idem_poll_s``, doubling), up to ``wait_s``;
+        raises CONFLICT when the key was used for another request, and ``idempotency_in_progress``
+        at once when ``max_idem_waiters`` already wait on this key here."""
         deadline = time.monotonic() + wait_s
-        while True:
-            state, stored = await self._begin(tenant, key, fingerprint)
-            if state == "new":
-                return None
-            if state == "mismatch":
-                raise RouterError(ErrorKind.CONFLICT, "This Idempotency-Key was already used with a different "
-                                  "request.", param="Idempotency-Key", code="idempotency_key_reused")
-            if state == "done" and stored is not None:
-                return GenerationResult.from_dict(stored)
-            if time.monotonic() > deadline:
-                raise RouterError(ErrorKind.CONFLICT, "A request with this Idempotency-Key is still running.",
-                                  param="Idempotency-Key", code="idempotency_in_progress")
-            await asyncio.sleep(0.1)
+        k, waiting = (tenant, key), False
+        delay, longest = self.idem_poll_s
+        try:
+            while True:
+                state, stored = await self._begin(tenant, key, fingerprint)
+                if state == "new":
+                    return None
+                if state == "mismatch":
+                    raise RouterError(ErrorKind.CONFLICT, "This Idempotency-Key was already used with a different "
+                                      "request.", param="Idempotency-Key", code="idempotency_key_reused")
+                if state == "done" and stored is not None:
+                    return GenerationResult.from_dict(stored)
+                if not waiting and self._idem_waiters.get(k, 0) < self.max_idem_waiters:
+                    self._idem_waiters[k] = self._idem_waiters.get(k, 0) + 1
+                    waiting = True
+                left = deadline - time.monotonic()
+                if not waiting or left <= 0:
+                    raise RouterError(ErrorKind.CONFLICT, "A request with this Idempotency-Key is still running.",
+                                      param="Idempotency-Key", code="idempotency_in_progress")
+                # Backing off: a long generation's waiters would otherwise poll Redis 10 times a second each.
+                await asyncio.sleep(min(delay, left))
+                delay = min(delay * 2, longest)
+        finally:
+            if waiting:
+                n = self._idem_waiters[k] - 1
+                if n:
+                    self._idem_waiters[k] = n
+                else:
+                    del self._idem_waiters[k]
 
     async def _begin(self, tenant: str, key: str, fingerprint: str) -> tuple[str, dict | None]:
         if self.idem is not None:
@@ -151,16 +184,11 @@ class ClusterState:
                 return b.state, b.result
             except StateUnavailable:
                 pass  # degraded: this router's memory only
-        entry = self._local_idem.get((tenant, key))
-        if entry is None:
-            self._local_idem[(tenant, key)] = {"fp": fingerprint, "state": "in_progress", "result": None}
-            return "new", None
-        if entry["fp"] != fingerprint:
-            return "mismatch", None
-        return entry["state"], entry["result"]
+        b = self._local_idem.begin(tenant, key, fingerprint)
+        return b.state, b.result
 
     async def idempotency_release(self, tenant: str, key: str) -> None:
-        self._local_idem.pop((tenant, key), None)
+        self._local_idem.release(tenant, key)
         if self.idem is not None:
             try:
                 await self.idem.release(tenant, key)
@@ -184,9 +212,7 @@ class ClusterState:
             await self.idempotency_release(tenant, key)
             return
         stored = result.to_dict()
-        entry = self._local_idem.get((tenant, key))
-        if entry is not None:
-            entry.update(state="done", result=stored)
+        self._local_idem.complete(tenant, key, stored)  # only where this replica holds the claim
         if self.idem is not None:
             try:
                 await self.idem.complete(tenant, key, stored)

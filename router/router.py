@@ -200,7 +200,7 @@ class Router(RequestEnding, TokenTexts):
             decode_pace_s=self.signals.decode_pace_s(self._live_token_times()),
             running=self.signals.running((len(c.stream.token_times), c.max_tokens) for c in self._running()),
             expected_output_tokens=self.signals.expected_output(req.sampling.max_tokens),
-            lane_depth_now=lambda: self.queues.admitted_depth(lane)))
+            lane_depth_now=lambda: self.queues.admitted_depth(lane), choice_charge=req.charge))
 
         if durable:
             self.queues.hold_place(rid, lane)  # before the journal's await: the bound holds for a burst

@@ -11,14 +11,18 @@ result for ``ttl_s`` (24 h by default) from completion. A request that fails cal
 :meth:`release` so a retry may run it again.
 
 Degraded mode: every method raises :class:`StateUnavailable`; the caller chooses between serving
-without deduplication and refusing keyed requests (503) until Redis returns.
+without deduplication and refusing keyed requests (503) until Redis returns. The router keeps
+deduplicating in this replica's memory then (:class:`LocalIdempotencyStore`: the same lifetimes,
+and at most ``max_entries`` keys, least recently used dropped first).
 """
 
 from __future__ import annotations
 
 import json
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from router.state.connection import RedisState
 
@@ -52,6 +56,10 @@ return 0
 """
 
 
+TTL_S = 86_400.0  # a stored result answers retries this long
+LEASE_S = 900.0  # an in-progress claim lasts this long unless completed or released
+
+
 @dataclass(frozen=True, slots=True)
 class Begin:
     """``new``: you own the key, run the request. ``in_progress``: another attempt is running.
@@ -65,7 +73,7 @@ class Begin:
 class IdempotencyStore:
     """Tenant-scoped idempotency keys in Redis."""
 
-    def __init__(self, state: RedisState, *, ttl_s: float = 86_400.0, lease_s: float = 900.0) -> None:
+    def __init__(self, state: RedisState, *, ttl_s: float = TTL_S, lease_s: float = LEASE_S) -> None:
         self.state = state
         self.ttl_s = ttl_s
         self.lease_s = lease_s
@@ -99,3 +107,61 @@ class IdempotencyStore:
         """Drop an in-progress claim (the request failed) so a retry may run; True if dropped."""
         keys = [self._key(tenant, key)]
         return bool(await self.state.run(lambda r: self._release(keys=keys, args=[], client=r)))
+
+
+class LocalIdempotencyStore:
+    """The same claims in this process's memory (no Redis, or while it is away), synchronous.
+
+    Entries expire like the Redis keys (a lease while in progress, ``ttl_s`` once done), and at most
+    ``max_entries`` are kept, least recently used dropped first: each holds a whole result, and a
+    replica serving keyed requests without Redis for a day must not grow without bound. A dropped
+    claim behaves like an expired lease: a retry runs again, and completing it stores nothing.
+    """
+
+    def __init__(self, *, ttl_s: float = TTL_S, lease_s: float = LEASE_S, max_entries: int = 4096,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self.lease_s = lease_s
+        self.max_entries = max_entries
+        self._clock = clock
+        # (tenant, key) -> [fingerprint, state, result, expires_at]; oldest use first
+        self._entries: OrderedDict[tuple[str, str], list[Any]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _get(self, k: tuple[str, str]) -> list[Any] | None:
+        e = self._entries.get(k)
+        if e is not None and e[3] <= self._clock():
+            del self._entries[k]
+            return None
+        return e
+
+    def begin(self, tenant: str, key: str, fingerprint: str) -> Begin:
+        k = (tenant, key)
+        e = self._get(k)
+        if e is None:
+            now = self._clock()
+            while self._entries and (len(self._entries) >= self.max_entries
+                                     or next(iter(self._entries.values()))[3] <= now):
+                self._entries.popitem(last=False)  # least recently used, or expired
+            self._entries[k] = [fingerprint, "in_progress", None, now + min(self.lease_s, self.ttl_s)]
+            return Begin("new")
+        self._entries.move_to_end(k)
+        if e[0] != fingerprint:
+            return Begin("mismatch")
+        return Begin(e[1], e[2])
+
+    def complete(self, tenant: str, key: str, result: dict[str, Any]) -> bool:
+        e = self._get((tenant, key))
+        if e is None:
+            return False
+        e[1:] = ["done", result, self._clock() + self.ttl_s]
+        return True
+
+    def release(self, tenant: str, key: str) -> bool:
+        e = self._get((tenant, key))
+        if e is None or e[1] != "in_progress":  # a stored result is never thrown away
+            return False
+        del self._entries[(tenant, key)]
+        return True

@@ -4,7 +4,9 @@ Each limited dimension is a token bucket holding up to ``rate × burst_s`` units
 continuously at ``rate`` units/s. A request takes ``n_requests`` from the request bucket and
 ``n_tokens`` from the token bucket atomically: both or neither, so a request refused for tokens
 does not burn a request slot. A request larger than a bucket's capacity can never pass and gets
-``retry_after_s = inf`` (the caller should answer 413/400 rather than 429).
+``retry_after_s = inf`` (the caller should answer 413/400 rather than 429). ``refund`` gives back
+what an allowed acquire took, for a request refused after it was charged (a full queue, an SLO
+prediction): a refused request must not spend the tenant's budget.
 
 In Redis the buckets are hashes ``{level, ts}`` updated by one Lua script (atomic, one round trip)
 that refills by elapsed *Redis server* time (``TIME``), so router replicas with skewed clocks
@@ -64,6 +66,29 @@ end
 local w = 'inf'
 if worst < math.huge then w = string.format('%.17g', worst) end
 return {allowed, w, reason}
+"""
+
+# The same KEYS and ARGV: give back what an acquire took (admission refused the request after it
+# was charged). A missing bucket is full: nothing to give back, and none is created.
+_REFUND = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+for b = 1, 2 do
+  local rate, cap, n = tonumber(ARGV[3*b-2]), tonumber(ARGV[3*b-1]), tonumber(ARGV[3*b])
+  if rate > 0 and n > 0 then
+    local v = redis.call('HMGET', KEYS[b], 'level', 'ts')
+    if v[1] then
+      local level = math.min(cap, tonumber(v[1]) + math.max(0, now - tonumber(v[2])) * rate + n)
+      if level >= cap then
+        redis.call('DEL', KEYS[b])
+      else
+        redis.call('HSET', KEYS[b], 'level', string.format('%.17g', level), 'ts', string.format('%.17g', now))
+        redis.call('PEXPIRE', KEYS[b], math.ceil((cap - level) / rate * 1000) + 1000)
+      end
+    end
+  end
+end
+return 1
 """
 
 
@@ -137,6 +162,10 @@ class LocalTokenBucket:
         """Debit ``n`` units (callers check :meth:`wait_s` first)."""
         self._level, self._ts = self.level() - n, self._clock()
 
+    def give(self, n: float) -> None:
+        """Credit ``n`` units back (a refund), never above capacity."""
+        self._level, self._ts = min(self.capacity, self.level() + n), self._clock()
+
     def reconfigure(self, rate_per_s: float, capacity: float) -> None:
         """Apply changed limits, keeping the current level (capped to the new capacity)."""
         if (rate_per_s, capacity) != (self.rate, self.capacity):
@@ -186,6 +215,15 @@ class LocalRateLimiter:
             b.take(n)
         return ALLOWED
 
+    def refund(self, tenant: str, n_requests: float = 1, n_tokens: float = 0, *, limits: TenantLimits) -> None:
+        """Give back what :meth:`acquire` took (capped at capacity). A bucket not held is full."""
+        _check(n_requests, n_tokens)
+        for i, ((rate, cap), n) in enumerate(zip(limits.buckets(), (n_requests, n_tokens))):
+            b = self._buckets.get((tenant, i))
+            if rate > 0 and n > 0 and b is not None:
+                b.reconfigure(rate, cap)
+                b.give(n)
+
 
 class RateLimiter:
     """Shared per-tenant limits in Redis, falling back to per-replica buckets while it is down."""
@@ -194,6 +232,7 @@ class RateLimiter:
         self.state = state
         self.local = local if local is not None else LocalRateLimiter()
         self._script = state.client.register_script(_ACQUIRE)
+        self._refund = state.client.register_script(_REFUND)
 
     async def acquire(
         self, tenant: str, n_requests: float = 1, n_tokens: float = 0, *, limits: TenantLimits
@@ -202,9 +241,7 @@ class RateLimiter:
         _check(n_requests, n_tokens)
         if limits.unlimited:
             return ALLOWED
-        (rr, rc), (tr, tc) = limits.buckets()
-        keys = [self.state.key("rl", "req", tenant), self.state.key("rl", "tok", tenant)]
-        args = [repr(float(x)) for x in (rr, rc, n_requests, tr, tc, n_tokens)]
+        keys, args = self._keys_args(tenant, n_requests, n_tokens, limits)
         try:
             res: Any = await self.state.run(lambda r: self._script(keys=keys, args=args, client=r))
         except StateUnavailable:
@@ -214,3 +251,26 @@ class RateLimiter:
         if allowed:
             return ALLOWED
         return Decision(False, retry_after, _REASONS[reason - 1])
+
+    async def refund(self, tenant: str, n_requests: float = 1, n_tokens: float = 0, *, limits: TenantLimits,
+                     degraded: bool = False) -> None:
+        """Give back what an allowed :meth:`acquire` took, to the buckets it took it from
+        (``degraded``: its Decision's flag). With Redis away the refund is dropped: the shared
+        buckets refill anyway, and crediting the local ones would not undo the shared charge."""
+        _check(n_requests, n_tokens)
+        if limits.unlimited:
+            return
+        if degraded:
+            self.local.refund(tenant, n_requests, n_tokens, limits=limits)
+            return
+        keys, args = self._keys_args(tenant, n_requests, n_tokens, limits)
+        try:
+            await self.state.run(lambda r: self._refund(keys=keys, args=args, client=r))
+        except StateUnavailable:
+            pass
+
+    def _keys_args(self, tenant: str, n_requests: float, n_tokens: float,
+                   limits: TenantLimits) -> tuple[list[str], list[str]]:
+        (rr, rc), (tr, tc) = limits.buckets()
+        keys = [self.state.key("rl", "req", tenant), self.state.key("rl", "tok", tenant)]
+        return keys, [repr(float(x)) for x in (rr, rc, n_requests, tr, tc, n_tokens)]

@@ -159,7 +159,7 @@ def test_the_queue_bound_holds_for_a_burst_whose_admission_awaits():
     count when the bound is checked (a burst of 6 into a lane bounded at 3 was admitted whole)."""
 
     class SlowLimiter:  # a Redis round trip: every arrival awaits before the bound is checked
-        async def acquire(self, tenant, tokens):
+        async def acquire(self, tenant, tokens, n_requests=1):
             await asyncio.sleep(0.01)
             return type("Decision", (), {"allowed": True, "retry_after_s": 0.0, "reason": None})()
 
@@ -180,3 +180,99 @@ def test_the_queue_bound_holds_for_a_burst_whose_admission_awaits():
         return await asyncio.gather(*(arrive(i) for i in range(6)))
 
     assert sorted(asyncio.run(burst())) == ["admitted"] * 3 + ["queue_full"] * 3
+
+
+class RecordingLimiter:
+    """Allows everything and records what is charged and what is given back."""
+
+    def __init__(self) -> None:
+        self.taken: list[tuple[int, int]] = []  # (requests, tokens)
+        self.refunded: list[tuple[int, int]] = []
+
+    async def acquire(self, tenant, tokens, n_requests=1):
+        from router.admission import RateDecision
+
+        self.taken.append((n_requests, tokens))
+
+        async def refund() -> None:
+            self.refunded.append((n_requests, tokens))
+
+        return RateDecision(True, refund=refund)
+
+
+def test_a_request_refused_after_the_rate_limiter_gets_its_charge_back():
+    """A 503 (full queue, predicted SLO miss) after the buckets were charged spent the tenant's
+    budget: four requests/min, three 503s, one served, and the next was a 429."""
+    lim = RecordingLimiter()
+    adm = Admission(4096, lim)
+    for x, code in ((_input(lane_depth=4), "queue_full"),
+                    (_input(tokens_ahead=1300, service_s=0.4), "slo_predicted_violation"),
+                    (_input(service_s=0.2, decode_pace_s=0.4, running=((5, 20),)), "slo_predicted_violation")):
+        with pytest.raises(RouterError) as e:
+            _admit(adm, x)
+        assert e.value.code == code
+    assert lim.taken == [(1, 116)] * 3 and lim.refunded == lim.taken
+    _admit(adm, _input())  # admitted: the charge stands
+    assert len(lim.taken) == 4 and len(lim.refunded) == 3
+
+
+def test_refused_requests_leave_the_tenants_local_buckets_as_they_were():
+    from router.cluster_state import _Limiter
+
+    tenant = TenantConfig("t", requests_per_min=4)
+    adm = Admission(4096, _Limiter(None))  # no Redis: the per-replica buckets
+    for _ in range(3):
+        with pytest.raises(RouterError) as e:
+            _admit(adm, _input(tenant=tenant, lane_depth=4))
+        assert e.value.code == "queue_full"
+    for _ in range(4):  # the whole budget is still there
+        _admit(adm, _input(tenant=tenant))
+    with pytest.raises(RouterError) as e:
+        _admit(adm, _input(tenant=tenant))
+    assert e.value.code == "rate_limit_exceeded"
+
+
+def test_a_choice_group_is_charged_once_for_all_its_choices():
+    from router.api import ChoiceCharge
+
+    lim = RecordingLimiter()
+    adm = Admission(4096, lim)
+
+    async def choices(n: int, refuse_at: int | None = None) -> ChoiceCharge:
+        charge = ChoiceCharge(n)
+        try:
+            for i in range(n):
+                charge.pending = n - i
+                await adm.admit(_input(lane_depth=4 if i == refuse_at else 0, choice_charge=charge))
+        except RouterError:
+            await charge.give_back()
+        return charge
+
+    asyncio.run(choices(3))
+    assert lim.taken == [(3, 3 * 116)] and lim.refunded == []  # the first choice takes all three
+    lim.taken.clear()
+    asyncio.run(choices(3, refuse_at=2))  # a later choice refused: the group's charge comes back
+    assert lim.taken == [(3, 348)] and lim.refunded == [(3, 348)]
+    lim.taken.clear(), lim.refunded.clear()
+    asyncio.run(choices(3, refuse_at=0))  # the first refused after its charge: given back once
+    assert lim.taken == [(3, 348)] and lim.refunded == [(3, 348)]
+
+
+def test_more_choices_than_the_request_bucket_holds_is_too_large_not_rate_limited():
+    from router.api import ChoiceCharge
+    from router.cluster_state import _Limiter
+
+    tenant = TenantConfig("t", requests_per_min=12)  # a bucket of 12
+    adm = Admission(4096, _Limiter(None))
+
+    async def first_choice(n: int) -> None:
+        await adm.admit(_input(tenant=tenant, choice_charge=ChoiceCharge(n)))
+
+    for _ in range(2):  # never a 429 with a Retry-After that can never come true
+        with pytest.raises(RouterError) as e:
+            asyncio.run(first_choice(16))
+        assert (e.value.kind, e.value.code, e.value.param) == (ErrorKind.INVALID_REQUEST, "rate_limit_too_large", "n")
+    asyncio.run(first_choice(12))  # nothing was spent by the refusals: all 12 at once
+    with pytest.raises(RouterError) as e:
+        _admit(adm, _input(tenant=tenant))
+    assert e.value.code == "rate_limit_exceeded"

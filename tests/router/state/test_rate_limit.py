@@ -168,3 +168,55 @@ def test_local_token_bucket_and_validation() -> None:
         TenantLimits(requests_per_min=0)
     with pytest.raises(ValueError):
         LocalRateLimiter().acquire("t", -1, limits=R10)
+
+
+def test_local_refund_gives_back_what_was_taken() -> None:
+    clock = FakeClock()
+    rl = LocalRateLimiter(clock)
+    assert rl.acquire("t", 10, 100, limits=BOTH).allowed
+    assert not rl.acquire("t", 1, 0, limits=BOTH).allowed
+    rl.refund("t", 4, 40, limits=BOTH)  # admission refused four of them after the charge
+    assert rl.acquire("t", 4, 40, limits=BOTH).allowed
+    assert not rl.acquire("t", 1, 0, limits=BOTH).allowed
+    rl.refund("t", 100, 1000, limits=BOTH)  # never above capacity
+    assert not rl.acquire("t", 11, 0, limits=BOTH).allowed and rl.acquire("t", 10, 100, limits=BOTH).allowed
+    rl.refund("never-charged", 5, 5, limits=BOTH)  # a bucket not held is full: nothing to do
+    assert ("never-charged", 0) not in rl._buckets
+
+
+def test_redis_refund_gives_back_what_was_taken(make_state: Callable[..., RedisState]) -> None:
+    limits = TenantLimits(requests_per_min=10, tokens_per_min=1000)  # slow refill: 1 request per 6 s
+
+    async def main() -> None:
+        st = make_state()
+        rl = RateLimiter(st)
+        assert (await rl.acquire("t", 10, 500, limits=limits)).allowed
+        assert not (await rl.acquire("t", 1, 0, limits=limits)).allowed
+        await rl.refund("t", 3, 300, limits=limits)
+        assert (await rl.acquire("t", 3, 800, limits=limits)).allowed  # 3 requests, 500 + 300 tokens back
+        assert not (await rl.acquire("t", 1, 0, limits=limits)).allowed
+        await rl.refund("t", 50, 5000, limits=limits)  # capped: a full bucket is no bucket
+        assert await st.client.exists(st.key("rl", "req", "t"), st.key("rl", "tok", "t")) == 0
+        assert not (await rl.acquire("t", 11, 0, limits=limits)).allowed
+        await rl.refund("other", 1, 1, limits=limits)  # never charged: no key is created
+        assert await st.client.exists(st.key("rl", "req", "other")) == 0
+        await st.close()
+
+    asyncio.run(main())
+
+
+def test_a_degraded_charge_is_refunded_locally_and_a_shared_one_not_while_redis_is_away() -> None:
+    clock = FakeClock()
+
+    async def main() -> None:
+        st = RedisState(f"redis://127.0.0.1:{free_port()}/0", "c", timeout_s=0.2)  # nothing listens
+        rl = RateLimiter(st, local=LocalRateLimiter(clock))
+        d = await rl.acquire("t", 10, 0, limits=R10)
+        assert d.allowed and d.degraded
+        await rl.refund("t", 10, 0, limits=R10, degraded=True)
+        assert (await rl.acquire("t", 10, 0, limits=R10)).allowed  # given back to the local buckets
+        await rl.refund("t", 10, 0, limits=R10)  # taken from Redis, which is away: dropped quietly
+        assert not (await rl.acquire("t", 1, 0, limits=R10)).allowed
+        await st.close()
+
+    asyncio.run(main())
