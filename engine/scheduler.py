@@ -205,6 +205,9 @@ class Scheduler(DisaggregationMixin):
         passed_over: list[Request] = []
         while budget > 0 and limit > 0 and len(self.waiting):
             req = self.waiting.peek()
+            if not self.admission.admits(req):  # (static batching: not a member of the running batch)
+                passed_over.append(self.waiting.pop())
+                continue
             can_hit = req.num_computed_tokens == 0 and not req.needs_prompt_logprobs
             cached = bm.find_cached_prefix(req) if can_hit else []
             # Only a block it could hit (never the one holding its last prompt token) is worth waiting for.
@@ -228,6 +231,7 @@ class Scheduler(DisaggregationMixin):
                 req.num_cached_tokens = len(cached) * bm.block_size
             req.transition(_S.PREFILLING)
             self._join_running(req)
+            self.admission.admitted(req)
             scheduled.append(req)
             counts.append(n)
             budget -= n

@@ -59,6 +59,13 @@ class AdmissionPolicy:
     def admission_limit(self, num_running: int, max_num_seqs: int, num_waiting: int) -> int:
         return max_num_seqs - num_running
 
+    def admits(self, req: Request) -> bool:
+        """Whether ``req`` may join the running batch now (room aside)."""
+        return True
+
+    def admitted(self, req: Request) -> None:
+        """``req`` joined the running batch."""
+
 
 class StaticBatchAdmission(AdmissionPolicy):
     """Static batching baseline: a batch is the ``batch_size`` requests (or fewer, if fewer wait)
@@ -72,11 +79,21 @@ class StaticBatchAdmission(AdmissionPolicy):
     def __init__(self, batch_size: int) -> None:
         self.batch_size = batch_size
         self._quota = 0  # requests the current batch takes in all
+        # Its members: a place freed mid-batch (an abort, a padding row released, a preemption) is
+        # taken back only by the member that left it, never by a newcomer.
+        self._members: set[str] = set()
 
     def admission_limit(self, num_running: int, max_num_seqs: int, num_waiting: int) -> int:
         if num_running == 0:  # the previous batch has left: the next one is what waits now
             self._quota = min(self.batch_size, max_num_seqs, num_waiting)
+            self._members.clear()
         return max(self._quota - num_running, 0)
+
+    def admits(self, req: Request) -> bool:
+        return req.request_id in self._members or len(self._members) < self._quota
+
+    def admitted(self, req: Request) -> None:
+        self._members.add(req.request_id)
 
 
 class PreemptionPolicy:

@@ -333,3 +333,30 @@ def test_a_waiting_request_is_not_held_for_its_last_prompt_block():
     sched.update_from_output(runner.execute(so))
     run(sched, runner)
     assert y.output_token_ids == x.output_token_ids == expected_output(x.prompt_token_ids, 2)
+
+
+@pytest.mark.parametrize("how", ["abort", "padding released"])
+def test_a_static_batch_takes_no_newcomer_into_a_place_freed_mid_batch(how: str) -> None:
+    """A member's place freed before the batch's longest request ends (an abort; a finished row's
+    padding released under KV pressure) went to the next waiting request."""
+    bs = 4
+    sched = Scheduler(SchedulerConfig(policy="static", static_batch_size=2, admission_watermark=0.0),
+                      BlockManager(6 if how == "padding released" else 64, bs), 64)
+    runner = FakeModelRunner(max_num_seqs=256, max_model_len=64, block_size=bs, vocab_size=1000)
+
+    def req(rid: str, start: int, max_tokens: int) -> Request:
+        return Request(rid, list(range(start, start + 4)), SamplingParams(max_tokens=max_tokens, ignore_eos=True,
+                                                                          detokenize=False))
+
+    longest, short, newcomer = req("a", 10, 12), req("b", 5, 1 if how == "padding released" else 8), req("c", 50, 2)
+    for r in (longest, short, newcomer):
+        sched.add_request(r)
+    for step in range(40):
+        if not sched.has_unfinished():
+            break
+        if how == "abort" and step == 2:
+            assert sched.abort("b") is short
+        out = sched.schedule()
+        assert "c" not in out.num_scheduled_tokens or longest.is_finished, f"step {step}: c joined a's batch"
+        sched.update_from_output(runner.execute(out))
+    assert longest.is_finished and newcomer.is_finished and len(newcomer.output_token_ids) == 2
