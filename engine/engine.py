@@ -48,7 +48,7 @@ class LLMEngine:
             record_events=record_kv_events,
         )
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.max_model_len)
-        self.eos_token_ids = self.tokenizer.eos_token_ids if self.tokenizer else self.model_config.eos_token_ids
+        self.eos_token_ids = _stop_ids(self.tokenizer, self.model_config.eos_token_ids)
         self.runner = ModelRunner(
             loaded.model,
             loaded.kv_cache,
@@ -234,3 +234,14 @@ def _token_ids(ids: Sequence[int], param: str) -> list[int]:
         except TypeError:
             raise InvalidParameterError(param, f"token ids must be integers, got {t!r}") from None
     return out
+
+
+def _stop_ids(tokenizer, config_eos_ids: tuple[int, ...]) -> tuple[int, ...]:
+    """The ids that end generation: the tokenizer's eos and generation_config.json's; where that file
+    names none, config.json's ``eos_token_id`` (a list in Llama 3), as transformers falls back to it."""
+    if tokenizer is None:
+        return config_eos_ids
+    ids = tokenizer.eos_token_ids
+    if not tokenizer.generation_eos_ids:
+        ids += tuple(i for i in config_eos_ids if i not in ids)
+    return ids

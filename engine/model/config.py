@@ -118,7 +118,8 @@ class ModelConfig:
                 attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=eos_ids,
-                sliding_window=(cfg.get("sliding_window") or None) if use_sw else None,
+                # transformers' default window is 4096 (Mistral, Qwen2) when the key is absent; null: none
+                sliding_window=(cfg.get("sliding_window", 4096) or None) if use_sw else None,
             )
         except KeyError as e:
             raise ModelLoadError(f"{source}: missing required field {e.args[0]!r}") from None

