@@ -34,8 +34,9 @@ class FakeRouter:
     """What the consumer needs of a router; ``behaviours`` decide how each job's runs end, in turn
     (the last one repeats): ``finish``, ``fail``, ``hang`` (until ``stop_durable``), ``abort``."""
 
-    def __init__(self, *behaviours: str) -> None:
+    def __init__(self, *behaviours: str, by_id: dict[str, str] | None = None) -> None:
         self.behaviours = list(behaviours)
+        self.by_id = by_id or {}  # job id -> its behaviour, whatever the order the jobs start in
         self.draining = False
         self.started: list[str] = []
         self.state = FakeState()
@@ -46,7 +47,8 @@ class FakeRouter:
 
     async def run_durable(self, job_id, tenant, lane, ids, sampling, prompt_text) -> GenerationResult:
         self.started.append(job_id)
-        behaviour = self.behaviours.pop(0) if len(self.behaviours) > 1 else self.behaviours[0]
+        behaviour = self.by_id.get(job_id) or (self.behaviours.pop(0) if len(self.behaviours) > 1
+                                                else self.behaviours[0])
         if behaviour == "hang":
             stop = self._stops[job_id] = asyncio.Event()
             await stop.wait()
@@ -71,6 +73,13 @@ async def _until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(0.02)
+
+
+async def _stop(batch: DurableBatch, consumer: asyncio.Task) -> None:
+    """As the router stops it: stop() first (a cancel alone can be lost inside a Redis call)."""
+    await batch.stop()
+    consumer.cancel()
+    await asyncio.gather(consumer, return_exceptions=True)
 
 
 async def _status_becomes(journal: BatchJournal, job_id: str, status: str, timeout_s: float = 10.0) -> None:
@@ -184,7 +193,7 @@ def test_a_run_aborted_by_nobody_is_left_for_the_next_claim(make_state: Callable
         batch = DurableBatch(router, journal, "router-a", idle_ms=200, poll_s=0.01)
         consumer = asyncio.create_task(batch.run())
         await _status_becomes(journal, job_id, "done")
-        consumer.cancel()
+        await _stop(batch, consumer)
         status = await journal.get(job_id, "t")
         assert status.result["finish_reason"] == "length" and router.started == [job_id, job_id]
         assert await journal.pending_count() == 0
@@ -210,7 +219,7 @@ def test_a_client_cancel_stops_the_job_on_the_replica_running_it(make_state: Cal
         result = await asyncio.wait_for(waiting.result(), 10)
         assert result.finish_reason == "abort" and result.token_ids == (1,)
         await _status_becomes(journal_a, "c-1", "cancelled")
-        consumer.cancel()
+        await _stop(a, consumer)
         assert await journal_a.pending_count() == 0 and a.router.started == ["c-1"]
         assert not await b.cancel("c-1", "t")  # it ended: nothing to cancel any more
         await st.close()
@@ -228,7 +237,7 @@ def test_a_job_cancelled_while_queued_never_runs(make_state: Callable[..., Redis
         assert await batch.cancel(job_id, "t")
         consumer = asyncio.create_task(batch.run())
         await asyncio.sleep(0.4)
-        consumer.cancel()
+        await _stop(batch, consumer)
         assert router.started == [] and (await journal.get(job_id, "t")).status == "cancelled"
         assert await journal.pending_count() == 0
         await st.close()
@@ -270,7 +279,7 @@ def test_a_redis_blip_at_a_jobs_start_or_end_loses_nothing(make_state: Callable[
         assert (await asyncio.wait_for(waiting.result(), 10)).finish_reason == "length"
         await _status_becomes(journal, "job-0", "done")
         await _status_becomes(journal, "job-1", "done")
-        consumer.cancel()
+        await _stop(batch, consumer)
         assert missed == {"running": 0, "complete": 0} and await journal.pending_count() == 0
         assert sorted(router.started) == ["job-0", "job-1"]  # job-0's first claim never started it
         await st.close()
@@ -316,7 +325,7 @@ def test_an_idempotency_key_gets_the_jobs_result_or_is_released(make_state: Call
     async def main() -> None:
         st = make_state()
         journal = BatchJournal(st)
-        router = FakeRouter("finish", "fail")
+        router = FakeRouter("finish", by_id={"k-1": "fail"})
         batch = DurableBatch(router, journal, "router-a", idle_ms=200, poll_s=0.01)
         for i in range(2):
             await journal.submit(job_payload(f"k-{i}", "t", "batch", [1, 2], SamplingParams(max_tokens=2), None,
@@ -325,7 +334,7 @@ def test_an_idempotency_key_gets_the_jobs_result_or_is_released(make_state: Call
         await _status_becomes(journal, "k-0", "done")
         await _status_becomes(journal, "k-1", "failed")
         await _until(lambda: router.state.released)
-        consumer.cancel()
+        await _stop(batch, consumer)
         assert router.state.stored[("t", "key-0")].text == "ok"
         assert router.state.released == [("t", "key-1")]
         await st.close()
