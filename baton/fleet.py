@@ -125,11 +125,11 @@ class WorkerFleet:
             worker_id, self._engine_for(role), self.store, transfer_timeout_s=self.options.transfer_timeout_s)
 
     # -- supervision --------------------------------------------------------------------------
-    def dead_workers(self, timeout_s: float = 30.0) -> list[WorkerHandle]:
+    def dead_workers(self, timeout_s: float = 30.0, skip: set[str] = frozenset()) -> list[WorkerHandle]:
         """Workers whose actor is gone for good (Ray will not restart it). A restarting actor or a
         slow one is not dead: Ray restarts within ``max_restarts``, and the routers notice the new
-        incarnation themselves."""
-        handles = self.pool.all()
+        incarnation themselves. ``skip``: worker ids not to ask (replacements still loading)."""
+        handles = [w for w in self.pool.all() if w.worker_id not in skip]
         refs = [w.actor.ping.remote() for w in handles]
         dead = []
         for w, ref in zip(handles, refs):
@@ -152,7 +152,17 @@ class WorkerFleet:
         w.actor = actor
         return actor
 
-    def kill_all(self) -> None:
+    def kill_all(self, shutdown_timeout_s: float = 5.0) -> None:
+        """Stop every worker: ``shutdown`` first (it frees what the process holds outside itself,
+        such as a /dev/shm KV segment, which a kill would leave behind), then kill."""
+        calls = []
+        for w in self.pool.all():
+            try:
+                calls.append(w.actor.shutdown.remote())
+            except Exception:  # noqa: BLE001 - an actor already gone
+                pass
+        if calls:
+            ray.wait(calls, num_returns=len(calls), timeout=shutdown_timeout_s)
         for w in self.pool.all():
             kill_actor(w.actor)
 

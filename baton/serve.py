@@ -182,9 +182,19 @@ def serve_forever(cfg: BatonConfig, progress: Callable[[str], None]) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        progress("shutting down (signal received)")
+        progress("shutting down (signal received; again to abort what is in flight)")
+        forced = False
+
+        def cut_drain() -> None:  # the second signal: stop waiting for the requests in flight
+            nonlocal forced
+            forced = True
+            if server.router is not None:
+                server.router.drain_cut = True
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, cut_drain)
         await server.stop(drain=True)
-        return 0
+        return 130 if forced else 0
 
     try:
         return asyncio.run(main())

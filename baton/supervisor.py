@@ -54,6 +54,8 @@ class ClusterSupervisor:
         self.replicas: list = []  # RouterReplica actor handles, index = replica number
         self.endpoints: dict[str, str] = {}
         self._registry: WorkerRegistry | None = None
+        # Replacements loading: worker id -> (its handle, its info() call, when to give up on it).
+        self._pending: dict[str, tuple] = {}
 
     # -- start --------------------------------------------------------------------------------
     def connect(self) -> None:
@@ -130,6 +132,15 @@ class ClusterSupervisor:
 
     # -- supervision --------------------------------------------------------------------------
     def supervise_once(self) -> None:
+        """One round. Never blocks on a replacement that is still loading (it is checked again each
+        round) and never raises: one replica or worker failing must not stop the others' care."""
+        for step in (self._keep_redis, self._replace_dead_workers, self._restart_replicas):
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - logged; the next round tries again
+                log.warning("supervision step %s failed: %s", step.__name__, e)
+
+    def _keep_redis(self) -> None:
         try:
             code = self.redis.revive() if self.redis is not None else None  # the embedded one is ours to keep
         except RedisServerError as e:
@@ -137,16 +148,41 @@ class ClusterSupervisor:
             self.say(f"the embedded redis-server is down and did not restart: {e}; retrying next round")
         if code is not None:
             self.say(f"the embedded redis-server exited (code {code}); restarted it on port {self.redis.port}")
-        for w in self.fleet.dead_workers():
+
+    def _replace_dead_workers(self) -> None:
+        # Replacements started in earlier rounds: handed to the routers once loaded; one that failed
+        # or outran start_timeout_s is killed, so the next round sees it dead and starts another.
+        for worker_id, (w, loaded, deadline) in list(self._pending.items()):
+            if ray.wait([loaded], timeout=0)[0]:
+                del self._pending[worker_id]
+                try:
+                    w.info = ray.get(loaded)
+                except RayError as e:
+                    self.say(f"replacement for {worker_id} failed to start: {type(e).__name__}; retrying next round")
+                    kill_actor(w.actor)
+                    continue
+                self._tell_replicas(WorkerRef(w.worker_id, w.role, w.actor))
+                self.say(f"worker {worker_id} replaced")
+            elif time.monotonic() > deadline:
+                del self._pending[worker_id]
+                self.say(f"replacement for {worker_id} did not start within {self.cfg.cluster.start_timeout_s:.0f}s; "
+                         "retrying next round")
+                kill_actor(w.actor)
+        for w in self.fleet.dead_workers(skip=set(self._pending)):
             actor = self.fleet.replace(w)
+            self._pending[w.worker_id] = (w, actor.info.remote(), time.monotonic() + self.cfg.cluster.start_timeout_s)
+
+    def _tell_replicas(self, ref: WorkerRef) -> None:
+        """Each replica on its own: one that is gone or restarting misses it (a restarted replica is
+        started with every current handle anyway), the others still get it."""
+        calls = [(i, r.replace_worker.remote(ref)) for i, r in enumerate(self.replicas)]
+        for i, call in calls:
             try:
-                w.info = ray.get(actor.info.remote(), timeout=self.cfg.cluster.start_timeout_s)
+                ray.get(call, timeout=60)
             except (RayError, GetTimeoutError) as e:
-                self.say(f"replacement for {w.worker_id} failed to start: {type(e).__name__}; retrying next round")
-                continue
-            ref = WorkerRef(w.worker_id, w.role, actor)
-            ray.get([r.replace_worker.remote(ref) for r in self.replicas], timeout=60)
-            self.say(f"worker {w.worker_id} replaced")
+                log.warning("router-%d did not take the new %s: %s", i, ref.worker_id, type(e).__name__)
+
+    def _restart_replicas(self) -> None:
         for i, r in enumerate(self.replicas):
             try:
                 status: ReplicaStatus = ray.get(r.status.remote(), timeout=30)
@@ -174,20 +210,34 @@ class ClusterSupervisor:
         except Exception as e:  # Redis down: the cluster keeps serving; the record comes back with it
             log.warning("supervisor heartbeat failed: %s", e)
 
+    async def remove_record(self) -> None:
+        """The cluster is stopped: its registry record goes now, not when its TTL runs out."""
+        if self._registry is not None:
+            try:
+                await self._registry.remove(SUPERVISOR_ID)
+            except Exception as e:  # noqa: BLE001 - Redis away (or stopped with us): the TTL ends it
+                log.warning("could not remove the supervisor's record: %s", e)
+
     # -- stop ---------------------------------------------------------------------------------
     def drain_and_stop(self) -> int:
-        """Drain every replica, then stop everything. Returns the requests aborted at the deadline."""
+        """Drain every started replica, then stop everything. Returns the requests aborted at the
+        deadline. Each replica is waited for on its own: one that is dead does not cut the others'
+        drain short, and one never placed (stopped during startup) is not waited for at all."""
         aborted = 0
-        if self.replicas:
+        started = [(i, r) for i, r in enumerate(self.replicas) if f"router-{i}" in self.endpoints]
+        if started:
             self.say("draining: the routers stop admitting and finish what is in flight")
-            try:
-                aborted = sum(ray.get([r.drain.remote() for r in self.replicas],
-                                      timeout=self.cfg.router.drain_timeout_s + 30))
-                ray.get([r.stop.remote() for r in self.replicas], timeout=30)
-            except (RayError, GetTimeoutError) as e:
-                log.warning("a router did not stop cleanly: %s", e)
-            for r in self.replicas:
-                kill_actor(r)
+            for method, allowed_s in (("drain", self.cfg.router.drain_timeout_s + 30), ("stop", 30.0)):
+                deadline = time.monotonic() + allowed_s
+                calls = [(i, getattr(r, method).remote()) for i, r in started]
+                for i, call in calls:
+                    try:
+                        got = ray.get(call, timeout=max(1.0, deadline - time.monotonic()))
+                        aborted += got if method == "drain" and isinstance(got, int) else 0
+                    except (RayError, GetTimeoutError) as e:
+                        log.warning("router-%d did not %s cleanly: %s", i, method, type(e).__name__)
+        for r in self.replicas:
+            kill_actor(r)
         if self.fleet is not None:
             self.fleet.kill_all()
         if self.redis is not None:
@@ -219,15 +269,26 @@ def run_cluster(cfg: BatonConfig, progress: Callable[[str], None]) -> int:
 
     async def main() -> int:
         stop = asyncio.Event()
-        try:
-            await asyncio.to_thread(sup.start)
-        except BaseException:
-            await asyncio.to_thread(sup.drain_and_stop)
-            raise
-        # After ray.init, which installs Ray's own SIGTERM handler.
+        # Before anything starts (ray.init, which installs Ray's own SIGTERM handler, ran in
+        # connect): a signal during startup stops it cleanly too, not with Ray's abort.
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        starting = asyncio.ensure_future(asyncio.to_thread(sup.start))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # a signal while starting: stop what is up; the start then fails
+            progress("shutting down during startup (signal received)")
+            await asyncio.to_thread(sup.drain_and_stop)
+            await asyncio.wait({starting}, timeout=30)
+            progress("stopped")
+            return 0
+        stopped.cancel()
+        try:
+            starting.result()
+        except BaseException:
+            await asyncio.to_thread(sup.drain_and_stop)
+            raise
         progress(f"ready: {len(sup.replicas)} router replica(s), "
                  f"{cfg.pools.prefill.workers} prefill + {cfg.pools.decode.workers} decode workers")
         interval = cfg.cluster.supervise_interval_s
@@ -241,6 +302,7 @@ def run_cluster(cfg: BatonConfig, progress: Callable[[str], None]) -> int:
                 pass
         progress("shutting down (signal received)")
         await asyncio.to_thread(sup.drain_and_stop)
+        await sup.remove_record()
         progress("stopped")
         return 0
 

@@ -84,6 +84,7 @@ class Router(RequestEnding, TokenTexts):
         self.created = int(time.time())
         self._requests: dict[str, RequestContext] = {}
         self._ids_held: set[str] = set()  # ids checked free by a request still on its way to _requests
+        self.drain_cut = False  # set (a second Ctrl-C): a drain in progress stops waiting and aborts the rest
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dispatch")
         self._tasks: list[asyncio.Task] = []
@@ -108,7 +109,7 @@ class Router(RequestEnding, TokenTexts):
         Returns how many had to be aborted."""
         self.draining = True
         deadline = time.monotonic() + (self.config.drain_timeout_s if timeout_s is None else timeout_s)
-        while self._requests and time.monotonic() < deadline:
+        while self._requests and time.monotonic() < deadline and not self.drain_cut:
             await asyncio.sleep(0.05)
         if self.batch is not None:
             await self.batch.stop()  # its jobs still here stay journaled for another replica
