@@ -7,6 +7,7 @@ Only argparse is imported at module level so ``baton --help`` stays fast; the cl
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -100,6 +101,15 @@ def config_from_args(args: argparse.Namespace):
         api_key=args.api_key, progress=not args.no_progress)
 
 
+def _check_report_path(path: str) -> None:
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"--json {path}: is a directory, not a file")
+    existing = next((a for a in p.resolve().parents if a.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--json {path}: cannot create it under {existing}")
+
+
 def _say(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
@@ -112,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
     from bench.serve.search import search_goodput_rate
 
     cfg = config_from_args(args)
+    if args.json:  # before the load run, not after it (its parent directories are created then)
+        _check_report_path(args.json)
     search = None
     if args.search:
         def evaluate(rate: float):

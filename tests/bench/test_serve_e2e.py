@@ -250,3 +250,13 @@ def test_cli_argument_errors(http_url: str, capsys) -> None:
     assert "FACTOR:START:LEN" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         baton_main(["bench", "serve", "--url", http_url, "--rate", "1", "--concurrency", "2"])
+
+
+def test_cli_checks_its_report_path_before_the_run(http_url: str, tmp_path: Path, capsys) -> None:
+    """A --json that is a directory failed only after the whole load run."""
+    import time
+
+    t0 = time.monotonic()
+    assert baton_main(["bench", "serve", "--url", http_url, "--rate", "1", "--duration", "30",
+                       "--json", str(tmp_path)]) == 2
+    assert "is a directory, not a file" in capsys.readouterr().err and time.monotonic() - t0 < 10
