@@ -96,7 +96,11 @@ class Capacity:
             need = -(-(prompt_tokens + min(max_tokens, 64)) // bs)  # the prompt and the first steps
             free += w.info.num_blocks if w.load is None else w.load.num_free_blocks
             reserve += int(self.kv_reserve_fraction * w.info.num_blocks)
-        if free - p_blocks - need < reserve or self.free_seq_slots() < 1:
+        # A lone request on an empty decode pool goes even past the reserve (or past a worker's whole
+        # cache: that worker then refuses it, naming why). Held back, it would head its lane for good.
+        empty = self.in_flight == 0 and p_blocks == 0 and all(
+            w.load is None or w.load.num_running + w.load.num_waiting + w.load.num_reserved == 0 for w in decode)
+        if (not empty and free - p_blocks - need < reserve) or self.free_seq_slots() < 1:
             return Room.NO
         prefill = self.pool.live("prefill")
         if prefill and prompt_tokens >= self.local_prefill_threshold:

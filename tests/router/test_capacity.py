@@ -87,3 +87,16 @@ def test_a_short_prompt_does_not_wait_for_the_prefill_backlog():
     # A full decode pool refuses short and long prompts alike.
     _load(decode, running=64)
     assert cap.reserve(40, 16, 16) is Room.NO and cap.reserve(1700, 16, 16) is Room.NO
+
+
+def test_a_prompt_past_the_reserve_goes_when_the_decode_pool_is_empty():
+    """973 of an idle worker's 1,000 blocks: within its cache but not its 5% reserve. It got NO for
+    ever, and as its lane's head it stalled the lane (and every round that reached it)."""
+    decode = _handle("d0", "decode", num_blocks=1000)
+    _load(decode)
+    cap = Capacity(WorkerPool([], [decode]), clock=Clock())
+    assert cap.reserve(15500, 16, 16) is Room.YES
+    assert cap.room(15500, 16) is Room.NO  # not beside another request: the reserve holds again
+    cap.release()
+    _load(decode, running=1)  # someone else's request runs there
+    assert cap.room(15500, 16) is Room.NO
