@@ -62,7 +62,11 @@ class LaneQueues:
         self._held: dict[str, float] = {}  # this take()'s held lanes
         self._journaled: dict[str, tuple[str, float]] = {}  # durable jobs admitted, not yet queued: (lane, when)
         self.queued_tokens: dict[str, int] = {name: 0 for name in self.order}
-        self._cursor = 0
+        self._cursor = 0  # index into ``order`` of the lane whose turn is next (or in progress)
+        # The lane at the cursor is mid-turn: its credit for this turn was given, and a round the
+        # pools cut short resumes it without more (else every call under saturation handed credit
+        # to, and let dispatch, whichever lane the rotation started at: weights were lost).
+        self._in_turn = False
 
     # -- queueing ---------------------------------------------------------------------------
     def depth(self, lane: str) -> int:
@@ -140,15 +144,19 @@ class LaneQueues:
         out: list[Pending] = []
         blocked: set[str] = set()  # lanes whose head waits for the prefill pool, this round
         while len(out) < limit:
-            ready = [n for n in self.order if n not in blocked and self.queues[n]
-                     and self._eligible(n, self.queues[n][0], now, idle)]
+            ready = {n for n in self.order if n not in blocked and self.queues[n]
+                     and self._eligible(n, self.queues[n][0], now, idle)}
             if not ready:
                 break
-            start = self._cursor % len(ready)
-            self._cursor += 1
-            for name in ready[start:] + ready[:start]:
+            for _ in range(len(self.order)):  # one pass: each ready lane's turn, from the cursor on
+                name = self.order[self._cursor % len(self.order)]
+                if name not in ready or name in blocked:
+                    self._end_turn()
+                    continue
                 q = self.queues[name]
-                self.deficit[name] += self.lanes[name].weight * self.quantum
+                if not self._in_turn:
+                    self.deficit[name] += self.lanes[name].weight * self.quantum
+                    self._in_turn = True
                 while q and self._eligible(name, q[0], now, idle) and q[0].cost <= self.deficit[name]:
                     head = q[0]
                     room = has_capacity(head)
@@ -157,7 +165,7 @@ class LaneQueues:
                         out.extend(self._backfill(name, has_capacity, limit - len(out), now, idle))
                         break
                     if not room:
-                        return out  # the pools are full: dispatch resumes when credits come back
+                        return out  # the pools are full: this turn resumes when credits come back
                     q.popleft()
                     self.queued_tokens[name] -= head.cost
                     self.deficit[name] -= head.cost
@@ -167,7 +175,12 @@ class LaneQueues:
                         return out
                 if not q:
                     self.deficit[name] = 0.0  # an emptied lane does not bank credit
+                self._end_turn()
         return out
+
+    def _end_turn(self) -> None:
+        self._cursor = (self._cursor + 1) % len(self.order)
+        self._in_turn = False
 
     def _eligible(self, lane: str, head: Pending, now: float, idle: bool) -> bool:
         hold = self._held.get(lane)
@@ -211,6 +224,7 @@ class LaneQueues:
                 break
             q.remove(p)
             self.queued_tokens[lane] -= p.cost
+            self.deficit[lane] -= p.cost  # they leave together, but the lane pays (a debt carries over)
             out.append(p)
         return out
 
