@@ -67,6 +67,7 @@ class LaneQueues:
         # pools cut short resumes it without more (else every call under saturation handed credit
         # to, and let dispatch, whichever lane the rotation started at: weights were lost).
         self._in_turn = False
+        self._turn_sent = 0  # requests the turn in progress has dispatched, over calls
 
     # -- queueing ---------------------------------------------------------------------------
     def depth(self, lane: str) -> int:
@@ -164,12 +165,20 @@ class LaneQueues:
                         blocked.add(name)
                         out.extend(self._backfill(name, has_capacity, limit - len(out), now, idle))
                         break
-                    if not room:
-                        return out  # the pools are full: this turn resumes when credits come back
+                    if not room:  # the pools are full: the round stops
+                        if self._turn_sent == 0 and not out:
+                            # Refused first thing, before the turn or this call sent anything (a head
+                            # bigger than what frees up): the turn passes, its credit with it, so a big
+                            # head does not hold the other lanes' smaller requests back until the pools
+                            # drain. (Refused after others took this call's room, it keeps its turn.)
+                            self.deficit[name] -= self.lanes[name].weight * self.quantum
+                            self._end_turn()
+                        return out  # else this turn resumes when credits come back
                     q.popleft()
                     self.queued_tokens[name] -= head.cost
                     self.deficit[name] -= head.cost
                     out.append(head)
+                    self._turn_sent += 1
                     out.extend(self._same_prefix(name, head, has_capacity, limit - len(out)))
                     if len(out) >= limit:
                         return out
@@ -181,6 +190,7 @@ class LaneQueues:
     def _end_turn(self) -> None:
         self._cursor = (self._cursor + 1) % len(self.order)
         self._in_turn = False
+        self._turn_sent = 0
 
     def _eligible(self, lane: str, head: Pending, now: float, idle: bool) -> bool:
         hold = self._held.get(lane)

@@ -149,3 +149,17 @@ def test_a_prefix_group_is_charged_to_its_lane():
     assert [p.lane for p in first].count("batch") == 18 and q.deficit["batch"] < 0  # the group, in debt
     later = q.take(lambda p: True, idle=False, now=10.0, limit=36)
     assert [p.lane for p in later].count("interactive") >= 32  # the debt is paid in turns, not ignored
+
+
+def test_a_head_too_big_for_what_frees_up_does_not_hold_the_other_lanes():
+    """The batch lane's turn starts with a head the full pools refuse: the turn passes (without
+    banking its credit), so the next call serves the interactive lane's small requests."""
+    q = _queues()
+    _push(q, "big", "batch", cost=100)
+    for i in range(3):
+        _push(q, f"i{i}", "interactive", cost=50)
+    q._cursor = q.order.index("batch")
+    fits = lambda p: p.request_id != "big"  # noqa: E731 - only small requests fit what is free
+    assert q.take(fits, idle=False, now=10.0) == []  # the round stops at the refused head...
+    assert [p.request_id for p in q.take(fits, idle=False, now=10.0)] == ["i0", "i1", "i2"]  # ...once
+    assert q.deficit["batch"] <= 100  # at most the credit of the turn it now holds, never banked
