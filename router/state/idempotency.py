@@ -109,6 +109,14 @@ class IdempotencyStore:
         return bool(await self.state.run(lambda r: self._release(keys=keys, args=[], client=r)))
 
 
+@dataclass(slots=True)
+class _LocalEntry:
+    fingerprint: str
+    state: BeginState
+    result: dict[str, Any] | None
+    expires_at: float
+
+
 class LocalIdempotencyStore:
     """The same claims in this process's memory (no Redis, or while it is away), synchronous.
 
@@ -124,15 +132,14 @@ class LocalIdempotencyStore:
         self.lease_s = lease_s
         self.max_entries = max_entries
         self._clock = clock
-        # (tenant, key) -> [fingerprint, state, result, expires_at]; oldest use first
-        self._entries: OrderedDict[tuple[str, str], list[Any]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str], _LocalEntry] = OrderedDict()  # oldest use first
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _get(self, k: tuple[str, str]) -> list[Any] | None:
+    def _get(self, k: tuple[str, str]) -> _LocalEntry | None:
         e = self._entries.get(k)
-        if e is not None and e[3] <= self._clock():
+        if e is not None and e.expires_at <= self._clock():
             del self._entries[k]
             return None
         return e
@@ -143,25 +150,25 @@ class LocalIdempotencyStore:
         if e is None:
             now = self._clock()
             while self._entries and (len(self._entries) >= self.max_entries
-                                     or next(iter(self._entries.values()))[3] <= now):
+                                     or next(iter(self._entries.values())).expires_at <= now):
                 self._entries.popitem(last=False)  # least recently used, or expired
-            self._entries[k] = [fingerprint, "in_progress", None, now + min(self.lease_s, self.ttl_s)]
+            self._entries[k] = _LocalEntry(fingerprint, "in_progress", None, now + min(self.lease_s, self.ttl_s))
             return Begin("new")
         self._entries.move_to_end(k)
-        if e[0] != fingerprint:
+        if e.fingerprint != fingerprint:
             return Begin("mismatch")
-        return Begin(e[1], e[2])
+        return Begin(e.state, e.result)
 
     def complete(self, tenant: str, key: str, result: dict[str, Any]) -> bool:
         e = self._get((tenant, key))
         if e is None:
             return False
-        e[1:] = ["done", result, self._clock() + self.ttl_s]
+        e.state, e.result, e.expires_at = "done", result, self._clock() + self.ttl_s
         return True
 
     def release(self, tenant: str, key: str) -> bool:
         e = self._get((tenant, key))
-        if e is None or e[1] != "in_progress":  # a stored result is never thrown away
+        if e is None or e.state != "in_progress":  # a stored result is never thrown away
             return False
         del self._entries[(tenant, key)]
         return True

@@ -3,6 +3,7 @@ own logic around requests (ids, idempotency, deadlines, the durable batch lane).
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from pathlib import Path
 
@@ -61,3 +62,11 @@ def release(dispatcher: InProcessDispatcher) -> None:
     for request_id, stream in list(dispatcher.held.items()):
         stream.put(RequestOutput(request_id, [7, 8], "xy", finished=True, finish_reason="length"))
     dispatcher.held.clear()
+
+
+async def until_held(dispatcher: InProcessDispatcher, timeout_s: float = 5.0) -> None:
+    """Wait until the dispatcher holds a request (it reached a worker, in effect)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not dispatcher.held:
+        assert asyncio.get_running_loop().time() < deadline, "no request reached the dispatcher"
+        await asyncio.sleep(0.02)

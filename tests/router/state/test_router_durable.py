@@ -13,7 +13,7 @@ from router.dispatcher import Dispatcher
 from router.lanes import TenantConfig
 from router.prompt_input import request_fingerprint
 from router.worker_pool import WorkerPool
-from tests.router.state.inprocess_router import make_router
+from tests.router.state.inprocess_router import make_router, until_held
 
 
 def _batch_request(**kw) -> GenerateRequest:
@@ -28,11 +28,7 @@ def test_the_clients_abort_cancels_its_own_batch_job_only(redis_server, cluster)
         await router.start()
         try:
             stream = await router.generate(_batch_request(tenant="alice", request_id="job-a"))
-            for _ in range(250):
-                if dispatcher.held:
-                    break
-                await asyncio.sleep(0.02)
-            assert dispatcher.held, "the job never reached the dispatcher"
+            await until_held(dispatcher)
             assert not await router.abort("job-a", "bob")  # (it raised AttributeError: a 500)
             assert not await router.abort("no-such-job", "alice")
             assert await router.abort("job-a", "alice")

@@ -11,7 +11,7 @@ import time
 from engine.sampling_params import SamplingParams
 from router.api import ErrorKind, GenerateRequest, RouterError
 from router.lanes import TenantConfig
-from tests.router.state.inprocess_router import make_router, release
+from tests.router.state.inprocess_router import make_router, release, until_held
 
 TENANTS = (TenantConfig("alice", api_key="ka"), TenantConfig("bob", api_key="kb"))
 
@@ -34,10 +34,7 @@ def test_two_requests_arriving_together_with_one_id_are_one_request_and_a_409(re
             errors = [g for g in got if isinstance(g, BaseException)]
             [stream] = [g for g in got if not isinstance(g, BaseException)]
             assert len(errors) == 1 and isinstance(errors[0], RouterError) and errors[0].kind is ErrorKind.CONFLICT
-            for _ in range(250):
-                if dispatcher.held:
-                    break
-                await asyncio.sleep(0.02)
+            await until_held(dispatcher)
             owner = stream.ctx.tenant
             assert await router.abort("shared-1", owner)  # the one that runs can be stopped
             assert (await stream.result()).finish_reason == "abort" and dispatcher.aborted == ["shared-1"]
@@ -58,10 +55,7 @@ def test_a_retry_repeating_its_request_id_and_key_gets_the_first_answer(redis_se
             first = await router.generate(_request(tenant="alice", request_id="req-77", idempotency_key="K"))
             retry = asyncio.create_task(router.generate(_request(tenant="alice", request_id="req-77",
                                                                  idempotency_key="K")))
-            for _ in range(250):
-                if dispatcher.held:
-                    break
-                await asyncio.sleep(0.02)
+            await until_held(dispatcher)
             await asyncio.sleep(0.3)
             assert not retry.done()  # waiting for the first attempt, not refused
             first_result = asyncio.create_task(first.result())  # its client reads it, as over HTTP
