@@ -136,8 +136,7 @@ class Router(RequestEnding, TokenTexts):
         return tenant.name
 
     async def generate(self, req: GenerateRequest):
-        # A label in the metrics: only a configured lane's name, never the client's raw string.
-        lane_hint = req.lane if any(lane.name == req.lane for lane in self.policy.lanes) else "none"
+        lane_hint = req.lane if any(lane.name == req.lane for lane in self.policy.lanes) else "none"  # a metrics label
         if self.draining:
             raise self.admission.reject(lane_hint, "draining", RouterError(
                 ErrorKind.OVERLOADED, "The server is shutting down; retry on another replica.", code="draining",
