@@ -36,6 +36,7 @@ from router.metrics import RouterMetrics
 from router.pace_guard import PaceGuard
 from router.placement import NO_HINT, PlacementHint, prefill_queue
 from router.prompt_input import TokenTexts, request_fingerprint, tokenize_off_loop
+from router.request_ids import MAX_REQUEST_ID_LEN, is_valid_request_id
 from router.request_ending import RequestEnding
 from router.router_stream import ReplayStream, RequestContext, RouterStream, with_deadline
 from router.state.connection import StateUnavailable
@@ -258,7 +259,9 @@ class Router(RequestEnding, TokenTexts):
     async def abort(self, request_id: str, tenant: str) -> bool:
         """The client's abort (``POST /v1/abort/{id}``, gRPC ``Abort``) of its request; a durable
         batch job is cancelled wherever it is (``DurableBatch.cancel``). False: nothing of the
-        tenant's in flight under that id."""
+        tenant's in flight under that id (an id outside the id rule names nothing: no Redis lookup)."""
+        if not is_valid_request_id(request_id):
+            return False
         ctx = self._requests.get(request_id)
         if ctx is None or ctx.tenant != tenant or ctx.stream.finished or ctx.durable:
             return self.batch is not None and await self.batch.cancel(request_id, tenant)
@@ -295,9 +298,10 @@ class Router(RequestEnding, TokenTexts):
         return self.prom.exposition()
 
     async def batch_result(self, job_id: str, tenant: str) -> dict:
-        job = await self.state.batch_get(job_id, tenant)
+        job = await self.state.batch_get(job_id, tenant) if is_valid_request_id(job_id) else None
         if job is None:
-            raise RouterError(ErrorKind.NOT_FOUND, f"No batch job {job_id!r}.", param="id", code="not_found")
+            shown = job_id[:MAX_REQUEST_ID_LEN]
+            raise RouterError(ErrorKind.NOT_FOUND, f"No batch job {shown!r}.", param="id", code="not_found")
         return job
 
     # -- request preparation -----------------------------------------------------------------------
@@ -350,8 +354,7 @@ class Router(RequestEnding, TokenTexts):
         return guard.held(self.signals.decode_pace_s(self._live_token_times(running)), active, time.monotonic())
 
     def _has_room(self, p: Pending) -> Room:
-        ctx: RequestContext = p.payload
-        return self.capacity.reserve(ctx.prompt_tokens, ctx.max_tokens, self.block_size)
+        return self.capacity.reserve(p.payload.prompt_tokens, p.payload.max_tokens, self.block_size)
 
     def _submit(self, ctx: RequestContext) -> None:
         try:

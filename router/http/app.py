@@ -53,7 +53,7 @@ from router.api import ErrorKind, GenerateRequest, RouterAPI, RouterError, inval
 from router.choices import Choices
 from router.http.body import MAX_BODY_BYTES, BodyTooLarge, read_and_parse
 from router.http.logprobs import LogprobsFormatter
-from router.http.request_ids import REQUEST_ID_RULE, is_valid_request_id
+from router.request_ids import MAX_REQUEST_ID_LEN, REQUEST_ID_RULE, is_valid_request_id
 from router.http.responses import ChunkBuilder, chat_completion, dumps, internal_error, text_completion
 from router.http.schemas import (
     ChatCompletionRequest,
@@ -328,7 +328,7 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
         tenant = tenant_of(request)
         request_id = request.path_params["request_id"]
         if not await router.abort(request_id, tenant):
-            raise RouterError(ErrorKind.NOT_FOUND, f"No in-flight request {request_id!r}.", param="request_id")
+            raise RouterError(ErrorKind.NOT_FOUND, f"No in-flight request {request_id[:MAX_REQUEST_ID_LEN]!r}.", param="request_id")
         return json_response({"id": request_id, "object": "abort", "aborted": True})
 
     @app.api_route("/health", methods=["GET", "HEAD"], include_in_schema=False)

@@ -108,3 +108,29 @@ def test_a_clients_lane_string_is_no_metrics_label(redis_server, cluster) -> Non
             await router.stop()
 
     asyncio.run(main())
+
+
+def test_an_id_outside_the_rule_names_nothing_and_is_not_looked_up(redis_server, cluster) -> None:
+    """An abort or a batch lookup with an id no request can have (a newline, 10,000 characters) is
+    "not found" at once: no Redis lookup with it as a key, and the 404 does not echo all of it."""
+    async def main() -> None:
+        router, _ = make_router(redis_server.url, cluster, TENANTS)
+        await router.start()
+
+        async def looked_up(*_args):
+            raise AssertionError("a lookup with an id outside the rule")
+
+        router.batch.cancel = looked_up
+        router.state.batch_get = looked_up
+        try:
+            for bad in ("a\nb", "x" * 10_000, "", "../job"):
+                assert await router.abort(bad, "alice") is False
+                try:
+                    await router.batch_result(bad, "alice")
+                    raise AssertionError("found a batch job")
+                except RouterError as e:
+                    assert e.kind is ErrorKind.NOT_FOUND and len(str(e)) < 300
+        finally:
+            await router.stop()
+
+    asyncio.run(main())

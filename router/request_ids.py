@@ -3,8 +3,9 @@
 
 A request id names the request in logs, in ``POST /v1/abort/{id}`` and, for a durable batch job,
 in ``GET /v1/batches/{id}``: so it must be a plain URL path segment, with nothing (a newline, ``/``,
-``:``, ``%``) that could forge a log line or that a path could not carry. Pure Python (no FastAPI):
-the gRPC frontend imports it too.
+``:``, ``%``) that could forge a log line or that a path could not carry. An id outside the rule
+names nothing, so an abort or a batch lookup with one is "not found" at once. Pure Python (no
+FastAPI): both frontends and the router import it.
 """
 
 from __future__ import annotations
