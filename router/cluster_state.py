@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from router.admission import RateDecision
 from router.api import ErrorKind, GenerationResult, RouterError, Usage
 from router.lanes import TenantConfig
+from router.request_ids import shown_request_id
 from router.state.connection import RedisState, StateUnavailable
 from router.state.idempotency import IdempotencyStore, LocalIdempotencyStore
 from router.state.journal import BatchJournal
@@ -202,7 +203,7 @@ class ClusterState:
         logprobs = None if final.logprobs is None else tuple(final.logprobs)
         prompt_logprobs = None if final.prompt_logprobs is None else tuple(final.prompt_logprobs)
         await self.idempotency_store(tenant, key, GenerationResult(
-            ctx.request_id, final.text, tuple(final.token_ids), final.finish_reason,
+            shown_request_id(ctx.request_id), final.text, tuple(final.token_ids), final.finish_reason,
             Usage(ctx.prompt_tokens, len(final.token_ids), final.num_cached_tokens), ctx.lane, ctx.prompt_text,
             logprobs, prompt_logprobs))
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 
 from engine.sampling_params import SamplingParams
 from router.api import ErrorKind, GenerationResult, RouterError, StreamEvent, Usage
+from router.request_ids import shown_request_id
 from router.state.connection import StateUnavailable
 from router.state.journal import BatchJournal, ClaimedJob, JobIdConflict
 from router.task_stop import stop_tasks
@@ -44,7 +45,8 @@ class JobWaitStream:
     """What the submitting client gets: the job's whole result as one event when it is done."""
 
     def __init__(self, job_id: str, lane: str, tenant: str, batch: DurableBatch) -> None:
-        self.request_id = job_id
+        self.job_id = job_id  # tenant-scoped (router.request_ids)
+        self.request_id = shown_request_id(job_id)
         self.lane = lane
         self.tenant = tenant
         self._batch = batch
@@ -55,11 +57,11 @@ class JobWaitStream:
                           usage=r.usage, logprobs=r.logprobs, prompt_logprobs=r.prompt_logprobs)
 
     async def result(self) -> GenerationResult:
-        return await self._batch.wait(self.request_id, self.tenant, self.lane)
+        return await self._batch.wait(self.job_id, self.tenant, self.lane)
 
     async def abort(self) -> None:
         """The client went away: the job goes on (durable), nobody here waits for it any more."""
-        self._batch.detach(self.request_id)
+        self._batch.detach(self.job_id)
 
 
 class DurableBatch:
@@ -89,8 +91,8 @@ class DurableBatch:
         except JobIdConflict:
             if created:
                 self._done.pop(job_id, None)
-            raise RouterError(ErrorKind.CONFLICT, f"request id {job_id!r} already names another batch request; "
-                                                  "choose another one", param="request_id") from None
+            raise RouterError(ErrorKind.CONFLICT, f"request id {shown_request_id(job_id)!r} already names another "
+                                                  "batch request; choose another one", param="request_id") from None
         except BaseException:
             if created:
                 self._done.pop(job_id, None)
@@ -110,6 +112,7 @@ class DurableBatch:
 
     async def wait(self, job_id: str, tenant: str, lane: str = "") -> GenerationResult:
         fut = self._done.get(job_id)
+        shown = shown_request_id(job_id)  # in what the client reads
         unknown = 0  # polls in a row that found no such job in a reachable Redis
         try:
             while True:
@@ -127,12 +130,12 @@ class DurableBatch:
                 if status is not None and status.status == "done" and status.result:
                     return GenerationResult.from_dict(status.result)
                 if status is not None and status.status == "failed":
-                    raise RouterError(ErrorKind.INTERNAL, f"batch job {job_id} failed: {status.error}")
+                    raise RouterError(ErrorKind.INTERNAL, f"batch job {shown} failed: {status.error}")
                 if status is not None and status.status == "cancelled":
                     return (GenerationResult.from_dict(status.result) if status.result
-                            else GenerationResult(job_id, "", (), "abort", Usage(0, 0, 0), lane))
+                            else GenerationResult(shown, "", (), "abort", Usage(0, 0, 0), lane))
                 if unknown >= self.lost_after_polls:  # e.g. Redis restarted without persistence
-                    raise RouterError(ErrorKind.OVERLOADED, f"batch job {job_id} is gone from the journal (Redis "
+                    raise RouterError(ErrorKind.OVERLOADED, f"batch job {shown} is gone from the journal (Redis "
                                       "lost its data); submit it again", retry_after_s=1.0)
                 if fut is None:
                     await asyncio.sleep(0.5)
@@ -215,7 +218,8 @@ class DurableBatch:
                 return
             error = str(e)
             log.warning("batch job %s failed: %s", job_id, error)
-            self._answer(job_id, error=RouterError(ErrorKind.INTERNAL, f"batch job {job_id} failed: {error}"))
+            failed = f"batch job {shown_request_id(job_id)} failed: {error}"
+            self._answer(job_id, error=RouterError(ErrorKind.INTERNAL, failed))
             if await self._record(entry, lambda: self.journal.fail(job_id, entry, error, ttl_s=self.result_ttl_s)):
                 await self._release_idempotency(claimed)
             return

@@ -14,7 +14,7 @@ from router.api import ChatMessage, GenerateRequest, StreamEvent, invalid
 from router.grpc_gen.baton.v1 import generate_pb2 as pb
 from router.request_ids import REQUEST_ID_RULE, is_valid_request_id
 
-MAX_ID_LEN = 256  # idempotency_key (request_id follows router/http/request_ids.py)
+MAX_ID_LEN = 256  # idempotency_key (request_id follows router/request_ids.py)
 
 
 # -- proto -> router.api --------------------------------------------------------------------------

@@ -6,9 +6,17 @@ in ``GET /v1/batches/{id}``: so it must be a plain URL path segment, with nothin
 ``:``, ``%``) that could forge a log line or that a path could not carry. An id outside the rule
 names nothing, so an abort or a batch lookup with one is "not found" at once. Pure Python (no
 FastAPI): both frontends and the router import it.
+
+Ids belong to a tenant: inside the cluster a request runs under ``scoped_request_id(tenant, id)``,
+the client's id tagged with a hash of its tenant's name after a ``~`` (a character no client id
+has), and the router's streams show clients the id they chose (``shown_request_id``). So tenants
+cannot see (by a 409) or take each other's ids, and the tag is the same on every router replica
+(a durable batch job, an abort that reaches another replica through the journal).
 """
 
 from __future__ import annotations
+
+from hashlib import blake2b
 
 MAX_REQUEST_ID_LEN = 128
 REQUEST_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
@@ -17,3 +25,13 @@ REQUEST_ID_RULE = f"1-{MAX_REQUEST_ID_LEN} characters of letters, digits, '.', '
 
 def is_valid_request_id(rid: str) -> bool:
     return 1 <= len(rid) <= MAX_REQUEST_ID_LEN and set(rid) <= REQUEST_ID_CHARS  # length first: cheap
+
+
+def scoped_request_id(tenant: str, rid: str) -> str:
+    """The id ``tenant``'s request ``rid`` runs under in the router, the journal and the workers."""
+    return f"{rid}~{blake2b(tenant.encode(), digest_size=6).hexdigest()}"
+
+
+def shown_request_id(rid: str) -> str:
+    """The client's own id of a request running under ``rid`` (a scoped id, or already the client's)."""
+    return rid.split("~", 1)[0]

@@ -36,7 +36,7 @@ from router.metrics import RouterMetrics
 from router.pace_guard import PaceGuard
 from router.placement import NO_HINT, PlacementHint, prefill_queue
 from router.prompt_input import TokenTexts, request_fingerprint, tokenize_off_loop
-from router.request_ids import MAX_REQUEST_ID_LEN, is_valid_request_id
+from router.request_ids import MAX_REQUEST_ID_LEN, is_valid_request_id, scoped_request_id
 from router.request_ending import RequestEnding
 from router.router_stream import ReplayStream, RequestContext, RouterStream, with_deadline
 from router.state.connection import StateUnavailable
@@ -155,7 +155,8 @@ class Router(RequestEnding, TokenTexts):
             raise self.admission.reject(lane, "no_workers", RouterError(
                 ErrorKind.OVERLOADED, "No decode worker is available.", code="no_workers", retry_after_s=5.0))
 
-        rid = req.request_id or f"cmpl-{uuid.uuid4().hex[:24]}"
+        shown = req.request_id or f"cmpl-{uuid.uuid4().hex[:24]}"
+        rid = scoped_request_id(tenant.name, shown)  # another tenant's id is not this one's
         idem = None
         if req.idempotency_key:  # first: a retry that repeats its X-Request-Id too gets the first result
             idem = (tenant.name, req.idempotency_key)
@@ -165,7 +166,7 @@ class Router(RequestEnding, TokenTexts):
         if rid in self._requests or rid in self._ids_held or (self.batch is not None and self.batch.holds(rid)):
             if idem:  # (a queued batch job's id too)
                 await self.state.idempotency_release(*idem)
-            raise RouterError(ErrorKind.CONFLICT, f"request id {rid!r} is already in flight", param="request_id")
+            raise RouterError(ErrorKind.CONFLICT, f"request id {shown!r} is already in flight", param="request_id")
         # Held from this check until the request is registered: the awaits in between (placement,
         # rate limits, the journal) let a concurrent request with the same id through otherwise.
         self._ids_held.add(rid)
@@ -262,9 +263,10 @@ class Router(RequestEnding, TokenTexts):
         tenant's in flight under that id (an id outside the id rule names nothing: no Redis lookup)."""
         if not is_valid_request_id(request_id):
             return False
-        ctx = self._requests.get(request_id)
+        rid = scoped_request_id(tenant, request_id)
+        ctx = self._requests.get(rid)
         if ctx is None or ctx.tenant != tenant or ctx.stream.finished or ctx.durable:
-            return self.batch is not None and await self.batch.cancel(request_id, tenant)
+            return self.batch is not None and await self.batch.cancel(rid, tenant)
         await self._abort_here(ctx)
         return True
 
@@ -298,11 +300,12 @@ class Router(RequestEnding, TokenTexts):
         return self.prom.exposition()
 
     async def batch_result(self, job_id: str, tenant: str) -> dict:
-        job = await self.state.batch_get(job_id, tenant) if is_valid_request_id(job_id) else None
+        valid = is_valid_request_id(job_id)
+        job = await self.state.batch_get(scoped_request_id(tenant, job_id), tenant) if valid else None
         if job is None:
             shown = job_id[:MAX_REQUEST_ID_LEN]
             raise RouterError(ErrorKind.NOT_FOUND, f"No batch job {shown!r}.", param="id", code="not_found")
-        return job
+        return {**job, "id": job_id}
 
     # -- request preparation -----------------------------------------------------------------------
     def _tenant(self, name: str) -> TenantConfig:

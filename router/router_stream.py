@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 
 from engine.outputs import RequestOutput
 from router.api import ErrorKind, GenerationResult, RouterError, StreamEvent, Usage
+from router.request_ids import shown_request_id
 from router.stream import RequestFailed, RequestStream
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ class RequestContext:
 class RouterStream:
     def __init__(self, ctx: RequestContext, router: Router) -> None:
         self.ctx = ctx
-        self.request_id = ctx.request_id
+        self.request_id = shown_request_id(ctx.request_id)  # the client's id; ctx's is tenant-scoped
         self.lane = ctx.lane
         self._router = router
         self._consumed = False
@@ -56,7 +57,7 @@ class RouterStream:
         try:
             async for out in ctx.stream.aiter():
                 if out.finished and out.finish_reason == "abort" and self.deadline_hit:
-                    yield StreamEvent(ctx.request_id, out.text_delta, tuple(out.new_token_ids), finished=True,
+                    yield StreamEvent(self.request_id, out.text_delta, tuple(out.new_token_ids), finished=True,
                                       finish_reason="error", usage=self._usage(),
                                       error=RouterError(ErrorKind.DEADLINE_EXCEEDED, "The request's deadline passed."),
                                       logprobs=_tuple(out.logprobs))
@@ -65,7 +66,7 @@ class RouterStream:
                 if out.finished:
                     return
         except RequestFailed as e:
-            yield StreamEvent(ctx.request_id, "", (), finished=True, finish_reason="error",
+            yield StreamEvent(self.request_id, "", (), finished=True, finish_reason="error",
                               usage=self._usage(), error=RouterError(ErrorKind.INTERNAL, str(e)))
         finally:
             # A consumer that stops early (client gone) leaves the request to ``abort()``.
@@ -74,7 +75,7 @@ class RouterStream:
 
     def _event(self, out: RequestOutput) -> StreamEvent:
         return StreamEvent(
-            self.ctx.request_id, out.text_delta, tuple(out.new_token_ids), finished=out.finished,
+            self.request_id, out.text_delta, tuple(out.new_token_ids), finished=out.finished,
             finish_reason=out.finish_reason if out.finished else None,
             stop_reason=out.stop_reason if out.finished else None,
             usage=self._usage() if out.finished else None, logprobs=_tuple(out.logprobs),
@@ -98,13 +99,13 @@ class RouterStream:
             if ev.finished:
                 reason, usage = ev.finish_reason, ev.usage
         s = self.ctx.stream  # it already keeps the logprobs the caller was sent
-        return GenerationResult(self.ctx.request_id, "".join(text), tuple(ids), reason, usage or self._usage(),
+        return GenerationResult(self.request_id, "".join(text), tuple(ids), reason, usage or self._usage(),
                                 self.ctx.lane, prompt_text=self.ctx.prompt_text, logprobs=_tuple(s.logprobs),
                                 prompt_logprobs=_tuple(s.prompt_logprobs))
 
     async def abort(self) -> None:
         if not self.ctx.durable:  # a journaled job outlives its client
-            await self._router.abort(self.ctx.request_id, self.ctx.tenant)
+            await self._router.abort(self.request_id, self.ctx.tenant)
 
 
 class ReplayStream:

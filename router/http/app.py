@@ -155,7 +155,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 # -- the app ------------------------------------------------------------------------------------
 def client_request_id(request: Request) -> str | None:
-    """A client-chosen ``X-Request-Id`` (1-128 of ``[A-Za-z0-9._-]``, router/http/request_ids.py): it
+    """A client-chosen ``X-Request-Id`` (1-128 of ``[A-Za-z0-9._-]``, router/request_ids.py): it
     names a durable batch job, so a client can fetch the result with ``GET /v1/batches/{id}`` even
     after losing its connection."""
     rid = request.headers.get("x-request-id")
@@ -328,7 +328,8 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
         tenant = tenant_of(request)
         request_id = request.path_params["request_id"]
         if not await router.abort(request_id, tenant):
-            raise RouterError(ErrorKind.NOT_FOUND, f"No in-flight request {request_id[:MAX_REQUEST_ID_LEN]!r}.", param="request_id")
+            shown = request_id[:MAX_REQUEST_ID_LEN]
+            raise RouterError(ErrorKind.NOT_FOUND, f"No in-flight request {shown!r}.", param="request_id")
         return json_response({"id": request_id, "object": "abort", "aborted": True})
 
     @app.api_route("/health", methods=["GET", "HEAD"], include_in_schema=False)

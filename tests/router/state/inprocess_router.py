@@ -64,9 +64,9 @@ def release(dispatcher: InProcessDispatcher) -> None:
     dispatcher.held.clear()
 
 
-async def until_held(dispatcher: InProcessDispatcher, timeout_s: float = 5.0) -> None:
-    """Wait until the dispatcher holds a request (it reached a worker, in effect)."""
+async def until_held(dispatcher: InProcessDispatcher, count: int = 1, timeout_s: float = 5.0) -> None:
+    """Wait until the dispatcher holds ``count`` requests (they reached a worker, in effect)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
-    while not dispatcher.held:
+    while len(dispatcher.held) < count:
         assert asyncio.get_running_loop().time() < deadline, "no request reached the dispatcher"
         await asyncio.sleep(0.02)

@@ -12,6 +12,7 @@ from router.api import GenerateRequest
 from router.dispatcher import Dispatcher
 from router.lanes import TenantConfig
 from router.prompt_input import request_fingerprint
+from router.request_ids import scoped_request_id
 from router.worker_pool import WorkerPool
 from tests.router.state.inprocess_router import make_router, until_held
 
@@ -33,13 +34,14 @@ def test_the_clients_abort_cancels_its_own_batch_job_only(redis_server, cluster)
             assert not await router.abort("no-such-job", "alice")
             assert await router.abort("job-a", "alice")
             result = await asyncio.wait_for(stream.result(), 10)
-            assert result.finish_reason == "abort" and dispatcher.aborted == ["job-a"]
-            status = await router.state.journal.get("job-a", "alice")
+            job = scoped_request_id("alice", "job-a")  # the id it runs under (router/request_ids.py)
+            assert result.finish_reason == "abort" and dispatcher.aborted == [job] and result.request_id == "job-a"
+            status = await router.state.journal.get(job, "alice")
             for _ in range(100):
                 if status.status == "cancelled":
                     break
                 await asyncio.sleep(0.02)
-                status = await router.state.journal.get("job-a", "alice")
+                status = await router.state.journal.get(job, "alice")
             assert status.status == "cancelled" and await router.state.journal.pending_count() == 0
         finally:
             await router.stop()

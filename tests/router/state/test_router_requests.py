@@ -11,6 +11,7 @@ import time
 from engine.sampling_params import SamplingParams
 from router.api import ErrorKind, GenerateRequest, RouterError
 from router.lanes import TenantConfig
+from router.request_ids import scoped_request_id
 from tests.router.state.inprocess_router import make_router, release, until_held
 
 TENANTS = (TenantConfig("alice", api_key="ka"), TenantConfig("bob", api_key="kb"))
@@ -29,15 +30,15 @@ def test_two_requests_arriving_together_with_one_id_are_one_request_and_a_409(re
         await router.start()
         try:
             got = await asyncio.gather(router.generate(_request(tenant="alice", request_id="shared-1")),
-                                       router.generate(_request(tenant="bob", request_id="shared-1")),
+                                       router.generate(_request(tenant="alice", request_id="shared-1")),
                                        return_exceptions=True)
             errors = [g for g in got if isinstance(g, BaseException)]
             [stream] = [g for g in got if not isinstance(g, BaseException)]
             assert len(errors) == 1 and isinstance(errors[0], RouterError) and errors[0].kind is ErrorKind.CONFLICT
             await until_held(dispatcher)
-            owner = stream.ctx.tenant
-            assert await router.abort("shared-1", owner)  # the one that runs can be stopped
-            assert (await stream.result()).finish_reason == "abort" and dispatcher.aborted == ["shared-1"]
+            assert await router.abort("shared-1", "alice")  # the one that runs can be stopped
+            assert (await stream.result()).finish_reason == "abort"
+            assert dispatcher.aborted == [scoped_request_id("alice", "shared-1")]
             assert not router._ids_held
         finally:
             await router.stop()
@@ -62,7 +63,8 @@ def test_a_retry_repeating_its_request_id_and_key_gets_the_first_answer(redis_se
             release(dispatcher)
             answer = await (await asyncio.wait_for(retry, 20)).result()
             assert answer.token_ids == (await first_result).token_ids == (7, 8)
-            assert dispatcher.submitted == ["req-77"]  # one generation
+            assert dispatcher.submitted == [scoped_request_id("alice", "req-77")]  # one generation
+            assert answer.request_id == "req-77"  # the client's id, not the one it ran under
         finally:
             await router.stop()
 
@@ -130,6 +132,33 @@ def test_an_id_outside_the_rule_names_nothing_and_is_not_looked_up(redis_server,
                     raise AssertionError("found a batch job")
                 except RouterError as e:
                     assert e.kind is ErrorKind.NOT_FOUND and len(str(e)) < 300
+        finally:
+            await router.stop()
+
+    asyncio.run(main())
+
+
+def test_request_ids_belong_to_their_tenant(redis_server, cluster) -> None:
+    """Two tenants choosing one id run two requests (bob got a 409 for alice's id: he learnt that it
+    existed, and could take ids alice would use); each sees its own id, and only its owner aborts it."""
+    async def main() -> None:
+        router, dispatcher = make_router(redis_server.url, cluster, TENANTS)
+        dispatcher.hold = True
+        await router.start()
+        try:
+            alices = await router.generate(_request(tenant="alice", request_id="order-1"))
+            bobs = await router.generate(_request(tenant="bob", request_id="order-1"))
+            await until_held(dispatcher, 2)
+            assert alices.request_id == bobs.request_id == "order-1"
+            assert set(dispatcher.submitted) == {scoped_request_id("alice", "order-1"),
+                                                 scoped_request_id("bob", "order-1")}
+            assert await router.abort("order-1", "bob")
+            bob_result = await asyncio.wait_for(bobs.result(), 10)
+            assert bob_result.finish_reason == "abort" and bob_result.request_id == "order-1"
+            assert not alices.ctx.stream.finished  # alice's request goes on
+            release(dispatcher)
+            alice_result = await asyncio.wait_for(alices.result(), 10)
+            assert alice_result.finish_reason == "length" and alice_result.request_id == "order-1"
         finally:
             await router.stop()
 
