@@ -263,7 +263,8 @@ def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the process that started it dies (Linux's
     PR_SET_PDEATHSIG), so a ``baton up`` or ``baton cluster`` killed before it could stop its
     redis-server (SIGKILL, a SIGTERM before its handlers are in) leaves no orphan behind. Ray
-    starts its own processes the same way."""
+    starts its own processes the same way. Linux ties it to the starting *thread*: a revive from
+    ``asyncio.to_thread`` lives as long as the loop's default executor (until the loop closes)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
     except Exception:  # noqa: BLE001 - best effort: without it, only the orphan case is lost

@@ -80,6 +80,8 @@ class ClusterState:
         self.max_idem_waiters = 8
         self.idem_poll_s = (0.1, 2.0)  # first and longest wait between polls, doubling between
         self._index_stale = False  # events were applied locally only: re-seed Redis when it returns
+        self._unsynced: set[str] = set()  # workers whose index changed while stale (emptied ones too)
+        self._redis_run_id: str | None = None  # another one: Redis restarted, and may have lost the index
         self._tasks: list[asyncio.Task] = []
         self.degraded_since: float | None = None
 
@@ -110,12 +112,15 @@ class ClusterState:
         await self.local_index.apply(worker_id, events)
         if self.index is None:
             return
+        if self._index_stale:
+            self._unsynced.add(worker_id)
         try:
             if self._index_stale:
-                await self._reseed_index()
-            await self.index.apply(worker_id, events)
+                await self._reseed_index()  # from the local view, which has these events
+            else:
+                await self.index.apply(worker_id, events)
         except StateUnavailable:
-            self._index_stale = True
+            self._mark_stale(worker_id)
 
     async def prefix_lookup(self, hashes: list[bytes], workers: list[str]) -> dict[str, int]:
         if self.index is not None and not self._index_stale:
@@ -132,13 +137,22 @@ class ClusterState:
             try:
                 await self.index.clear_worker(worker_id)
             except StateUnavailable:
-                self._index_stale = True
+                self._mark_stale(worker_id)
+
+    def _mark_stale(self, worker_id: str | None = None) -> None:
+        self._index_stale = True
+        if worker_id is not None:
+            self._unsynced.add(worker_id)
 
     async def _reseed_index(self) -> None:
-        for worker_id, hashes in self.local_index.snapshot().items():
-            await self.index.replace_worker(worker_id, list(hashes))
+        """Every worker this router knows blocks of, and every one whose blocks changed while Redis was
+        away (one emptied then is in no snapshot, and Redis would keep its old blocks for an hour)."""
+        snapshot = self.local_index.snapshot()
+        for worker_id in set(snapshot) | self._unsynced:
+            await self.index.replace_worker(worker_id, list(snapshot.get(worker_id, ())))
+        self._unsynced.clear()
         self._index_stale = False
-        log.info("Redis is back: prefix index re-seeded from this router's view")
+        log.info("prefix index re-seeded in Redis from this router's view")
 
     # -- idempotency -----------------------------------------------------------------------------
     async def idempotency_begin(self, tenant: str, key: str, fingerprint: str,
@@ -179,6 +193,9 @@ class ClusterState:
                     del self._idem_waiters[k]
 
     async def _begin(self, tenant: str, key: str, fingerprint: str) -> tuple[str, dict | None]:
+        held = self._local_idem.peek(tenant, key, fingerprint)
+        if held is not None:  # claimed here while Redis was away, which then knows nothing of it
+            return held.state, held.result
         if self.idem is not None:
             try:
                 b = await self.idem.begin(tenant, key, fingerprint)
@@ -248,14 +265,20 @@ class ClusterState:
                 for w in router.pool.all():
                     if w.alive and w.load is not None:
                         await self.registry.heartbeat(w.worker_id, w.role, asdict(w.load), 3 * HEARTBEAT_S)
+                run_id = await self.redis.run_id()
+                if self._redis_run_id not in (None, run_id):  # restarted between two beats, maybe empty
+                    log.warning("Redis restarted: re-seeding the prefix index")
+                    self._mark_stale()
+                self._redis_run_id = run_id
                 if not was_up:
                     log.info("Redis is back: leaving degraded mode")
-                    if self._index_stale:
-                        await self._reseed_index()
+                if self._index_stale:
+                    await self._reseed_index()
                 was_up, self.degraded_since = True, None
             except StateUnavailable:
                 if was_up:
                     log.warning("Redis is unavailable: degraded mode (local rate limits, local prefix index)")
                     self.degraded_since = time.monotonic()
+                    self._mark_stale()  # it may come back without the index (a restart, no persistence)
                 was_up = False
             await asyncio.sleep(HEARTBEAT_S)

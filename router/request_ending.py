@@ -1,5 +1,5 @@
 """What the router does once per request when its stream ends (a mixin of ``Router``): counts it in
-the metrics (an aborted one without latencies), feeds the load signals admission predicts from,
+the metrics (an aborted or failed one without latencies), feeds the load signals admission predicts from,
 frees its capacity slot and stores its idempotent result."""
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ class RequestEnding:
         now = time.monotonic()
         self.signals.completion_rate.tick(now)
         s = ctx.stream
-        if s.finish_reason == "abort":  # counted (admitted = finished + running), not timed
-            self.prom.request_finished(ctx.lane, "abort", ctx.prompt_tokens, len(s.token_ids), None, None, ())
+        if s.finish_reason in ("abort", "error"):  # counted (admitted = finished + running), not timed:
+            # a burst of failures would pull the latency histograms and admission's expected output
+            # length (0 tokens each) towards zero, and admission would turn optimistic.
+            self.prom.request_finished(ctx.lane, s.finish_reason, ctx.prompt_tokens, len(s.token_ids), None, None, ())
         elif s.finished_time is not None:
             ttft = s.first_token_time - ctx.arrival if s.first_token_time else None
             gaps = [b - a for a, b in zip(s.token_times, s.token_times[1:])]

@@ -171,6 +171,11 @@ class RedisState:
         sec, usec = await self.run(lambda r: r.time())
         return sec + usec / 1e6
 
+    async def run_id(self) -> str:
+        """The server process's random id: another one means Redis restarted (its data may be gone)."""
+        info = await self.run(lambda r: r.info("server"))
+        return str(info.get("run_id", ""))
+
     async def close(self) -> None:
         """Close the client and its pool (must be awaited on the loop that used it)."""
         try:

@@ -159,6 +159,14 @@ class LocalIdempotencyStore:
             return Begin("mismatch")
         return Begin(e.state, e.result)
 
+    def peek(self, tenant: str, key: str, fingerprint: str) -> Begin | None:
+        """What ``begin`` would answer for a key held here, without claiming one that is not."""
+        e = self._get((tenant, key))
+        if e is None:
+            return None
+        self._entries.move_to_end((tenant, key))
+        return Begin("mismatch") if e.fingerprint != fingerprint else Begin(e.state, e.result)
+
     def complete(self, tenant: str, key: str, result: dict[str, Any]) -> bool:
         e = self._get((tenant, key))
         if e is None:

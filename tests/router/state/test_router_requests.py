@@ -163,3 +163,49 @@ def test_request_ids_belong_to_their_tenant(redis_server, cluster) -> None:
             await router.stop()
 
     asyncio.run(main())
+
+
+def test_failed_requests_are_counted_but_not_timed(redis_server, cluster) -> None:
+    """A burst of failures (0 tokens each, failing fast) pulled the e2e histogram and admission's
+    expected output length towards zero, and admission turned optimistic."""
+    async def main() -> None:
+        router, dispatcher = make_router(redis_server.url, cluster, TENANTS)
+        ok_submit = dispatcher.submit
+
+        def failing_submit(spec, stream, hint) -> None:
+            if spec.request_id.startswith("err-"):
+                stream.fail("worker died")
+            else:
+                ok_submit(spec, stream, hint)
+
+        dispatcher.submit = failing_submit
+        await router.start()
+        try:
+            for i in range(5):
+                await (await router.generate(_request(tenant="alice", request_id=f"ok-{i}"))).result()
+            expected = router.signals.expected_output(4)
+            for i in range(10):
+                stream = await router.generate(_request(tenant="alice", request_id=f"err-{i}"))
+                try:
+                    await stream.result()
+                    raise AssertionError("a failed request returned a result")
+                except RouterError:
+                    pass
+            await asyncio.sleep(0.05)  # the last one's bookkeeping
+            assert router.signals.expected_output(4) == expected == 2.0
+            text = router.metrics()[0].decode()
+            assert 'finish_reason="error"' in text and _sample(text, "baton_requests_finished_total", "error") == 10
+            assert _sample(text, "baton_e2e_request_latency_seconds_count") == 5
+        finally:
+            await router.stop()
+
+    asyncio.run(main())
+
+
+def _sample(text: str, name: str, finish_reason: str | None = None) -> float:
+    """The sum of ``name``'s samples (with that finish_reason label, if given) in an exposition."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and (finish_reason is None or f'finish_reason="{finish_reason}"' in line):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
