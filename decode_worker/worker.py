@@ -80,9 +80,10 @@ class DecodeWorker:
                 return ReserveResult(False, reason="no free KV blocks")
             self._count_placed(spec)
             # Expect before returning: the first chunk may arrive as soon as the caller hears back.
-            self.agent.expect(prefill, tid, spec.request_id, req.block_ids)
+            # Recorded first: an expect that fails at once (the prefill worker is gone) clears it.
             with self._lock:
                 self._transfer_of[spec.request_id] = tid
+            self.agent.expect(prefill, tid, spec.request_id, req.block_ids)
             return ReserveResult(True, tid, req.num_cached_tokens // engine.block_manager.block_size)
 
         try:

@@ -100,7 +100,7 @@ class TransferAgent:
         self._lock = threading.Lock()
         self._expected: dict[int, _Expected] = {}  # decode side
         self._outgoing: dict[tuple[str, int], _Outgoing] = {}  # prefill side: (peer key, transfer id)
-        self._delay_until: dict[int, float] = {}  # injected delays, by transfer id
+        self._delay_until: dict[tuple[str, int], float] = {}  # injected delays, by (peer key, transfer id)
         # Callbacks run on channel threads: (request id, first token), (request id, reason),
         # (request id, acknowledged) — False when the peer failed or refused.
         self.on_received = on_received or (lambda rid, tok, timing, logprob: None)
@@ -125,8 +125,8 @@ class TransferAgent:
                 ch.close()
             ch = Channel(
                 self._store, self.me, peer, self.device, tuple(self.kv_cache.shape[1:]), self.kv_cache.dtype,
-                self._on_message, self._on_channel_failure, self.connect_timeout_s, self._before_send,
-                kv_export=self._kv_export,
+                self._on_message, self._on_channel_failure, self.connect_timeout_s,
+                lambda header, peer_key=peer.key: self._before_send(peer_key, header), kv_export=self._kv_export,
             )
             self._channels[peer.worker_id] = ch
         if old is not None:  # the worker restarted: what was in flight with its old process failed
@@ -187,15 +187,16 @@ class TransferAgent:
         if self.is_gone(peer):  # its decode worker died: release now, never form a group with it again
             self._finish_outgoing(key, acked=False)
             return False
-        if out.dropped or self.faults.should_drop(transfer_id):
+        if out.dropped or self.faults.should_drop(key):
             out.dropped = True
             if last:  # nothing was sent: release as if refused, the decode side will time out
                 self._finish_outgoing(key, acked=False)
             return False
         if out.chunks == 0:
-            delay = self.faults.delay_for(transfer_id)
+            delay = self.faults.delay_for(key)
             if delay:
-                self._delay_until[transfer_id] = time.monotonic() + delay
+                with self._lock:
+                    self._delay_until[key] = time.monotonic() + delay
         ch = self.channel(peer)
         payload, on_sent = None, None
         if block_ids and ch.local:
@@ -224,9 +225,10 @@ class TransferAgent:
         self._finish_outgoing((peer.key, transfer_id), acked=False)
 
     # -- channel callbacks (channel threads) --------------------------------------------------
-    def _before_send(self, header: Header) -> bool:
+    def _before_send(self, peer_key: str, header: Header) -> bool:
         if header.kind is Kind.KV:
-            until = self._delay_until.pop(header.transfer_id, None)
+            with self._lock:
+                until = self._delay_until.pop((peer_key, header.transfer_id), None)
             if until is not None and until > time.monotonic():
                 time.sleep(until - time.monotonic())
             self.faults.before_chunk()
@@ -248,8 +250,9 @@ class TransferAgent:
         with self._lock:
             exp = self._expected.get(header.transfer_id)
             if exp is not None and payload is not None:
-                dst = exp.block_ids[header.block_offset : header.block_offset + header.num_blocks]
-                if len(dst) != header.num_blocks:
+                off, n = header.block_offset, header.num_blocks
+                dst = exp.block_ids[off : off + n] if off >= 0 and n >= 0 else []  # (a negative slice wraps)
+                if len(dst) != n:
                     exp = None  # a malformed chunk: refuse the transfer rather than corrupt blocks
                     self._expected.pop(header.transfer_id, None)
                 elif isinstance(payload, LocalRows):
@@ -282,6 +285,8 @@ class TransferAgent:
     def _finish_outgoing(self, key: tuple[str, int], acked: bool) -> None:
         with self._lock:
             out = self._outgoing.pop(key, None)
+            self._delay_until.pop(key, None)
+        self.faults.forget(key)
         if out is None:
             return
         if acked:

@@ -1,7 +1,8 @@
 """Fault injection for KV transfers, shipped in the product so tests (and operators rehearsing
 failures) can drop, delay or kill transfers on a live worker (pure Python).
 
-Faults apply on the sending side, per transfer: a dropped transfer sends nothing at all (the
+Faults apply on the sending side, per transfer (a transfer is keyed by its peer and its id: each
+decode worker numbers its transfers from 1, so an id alone names one transfer per peer): a dropped transfer sends nothing at all (the
 FIFO stays well-formed, the receiver simply never hears of it); a delayed one waits before its
 first message; ``die_after_chunks`` ends the sending process after that many chunks, as a crash
 mid-transfer would.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 
@@ -30,35 +32,41 @@ class FaultInjector:
     def __init__(self, spec: FaultSpec | None = None) -> None:
         self._lock = threading.Lock()
         self._spec = spec or FaultSpec()
-        self._dropped: set[int] = set()
-        self._delayed: set[int] = set()
+        self._dropped: set[Hashable] = set()  # transfer keys, until the transfer ends (forget)
+        self._delayed: set[Hashable] = set()
         self.num_dropped = 0
 
     def set(self, spec: FaultSpec) -> None:
         with self._lock:
             self._spec = spec
 
-    def should_drop(self, transfer_id: int) -> bool:
+    def should_drop(self, transfer: Hashable) -> bool:
         with self._lock:
-            if transfer_id in self._dropped:
+            if transfer in self._dropped:
                 return True
             if self._spec.drop_next > 0:
                 self._spec = _replace(self._spec, drop_next=self._spec.drop_next - 1)
-                self._dropped.add(transfer_id)
+                self._dropped.add(transfer)
                 self.num_dropped += 1
                 return True
             return False
 
-    def delay_for(self, transfer_id: int) -> float:
+    def delay_for(self, transfer: Hashable) -> float:
         with self._lock:
             s = self._spec
-            if s.delay_s <= 0 or transfer_id in self._delayed:
+            if s.delay_s <= 0 or transfer in self._delayed:
                 return 0.0
-            self._delayed.add(transfer_id)
+            self._delayed.add(transfer)
             if s.delay_next:
                 left = s.delay_next - 1
                 self._spec = _replace(s, delay_next=left, delay_s=s.delay_s if left else 0.0)
             return s.delay_s
+
+    def forget(self, transfer: Hashable) -> None:
+        """The transfer ended: its key may name a new transfer later."""
+        with self._lock:
+            self._dropped.discard(transfer)
+            self._delayed.discard(transfer)
 
     def before_chunk(self) -> None:
         """Called before each KV chunk is sent: ``die_after_chunks=n`` lets n chunks through."""

@@ -41,3 +41,19 @@ def test_the_wait_for_the_step_in_flight_is_counted_in_prefill_queue(worker: Dec
     assert stages["prefill_queue"] >= 0.3  # was ~0: the clock started when the engine thread took it
     assert stages["prefill_queue"] + stages["prefill_compute"] <= time.monotonic() - sent
     assert any(o.finished for o in outputs)
+
+
+def test_a_reservation_naming_a_gone_prefill_worker_prefills_here_and_leaves_no_transfer(worker: DecodeWorker) -> None:
+    """The agent failed the transfer inside expect() (clearing the request's transfer id), then the
+    reservation recorded it: an entry per such request, never removed."""
+    from kv_transfer.peer import PeerInfo
+
+    gone = PeerInfo("prefill-0", "dead", "prefill")
+    worker.agent._gone.add(gone.key)  # as a failed channel with that incarnation leaves it
+    spec = RequestSpec("g1", tuple(range(5, 60)), SamplingParams(max_tokens=2, ignore_eos=True), origin="router-a")
+    assert worker.reserve(spec, gone).accepted
+    outputs, deadline = [], time.monotonic() + 10
+    while not any(o.finished for o in outputs) and time.monotonic() < deadline:
+        outputs += worker.poll(0.5, "router-a").outputs
+    assert any(o.finished for o in outputs) and worker.num_fallbacks == 1
+    assert worker._transfer_of == {}

@@ -253,3 +253,74 @@ def test_a_restarted_peer_fails_what_was_in_flight_with_its_old_process(store):
         assert p.is_gone(old) and not p.is_gone(new)
     finally:
         p.close()
+
+
+def test_a_peer_that_never_joins_fails_its_transfers_after_the_connect_timeout(store):
+    """gloo's rendezvous waited for the group's op timeout (24 h), not the connect timeout: the
+    prefill side held the transfer, its gathered chunk and the request's blocks all that time."""
+    acked = Events()
+    p = TransferAgent(PeerInfo("p0", "a", "prefill"), store, torch.randn(SHAPE), connect_timeout_s=1.0,
+                      on_acked=lambda rid, ok: acked.add(rid, ok))
+    never = PeerInfo("d0", "never", "decode")
+    try:
+        t0 = time.monotonic()
+        assert p.send_blocks(never, 1, "r1", 0, [1, 2], chunk_index=0, last=True)
+        assert acked.wait(1, timeout=5.0) == [("r1", False)]
+        assert time.monotonic() - t0 < 4.0 and p.is_gone(never)
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize("decode_shape, dtype", [
+    ((32, 2, 2, 8, 2, 8), torch.float32),  # another block size: the rows are bigger than the sender's
+    ((32, 2, 2, 4, 8, 2), torch.float32),  # heads and head size swapped: the same bytes, another layout
+    (SHAPE, torch.bfloat16),  # another dtype
+])
+def test_workers_whose_kv_rows_differ_refuse_the_pair_naming_both(store, decode_shape, dtype):
+    """Before, a bigger row aborted the decode process inside gloo (a payload longer than the
+    buffer), and a smaller or same-size one was written and acknowledged as wrong KV."""
+    acked, failed = Events(), Events()
+    p = TransferAgent(PeerInfo("p0", "g", "prefill"), store, torch.randn(SHAPE), connect_timeout_s=5.0,
+                      on_acked=lambda rid, ok: acked.add(rid, ok))
+    d = TransferAgent(PeerInfo("d0", "g", "decode"), store, torch.zeros(decode_shape, dtype=dtype),
+                      connect_timeout_s=5.0, on_receive_failed=lambda rid, why: failed.add(rid, why))
+    pp, dp = p.me, d.me
+    try:
+        d.expect(pp, 1, "r1", [1, 2])
+        p.send_blocks(dp, 1, "r1", 0, [3, 4], chunk_index=0, last=True, first_token=5)
+        assert acked.wait(1, timeout=8.0) == [("r1", False)]
+        [(rid, why)] = failed.wait(1, timeout=8.0)
+        assert rid == "r1" and "KV rows differ" in why and str(list(decode_shape[1:])) in why
+        assert torch.count_nonzero(d.kv_cache) == 0
+    finally:
+        p.close()
+        d.close()
+
+
+def test_a_dropped_transfer_id_is_dropped_to_one_peer_only(store):
+    """Each decode worker numbers its transfers from 1: fault injection keyed by the id alone dropped
+    id 1 to every other decode worker too, for good."""
+    p, d, pp, dp, received, failed, acked = make_pair(store, inc="drop")
+    d1_received = Events()
+    d1 = TransferAgent(PeerInfo("d1", "drop", "decode"), store, torch.zeros(SHAPE),
+                       on_received=lambda rid, tok, timing, logprob: d1_received.add(rid, tok))
+    try:
+        p.faults.set(FaultSpec(drop_next=1))
+        d.expect(pp, 1, "to-d0", [1])
+        p.send_blocks(dp, 1, "to-d0", 0, [2], chunk_index=0, last=True, first_token=1)
+        assert acked.wait(1) == [("to-d0", False)]
+        d1.expect(pp, 1, "to-d1", [1])  # d1's own transfer 1
+        p.send_blocks(d1.me, 1, "to-d1", 0, [2], chunk_index=0, last=True, first_token=9)
+        assert d1_received.wait(1) == [("to-d1", 9)] and p.faults.num_dropped == 1
+    finally:
+        d1.close()
+
+
+def test_a_chunk_with_a_negative_block_offset_is_refused_not_written(store):
+    """A negative offset sliced the reserved blocks from their end: the chunk landed in another of
+    the transfer's blocks and was acknowledged."""
+    p, d, pp, dp, received, failed, acked = make_pair(store, inc="neg")
+    d.expect(pp, 4, "r4", [10, 11, 12, 13])
+    p.send_blocks(dp, 4, "r4", -2, [3], chunk_index=0, last=True, first_token=1)
+    assert acked.wait(1) == [("r4", False)]
+    assert torch.count_nonzero(d.kv_cache) == 0 and not received.items
