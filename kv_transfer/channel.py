@@ -63,17 +63,11 @@ class Channel:
         self._group: dist.ProcessGroup | None = None
         self._peer_rank = 0
         self._failed = threading.Event()
-        self._formed = threading.Event()
         self._closed = False
         self.failure: str | None = None
         self.bytes_sent = 0
         self.bytes_received = 0
         threading.Thread(target=self._connect_and_send, name=f"kv-send-{peer.key}", daemon=True).start()
-        # The wait for the peer is bounded before gloo's rendezvous (pair_group.py), but a peer that
-        # joined and died before the group formed leaves that rendezvous waiting out the op timeout.
-        watchdog = threading.Timer(connect_timeout_s + 5.0, self._check_formed)
-        watchdog.daemon = True
-        watchdog.start()
 
     @staticmethod
     def is_local(me: PeerInfo, peer: PeerInfo) -> bool:
@@ -110,10 +104,6 @@ class Channel:
         return f"{list(self.payload_shape)} {self.payload_dtype}"
 
     # -- threads ---------------------------------------------------------------------------
-    def _check_formed(self) -> None:
-        if not self._formed.is_set():
-            self._fail(f"{self.peer.key} did not form the pair group within {self._connect_timeout_s + 5.0:.0f} s")
-
     def _connect_and_send(self) -> None:
         try:
             group_device = torch.device("cpu") if self.local else self.device
@@ -123,10 +113,6 @@ class Channel:
                 self._exchange_kv_handles()
         except Exception as e:
             self._fail(f"could not form the pair group with {self.peer.key}: {e}")
-            return
-        finally:
-            self._formed.set()
-        if self._failed.is_set():  # the watchdog gave up on it first: its transfers are already failed
             return
         threading.Thread(target=self._receive_loop, name=f"kv-recv-{self.peer.key}", daemon=True).start()
         try:

@@ -5,11 +5,16 @@ directly over ``PrefixStore(pair_key, TCPStore client)``, so a pair can be forme
 formed again with a restarted peer (its new incarnation gives a new key).
 
 Before the group, each side writes what its KV rows are (shape and dtype) under the pair's prefix
-and waits up to ``connect_timeout_s`` for the other's: gloo's own rendezvous waits for the group's
-op timeout (24 h, so that idle channels live), and a peer that never joins held the transfers
-queued for it, and their blocks, that long. Rows that differ (another block size, head count or
-dtype) fail the pair with both geometries named: the payload would be cut short or read as the
-wrong layout, and gloo aborts the receiving process on a payload larger than its buffer.
+and reads the other's: rows that differ (another block size, head count or dtype) fail the pair
+with both geometries named. Without it the payload was cut short or read as the wrong layout, and
+gloo aborted the receiving process on a payload larger than its buffer.
+
+The wait for the peer is not bounded by ``connect_timeout_s``: a pair forms once per pair of
+incarnations (its key), and a side may dial long before the other needs to (a decode worker dials
+when it reserves; the router may then prefill that request locally, and the prefill worker dials
+only with its first task for that decode worker). A side that gave up after a timeout could never
+form the pair again on the same key (the other would rendezvous with stale entries), so it would
+have to mark a live peer gone. Transfers have deadlines of their own above this layer.
 """
 
 from __future__ import annotations
@@ -35,17 +40,17 @@ def form_pair_group(
     store: dist.Store, me: PeerInfo, peer: PeerInfo, device: torch.device, connect_timeout_s: float,
     rows: str = "",
 ) -> tuple[dist.ProcessGroup, int]:
-    """Blocks until the peer joins (or ``connect_timeout_s`` passes: DistStoreError). ``rows``
-    describes this side's KV rows; the peer's must be the same (ValueError). Returns (group, peer rank)."""
+    """Blocks until the peer joins. ``rows`` describes this side's KV rows; the peer's must be the
+    same (ValueError). ``connect_timeout_s`` bounds the store calls once both are there. Returns
+    (group, peer rank)."""
     prefill, decode = (me, peer) if me.role == "prefill" else (peer, me)
     if prefill.role != "prefill" or decode.role != "decode":
         raise ValueError(f"a pair is one prefill and one decode worker, got {me.role} and {peer.role}")
     rank = 0 if me is prefill else 1
     prefixed = dist.PrefixStore(pair_key(prefill, decode), store)
-    timeout = datetime.timedelta(seconds=connect_timeout_s)
-    prefixed.set_timeout(timeout)
     prefixed.set(f"rows/{rank}", rows)
-    prefixed.wait([f"rows/{1 - rank}"], timeout)
+    prefixed.wait([f"rows/{1 - rank}"], _OP_TIMEOUT)
+    prefixed.set_timeout(datetime.timedelta(seconds=connect_timeout_s))
     theirs = prefixed.get(f"rows/{1 - rank}").decode()
     if theirs != rows:
         raise ValueError(f"the two workers' KV rows differ: {me.key} has {rows}, {peer.key} has {theirs} "

@@ -255,20 +255,19 @@ def test_a_restarted_peer_fails_what_was_in_flight_with_its_old_process(store):
         p.close()
 
 
-def test_a_peer_that_never_joins_fails_its_transfers_after_the_connect_timeout(store):
-    """gloo's rendezvous waited for the group's op timeout (24 h), not the connect timeout: the
-    prefill side held the transfer, its gathered chunk and the request's blocks all that time."""
-    acked = Events()
-    p = TransferAgent(PeerInfo("p0", "a", "prefill"), store, torch.randn(SHAPE), connect_timeout_s=1.0,
-                      on_acked=lambda rid, ok: acked.add(rid, ok))
-    never = PeerInfo("d0", "never", "decode")
-    try:
-        t0 = time.monotonic()
-        assert p.send_blocks(never, 1, "r1", 0, [1, 2], chunk_index=0, last=True)
-        assert acked.wait(1, timeout=5.0) == [("r1", False)]
-        assert time.monotonic() - t0 < 4.0 and p.is_gone(never)
-    finally:
-        p.close()
+def test_a_peer_that_dials_long_after_the_connect_timeout_still_forms_the_pair(store):
+    """A decode worker dials when it reserves; the router may then prefill that request on it, and the
+    prefill worker dials only with its first task for it, much later. A side that gave up waiting
+    could never form that pair again (it forms once per pair of incarnations): the wait for the
+    other side is not bounded by the connect timeout (pair_group.py)."""
+    p, d, pp, dp, received, failed, acked = make_pair(store, inc="late")
+    d.connect_timeout_s = p.connect_timeout_s = 0.5
+    d.connect(pp)  # the decode side alone, as at a reservation
+    time.sleep(1.5)
+    d.expect(pp, 1, "r1", [1])
+    p.send_blocks(dp, 1, "r1", 0, [2], chunk_index=0, last=True, first_token=4)
+    assert received.wait() == [("r1", 4)] and acked.wait() == [("r1", True)]
+    assert not d.is_gone(pp) and not p.is_gone(dp)
 
 
 @pytest.mark.parametrize("decode_shape, dtype", [
