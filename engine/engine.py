@@ -89,8 +89,17 @@ class LLMEngine:
                                 prefill_only)
         self.scheduler.add_request(req)
         if not prefill_only:
-            self.output_processor.add(req, resume_text_chars)
+            self._add_output_stream(req, resume_text_chars)
         return req.request_id
+
+    def _add_output_stream(self, req: Request, resume_text_chars: int = 0) -> None:
+        """The request's detokenizer; one that fails takes the queued request back out (it ran to its
+        end unseen, reporting nothing, and its caller never learnt its id)."""
+        try:
+            self.output_processor.add(req, resume_text_chars)
+        except BaseException:
+            self.scheduler.abort(req.request_id)
+            raise
 
     def _new_request(self, request_id, prompt, params, priority, cache_salt, arrival_time, resume_token_ids=None,
                      prefill_only=False) -> Request:
@@ -139,7 +148,7 @@ class LLMEngine:
         req = self._new_request(request_id, prompt, params, priority, cache_salt, arrival_time)
         if not self.scheduler.reserve(req):
             return None
-        self.output_processor.add(req)
+        self._add_output_stream(req)
         return req
 
     def kv_arrived(self, request_id: str, first_token: int, ttft_breakdown: dict[str, float] | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from engine.errors import InvalidParameterError
@@ -9,6 +10,12 @@ from engine.logprobs import MAX_TOP_LOGPROBS
 
 _MAX_STOP_STRINGS = 16
 _MAX_LOGIT_BIAS = 1024
+# Past these the float32 logits overflow: a temperature near float32's largest value turns the
+# -inf of masked tokens into NaN (-inf / inf), and a tiny repetition penalty turns a positive
+# logit into inf; softmax then gives a NaN row, and the sampler picked token 0.
+MAX_TEMPERATURE = 1e6
+MIN_REPETITION_PENALTY = 0.01
+_FLAGS = ("ignore_eos", "include_stop_str_in_output", "detokenize", "skip_special_tokens")
 
 
 def _first(pair: tuple) -> int:
@@ -56,6 +63,13 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
+        # Types first: the normalization below iterates these (5 gave "'int' object is not iterable").
+        for name, kinds in (("stop", (str, list, tuple)), ("stop_token_ids", (list, tuple)),
+                            ("logit_bias", (dict, list, tuple))):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, kinds):
+                raise InvalidParameterError(name, f"{name} must be a {' or '.join(k.__name__ for k in kinds)}, "
+                                                  f"got {type(v).__name__}")
         # Normalize list inputs (JSON gives lists) into tuples so params stay hashable/immutable.
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
@@ -71,8 +85,9 @@ class SamplingParams:
     def _validate(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
             raise InvalidParameterError("max_tokens", f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if not _is_number(self.temperature) or self.temperature < 0:
-            raise InvalidParameterError("temperature", f"temperature must be >= 0, got {self.temperature!r}")
+        if not _is_number(self.temperature) or not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise InvalidParameterError("temperature", f"temperature must be in [0, {MAX_TEMPERATURE:g}], "
+                                                       f"got {self.temperature!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise InvalidParameterError("top_p", f"top_p must be in (0, 1], got {self.top_p!r}")
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
@@ -93,14 +108,19 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
                 raise InvalidParameterError("stop_token_ids", f"stop_token_ids must be non-negative integers, got {t!r}")
+        for name in _FLAGS:  # a truthy "no" was read as True
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidParameterError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.stop and not self.detokenize:  # stop strings are matched in the detokenized text
+            raise InvalidParameterError("stop", "stop strings need detokenize=True (there is no text to match)")
 
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             if not _is_number(v) or not -2 <= v <= 2:
                 raise InvalidParameterError(name, f"{name} must be a number in [-2, 2], got {v!r}")
-        if not _is_number(self.repetition_penalty) or not 0 < self.repetition_penalty <= 10:
-            raise InvalidParameterError("repetition_penalty",
-                                        f"repetition_penalty must be in (0, 10] (1 is off), got {self.repetition_penalty!r}")
+        if not _is_number(self.repetition_penalty) or not MIN_REPETITION_PENALTY <= self.repetition_penalty <= 10:
+            raise InvalidParameterError("repetition_penalty", f"repetition_penalty must be in "
+                                        f"[{MIN_REPETITION_PENALTY}, 10] (1 is off), got {self.repetition_penalty!r}")
         if len(self.logit_bias) > _MAX_LOGIT_BIAS:
             raise InvalidParameterError("logit_bias", f"logit_bias may bias at most {_MAX_LOGIT_BIAS} tokens")
         for entry in self.logit_bias:
@@ -140,4 +160,10 @@ class SamplingParams:
 
 
 def _is_number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # rejects NaN
+    """A finite int or float (not a bool, NaN, inf, or an int too large for a float)."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # 10**400
+        return False

@@ -257,3 +257,19 @@ def test_a_resumed_request_sends_the_text_its_first_worker_held_back(engine):
                     assert o.token_ids == full.token_ids and o.text == full.text
     assert text == full.text  # was short by what the first worker held back
     _drain(engine)
+
+
+def test_a_request_whose_output_stream_fails_to_start_is_not_left_queued(engine, monkeypatch):
+    """It was queued before its detokenizer failed: it then ran to its end unseen, holding blocks and
+    its id, and the caller never got the id to abort it."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("detokenizer failed")
+
+    monkeypatch.setattr(engine.output_processor, "add", broken)
+    with pytest.raises(RuntimeError):
+        engine.add_request("orphan", "hello", SamplingParams(max_tokens=5))
+    monkeypatch.undo()
+    assert not engine.has_unfinished_requests()
+    _drain(engine)
+    assert engine.add_request("orphan", "hello", SamplingParams(max_tokens=2)) == "orphan"  # the id is free
+    _drain(engine)

@@ -31,6 +31,19 @@ from engine.sampling_params import SamplingParams
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"repetition_penalty": 0.0}, "repetition_penalty"),
         ({"logit_bias": {"x": 1}}, "logit_bias"),
+        # Found by a sampling audit: each of these was accepted and misbehaved later.
+        ({"temperature": float("inf")}, "temperature"),  # NaN logits with min_tokens: token 0 every time
+        ({"temperature": 1e39}, "temperature"),  # inf in float32
+        ({"temperature": 10**400}, "temperature"),  # OverflowError inside step(), failing the whole batch
+        ({"repetition_penalty": 1e-38}, "repetition_penalty"),  # a positive logit / 1e-38 = inf
+        ({"include_stop_str_in_output": "no"}, "include_stop_str_in_output"),  # truthy: read as True
+        ({"ignore_eos": "no"}, "ignore_eos"),
+        ({"detokenize": 0}, "detokenize"),
+        ({"skip_special_tokens": "False"}, "skip_special_tokens"),  # a TypeError inside generate()
+        ({"stop": 5}, "stop"),  # "'int' object is not iterable"
+        ({"stop_token_ids": 5}, "stop_token_ids"),
+        ({"logit_bias": 5}, "logit_bias"),
+        ({"stop": ["Paris"], "detokenize": False}, "stop"),  # silently never matched
     ],
 )
 def test_bad_parameters_name_the_parameter(kwargs, param):
@@ -38,6 +51,10 @@ def test_bad_parameters_name_the_parameter(kwargs, param):
         SamplingParams(**kwargs)
     assert e.value.param == param
     assert param in str(e.value)
+
+
+def test_the_largest_allowed_values_still_sample():
+    SamplingParams(temperature=1e6, min_tokens=1, max_tokens=2, repetition_penalty=0.01)
 
 
 def test_lists_become_tuples_and_defaults_are_greedy():
