@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
-# The CPU wheel. A torch that is already in the venv (a CUDA build, say) is kept.
+# The pin: the CPU wheel where pip's indexes have it (see README, "GPUs"). A torch that is already
+# in the venv (a CUDA build, say) is kept.
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: run test install install-dev clean

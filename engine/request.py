@@ -8,13 +8,16 @@ Lifecycle (each arrow is a legal transition; ``Request.transition`` enforces the
       └──(decode role) reserve──► RESERVED ──KV + first token arrived──► DECODING
                                      └──transfer failed / deadline──► PREFILLING (local recompute)
                                      └──the same, whole prompt a local hit──► PREEMPTED (queued afresh)
+      (PREFILLING ──the last prompt token stops it (max_tokens 1, a stop token)──► FINISHED)
     DECODING ──out of blocks──► PREEMPTED
-    any live state ──worker died──► MIGRATING ──resubmitted elsewhere──► QUEUED
-    any live state ──client gone / abort──► ABORTED;  ──internal error──► FAILED
+    any live state ──client gone / abort──► ABORTED
 
 Who moves requests: ``engine.scheduler`` (QUEUED/PREEMPTED→PREFILLING, →PREEMPTED, →DECODING,
-→FINISHED, →ABORTED), the decode worker (→RESERVED, RESERVED→DECODING/PREFILLING/PREEMPTED), the prefill worker
-(→TRANSFERRING→FINISHED), and the router (→MIGRATING→QUEUED, →FAILED).
+→FINISHED, →ABORTED) and ``engine.scheduler_disagg``, which the workers call (→RESERVED,
+RESERVED→DECODING/PREFILLING/PREEMPTED; PREFILLING→TRANSFERRING→FINISHED on the prefill side).
+A request whose decode worker died is not moved: the router resubmits it to another worker as a
+new request (QUEUED there) with the tokens already delivered (``resume_token_ids``), and one whose
+worker failed ends in the router's stream (finish reason "error"), not in this enum.
 
 This module is pure Python (no torch): the router imports it.
 """
@@ -34,10 +37,8 @@ class RequestState(enum.Enum):
     TRANSFERRING = "transferring"
     DECODING = "decoding"
     PREEMPTED = "preempted"
-    MIGRATING = "migrating"
     FINISHED = "finished"
     ABORTED = "aborted"
-    FAILED = "failed"
 
     @property
     def is_terminal(self) -> bool:
@@ -48,24 +49,20 @@ class FinishReason(enum.Enum):
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or the context length
     ABORT = "abort"
-    ERROR = "error"
+    ERROR = "error"  # the router's, for a request whose worker failed; an engine never ends one so
 
 
-_TERMINAL = frozenset({RequestState.FINISHED, RequestState.ABORTED, RequestState.FAILED})
+_TERMINAL = frozenset({RequestState.FINISHED, RequestState.ABORTED})
 _S = RequestState
 ALLOWED_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
-    _S.QUEUED: frozenset({_S.PREFILLING, _S.RESERVED, _S.MIGRATING, _S.ABORTED, _S.FAILED}),
-    _S.RESERVED: frozenset({_S.DECODING, _S.PREFILLING, _S.PREEMPTED, _S.MIGRATING, _S.ABORTED, _S.FAILED}),
-    _S.PREFILLING: frozenset(
-        {_S.DECODING, _S.TRANSFERRING, _S.PREEMPTED, _S.FINISHED, _S.MIGRATING, _S.ABORTED, _S.FAILED}
-    ),
-    _S.TRANSFERRING: frozenset({_S.FINISHED, _S.MIGRATING, _S.ABORTED, _S.FAILED}),
-    _S.DECODING: frozenset({_S.FINISHED, _S.PREEMPTED, _S.MIGRATING, _S.ABORTED, _S.FAILED}),
-    _S.PREEMPTED: frozenset({_S.PREFILLING, _S.MIGRATING, _S.ABORTED, _S.FAILED}),
-    _S.MIGRATING: frozenset({_S.QUEUED, _S.ABORTED, _S.FAILED}),
+    _S.QUEUED: frozenset({_S.PREFILLING, _S.RESERVED, _S.ABORTED}),
+    _S.RESERVED: frozenset({_S.DECODING, _S.PREFILLING, _S.PREEMPTED, _S.ABORTED}),
+    _S.PREFILLING: frozenset({_S.DECODING, _S.TRANSFERRING, _S.PREEMPTED, _S.FINISHED, _S.ABORTED}),
+    _S.TRANSFERRING: frozenset({_S.FINISHED, _S.ABORTED}),
+    _S.DECODING: frozenset({_S.FINISHED, _S.PREEMPTED, _S.ABORTED}),
+    _S.PREEMPTED: frozenset({_S.PREFILLING, _S.ABORTED}),
     _S.FINISHED: frozenset(),
     _S.ABORTED: frozenset(),
-    _S.FAILED: frozenset(),
 }
 
 

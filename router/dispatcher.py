@@ -6,8 +6,10 @@ Request flow (disaggregated)::
 
     pick D ──D.reserve(spec, P)──► D allocates blocks for what it does not cache
            ──P.prefill(task)────► P computes chunks, ships KV after each ──► D decodes, streams back
-Conditional disaggregation: migrated requests, prompts shorter than ``local_prefill_threshold``
-and clusters without a live prefill worker are prefilled on D itself.
+Conditional disaggregation (``router.placement.prefill_on_decode``): D prefills a request itself
+when it is migrated (resumed there), asks for prompt logprobs, has at least half its prompt cached
+on D, or no prefill worker is live; a prompt shorter than ``local_prefill_threshold`` too, unless
+a prefill worker has room for it now (``short_prompts_to_idle_prefill``, on by default).
 
 Failures: a decode worker that dies (or restarts, losing its state) has its requests *migrated*:
 each is resubmitted to another decode worker with the tokens the caller has already received as

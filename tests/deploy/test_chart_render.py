@@ -516,6 +516,9 @@ def test_numeric_tags_never_render_as_go_format_errors():
     (("redis.mode=external", "redis.url=redis://r:6379/0"), "name the Secret holding the password in redis.auth.existingSecret"),
     (("prefill.resources.limits.nvidia\\.com/gpu=1",), "prefill.resources.limits sets nvidia.com/gpu"),
     (("router.rayStartParams.num-cpus=8",), "router.rayStartParams.num-cpus is set by the chart"),
+    # The head takes no Baton actor: a GPU or a custom resource there would let one land on it.
+    (("head.rayStartParams.num-gpus=1",), "head.rayStartParams.num-gpus is set by the chart"),
+    (("head.rayStartParams.resources=x",), "head.rayStartParams.resources is set by the chart"),
 ])
 def test_chart_rejects_inconsistent_values_with_a_readable_message(sets, message):
     proc = helm(*template_args(sets=sets), check=False)

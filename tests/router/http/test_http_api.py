@@ -166,7 +166,7 @@ BAD_INPUTS = [
     (CHAT, {"messages": HELLO, "logit_bias": {"abc": 1}}, "logit_bias", "token ids"),
     (CHAT, {"messages": HELLO, "logit_bias": {"5": 101}}, "logit_bias", "[-100, 100]"),
     (CHAT, {"messages": HELLO, "logit_bias": {"5": "x"}}, "logit_bias.5", "expected a number"),
-    (CHAT, {"messages": HELLO, "repetition_penalty": 0}, "repetition_penalty", "(0, 10]"),
+    (CHAT, {"messages": HELLO, "repetition_penalty": 0}, "repetition_penalty", "[0.01, 10]"),
     (CHAT, {"messages": HELLO, "min_p": 1.5}, "min_p", "[0, 1]"),
     (CHAT, {"messages": HELLO, "tools": [{"type": "function"}]}, "tools", "not supported"),
     (CHAT, {"messages": [{"role": "user", "content": "w " * 60}], "max_tokens": 10}, "max_tokens",

@@ -121,7 +121,7 @@ Checks the JSON schema cannot express; each fails with a message naming the valu
 {{- if hasKey (index ($p.resources | default dict) $kind | default dict) $v.gpuResourceName }}{{ fail (printf "%s.resources.%s sets %s: the chart requests workersPerPod x gpusPerWorker GPUs itself; set %s.gpusPerWorker instead" $g $kind $v.gpuResourceName $g) }}{{ end }}
 {{- end }}
 {{- end }}
-{{- $owned := dict "head" (list "num-cpus" "dashboard-host") "router" (list "num-cpus" "resources") "prefill" (list "num-cpus" "num-gpus" "resources") "decode" (list "num-cpus" "num-gpus" "resources") }}
+{{- $owned := dict "head" (list "num-cpus" "num-gpus" "resources" "dashboard-host") "router" (list "num-cpus" "resources") "prefill" (list "num-cpus" "num-gpus" "resources") "decode" (list "num-cpus" "num-gpus" "resources") }}
 {{- range $g, $keys := $owned }}
 {{- range $k := $keys }}
 {{- if hasKey ((index $v $g).rayStartParams | default dict) $k }}{{ fail (printf "%s.rayStartParams.%s is set by the chart (from %s); remove it" $g $k (ternary "the group's CPU/GPU values and its Baton Ray resource" "Baton's head settings: no actors on the head, dashboard on 0.0.0.0" (ne $g "head"))) }}{{ end }}
