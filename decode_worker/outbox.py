@@ -50,6 +50,11 @@ class Outbox:
                     self._last_seen.pop(o, None)
             return out
 
+    def known_origins(self) -> set[str]:
+        """Routers still counted as alive, or with requests here."""
+        with self._cv:
+            return set(self._last_seen)
+
     def touch_all(self) -> None:
         """Every router counts as just seen: the worker itself was away (paused, stopped by a signal),
         so their silence meanwhile says nothing about them."""

@@ -48,6 +48,7 @@ class DecodeWorker:
         self._lock = threading.Lock()
         self._transfer_of: dict[str, int] = {}  # request id -> transfer id, while reserved
         self._placed: dict[str, int] = {}  # engine thread only: WorkerLoad.prompt_tokens_placed
+        self._placed_at: dict[str, float] = {}  # when each router last placed a request here
         self.num_fallbacks = 0
         self.orphan_timeout_s = orphan_timeout_s
         self.num_orphans_aborted = 0
@@ -210,6 +211,16 @@ class DecodeWorker:
             self.num_orphans_aborted += 1
         if self.num_orphans_aborted:
             log.debug("%s: %d orphaned requests aborted so far", self.worker_id, self.num_orphans_aborted)
+        self._forget_gone_routers(now)
+
+    def _forget_gone_routers(self, now: float, after_s: float = 600.0) -> None:
+        """Drop the placed-token counts of routers gone for ``after_s`` (each router start is a new
+        origin: they piled up in every load report). Long after the orphan timeout, so a router that
+        was only stalled never sees its count restart from zero (it would read as phantom load)."""
+        live = self.outbox.known_origins()
+        for origin in [o for o, t in self._placed_at.items() if o not in live and now - t > after_s]:
+            del self._placed_at[origin]
+            self._placed.pop(origin, None)
 
     def _snapshot_load(self, engine: LLMEngine) -> None:
         self._load_snapshot = self._load(engine)  # read by poll() without waiting for the step
@@ -232,6 +243,7 @@ class DecodeWorker:
     def _count_placed(self, spec: RequestSpec) -> None:
         # On the loop's thread, like the block counts the load report reads: consistent with them.
         self._placed[spec.origin] = self._placed.get(spec.origin, 0) + spec.num_prompt_tokens
+        self._placed_at[spec.origin] = time.monotonic()
 
     def _load(self, engine: LLMEngine) -> WorkerLoad:
         s, st, bm = engine.scheduler, self.agent.stats, engine.block_manager

@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Protocol
 
@@ -122,7 +123,7 @@ class CompletionRate:
 
     def __init__(self, window_s: float = 10.0) -> None:
         self.window_s = window_s
-        self._times: list[float] = []
+        self._times: deque[float] = deque()  # popped from the left as they leave the window
 
     def tick(self, now: float | None = None) -> None:
         self._times.append(time.monotonic() if now is None else now)
@@ -131,7 +132,7 @@ class CompletionRate:
         now = time.monotonic() if now is None else now
         cut = now - self.window_s
         while self._times and self._times[0] < cut:
-            self._times.pop(0)
+            self._times.popleft()
         if len(self._times) < 3:
             return None
         return len(self._times) / max(now - self._times[0], 1e-3)

@@ -23,6 +23,7 @@ def _worker(timeout_s: float) -> DecodeWorker:
     w.worker_id, w.orphan_timeout_s, w.num_orphans_aborted = "decode-0", timeout_s, 0
     w.outbox, w._lock, w._transfer_of = Outbox(), threading.Lock(), {}
     w._last_tick, w._next_orphan_check = time.monotonic(), 0.0
+    w._placed, w._placed_at = {}, {}
     return w
 
 
@@ -48,3 +49,23 @@ def test_a_router_silent_while_the_worker_ticks_loses_its_requests_and_is_told_i
         time.sleep(0.02)
     assert engine.aborted == ["a"] and w.num_orphans_aborted == 1
     assert w.outbox.take_dropped("router-0") == ["a"]  # in its next OutputBatch: it places "a" again
+
+
+def test_the_placed_counts_of_routers_long_gone_are_dropped():
+    """Each router start is a new origin; their placed-token counts piled up in every load report
+    (41 after 40 restarts). A router gone past the orphan timeout keeps its count for 10 minutes."""
+    w, engine = _worker(0.1), ScriptedEngine()
+    for origin in ("old", "live"):
+        w.outbox.register(f"r-{origin}", origin)
+        w._placed[origin], w._placed_at[origin] = 100, time.monotonic()
+    w.outbox.forget("r-old")
+    for _ in range(8):  # ticking (a worker that did not tick was away, and forgives every silence)
+        time.sleep(0.03)
+        w.outbox.poll("live", 0.0)
+        _tick(w, engine)
+    assert w.outbox.known_origins() == {"live"}  # "old" is gone now, but only just
+    assert set(w._placed) == {"old", "live"}
+    w._placed_at["old"] -= 601
+    w._placed_at["live"] -= 601  # placed nothing for long, but still polling
+    _tick(w, engine)
+    assert set(w._placed) == {"live"}

@@ -124,3 +124,23 @@ def test_default_model_streaming(default_tok: Tokenizer) -> None:
     rng = random.Random(1)
     for _ in range(300):
         _check_random_ids(default_tok, rng)
+
+
+def test_a_long_run_of_stray_bytes_streams_out_and_keeps_the_window_small(tiny_tok: Tokenizer) -> None:
+    """A model emitting continuation bytes (no UTF-8 at all) kept every token held: each new token
+    re-decoded the whole run (268 µs a token after 4,000, on every step of its batch)."""
+    stray = next(t for t in range(tiny_tok.vocab_size) if tiny_tok.token_bytes(t) == b"\x80")
+    euro = tiny_tok.encode(" 5 €, ok", add_special_tokens=False)
+    ids = [stray] * 300 + euro + [stray] * 30 + tiny_tok.encode("😀 done", add_special_tokens=False)
+    detok = tiny_tok.new_detokenizer(tiny_tok.encode("prompt"))
+    deltas, longest = [], 0
+    for i in ids:
+        deltas.append(detok.add([i]))
+        longest = max(longest, len(detok._ids))
+        assert tiny_tok.decode(ids).startswith(detok.text)  # nothing emitted is taken back
+    assert "".join(deltas) + detok.finish() == tiny_tok.decode(ids)
+    assert longest <= 16  # was 300+: the whole run held
+    assert sum(1 for d in deltas if d) > 30  # it streams, not one delta at the end
+    for chunks in ([3], [1, 7]):  # fed several at a time too
+        d, tail = _stream(tiny_tok, [1], ids, chunks)
+        assert "".join(d) + tail == tiny_tok.decode(ids)
