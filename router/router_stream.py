@@ -45,6 +45,7 @@ class RouterStream:
         self.ctx = ctx
         self.request_id = shown_request_id(ctx.request_id)  # the client's id; ctx's is tenant-scoped
         self.lane = ctx.lane
+        self._timed = 0  # tokens whose inter-token gaps are in the ITL histogram
         self._router = router
         self._consumed = False
         self.deadline_hit = False
@@ -62,6 +63,7 @@ class RouterStream:
                                       error=RouterError(ErrorKind.DEADLINE_EXCEEDED, "The request's deadline passed."),
                                       logprobs=_tuple(out.logprobs))
                     return
+                self._observe_gaps(len(out.new_token_ids))
                 yield self._event(out)
                 if out.finished:
                     return
@@ -72,6 +74,13 @@ class RouterStream:
             # A consumer that stops early (client gone) leaves the request to ``abort()``.
             if ctx.stream.finished:
                 self._router._finished(ctx)
+
+    def _observe_gaps(self, n: int) -> None:
+        """The gaps before this delta's ``n`` tokens (their arrival times are in the stream already)."""
+        times, start = self.ctx.stream.token_times, self._timed
+        self._timed = end = min(start + n, len(times))
+        if end > max(start, 1):
+            self._router.prom.token_gaps(self.lane, [times[i] - times[i - 1] for i in range(max(start, 1), end)])
 
     def _event(self, out: RequestOutput) -> StreamEvent:
         return StreamEvent(

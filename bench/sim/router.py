@@ -165,7 +165,8 @@ class SimRouter:
         self.signals.completion_rate.tick(now)
         rec = t.record
         measured = rec.token_times and t.dispatched is not None
-        self.signals.finished(now, rec.token_times, rec.token_times[0] - t.dispatched if measured else None,
+        self.signals.finished(now, rec.token_times[-17:], len(rec.token_times),
+                              rec.token_times[0] - t.dispatched if measured else None,
                               t.prefill_queue_s, t.prefill_compute_s)
         self.dispatch()
 
