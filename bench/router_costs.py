@@ -38,7 +38,13 @@ class _StreamingDispatcher:
         self.step_s, self.hold, self._stop = step_s, False, False
         self.active: dict[str, list] = {}
         self.lock = threading.Lock()
-        threading.Thread(target=self._run, daemon=True).start()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    async def close(self) -> None:
+        """Stop giving tokens (before the loop the streams deliver to closes)."""
+        self._stop = True
+        await asyncio.to_thread(self._thread.join)
 
     def submit(self, spec, stream, hint) -> None:
         with self.lock:
@@ -106,7 +112,7 @@ async def admission(running: int) -> dict:
             await asyncio.sleep(0.002)
         return {"running": running, "generate_ms": round(_median(times) * 1e3, 4)}
     finally:
-        d._stop = True
+        await d.close()
         await router.stop()
 
 
