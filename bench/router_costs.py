@@ -140,7 +140,7 @@ async def request_end(length: int, streams: int = 16) -> dict:
         got = await asyncio.gather(*(one() for _ in range(streams)))
     finally:
         task.cancel()
-        d._stop = True
+        await d.close()
         await router.stop()
     assert all(g == length for g in got), got
     lags.sort()
