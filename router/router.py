@@ -238,6 +238,10 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
         ctx = RequestContext(rid, tenant, lane, len(ids), sampling.max_tokens, stream, spec,
                              prompt_text=prompt_text, idempotency=idem)
         ctx.hint = hint
+        # Its end is recorded when the stream ends, not when a reader reaches the end: a choice of n
+        # whose client left (or whose sibling was refused) was never read to its end, and stayed in
+        # flight for good, holding a sequence slot (at ~256 of them dispatch stopped).
+        stream.when_finished(lambda: self._finished(ctx))
         self._requests[rid] = ctx
         first_block = hash_blocks(ids[: self.block_size], self.block_size, salt)
         self.queues.push(Pending(rid, lane, len(ids) + min(sampling.max_tokens, 64),

@@ -8,7 +8,7 @@ import asyncio
 import queue
 import threading
 import time
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator, Callable, Iterator
 
 from engine.logprobs import TokenLogprob
 from engine.outputs import RequestOutput
@@ -39,6 +39,7 @@ class RequestStream:
         self._queue: queue.SimpleQueue[RequestOutput | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._async: tuple[asyncio.AbstractEventLoop, asyncio.Queue] | None = None
+        self._on_finish: Callable[[], None] | None = None  # run once on the bound loop when it ends
 
     # -- producer side (poller threads) -------------------------------------------------------
     def put(self, out: RequestOutput) -> None:
@@ -65,6 +66,7 @@ class RequestStream:
                 self.finish_reason = out.finish_reason
                 self.stop_reason = out.stop_reason
                 self.num_cached_tokens = out.num_cached_tokens
+                self._finish_callback()
             self._deliver(out)
 
     def fail(self, reason: str) -> None:
@@ -75,7 +77,22 @@ class RequestStream:
             self.error = reason
             self.finish_reason = "error"
             self.finished_time = time.monotonic()
+            self._finish_callback()
             self._deliver(None)
+
+    def when_finished(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the bound loop once the stream ends (at once if it has), whoever reads
+        it: a stream nobody reads to its end (a choice of n whose client left) still ends there."""
+        with self._lock:
+            assert self._async is not None, "bind the stream to a loop first"
+            self._on_finish = callback
+            if self.finished:
+                self._finish_callback()
+
+    def _finish_callback(self) -> None:  # under the lock
+        if self._on_finish is not None and self._async is not None:
+            self._async[0].call_soon_threadsafe(self._on_finish)
+            self._on_finish = None
 
     def _deliver(self, item: RequestOutput | None) -> None:
         if self._async is not None:

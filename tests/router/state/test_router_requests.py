@@ -239,3 +239,33 @@ def test_inter_token_gaps_are_observed_as_the_tokens_arrive(redis_server, cluste
             await router.stop()
 
     asyncio.run(main())
+
+
+def test_a_request_nobody_reads_to_its_end_still_ends_in_the_router(redis_server, cluster) -> None:
+    """Its end was recorded only by a reader reaching it (or an abort, which skips finished ones): a
+    choice of n that finished while its client left, or before a sibling choice was refused, stayed
+    in flight for good, holding a sequence slot; at ~256 of them dispatch stopped."""
+    from router.choices import Choices
+
+    async def main() -> None:
+        router, dispatcher = make_router(redis_server.url, cluster, TENANTS)
+        await router.start()
+        try:
+            unread = await router.generate(_request(tenant="alice", request_id="unread"))  # finishes at once
+            for _ in range(100):
+                if not router._requests:
+                    break
+                await asyncio.sleep(0.01)
+            assert not router._requests and router.capacity.in_flight == 0 and unread.ctx.finished
+            # n = 3, its client gone after the choices finished but before anyone read them
+            choices = await Choices.start(router, _request(tenant="alice", request_id="multi"), 3)
+            await asyncio.sleep(0.1)
+            await choices.abort()
+            await asyncio.sleep(0.05)
+            assert not router._requests and not router._dispatched and router.capacity.in_flight == 0
+            text = router.metrics()[0].decode()
+            assert _sample(text, "baton_requests_finished_total", "length") == 4
+        finally:
+            await router.stop()
+
+    asyncio.run(main())
