@@ -250,17 +250,27 @@ class Admission:
         self.slo_headroom = slo_headroom
         self.rejections: dict[tuple[str, str], int] = {}
 
-    def check_context(self, prompt_tokens: int, max_tokens: int, lane: str = "none") -> None:
+    def check_context(self, prompt_tokens: int, max_tokens: int, lane: str = "none", *, max_tokens_given: bool = True,
+                      prompt_param: str = "messages", max_tokens_param: str = "max_tokens") -> None:
+        """A prompt that leaves no room, or an output bound the client set that does not fit, is a
+        400 naming the field at fault (a bound the client did not set is the server's default: it
+        is never the client's fault, and is never named)."""
         total = prompt_tokens + max_tokens
-        if total > self.max_model_len:
-            self._count(lane, "context_length")
+        if total <= self.max_model_len:
+            return
+        self._count(lane, "context_length")
+        where = "the messages" if prompt_param == "messages" else "the prompt"
+        if prompt_tokens >= self.max_model_len or not max_tokens_given:
             raise RouterError(
                 ErrorKind.INVALID_REQUEST,
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{total} tokens ({prompt_tokens} in the messages, {max_tokens} in the completion). Please reduce "
-                "the length of the messages or completion.",
-                param="max_tokens", code="context_length_exceeded",
-            )
+                f"This model's maximum context length is {self.max_model_len} tokens. However, {where} resulted "
+                f"in {prompt_tokens} tokens, which leaves no room for a completion. Please reduce the length of "
+                f"{where}.", param=prompt_param, code="context_length_exceeded")
+        raise RouterError(
+            ErrorKind.INVALID_REQUEST,
+            f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+            f"{total} tokens ({prompt_tokens} in {where}, {max_tokens} in the completion). Please reduce "
+            f"the length of {where} or {max_tokens_param}.", param=max_tokens_param, code="context_length_exceeded")
 
     async def admit(self, x: AdmissionInput) -> float:
         """Raise RouterError if the request must be rejected; else return its predicted TTFT."""

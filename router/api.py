@@ -115,6 +115,7 @@ class GenerateRequest:
     request_id: str | None = None  # None: the router assigns one
     idempotency_key: str | None = None
     max_tokens_given: bool = True  # classification rules look at whether the client bounded the output
+    max_tokens_param: str = "max_tokens"  # the field the client bounded it with (errors name it)
     deadline_s: float | None = None  # absolute monotonic time after which the request is aborted
     echo_prompt: bool = False  # completions' ``echo``
     endpoint: str = "completions"  # "completions" | "chat" | "grpc" (for metrics labels)

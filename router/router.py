@@ -155,7 +155,9 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
                 req = replace(req, sampling=replace(req.sampling, max_tokens=room))
         lane = classify(self.policy, tenant, explicit_lane=req.lane, num_prompt_tokens=len(ids), stream=req.stream,
                         max_tokens=req.sampling.max_tokens, max_tokens_given=req.max_tokens_given)
-        self.admission.check_context(len(ids), req.sampling.max_tokens, lane)
+        self.admission.check_context(len(ids), req.sampling.max_tokens, lane, max_tokens_given=req.max_tokens_given,
+                                     prompt_param="messages" if req.messages is not None else "prompt",
+                                     max_tokens_param=req.max_tokens_param)
         if not self.pool.live("decode"):
             raise self.admission.reject(lane, "no_workers", RouterError(
                 ErrorKind.OVERLOADED, "No decode worker is available.", code="no_workers", retry_after_s=5.0))

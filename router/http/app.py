@@ -54,7 +54,7 @@ from router.choices import Choices
 from router.http.body import MAX_BODY_BYTES, BodyTooLarge, read_and_parse
 from router.http.logprobs import LogprobsFormatter
 from router.request_ids import MAX_REQUEST_ID_LEN, REQUEST_ID_RULE, is_valid_request_id
-from router.http.responses import ChunkBuilder, chat_completion, dumps, internal_error, text_completion
+from router.http.responses import ChunkBuilder, chat_completion, dumps, internal_error, prompt_only, text_completion
 from router.http.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -221,6 +221,8 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
             idempotency_key=request.headers.get("idempotency-key") or None,
             request_id=client_request_id(request),
             max_tokens_given=body.max_tokens_given,
+            max_tokens_param="max_completion_tokens" if chat and body.max_completion_tokens is not None
+            else "max_tokens",
             endpoint="chat" if chat else "completions",
             **inputs,
         )
@@ -253,6 +255,8 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
                                  headers=headers)
         if body.echo and results[0].prompt_text is not None:
             echo_text = results[0].prompt_text
+        if body.echo_only:  # the one token it ran for is not part of the answer
+            results = [prompt_only(r) for r in results]
         return json_response(text_completion(results, model=model, created=created, echo_text=echo_text,
                                              logprobs=logprobs), headers=headers)
 

@@ -9,7 +9,7 @@ request id is the ``X-Request-Id`` header (what ``/v1/abort/{request_id}`` takes
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from router.api import ErrorKind, GenerationResult, RouterError, StreamEvent, Usage
@@ -58,6 +58,12 @@ def _logprobs(result: GenerationResult, formatter: Callable[[], LogprobsFormatte
 def total_usage(usages: Sequence[Usage]) -> Usage:
     """The usage of a request's choices together: the prompt counted once, every choice's output."""
     return Usage(usages[0].prompt_tokens, sum(u.completion_tokens for u in usages), usages[0].cached_tokens)
+
+
+def prompt_only(r: GenerationResult) -> GenerationResult:
+    """A completion with ``echo`` and ``max_tokens`` 0: the token it ran for taken out."""
+    return replace(r, text="", token_ids=(), finish_reason="length", usage=replace(r.usage, completion_tokens=0),
+                   logprobs=None if r.logprobs is None else ())
 
 
 def text_completion(results: Sequence[GenerationResult], *, model: str, created: int, echo_text: str | None = None,

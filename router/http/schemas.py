@@ -122,6 +122,13 @@ class _SamplingFields(_Strict):
             return v
         raise _bad_type("Invalid type for 'stop': expected a string or an array of strings.")
 
+    @field_validator("stream_options")
+    @classmethod
+    def _streaming_only(cls, v: StreamOptions | None, info) -> StreamOptions | None:
+        if v is not None and not info.data.get("stream"):  # as OpenAI and vLLM answer it
+            raise _bad_value("'stream_options' is only allowed when 'stream' is true.")
+        return v
+
     @property
     def wants_stream(self) -> bool:
         return bool(self.stream)
@@ -202,9 +209,21 @@ class CompletionRequest(_SamplingFields):
     def max_tokens_given(self) -> bool:
         return self.max_tokens is not None
 
+    @property
+    def echo_only(self) -> bool:
+        """``echo`` with ``max_tokens`` 0: the prompt (and its logprobs) back, nothing generated, as
+        OpenAI's legacy completions answer it (evaluation harnesses score texts this way)."""
+        return bool(self.echo) and self.max_tokens == 0
+
     def sampling_params(self, *, default_temperature: float) -> SamplingParams:
-        """With ``echo``, ``logprobs`` covers the prompt's tokens too (how harnesses score a text)."""
+        """With ``echo``, ``logprobs`` covers the prompt's tokens too (how harnesses score a text).
+        ``echo_only`` runs one token, which the response leaves out."""
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+        if self.echo_only:
+            if self.stream:
+                raise InvalidParameterError("max_tokens", "max_tokens 0 with echo (the prompt alone) is served "
+                                                          "without streaming; set 'stream' to false.")
+            max_tokens = 1
         sp = self._sampling(max_tokens, default_temperature, self.logprobs)
         return replace(sp, prompt_logprobs=self.logprobs) if self.echo and self.logprobs is not None else sp
 
@@ -215,6 +234,17 @@ class InputMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | None = None
     name: str | None = None
+    # Refused, not dropped: the chat template would render the assistant turn empty, and the model
+    # would answer a different conversation than the client sent.
+    tool_calls: list | None = None
+    function_call: dict | None = None
+
+    @field_validator("tool_calls", "function_call")
+    @classmethod
+    def _no_calls(cls, v: Any, info) -> Any:
+        if v:
+            raise _unsupported(f"An assistant message's '{info.field_name}' (tool calling)")
+        return v
 
     @field_validator("content", mode="plain")
     @classmethod
@@ -249,7 +279,13 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = None
     tools: list | None = None
     functions: list | None = None
+    tool_choice: str | dict | None = None
+    function_call: str | dict | None = None
     response_format: dict | None = None
+    # Output this server cannot produce: refused, as fields ignored would change the answer's kind.
+    audio: dict | None = None
+    modalities: list[str] | None = None
+    web_search_options: dict | None = None
     add_generation_prompt: bool = True  # extension
 
     @field_validator("messages")
@@ -264,6 +300,28 @@ class ChatCompletionRequest(_SamplingFields):
     def _no_tools(cls, v: list | None, info) -> list | None:
         if v:
             raise _unsupported(f"Tool calling ('{info.field_name}')")
+        return v
+
+    @field_validator("tool_choice", "function_call")
+    @classmethod
+    def _no_tool_choice(cls, v: str | dict | None, info) -> str | dict | None:
+        if v is not None and v != "none":
+            raise _bad_value(f"'{info.field_name}' is only allowed when tools are specified (this server "
+                             "supports no tool calling).")
+        return v
+
+    @field_validator("audio", "web_search_options")
+    @classmethod
+    def _no_audio_or_search(cls, v: dict | None, info) -> dict | None:
+        if v is not None:
+            raise _unsupported(f"'{info.field_name}'")
+        return v
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_modality(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and set(v) - {"text"}:
+            raise _unsupported(f"Output modalities {sorted(set(v) - {'text'})}")
         return v
 
     @field_validator("response_format")

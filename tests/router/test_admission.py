@@ -68,6 +68,23 @@ def test_context_length_and_queue_bound():
     assert e.value.code == "queue_full"
 
 
+@pytest.mark.parametrize("prompt, max_tokens, given, bound_name, param, words", [
+    (120, 16, True, "max_tokens", "max_tokens", "120 in the messages, 16 in the completion"),
+    (120, 16, True, "max_completion_tokens", "max_completion_tokens", "or max_completion_tokens"),
+    # a bound the client did not set (the server's default) is never named as the client's fault
+    (120, 4096, False, "max_tokens", "messages", "the messages resulted in 120 tokens"),
+    (128, 1, True, "max_tokens", "messages", "leaves no room"),  # the prompt alone fills the context
+])
+def test_a_context_length_error_names_the_field_at_fault(prompt, max_tokens, given, bound_name, param, words):
+    """It always named max_tokens, with the server's default counted as what 'you requested'."""
+    with pytest.raises(RouterError) as e:
+        Admission(128, None).check_context(prompt, max_tokens, max_tokens_given=given, max_tokens_param=bound_name)
+    assert e.value.param == param and e.value.code == "context_length_exceeded" and words in e.value.message
+    with pytest.raises(RouterError) as e:
+        Admission(128, None).check_context(200, 4, prompt_param="prompt")
+    assert e.value.param == "prompt" and "the prompt resulted in 200 tokens" in e.value.message
+
+
 def test_a_stale_service_time_cannot_lock_a_lane_out():
     from router.admission import Ewma
 

@@ -94,6 +94,21 @@ def test_echo_with_logprobs_scores_the_prompt_too(url, fake):
     assert fake.requests[-1].sampling.prompt_logprobs is None
 
 
+def test_echo_with_max_tokens_0_returns_the_prompt_and_its_logprobs_only(url, fake):
+    """OpenAI's legacy completions (and vLLM) take it: older evaluation harnesses score texts this way.
+    It was a 400 ("max_tokens must be a positive integer")."""
+    r = httpx.post(url + COMPL, json={"prompt": "one two three", "max_tokens": 0, "echo": True, "logprobs": 1})
+    assert r.status_code == 200, r.text
+    assert fake.requests[-1].sampling.max_tokens == 1  # it runs one token, left out of the answer
+    choice, usage = r.json()["choices"][0], r.json()["usage"]
+    assert choice["text"] == "one two three" and choice["finish_reason"] == "length"
+    assert choice["logprobs"]["tokens"] == ["p0", "p1", "p2"]
+    assert choice["logprobs"]["token_logprobs"] == [None, -0.125, -0.25]
+    assert usage["completion_tokens"] == 0 and usage["total_tokens"] == usage["prompt_tokens"]
+    no_echo = httpx.post(url + COMPL, json={"prompt": "x", "max_tokens": 0})
+    assert no_echo.status_code == 400 and no_echo.json()["error"]["param"] == "max_tokens"
+
+
 def test_streamed_echo_with_logprobs(url):
     body = {"prompt": "one two", "max_tokens": 2, "echo": True, "logprobs": 0, "stream": True}
     with httpx.stream("POST", url + COMPL, json=body) as r:
