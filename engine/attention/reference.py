@@ -57,7 +57,7 @@ def paged_prefill_attention(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    num_heads, head_dim = q.shape[1], q.shape[2]
+    head_dim = q.shape[2]
     kv_heads = k_cache.shape[2]
     block_size = k_cache.shape[1]
     out = torch.empty_like(q)

@@ -51,6 +51,29 @@ def wide_tiles_fit(head_dim: int, dtype: torch.dtype) -> bool:
     return dot_pad(head_dim) * dtype.itemsize <= _WIDE_TILE_ROW_BYTES
 
 
+def check_attention_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, num_seqs: int) -> None:
+    """What the kernels assume of their inputs, checked on the host without reading device memory
+    (ValueError naming the mismatch: a wrong shape or dtype computed garbage, or read out of bounds)."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    kv_heads = k_cache.shape[2]
+    problems = [
+        (num_heads % kv_heads != 0, f"{num_heads} query heads are not a multiple of {kv_heads} KV heads"),
+        (k_cache.shape != v_cache.shape, f"K cache {tuple(k_cache.shape)} and V cache {tuple(v_cache.shape)} differ"),
+        (k_cache.shape[3] != head_dim, f"head size {head_dim} of q, {k_cache.shape[3]} of the cache"),
+        (q.dtype != k_cache.dtype or k_cache.dtype != v_cache.dtype,
+         f"dtypes differ: q {q.dtype}, K cache {k_cache.dtype}, V cache {v_cache.dtype}"),
+        (seq_lens.dtype != torch.int32 or block_tables.dtype != torch.int32,
+         f"seq_lens and block_tables must be int32, got {seq_lens.dtype} and {block_tables.dtype}"),
+        (tuple(seq_lens.shape) != (num_seqs,), f"seq_lens has shape {tuple(seq_lens.shape)}, want ({num_seqs},)"),
+        (block_tables.dim() != 2 or block_tables.shape[0] != num_seqs,
+         f"block_tables has shape {tuple(block_tables.shape)}, want ({num_seqs}, blocks per sequence)"),
+    ]
+    for bad, what in problems:
+        if bad:
+            raise ValueError(f"attention inputs: {what}")
+
+
 def default_decode_tiles(head_dim: int, dtype: torch.dtype) -> DecodeTiles:
     """The fastest measured tiles where they fit in shared memory; the smaller original ones elsewhere."""
     return _WIDE_DECODE_TILES if wide_tiles_fit(head_dim, dtype) else DEFAULT_DECODE_TILES
@@ -202,9 +225,8 @@ def paged_decode_attention(
     num_seqs, num_heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // kv_heads
-    assert group * kv_heads == num_heads, "num_heads must be a multiple of kv_heads"
-    assert k_cache.shape == v_cache.shape and k_cache.shape[3] == head_dim
-    assert seq_lens.dtype == torch.int32 and block_tables.dtype == torch.int32
+    check_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens, num_seqs)
+    seq_lens = seq_lens.contiguous()  # the kernels index it as a plain array (a strided view read garbage)
     out = torch.empty_like(q)
     if num_seqs == 0:
         return out

@@ -48,10 +48,16 @@ def write_kv(
 ) -> None:
     """Write ``k``/``v`` ``[T, kv_heads, head_dim]`` into ``cache[slot_block[t], slot_offset[t]]``."""
     num_tokens, kv_heads, head_dim = k.shape
-    assert v.shape == k.shape and k_cache.shape[2:] == (kv_heads, head_dim)
-    assert slot_block.shape == slot_offset.shape == (num_tokens,)
+    if v.shape != k.shape or k_cache.shape[2:] != (kv_heads, head_dim) or v_cache.shape != k_cache.shape:
+        raise ValueError(f"write_kv: k {tuple(k.shape)}, v {tuple(v.shape)} do not fit the caches "
+                         f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    if slot_block.shape != (num_tokens,) or slot_offset.shape != (num_tokens,):
+        raise ValueError(f"write_kv: slot_block {tuple(slot_block.shape)} and slot_offset {tuple(slot_offset.shape)} "
+                         f"must both be ({num_tokens},)")
     if num_tokens == 0:
         return
+    # The kernel indexes the slots as plain arrays: a strided view wrote to the wrong slots.
+    slot_block, slot_offset = slot_block.contiguous(), slot_offset.contiguous()
     _kv_write_kernel[(num_tokens,)](
         k, v, k_cache, v_cache, slot_block, slot_offset,
         *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(),

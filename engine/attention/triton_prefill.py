@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.attention.triton_decode import dot_pad, launch_options, wide_tiles_fit
+from engine.attention.triton_decode import check_attention_inputs, dot_pad, launch_options, wide_tiles_fit
 
 _LOG2E = 1.4426950408889634
 
@@ -189,11 +189,13 @@ def paged_prefill_attention(
     total, num_heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // kv_heads
-    assert group * kv_heads == num_heads, "num_heads must be a multiple of kv_heads"
-    assert k_cache.shape == v_cache.shape and k_cache.shape[3] == head_dim
-    assert block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32
-    out = torch.empty_like(q)
     num_seqs = seq_lens.shape[0]
+    check_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens, num_seqs)
+    if tuple(cu_seqlens_q.shape) != (num_seqs + 1,):
+        raise ValueError(f"attention inputs: cu_seqlens_q has shape {tuple(cu_seqlens_q.shape)}, want ({num_seqs + 1},)")
+    # The kernel indexes these as plain arrays (strided views read garbage or out of bounds).
+    seq_lens, cu_seqlens_q = seq_lens.contiguous(), cu_seqlens_q.contiguous()
+    out = torch.empty_like(q)
     if total == 0 or num_seqs == 0:
         return out
 

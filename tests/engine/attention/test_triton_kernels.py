@@ -49,6 +49,9 @@ DECODE_CASES: dict[str, dict[str, Any]] = {
                              tiles=dict(block_n=128, num_warps=8)),
     "tiles_original_n32": dict(heads=8, kv_heads=2, head_dim=64, block_size=16, lens=[100, 3], tiles=dict(block_n=32)),
     "tiles_n16": dict(heads=9, kv_heads=3, head_dim=64, block_size=32, lens=[70, 1, 33], tiles=dict(block_n=16, num_warps=2)),
+    # seq_lens as a strided view: the kernel read it as a plain array (error 1.05 before the wrapper
+    # made it contiguous; the engine's are contiguous, so it was latent).
+    "strided_seq_lens": dict(heads=4, kv_heads=2, head_dim=64, block_size=8, lens=[40, 9, 17], strided=True),
 }
 PREFILL_CASES: dict[str, dict[str, Any]] = {
     "no_prefix_gqa1_bs8": dict(heads=4, kv_heads=4, head_dim=64, block_size=8, q_lens=[1, 8, 20], ctx=[1, 8, 20]),
@@ -71,11 +74,14 @@ PREFILL_CASES: dict[str, dict[str, Any]] = {
                                    tiles=dict(block_m=64, block_n=32)),
     "tiles_m16_group7": dict(heads=14, kv_heads=2, head_dim=64, block_size=16, q_lens=[20, 9], ctx=[45, 9],
                              tiles=dict(block_m=16, block_n=64)),
+    "strided_cu_seqlens_and_seq_lens": dict(heads=4, kv_heads=2, head_dim=64, block_size=8, q_lens=[9, 1, 20],
+                                            ctx=[20, 5, 30], strided=True),  # (inf / 3e18 before)
 }
 KV_WRITE_CASES: dict[str, dict[str, Any]] = {
     "kvh3_bs16_d64": dict(kv_heads=3, head_dim=64, block_size=16, tokens=40),
     "kvh2_bs8_d128_fp16": dict(kv_heads=2, head_dim=128, block_size=8, tokens=17, dtype="float16"),
     "kvh2_bs8_d8": dict(kv_heads=2, head_dim=8, block_size=8, tokens=11),
+    "strided_slots": dict(kv_heads=2, head_dim=64, block_size=8, tokens=13, strided=True),  # wrong slots before
 }
 # The interpreter's tl.dot multiplies bf16 operands as their raw uint16 bits (Triton 3.9), so
 # bf16 attention is only checked on a GPU.
@@ -108,9 +114,18 @@ def decode_inputs(case: dict[str, Any], device: str = "cpu") -> tuple[Any, ...]:
     _, kc, vc = _paged_cache(gen, num_blocks, bs, case["kv_heads"], case["head_dim"], dtype, case.get("layer", 1))
     q = torch.randn(len(lens), case["heads"], case["head_dim"], generator=gen).to(dtype)
     bt = _block_tables(gen, lens, bs, num_blocks)
-    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    seq_lens = _maybe_strided(torch.tensor(lens, dtype=torch.int32), case)
     to = lambda t: t.to(device)  # noqa: E731
     return to(q), to(kc), to(vc), to(bt), to(seq_lens), case["head_dim"] ** -0.5
+
+
+def _maybe_strided(t: torch.Tensor, case: dict[str, Any]) -> torch.Tensor:
+    """With ``strided``: the same values as every other element of a twice-as-long tensor."""
+    if not case.get("strided"):
+        return t
+    wide = torch.full((2 * len(t),), 7, dtype=t.dtype)
+    wide[::2] = t
+    return wide[::2]
 
 
 def prefill_inputs(case: dict[str, Any], device: str = "cpu") -> tuple[Any, ...]:
@@ -121,8 +136,8 @@ def prefill_inputs(case: dict[str, Any], device: str = "cpu") -> tuple[Any, ...]
     _, kc, vc = _paged_cache(gen, num_blocks, bs, case["kv_heads"], case["head_dim"], dtype, case.get("layer", 1))
     q = torch.randn(sum(q_lens), case["heads"], case["head_dim"], generator=gen).to(dtype)
     bt = _block_tables(gen, ctx, bs, num_blocks)
-    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-    seq_lens = torch.tensor(ctx, dtype=torch.int32)
+    cu = _maybe_strided(torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32), case)
+    seq_lens = _maybe_strided(torch.tensor(ctx, dtype=torch.int32), case)
     to = lambda t: t.to(device)  # noqa: E731
     return to(q), to(kc), to(vc), to(bt), to(cu), to(seq_lens), case["head_dim"] ** -0.5
 
@@ -145,7 +160,7 @@ def _run_kv_write(case: dict[str, Any], device: str) -> float:
     num_blocks = -(-t // bs) + 4
     kv, kc, vc = _paged_cache(gen, num_blocks, bs, case["kv_heads"], case["head_dim"], dtype, 1)
     slots = torch.randperm(num_blocks * bs, generator=gen)[:t]  # distinct slots, scattered
-    blk, off = (slots // bs).to(torch.int32), (slots % bs).to(torch.int32)
+    blk, off = _maybe_strided((slots // bs).to(torch.int32), case), _maybe_strided((slots % bs).to(torch.int32), case)
     k = torch.randn(t, case["kv_heads"], case["head_dim"], generator=gen).to(dtype)
     v = torch.randn(t, case["kv_heads"], case["head_dim"], generator=gen).to(dtype)
     want = kv.clone()
@@ -195,7 +210,37 @@ def run_cases(device: str) -> dict[str, dict[str, Any]]:
         record(f"prefill/{name}", prefill)
     for name, case in KV_WRITE_CASES.items():
         record(f"kv_write/{name}", lambda case=case: _run_kv_write(case, device))
+    for name, (kind, change, words) in BAD_INPUTS.items():
+        record(f"bad_input/{name}", lambda kind=kind, change=change, words=words: _refused(kind, change, words, device))
     return results
+
+
+# Inputs the kernels cannot take: a ValueError naming the problem (it read out of bounds, or past
+# the table, or crashed the interpreter with a double free).
+BAD_INPUTS: dict[str, tuple[str, Any, str]] = {
+    "decode_seq_lens_too_short": ("decode", lambda a: (*a[:4], a[4][:-1], a[5]), "seq_lens has shape"),
+    "decode_block_tables_rows": ("decode", lambda a: (*a[:3], a[3][:-1], *a[4:]), "block_tables has shape"),
+    "decode_dtype_mismatch": ("decode", lambda a: (a[0].half(), *a[1:]), "dtypes differ"),
+    "decode_head_size": ("decode", lambda a: (a[0][..., :32].contiguous(), *a[1:]), "head size"),
+    "prefill_cu_seqlens_shape": ("prefill", lambda a: (*a[:4], a[4][:-1], *a[5:]), "cu_seqlens_q has shape"),
+    "prefill_seq_lens_int64": ("prefill", lambda a: (*a[:5], a[5].long(), a[6]), "must be int32"),
+}
+
+
+def _refused(kind: str, change: Any, words: str, device: str) -> float:
+    from engine.attention.triton_decode import paged_decode_attention
+    from engine.attention.triton_prefill import paged_prefill_attention
+
+    if kind == "decode":
+        fn, args = paged_decode_attention, decode_inputs(DECODE_CASES["gqa3_bs16_d64_smollm2"], device)
+    else:
+        fn, args = paged_prefill_attention, prefill_inputs(PREFILL_CASES["no_prefix_gqa1_bs8"], device)
+    try:
+        fn(*change(args))
+    except ValueError as e:
+        assert words in str(e), str(e)
+        return 0.0
+    raise AssertionError("accepted")
 
 
 def _child_main() -> None:
@@ -246,6 +291,12 @@ def test_prefill_kernel_matches_reference(kernel_results: dict[str, dict[str, An
 @pytest.mark.parametrize("name", list(KV_WRITE_CASES))
 def test_kv_write_kernel_matches_reference(kernel_results: dict[str, dict[str, Any]], name: str) -> None:
     _check(kernel_results, "kv_write", name, KV_WRITE_CASES[name])
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_inputs_the_kernels_cannot_take_are_refused_naming_the_problem(kernel_results: dict[str, dict[str, Any]],
+                                                                        name: str) -> None:
+    _check(kernel_results, "bad_input", name, {})
 
 
 # ---- the oracle itself: reference vs naive dense attention (no triton needed) ---------------------
