@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
                     duration_s=args.duration, target=args.target, seed=args.seed, lanes=list(spec.lanes),
                     progress=progress)
     print(f"baton plan: workload {spec.name} at {rate:g} req/s ({len(requests)} requests over {args.duration:g} s "
-          f"simulated), SLO TTFT <= {ttft * 1e3:g} ms and TPOT <= {tpot * 1e3:g} ms for >= {args.target:.0%} "
+          f"simulated), SLO TTFT <= {ttft * 1e3:g} ms and TPOT <= {tpot * 1e3:g} ms for >= {args.target * 100:g}% "
           f"of requests")
     print(f"cost model: {cost.model.name} on {cost.device}, {args.cost_model}; a worker is what was profiled: "
           f"{'one GPU' if hardware == 'cuda' else f'one CPU core running {cost.threads or 1} torch thread(s)'}")
@@ -154,8 +154,8 @@ def run(args: argparse.Namespace) -> int:
         print("cheapest configuration meeting the SLO:")
         print("\n".join(_describe(result.best, unit)))
     else:
-        print(f"no configuration with up to {args.max_workers} workers meets the SLO at {rate:g} req/s "
-              "(raise --max-workers, lower the rate, or relax the SLO)")
+        print(f"no configuration with up to {args.max_workers} workers meets the SLO at {rate:g} req/s")
+        print(_why_none(result.evaluated))
     if result.best is not None and result.best is result.best_colocated:
         print("\n(the cheapest configuration is colocated: no prefill pool)")
         dis = result.best_disaggregated
@@ -181,3 +181,21 @@ def run(args: argparse.Namespace) -> int:
                               "summary": e.summary} for e in result.evaluated]}
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0 if result.best is not None else 1
+
+
+def _why_none(evaluated: list) -> str:
+    """What the closest configuration says about why none met the SLO: capacity, or the workload or
+    the objectives themselves (every request rejected, or none met it even on a quiet worker)."""
+    near = max(evaluated, key=lambda e: (e.attainment, e.goodput_rps), default=None)
+    if near is None:
+        return "(raise --max-workers, lower the rate, or relax the SLO)"
+    s = near.summary
+    line = (f"closest: {near.config.label()}, {near.attainment:.1%} of requests within the SLO, "
+            f"{s['rejected']} of {s['requests']} rejected\n")
+    if s["requests"] and s["rejected"] == s["requests"]:
+        return line + ("every request was rejected in every configuration: check that the workload's lanes "
+                       "exist and that its prompts and outputs fit the model's context")
+    if near.attainment == 0:
+        return line + ("no request met the SLO in any configuration, loaded or not: the objectives may be "
+                       "below what one request takes on an idle worker (its TTFT and TPOT are below)")
+    return line + "(raise --max-workers, lower the rate, or relax the SLO)"

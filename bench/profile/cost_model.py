@@ -47,6 +47,10 @@ class CostModelError(ValueError):
     """A cost-model file that cannot be used; the message names the file and the field."""
 
 
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 @dataclass(frozen=True)
 class ModelGeometry:
     spec: str  # what --model was given
@@ -110,12 +114,28 @@ class CostModel:
                 raise CostModelError(f"unknown step feature {name!r} (known: {', '.join(FEATURES)})")
             if not (isinstance(c, (int, float)) and math.isfinite(c) and c >= 0):
                 raise CostModelError(f"step coefficient {name!r} must be a finite number >= 0, got {c!r}")
+        # Finite, or the simulator's clock never passes a NaN time (baton plan hung) or prints NaN.
         for name, t in (("transfer", self.transfer), ("local_transfer", self.local_transfer)):
-            if t is not None and (t.bandwidth_bytes_per_s <= 0 or t.latency_s < 0):
-                raise CostModelError(f"{name}: bandwidth must be > 0 and latency >= 0")
+            if t is not None and not (_finite(t.bandwidth_bytes_per_s) and t.bandwidth_bytes_per_s > 0
+                                      and _finite(t.latency_s) and t.latency_s >= 0):
+                raise CostModelError(f"{name}: bandwidth must be a finite number > 0 and latency a finite "
+                                     f"number >= 0, got {t.bandwidth_bytes_per_s!r} and {t.latency_s!r}")
         o = self.overheads
-        if min(o.step_s, o.rpc_s, o.output_s) < 0:
-            raise CostModelError("overheads must be >= 0")
+        for name in ("step_s", "rpc_s", "output_s"):
+            v = getattr(o, name)
+            if not (_finite(v) and v >= 0):
+                raise CostModelError(f"overheads.{name} must be a finite number >= 0, got {v!r}")
+        g = self.model
+        for name in ("num_layers", "max_model_len", "kv_bytes_per_token", "block_size"):
+            if getattr(g, name) <= 0:
+                raise CostModelError(f"model.{name} must be > 0, got {getattr(g, name)!r}")
+        if g.vocab_size <= 3:  # the workload draws token ids above the special ones
+            raise CostModelError(f"model.vocab_size must be > 3, got {g.vocab_size!r}")
+        if self.device not in ("cpu", "cuda"):
+            raise CostModelError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise CostModelError(f"threads must be a positive integer or null, got {self.threads!r}")
         if not (math.isfinite(self.typical_over_fastest) and self.typical_over_fastest >= 1.0):
             raise CostModelError(f"step.typical_over_fastest must be >= 1, got {self.typical_over_fastest!r}")
         if not (math.isfinite(self.neighbour_slowdown) and self.neighbour_slowdown >= 0):

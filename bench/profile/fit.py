@@ -76,6 +76,11 @@ def fit_step_model(rows: Sequence[dict[str, float]], seconds: Sequence[float],
     xw = x / y[:, None]  # relative error: divide each equation by its target
     scale = np.linalg.norm(xw, axis=0)
     used = scale > 0  # a feature the samples never exercise stays at 0
+    # One sample (or identical ones) gave {'const': 0.03} and a "perfect" fit. A grid whose features
+    # are partly collinear is fine (non-negative least squares picks a solution); one direction is not.
+    if used.sum() >= 2 and np.linalg.matrix_rank(xw[:, used]) < 2:
+        raise ValueError(f"{len(rows)} step sample(s) of a single batch shape cannot tell the {int(used.sum())} "
+                         "step features they exercise apart; profile a grid of batch shapes")
     coef = np.zeros(len(names))
     if used.any():
         sol = nnls(xw[:, used] / scale[used], np.ones(len(y)))

@@ -142,6 +142,9 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str], None] = lambda m
 def fit_samples(samples: list) -> tuple[dict[str, float], FitReport]:
     """Coefficients and fit report from raw samples (the fastest repeat of each grid point)."""
     points = fastest_per_point(list(samples))
+    missing = {"decode", "prefill"} - {s.kind for s in points}
+    if missing:  # a model fitted on one kind predicts the other from nothing
+        raise ValueError(f"the samples hold no {' or '.join(sorted(missing))} steps; profile both kinds")
     rows = [s.shape.features() for s in points]
     secs = [s.seconds for s in points]
     coefs = fit_step_model(rows, secs, FEATURES)

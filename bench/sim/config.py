@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from router.lanes import LanePolicy
@@ -54,8 +55,10 @@ class SimConfig:
             _check(isinstance(v, int) and v > 0, f"{name} must be a positive integer, got {v!r}")
         _check(self.num_kv_blocks is None or self.num_kv_blocks > 0, "num_kv_blocks must be > 0")
         _check(self.local_prefill_threshold >= 0, "local_prefill_threshold must be >= 0")
-        _check(self.step_scale > 0, "step_scale must be > 0")
-        _check(self.prefill_step_scale is None or self.prefill_step_scale > 0, "prefill_step_scale must be > 0")
+        _check(math.isfinite(self.step_scale) and self.step_scale > 0,
+               f"step_scale must be a finite number > 0, got {self.step_scale!r}")
+        _check(self.prefill_step_scale is None or (math.isfinite(self.prefill_step_scale) and self.prefill_step_scale > 0),
+               f"prefill_step_scale must be a finite number > 0, got {self.prefill_step_scale!r}")
         _check(self.initial_prefill_tokens_per_s > 0, "initial_prefill_tokens_per_s must be > 0")
 
     @property

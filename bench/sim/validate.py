@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from dataclasses import replace
@@ -178,6 +179,7 @@ def format_rows(rows: list[dict], tolerance: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from bench.profile.cost_model import CostModel
+    from bench.sim.cli import check_output_file
 
     p = argparse.ArgumentParser(prog="python -m bench.sim.validate", description=__doc__.split("\n\n")[0])
     p.add_argument("--cost-model", required=True, metavar="FILE")
@@ -193,6 +195,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, metavar="OUT")
     args = p.parse_args(argv)
     try:
+        # Before the simulations (minutes with --band), not after them.
+        if not (math.isfinite(args.step_scale) and args.step_scale > 0):
+            raise ValueError(f"--step-scale must be a finite number > 0, got {args.step_scale:g}")
+        if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+            raise ValueError(f"--tolerance must be a finite number >= 0, got {args.tolerance:g}")
+        if not (0 <= args.band < 1):
+            raise ValueError(f"--band must be in [0, 1), got {args.band:g}")
+        if args.json:
+            check_output_file("--json", args.json)
         cost = CostModel.load(args.cost_model)
         try:
             experiment = json.loads(Path(args.experiment).read_text())

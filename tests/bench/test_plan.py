@@ -106,6 +106,15 @@ def test_plan_cli_prints_the_cheapest_and_the_colocated_configuration(cost_file,
     assert data["schema"] == "baton.plan/1" and data["best"] and data["evaluated"]
 
 
+def test_plan_cli_says_when_the_objectives_not_the_capacity_are_the_problem(cost_file):
+    """It always advised raising --max-workers, for a 1 ms SLO too."""
+    r = run("baton", "plan", "--workload", "fixed", "--rate", "0.5", "--slo", "ttft=1,tpot=1",
+            "--cost-model", str(cost_file), "--max-workers", "1", "--duration", "10", "--target", "0.815")
+    assert r.returncode == 1, r.stderr  # (no configuration meets it)
+    assert "below what one request takes on an idle worker" in r.stdout and "raise --max-workers" not in r.stdout
+    assert ">= 81.5% of requests" in r.stdout  # the target as given (it printed 82%)
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--slo", "ttft=abc,tpot=250"], "baton: error: --slo: ttft must be a number of milliseconds, got 'abc'"),
     (["--slo", "ttft=2000"], "--slo needs both ttft and tpot"),

@@ -131,7 +131,18 @@ def test_file_round_trip(tmp_path):
     (lambda d: d["step"]["coefficients"].update(tokens="fast"), "step.coefficients.tokens must be a number"),
     (lambda d: d["step"]["coefficients"].update(tokens=-1.0), "'tokens' must be a finite number >= 0"),
     (lambda d: d["step"]["coefficients"].update(flops=1.0), "unknown step feature 'flops'"),
-    (lambda d: d["transfer"].update(bandwidth_bytes_per_s=0), "bandwidth must be > 0"),
+    (lambda d: d["transfer"].update(bandwidth_bytes_per_s=0), "bandwidth must be a finite number > 0"),
+    # From a planner audit: each was accepted, and `baton plan` hung (NaN times never pass the
+    # simulator's clock), printed NaN latencies, or drew token ids from an empty range.
+    (lambda d: d["transfer"].update(bandwidth_bytes_per_s=float("nan")), "bandwidth must be a finite number > 0"),
+    (lambda d: d["transfer"].update(latency_s=float("inf")), "latency a finite number >= 0"),
+    (lambda d: d.setdefault("overheads", {}).update(rpc_s=float("nan")), "overheads.rpc_s must be a finite number"),
+    (lambda d: d.setdefault("overheads", {}).update(step_s=float("inf")), "overheads.step_s must be a finite number"),
+    (lambda d: d["model"].update(kv_bytes_per_token=0), "model.kv_bytes_per_token must be > 0"),
+    (lambda d: d["model"].update(max_model_len=0), "model.max_model_len must be > 0"),
+    (lambda d: d["model"].update(vocab_size=3), "model.vocab_size must be > 3"),
+    (lambda d: d.update(device="tpu"), "device must be 'cpu' or 'cuda'"),
+    (lambda d: d.update(threads="two"), "threads must be a positive integer"),
 ])
 def test_schema_errors_name_the_field(tmp_path, mutate, needle):
     d = synthetic_cost_model().to_json()
@@ -188,3 +199,19 @@ def test_a_failed_save_leaves_no_temp_file(tmp_path):
     with pytest.raises(OSError):
         synthetic_cost_model().save(target)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cm"]  # was: cm.tmp left behind
+
+
+def test_a_fit_of_a_single_batch_shape_is_refused():
+    """One sample gave {'const': 0.03} with a "perfect" fit: a 2,048-token prefill predicted at 30 ms."""
+    row = shape_of_rows([1], [64], [64], 16).features()
+    for rows in ([row], [row, row, row]):
+        with pytest.raises(ValueError, match="single batch shape"):
+            fit_step_model(rows, [0.03] * len(rows), FEATURES)
+
+
+def test_a_refit_without_prefill_samples_is_refused():
+    from bench.profile.run import fit_samples
+
+    samples = [Sample("decode", shape_of_rows([n], [64 * n], [64 * n], 16), 0.01 * n, n) for n in range(1, 9)]
+    with pytest.raises(ValueError, match="no prefill steps"):
+        fit_samples(samples)

@@ -53,7 +53,7 @@ def test_prefill_steps_scale_apart_from_decode_steps():
                                          prefill_step_scale=1.0), req).records[0]
     assert slow_decode.ttft_s == pytest.approx(base.ttft_s, abs=1e-12)
     assert slow_decode.itl_s == pytest.approx([1.5 * x for x in base.itl_s], abs=1e-12)
-    with pytest.raises(ValueError, match="prefill_step_scale must be > 0"):
+    with pytest.raises(ValueError, match="prefill_step_scale must be a finite number > 0"):
         SimConfig(prefill_step_scale=0.0)
 
 

@@ -71,6 +71,22 @@ def test_validate_cli(tmp_path):
     assert r.returncode == 2 and "not an experiment report" in r.stderr
 
 
+@pytest.mark.parametrize("flags, words", [
+    (["--json", "/nonexistent/v.json"], "the directory /nonexistent does not exist"),  # a traceback after the run
+    (["--band", "1"], "--band must be in [0, 1)"),
+    (["--tolerance", "-1"], "--tolerance must be a finite number >= 0"),
+    (["--step-scale", "inf"], "--step-scale must be a finite number > 0"),
+])
+def test_validate_refuses_bad_flags_before_simulating(tmp_path, capsys, flags, words):
+    from bench.sim.validate import main
+
+    cm, exp = tmp_path / "cm.json", tmp_path / "exp.json"
+    synthetic_cost_model().save(cm)
+    exp.write_text("{}")
+    assert main(["--cost-model", str(cm), "--experiment", str(exp), *flags]) == 2
+    assert words in capsys.readouterr().err
+
+
 def test_a_repeat_measurement_shows_the_noise_floor(tmp_path):
     from bench.sim.validate import format_repeat, repeat_errors
 
