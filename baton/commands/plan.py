@@ -92,11 +92,12 @@ def _describe(e, unit: str) -> list[str]:
         what = (f"{c.prefill_workers} prefill + {c.decode_workers} decode {unit}s, prefill chunk "
                 f"{c.prefill_max_num_batched_tokens}, decode token budget {c.decode_max_num_batched_tokens}")
     verdict = "meets the SLO" if e.meets else "MISSES the SLO"
-    return [f"{c.num_workers} worker{'s' if c.num_workers > 1 else ''}: {what}",
-            f"    predicted goodput {e.goodput_rps:.3g} req/s, {e.attainment:.1%} of requests within the SLO "
-            f"({verdict})",
-            f"    TTFT p50/p90/p99 {trio(s['ttft_s'])}, TPOT {trio(s['tpot_s'])}, ITL {trio(s['itl_s'])}, "
-            f"{s['rejected']} rejected"]
+    lines = [f"{c.num_workers} worker{'s' if c.num_workers > 1 else ''}: {what}",
+             f"    predicted goodput {e.goodput_rps:.3g} req/s, {e.attainment:.1%} of requests within the SLO "
+             f"({verdict})",
+             f"    TTFT p50/p90/p99 {trio(s['ttft_s'])}, TPOT {trio(s['tpot_s'])}, ITL {trio(s['itl_s'])}, "
+             f"{s['rejected']} rejected"]
+    return lines + ([f"    {e.extrapolation}"] if e.extrapolation else [])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -149,6 +149,19 @@ class CostModel:
         f = shape.features()
         return sum(c * f[n] for n, c in self.coefficients.items())
 
+    def beyond_profile(self, used_max: dict[str, float], slack: float = 1.1) -> dict[str, float]:
+        """Of the step features a simulation reached (``used_max``: each one's largest value), those
+        past ``slack`` times the largest the profile measured, as used / measured: predictions there
+        are extrapolated. Empty without samples (nothing is known of the range)."""
+        if not self.samples:
+            return {}
+        measured: dict[str, float] = {}
+        for s in self.samples:
+            for name, v in s.shape.features().items():
+                measured[name] = max(measured.get(name, 0.0), v)
+        return {name: round(v / measured[name], 2) for name, v in sorted(used_max.items())
+                if measured.get(name, 0.0) > 0 and v > slack * measured[name]}
+
     def transfer_seconds(self, num_tokens: int) -> float:
         return self.transfer.seconds(num_tokens * self.model.kv_bytes_per_token)
 

@@ -165,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
               f"(simulated to {res.end_s:.1f} s; {busy}; {res.num_local} local / {res.num_disaggregated} "
               f"disaggregated prefills)")
         print(format_summary(res.summary))
+        if res.extrapolation_note():
+            print(res.extrapolation_note())
         runs.append(res.to_json(with_requests=not args.no_requests))
     if args.json:
         out = {"schema": SCHEMA, "cost_model": str(args.cost_model), "workload": spec.to_dict(),

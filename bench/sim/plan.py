@@ -64,6 +64,7 @@ class Evaluated:
     meets: bool
     summary: dict  # the load generator's Stats of all requests
     wall_s: float
+    extrapolation: str | None = None  # SimResult.extrapolation_note
 
     def key(self) -> tuple:
         """Smaller is better: fewest workers, then most goodput, then best attainment."""
@@ -106,7 +107,8 @@ def evaluate(cost: CostModel, cfg: SimConfig, requests: list[SimRequest], *, dur
                                                lanes=lanes, rate=len(requests) / duration_s if duration_s else None)
     s = res.summary["summary"]
     att = s["slo_attainment"] or 0.0
-    return Evaluated(cfg, att, s["goodput_rps"] or 0.0, att >= target, s, time.perf_counter() - t0)
+    return Evaluated(cfg, att, s["goodput_rps"] or 0.0, att >= target, s, time.perf_counter() - t0,
+                     res.extrapolation_note())
 
 
 def search(cost: CostModel, requests: list[SimRequest], *, base: SimConfig, space: PlanSpace, slo: LaneSLO,

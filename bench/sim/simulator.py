@@ -53,6 +53,14 @@ class SimResult:
     num_disaggregated: int
     complete: bool  # every request finished or was rejected before the time limit
     summary: dict = field(default_factory=dict)  # {"summary": Stats, "lanes": {lane: Stats}}
+    # Step features that went past the profiled range: used / measured (CostModel.beyond_profile).
+    extrapolated: dict[str, float] = field(default_factory=dict)
+
+    def extrapolation_note(self) -> str | None:
+        if not self.extrapolated:
+            return None
+        what = ", ".join(f"{name} {ratio:g}x" for name, ratio in self.extrapolated.items())
+        return f"note: steps went past the profiled range ({what} the largest measured): extrapolated there"
 
     def to_json(self, with_requests: bool = True) -> dict:
         cfg = asdict(self.config)
@@ -61,7 +69,7 @@ class SimResult:
             "config": cfg, "label": self.config.label(), "rate": self.rate, "duration_s": self.duration_s,
             "simulated_end_s": self.end_s, "events": self.events, "complete": self.complete,
             "placements": {"local": self.num_local, "disaggregated": self.num_disaggregated},
-            "transfer_bytes": self.transfer_bytes,
+            "transfer_bytes": self.transfer_bytes, "extrapolated": self.extrapolated,
             "workers": [{**asdict(w), "leaked_blocks": w.leaked_blocks} for w in self.workers],
             **self.summary,
         }
@@ -153,6 +161,11 @@ class Simulation:
                         self.channels.bytes_sent, self.dispatcher.num_local, self.dispatcher.num_disaggregated,
                         complete)
         res.summary = summarize(records, duration_s=duration, warmup_s=warmup_s, slo=slo, lanes=lanes, rate=rate)
+        used: dict[str, float] = {}
+        for w in self.workers:
+            for name, v in w.max_features.items():
+                used[name] = max(used.get(name, 0.0), v)
+        res.extrapolated = self.cost.beyond_profile(used)
         return res
 
 

@@ -106,6 +106,7 @@ class SimWorker:
         self.steps = 0
         self.busy_seconds = 0.0
         self.max_step_s = 0.0
+        self.max_features: dict[str, float] = {}  # the largest value of each step feature predicted here
         self.prompt_tokens_received: dict[str, int] = {}  # by router id
         self.prompt_tokens_placed: dict[str, int] = {}  # by router id (decode role)
         # Per request prefilled here: [arrival, first scheduled, prompt computed] in simulated time
@@ -148,6 +149,9 @@ class SimWorker:
                 timing[1] = self.loop.now
         shape = shape_of_schedule(so, sched.requests, self.block_manager.block_size)
         dt = self.cost.step_seconds(shape)
+        for name, v in shape.features().items():
+            if v > self.max_features.get(name, 0.0):
+                self.max_features[name] = v
         # Neighbours computing at the same time share the memory bus (measured by the profile),
         # and everyone shares the cores (the host model: the router and clients want CPU too).
         # A typical step, not the fastest repeat the fit describes.

@@ -3,6 +3,7 @@ no leaked blocks, the real scheduler underneath, determinism (fast, no torch).""
 
 import json
 import random
+from pathlib import Path
 from dataclasses import replace
 
 import pytest
@@ -270,3 +271,27 @@ def test_short_prompts_are_not_held_behind_long_ones_waiting_for_the_prefill_poo
     short_ttft = [r.ttft_s for r in res.records if r.prompt_len < 256]
     assert long_ttft[-1] > 15.0  # the long ones queue for the prefill worker, one after another
     assert max(short_ttft) < 0.5
+
+
+def test_steps_past_the_profiled_range_are_flagged():
+    """A simulation predicting 7,000-token prompts from a profile that measured at most ~2,048 tokens
+    a step extrapolated silently (prefill attention work 2x the largest measured)."""
+    from bench.profile.cost_model import CostModel
+    from bench.serve.workload import workload_from_dict
+    from bench.sim.cli import sim_requests
+    from bench.sim.config import SimConfig
+    from bench.sim.simulator import Simulation
+
+    cm = CostModel.load(Path(__file__).resolve().parents[2] / "bench/results/cost_model_cpu2c_2026-11-25_zen5.json")
+
+    def run(prompt: int) -> object:
+        spec = workload_from_dict({"lanes": {"batch": 1.0}, "input_len": {"kind": "fixed", "value": prompt},
+                                   "output_len": {"kind": "fixed", "value": 8}})
+        reqs = sim_requests(spec, 0.5, 8.0, 0, cm.model.max_model_len)
+        return Simulation(cm, SimConfig(prefill_workers=1, decode_workers=1, slo_rejection=False), seed=0).run(
+            reqs, duration_s=8.0, drain_s=600.0)
+
+    long = run(7000)
+    assert long.extrapolated.get("prefill_pairs", 0) > 1.5 and "prefill_pairs" in long.extrapolation_note()
+    assert long.to_json(with_requests=False)["extrapolated"] == long.extrapolated
+    assert run(200).extrapolated == {} and run(200).extrapolation_note() is None
