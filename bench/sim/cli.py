@@ -98,6 +98,11 @@ def load_inputs(args: argparse.Namespace):
         if getattr(args, flag) is not None:
             changes[field] = getattr(args, flag)
     changes["step_scale"] = args.step_scale
+    known = {lane.name for lane in base.lanes.lanes}
+    unknown = sorted(set(spec.lanes) - known)
+    if unknown:  # every such request is rejected, and the search blamed capacity
+        raise ValueError(f"workload {spec.name}: lane(s) {', '.join(unknown)} are not lanes of the simulated router "
+                         f"({', '.join(sorted(known))})")
     return cost, spec, replace(base, **changes)
 
 

@@ -126,9 +126,15 @@ def test_plan_cli_says_when_the_objectives_not_the_capacity_are_the_problem(cost
     (["--gpu"], "was profiled on cpu; run `baton profile` on the target hardware first"),
     (["--workload", "nope"], "unknown workload 'nope'"),
     (["--decode-budgets", "8"], "--decode-budgets must be token counts >= 16"),
+    (["--workload", "LANE_FILE"], "lane(s) foo are not lanes of the simulated router"),
 ])
 def test_plan_cli_errors(cost_file, args, needle):
     base = {"--workload": "fixed", "--rate": "1", "--slo": "ttft=2000,tpot=250"}
+    if "LANE_FILE" in args:  # a workload whose lane the router does not have (all rejected: "raise --max-workers")
+        path = cost_file.parent / "wl_foo.yaml"
+        path.write_text("name: foo\nlanes: {foo: 1.0}\ninput_len: {kind: fixed, value: 50}\n"
+                        "output_len: {kind: fixed, value: 10}\n")
+        args = [str(path) if a == "LANE_FILE" else a for a in args]
     flags = [a for a in args if a.startswith("--")]
     argv = ["plan", "--cost-model", str(cost_file), "--duration", "10"]
     for k, v in base.items():
