@@ -153,8 +153,11 @@ class AdmissionInput:
     completions_per_s: float | None = None  # measured request completion rate (None: not yet known)
     service_s: float | None = None  # predicted dispatch -> first token without queueing (None: prompt / rate)
     decode_pace_s: float | None = None  # measured time per output token lately (None: not known)
-    # Dispatched, unfinished requests: (output tokens so far, expected output tokens) each.
+    # Dispatched, unfinished requests: (output tokens so far, expected output tokens) each. The
+    # router builds it only when the request must wait for a slot (what it is read for then), and
+    # says how many run in ``num_running`` (None: ``len(running)``).
     running: tuple[tuple[int, int], ...] = ()
+    num_running: int | None = None
     expected_output_tokens: float | None = None  # of a request that takes a freed slot (None: max_tokens)
     # The lane's depth when the queue bound is checked, after the rate limiter's await: requests of a
     # burst admitted meanwhile count (``lane_depth`` is from before it). None: ``lane_depth``.
@@ -326,7 +329,8 @@ class Admission:
             )
         prediction = predict_ttft(x)
         ttft = prediction.total_s
-        if not x.running and prediction.wait_s == 0:
+        busy = (len(x.running) if x.num_running is None else x.num_running) > 0
+        if not busy and prediction.wait_s == 0:
             # Nothing ahead and nothing running: waiting cannot make it faster. (A prompt too long
             # for the objective even on idle pools is served now rather than locked out for good.)
             return ttft
@@ -340,7 +344,7 @@ class Admission:
                 code="slo_predicted_violation", retry_after_s=self._retry_after(x),
             )
         # The pace is measured, but one more sequence slows it: the same headroom guards it.
-        if (self.slo_rejection and x.running and x.decode_pace_s is not None
+        if (self.slo_rejection and busy and x.decode_pace_s is not None
                 and x.decode_pace_s > x.lane.tpot_slo_s * self.slo_headroom):
             self._count(lane, "slo_tpot")
             raise RouterError(

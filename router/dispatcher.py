@@ -35,6 +35,7 @@ from engine.request_spec import RequestSpec
 from prefill_worker.messages import PrefillTask
 from router.placement import (NO_HINT, PlacementHint, choose_decode, choose_prefill, prefill_on_decode,
                               short_prompt_still_fits)
+from router.request_ids import shown_request_id
 from router.stream import RequestStream
 from router.worker_pool import WorkerHandle, WorkerPool
 
@@ -376,7 +377,8 @@ class Dispatcher:
                 p.actor.abort.remote(t.spec.request_id)  # (fire and forget; a finished one ignores it)
                 t.prefill_id = None
             if t.migrations >= self.max_migrations:
-                self._fail(t, f"request {t.spec.request_id} lost its decode worker {self.max_migrations + 1} times")
+                rid = shown_request_id(t.spec.request_id)  # (the client reads this)
+                self._fail(t, f"request {rid} lost its decode worker {self.max_migrations + 1} times")
                 continue
             t.migrations += 1
             self.num_migrations += 1

@@ -24,7 +24,7 @@ from router.choices import MAX_CHOICES, Choices
 from router.grpc_gen.baton.v1 import generate_pb2 as pb
 from router.grpc_gen.baton.v1 import generate_pb2_grpc as pb_grpc
 from router.grpc_messages import request_from_proto, response_from_event
-from router.request_ids import REQUEST_ID_RULE, is_valid_request_id
+from router.request_ids import REQUEST_ID_RULE, names_a_request
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -157,7 +157,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
     async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
         tenant = await self._tenant(context)
-        if not is_valid_request_id(request.request_id):  # it could name no request
+        if not names_a_request(request.request_id):  # it could name no request
             await _abort(context, invalid(f"must be {REQUEST_ID_RULE}", param="request_id", code="invalid_request_id"))
         aborted = await _guard(context, self._router.abort(request.request_id, tenant))
         return pb.AbortResponse(aborted=bool(aborted))

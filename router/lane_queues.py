@@ -7,6 +7,12 @@ a batch window holds a request until it has waited the window, unless nothing el
 and the pools are idle; requests of such a lane that share a prompt prefix leave together, so
 they land on the same prefill worker and reuse its cache. A lane the pace guard holds
 (``router.pace_guard``) dispatches nothing until its head has waited the longest hold allowed.
+
+A head the decode pool keeps refusing for ``STARVE_FRACTION`` of its lane's TTFT objective (a
+prompt that needs most of the KV cache, while other lanes' small requests keep taking what frees
+up) is *drained for*: nothing else is dispatched until it fits, so the pool empties and it goes
+(a lone request on an empty pool always does: ``router.capacity``). Without it, such a request
+waited as long as any other traffic kept coming, and its lane's requests behind it with it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any, Callable
 from router.lanes import LaneConfig
 
 QUANTUM_TOKENS = 512
+STARVE_FRACTION = 0.5  # of the lane's TTFT objective a head may be refused before the pools drain for it
 # How far behind a head that waits for the prefill pool a dispatch round looks for requests that
 # do not need that pool (bounded: the batch lane may hold thousands).
 BACKFILL_SCAN = 32
@@ -47,6 +54,7 @@ class Pending:
     prefix_key: bytes | None  # hash of the first prompt block: requests sharing it are grouped
     enqueued: float = field(default_factory=time.monotonic)
     payload: Any = None  # the router's context for this request
+    refused_since: float | None = None  # first refused by the decode pool as its lane's head
 
 
 JOURNAL_GRACE_S = 5.0  # a journaled job is claimed within a consumer poll (0.1 s) unless its lane is full
@@ -68,6 +76,7 @@ class LaneQueues:
         # to, and let dispatch, whichever lane the rotation started at: weights were lost).
         self._in_turn = False
         self._turn_sent = 0  # requests the turn in progress has dispatched, over calls
+        self.draining_for: Pending | None = None  # a starved head: nothing else goes until it fits
 
     # -- queueing ---------------------------------------------------------------------------
     def depth(self, lane: str) -> int:
@@ -143,6 +152,19 @@ class LaneQueues:
         now = time.monotonic() if now is None else now
         self._held = held or {}
         out: list[Pending] = []
+        if self.draining_for is not None:
+            starved = self.draining_for
+            q = self.queues[starved.lane]
+            if not q or q[0] is not starved:  # it left the queue (aborted)
+                self.draining_for = None
+            elif not has_capacity(starved):
+                return out  # the pools drain for it
+            else:
+                q.popleft()
+                self.queued_tokens[starved.lane] -= starved.cost
+                self.deficit[starved.lane] -= starved.cost  # out of turn: the lane pays (a debt carries over)
+                self.draining_for = None
+                out.append(starved)
         blocked: set[str] = set()  # lanes whose head waits for the prefill pool, this round
         while len(out) < limit:
             ready = {n for n in self.order if n not in blocked and self.queues[n]
@@ -166,6 +188,10 @@ class LaneQueues:
                         out.extend(self._backfill(name, has_capacity, limit - len(out), now, idle))
                         break
                     if not room:  # the pools are full: the round stops
+                        if head.refused_since is None:
+                            head.refused_since = now
+                        elif now - head.refused_since >= STARVE_FRACTION * self.lanes[name].ttft_slo_s:
+                            self.draining_for = head
                         if self._turn_sent == 0 and not out:
                             # Refused first thing, before the turn or this call sent anything (a head
                             # bigger than what frees up): the turn passes, its credit with it, so a big

@@ -23,8 +23,18 @@ REQUEST_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWX
 REQUEST_ID_RULE = f"1-{MAX_REQUEST_ID_LEN} characters of letters, digits, '.', '_' or '-'"
 
 
-def is_valid_request_id(rid: str) -> bool:
-    return 1 <= len(rid) <= MAX_REQUEST_ID_LEN and set(rid) <= REQUEST_ID_CHARS  # length first: cheap
+def is_valid_request_id(rid: str, max_len: int = MAX_REQUEST_ID_LEN) -> bool:
+    return 1 <= len(rid) <= max_len and set(rid) <= REQUEST_ID_CHARS  # length first: cheap
+
+
+# A request of n choices runs as "<id>-0" ... "<id>-15" (router/choices.py): ids up to this long name
+# a request, though clients choose at most MAX_REQUEST_ID_LEN characters.
+MAX_CHOICE_ID_LEN = MAX_REQUEST_ID_LEN + len("-15")
+
+
+def names_a_request(rid: str) -> bool:
+    """Whether ``rid`` could be the id of a request here (a client's, or one of its choices')."""
+    return is_valid_request_id(rid, MAX_CHOICE_ID_LEN)
 
 
 def scoped_request_id(tenant: str, rid: str) -> str:

@@ -37,7 +37,7 @@ from router.metrics import RouterMetrics
 from router.pace_guard import PaceGuard
 from router.placement import NO_HINT, PlacementHint, prefill_queue
 from router.prompt_input import TokenTexts, request_fingerprint, tokenize_off_loop
-from router.request_ids import MAX_REQUEST_ID_LEN, is_valid_request_id, scoped_request_id
+from router.request_ids import MAX_CHOICE_ID_LEN, names_a_request, scoped_request_id
 from router.request_ending import RequestEnding
 from router.router_stream import ReplayStream, RequestContext, RouterStream, with_deadline
 from router.state.connection import StateUnavailable
@@ -207,7 +207,7 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
             completions_per_s=self.signals.completion_rate.per_s(),
             service_s=self.signals.service_s(len(ids), rate), decode_pace_s=self._decode_pace(),
             running=self.signals.running((len(c.stream.token_times), c.max_tokens) for c in self._running())
-            if ahead + 1 > free_slots else (),  # read only when it must wait for a slot
+            if ahead + 1 > free_slots else (), num_running=len(self._dispatched),  # (built only when read)
             expected_output_tokens=self.signals.expected_output(req.sampling.max_tokens),
             lane_depth_now=lambda: self.queues.admitted_depth(lane), choice_charge=req.charge))
 
@@ -272,7 +272,7 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
         """The client's abort (``POST /v1/abort/{id}``, gRPC ``Abort``) of its request; a durable
         batch job is cancelled wherever it is (``DurableBatch.cancel``). False: nothing of the
         tenant's in flight under that id (an id outside the id rule names nothing: no Redis lookup)."""
-        if not is_valid_request_id(request_id):
+        if not names_a_request(request_id):
             return False
         rid = scoped_request_id(tenant, request_id)
         ctx = self._requests.get(rid)
@@ -311,10 +311,10 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
         return self.prom.exposition()
 
     async def batch_result(self, job_id: str, tenant: str) -> dict:
-        valid = is_valid_request_id(job_id)
+        valid = names_a_request(job_id)
         job = await self.state.batch_get(scoped_request_id(tenant, job_id), tenant) if valid else None
         if job is None:
-            shown = job_id[:MAX_REQUEST_ID_LEN]
+            shown = job_id[:MAX_CHOICE_ID_LEN]
             raise RouterError(ErrorKind.NOT_FOUND, f"No batch job {shown!r}.", param="id", code="not_found")
         return {**job, "id": job_id}
 

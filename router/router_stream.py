@@ -38,6 +38,7 @@ class RequestContext:
     idempotency: tuple[str, str] | None = None  # (tenant, key)
     durable: bool = False  # a journaled batch job: a client going away does not abort it
     deadline_task: asyncio.Task | None = None  # a gRPC deadline's timer, cancelled when the request ends
+    timed_tokens: int = 0  # tokens whose inter-token gaps are in the ITL histogram (over all its readers)
 
 
 class RouterStream:
@@ -45,7 +46,6 @@ class RouterStream:
         self.ctx = ctx
         self.request_id = shown_request_id(ctx.request_id)  # the client's id; ctx's is tenant-scoped
         self.lane = ctx.lane
-        self._timed = 0  # tokens whose inter-token gaps are in the ITL histogram
         self._router = router
         self._consumed = False
         self.deadline_hit = False
@@ -77,8 +77,8 @@ class RouterStream:
 
     def _observe_gaps(self, n: int) -> None:
         """The gaps before this delta's ``n`` tokens (their arrival times are in the stream already)."""
-        times, start = self.ctx.stream.token_times, self._timed
-        self._timed = end = min(start + n, len(times))
+        times, start = self.ctx.stream.token_times, self.ctx.timed_tokens
+        self.ctx.timed_tokens = end = min(start + n, len(times))
         if end > max(start, 1):
             self._router.prom.token_gaps(self.lane, [times[i] - times[i - 1] for i in range(max(start, 1), end)])
 
@@ -113,8 +113,11 @@ class RouterStream:
                                 prompt_logprobs=_tuple(s.prompt_logprobs))
 
     async def abort(self) -> None:
-        if not self.ctx.durable:  # a journaled job outlives its client
-            await self._router.abort(self.request_id, self.ctx.tenant)
+        """Its own request, not whatever holds its id now (a choice's id may be past the client id
+        rule, and a later request may reuse the id)."""
+        ctx = self.ctx
+        if not ctx.durable and not ctx.stream.finished:  # a journaled job outlives its client
+            await self._router._abort_here(ctx)
 
 
 class ReplayStream:

@@ -53,7 +53,7 @@ from router.api import ErrorKind, GenerateRequest, RouterAPI, RouterError, inval
 from router.choices import Choices
 from router.http.body import MAX_BODY_BYTES, BodyTooLarge, read_and_parse
 from router.http.logprobs import LogprobsFormatter
-from router.request_ids import MAX_REQUEST_ID_LEN, REQUEST_ID_RULE, is_valid_request_id
+from router.request_ids import MAX_CHOICE_ID_LEN, REQUEST_ID_RULE, is_valid_request_id
 from router.http.responses import ChunkBuilder, chat_completion, dumps, internal_error, prompt_only, text_completion
 from router.http.schemas import (
     ChatCompletionRequest,
@@ -332,7 +332,7 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
         tenant = tenant_of(request)
         request_id = request.path_params["request_id"]
         if not await router.abort(request_id, tenant):
-            shown = request_id[:MAX_REQUEST_ID_LEN]
+            shown = request_id[:MAX_CHOICE_ID_LEN]
             raise RouterError(ErrorKind.NOT_FOUND, f"No in-flight request {shown!r}.", param="request_id")
         return json_response({"id": request_id, "object": "abort", "aborted": True})
 

@@ -293,3 +293,16 @@ def test_more_choices_than_the_request_bucket_holds_is_too_large_not_rate_limite
     with pytest.raises(RouterError) as e:
         _admit(adm, _input(tenant=tenant))
     assert e.value.code == "rate_limit_exceeded"
+
+
+def test_a_slow_live_pace_rejects_even_with_free_sequence_slots():
+    """The router builds the running requests' progress only when a request must wait for a slot,
+    and says how many run: with slots free, the pace check (and the TTFT check) still apply. They
+    were skipped while any slot was free, when it passed an empty ``running`` (a review found it)."""
+    adm = Admission(4096, None)
+    slow = _input(free_seq_slots=255, running=(), num_running=1, decode_pace_s=0.6)
+    with pytest.raises(RouterError) as e:
+        _admit(adm, slow)
+    assert e.value.code == "slo_predicted_violation" and "time-per-output-token" in e.value.message
+    assert adm.rejections == {("interactive", "slo_tpot"): 1}
+    _admit(adm, _input(free_seq_slots=255, running=(), num_running=0, decode_pace_s=0.6))  # nothing runs: goes

@@ -163,3 +163,53 @@ def test_a_head_too_big_for_what_frees_up_does_not_hold_the_other_lanes():
     assert q.take(fits, idle=False, now=10.0) == []  # the round stops at the refused head...
     assert [p.request_id for p in q.take(fits, idle=False, now=10.0)] == ["i0", "i1", "i2"]  # ...once
     assert q.deficit["batch"] <= 100  # at most the credit of the turn it now holds, never banked
+
+
+def test_a_head_refused_for_half_its_ttft_objective_is_drained_for():
+    """A prompt needing most of the KV cache waited as long as other lanes' small requests kept
+    taking what freed up (73 s with a 60 s objective, in a cluster audit), its lane behind it. Once
+    refused for half its lane's objective, nothing else goes until it fits; the pool then drains."""
+    long_lane = LaneConfig("long_context", ttft_slo_s=60, tpot_slo_s=1, weight=1, priority=1)
+    q = LaneQueues((INTERACTIVE, long_lane), quantum=100)
+    free, running = 65, []  # KV blocks; the big one needs 60, a small one 6 (and runs 3 s)
+    _push(q, "big", "long_context", cost=100)
+    _push(q, "small-behind", "long_context", cost=10)
+    got: list[str] = []
+    t = 0.0
+
+    def fits(p: Pending) -> bool:
+        nonlocal free
+        need = 60 if p.request_id == "big" else 6
+        if need > free:
+            return False
+        free -= need
+        running.append((t + 3.0, need))
+        return True
+
+    while "big" not in got and t < 120:
+        for k in range(2):  # a steady stream of small requests keeps ~36 blocks busy
+            _push(q, f"i{t:g}-{k}", "interactive", cost=10, at=t)
+        got += [p.request_id for p in q.take(fits, idle=False, now=t)]
+        free += sum(n for end, n in running if end <= t + 1.0)
+        running = [(end, n) for end, n in running if end > t + 1.0]
+        t += 1.0
+    assert "big" in got and 30 <= t <= 30 + 5  # drained for from 30 s, out once the pool emptied
+    assert q.draining_for is None
+    after = [p.request_id for p in q.take(lambda p: True, idle=False, now=t)]
+    after += [p.request_id for p in q.take(lambda p: True, idle=False, now=t + 1)]
+    assert "small-behind" in after and any(r.startswith("i") for r in after)  # its lane moves on; the others go again
+
+
+def test_a_starved_head_that_is_aborted_ends_the_drain():
+    long_lane = LaneConfig("long_context", ttft_slo_s=2, tpot_slo_s=1, weight=1, priority=1)
+    q = LaneQueues((INTERACTIVE, long_lane), quantum=100)
+    _push(q, "big", "long_context", cost=100)
+    _push(q, "i0", "interactive", cost=10)
+    q.take(lambda p: p.request_id != "big", idle=False, now=0.0)
+    q.take(lambda p: p.request_id != "big", idle=False, now=5.0)
+    q.take(lambda p: p.request_id != "big", idle=False, now=6.0)
+    assert q.draining_for is not None and q.draining_for.request_id == "big"
+    q.remove("big")
+    _push(q, "i1", "interactive", cost=10)
+    assert [p.request_id for p in q.take(lambda p: True, idle=False, now=7.0)][-1] == "i1"
+    assert q.draining_for is None

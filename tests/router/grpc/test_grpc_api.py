@@ -245,7 +245,7 @@ def test_abort_rpc(stub, fake):
     assert stub.Abort(pb.AbortRequest(request_id="r-9")).aborted is True
     assert fake.aborted == ["r-9"]
     assert rpc_error(lambda: stub.Abort(pb.AbortRequest())).code() == grpc.StatusCode.INVALID_ARGUMENT
-    for bad in ("a\nb", "x" * 129, "job/1"):  # no request can have such an id (router.request_ids)
+    for bad in ("a\nb", "x" * 132, "job/1"):  # no request can have such an id (router.request_ids)
         err = rpc_error(lambda: stub.Abort(pb.AbortRequest(request_id=bad)))
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "request_id" in err.details()
     assert fake.aborted == ["r-9"]

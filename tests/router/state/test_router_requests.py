@@ -269,3 +269,33 @@ def test_a_request_nobody_reads_to_its_end_still_ends_in_the_router(redis_server
             await router.stop()
 
     asyncio.run(main())
+
+
+def test_the_choices_of_a_request_with_a_long_id_can_be_aborted_and_looked_up(redis_server, cluster) -> None:
+    """A 127-character id with n = 2 runs as '<id>-0' and '<id>-1' (129 characters): past the id
+    rule, so a client's disconnect aborted neither choice (they ran on, holding their slots), and
+    their batch jobs could not be fetched or cancelled (a review found it)."""
+    from router.choices import Choices
+
+    async def main() -> None:
+        router, dispatcher = make_router(redis_server.url, cluster, TENANTS)
+        dispatcher.hold = True
+        await router.start()
+        try:
+            rid = "x" * 127
+            choices = await Choices.start(router, _request(tenant="alice", request_id=rid), 2)
+            await until_held(dispatcher, 2)
+            await choices.abort()  # what the frontends do when the client goes away
+            assert len(dispatcher.aborted) == 2 and not dispatcher.held
+            await asyncio.sleep(0.05)
+            assert not router._requests
+            jobs = await Choices.start(router, _request(tenant="alice", request_id=rid, lane="batch"), 2)
+            await until_held(dispatcher, 2)
+            assert (await router.batch_result(rid + "-1", "alice"))["status"] == "running"
+            assert await router.abort(rid + "-1", "alice")
+            await jobs.abort()
+        finally:
+            release(dispatcher)
+            await router.stop()
+
+    asyncio.run(main())
