@@ -255,5 +255,6 @@ class DecodeWorker:
             transfer_bytes=st.bytes_received, transfer_seconds=st.seconds, prefix_queries=bm.num_prefix_queries,
             prefix_hits=bm.num_prefix_hits, steps=self.loop.num_steps, busy_seconds=self.loop.busy_seconds,
             busy_cpu_seconds=self.loop.busy_cpu_seconds,
-            prompt_tokens_computed=s.prompt_tokens_computed, prompt_tokens_placed=dict(self._placed),
+            prompt_tokens_computed=s.prompt_tokens_computed, preemptions=s.num_preemptions,
+            preempted_tokens=s.preempted_tokens, prompt_tokens_placed=dict(self._placed),
         )

@@ -64,6 +64,7 @@ class Scheduler(DisaggregationMixin):
         self._watermark_blocks = int(config.admission_watermark * block_manager.num_blocks)
         self._arrivals = 0
         self.num_preemptions = 0
+        self.preempted_tokens = 0  # computed tokens preemptions threw away (to be computed again)
         self.prompt_tokens_computed = 0
 
     # -- requests in and out ----------------------------------------------------------------
@@ -397,6 +398,7 @@ class Scheduler(DisaggregationMixin):
     def _preempt(self, req: Request) -> None:
         self._leave_running(req)
         self.block_manager.free(req)
+        self.preempted_tokens += req.num_computed_tokens
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         req.transition(_S.PREEMPTED)

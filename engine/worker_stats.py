@@ -31,6 +31,8 @@ class WorkerLoad:
     busy_seconds: float = 0.0  # wall time in steps
     busy_cpu_seconds: float = 0.0  # the stepping thread's CPU time in them (less: it waited for a core)
     prompt_tokens_computed: int = 0  # cumulative: with busy_seconds, the measured prefill rate
+    preemptions: int = 0  # cumulative: requests preempted (recompute) for KV blocks
+    preempted_tokens: int = 0  # cumulative: computed tokens those preemptions threw away
     # Prefill role: prompt tokens of the tasks it has queued since it started, by the router that
     # sent them (``RequestSpec.origin``). A router subtracts them from what it has dispatched there
     # to know what is still on the way (router/worker_pool.py).

@@ -153,5 +153,6 @@ class PrefillWorker:
             transfer_bytes=self.agent.bytes_sent(), prefix_queries=bm.num_prefix_queries,
             prefix_hits=bm.num_prefix_hits, steps=self.loop.num_steps, busy_seconds=self.loop.busy_seconds,
             busy_cpu_seconds=self.loop.busy_cpu_seconds,
-            prompt_tokens_computed=s.prompt_tokens_computed, prompt_tokens_received=dict(self._received),
+            prompt_tokens_computed=s.prompt_tokens_computed, preemptions=s.num_preemptions,
+            preempted_tokens=s.preempted_tokens, prompt_tokens_received=dict(self._received),
         )

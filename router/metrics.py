@@ -134,6 +134,10 @@ class _WorkerCollector:
                                    labels=labels)
         busy_cpu = CounterMetricFamily("baton_worker_busy_cpu_seconds", "CPU seconds of the stepping thread in "
                                        "engine steps (below busy seconds when steps wait for a core).", labels=labels)
+        pre = CounterMetricFamily("baton_worker_preemptions", "Requests preempted (recompute) for KV blocks.",
+                                  labels=labels)
+        pre_tok = CounterMetricFamily("baton_worker_preempted_tokens", "Computed tokens preemptions threw away "
+                                      "(computed again when the request resumes).", labels=labels)
         for load in self.loads():
             lv = [load.role, load.worker_id, self.model]
             kv.add_metric(lv, load.kv_usage)
@@ -149,4 +153,6 @@ class _WorkerCollector:
             steps.add_metric(lv, load.steps)
             busy.add_metric(lv, load.busy_seconds)
             busy_cpu.add_metric(lv, load.busy_cpu_seconds)
-        yield from (kv, run, wait, queued, q, h, tb, ts, tf, tc, steps, busy, busy_cpu)
+            pre.add_metric(lv, load.preemptions)
+            pre_tok.add_metric(lv, load.preempted_tokens)
+        yield from (kv, run, wait, queued, q, h, tb, ts, tf, tc, steps, busy, busy_cpu, pre, pre_tok)

@@ -160,6 +160,7 @@ def test_a_decode_that_needs_no_block_is_not_skipped_in_the_step_of_a_preemption
         sched.update_from_output(runner.execute(steps[-1]))
     # a (least important) was preempted for b's block; c's decode fits its block and must still run
     assert a.num_preemptions == 1 and set(steps[-1].request_ids) == {"b", "c"}
+    assert sched.num_preemptions == 1 and sched.preempted_tokens > 0  # (the workers report both)
     run(sched, runner)
     # Its recompute after the preemption neither moves its first token's time (TTFT) nor turns the
     # blocks it had computed itself into a prefix-cache hit at its first admission.

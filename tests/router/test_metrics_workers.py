@@ -1,0 +1,15 @@
+"""The workers' counters in the router's /metrics exposition (router/metrics.py's collector)."""
+
+from engine.worker_stats import WorkerLoad
+from router.metrics import RouterMetrics
+
+
+def test_preemptions_are_exported_per_worker():
+    """A cluster under KV pressure preempted requests, and nothing in /metrics or the logs showed it."""
+    load = WorkerLoad("decode-0", "inc", "decode", num_running=3, num_waiting=2, num_free_blocks=1,
+                      num_total_blocks=65, queued_prefill_tokens=0, preemptions=17, preempted_tokens=2803)
+    text = RouterMetrics("m", loads=lambda: [load]).exposition()[0].decode()
+    lines = {line.split("{")[0]: line for line in text.splitlines() if line.startswith("baton_worker_preempt")}
+    assert lines["baton_worker_preemptions_total"].endswith(" 17.0")
+    assert lines["baton_worker_preempted_tokens_total"].endswith(" 2803.0")
+    assert 'worker="decode-0"' in lines["baton_worker_preemptions_total"]
