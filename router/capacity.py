@@ -80,6 +80,24 @@ class Capacity:
         reported = sum(w.load.num_running + w.load.num_waiting + w.load.num_reserved for w in decode if w.load)
         return slots - max(reported, self.in_flight)
 
+    def free_places(self, prompt_tokens: int, max_tokens: int) -> int:
+        """How many more requests of this size the decode pool can start now: its free sequence
+        slots, or fewer where its free KV (less the reserve and recent charges) holds fewer. With a
+        small KV pool the blocks, not the slots, bound how many run, and admission's wait for a
+        place looked at the slots alone (it admitted requests that then waited 2-4 s for blocks)."""
+        slots = self.free_seq_slots()
+        decode = self.pool.live("decode")
+        if not decode:
+            return min(slots, 0)
+        p_blocks, _ = self._pending(self._clock())
+        free = reserve = 0
+        need = 1
+        for w in decode:
+            need = max(1, -(-(prompt_tokens + min(max_tokens, 64)) // w.info.block_size))
+            free += w.info.num_blocks if w.load is None else w.load.num_free_blocks
+            reserve += int(self.kv_reserve_fraction * w.info.num_blocks)
+        return min(slots, max(0, (free - p_blocks - reserve) // need))
+
     def has_room(self, prompt_tokens: int, max_tokens: int) -> bool:
         return self.room(prompt_tokens, max_tokens) is Room.YES
 

@@ -199,7 +199,8 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
         hint = NO_HINT if durable else await self._placement_hint(ids, self._salt(tenant.name))
         queued, rate = prefill_queue(self.pool, len(ids), self.dispatcher.local_prefill_threshold,
                                      self.prefill_rate.tokens_per_s, self.dispatcher.short_prompts_to_idle_prefill)
-        ahead, free_slots = self.queues.requests_ahead(lane), self.capacity.free_seq_slots()
+        ahead = self.queues.requests_ahead(lane)
+        free_slots = self.capacity.free_places(len(ids), req.sampling.max_tokens)  # slots, or KV if fewer
         predicted = await self.admission.admit(AdmissionInput(
             lane=lane_cfg, tenant=tenant, prompt_tokens=len(ids), max_tokens=req.sampling.max_tokens,
             lane_depth=self.queues.admitted_depth(lane), tokens_ahead=self.queues.tokens_ahead(lane),

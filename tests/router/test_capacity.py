@@ -100,3 +100,18 @@ def test_a_prompt_past_the_reserve_goes_when_the_decode_pool_is_empty():
     cap.release()
     _load(decode, running=1)  # someone else's request runs there
     assert cap.room(15500, 16) is Room.NO
+
+
+def test_free_places_are_the_slots_or_what_the_free_kv_holds_if_fewer():
+    """With a 65-block pool the blocks, not the 64 slots, bound how many run: admission's wait for a
+    place read the slots alone and admitted requests that then waited seconds for blocks."""
+    decode = _handle("d0", "decode", max_num_seqs=64, num_blocks=65)
+    decode.update_load(WorkerLoad("d0", "i0", "decode", num_running=3, num_waiting=0, num_free_blocks=20,
+                                  num_total_blocks=65, queued_prefill_tokens=0))
+    cap = Capacity(WorkerPool([], [decode]), clock=Clock())
+    assert cap.free_seq_slots() == 61
+    assert cap.free_places(40, 200) == (20 - 3) // 7  # 7 blocks a request (40 + 64 tokens), 3 held in reserve
+    assert cap.free_places(2000, 16) == 0
+    big = _handle("d1", "decode", max_num_seqs=4, num_blocks=100_000)
+    _load(big)
+    assert Capacity(WorkerPool([], [big]), clock=Clock()).free_places(40, 200) == 4  # the slots, where fewer
