@@ -96,7 +96,14 @@ class Capacity:
             need = max(1, -(-(prompt_tokens + min(max_tokens, 64)) // w.info.block_size))
             free += w.info.num_blocks if w.load is None else w.load.num_free_blocks
             reserve += int(self.kv_reserve_fraction * w.info.num_blocks)
-        return min(slots, max(0, (free - p_blocks - reserve) // need))
+        places = max(0, (free - p_blocks - reserve) // need)
+        if places == 0 and self._empty(decode, p_blocks):
+            places = 1  # a lone request on an empty pool goes (``room``): it waits for nothing
+        return min(slots, places)
+
+    def _empty(self, decode: list, p_blocks: int) -> bool:
+        return self.in_flight == 0 and p_blocks == 0 and all(
+            w.load is None or w.load.num_running + w.load.num_waiting + w.load.num_reserved == 0 for w in decode)
 
     def has_room(self, prompt_tokens: int, max_tokens: int) -> bool:
         return self.room(prompt_tokens, max_tokens) is Room.YES
@@ -116,8 +123,7 @@ class Capacity:
             reserve += int(self.kv_reserve_fraction * w.info.num_blocks)
         # A lone request on an empty decode pool goes even past the reserve (or past a worker's whole
         # cache: that worker then refuses it, naming why). Held back, it would head its lane for good.
-        empty = self.in_flight == 0 and p_blocks == 0 and all(
-            w.load is None or w.load.num_running + w.load.num_waiting + w.load.num_reserved == 0 for w in decode)
+        empty = self._empty(decode, p_blocks)
         if (not empty and free - p_blocks - need < reserve) or self.free_seq_slots() < 1:
             return Room.NO
         prefill = self.pool.live("prefill")

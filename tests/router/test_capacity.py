@@ -112,6 +112,9 @@ def test_free_places_are_the_slots_or_what_the_free_kv_holds_if_fewer():
     assert cap.free_seq_slots() == 61
     assert cap.free_places(40, 200) == (20 - 3) // 7  # 7 blocks a request (40 + 64 tokens), 3 held in reserve
     assert cap.free_places(2000, 16) == 0
+    decode.update_load(WorkerLoad("d0", "i0", "decode", num_running=0, num_waiting=0, num_free_blocks=65,
+                                  num_total_blocks=65, queued_prefill_tokens=0))
+    assert cap.free_places(2000, 16) == 1  # past the reserve, but an empty pool takes a lone request now
     big = _handle("d1", "decode", max_num_seqs=4, num_blocks=100_000)
     _load(big)
     assert Capacity(WorkerPool([], [big]), clock=Clock()).free_places(40, 200) == 4  # the slots, where fewer
