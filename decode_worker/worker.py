@@ -76,7 +76,7 @@ class DecodeWorker:
         def do(engine: LLMEngine) -> ReserveResult:
             self._register(engine, spec)
             req = engine.reserve(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
-                                 priority=spec.priority, cache_salt=spec.cache_salt)
+                                 priority=spec.priority, cache_salt=spec.cache_salt, preemptible=spec.preemptible)
             if req is None:
                 return ReserveResult(False, reason="no free KV blocks")
             self._count_placed(spec)
@@ -100,7 +100,7 @@ class DecodeWorker:
         def do(engine: LLMEngine) -> bool:
             self._register(engine, spec)
             engine.add_request(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
-                               priority=spec.priority, cache_salt=spec.cache_salt,
+                               priority=spec.priority, cache_salt=spec.cache_salt, preemptible=spec.preemptible,
                                resume_token_ids=list(spec.resume_token_ids),
                                resume_text_chars=spec.resume_text_chars, arrival_time=received)
             self._count_placed(spec)

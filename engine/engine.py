@@ -77,6 +77,7 @@ class LLMEngine:
         resume_token_ids: Sequence[int] | None = None,
         resume_text_chars: int = 0,
         prefill_only: bool = False,
+        preemptible: bool = True,
     ) -> str:
         """Queue a request (text is tokenized as is; use ``tokenizer.encode_chat`` for chat).
 
@@ -86,7 +87,7 @@ class LLMEngine:
         first token and holds its blocks until ``release_transferred``.
         """
         req = self._new_request(request_id, prompt, params, priority, cache_salt, arrival_time, resume_token_ids,
-                                prefill_only)
+                                prefill_only, preemptible)
         self.scheduler.add_request(req)
         if not prefill_only:
             self._add_output_stream(req, resume_text_chars)
@@ -102,7 +103,7 @@ class LLMEngine:
             raise
 
     def _new_request(self, request_id, prompt, params, priority, cache_salt, arrival_time, resume_token_ids=None,
-                     prefill_only=False) -> Request:
+                     prefill_only=False, preemptible=True) -> Request:
         params = params or SamplingParams()
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else _token_ids(prompt, "prompt")
         resume = _token_ids(resume_token_ids or (), "resume_token_ids")
@@ -110,7 +111,7 @@ class LLMEngine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         return Request(rid, token_ids, params, eos_token_ids=tuple(self.eos_token_ids), priority=priority,
                        cache_salt=cache_salt, arrival_time=arrival_time, resume_token_ids=resume,
-                       prefill_only=prefill_only)
+                       prefill_only=prefill_only, preemptible=preemptible)
 
     def validate_prompt(self, token_ids: list[int], params: SamplingParams, num_generated: int = 0) -> None:
         if not token_ids:
@@ -143,9 +144,11 @@ class LLMEngine:
 
     # -- disaggregation ---------------------------------------------------------------------
     def reserve(self, request_id: str, prompt: Sequence[int], params: SamplingParams, *, priority: int = 0,
-                cache_salt: str | None = None, arrival_time: float | None = None) -> Request | None:
+                cache_salt: str | None = None, arrival_time: float | None = None,
+                preemptible: bool = True) -> Request | None:
         """Decode role: reserve blocks for a prompt a prefill worker will compute. None if no room now."""
-        req = self._new_request(request_id, prompt, params, priority, cache_salt, arrival_time)
+        req = self._new_request(request_id, prompt, params, priority, cache_salt, arrival_time,
+                                preemptible=preemptible)
         if not self.scheduler.reserve(req):
             return None
         self._add_output_stream(req)

@@ -86,6 +86,7 @@ class Request:
         "sampling_params",
         "eos_token_ids",
         "priority",
+        "preemptible",
         "arrival_time",
         "arrival_seq",
         "cache_salt",
@@ -115,6 +116,7 @@ class Request:
         *,
         eos_token_ids: tuple[int, ...] = (),
         priority: int = 0,
+        preemptible: bool = True,
         arrival_time: float | None = None,
         arrival_seq: int = 0,
         cache_salt: str | None = None,
@@ -129,6 +131,7 @@ class Request:
         self.sampling_params = sampling_params
         self.eos_token_ids = eos_token_ids
         self.priority = priority  # lower is more important (lanes map onto it)
+        self.preemptible = preemptible  # False: preempted only when no preemptible request runs
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.arrival_seq = arrival_seq
         self.cache_salt = cache_salt

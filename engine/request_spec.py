@@ -14,6 +14,7 @@ class RequestSpec:
     sampling_params: SamplingParams
     priority: int = 0
     cache_salt: str | None = None
+    preemptible: bool = True  # its lane's: False is preempted only when no preemptible request runs
     # Tokens already generated for this request elsewhere (migration after a worker died).
     resume_token_ids: tuple[int, ...] = field(default=())
     # How much of those tokens' text the caller has received: a worker holds back the text of a token

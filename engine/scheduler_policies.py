@@ -98,7 +98,8 @@ class StaticBatchAdmission(AdmissionPolicy):
 
 class PreemptionPolicy:
     """Victim: a static batch's padding row first (a finished request: releasing it loses nothing),
-    else the least important running request, newest first (it has the least work to redo)."""
+    then a preemptible request (its lane's ``preemptible``) before any other, and among those the
+    least important, newest first (it has the least work to redo)."""
 
     def pick_victim(self, running: list[Request]) -> Request:
-        return max(running, key=lambda r: (r.is_padding, r.priority, r.arrival_seq))
+        return max(running, key=lambda r: (r.is_padding, r.preemptible, r.priority, r.arrival_seq))

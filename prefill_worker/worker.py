@@ -69,7 +69,7 @@ class PrefillWorker:
                 log.info("%s: %s re-sent; its earlier prefill was aborted", self.worker_id, spec.request_id)
             engine.add_request(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
                                priority=spec.priority, cache_salt=spec.cache_salt, prefill_only=True,
-                               arrival_time=received)
+                               preemptible=spec.preemptible, arrival_time=received)
             self._shipping[spec.request_id] = _Shipping(task, next_block=task.skip_blocks)
             # Counted on the loop's thread, with the queue the load report reads: consistent.
             self._received[spec.origin] = self._received.get(spec.origin, 0) + spec.num_prompt_tokens

@@ -235,7 +235,7 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
         lane_cfg = self.policy.lane(lane)
         salt = self._salt(tenant)
         spec = RequestSpec(rid, tuple(ids), sampling, priority=lane_cfg.priority, cache_salt=salt,
-                           origin=self.dispatcher.origin)
+                           origin=self.dispatcher.origin, preemptible=lane_cfg.preemptible)
         stream = RequestStream(rid, len(ids))
         stream.bind(asyncio.get_running_loop())
         ctx = RequestContext(rid, tenant, lane, len(ids), sampling.max_tokens, stream, spec,

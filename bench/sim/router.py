@@ -100,7 +100,7 @@ class SimRouter:
         # Outputs are token ids counted by the client; EOS never ends them early (the workload sets lengths).
         params = SamplingParams(max_tokens=req.output_len, ignore_eos=True, detokenize=False)
         spec = RequestSpec(f"r{req.index}", tuple(ids), params, priority=lane_cfg.priority, cache_salt=salt,
-                           origin="sim-router")
+                           origin="sim-router", preemptible=lane_cfg.preemptible)
         hashes = hash_blocks(ids, self.block_size, salt)
         hint = NO_HINT
         if hashes:

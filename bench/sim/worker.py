@@ -183,7 +183,8 @@ class SimWorker:
     # -- engine API (run on the engine "thread", i.e. between steps) ---------------------------
     def _request(self, spec: RequestSpec, prefill_only: bool = False) -> Request:
         return Request(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params, priority=spec.priority,
-                       cache_salt=spec.cache_salt, arrival_time=self.loop.now, prefill_only=prefill_only)
+                       cache_salt=spec.cache_salt, arrival_time=self.loop.now, prefill_only=prefill_only,
+                       preemptible=spec.preemptible)
 
     def add_request(self, spec: RequestSpec, prefill_only: bool = False) -> Request:
         req = self._request(spec, prefill_only)

@@ -361,3 +361,17 @@ def test_a_static_batch_takes_no_newcomer_into_a_place_freed_mid_batch(how: str)
         assert "c" not in out.num_scheduled_tokens or longest.is_finished, f"step {step}: c joined a's batch"
         sched.update_from_output(runner.execute(out))
     assert longest.is_finished and newcomer.is_finished and len(newcomer.output_token_ids) == 2
+
+
+def test_a_preemptible_request_is_the_victim_before_any_other_whatever_its_priority():
+    """Lanes' ``preemptible`` (documented, validated) was read by nothing: a non-preemptible lane's
+    request was preempted by priority like any other. Now preemptible ones go first."""
+    from engine.scheduler_policies import PreemptionPolicy
+
+    keep = req("keep", 2, 4, priority=5)  # least important, but its lane is not preemptible
+    keep.preemptible = False
+    fair = req("fair", 2, 4, priority=0)  # most important, preemptible
+    assert PreemptionPolicy().pick_victim([keep, fair]) is fair
+    other = req("other", 2, 4, priority=1)
+    other.preemptible = False
+    assert PreemptionPolicy().pick_victim([keep, other]) is keep  # none preemptible: by priority, as before

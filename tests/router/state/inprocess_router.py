@@ -25,6 +25,7 @@ class InProcessDispatcher:
         self.short_prompts_to_idle_prefill = True
         self.on_kv_events = self.on_worker_reset = None
         self.submitted: list[str] = []
+        self.specs: dict[str, object] = {}  # request id -> the RequestSpec sent
         self.aborted: list[str] = []
         self.hold = False
         self.held: dict[str, object] = {}
@@ -33,6 +34,7 @@ class InProcessDispatcher:
         if spec.request_id in self.held:  # as the real dispatcher does
             raise ValueError(f"duplicate request id {spec.request_id!r}")
         self.submitted.append(spec.request_id)
+        self.specs[spec.request_id] = spec
         if self.hold:
             self.held[spec.request_id] = stream
         else:

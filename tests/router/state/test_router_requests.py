@@ -299,3 +299,21 @@ def test_the_choices_of_a_request_with_a_long_id_can_be_aborted_and_looked_up(re
             await router.stop()
 
     asyncio.run(main())
+
+
+def test_a_requests_spec_carries_its_lanes_priority_and_preemptibility(redis_server, cluster) -> None:
+    async def main() -> None:
+        router, dispatcher = make_router(redis_server.url, cluster, TENANTS)
+        await router.start()
+        try:
+            await (await router.generate(_request(tenant="alice", request_id="i", lane="interactive"))).result()
+            await (await router.generate(_request(tenant="alice", request_id="l", lane="long_context"))).result()
+            specs = {s.request_id.split("~")[0]: s for s in dispatcher.specs.values()}
+            lanes = {lane.name: lane for lane in router.policy.lanes}
+            for rid, lane in (("i", "interactive"), ("l", "long_context")):
+                assert specs[rid].priority == lanes[lane].priority
+                assert specs[rid].preemptible == lanes[lane].preemptible
+        finally:
+            await router.stop()
+
+    asyncio.run(main())
