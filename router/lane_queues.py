@@ -9,10 +9,14 @@ they land on the same prefill worker and reuse its cache. A lane the pace guard 
 (``router.pace_guard``) dispatches nothing until its head has waited the longest hold allowed.
 
 A head the decode pool keeps refusing for ``STARVE_FRACTION`` of its lane's TTFT objective (a
-prompt that needs most of the KV cache, while other lanes' small requests keep taking what frees
-up) is *drained for*: nothing else is dispatched until it fits, so the pool empties and it goes
-(a lone request on an empty pool always does: ``router.capacity``). Without it, such a request
-waited as long as any other traffic kept coming, and its lane's requests behind it with it.
+prompt that needs most of the KV cache, while other requests keep taking what frees up) is
+*drained for*: its lane and every lane no more important than it dispatch nothing until it fits,
+so what they hold drains and it goes (a lone request on an empty pool always does:
+``router.capacity``). More important lanes keep going (a batch head must not stall interactive
+traffic), and a drain that has not let it in within its lane's TTFT objective is given up and
+counted afresh (another router, or a long request, may keep the pool from emptying: a drain
+without a bound stopped dispatch for good). Without it, such a request waited as long as any
+other traffic of its own or lower priority kept coming, and its lane's requests behind it.
 """
 
 from __future__ import annotations
@@ -76,7 +80,8 @@ class LaneQueues:
         # to, and let dispatch, whichever lane the rotation started at: weights were lost).
         self._in_turn = False
         self._turn_sent = 0  # requests the turn in progress has dispatched, over calls
-        self.draining_for: Pending | None = None  # a starved head: nothing else goes until it fits
+        self.draining_for: Pending | None = None  # a starved head: no lane as important or less goes
+        self._drain_since = 0.0
 
     # -- queueing ---------------------------------------------------------------------------
     def depth(self, lane: str) -> int:
@@ -152,20 +157,8 @@ class LaneQueues:
         now = time.monotonic() if now is None else now
         self._held = held or {}
         out: list[Pending] = []
-        if self.draining_for is not None:
-            starved = self.draining_for
-            q = self.queues[starved.lane]
-            if not q or q[0] is not starved:  # it left the queue (aborted)
-                self.draining_for = None
-            elif not has_capacity(starved):
-                return out  # the pools drain for it
-            else:
-                q.popleft()
-                self.queued_tokens[starved.lane] -= starved.cost
-                self.deficit[starved.lane] -= starved.cost  # out of turn: the lane pays (a debt carries over)
-                self.draining_for = None
-                out.append(starved)
-        blocked: set[str] = set()  # lanes whose head waits for the prefill pool, this round
+        frozen = self._drain(has_capacity, now, out)  # lanes that wait while the pools drain for a head
+        blocked: set[str] = set(frozen)  # and lanes whose head waits for the prefill pool, this round
         while len(out) < limit:
             ready = {n for n in self.order if n not in blocked and self.queues[n]
                      and self._eligible(n, self.queues[n][0], now, idle)}
@@ -191,7 +184,7 @@ class LaneQueues:
                         if head.refused_since is None:
                             head.refused_since = now
                         elif now - head.refused_since >= STARVE_FRACTION * self.lanes[name].ttft_slo_s:
-                            self.draining_for = head
+                            self.draining_for, self._drain_since = head, now
                         if self._turn_sent == 0 and not out:
                             # Refused first thing, before the turn or this call sent anything (a head
                             # bigger than what frees up): the turn passes, its credit with it, so a big
@@ -212,6 +205,29 @@ class LaneQueues:
                     self.deficit[name] = 0.0  # an emptied lane does not bank credit
                 self._end_turn()
         return out
+
+    def _drain(self, has_capacity, now: float, out: list[Pending]) -> set[str]:
+        """The drain in progress: dispatch its head if it fits now (into ``out``); else the lanes that
+        wait for it (its own and those no more important). Empty when there is none, or it ended."""
+        starved = self.draining_for
+        if starved is None:
+            return set()
+        q = self.queues[starved.lane]
+        if not q or q[0] is not starved:  # it left the queue (aborted)
+            self.draining_for = None
+            return set()
+        if now - self._drain_since > self.lanes[starved.lane].ttft_slo_s:  # the pools did not drain: give up
+            self.draining_for, starved.refused_since = None, now
+            return set()
+        if has_capacity(starved):
+            q.popleft()
+            self.queued_tokens[starved.lane] -= starved.cost
+            self.deficit[starved.lane] -= starved.cost  # out of turn: the lane pays (a debt carries over)
+            self.draining_for = None
+            out.append(starved)
+            return set()
+        rank = self.lanes[starved.lane].priority
+        return {n for n in self.order if self.lanes[n].priority >= rank}
 
     def _end_turn(self) -> None:
         self._cursor = (self._cursor + 1) % len(self.order)

@@ -99,7 +99,7 @@ def load_inputs(args: argparse.Namespace):
             changes[field] = getattr(args, flag)
     changes["step_scale"] = args.step_scale
     known = {lane.name for lane in base.lanes.lanes}
-    unknown = sorted(set(spec.lanes) - known)
+    unknown = sorted({lane for lane, share in spec.lanes.items() if share > 0} - known)  # (a 0 share sends none)
     if unknown:  # every such request is rejected, and the search blamed capacity
         raise ValueError(f"workload {spec.name}: lane(s) {', '.join(unknown)} are not lanes of the simulated router "
                          f"({', '.join(sorted(known))})")
