@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 from engine.outputs import RequestOutput
 from engine.worker_stats import WorkerLoad
-from kv_transfer.peer import PeerInfo
 
 
 @dataclass(frozen=True)
