@@ -194,7 +194,13 @@ class GenerationStream(Protocol):
         ...
 
     async def abort(self) -> None:
-        """The client went away: stop the request in both pools and free its blocks."""
+        """The client went away: stop the request in both pools and free its blocks (a durable
+        batch job goes on: it outlives its client)."""
+        ...
+
+    async def cancel(self) -> None:
+        """The request is refused after all (a later choice of the same request was): stop it
+        wherever it is, a durable batch job too."""
         ...
 
 

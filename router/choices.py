@@ -8,8 +8,9 @@ reused with another ``n`` collides on choice 0 and is refused, 409, before anyth
 differ yet each is reproducible (greedy choices are all the same answer, as with OpenAI). The
 tenant's rate limits are charged for all ``n`` at once, by the first choice admitted
 (api.ChoiceCharge, carried by each choice's GenerateRequest): ``n`` beyond a bucket is a 400, never a 429 after some choices started.
-If any choice is refused at admission, the ones already started are aborted, the charge is given
-back and the refusal is the response. A choice that fails after streaming started ends the others too.
+If any choice is refused at admission, the ones already started are cancelled (journaled batch
+jobs too: a client going away only detaches from those), the charge is given back and the refusal
+is the response. A choice that fails after streaming started ends the others too.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class Choices:
                 charge.pending = n - i
                 streams.append(await router.generate(choice_request(gen, i, n, charge)))
         except BaseException:
-            await cls(streams).abort()
+            await cls(streams).cancel()  # refused whole: journaled batch choices are cancelled too
             await charge.give_back()  # the request is refused whole: its choices spend no budget
             raise
         return cls(streams)
@@ -76,6 +77,14 @@ class Choices:
                 await s.abort()
             except Exception:
                 log.exception("aborting request %s failed", s.request_id)
+
+    async def cancel(self) -> None:
+        """Stop every choice, durable batch jobs included (``abort`` leaves those running)."""
+        for s in self.streams:
+            try:
+                await s.cancel()
+            except Exception:
+                log.exception("cancelling request %s failed", s.request_id)
 
     async def results(self) -> list[GenerationResult]:
         if len(self.streams) == 1:

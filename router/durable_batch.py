@@ -63,6 +63,11 @@ class JobWaitStream:
         """The client went away: the job goes on (durable), nobody here waits for it any more."""
         self._batch.detach(self.job_id)
 
+    async def cancel(self) -> None:
+        """The request was refused after all (another of its choices was): the job must not run."""
+        await self._batch.cancel(self.job_id, self.tenant)
+        self._batch.detach(self.job_id)
+
 
 class DurableBatch:
     def __init__(self, router: Router, journal: BatchJournal, consumer: str, *, idle_ms: int = 15_000,

@@ -119,6 +119,10 @@ class RouterStream:
         if not ctx.durable and not ctx.stream.finished:  # a journaled job outlives its client
             await self._router._abort_here(ctx)
 
+    async def cancel(self) -> None:
+        if not self.ctx.stream.finished:
+            await self._router._abort_here(self.ctx)
+
 
 class ReplayStream:
     """A finished result replayed (an idempotent retry): one event with the whole generation."""
@@ -138,6 +142,9 @@ class ReplayStream:
 
     async def abort(self) -> None:
         return None
+
+    async def cancel(self) -> None:
+        return None  # it already ran: a replay of its stored result
 
 
 async def with_deadline(stream, deadline_s: float | None) -> None:

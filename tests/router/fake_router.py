@@ -97,6 +97,9 @@ class FakeStream:
                                 self.lane, prompt_text=self.request.prompt if self.request.echo_prompt else None,
                                 logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
+    async def cancel(self) -> None:
+        await self.abort()
+
     async def abort(self) -> None:
         if not self.aborted:
             self.aborted = True

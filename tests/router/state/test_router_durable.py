@@ -76,3 +76,40 @@ def test_a_restarted_replica_is_a_new_origin_for_the_workers() -> None:
     first, second = Dispatcher(pool, router_id="router-0"), Dispatcher(pool, router_id="router-0")
     assert first.router_id == second.router_id == "router-0"
     assert first.origin != second.origin and first.origin.startswith("router-0")
+
+
+def test_a_refused_request_of_n_batch_choices_cancels_the_jobs_already_journaled(redis_server, cluster) -> None:
+    """Its second choice refused (its id in flight), the request was refused and its charge given
+    back, but its first choice, already journaled, ran to its end unbilled (an audit found it):
+    refusing a request detached its batch jobs, as a client going away does, instead of cancelling them."""
+    from router.api import RouterError
+    from router.choices import Choices
+    from router.request_ids import scoped_request_id
+
+    async def main() -> None:
+        router, dispatcher = make_router(redis_server.url, cluster, (TenantConfig("alice", api_key="ka"),))
+        dispatcher.hold = True
+        await router.start()
+        try:
+            await router.generate(_batch_request(tenant="alice", request_id="z-1"))  # holds choice 1's id
+            await until_held(dispatcher)
+            try:
+                await Choices.start(router, _batch_request(tenant="alice", request_id="z"), 2)
+                raise AssertionError("admitted")
+            except RouterError:
+                pass
+            status = await router.state.journal.get(scoped_request_id("alice", "z-0"), "alice")
+            for _ in range(100):
+                if status is None or status.status == "cancelled":
+                    break
+                await asyncio.sleep(0.02)
+                status = await router.state.journal.get(scoped_request_id("alice", "z-0"), "alice")
+            assert status is None or status.status == "cancelled"
+            await asyncio.sleep(0.3)
+            assert scoped_request_id("alice", "z-0") not in dispatcher.held
+        finally:
+            for rid in list(dispatcher.held):
+                dispatcher.abort(rid)
+            await router.stop()
+
+    asyncio.run(main())
