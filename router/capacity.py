@@ -90,16 +90,21 @@ class Capacity:
         if not decode:
             return min(slots, 0)
         p_blocks, _ = self._pending(self._clock())
-        free = reserve = 0
-        need = 1
-        for w in decode:
-            need = max(1, -(-(prompt_tokens + min(max_tokens, 64)) // w.info.block_size))
-            free += w.info.num_blocks if w.load is None else w.load.num_free_blocks
-            reserve += int(self.kv_reserve_fraction * w.info.num_blocks)
-        places = max(0, (free - p_blocks - reserve) // need)
+        free, need, reserve = self._kv(decode, prompt_tokens, max_tokens)
+        places = max(0, (free - p_blocks - reserve) // max(need, 1))
         if places == 0 and self._empty(decode, p_blocks):
             places = 1  # a lone request on an empty pool goes (``room``): it waits for nothing
         return min(slots, places)
+
+    def _kv(self, decode: list, prompt_tokens: int, max_tokens: int) -> tuple[int, int, int]:
+        """(free blocks, blocks the request needs, blocks kept in reserve) over the decode pool, from
+        the last reports (the need covers the prompt and the first steps)."""
+        free = need = reserve = 0
+        for w in decode:
+            need = -(-(prompt_tokens + min(max_tokens, 64)) // w.info.block_size)
+            free += w.info.num_blocks if w.load is None else w.load.num_free_blocks
+            reserve += int(self.kv_reserve_fraction * w.info.num_blocks)
+        return free, need, reserve
 
     def _empty(self, decode: list, p_blocks: int) -> bool:
         return self.in_flight == 0 and p_blocks == 0 and all(
@@ -113,14 +118,7 @@ class Capacity:
         decode = self.pool.live("decode")
         if not decode:
             return Room.NO
-        free = 0
-        need = 0
-        reserve = 0
-        for w in decode:
-            bs = w.info.block_size
-            need = -(-(prompt_tokens + min(max_tokens, 64)) // bs)  # the prompt and the first steps
-            free += w.info.num_blocks if w.load is None else w.load.num_free_blocks
-            reserve += int(self.kv_reserve_fraction * w.info.num_blocks)
+        free, need, reserve = self._kv(decode, prompt_tokens, max_tokens)
         # A lone request on an empty decode pool goes even past the reserve (or past a worker's whole
         # cache: that worker then refuses it, naming why). Held back, it would head its lane for good.
         empty = self._empty(decode, p_blocks)

@@ -72,19 +72,18 @@ class Choices:
         return self.streams[0].lane
 
     async def abort(self) -> None:
-        for s in self.streams:
-            try:
-                await s.abort()
-            except Exception:
-                log.exception("aborting request %s failed", s.request_id)
+        await self._each("abort")
 
     async def cancel(self) -> None:
         """Stop every choice, durable batch jobs included (``abort`` leaves those running)."""
+        await self._each("cancel")
+
+    async def _each(self, how: str) -> None:
         for s in self.streams:
             try:
-                await s.cancel()
+                await getattr(s, how)()
             except Exception:
-                log.exception("cancelling request %s failed", s.request_id)
+                log.exception("%s of request %s failed", how, s.request_id)
 
     async def results(self) -> list[GenerationResult]:
         if len(self.streams) == 1:
