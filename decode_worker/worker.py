@@ -69,6 +69,10 @@ class DecodeWorker:
     def connect(self, prefill: PeerInfo) -> None:
         self.agent.connect(prefill)
 
+    def forget_peer(self, peer: PeerInfo) -> None:
+        """``peer`` (that incarnation) is dead: what is in flight with it fails now (kv_transfer/agent.py)."""
+        self.agent.forget_peer(peer)
+
     def reserve(self, spec: RequestSpec, prefill: PeerInfo) -> ReserveResult:
         """Reserve blocks for ``spec``'s prompt; its KV will come from ``prefill``."""
         tid = next(self._transfer_ids)

@@ -90,7 +90,8 @@ class TransferAgent:
         self._kv_export = export_kv(kv_cache, kv_segment_name) if me.locality else None
         self.faults = faults or FaultInjector()
         self.connect_timeout_s = connect_timeout_s
-        self._store = connect_store(store_addr, connect_timeout_s)
+        self._store_addr = store_addr
+        connect_store(store_addr, connect_timeout_s)  # fail here, naming the store, if it is unreachable
         self._channels: dict[str, Channel] = {}
         # Incarnations whose channel failed: gone for good (a restart is a new incarnation). A new
         # pair group with one would rendezvous on the dead process's stale store entries, and gloo
@@ -124,7 +125,7 @@ class TransferAgent:
             if ch is not None:
                 ch.close()
             ch = Channel(
-                self._store, self.me, peer, self.device, tuple(self.kv_cache.shape[1:]), self.kv_cache.dtype,
+                self._store_addr, self.me, peer, self.device, tuple(self.kv_cache.shape[1:]), self.kv_cache.dtype,
                 self._on_message, self._on_channel_failure, self.connect_timeout_s,
                 lambda header, peer_key=peer.key: self._before_send(peer_key, header), kv_export=self._kv_export,
             )
@@ -132,6 +133,19 @@ class TransferAgent:
         if old is not None:  # the worker restarted: what was in flight with its old process failed
             old.fail(f"{old.peer.key} was replaced by {peer.key}")
         return ch
+
+    def forget_peer(self, peer: PeerInfo) -> None:
+        """``peer`` (this incarnation of it) is dead: stop waiting for it to join a pair, fail what is
+        in flight with it and refuse new transfers at once. The router says so when a worker dies;
+        the channel alone cannot tell a dead peer from one that has not dialed yet."""
+        with self._lock:
+            ch = self._channels.get(peer.worker_id)
+            ch = ch if ch is not None and ch.peer == peer else None
+            self._gone.add(peer.key)
+        if ch is not None:
+            ch.fail(f"{peer.key} is gone")  # -> _on_channel_failure
+        else:
+            self._fail_peer(peer.key, f"{peer.key} is gone")
 
     def connect(self, peer: PeerInfo) -> None:
         """Start forming the pair group now (both sides must do so); returns at once."""
@@ -298,19 +312,23 @@ class TransferAgent:
     def _on_channel_failure(self, ch: Channel, reason: str) -> None:
         """The peer is gone: fail everything in flight with it, on both sides."""
         with self._lock:
-            lost = [(tid, e) for tid, e in self._expected.items() if e.peer_key == ch.peer.key]
-            for tid, _ in lost:
-                del self._expected[tid]
-            orphans = [k for k in self._outgoing if k[0] == ch.peer.key]
             if self._channels.get(ch.peer.worker_id) is ch:
                 del self._channels[ch.peer.worker_id]
             self._gone.add(ch.peer.key)
+        self._fail_peer(ch.peer.key, reason)
+        self.stats.bytes_sent += ch.bytes_sent
+
+    def _fail_peer(self, peer_key: str, reason: str) -> None:
+        with self._lock:
+            lost = [(tid, e) for tid, e in self._expected.items() if e.peer_key == peer_key]
+            for tid, _ in lost:
+                del self._expected[tid]
+            orphans = [k for k in self._outgoing if k[0] == peer_key]
         for _, e in lost:
             self.stats.failed += 1
             self.on_receive_failed(e.request_id, reason)
         for k in orphans:
             self._finish_outgoing(k, acked=False)
-        self.stats.bytes_sent += ch.bytes_sent
 
     def bytes_sent(self) -> int:
         with self._lock:

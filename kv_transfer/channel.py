@@ -6,7 +6,12 @@ Two payload modes, one message format. *Group*: the payload is the packed KV row
 pair group (gloo for CPU tensors, NCCL for CUDA). *Local* (both peers share a ``locality``: the
 same GPU, or one host with shared-memory caches): the group is gloo over CPU tensors, the payload
 is the sender's block ids, and the receiver gathers those rows from the sender's cache, mapped once
-when the pair forms (kv_transfer/local_kv.py)."""
+when the pair forms (kv_transfer/local_kv.py).
+
+Each channel has its own store client: a client serves one call at a time, and a call that waits
+(gloo's rendezvous with a peer that died halfway through it) would hold every other pair's
+rendezvous behind it. A failed or closed channel stops waiting for its peer and lets go of what
+was queued for it (staging buffers of tens of MiB)."""
 
 from __future__ import annotations
 
@@ -19,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 from kv_transfer.local_kv import LocalRows, PeerKV
-from kv_transfer.pair_group import form_pair_group
-from kv_transfer.peer import PeerInfo
+from kv_transfer.pair_group import connect_store, form_pair_group
+from kv_transfer.peer import PeerInfo, StoreAddress
 from kv_transfer.wire import Header, empty_header
 
 log = logging.getLogger(__name__)
@@ -34,7 +39,7 @@ Received = torch.Tensor | LocalRows
 class Channel:
     def __init__(
         self,
-        store: dist.Store,
+        store_addr: StoreAddress,
         me: PeerInfo,
         peer: PeerInfo,
         device: torch.device,
@@ -55,7 +60,8 @@ class Channel:
         self._peer_kv: PeerKV | None = None
         self._rx_buffer: torch.Tensor | None = None  # receive thread only (_receive_buffer)
         self.payload_shape, self.payload_dtype = payload_shape, payload_dtype
-        self._store = store
+        self._store_addr = store_addr
+        self._store: dist.Store | None = None  # connected on the channel's thread
         self._on_message, self._on_failure = on_message, on_failure
         self._before_send = before_send  # fault injection: returns False to skip a message
         self._connect_timeout_s = connect_timeout_s
@@ -63,6 +69,7 @@ class Channel:
         self._group: dist.ProcessGroup | None = None
         self._peer_rank = 0
         self._failed = threading.Event()
+        self._stop = threading.Event()  # set on failure or close: a wait for the peer ends
         self._closed = False
         self.failure: str | None = None
         self.bytes_sent = 0
@@ -89,6 +96,7 @@ class Channel:
 
     def close(self) -> None:
         self._closed = True
+        self._stop.set()
         self._queue.put(None)
 
     @property
@@ -107,18 +115,27 @@ class Channel:
     def _connect_and_send(self) -> None:
         try:
             group_device = torch.device("cpu") if self.local else self.device
+            self._store = connect_store(self._store_addr, self._connect_timeout_s)
             self._group, self._peer_rank = form_pair_group(self._store, self.me, self.peer, group_device,
-                                                           self._connect_timeout_s, self.rows)
+                                                           self._connect_timeout_s, self.rows, self._stop)
             if self.local:
                 self._exchange_kv_handles()
         except Exception as e:
-            self._fail(f"could not form the pair group with {self.peer.key}: {e}")
+            if not self._closed:  # (a channel closed while it waited has not failed: nothing was lost)
+                self._fail(f"could not form the pair group with {self.peer.key}: {e}")
+            self._drain()
+            return
+        if self._closed:
+            self._drain()
             return
         threading.Thread(target=self._receive_loop, name=f"kv-recv-{self.peer.key}", daemon=True).start()
         try:
             while True:
                 item = self._queue.get()
-                if item is None:
+                if item is None or self._failed.is_set():
+                    if item is not None and item[2] is not None:
+                        item[2]()
+                    self._drain()
                     return
                 header, payload, on_sent = item
                 if self._before_send is None or self._before_send(header):
@@ -131,6 +148,18 @@ class Channel:
                     on_sent()
         except Exception as e:
             self._fail(f"send to {self.peer.key} failed: {e}")
+            self._drain()
+
+    def _drain(self) -> None:
+        """Drop what is still queued: its transfers have failed (or the channel closed). Staging
+        buffers go back to their pool."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None and item[2] is not None:
+                item[2]()
 
     @property
     def _wire_device(self) -> torch.device:
@@ -193,6 +222,7 @@ class Channel:
             return
         self.failure = reason
         self._failed.set()
+        self._stop.set()
         self._queue.put(None)  # the send thread, if waiting for work, ends (it was left blocked forever)
         log.warning("KV channel %s -> %s failed: %s", self.me.key, self.peer.key, reason)
         self._on_failure(self, reason)

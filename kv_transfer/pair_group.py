@@ -14,12 +14,18 @@ incarnations (its key), and a side may dial long before the other needs to (a de
 when it reserves; the router may then prefill that request locally, and the prefill worker dials
 only with its first task for that decode worker). A side that gave up after a timeout could never
 form the pair again on the same key (the other would rendezvous with stale entries), so it would
-have to mark a live peer gone. Transfers have deadlines of their own above this layer.
+have to mark a live peer gone. Transfers have deadlines of their own above this layer. The wait
+ends early when ``cancelled`` is set (the peer is known dead, or the channel closes).
+
+The wait polls ``check`` instead of calling the store's blocking ``wait``: a TCPStore client holds
+its connection for the whole of a ``wait``, so every other call on that client (another pair's
+rendezvous) queued behind a peer that had not dialed yet.
 """
 
 from __future__ import annotations
 
 import datetime
+import threading
 
 import torch
 import torch.distributed as dist
@@ -29,6 +35,11 @@ from kv_transfer.peer import PeerInfo, StoreAddress, pair_key
 # Idle channels wait for their next message indefinitely; liveness comes from connection errors
 # and from the transfer deadlines enforced above this layer.
 _OP_TIMEOUT = datetime.timedelta(hours=24)
+_POLL_FIRST_S, _POLL_MAX_S = 0.002, 0.1  # the peer's rows are polled for, backing off to 100 ms
+
+
+class PairingCancelled(ConnectionAbortedError):
+    """The wait for the peer was cancelled (it is gone, or this side closed the channel)."""
 
 
 def connect_store(addr: StoreAddress, timeout_s: float) -> dist.TCPStore:
@@ -39,17 +50,18 @@ def connect_store(addr: StoreAddress, timeout_s: float) -> dist.TCPStore:
 def form_pair_group(
     store: dist.Store, me: PeerInfo, peer: PeerInfo, device: torch.device, connect_timeout_s: float,
     rows: str = "",
+    cancelled: threading.Event | None = None,
 ) -> tuple[dist.ProcessGroup, int]:
-    """Blocks until the peer joins. ``rows`` describes this side's KV rows; the peer's must be the
-    same (ValueError). ``connect_timeout_s`` bounds the store calls once both are there. Returns
-    (group, peer rank)."""
+    """Blocks until the peer joins or ``cancelled`` is set (PairingCancelled). ``rows`` describes
+    this side's KV rows; the peer's must be the same (ValueError). ``connect_timeout_s`` bounds the
+    store calls once both are there. Returns (group, peer rank)."""
     prefill, decode = (me, peer) if me.role == "prefill" else (peer, me)
     if prefill.role != "prefill" or decode.role != "decode":
         raise ValueError(f"a pair is one prefill and one decode worker, got {me.role} and {peer.role}")
     rank = 0 if me is prefill else 1
     prefixed = dist.PrefixStore(pair_key(prefill, decode), store)
     prefixed.set(f"rows/{rank}", rows)
-    prefixed.wait([f"rows/{1 - rank}"], _OP_TIMEOUT)
+    _wait_for(prefixed, f"rows/{1 - rank}", cancelled or threading.Event(), peer)
     prefixed.set_timeout(datetime.timedelta(seconds=connect_timeout_s))
     theirs = prefixed.get(f"rows/{1 - rank}").decode()
     if theirs != rows:
@@ -62,3 +74,11 @@ def form_pair_group(
     else:
         group = dist.ProcessGroupGloo(prefixed, rank, 2, _OP_TIMEOUT)
     return group, 1 - rank
+
+
+def _wait_for(store: dist.Store, key: str, cancelled: threading.Event, peer: PeerInfo) -> None:
+    delay = _POLL_FIRST_S
+    while not store.check([key]):
+        if cancelled.wait(delay):
+            raise PairingCancelled(f"stopped waiting for {peer.key} to join the pair")
+        delay = min(2 * delay, _POLL_MAX_S)

@@ -57,6 +57,10 @@ class PrefillWorker:
     def connect(self, decode: PeerInfo) -> None:
         self.agent.connect(decode)
 
+    def forget_peer(self, peer: PeerInfo) -> None:
+        """``peer`` (that incarnation) is dead: what is in flight with it fails now (kv_transfer/agent.py)."""
+        self.agent.forget_peer(peer)
+
     def prefill(self, task: PrefillTask) -> None:
         """Queue the prompt; its KV goes to ``task.decode`` as chunks complete."""
         received = time.monotonic()  # queued from now: the step in flight is part of prefill_queue

@@ -27,11 +27,12 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 import ray
-from ray.exceptions import GetTimeoutError, RayError, RayTaskError, UnserializableException
+from ray.exceptions import ActorDiedError, GetTimeoutError, RayError, RayTaskError, UnserializableException
 
 from decode_worker.messages import OutputBatch, ReserveResult
 from engine.outputs import RequestOutput
 from engine.request_spec import RequestSpec
+from kv_transfer.peer import PeerInfo
 from prefill_worker.messages import PrefillTask
 from router.placement import (NO_HINT, PlacementHint, choose_decode, choose_prefill, prefill_on_decode,
                               short_prompt_still_fits)
@@ -92,6 +93,7 @@ class Dispatcher:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._announced_gone: set[str] = set()  # peer keys (worker@incarnation) already announced dead
         self.num_migrations = 0
         self.num_local_prefills = 0
         self.num_disaggregated = 0
@@ -321,17 +323,21 @@ class Dispatcher:
         if was_alive:
             log.warning("worker %s is down: %s", w.worker_id, type(error).__name__)
             self.on_worker_reset(w.worker_id)
+        if isinstance(error, ActorDiedError) and w.info is not None:  # (a timeout may be a slow worker)
+            self._announce_gone(w, w.info.peer)
         if w.role == "decode":
             self._migrate_from(w)
 
     def _on_restart(self, w: WorkerHandle) -> None:
         """A worker answered with a new incarnation (restarted by Ray) or came back: it lost its state."""
         try:
-            info = ray.get(w.actor.info.remote(), timeout=self.call_timeout_s)
+            info = self._call(w.actor.info.remote())
         except (RayError, GetTimeoutError) as e:
             self._mark_dead(w, e)
             return
         restarted = w.info is not None and info.peer.incarnation != w.info.peer.incarnation
+        if restarted:
+            self._announce_gone(w, w.info.peer)
         w.info = info
         if restarted:
             with self.pool.lock:  # what we sent the old incarnation, and what it said it had, are gone
@@ -344,6 +350,17 @@ class Dispatcher:
         with self.pool.lock:
             w.alive = True
         log.info("worker %s is up (incarnation %s)", w.worker_id, info.peer.incarnation)
+
+    def _announce_gone(self, w: WorkerHandle, dead: PeerInfo) -> None:
+        """Tell the other pool that this incarnation of ``w`` is dead. A transfer agent cannot tell
+        a peer that died before their pair formed from one that has not dialed yet: it would wait for
+        it and keep what was queued for it (kv_transfer/agent.py, forget_peer)."""
+        with self._lock:
+            if dead.key in self._announced_gone:  # (the poller marks a dead worker dead every interval)
+                return
+            self._announced_gone.add(dead.key)
+        for peer in self.pool.live("prefill" if w.role == "decode" else "decode"):
+            peer.actor.forget_peer.remote(dead)  # fire and forget: idempotent, and a dead one ignores it
 
     def _migrate_from(self, d: WorkerHandle) -> None:
         moving = self._detach(d)

@@ -323,3 +323,67 @@ def test_a_chunk_with_a_negative_block_offset_is_refused_not_written(store):
     p.send_blocks(dp, 4, "r4", -2, [3], chunk_index=0, last=True, first_token=1)
     assert acked.wait(1) == [("r4", False)]
     assert torch.count_nonzero(d.kv_cache) == 0 and not received.items
+
+
+def test_a_peer_that_never_dials_does_not_hold_up_the_pairs_with_others(store):
+    """A decode worker dials the prefill worker it reserves with; the router may then prefill that
+    request on it after all, and that prefill worker may not dial back for a long time. The wait
+    for it held the agent's one store client (a TCPStore client serves one call at a time), so the
+    decode worker could form no pair with any other prefill worker: their transfers missed their
+    deadlines and fell back to local prefill."""
+    received = Events()
+    d = TransferAgent(PeerInfo("d0", "w", "decode"), store, torch.zeros(SHAPE),
+                      on_received=lambda rid, tok, timing, logprob: received.add(rid, tok))
+    p1 = TransferAgent(PeerInfo("p1", "w", "prefill"), store, torch.randn(SHAPE))
+    silent = PeerInfo("p0", "w", "prefill")  # never dials
+    try:
+        d.connect(silent)
+        time.sleep(0.3)  # d0 is waiting for p0 now
+        d.expect(p1.me, 1, "r1", [1, 2])
+        p1.send_blocks(d.me, 1, "r1", 0, [5, 6], chunk_index=0, last=True, first_token=3)
+        assert received.wait(1, timeout=5.0) == [("r1", 3)]
+        assert torch.equal(d.kv_cache[[1, 2]], p1.kv_cache[[5, 6]])
+    finally:
+        p1.close()
+        d.close()
+
+
+def test_a_peer_known_dead_before_it_paired_releases_the_transfers_and_buffers_queued_for_it(store):
+    """A prefill worker ships chunks to a decode worker that died before the pair formed: they
+    queued behind the wait for it, each in a staging buffer of its own (90 MiB for a 2,048-token
+    chunk of SmolLM2), and the wait lasted its 24 h op timeout. The router's word that the peer
+    is dead ends the wait, fails the transfers, returns the buffers and ends the channel's thread."""
+    acked = Events()
+    p = TransferAgent(PeerInfo("p0", "x", "prefill"), store, torch.randn(SHAPE),
+                      on_acked=lambda rid, ok: acked.add(rid, ok))
+    dead = PeerInfo("d0", "x", "decode")
+    try:
+        assert p.send_blocks(dead, 1, "r1", 0, [1, 2], chunk_index=0, last=False)
+        assert p.send_blocks(dead, 2, "r2", 0, [3], chunk_index=0, last=False)
+        assert p.send_buffers.allocated == 2 and p.send_buffers.idle() == 0  # both held by the queue
+        time.sleep(0.2)
+        p.forget_peer(dead)
+        assert sorted(acked.wait(2, timeout=2.0)) == [("r1", False), ("r2", False)]
+        end = time.monotonic() + 2.0
+        while any(t.name == f"kv-send-{dead.key}" for t in threading.enumerate()) and time.monotonic() < end:
+            time.sleep(0.02)
+        assert not any(t.name == f"kv-send-{dead.key}" for t in threading.enumerate())
+        assert p.send_buffers.idle() == 2 and p.is_gone(dead)
+        assert not p.send_blocks(dead, 3, "r3", 0, [4], chunk_index=0, last=True)  # refused at once
+        assert acked.wait(3, timeout=1.0)[-1] == ("r3", False)
+    finally:
+        p.close()
+
+
+def test_forgetting_a_peer_with_no_channel_fails_its_reservations_and_refuses_it(store):
+    failed = Events()
+    d = TransferAgent(PeerInfo("d0", "y", "decode"), store, torch.zeros(SHAPE),
+                      on_receive_failed=lambda rid, why: failed.add(rid, why))
+    dead = PeerInfo("p0", "y", "prefill")
+    try:
+        d.forget_peer(dead)
+        d.expect(dead, 1, "r1", [1])
+        assert failed.wait(1, timeout=1.0)[0][0] == "r1" and d.pending_transfers() == []
+        assert "p0" not in d._channels
+    finally:
+        d.close()

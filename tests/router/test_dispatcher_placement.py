@@ -137,3 +137,48 @@ def test_a_migration_calls_off_the_prefill_still_shipping_to_the_dead_worker():
     _settle(disp)
     assert prefill.aborted == ["req-1"]  # its blocks were held while it shipped to decode-0's reservation
     assert a1.placed == ["req-1"] and stream.error is None
+
+
+class ScriptedPrefill:
+    def __init__(self) -> None:
+        self.forgotten: list = []
+        self.forget_peer = _Method(self.forgotten.append)
+        self.abort = _Method(lambda rid: None)
+
+
+def test_a_dead_worker_is_announced_to_the_other_pool_once_and_a_slow_one_never():
+    """A transfer agent cannot tell a peer that died before their pair formed from one that has not
+    dialed yet: it waited for it, holding the chunks queued for it and their staging buffers. The
+    router, which sees the death, tells it (forget_peer). A worker that only timed out may be slow:
+    announcing it would cut a live pair for good, so it is not announced."""
+    from kv_transfer.peer import PeerInfo
+    from ray.exceptions import ActorDiedError, GetTimeoutError
+
+    prefills = [ScriptedPrefill(), ScriptedPrefill()]
+    handles = [WorkerHandle(f"prefill-{i}", "prefill", a, info=SimpleNamespace(num_blocks=100, block_size=16),
+                            alive=True) for i, a in enumerate(prefills)]
+    peer0, peer1 = PeerInfo("decode-0", "inc-a", "decode"), PeerInfo("decode-1", "inc-b", "decode")
+    d0 = WorkerHandle("decode-0", "decode", ScriptedDecode(), info=SimpleNamespace(peer=peer0), alive=True)
+    d1 = WorkerHandle("decode-1", "decode", ScriptedDecode(), info=SimpleNamespace(peer=peer1), alive=True)
+    disp = ScriptedDispatcher(WorkerPool(handles, [d0, d1]), router_id="r")
+    disp._mark_dead(d1, GetTimeoutError("slow"))
+    assert all(p.forgotten == [] for p in prefills)
+    disp._mark_dead(d0, ActorDiedError())
+    disp._mark_dead(d0, ActorDiedError())  # its poller, one interval later
+    assert all(p.forgotten == [peer0] for p in prefills)
+
+
+def test_a_restarted_worker_s_old_incarnation_is_announced_to_the_other_pool():
+    from kv_transfer.peer import PeerInfo
+
+    old, new = PeerInfo("prefill-0", "old", "prefill"), PeerInfo("prefill-0", "new", "prefill")
+    decode = ScriptedDecode()
+    decode.forgotten = []
+    decode.forget_peer = _Method(decode.forgotten.append)
+    d0 = WorkerHandle("decode-0", "decode", decode, info=SimpleNamespace(peer=None), alive=True)
+    prefill = ScriptedPrefill()
+    prefill.info = _Method(lambda: SimpleNamespace(peer=new))
+    p0 = WorkerHandle("prefill-0", "prefill", prefill, info=SimpleNamespace(peer=old), alive=True)
+    disp = ScriptedDispatcher(WorkerPool([p0], [d0]), router_id="r")
+    disp._on_restart(p0)
+    assert decode.forgotten == [old] and p0.info.peer == new
