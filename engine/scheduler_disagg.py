@@ -35,7 +35,10 @@ class DisaggregationMixin:
         """Decode role: allocate blocks for ``req``'s known tokens, to be filled by a prefill worker.
 
         Blocks this worker already caches are reused, so only the rest needs to be shipped
-        (``req.num_cached_tokens`` says how many tokens). False if the pool cannot hold it now.
+        (``req.num_cached_tokens`` says how many tokens). False if the pool cannot hold it now, or
+        not beside the waiting requests more important than it: those are admitted first, and a
+        reservation taking their blocks would invert the lanes' order (a batch prompt reserved
+        while a preempted interactive one waited). Refused, it waits here in priority order.
         """
         if req.request_id in self.requests:
             raise ValueError(f"duplicate request id {req.request_id!r}")
@@ -45,7 +48,8 @@ class DisaggregationMixin:
         bm = self.block_manager
         cached = bm.find_cached_prefix(req, max_tokens=req.num_tokens)
         need = bm._num_new_blocks(req, req.num_tokens - len(cached) * bm.block_size, len(cached))
-        if need > bm.num_free_blocks - self._watermark_blocks and self.running:
+        ahead = sum(-(-r.num_tokens // bm.block_size) for r in self.waiting.more_important_than(req.priority))
+        if need + ahead > bm.num_free_blocks - self._watermark_blocks and (self.running or ahead):
             return False
         if not bm.allocate(req, req.num_tokens - len(cached) * bm.block_size, cached):
             return False

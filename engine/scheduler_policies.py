@@ -6,6 +6,7 @@ Pure Python. Priority: lower value is more important (lanes map onto it); ties g
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
 
 from engine.request import Request
 
@@ -38,6 +39,10 @@ class WaitingQueue:
         """Lazy removal (abort); the entry is skipped when it reaches the head."""
         self._removed.add(req.arrival_seq)
         self._len -= 1
+
+    def more_important_than(self, priority: int) -> Iterator[Request]:
+        """The waiting requests of a lower priority value (unordered)."""
+        return (r for p, seq, r in self._heap if p < priority and seq not in self._removed)
 
     def _drop_removed(self) -> None:
         heap = self._heap

@@ -58,3 +58,25 @@ def test_reserve_refuses_a_request_the_whole_cache_could_not_hold() -> None:
     with pytest.raises(InvalidParameterError):
         sched.add_request(Request("r2", list(range(10, 19)), big.sampling_params))
     assert sched.block_manager.num_free_blocks == 4 and not sched.has_unfinished()
+
+
+def test_reserve_leaves_the_blocks_that_more_important_waiting_requests_need() -> None:
+    """A reservation took the free blocks while a more important request waited for them here (a
+    preempted interactive stream behind a batch prompt's reservation). It is refused now, and only
+    while such a request waits; one of the same or a lower priority does not block it."""
+    sched = Scheduler(SchedulerConfig(), BlockManager(10, BS), 64)
+    runner = FakeModelRunner(max_num_seqs=256, max_model_len=64, block_size=BS, vocab_size=1000)
+    running = Request("run", list(range(10, 26)), SamplingParams(max_tokens=20, ignore_eos=True, detokenize=False))
+    sched.add_request(running)
+    sched.update_from_output(runner.execute(sched.schedule()))
+    free = sched.block_manager.num_free_blocks
+    urgent = Request("urgent", list(range(30, 46)), PARAMS, priority=0)  # needs 4 blocks
+    sched.add_request(urgent)  # waiting (admitted at the next step)
+    batch = Request("batch", list(range(50, 62)), PARAMS, priority=5)  # 3 blocks: fits alone, not beside urgent
+    assert free < 4 + 3 and free >= 3
+    assert not sched.reserve(batch) and sched.block_manager.num_free_blocks == free
+    peer = Request("peer", list(range(70, 82)), PARAMS, priority=0)  # as important as urgent: not held back
+    assert sched.reserve(peer) and peer.state is RequestState.RESERVED
+    sched.abort("peer")
+    sched.update_from_output(runner.execute(sched.schedule()))
+    assert urgent.state is RequestState.DECODING  # (it had the blocks it needed)
