@@ -8,7 +8,7 @@ import torch
 
 
 def build_tiny_hf_model(out_dir: Path, arch: str = "llama", seed: int = 0) -> Path:
-    """A seeded random Llama or Qwen2 saved as a HF directory (safetensors)."""
+    """A seeded random Llama, Llama 3 (rope scaling), Qwen2 or Mistral saved as a HF directory (safetensors)."""
     import transformers
 
     common = dict(
@@ -29,6 +29,9 @@ def build_tiny_hf_model(out_dir: Path, arch: str = "llama", seed: int = 0) -> Pa
     elif arch == "qwen2":
         cfg = transformers.Qwen2Config(**common, rope_theta=1000000.0, tie_word_embeddings=True)
         cls = transformers.Qwen2ForCausalLM
+    elif arch == "mistral":  # its window (longer than these prompts) caps the context, as Baton reads it
+        cfg = transformers.MistralConfig(**common, rope_theta=1000000.0, sliding_window=256, tie_word_embeddings=False)
+        cls = transformers.MistralForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)

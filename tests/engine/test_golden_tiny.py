@@ -1,4 +1,4 @@
-"""Greedy outputs equal Hugging Face transformers token for token on tiny seeded Llama/Qwen2 models:
+"""Greedy outputs equal Hugging Face transformers token for token on tiny seeded Llama/Qwen2/Mistral models:
 batched together, with chunked prefill, shared prefixes (prefix caching) and forced preemption."""
 
 import random
@@ -10,7 +10,7 @@ from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tests.engine.hf_oracle import build_tiny_hf_model, hf_greedy, load_hf
 
-ARCHS = ["llama", "qwen2", "llama3"]
+ARCHS = ["llama", "qwen2", "llama3", "mistral"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
