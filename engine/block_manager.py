@@ -212,6 +212,22 @@ class BlockManager:
         self.num_prefix_hits += len(hit) * bs
         return hit
 
+    def free_blocks_to_admit(self, req: Request) -> int:
+        """Free blocks admitting ``req``'s known tokens would take: all their blocks less the cached
+        prefix other requests already hold (taking those takes nothing from the free pool). No
+        side effect on the prefix-hit counts."""
+        total = -(-req.num_tokens // self.block_size)
+        if not self.enable_prefix_caching or req.num_computed_tokens:
+            return total
+        self.update_block_hashes(req)
+        held, bs, tokens = 0, self.block_size, req.all_token_ids
+        for i in range(self.max_hit_blocks(req)):
+            bid = self.pool.lookup(req.block_hashes[i], self._parent_of(req, i), tokens[i * bs : (i + 1) * bs])
+            if bid is None:
+                break
+            held += self.pool.blocks[bid].ref_cnt > 0
+        return total - held
+
     # -- allocation ---------------------------------------------------------------------------
     def can_allocate(self, req: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
         need = self._num_new_blocks(req, num_new_tokens, len(cached_blocks))

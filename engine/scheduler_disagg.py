@@ -48,7 +48,7 @@ class DisaggregationMixin:
         bm = self.block_manager
         cached = bm.find_cached_prefix(req, max_tokens=req.num_tokens)
         need = bm._num_new_blocks(req, req.num_tokens - len(cached) * bm.block_size, len(cached))
-        ahead = sum(-(-r.num_tokens // bm.block_size) for r in self.waiting.more_important_than(req.priority))
+        ahead = sum(bm.free_blocks_to_admit(r) for r in self.waiting.more_important_than(req.priority))
         if need + ahead > bm.num_free_blocks - self._watermark_blocks and (self.running or ahead):
             return False
         if not bm.allocate(req, req.num_tokens - len(cached) * bm.block_size, cached):

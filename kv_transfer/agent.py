@@ -116,8 +116,12 @@ class TransferAgent:
         with self._lock:
             return peer.key in self._gone
 
-    def channel(self, peer: PeerInfo) -> Channel:
+    def channel(self, peer: PeerInfo) -> Channel | None:
+        """The open channel to ``peer``, formed now if need be; None if that incarnation is gone
+        (checked under the lock that forget_peer takes: no channel to a dead peer after it)."""
         with self._lock:
+            if peer.key in self._gone:
+                return None
             ch = self._channels.get(peer.worker_id)
             if ch is not None and ch.peer == peer and not ch.failed:
                 return ch
@@ -149,22 +153,19 @@ class TransferAgent:
 
     def connect(self, peer: PeerInfo) -> None:
         """Start forming the pair group now (both sides must do so); returns at once."""
-        if not self.is_gone(peer):
-            self.channel(peer)
+        self.channel(peer)
 
     # -- decode side --------------------------------------------------------------------------
     def expect(self, peer: PeerInfo, transfer_id: int, request_id: str, block_ids: list[int]) -> None:
         with self._lock:
             now = time.monotonic()
             self._expected[transfer_id] = _Expected(request_id, peer.key, list(block_ids), now, now)
-            gone = peer.key in self._gone
-        if gone:  # that prefill worker died: nothing will come (the caller prefills locally)
+        if self.channel(peer) is None:  # that prefill worker died: nothing will come (the caller prefills locally)
             with self._lock:
-                self._expected.pop(transfer_id, None)
-            self.stats.failed += 1
-            self.on_receive_failed(request_id, f"{peer.key} is gone")
-            return
-        self.channel(peer)
+                gone = self._expected.pop(transfer_id, None)  # (forget_peer may have failed it already)
+            if gone is not None:
+                self.stats.failed += 1
+                self.on_receive_failed(request_id, f"{peer.key} is gone")
 
     def cancel(self, transfer_id: int) -> bool:
         """Stop accepting a transfer. True if it was still pending: its blocks will not be written."""
@@ -212,6 +213,9 @@ class TransferAgent:
                 with self._lock:
                     self._delay_until[key] = time.monotonic() + delay
         ch = self.channel(peer)
+        if ch is None:  # forgotten meanwhile
+            self._finish_outgoing(key, acked=False)
+            return False
         payload, on_sent = None, None
         if block_ids and ch.local:
             # The peer reads these rows of our cache itself; the blocks stay ours until the ack.
@@ -234,8 +238,9 @@ class TransferAgent:
         return ok
 
     def send_abort(self, peer: PeerInfo, transfer_id: int) -> None:
-        if not self.is_gone(peer):
-            self.channel(peer).send(Header(Kind.ABORT, transfer_id))
+        ch = self.channel(peer)
+        if ch is not None:
+            ch.send(Header(Kind.ABORT, transfer_id))
         self._finish_outgoing((peer.key, transfer_id), acked=False)
 
     # -- channel callbacks (channel threads) --------------------------------------------------

@@ -223,6 +223,7 @@ class Channel:
         self.failure = reason
         self._failed.set()
         self._stop.set()
+        self._drain()  # now, not when the send thread gets to it (it may be stuck in a send to the peer)
         self._queue.put(None)  # the send thread, if waiting for work, ends (it was left blocked forever)
         log.warning("KV channel %s -> %s failed: %s", self.me.key, self.peer.key, reason)
         self._on_failure(self, reason)

@@ -323,7 +323,7 @@ class Dispatcher:
         if was_alive:
             log.warning("worker %s is down: %s", w.worker_id, type(error).__name__)
             self.on_worker_reset(w.worker_id)
-        if isinstance(error, ActorDiedError) and w.info is not None:  # (a timeout may be a slow worker)
+        if w.info is not None and _died_for_good(w, error):
             self._announce_gone(w, w.info.peer)
         if w.role == "decode":
             self._migrate_from(w)
@@ -359,8 +359,11 @@ class Dispatcher:
             if dead.key in self._announced_gone:  # (the poller marks a dead worker dead every interval)
                 return
             self._announced_gone.add(dead.key)
-        for peer in self.pool.live("prefill" if w.role == "decode" else "decode"):
-            peer.actor.forget_peer.remote(dead)  # fire and forget: idempotent, and a dead one ignores it
+        # Alive or not: one only slow now (a timeout) is alive and must hear it too. Fire and
+        # forget: idempotent, and a dead one ignores it.
+        for peer in self.pool.prefill if w.role == "decode" else self.pool.decode:
+            if peer.info is not None:
+                peer.actor.forget_peer.remote(dead)
 
     def _migrate_from(self, d: WorkerHandle) -> None:
         moving = self._detach(d)
@@ -404,6 +407,17 @@ class Dispatcher:
             log.info("migrating %s from %s after %d tokens", t.spec.request_id, d.worker_id,
                      len(t.stream.token_ids))
             threading.Thread(target=self._place, args=(t, exclude), daemon=True).start()
+
+
+def _died_for_good(w: WorkerHandle, error: BaseException) -> bool:
+    """``error`` says that ``w``'s current actor is dead and will not be restarted. A timeout may be
+    a slow worker; an ``ActorDiedError`` from a call to an actor since replaced is stale (its
+    successor's incarnation may be recorded already, and announcing that one would cut a live
+    worker off from its pairs for good)."""
+    if not isinstance(error, ActorDiedError) or not error.actor_id:
+        return False
+    actor_id = getattr(w.actor, "_actor_id", None)
+    return actor_id is not None and actor_id.hex() == error.actor_id
 
 
 def _cause(error: RayError) -> str:

@@ -80,3 +80,20 @@ def test_reserve_leaves_the_blocks_that_more_important_waiting_requests_need() -
     sched.abort("peer")
     sched.update_from_output(runner.execute(sched.schedule()))
     assert urgent.state is RequestState.DECODING  # (it had the blocks it needed)
+
+
+def test_the_cached_prefix_a_waiting_request_shares_with_running_ones_is_not_counted_against_a_reservation() -> None:
+    """Blocks of a shared prompt prefix that running requests hold are not taken from the free pool
+    when the waiting request is admitted; counting them refused reservations that fit."""
+    sched = Scheduler(SchedulerConfig(), BlockManager(16, BS), 128)
+    runner = FakeModelRunner(max_num_seqs=256, max_model_len=128, block_size=BS, vocab_size=1000)
+    system = list(range(100, 128))  # 7 full blocks, shared
+    sched.add_request(Request("run", system + [1, 2, 3, 4], SamplingParams(max_tokens=20, ignore_eos=True,
+                                                                           detokenize=False)))
+    sched.update_from_output(runner.execute(sched.schedule()))
+    queries = sched.block_manager.num_prefix_queries
+    sched.add_request(Request("urgent", system + [5, 6, 7, 8], PARAMS, priority=0))  # needs 1 new block
+    batch = Request("batch", list(range(300, 312)), PARAMS, priority=5)  # 3 blocks
+    assert sched.block_manager.num_free_blocks < 8 + 3  # (its whole prompt and batch's would not fit)
+    assert sched.reserve(batch)
+    assert sched.block_manager.num_prefix_queries == queries + batch.num_tokens  # (the estimate counts no lookup)

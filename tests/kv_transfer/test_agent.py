@@ -387,3 +387,46 @@ def test_forgetting_a_peer_with_no_channel_fails_its_reservations_and_refuses_it
         assert "p0" not in d._channels
     finally:
         d.close()
+
+
+def test_no_channel_to_a_forgotten_peer_is_formed_afterwards(store):
+    """forget_peer and a send or reservation naming the peer race: the check that the peer is gone
+    and the channel's creation are one step under the agent's lock, so no channel to the dead peer
+    (a thread polling for it for good, with the chunk's buffer) is formed after the forget."""
+    p = TransferAgent(PeerInfo("p0", "z", "prefill"), store, torch.randn(SHAPE))
+    dead = PeerInfo("d0", "z", "decode")
+    try:
+        p.forget_peer(dead)
+        p.connect(dead)
+        assert p.channel(dead) is None and "d0" not in p._channels
+        p.send_abort(dead, 1)  # nothing to dial
+        assert "d0" not in p._channels
+    finally:
+        p.close()
+
+
+def test_a_peer_forgotten_while_a_send_to_it_is_stuck_releases_the_chunks_queued_behind_it(store):
+    """A peer that stops reading (a hung host: no connection reset comes) leaves the send thread
+    stuck in a send; the chunks queued behind it kept their staging buffers until that send
+    returned (its op timeout is 24 h)."""
+    shape = (64, 2, 2, 16, 8, 64)  # 32 blocks are 4 MiB: more than the socket buffers hold
+    acked = Events()
+    p = TransferAgent(PeerInfo("p0", "h", "prefill"), store, torch.randn(shape),
+                      on_acked=lambda rid, ok: acked.add(rid, ok))
+    d = TransferAgent(PeerInfo("d0", "h", "decode"), store, torch.zeros(shape))
+    try:
+        d.expect(p.me, 0, "warm", [0])
+        p.send_blocks(d.me, 0, "warm", 0, [1], chunk_index=0, last=True)
+        assert acked.wait(1) == [("warm", True)]
+        ch = p._channels["d0"]
+        with d._lock:  # the decode side's receive thread stalls on its next chunk: it stops reading
+            for tid in range(1, 6):
+                p.send_blocks(d.me, tid, f"r{tid}", 0, list(range(32)), chunk_index=0, last=False)
+            time.sleep(1.0)
+            assert ch._queue.qsize() >= 2  # queued behind the stuck send, each with its buffer
+            p.forget_peer(d.me)
+            assert len(acked.wait(6)) == 6 and ch._queue.qsize() <= 1  # (at most the stop signal left)
+        assert not any(ok for rid, ok in acked.items[1:])
+    finally:
+        p.close()
+        d.close()

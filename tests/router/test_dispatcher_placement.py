@@ -146,25 +146,38 @@ class ScriptedPrefill:
         self.abort = _Method(lambda rid: None)
 
 
+def _actor_died(actor_id: str):
+    from ray.exceptions import ActorDiedError
+
+    error = ActorDiedError()
+    error.actor_id = actor_id
+    return error
+
+
 def test_a_dead_worker_is_announced_to_the_other_pool_once_and_a_slow_one_never():
     """A transfer agent cannot tell a peer that died before their pair formed from one that has not
     dialed yet: it waited for it, holding the chunks queued for it and their staging buffers. The
-    router, which sees the death, tells it (forget_peer). A worker that only timed out may be slow:
-    announcing it would cut a live pair for good, so it is not announced."""
+    router, which sees the death, tells it (forget_peer), alive or only slow itself. A worker that
+    only timed out may be slow, and a death reported by a call to an actor since replaced is stale:
+    announcing either would cut a live worker off from its pairs for good."""
     from kv_transfer.peer import PeerInfo
-    from ray.exceptions import ActorDiedError, GetTimeoutError
+    from ray.exceptions import GetTimeoutError
 
     prefills = [ScriptedPrefill(), ScriptedPrefill()]
     handles = [WorkerHandle(f"prefill-{i}", "prefill", a, info=SimpleNamespace(num_blocks=100, block_size=16),
                             alive=True) for i, a in enumerate(prefills)]
+    handles[1].alive = False  # only slow: a timeout marked it down, and it must hear of the death too
     peer0, peer1 = PeerInfo("decode-0", "inc-a", "decode"), PeerInfo("decode-1", "inc-b", "decode")
-    d0 = WorkerHandle("decode-0", "decode", ScriptedDecode(), info=SimpleNamespace(peer=peer0), alive=True)
-    d1 = WorkerHandle("decode-1", "decode", ScriptedDecode(), info=SimpleNamespace(peer=peer1), alive=True)
+    a0, a1 = ScriptedDecode(), ScriptedDecode()
+    a0._actor_id, a1._actor_id = SimpleNamespace(hex=lambda: "aa00"), SimpleNamespace(hex=lambda: "bb11")
+    d0 = WorkerHandle("decode-0", "decode", a0, info=SimpleNamespace(peer=peer0), alive=True)
+    d1 = WorkerHandle("decode-1", "decode", a1, info=SimpleNamespace(peer=peer1), alive=True)
     disp = ScriptedDispatcher(WorkerPool(handles, [d0, d1]), router_id="r")
     disp._mark_dead(d1, GetTimeoutError("slow"))
+    disp._mark_dead(d1, _actor_died("cc22"))  # from a call to decode-1's previous actor: stale
     assert all(p.forgotten == [] for p in prefills)
-    disp._mark_dead(d0, ActorDiedError())
-    disp._mark_dead(d0, ActorDiedError())  # its poller, one interval later
+    disp._mark_dead(d0, _actor_died("aa00"))
+    disp._mark_dead(d0, _actor_died("aa00"))  # its poller, one interval later
     assert all(p.forgotten == [peer0] for p in prefills)
 
 
