@@ -52,7 +52,7 @@ class SecretRef(_Model):
 
 
 class ModelSection(_Model):
-    path: str = Field("default", description="default | tiny | a Hugging Face directory | a .gguf file")
+    path: str = Field("default", min_length=1, description="default | tiny | a Hugging Face directory | a .gguf file")
     served_name: str | None = Field(None, description="the model id clients see (default: derived from path)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_model_len: int | None = Field(None, ge=16)

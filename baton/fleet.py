@@ -104,6 +104,10 @@ class WorkerFleet:
     def _engine_for(self, role: str) -> EngineConfig:
         spec = self.specs[role]
         engine = replace(self.engine, num_threads=spec.threads if not spec.gpus else None)
+        if spec.gpus and engine.device == "auto":
+            # A worker given GPUs must use one: "auto" fell back to the CPU (a CPU image or torch
+            # build on GPU nodes) and served on CPU while holding the GPUs. It fails to start instead.
+            engine = replace(engine, device="cuda")
         budget = self.options.decode_prefill_token_budget
         if role == "decode" and budget and self.specs["prefill"].workers:
             engine = replace(engine, scheduler=replace(engine.scheduler, prefill_token_budget=budget))

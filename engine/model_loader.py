@@ -46,7 +46,10 @@ def pick_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device=cuda was requested but CUDA is not available")
+        why = ("this torch is built without CUDA" if torch.version.cuda is None
+               else "no GPU is visible to this process (CUDA_VISIBLE_DEVICES, the driver)")
+        raise ValueError(f"device={name} was requested (or the worker was given GPUs) but CUDA is not "
+                         f"available: {why}; torch {torch.__version__}")
     return device
 
 

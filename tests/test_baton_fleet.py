@@ -28,3 +28,20 @@ def test_a_colocated_decode_worker_prefills_with_its_whole_budget():
 def test_the_cluster_config_refuses_a_zero_budget():
     with pytest.raises(ValueError, match="decode_prefill_token_budget"):
         ClusterConfig(decode_prefill_token_budget=0)
+
+
+def test_workers_given_gpus_must_run_on_cuda_and_say_so_where_it_is_missing():
+    """A GPU pool's workers used device "auto", which fell back to the CPU where the image or torch
+    had no CUDA: they served on CPU while holding the GPUs. They ask for CUDA now, and a process
+    without it fails at load naming why."""
+    import torch
+
+    from engine.model_loader import pick_device
+
+    f = WorkerFleet(EngineConfig(model="tiny"), PoolSpec("prefill", 1, gpus=1), PoolSpec("decode", 1, threads=1))
+    assert f._engine_for("prefill").device == "cuda" and f._engine_for("decode").device == "auto"
+    pinned = WorkerFleet(EngineConfig(model="tiny", device="cuda:1"), PoolSpec("prefill", 0), PoolSpec("decode", 1, gpus=1))
+    assert pinned._engine_for("decode").device == "cuda:1"  # an explicit choice is kept
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available: .*torch"):
+            pick_device("cuda")

@@ -31,6 +31,7 @@ def _config(tmp_path, text: bytes | str, overrides=None):
     ("engine: {kv_cache_memory_gb: .inf}\n", "engine.kv_cache_memory_gb: Input should be a finite number"),
     ("redis: {url: notaurl}\n", "redis.url: must start with redis://"),
     (b"\xff\xfe", "not UTF-8 text"),
+    ("model: {path: ''}\n", "model.path: String should have at least 1 character"),
 ])
 def test_a_bad_config_names_the_problem(tmp_path, text, needle):
     with pytest.raises(ConfigError) as e:

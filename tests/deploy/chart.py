@@ -25,6 +25,7 @@ BAD_VALUES = Path(__file__).resolve().parent / "bad_values"
 # "baton.validate") refuse: file stem -> words the rendering error must contain.
 RENDER_BAD_VALUES = {
     "same_router_ports": "router.ports.http and router.ports.grpc are both 8000",
+    "gpus_on_the_cpu_image": "decode.gpusPerWorker is 1 but the image is the CPU build: set image.variant: gpu",
 }
 
 # The values files shipped with the chart, by variant name; "default" is values.yaml alone.

@@ -48,6 +48,7 @@ BAD_CASES = {
     "numeric_image_tag": ("image.tag", "1.1 is not of type 'string'"),
     "numeric_redis_tag": ("redis.image.tag", "7.4 is not of type 'string'"),
     "grpc_liveness_probe": ("router.probes.grpc", "is not one of ['startup', 'readiness', 'none']"),
+    "empty_model_path": ("model.path", "should be non-empty"),
 }
 
 

@@ -39,7 +39,8 @@ app.kubernetes.io/part-of: baton
 {{- end }}
 
 {{- define "baton.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- $tag := .Values.image.tag | default (printf "%s%s" .Chart.AppVersion (ternary "-gpu" "" (eq (.Values.image.variant | default "cpu") "gpu"))) }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
 {{- end }}
 
 {{/* ---------------------------------------------------------------------------------------------
@@ -116,6 +117,7 @@ Checks the JSON schema cannot express; each fails with a message naming the valu
 {{- range $g := list "prefill" "decode" }}
 {{- $p := index $v $g }}
 {{- $gpw := float64 $p.gpusPerWorker }}
+{{- if and (gt $gpw 0.0) (not $v.image.tag) (ne ($v.image.variant | default "cpu") "gpu") }}{{ fail (printf "%s.gpusPerWorker is %v but the image is the CPU build: set image.variant: gpu (the -gpu tag), or an image.tag of a CUDA build" $g $p.gpusPerWorker) }}{{ end }}
 {{- if and (gt $gpw 1.0) (ne $gpw (float64 (int $gpw))) }}{{ fail (printf "%s.gpusPerWorker (%v) must be a whole number of GPUs, or a fraction of one" $g $p.gpusPerWorker) }}{{ end }}
 {{- range $kind := list "requests" "limits" }}
 {{- if hasKey (index ($p.resources | default dict) $kind | default dict) $v.gpuResourceName }}{{ fail (printf "%s.resources.%s sets %s: the chart requests workersPerPod x gpusPerWorker GPUs itself; set %s.gpusPerWorker instead" $g $kind $v.gpuResourceName $g) }}{{ end }}
