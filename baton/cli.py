@@ -59,8 +59,20 @@ def main(argv: list[str] | None = None) -> int:
         message = user_error(e, (InvalidParameterError, ModelLoadError, ValueError, RuntimeError, OSError))
         if message is None:
             raise
+        _stop_ray_log_stream()
         print(f"baton: error: {message}", file=sys.stderr)
     return 2
+
+
+def _stop_ray_log_stream() -> None:
+    """A worker that failed to start streams its traceback and Ray's crash dump to this terminal
+    after the fact: stop the stream, so the one line saying what went wrong is the last one."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        try:
+            ray.shutdown()
+        except Exception:  # noqa: BLE001 - best effort: the error message matters, not the shutdown
+            pass
 
 
 def user_error(error: BaseException, kinds: tuple[type[BaseException], ...]) -> str | None:

@@ -19,6 +19,7 @@ from ray.exceptions import GetTimeoutError, RayError
 
 from baton.fleet import FleetOptions, PoolSpec, WorkerFleet
 from engine.config import EngineConfig
+from engine.errors import ContextLengthError
 from engine.model.registry import resolve_model
 from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestOutput
@@ -107,9 +108,12 @@ class LocalCluster:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
-        if len(ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(f"This model's maximum context length is {self.max_model_len} tokens; the request "
-                             f"needs {len(ids) + params.max_tokens}")
+        if len(ids) + params.max_tokens > self.max_model_len:  # as the engine words it (engine/engine.py)
+            raise ContextLengthError(
+                "max_tokens",
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, {params.max_tokens} for the "
+                "completion). Please reduce the prompt or max_tokens.")
         rid = request_id or f"req-{next(self._ids)}"
         return self.dispatcher.submit(RequestSpec(rid, tuple(ids), params, priority, cache_salt))
 

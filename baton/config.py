@@ -104,7 +104,7 @@ class PoolsSection(_Model):
 
 class RouterSection(_Model):
     replicas: int = Field(1, ge=1, description="router replicas (baton cluster)")
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", min_length=1, description="the address to listen on (0.0.0.0 or :: for all)")
     http_port: int = Field(8000, ge=0, le=65535)
     grpc_port: int = Field(50051, ge=0, le=65535)
     slo_rejection: bool = True
@@ -165,6 +165,12 @@ class RedisSection(_Model):
             return None  # the embedded server
         if not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"must start with redis://, rediss:// or unix://, got {v!r}")
+        from redis.connection import parse_url
+
+        try:  # (else the URL's error came only when the routers connected, after the workers loaded)
+            parse_url(v)
+        except ValueError as e:
+            raise ValueError(str(e)) from None  # (not the URL: it may hold a password)
         return v
 
 

@@ -90,6 +90,7 @@ class RouterFrontend:
             await self.stop(drain=False)
             raise
         host = self.advertise_host or rc.host
+        host = f"[{host}]" if ":" in host else host  # an IPv6 address, as URLs write it
         self.endpoints = Endpoints(f"http://{host}:{self.http.port}", f"{host}:{bound_grpc}", self.redis_url)
         return self.endpoints
 

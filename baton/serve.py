@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
@@ -62,6 +63,8 @@ class BatonServer:
         cfg.lane_policy()  # resolves secrets now: a missing key fails before anything starts
         if not self.frontend:  # what would fail only after the cluster loaded: checked first
             preflight(cfg)
+        for note in local_notes(cfg):
+            self.say(note)
         t0 = time.monotonic()
         url = cfg.redis.url
         if url is None:
@@ -151,7 +154,8 @@ def preflight(cfg: BatonConfig) -> None:
     for name, port in (("router.http_port", cfg.router.http_port), ("router.grpc_port", cfg.router.grpc_port)):
         if port:
             try:
-                with socket.create_server((host, port)):
+                family = socket.AF_INET6 if ":" in host else socket.AF_INET
+                with socket.create_server((host, port), family=family):
                     pass
             except OSError as e:
                 reason = (e.strerror or str(e)).split(" (while attempting")[0]
@@ -164,6 +168,21 @@ def preflight(cfg: BatonConfig) -> None:
         if need > have:
             raise ValueError(f"pools.*.gpus: the pools ask for {need:g} GPUs (workers x gpus) and this machine has "
                              f"{have}")
+
+
+def local_notes(cfg: BatonConfig) -> list[str]:
+    """Settings ``baton up`` (one machine, one router) does not apply as written, said at start
+    rather than silently."""
+    notes = []
+    if cfg.router.replicas > 1:
+        notes.append(f"note: router.replicas is {cfg.router.replicas}; baton up runs one router "
+                     "(replicas are for baton cluster)")
+    cpus = sum(p.workers * p.cpus for p in (cfg.pools.prefill, cfg.pools.decode))
+    have = os.cpu_count() or 1
+    if cpus > have:
+        notes.append(f"note: the pools ask for {cpus:g} CPUs (workers x cpus) and this machine has {have}: "
+                     "the workers will share them")
+    return notes
 
 
 def serve_forever(cfg: BatonConfig, progress: Callable[[str], None]) -> int:

@@ -288,10 +288,7 @@ def run_cluster(cfg: BatonConfig, progress: Callable[[str], None]) -> int:
             starting.result()
         except BaseException:
             await asyncio.to_thread(sup.drain_and_stop)
-            # The failed workers' crash dumps, still streaming in, buried the one line that says
-            # what went wrong (and `ray job submit` shows only the log's tail): stop the stream.
-            ray.shutdown()
-            raise
+            raise  # (baton.cli stops Ray's log stream before it prints the error)
         progress(f"ready: {len(sup.replicas)} router replica(s), "
                  f"{cfg.pools.prefill.workers} prefill + {cfg.pools.decode.workers} decode workers")
         interval = cfg.cluster.supervise_interval_s

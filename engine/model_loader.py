@@ -91,10 +91,21 @@ def load_model(config: EngineConfig, progress: Callable[[str], None] | None = No
         useful = config.scheduler.max_num_seqs * (-(-max_len // cc.block_size))  # more can never be used
         num_blocks = max(1, min(int(budget // block_bytes), useful))
     kv_segment = None
-    if cc.shared_memory and device.type == "cpu":
-        kv_cache, kv_segment = allocate_shared_kv_cache(model_cfg, num_blocks, cc.block_size, dtype)
-    else:
-        kv_cache = allocate_kv_cache(model_cfg, num_blocks, cc.block_size, dtype, device)
+    what = (f"the KV cache ({num_blocks} blocks of {cc.block_size} tokens, "
+            f"{num_blocks * block_bytes / 2**30:.2f} GiB; set by "
+            f"{'num_blocks (--num-kv-blocks)' if cc.num_blocks is not None else 'kv_cache_memory_gb (--kv-cache-gb)'}"
+            " and block_size (--block-size))")
+    available = _host_memory_available() if device.type == "cpu" else None
+    if available is not None and num_blocks * block_bytes > available:
+        # Refused here: zero-filling more than the host has gets the process OOM-killed, no message.
+        raise ValueError(f"{what} does not fit in this host's available memory ({available / 2**30:.2f} GiB)")
+    try:
+        if cc.shared_memory and device.type == "cpu":
+            kv_cache, kv_segment = allocate_shared_kv_cache(model_cfg, num_blocks, cc.block_size, dtype)
+        else:
+            kv_cache = allocate_kv_cache(model_cfg, num_blocks, cc.block_size, dtype, device)
+    except (RuntimeError, OSError) as e:  # torch's OutOfMemoryError is a RuntimeError
+        raise ValueError(f"cannot allocate {what}: {str(e).splitlines()[0]}") from None
     say(f"KV cache: {num_blocks} blocks of {cc.block_size} tokens ({num_blocks * block_bytes / 2**30:.2f} GiB)")
     return LoadedModel(
         model_dir=model_dir,
@@ -118,6 +129,18 @@ def _kv_budget_bytes(gb: float | None, device: torch.device) -> float:
         free, _ = torch.cuda.mem_get_info(device)
         return free * _GPU_KV_FRACTION
     return _CPU_KV_GB * 2**30
+
+
+def _host_memory_available() -> int | None:
+    """MemAvailable from /proc/meminfo, in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _load_tokenizer(model_dir: Path) -> Tokenizer | None:

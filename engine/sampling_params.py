@@ -96,6 +96,8 @@ class SamplingParams:
             raise InvalidParameterError("top_k", f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise InvalidParameterError("seed", f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:  # (wider ones wrapped onto others)
+            raise InvalidParameterError("seed", f"seed must fit in 64 bits, got {self.seed}")
         if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or self.min_tokens < 0:
             raise InvalidParameterError("min_tokens", f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.min_tokens > self.max_tokens:

@@ -45,3 +45,27 @@ def test_workers_given_gpus_must_run_on_cuda_and_say_so_where_it_is_missing():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available: .*torch"):
             pick_device("cuda")
+
+
+def test_generate_through_the_pools_keeps_its_threads_flag(monkeypatch):
+    """`baton generate --threads N --decode-workers 1` ran its workers with one thread: the pools'
+    default replaced the flag."""
+    import baton.cluster
+    from baton.cli import build_parser
+    from baton.commands import generate
+
+    seen = {}
+
+    class Captured(Exception):
+        pass
+
+    def fake_cluster(cfg, progress=None):
+        seen["cfg"] = cfg
+        raise Captured
+
+    monkeypatch.setattr(baton.cluster, "LocalCluster", fake_cluster)
+    args = build_parser().parse_args(["generate", "--model", "tiny", "--prompt", "hi", "--threads", "2",
+                                      "--decode-workers", "1", "--prefill-workers", "0"])
+    with pytest.raises(Captured):
+        generate.run(args)
+    assert seen["cfg"].torch_threads_per_worker == 2 and seen["cfg"].cpus_per_worker == 2.0

@@ -54,13 +54,15 @@ def test_generate_chat_on_default_model(default_model_dir):
         (["--top-p", "1.5"], "top_p"),
         (["--temperature", "-1"], "temperature"),
         (["--max-tokens", "100000"], "maximum context length"),
-        (["--logprobs", "21"], "logprobs"),
+        (["--logprobs", "21", "--json"], "logprobs"),
+        (["--logprobs", "2"], "--logprobs and --prompt-logprobs are printed only with --json"),  # was ignored
         (["--frequency-penalty", "3"], "frequency_penalty"),
         (["--repetition-penalty", "0"], "repetition_penalty"),
         (["--device", "foo"], "device must be auto, cpu, cuda or cuda:N"),
         (["--max-num-seqs", "10000000"], "max_num_seqs must be at most 65536"),  # was a numpy MemoryError
         (["--threads", "100000"], "num_threads must be at most"),  # was a segfault
         (["--threads", "20000"], "num_threads must be at most"),  # was a libgomp failure
+        (["--num-kv-blocks", "999999999999"], "set by num_blocks (--num-kv-blocks)"),  # was torch's alloc_cpu.cpp line
     ],
 )
 def test_bad_parameters_give_a_clear_error(tiny_model_dir, args, needle):
@@ -102,6 +104,14 @@ def _copy_model(src: Path, dst: Path, drop: str | None = None) -> Path:
 
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns(drop) if drop else None)
     return dst
+
+
+def test_chat_refuses_max_tokens_beyond_the_context_before_reading_input(tiny_model_dir):
+    """It was cut to the context silently, where generate refuses the same value."""
+    r = chat(tiny_model_dir, b"hello\n", "--max-tokens", "100000")
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "--max-tokens 100000: this model's context length is" in err
+    assert "Traceback" not in err and b"you>" not in r.stdout
 
 
 def test_chat_skips_a_message_longer_than_the_context_and_goes_on(tiny_model_dir):

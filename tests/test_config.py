@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from baton.config import ConfigError, load_config
-from baton.serve import preflight
+from baton.serve import local_notes, preflight
 from baton.supervisor import check_reachable
 
 
@@ -32,6 +32,7 @@ def _config(tmp_path, text: bytes | str, overrides=None):
     ("redis: {url: notaurl}\n", "redis.url: must start with redis://"),
     (b"\xff\xfe", "not UTF-8 text"),
     ("model: {path: ''}\n", "model.path: String should have at least 1 character"),
+    ("redis: {url: 'redis://127.0.0.1:abc/0'}\n", "redis.url: Port could not be cast to integer value as 'abc'"),
 ])
 def test_a_bad_config_names_the_problem(tmp_path, text, needle):
     with pytest.raises(ConfigError) as e:
@@ -60,6 +61,20 @@ def test_preflight_finds_a_taken_port_and_missing_gpus_before_anything_starts(tm
     gpus = torch.cuda.device_count()
     with pytest.raises(ValueError, match=rf"ask for {gpus + 1} GPUs .* has {gpus}"):
         preflight(_config(tmp_path, f"router: {{http_port: 0, grpc_port: 0}}\npools: {{decode: {{gpus: {gpus + 1}}}}}\n"))
+
+
+def test_preflight_checks_an_ipv6_host_as_ipv6(tmp_path):
+    """An IPv6 router.host (served fine) was refused: the port check tried it as an IPv4 address."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    try:
+        with socket.create_server(("::1", 0), family=socket.AF_INET6) as probe:
+            port = probe.getsockname()[1]
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    preflight(_config(tmp_path, f"router: {{host: '::1', http_port: {port}, grpc_port: 0}}\n"))
+    with pytest.raises(ConfigError, match="router.host: String should have at least 1 character"):
+        _config(tmp_path, "router: {host: ''}\n")
 
 
 def test_a_ray_address_nothing_answers_at_fails_at_once():
@@ -150,3 +165,15 @@ def test_engine_limits_that_crashed_the_process():
         with pytest.raises(ValueError, match=f"num_threads must be at most .*got {threads}"):
             EngineConfig(num_threads=threads)
     EngineConfig(num_threads=max(1024, 4 * (os.cpu_count() or 1)))  # loose: a worker host may be bigger
+
+
+def test_baton_up_says_which_settings_it_does_not_apply_as_written(tmp_path):
+    """router.replicas > 1 ran one router, and pools asking for more CPUs than the machine has ran
+    anyway, both without a word."""
+    import os
+
+    cfg = _config(tmp_path, f"router: {{replicas: 3}}\npools: {{decode: {{workers: 1, cpus: {(os.cpu_count() or 1) + 1}}}}}\n")
+    notes = local_notes(cfg)
+    assert any("router.replicas is 3; baton up runs one router" in n for n in notes)
+    assert any("the workers will share them" in n for n in notes)
+    assert local_notes(_config(tmp_path, "pools: {prefill: {workers: 0}, decode: {workers: 1, cpus: 1}}\n")) == []

@@ -52,6 +52,8 @@ def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
 
 def run(args: argparse.Namespace) -> int:
     params = sampling_params_from_args(args)  # validate before loading anything
+    if not args.json and (args.logprobs is not None or args.prompt_logprobs is not None):
+        raise ValueError("--logprobs and --prompt-logprobs are printed only with --json")
     if args.prefill_workers is not None or args.decode_workers is not None:
         outputs = _generate_on_cluster(args, params)
     else:
@@ -106,6 +108,8 @@ def _generate_on_cluster(args: argparse.Namespace, params):
     d = 1 if args.decode_workers is None else args.decode_workers
     if p < 0 or d < 1:
         raise ValueError("--prefill-workers must be >= 0 and --decode-workers >= 1")
-    cfg = ClusterConfig(prefill_workers=p, decode_workers=d, engine=engine_config_from_args(args))
+    threads = {} if args.threads is None else dict(  # per worker (the pools' own default is 1)
+        torch_threads_per_worker=args.threads, cpus_per_worker=float(args.threads))
+    cfg = ClusterConfig(prefill_workers=p, decode_workers=d, engine=engine_config_from_args(args), **threads)
     with LocalCluster(cfg, progress=progress_printer(args.json)) as cluster:
         return cluster.generate(_encode(cluster.tokenizer, args), params)

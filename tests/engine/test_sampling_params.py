@@ -18,6 +18,8 @@ from engine.sampling_params import SamplingParams
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -1}, "top_k"),
         ({"seed": 1.5}, "seed"),
+        ({"seed": 2**64}, "seed"),  # wrapped onto seed 0 (the same tokens)
+        ({"seed": -(2**63) - 1}, "seed"),
         ({"stop": ["ok", ""]}, "stop"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
         ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
