@@ -24,6 +24,10 @@ class InterferenceWorkload:
     seed: int = 0
 
 
+MAX_SECONDS = 86400.0  # a day: --duration and --long-every
+MAX_INTERACTIVE = 4096  # interactive streams: one client thread each
+
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     w = InterferenceWorkload()
     lo, hi = w.interactive_max_tokens
@@ -36,7 +40,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--long-every", type=float, default=w.long_every_s, help="seconds between long prompts")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--local-prefill-threshold", type=int, default=256,
-                    help="disaggregated setup: shorter prompts prefill on the decode worker")
+                    help="disaggregated setup: shorter prompts prefill on the decode worker (>= 0)")
     ap.add_argument("--short-prompts-to-idle-prefill", choices=("on", "off"), default="on",
                     help="disaggregated setup: short prompts go to the prefill worker while it has room "
                          "(pools.short_prompts_to_idle_prefill)")
@@ -50,11 +54,21 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def workload_from_args(a: argparse.Namespace) -> InterferenceWorkload:
-    """The workload the arguments name; ValueError naming the argument that is not valid."""
-    if a.duration <= 0 or a.interactive <= 0 or a.long_len <= 0 or a.long_every <= 0:
-        raise ValueError("--duration, --interactive, --long-len and --long-every must be positive")
-    if a.decode_prefill_budget < 0:
-        raise ValueError(f"--decode-prefill-budget must be >= 0, got {a.decode_prefill_budget}")
+    """The workload the arguments name; ValueError naming the argument that is not valid. Every
+    flag is checked here, before a cluster starts."""
+    # Finite: inf overflows time.sleep / Event.wait (in a thread, for --long-every: the run then
+    # ended "fine" with no long prompt sent), and NaN compares false with everything.
+    for flag, v in (("--duration", a.duration), ("--long-every", a.long_every)):
+        if not 0 < v <= MAX_SECONDS:
+            raise ValueError(f"{flag} must be a number of seconds in (0, {MAX_SECONDS:g}], got {v}")
+    for flag, v, lo, hi in (("--interactive", a.interactive, 1, MAX_INTERACTIVE),  # a thread each
+                            ("--long-len", a.long_len, 1, None),
+                            ("--max-num-batched-tokens", a.max_num_batched_tokens, 1, None),
+                            ("--local-prefill-threshold", a.local_prefill_threshold, 0, None),
+                            ("--decode-prefill-budget", a.decode_prefill_budget, 0, None),
+                            ("--small-chunk-baseline", a.small_chunk_baseline, 0, None)):
+        if v < lo or hi is not None and v > hi:
+            raise ValueError(f"{flag} must be {f'between {lo} and {hi}' if hi else f'>= {lo}'}, got {v}")
     lo, _, hi = str(a.interactive_max_tokens).partition("-")
     try:
         span = (int(lo), int(hi or lo))

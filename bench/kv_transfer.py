@@ -23,6 +23,7 @@ import argparse
 import datetime
 import json
 import math
+import shutil
 import statistics
 import threading
 import time
@@ -48,6 +49,79 @@ GEOMETRIES = {
     "smollm2-135m": dict(layers=30, kv_heads=3, head_dim=64, block_size=16),  # the default model
     **{name: _kv_geometry(cfg) for name, cfg in PUBLISHED.items()},  # the GPU measurements' models
 }
+
+
+# The longest prompt a run may ship: the longest context of the geometries' models (Llama-3.2-1B).
+MAX_LENGTH = 131072
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _block_bytes(g: dict, dtype: str) -> int:
+    return g["layers"] * 2 * g["block_size"] * g["kv_heads"] * g["head_dim"] * _ITEMSIZE[dtype]
+
+
+def run_bytes(lengths: list[int], geometry: dict, dtype: str) -> int:
+    """About how much memory a run allocates: four caches of the longest prompt's blocks (a wire pair
+    and a local pair), the copy baseline's two buffers, and the raw send/recv buffers of every length."""
+    bs = geometry["block_size"]
+    longest = max(lengths)
+    blocks = 4 * (longest // bs + 1) + 2 * -(-longest // bs) + 2 * sum(-(-n // bs) for n in lengths)
+    return _block_bytes(geometry, dtype) * blocks
+
+
+def _available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_args(lengths: str, repeats: int, chunk_tokens: int, device: str, geometry: str,
+               dtype: str | None) -> list[int]:
+    """The prompt lengths; ValueError naming the flag that is not valid, before any peer starts."""
+    try:
+        out = [int(x) for x in str(lengths).split(",")]
+    except ValueError:
+        raise ValueError(f"--lengths must be comma-separated token counts, got {lengths!r}") from None
+    if not out or min(out) <= 0:
+        raise ValueError(f"--lengths must be positive token counts, got {lengths!r}")
+    if max(out) > MAX_LENGTH:
+        raise ValueError(f"--lengths must be at most {MAX_LENGTH} tokens (the longest context of the "
+                         f"geometries' models), got {max(out)}")
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    if chunk_tokens < 1:
+        raise ValueError(f"--chunk-tokens must be >= 1, got {chunk_tokens}")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    if geometry not in GEOMETRIES:
+        raise ValueError(f"--geometry must be one of {', '.join(sorted(GEOMETRIES))}, got {geometry!r}")
+    if dtype is not None and dtype not in _ITEMSIZE:
+        raise ValueError(f"--dtype must be one of {', '.join(_ITEMSIZE)}, got {dtype!r}")
+    if device == "cpu":
+        g, dt = GEOMETRIES[geometry], dtype or "float32"
+        need = run_bytes(out, g, dt)
+        have = _available_memory()
+        if have is not None and need > have:
+            raise ValueError(f"--lengths {lengths}: the run needs about {need / 2**30:.1f} GiB of memory "
+                             f"({geometry}, {dt}) but {have / 2**30:.1f} GiB is available: "
+                             "shorter lengths, or fewer of them")
+        shm = 2 * (max(out) // g["block_size"] + 1) * _block_bytes(g, dt)  # the local pair's caches live there
+        try:
+            shm_free = shutil.disk_usage("/dev/shm").free
+        except OSError:
+            shm_free = None
+        if shm_free is not None and shm > shm_free:
+            raise ValueError(f"--lengths {lengths}: the local path's caches need about {shm / 2**30:.1f} GiB of "
+                             f"/dev/shm but {shm_free / 2**30:.1f} GiB is free: shorter lengths")
+    return out
 
 
 class BenchPeer:
@@ -298,15 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
-        lengths = [int(x) for x in a.lengths.split(",")]
-    except ValueError:
-        ap.error(f"--lengths must be comma-separated token counts, got {a.lengths!r}")
-    if not lengths or min(lengths) <= 0 or a.repeats < 1 or a.chunk_tokens < 1:
-        ap.error("--lengths, --repeats and --chunk-tokens must be positive")
-    if a.device.startswith("cuda") and not torch.cuda.is_available():
-        ap.error("--device cuda: no CUDA device is available")
-    if a.device not in ("cpu", "cuda"):
-        ap.error(f"--device must be cpu or cuda, got {a.device!r}")
+        lengths = check_args(a.lengths, a.repeats, a.chunk_tokens, a.device, a.geometry, a.dtype)
+    except ValueError as e:
+        ap.error(str(e))
     r = run(lengths, a.repeats, a.chunk_tokens, GEOMETRIES[a.geometry], a.device, a.dtype, use_ray=not a.no_ray)
     if a.json:
         print(json.dumps(r, indent=2))

@@ -31,10 +31,13 @@ def add_parser(sub) -> None:
     i.set_defaults(run=_interference)
 
     k = bsub.add_parser("kv-transfer", help="KV transfer throughput and latency between two actors")
-    k.add_argument("--lengths", default="256,1024,4096")
+    k.add_argument("--lengths", default="256,1024,4096", help="prompt lengths in tokens, comma-separated")
     k.add_argument("--repeats", type=int, default=5)
+    k.add_argument("--chunk-tokens", type=int, default=2048, help="tokens a transfer chunk carries (default 2048)")
     k.add_argument("--device", default="cpu", help="cpu, or cuda (CUDA IPC on one GPU; NCCL too with two)")
     k.add_argument("--geometry", default="smollm2-135m", help="smollm2-135m, qwen2.5-0.5b or llama-3.2-1b")
+    k.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="KV dtype (default: float32 on CPU, bfloat16 on CUDA)")
     k.add_argument("--no-ray", action="store_true", help="peers in spawned processes instead of Ray actors")
     k.add_argument("--json", action="store_true")
     k.set_defaults(run=_kv_transfer)
@@ -70,8 +73,9 @@ def _offline(args: argparse.Namespace) -> int:
 
 
 def _scheduler(args: argparse.Namespace) -> int:
-    from bench.scheduler_overhead import main
+    from bench.scheduler_overhead import check_args, main
 
+    check_args(args.num_seqs, args.steps)  # before anything is allocated
     return main(["--num-seqs", str(args.num_seqs), "--steps", str(args.steps)] + (["--json"] if args.json else []))
 
 
@@ -93,10 +97,14 @@ def _interference(args: argparse.Namespace) -> int:
 
 
 def _kv_transfer(args: argparse.Namespace) -> int:
-    from bench.kv_transfer import main
+    from bench.kv_transfer import check_args, main
 
-    return main(["--lengths", args.lengths, "--repeats", str(args.repeats), "--device", args.device,
-                 "--geometry", args.geometry] + (["--no-ray"] if args.no_ray else []) + (["--json"] if args.json else []))
+    # Here, so that a bad flag is a `baton: error:` line (main's own parser would print its usage).
+    check_args(args.lengths, args.repeats, args.chunk_tokens, args.device, args.geometry, args.dtype)
+    return main(["--lengths", args.lengths, "--repeats", str(args.repeats), "--chunk-tokens", str(args.chunk_tokens),
+                 "--device", args.device, "--geometry", args.geometry]
+                + (["--dtype", args.dtype] if args.dtype else [])
+                + (["--no-ray"] if args.no_ray else []) + (["--json"] if args.json else []))
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -101,9 +101,10 @@ def _describe(e, unit: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.sim.cli import check_output_file, load_inputs, parse_rates, sim_requests
-    from bench.sim.plan import CPU_BUDGETS, GPU_BUDGETS, PlanSpace, search
     from bench.serve.slo import LaneSLO
+    from bench.serve.workload import check_request_count
+    from bench.sim.cli import check_output_file, check_requests_fit, load_inputs, parse_rates, sim_requests
+    from bench.sim.plan import CPU_BUDGETS, GPU_BUDGETS, PlanSpace, search
 
     ttft, tpot = parse_slo(args.slo)
     rates = parse_rates(args.rate)
@@ -118,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         args.duration = max(60.0, min(600.0, 300.0 / rate))
     if not 0 < args.duration < math.inf:
         raise ValueError(f"--duration must be a finite number > 0, got {args.duration}")
+    check_request_count(rate, args.duration)  # the requests are planned in memory, then simulated per configuration
     if args.json:  # before the search, not after it
         check_output_file("--json", args.json)
     cost, spec, base = load_inputs(args)
@@ -134,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     requests = sim_requests(spec, rate, args.duration, args.seed, cost.model.max_model_len)
     if not requests:
         raise ValueError(f"no request arrives in {args.duration:g} s at {rate:g} req/s: raise --duration or --rate")
+    check_requests_fit(requests, cost, base, args)
     slo = LaneSLO(ttft, tpot)
 
     def progress(e) -> None:

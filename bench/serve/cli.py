@@ -32,15 +32,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lanes", default=None, metavar="LANE=SHARE,...",
                    help="override the workload's lane mix, e.g. interactive=0.7,batch=0.3")
     p.add_argument("--arrival", choices=["poisson", "gamma"], default=None, help="override the arrival process")
-    p.add_argument("--gamma-shape", type=float, default=None, help="gamma arrivals: shape (<1 burstier)")
+    p.add_argument("--gamma-shape", type=float, default=None,
+                   help="gamma arrivals (--arrival gamma, or a gamma workload): shape (<1 burstier)")
     p.add_argument("--slo", action="append", default=[], metavar="LANE:ttft=MS,tpot=MS",
                    help="override a lane's SLOs (repeatable); defaults follow baton/default_config.yaml")
     p.add_argument("--search", action="store_true",
                    help="search for the highest rate with >= --search-target of requests meeting both SLOs")
-    p.add_argument("--search-target", type=float, default=0.9)
-    p.add_argument("--search-runs", type=int, default=8, help="runs at most (each --duration long)")
-    p.add_argument("--search-tolerance", type=float, default=0.1, help="stop when the bracket is this narrow")
-    p.add_argument("--search-max-rate", type=float, default=None)
+    p.add_argument("--search-target", type=float, default=None,
+                   help="share of requests that must meet their SLOs, in (0, 1] (default 0.9)")
+    p.add_argument("--search-runs", type=int, default=None, help="runs at most (each --duration long; default 8)")
+    p.add_argument("--search-tolerance", type=float, default=None,
+                   help="stop when the bracket is this narrow, relative to the failing rate, in (0, 1) (default 0.1)")
+    p.add_argument("--search-max-rate", type=float, default=None,
+                   help="the highest rate to try, >= --rate (default: as many requests a run as a plan may hold)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
     p.add_argument("--drain", type=float, default=None,
@@ -72,14 +76,27 @@ def _lanes(text: str) -> dict[str, float]:
 def config_from_args(args: argparse.Namespace):
     from bench.serve.runner import RunConfig
     from bench.serve.slo import resolve_slos
-    from bench.serve.workload import Burst, check_non_negative, check_positive, load_workload
+    from bench.serve.workload import Burst, check_non_negative, check_positive, check_request_count, load_workload
 
     # RunConfig checks these too; here the errors name the flags.
     if args.rate is not None:
         check_positive("--rate", args.rate)
+    if args.concurrency is not None and not 1 <= args.concurrency <= MAX_CONCURRENCY:
+        raise ValueError(f"--concurrency must be between 1 and {MAX_CONCURRENCY}, got {args.concurrency}")
     check_positive("--duration", args.duration)
+    if not 0 <= args.warmup < args.duration:  # (NaN fails too)
+        raise ValueError(f"--warmup must be in [0, --duration), got {args.warmup}")
+    check_positive("--timeout", args.timeout)
     if args.drain is not None:
         check_non_negative("--drain", args.drain)
+    burst = Burst.parse(args.burst) if args.burst else None
+    if burst is not None and args.rate is None:
+        raise ValueError("--burst needs an open-loop --rate, not --concurrency")
+    if args.rate is not None:  # the whole plan is built before the first request is sent
+        check_request_count(args.rate, args.duration, burst)
+    if args.gamma_shape is not None:
+        check_positive("--gamma-shape", args.gamma_shape)
+    _check_search_flags(args)
     spec = load_workload(args.workload)
     changes: dict = {}
     if args.lanes:
@@ -91,14 +108,74 @@ def config_from_args(args: argparse.Namespace):
     if args.gamma_shape is not None:
         changes["gamma_shape"] = args.gamma_shape
     spec = replace(spec, **changes) if changes else spec
-    if args.search and args.rate is None:
-        raise ValueError("--search needs --rate (the starting rate): it searches over open-loop rates")
+    if args.gamma_shape is not None and spec.arrival != "gamma":  # it would be ignored
+        raise ValueError(f"--gamma-shape is for gamma arrivals, but workload {spec.name} arrives {spec.arrival}: "
+                         "add --arrival gamma")
     return RunConfig(
         url=args.url, spec=spec, duration_s=args.duration, rate=args.rate, concurrency=args.concurrency,
         protocol="grpc" if args.grpc else "http", metrics_url=args.metrics_url,
-        burst=Burst.parse(args.burst) if args.burst else None, seed=args.seed, warmup_s=args.warmup,
+        burst=burst, seed=args.seed, warmup_s=args.warmup,
         slos=resolve_slos(tuple(spec.lanes), args.slo), timeout_s=args.timeout, drain_s=args.drain,
         api_key=args.api_key, progress=not args.no_progress)
+
+
+SEARCH_DEFAULTS = {"search_target": 0.9, "search_runs": 8, "search_tolerance": 0.1}
+# Closed loop: one client task (and its request) per unit of concurrency, all at once.
+MAX_CONCURRENCY = 100_000
+
+
+def _check_search_flags(args: argparse.Namespace) -> None:
+    """The --search-* flags: valid, and given only with --search (else they would be ignored)."""
+    from bench.serve.workload import Burst, check_positive, check_request_count
+
+    given = [f"--{name.replace('_', '-')}" for name in (*SEARCH_DEFAULTS, "search_max_rate")
+             if getattr(args, name) is not None]
+    if not args.search:
+        if given:
+            raise ValueError(f"{', '.join(given)} only appl{'y' if len(given) > 1 else 'ies'} with --search")
+        return
+    if args.rate is None:
+        raise ValueError("--search needs --rate (the starting rate): it searches over open-loop rates")
+    for name, value in SEARCH_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if not 0 < args.search_target <= 1:
+        raise ValueError(f"--search-target must be in (0, 1], got {args.search_target}")
+    if args.search_runs < 1:
+        raise ValueError(f"--search-runs must be >= 1, got {args.search_runs}")
+    if not 0 < args.search_tolerance < 1:
+        raise ValueError(f"--search-tolerance must be in (0, 1) (relative to the failing rate), got "
+                         f"{args.search_tolerance}")
+    if args.search_max_rate is not None:
+        check_positive("--search-max-rate", args.search_max_rate)
+        if args.search_max_rate < args.rate:
+            raise ValueError(f"--search-max-rate {args.search_max_rate:g} is below the starting --rate {args.rate:g}")
+        check_request_count(args.search_max_rate, args.duration, Burst.parse(args.burst) if args.burst else None,
+                            rate_flag="--search-max-rate")
+
+
+def _search_rate_cap(args: argparse.Namespace) -> float:
+    """--search-max-rate, or the highest rate whose run stays within MAX_PLANNED_REQUESTS."""
+    from bench.serve.workload import MAX_PLANNED_REQUESTS, Burst, expected_requests
+
+    if args.search_max_rate is not None:
+        return args.search_max_rate
+    per_unit_rate = expected_requests(1.0, args.duration, Burst.parse(args.burst) if args.burst else None)
+    return MAX_PLANNED_REQUESTS / per_unit_rate
+
+
+def _check_plots_dir(path: str, flag: str = "--plots") -> None:
+    """A directory ``write_plots`` can create (or write into): checked before the load run."""
+    p = Path(path)
+    if p.exists():
+        if not p.is_dir():
+            raise ValueError(f"{flag} {path}: exists and is not a directory")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise ValueError(f"{flag} {path}: not writable")
+        return
+    existing = next((a for a in p.resolve().parents if a.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: cannot create it under {existing}")
 
 
 def _check_report_path(path: str) -> None:
@@ -115,15 +192,19 @@ def _say(msg: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import math
-
     from bench.serve.report import format_summary, run_report, write_json
     from bench.serve.runner import run_load_sync, with_rate
     from bench.serve.search import search_goodput_rate
 
+    if args.plots and args.no_plots:
+        raise ValueError("--plots and --no-plots contradict each other: give one")
     cfg = config_from_args(args)
     if args.json:  # before the load run, not after it (its parent directories are created then)
         _check_report_path(args.json)
+    plots_dir = None if args.no_plots else args.plots or (
+        str(Path(args.json).with_suffix("")) + "_plots" if args.json else None)
+    if plots_dir:
+        _check_plots_dir(plots_dir, "--plots" if args.plots else "--plots (by default --json's name + '_plots')")
     search = None
     if args.search:
         def evaluate(rate: float):
@@ -134,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
             return att, result
 
         search = search_goodput_rate(evaluate, cfg.rate, target=args.search_target, max_runs=args.search_runs,
-                                     rel_tol=args.search_tolerance, max_rate=args.search_max_rate or math.inf)
+                                     rel_tol=args.search_tolerance, max_rate=_search_rate_cap(args))
         shown = search.best or search.points[-1]
         result = shown.result
     else:
@@ -143,8 +224,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_summary(report))
     if args.json:
         _say(f"report: {write_json(report, args.json)}")
-    plots_dir = args.plots or (str(Path(args.json).with_suffix("")) + "_plots" if args.json else None)
-    if plots_dir and not args.no_plots:
+    if plots_dir:
         from bench.serve.plots import PlotsUnavailable, write_plots
 
         try:

@@ -309,6 +309,31 @@ def check_non_negative(name: str, v: Any) -> float:
     return v
 
 
+# The most requests one plan may hold: a plan is built in memory before the run (or the simulation)
+# starts, so rate x duration must stay bounded (1e9 req/s, or 1e12 s, grew until the OOM killer came).
+MAX_PLANNED_REQUESTS = 1_000_000
+
+
+def expected_requests(rate: float, duration_s: float, burst: Burst | None = None) -> float:
+    """How many requests a plan at ``rate`` over ``duration_s`` holds on average (the burst included)."""
+    n = rate * duration_s
+    if burst is not None:
+        overlap = max(0.0, min(duration_s, burst.start_s + burst.length_s) - burst.start_s)
+        n += rate * (burst.factor - 1.0) * overlap
+    return n
+
+
+def check_request_count(rate: float, duration_s: float, burst: Burst | None = None,
+                        rate_flag: str = "--rate") -> None:
+    """ValueError naming the flags when a plan at ``rate`` over ``duration_s`` would hold more than
+    MAX_PLANNED_REQUESTS requests (a few standard deviations above the mean are still accepted)."""
+    n = expected_requests(rate, duration_s, burst)
+    if n > MAX_PLANNED_REQUESTS:
+        with_burst = " (with the --burst)" if burst is not None and burst.factor > 1 else ""
+        raise ValueError(f"{rate_flag} {rate:g} req/s over --duration {duration_s:g} s is about {n:.3g} requests"
+                         f"{with_burst}; at most {MAX_PLANNED_REQUESTS} a run: lower {rate_flag} or --duration")
+
+
 @dataclass(frozen=True)
 class Burst:
     """Multiply the arrival rate by ``factor`` during ``[start_s, start_s + length_s)``."""
@@ -394,6 +419,7 @@ def plan_requests(spec: WorkloadSpec, rate: float, duration_s: float, seed: int 
     # An infinite rate puts every arrival at 0 and an infinite (or NaN) duration never ends: both loop forever.
     check_positive("rate", rate)
     check_non_negative("duration", duration_s)
+    check_request_count(rate, duration_s, burst)  # and a huge rate x duration holds more than memory does
     arrivals_rng = random.Random(f"baton-arrivals:{seed}")
     content_rng = random.Random(f"baton-requests:{seed}")
     shape = spec.gamma_shape
@@ -407,4 +433,6 @@ def plan_requests(spec: WorkloadSpec, rate: float, duration_s: float, seed: int 
         t = _operational_to_wall(u, rate, burst)
         if t >= duration_s:
             return out
+        if len(out) >= 2 * MAX_PLANNED_REQUESTS:  # (unreachable unless the draws are absurdly unlucky)
+            raise ValueError(f"the plan holds over {len(out)} requests: lower --rate or --duration")
         out.append(sample_request(spec, len(out), content_rng, arrival_s=t))

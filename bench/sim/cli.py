@@ -87,6 +87,7 @@ def load_inputs(args: argparse.Namespace):
         base = sim_config_from_baton(load_config(args.config), cost)
     else:
         base = SimConfig()
+    _check_pool_flags(args, cost, base)
     changes = {}
     budget = getattr(args, "max_num_batched_tokens", None)
     if budget is not None:
@@ -104,6 +105,54 @@ def load_inputs(args: argparse.Namespace):
         raise ValueError(f"workload {spec.name}: lane(s) {', '.join(unknown)} are not lanes of the simulated router "
                          f"({', '.join(sorted(known))})")
     return cost, spec, replace(base, **changes)
+
+
+def _check_pool_flags(args: argparse.Namespace, cost, base) -> None:
+    """The worker flags, named (SimConfig's own errors name its fields, not the flags)."""
+    from engine.config import MAX_NUM_SEQS
+
+    for flag, name, lo, hi in (("--max-num-batched-tokens", "max_num_batched_tokens", 1, None),
+                               ("--prefill-chunk", "prefill_chunk", 1, None),
+                               ("--max-num-seqs", "max_num_seqs", 1, MAX_NUM_SEQS),
+                               ("--kv-blocks", "kv_blocks", 1, None),
+                               ("--local-prefill-threshold", "local_prefill_threshold", 0, None)):
+        v = getattr(args, name, None)
+        if v is not None and (v < lo or hi is not None and v > hi):
+            raise ValueError(f"{flag} must be {f'between {lo} and {hi}' if hi else f'>= {lo}'}, got {v}")
+    if not 0 < args.step_scale < math.inf:
+        raise ValueError(f"--step-scale must be a finite number > 0, got {args.step_scale}")
+    if getattr(args, "kv_blocks", None) is not None:
+        m = cost.model
+        seqs = args.max_num_seqs if args.max_num_seqs is not None else base.max_num_seqs
+        useful = seqs * -(-m.max_model_len // m.block_size)  # every sequence at the model's full context
+        if args.kv_blocks > max(useful, m.num_kv_blocks):  # (each block is an object per worker: memory)
+            raise ValueError(f"--kv-blocks must be at most {max(useful, m.num_kv_blocks)} ({seqs} sequences of "
+                             f"{m.max_model_len} tokens, in blocks of {m.block_size}), got {args.kv_blocks}")
+
+
+def check_requests_fit(requests, cost, cfg, args: argparse.Namespace) -> None:
+    """Every request's whole sequence must fit one worker's KV pool. Checked here, before the
+    simulation, so that the error names --kv-blocks: the simulated engine's own refusal (a request that
+    could never finish) names max_tokens, a parameter these commands do not have."""
+    if not requests:
+        return
+    m = cost.model
+    blocks = cfg.num_kv_blocks or m.num_kv_blocks
+    if not blocks:
+        return  # (the simulator says so itself)
+    big = max(requests, key=lambda r: min(r.prompt_len + r.output_len, m.max_model_len))
+    tokens = min(big.prompt_len + big.output_len, m.max_model_len)
+    need = -(-tokens // m.block_size)
+    if need > blocks:
+        if getattr(args, "kv_blocks", None) is not None:
+            where = f"--kv-blocks {args.kv_blocks}"
+        elif cfg.num_kv_blocks:
+            where = f"the KV pool of --config {args.config} ({blocks} blocks)"
+        else:
+            where = f"the cost model's KV pool ({blocks} blocks)"
+        raise ValueError(f"{where} is too small for the workload: its longest request ({big.prompt_len} prompt + "
+                         f"{big.output_len} output tokens) needs {need} KV blocks of {m.block_size} tokens; "
+                         f"raise --kv-blocks to at least {need}")
 
 
 def sim_requests(spec, rate: float, duration_s: float, seed: int, max_model_len: int, burst=None):
@@ -137,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from bench.serve.slo import resolve_slos
-    from bench.serve.workload import Burst
+    from bench.serve.workload import Burst, check_request_count
     from bench.sim.simulator import Simulation
     from bench.sim.stats import format_summary
 
@@ -148,6 +197,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--warmup must be in [0, duration), got {args.warmup}")
     if not 0 <= args.drain < math.inf:  # a negative drain ends the simulation before the last arrivals
         raise ValueError(f"--drain must be a finite number >= 0, got {args.drain}")
+    burst = Burst.parse(args.burst) if args.burst else None
+    for rate in rates:  # before any simulation: a plan is built in memory
+        check_request_count(rate, args.duration, burst)
     if args.json:
         check_output_file("--json", args.json)
     cost, spec, cfg = load_inputs(args)
@@ -157,11 +209,11 @@ def run(args: argparse.Namespace) -> int:
     if args.decode_workers is not None:
         changes["decode_workers"] = args.decode_workers
     cfg = replace(cfg, **changes)
-    burst = Burst.parse(args.burst) if args.burst else None
     slos = resolve_slos(tuple(spec.lanes), args.slo)
     runs = []
     for rate in rates:
         reqs = sim_requests(spec, rate, args.duration, args.seed, cost.model.max_model_len, burst)
+        check_requests_fit(reqs, cost, cfg, args)
         res = Simulation(cost, cfg, seed=args.seed).run(reqs, duration_s=args.duration, rate=rate,
                                                          drain_s=args.drain, warmup_s=args.warmup,
                                                          lanes=list(spec.lanes), slo=slos)
