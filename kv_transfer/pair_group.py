@@ -35,7 +35,7 @@ from kv_transfer.peer import PeerInfo, StoreAddress, pair_key
 # Idle channels wait for their next message indefinitely; liveness comes from connection errors
 # and from the transfer deadlines enforced above this layer.
 _OP_TIMEOUT = datetime.timedelta(hours=24)
-_POLL_FIRST_S, _POLL_MAX_S = 0.002, 0.1  # the peer's rows are polled for, backing off to 100 ms
+_POLL_FIRST_S, _POLL_MAX_S = 0.002, 0.05  # the peer's rows are polled for, backing off to 50 ms
 
 
 class PairingCancelled(ConnectionAbortedError):
