@@ -93,7 +93,8 @@ class OutputProcessor:
         end = len(st.text) if finished else max(st.num_sent_chars, len(st.text) - st.hold)
         text_delta = st.text[st.num_sent_chars : end]
         st.num_sent_chars = end
-        out = RequestOutput(req.request_id, new_ids, text_delta)
+        out = RequestOutput(req.request_id, new_ids, text_delta,
+                            first_index=req.num_tokens - req.num_prompt_tokens - len(new_ids))
         if req.sampling_params.logprobs is not None:
             out.logprobs, req.pending_logprobs = req.pending_logprobs, []
         if st.first and new_ids:
@@ -122,4 +123,5 @@ class OutputProcessor:
         return RequestOutput(
             req.request_id, [], text[st.num_sent_chars :] if st else "", finished=True, finish_reason="abort",
             num_prompt_tokens=req.num_prompt_tokens, token_ids=req.output_token_ids, text=text,
+            first_index=req.num_tokens - req.num_prompt_tokens,
         )

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import ray
@@ -56,6 +57,8 @@ class _Tracked:
     prefill_id: str | None = None
     migrations: int = 0
     placing: bool = False  # a _place call owns it: a worker's death is handled there, not by _migrate_from
+    # Decode workers it left when they were taken for dead: one only slow may still run a copy.
+    stale_copies: set[str] = field(default_factory=set)
 
 
 class Dispatcher(WorkerFailures):
@@ -72,6 +75,7 @@ class Dispatcher(WorkerFailures):
         call_timeout_s: float = 60.0,
         max_migrations: int = 3,
         monitor_interval_s: float = 0.5,
+        placement_wait_s: float = 30.0,
     ) -> None:
         self.pool = pool
         self.router_id = router_id
@@ -88,6 +92,7 @@ class Dispatcher(WorkerFailures):
         self.call_timeout_s = call_timeout_s
         self.max_migrations = max_migrations
         self.monitor_interval_s = monitor_interval_s
+        self.placement_wait_s = placement_wait_s  # how long a request waits for a decode worker to be back
         self._tracked: dict[str, _Tracked] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -96,6 +101,7 @@ class Dispatcher(WorkerFailures):
         self.num_migrations = 0
         self.num_local_prefills = 0
         self.num_disaggregated = 0
+        self.num_stale_outputs = 0  # outputs of a copy given up on, dropped (_deliver)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -158,17 +164,25 @@ class Dispatcher(WorkerFailures):
 
     def _place(self, t: _Tracked, exclude: set[str]) -> None:
         """Place ``t`` on a live decode worker, trying the next one while they die under the call. It
-        owns ``t`` meanwhile (``placing``): a death noticed by a poller is not a second migration."""
-        tried = set(exclude)
+        owns ``t`` meanwhile (``placing``): a death noticed by a poller is not a second migration.
+
+        A worker tried (or excluded) is tried again once it is back as a new incarnation (Ray restarted
+        it). With none live, it waits up to ``placement_wait_s`` for one: Ray restarts a killed worker
+        in seconds, and two killed at once failed every request they served."""
+        tried = {w: self._incarnation(w) for w in exclude}  # worker id -> the incarnation tried
+        give_up = time.monotonic() + self.placement_wait_s
         while True:
-            d = choose_decode(self.pool, tried)
+            d = choose_decode(self.pool, {w for w, inc in tried.items() if self._incarnation(w) == inc})
             if d is None:
+                if time.monotonic() < give_up and not self._stop.is_set() and t.spec.request_id in self._tracked:
+                    self._stop.wait(0.2)
+                    continue
                 self._fail(t, "no live decode worker")
                 return
             with self._lock:
                 if t.spec.request_id not in self._tracked:
                     return  # aborted meanwhile
-                if tried - exclude and t.stream.token_ids:  # an earlier try delivered tokens: resume after them
+                if set(tried) - exclude and t.stream.token_ids:  # an earlier try delivered tokens: resume after them
                     t.spec = replace(t.spec, resume_token_ids=tuple(t.stream.token_ids),
                                      resume_text_chars=len(t.stream.text))
                 t.decode_id, t.prefill_id, t.placing = d.worker_id, None, True
@@ -178,6 +192,11 @@ class Dispatcher(WorkerFailures):
             # must see the blocks this request will take there.
             self._count_placed(d, spec.num_prompt_tokens)
             try:
+                if d.worker_id in t.stale_copies:
+                    # It left d when d was taken for dead; a copy may still run there (d was only slow).
+                    # Stopped first, or this placement is refused as a duplicate id (request failed).
+                    self._call(d.actor.abort.remote(spec.request_id))
+                    t.stale_copies.discard(d.worker_id)
                 if not self._disaggregate(t, d):
                     self._call(d.actor.generate_local.remote(spec))
                     self.num_local_prefills += 1
@@ -186,8 +205,9 @@ class Dispatcher(WorkerFailures):
                         t.placing = False
                         return
                 d.actor.abort.remote(spec.request_id)  # in case d was only slow: never two copies running
+                t.stale_copies.add(d.worker_id)
                 d.requests.discard(spec.request_id)
-                tried.add(d.worker_id)
+                tried[d.worker_id] = self._incarnation(d.worker_id)
                 continue
             except _REFUSED as e:  # the worker is up and refused this request: not a dead worker
                 d.requests.discard(spec.request_id)
@@ -198,7 +218,11 @@ class Dispatcher(WorkerFailures):
                 d.requests.discard(spec.request_id)
                 self._count_placed(d, -spec.num_prompt_tokens)
                 self._mark_dead(d, e)
-                tried.add(d.worker_id)
+                tried[d.worker_id] = self._incarnation(d.worker_id)
+
+    def _incarnation(self, worker_id: str) -> str | None:
+        w = self.pool.get(worker_id)
+        return w.info.peer.incarnation if w is not None and w.info is not None and w.info.peer is not None else None
 
     def _disaggregate(self, t: _Tracked, d: WorkerHandle) -> bool:
         """Reserve on D and start the prefill on P. False: prefill on D instead."""
@@ -284,6 +308,11 @@ class Dispatcher(WorkerFailures):
                 t = self._tracked.get(out.request_id)
                 if t is None or t.decode_id != d.worker_id:
                     continue  # aborted, or a stale output from before a migration
+                if out.first_index >= 0 and out.first_index != len(t.stream.token_ids):
+                    # Not the continuation of what the caller has: the output of a copy given up on
+                    # here (this worker was taken for dead, then the request came back to it).
+                    self.num_stale_outputs += 1
+                    continue
                 if out.finished:
                     del self._tracked[out.request_id]
                     d.requests.discard(out.request_id)

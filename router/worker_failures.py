@@ -125,6 +125,7 @@ class WorkerFailures:
             moving = [t for t in candidates if t is not None and t.decode_id == d.worker_id and not t.placing]
             for t in moving:
                 t.decode_id = None
+                t.stale_copies.add(d.worker_id)  # (stopped there first if it is ever placed there again)
                 d.requests.discard(t.spec.request_id)
         return moving
 

@@ -273,3 +273,20 @@ def test_a_request_whose_output_stream_fails_to_start_is_not_left_queued(engine,
     _drain(engine)
     assert engine.add_request("orphan", "hello", SamplingParams(max_tokens=2)) == "orphan"  # the id is free
     _drain(engine)
+
+
+def test_each_delta_says_where_its_tokens_start_resumed_ones_counted(engine):
+    """RequestOutput.first_index: the router drops a delta that does not continue what it has
+    delivered (a stale copy's, on a worker it had taken for dead)."""
+    fresh = engine.add_request(None, [5, 6, 7], SamplingParams(max_tokens=6, ignore_eos=True))
+    resumed = engine.add_request(None, [5, 6, 7], SamplingParams(max_tokens=6, ignore_eos=True),
+                                 resume_token_ids=[9, 9])
+    seen = {fresh: [], resumed: [9, 9]}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            assert o.first_index == len(seen[o.request_id]), o
+            seen[o.request_id] += o.new_token_ids
+    assert len(seen[fresh]) == 6 and len(seen[resumed]) == 6
+    rid = engine.add_request(None, [5, 6, 7], SamplingParams(max_tokens=6, ignore_eos=True))
+    got = [t for o in engine.step() if o.request_id == rid for t in o.new_token_ids]
+    assert engine.abort(rid).first_index == len(got)

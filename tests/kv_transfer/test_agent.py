@@ -430,3 +430,36 @@ def test_a_peer_forgotten_while_a_send_to_it_is_stuck_releases_the_chunks_queued
     finally:
         p.close()
         d.close()
+
+
+def test_a_pair_group_idle_longer_than_the_connect_timeout_still_carries_transfers(store):
+    """The gloo group is built with the connect timeout (its rendezvous must not wait 24 h for a
+    peer that died after writing its rows) and then waits for messages without one."""
+    p, d, pp, dp, received, failed, acked = make_pair(store, inc="idle")
+    p.connect_timeout_s = d.connect_timeout_s = 0.5
+    d.expect(pp, 1, "r1", [1])
+    p.send_blocks(dp, 1, "r1", 0, [2], chunk_index=0, last=True, first_token=4)
+    assert received.wait(1) == [("r1", 4)]
+    time.sleep(1.5)  # idle: both receive threads wait in a recv
+    d.expect(pp, 2, "r2", [3])
+    p.send_blocks(dp, 2, "r2", 0, [5], chunk_index=0, last=True, first_token=6)
+    assert received.wait(2) == [("r1", 4), ("r2", 6)] and not failed.items
+
+
+def test_a_peer_that_died_after_writing_its_rows_fails_the_pair_within_the_connect_timeout(store):
+    """It wrote its half of the rendezvous, then died before gloo's: the other side's channel
+    thread waited in gloo's rendezvous for the op timeout (24 h)."""
+    from kv_transfer.pair_group import connect_store
+    from kv_transfer.peer import pair_key
+
+    acked = Events()
+    p = TransferAgent(PeerInfo("p0", "w2", "prefill"), store, torch.randn(SHAPE), connect_timeout_s=1.0,
+                      on_acked=lambda rid, ok: acked.add(rid, ok))
+    dead = PeerInfo("d0", "w2", "decode")
+    rows = f"{list(SHAPE[1:])} {torch.float32}"
+    dist.PrefixStore(pair_key(p.me, dead), connect_store(store, 5)).set("rows/1", rows)
+    try:
+        assert p.send_blocks(dead, 1, "r1", 0, [1], chunk_index=0, last=True)
+        assert acked.wait(1, timeout=6.0) == [("r1", False)] and p.is_gone(dead)
+    finally:
+        p.close()

@@ -195,3 +195,86 @@ def test_a_restarted_worker_s_old_incarnation_is_announced_to_the_other_pool():
     disp = ScriptedDispatcher(WorkerPool([p0], [d0]), router_id="r")
     disp._on_restart(p0)
     assert decode.forgotten == [old] and p0.info.peer == new
+
+
+def test_an_output_that_does_not_continue_the_stream_is_dropped():
+    """A copy given up on (its worker was taken for dead) still sent outputs when the request came
+    back to that worker: its stale token was appended to the stream (found by a chaos soak)."""
+    from engine.outputs import RequestOutput
+
+    a0 = ScriptedDecode()
+    d0 = _handle("decode-0", a0)
+    disp = ScriptedDispatcher(WorkerPool([], [d0]), router_id="r")
+    stream = disp.submit(_spec())
+    disp._deliver(d0, [RequestOutput("req-1", [7, 8], "ab", first_index=0)])
+    disp._deliver(d0, [RequestOutput("req-1", [5], "c", first_index=1)])  # the stale copy, behind
+    disp._deliver(d0, [RequestOutput("req-1", [9], "d", first_index=3)])  # ahead: also not this copy's
+    disp._deliver(d0, [RequestOutput("req-1", [4], "e", first_index=2)])
+    assert stream.token_ids == [7, 8, 4] and disp.num_stale_outputs == 2
+
+
+def test_a_request_waits_for_a_decode_worker_that_ray_is_restarting():
+    """Both decode workers killed at once: every request they served failed with "no live decode
+    worker", although Ray had them back ~2 s later. A worker that comes back as a new incarnation
+    is tried again, even one already tried."""
+    from kv_transfer.peer import PeerInfo
+
+    a0 = ScriptedDecode()
+    d0 = WorkerHandle("decode-0", "decode", a0, info=SimpleNamespace(num_blocks=100, block_size=16,
+                                                                       peer=PeerInfo("decode-0", "old", "decode")))
+    disp = ScriptedDispatcher(WorkerPool([], [d0]), router_id="r", placement_wait_s=5.0)
+    t = threading.Thread(target=disp.submit, args=(_spec(),))
+    t.start()
+    time.sleep(0.5)  # nothing live: it waits
+    assert a0.placed == [] and t.is_alive()
+    d0.info = SimpleNamespace(num_blocks=100, block_size=16, peer=PeerInfo("decode-0", "new", "decode"))
+    d0.alive = True  # Ray restarted it
+    t.join(3)
+    assert a0.placed == ["req-1"] and disp._tracked["req-1"].stream.error is None
+
+
+def test_a_request_with_no_decode_worker_back_in_time_fails():
+    a0 = ScriptedDecode()
+    d0 = _handle("decode-0", a0)
+    d0.alive = False
+    disp = ScriptedDispatcher(WorkerPool([], [d0]), router_id="r", placement_wait_s=0.3)
+    t0 = time.monotonic()
+    stream = disp.submit(_spec())
+    assert stream.error == "no live decode worker" and 0.3 <= time.monotonic() - t0 < 2
+
+
+class HoldingDecode(ScriptedDecode):
+    """A worker that holds each placed request until it is aborted there (as a real one does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.abort = _Method(self._abort)
+
+    def _abort(self, request_id: str) -> bool:
+        self.aborted.append(request_id)
+        if request_id in self.placed:
+            self.placed.remove(request_id)
+            return True
+        return False
+
+
+def test_a_request_back_on_a_worker_once_taken_for_dead_stops_the_copy_still_there_first():
+    """decode-0 only timed out: its copy ran on. When the request came back to it (decode-1 was taken
+    for dead in turn), the placement was refused as a duplicate id and the request failed (found by a
+    chaos soak). The stale copy is now aborted there before the new placement."""
+    from ray.exceptions import GetTimeoutError
+
+    a0, a1 = HoldingDecode(), HoldingDecode()
+    d0, d1 = _handle("decode-0", a0), _handle("decode-1", a1)
+    d1.requests.add("another request")
+    disp = ScriptedDispatcher(WorkerPool([], [d0, d1]), router_id="r", placement_wait_s=2.0)
+    stream = disp.submit(_spec())
+    assert a0.placed == ["req-1"]
+    disp._mark_dead(d0, GetTimeoutError("slow"))  # decode-0 was only slow: its copy still runs
+    _settle(disp)
+    assert a1.placed == ["req-1"] and a0.placed == ["req-1"]
+    d0.alive = True  # it answers again
+    disp._mark_dead(d1, GetTimeoutError("slow"))  # and now decode-1 seems dead: back to decode-0
+    _settle(disp)
+    assert stream.error is None and disp.placement("req-1")[0] == "decode-0"
+    assert a0.aborted == ["req-1"] and a0.placed == ["req-1"]  # the stale copy went first, then the new one
