@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import datetime
 import threading
-import time
 
 import torch
 import torch.distributed as dist
@@ -69,11 +68,12 @@ def form_pair_group(
         raise ValueError(f"the two workers' KV rows differ: {me.key} has {rows}, {peer.key} has {theirs} "
                          "(run both pools with the same model, dtype and block size)")
     # Both are here now, or the peer wrote its rows and died since (it dials at a reservation, maybe
-    # long ago). gloo's rendezvous below waits for the peer with the op timeout (24 h), uncancellable:
-    # each side first says it is here *now*, and a peer that does not within the connect timeout is gone.
+    # long ago). gloo's rendezvous below waits for the peer with the op timeout (24 h), and nothing
+    # can cancel it: each side first says it is here *now*, and waits for the other to say so where
+    # a known death (forget_peer) or a close can end the wait. Not on a timeout: a peer only stalled
+    # (SIGSTOP, a paused host) would be taken for gone, and the pair lost for good.
     prefixed.set(f"here/{rank}", "1")
-    _wait_for(prefixed, f"here/{1 - rank}", cancelled or threading.Event(), peer,
-              deadline=time.monotonic() + connect_timeout_s)
+    _wait_for(prefixed, f"here/{1 - rank}", cancelled or threading.Event(), peer)
     if device.type == "cuda":
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = _OP_TIMEOUT
@@ -83,12 +83,9 @@ def form_pair_group(
     return group, 1 - rank
 
 
-def _wait_for(store: dist.Store, key: str, cancelled: threading.Event, peer: PeerInfo,
-              deadline: float | None = None) -> None:
+def _wait_for(store: dist.Store, key: str, cancelled: threading.Event, peer: PeerInfo) -> None:
     delay = _POLL_FIRST_S
     while not store.check([key]):
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"{peer.key} wrote its half of the rendezvous but did not answer since: it is gone")
         if cancelled.wait(delay):
             raise PairingCancelled(f"stopped waiting for {peer.key} to join the pair")
         delay = min(2 * delay, _POLL_MAX_S)

@@ -93,6 +93,9 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
         self.drain_cut = False  # set (a second Ctrl-C): a drain in progress stops waiting and aborts the rest
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dispatch")
+        # Aborts on their own threads: a placement may wait for a decode worker to come back
+        # (Dispatcher.placement_wait_s), and an abort queued behind eight of them waited as long.
+        self._abort_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="abort")
         self._tasks: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self.draining = False
@@ -130,6 +133,7 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
         await stop_tasks(self._tasks, "router")
         await self.state.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._abort_executor.shutdown(wait=False, cancel_futures=True)
 
     # -- RouterAPI ------------------------------------------------------------------------------
     def authenticate(self, api_key: str | None) -> str:
@@ -292,7 +296,8 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
         if self.queues.remove(ctx.request_id) is not None:
             ctx.stream.put(RequestOutput(ctx.request_id, [], "", finished=True, finish_reason="abort"))
         else:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self.dispatcher.abort, ctx.request_id)
+            await asyncio.get_running_loop().run_in_executor(self._abort_executor, self.dispatcher.abort,
+                                                             ctx.request_id)
         self._finished(ctx)
 
     def model_info(self) -> ModelInfo:

@@ -446,9 +446,10 @@ def test_a_pair_group_idle_longer_than_the_connect_timeout_still_carries_transfe
     assert received.wait(2) == [("r1", 4), ("r2", 6)] and not failed.items
 
 
-def test_a_peer_that_died_after_writing_its_rows_fails_the_pair_within_the_connect_timeout(store):
-    """It wrote its half of the rendezvous, then died before gloo's: the other side's channel
-    thread waited in gloo's rendezvous for the op timeout (24 h)."""
+def test_a_peer_that_died_after_writing_its_rows_is_let_go_when_it_is_known_dead(store):
+    """It wrote its half of the rendezvous at a reservation, then died before gloo's: the other side's
+    channel thread waited in gloo's rendezvous for the op timeout (24 h), which nothing can cancel.
+    It now waits for the peer to say it is there *now*, where the router's word ends the wait."""
     from kv_transfer.pair_group import connect_store
     from kv_transfer.peer import pair_key
 
@@ -460,6 +461,39 @@ def test_a_peer_that_died_after_writing_its_rows_fails_the_pair_within_the_conne
     dist.PrefixStore(pair_key(p.me, dead), connect_store(store, 5)).set("rows/1", rows)
     try:
         assert p.send_blocks(dead, 1, "r1", 0, [1], chunk_index=0, last=True)
-        assert acked.wait(1, timeout=6.0) == [("r1", False)] and p.is_gone(dead)
+        time.sleep(1.5)  # past the connect timeout: still waiting (a peer only stalled is not given up on)
+        assert not acked.items and not p.is_gone(dead)
+        p.forget_peer(dead)
+        assert acked.wait(1, timeout=3.0) == [("r1", False)]
+        end = time.monotonic() + 3.0
+        while any(t.name == f"kv-send-{dead.key}" for t in threading.enumerate()) and time.monotonic() < end:
+            time.sleep(0.02)
+        assert not any(t.name == f"kv-send-{dead.key}" for t in threading.enumerate())  # not stuck in gloo
     finally:
         p.close()
+
+
+def test_a_side_that_stalled_after_dialing_still_forms_the_pair(store):
+    """The first side dialed, then stalled; the other arrived and waited longer than the connect
+    timeout. Giving up then took a live peer for gone, for good."""
+    p, d, pp, dp, received, failed, acked = make_pair(store, inc="stall")
+    p.connect_timeout_s = d.connect_timeout_s = 0.5
+    from kv_transfer import pair_group
+
+    real_wait, stalled = pair_group._wait_for, threading.Event()
+
+    def slow_decode_wait(store_, key, cancelled, peer):  # the decode side stalls before it says "here"
+        if key.startswith("rows/") and peer.role == "prefill":
+            real_wait(store_, key, cancelled, peer)
+            stalled.wait(2.0)
+            return
+        real_wait(store_, key, cancelled, peer)
+
+    pair_group._wait_for = slow_decode_wait
+    try:
+        d.expect(pp, 1, "r1", [1])
+        p.send_blocks(dp, 1, "r1", 0, [2], chunk_index=0, last=True, first_token=4)
+        assert received.wait(1, timeout=8.0) == [("r1", 4)] and acked.wait(1, timeout=8.0) == [("r1", True)]
+        assert not d.is_gone(pp) and not p.is_gone(dp)
+    finally:
+        pair_group._wait_for = real_wait

@@ -1,0 +1,46 @@
+"""An abort never waits behind placements: with no decode worker live, a placement waits for one to
+come back (Dispatcher.placement_wait_s), and an abort run on the same eight dispatch threads waited
+as long, even the abort of a waiting request itself (found by a review)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+from engine.request_spec import RequestSpec
+from engine.sampling_params import SamplingParams
+from router.router import Router
+from router.worker_pool import WorkerPool
+from tests.router.test_dispatcher_placement import ScriptedDecode, ScriptedDispatcher, _handle
+
+
+def test_an_abort_does_not_wait_behind_placements_waiting_for_a_decode_worker():
+    d0 = _handle("decode-0", ScriptedDecode())
+    d0.alive = False  # the only decode worker is down
+    disp = ScriptedDispatcher(WorkerPool([], [d0]), router_id="r", placement_wait_s=5.0)
+    r = Router.__new__(Router)  # only what _submit and _abort_here use
+    r._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dispatch")
+    r._abort_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="abort")
+    r.dispatcher, r.queues = disp, SimpleNamespace(remove=lambda rid: None)
+    r._finished = lambda ctx: None  # (metrics and bookkeeping: not what this tests)
+
+    async def scenario() -> float:
+        loop = asyncio.get_running_loop()
+        ctxs = [SimpleNamespace(spec=RequestSpec(f"req-{i}", (1, 2, 3), SamplingParams(max_tokens=4)), stream=None,
+                                hint=None, request_id=f"req-{i}") for i in range(9)]
+        for ctx in ctxs:
+            loop.run_in_executor(r._executor, r._submit, ctx)  # as LaneDispatch's loop does
+        await asyncio.sleep(0.5)
+        t0 = time.monotonic()
+        await r._abort_here(ctxs[0])  # the client goes away
+        return time.monotonic() - t0
+
+    try:
+        assert asyncio.run(scenario()) < 1.0  # was the placement wait (5 s here, 30 by default)
+        assert "req-0" not in disp._tracked
+    finally:
+        disp._stop.set()  # the other placements stop waiting
+        r._executor.shutdown(wait=True)
+        r._abort_executor.shutdown(wait=True)
