@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from bench.random_model import PUBLISHED
+from engine.host_memory import available_bytes as _available_memory  # (a module global: tests patch it)
 from kv_transfer.agent import TransferAgent
 from kv_transfer.local_kv import locality
 from kv_transfer.pair_group import connect_store, form_pair_group
@@ -67,18 +68,6 @@ def run_bytes(lengths: list[int], geometry: dict, dtype: str) -> int:
     longest = max(lengths)
     blocks = 4 * (longest // bs + 1) + 2 * -(-longest // bs) + 2 * sum(-(-n // bs) for n in lengths)
     return _block_bytes(geometry, dtype) * blocks
-
-
-def _available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes (None where there is none)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def check_args(lengths: str, repeats: int, chunk_tokens: int, device: str, geometry: str,

@@ -1,4 +1,5 @@
-"""Process-wide memory settings for a CPU engine: glibc's malloc keeps freed activation memory.
+"""Process-wide memory settings for a CPU engine: glibc's malloc keeps freed activation memory;
+and how much memory the host has available (``available_bytes``).
 
 A CPU step allocates its activations fresh (a 2,048-row prefill step of SmolLM2 touches ~400 MB,
 in tensors of up to 25 MB). By default glibc serves large sizes with ``mmap`` and unmaps them on
@@ -32,3 +33,15 @@ def keep_freed_memory() -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return all(mallopt(option, value) == 1 for option, value in (
         (_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD), (_M_TOP_PAD, TOP_PAD)))
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo, in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

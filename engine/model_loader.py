@@ -12,6 +12,7 @@ import torch
 
 from engine.attention.backend import AttentionBackend, select_backend
 from engine.config import EngineConfig
+from engine.host_memory import available_bytes
 from engine.kv_cache import allocate_kv_cache, allocate_shared_kv_cache, kv_block_bytes
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaModel
@@ -95,7 +96,7 @@ def load_model(config: EngineConfig, progress: Callable[[str], None] | None = No
             f"{num_blocks * block_bytes / 2**30:.2f} GiB; set by "
             f"{'num_blocks (--num-kv-blocks)' if cc.num_blocks is not None else 'kv_cache_memory_gb (--kv-cache-gb)'}"
             " and block_size (--block-size))")
-    available = _host_memory_available() if device.type == "cpu" else None
+    available = available_bytes() if device.type == "cpu" else None
     if available is not None and num_blocks * block_bytes > available:
         # Refused here: zero-filling more than the host has gets the process OOM-killed, no message.
         raise ValueError(f"{what} does not fit in this host's available memory ({available / 2**30:.2f} GiB)")
@@ -129,18 +130,6 @@ def _kv_budget_bytes(gb: float | None, device: torch.device) -> float:
         free, _ = torch.cuda.mem_get_info(device)
         return free * _GPU_KV_FRACTION
     return _CPU_KV_GB * 2**30
-
-
-def _host_memory_available() -> int | None:
-    """MemAvailable from /proc/meminfo, in bytes (None where there is none)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def _load_tokenizer(model_dir: Path) -> Tokenizer | None:
