@@ -199,17 +199,21 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return []
+        hit = self._lookup_prefix(req, max_tokens)
+        self.num_prefix_queries += req.num_tokens
+        self.num_prefix_hits += len(hit) * self.block_size
+        return hit
+
+    def _lookup_prefix(self, req: Request, max_tokens: int | None = None) -> list[int]:
+        """``find_cached_prefix`` without counting the query."""
         self.update_block_hashes(req)
-        max_blocks = self.max_hit_blocks(req, max_tokens)
         hit: list[int] = []
         bs, tokens = self.block_size, req.all_token_ids
-        for i in range(max_blocks):
+        for i in range(self.max_hit_blocks(req, max_tokens)):
             bid = self.pool.lookup(req.block_hashes[i], self._parent_of(req, i), tokens[i * bs : (i + 1) * bs])
             if bid is None:
                 break
             hit.append(bid)
-        self.num_prefix_queries += req.num_tokens
-        self.num_prefix_hits += len(hit) * bs
         return hit
 
     def free_blocks_to_admit(self, req: Request) -> int:
@@ -219,14 +223,7 @@ class BlockManager:
         total = -(-req.num_tokens // self.block_size)
         if not self.enable_prefix_caching or req.num_computed_tokens:
             return total
-        self.update_block_hashes(req)
-        held, bs, tokens = 0, self.block_size, req.all_token_ids
-        for i in range(self.max_hit_blocks(req)):
-            bid = self.pool.lookup(req.block_hashes[i], self._parent_of(req, i), tokens[i * bs : (i + 1) * bs])
-            if bid is None:
-                break
-            held += self.pool.blocks[bid].ref_cnt > 0
-        return total - held
+        return total - sum(self.pool.blocks[bid].ref_cnt > 0 for bid in self._lookup_prefix(req))
 
     # -- allocation ---------------------------------------------------------------------------
     def can_allocate(self, req: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:

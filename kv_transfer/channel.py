@@ -121,9 +121,10 @@ class Channel:
             if self.local:
                 self._exchange_kv_handles()
         except Exception as e:
-            if not self._closed:  # (a channel closed while it waited has not failed: nothing was lost)
-                self._fail(f"could not form the pair group with {self.peer.key}: {e}")
-            self._drain()
+            if self._closed:  # (a channel closed while it waited has not failed: nothing was lost)
+                self._drain()
+            else:
+                self._fail(f"could not form the pair group with {self.peer.key}: {e}")  # (drains too)
             return
         if self._closed:
             self._drain()
@@ -147,8 +148,7 @@ class Channel:
                 if on_sent is not None:
                     on_sent()
         except Exception as e:
-            self._fail(f"send to {self.peer.key} failed: {e}")
-            self._drain()
+            self._fail(f"send to {self.peer.key} failed: {e}")  # (which drains the queue)
 
     def _drain(self) -> None:
         """Drop what is still queued: its transfers have failed (or the channel closed). Staging
