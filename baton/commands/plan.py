@@ -102,7 +102,7 @@ def _describe(e, unit: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from bench.serve.slo import LaneSLO
-    from bench.serve.workload import check_request_count
+    from bench.serve.run_checks import check_request_count
     from bench.sim.cli import check_output_file, check_requests_fit, load_inputs, parse_rates, sim_requests
     from bench.sim.plan import CPU_BUDGETS, GPU_BUDGETS, PlanSpace, search
 

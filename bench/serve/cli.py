@@ -76,7 +76,8 @@ def _lanes(text: str) -> dict[str, float]:
 def config_from_args(args: argparse.Namespace):
     from bench.serve.runner import RunConfig
     from bench.serve.slo import resolve_slos
-    from bench.serve.workload import Burst, check_non_negative, check_positive, check_request_count, load_workload
+    from bench.serve.run_checks import check_non_negative, check_positive, check_request_count
+    from bench.serve.workload import Burst, load_workload
 
     # RunConfig checks these too; here the errors name the flags.
     if args.rate is not None:
@@ -126,7 +127,8 @@ MAX_CONCURRENCY = 100_000
 
 def _check_search_flags(args: argparse.Namespace) -> None:
     """The --search-* flags: valid, and given only with --search (else they would be ignored)."""
-    from bench.serve.workload import Burst, check_positive, check_request_count
+    from bench.serve.run_checks import check_positive, check_request_count
+    from bench.serve.workload import Burst
 
     given = [f"--{name.replace('_', '-')}" for name in (*SEARCH_DEFAULTS, "search_max_rate")
              if getattr(args, name) is not None]
@@ -156,7 +158,8 @@ def _check_search_flags(args: argparse.Namespace) -> None:
 
 def _search_rate_cap(args: argparse.Namespace) -> float:
     """--search-max-rate, or the highest rate whose run stays within MAX_PLANNED_REQUESTS."""
-    from bench.serve.workload import MAX_PLANNED_REQUESTS, Burst, expected_requests
+    from bench.serve.run_checks import MAX_PLANNED_REQUESTS, expected_requests
+    from bench.serve.workload import Burst
 
     if args.search_max_rate is not None:
         return args.search_max_rate

@@ -25,8 +25,8 @@ from bench.serve.records import REQUEST_TIMEOUT, UNFINISHED, RequestRecord
 from bench.serve.server_metrics import MetricsSample, poll
 from bench.serve.slo import LaneSLO, resolve_slos
 from bench.serve.stats import LaneStats, summarize, summarize_by_lane
-from bench.serve.workload import (Burst, PlannedRequest, WorkloadSpec, check_non_negative, check_positive,
-                                  plan_requests, sample_request)
+from bench.serve.run_checks import check_non_negative, check_positive
+from bench.serve.workload import Burst, PlannedRequest, WorkloadSpec, plan_requests, sample_request
 
 
 @dataclass(frozen=True)

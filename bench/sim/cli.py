@@ -186,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from bench.serve.slo import resolve_slos
-    from bench.serve.workload import Burst, check_request_count
+    from bench.serve.run_checks import check_request_count
+    from bench.serve.workload import Burst
     from bench.sim.simulator import Simulation
     from bench.sim.stats import format_summary
 
