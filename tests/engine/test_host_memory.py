@@ -38,5 +38,7 @@ def test_repeated_large_steps_reuse_their_pages():
     one_step = 8 * (12 << 20) // 4096  # pages a step writes
     # With glibc's defaults the five steps fault in 1-2 steps' worth of pages again in most runs
     # (27-52k here; where the address layout lets the heap keep them, ~3k): not asserted, it varies.
+    # Kept: 0 or one tensor's 3k pages in most runs, two tensors' (6,144) in one CI run. Half a step
+    # still tells the settings from the defaults' step or more of fresh faults.
     kept = [_faults_of_a_repeated_step("keep") for _ in range(3)]
-    assert all(k < one_step // 4 for k in kept), kept  # 0 or one tensor's 3k pages in every run measured
+    assert all(k < one_step // 2 for k in kept), kept
