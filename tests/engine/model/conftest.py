@@ -124,7 +124,7 @@ def write_gguf(
 def sentencepiece_vocab(tokenizer_json: Path) -> tuple[list[str], list[int], list[float]]:
     """A Llama-2-style sentencepiece vocabulary (byte-fallback tokens, "\u2581" for spaces, scores
     instead of merges) made from a byte-level BPE vocabulary's decodable pieces."""
-    from engine.model.gguf_import import _bytes_to_unicode
+    from engine.model.gguf_tokenizer import _bytes_to_unicode
 
     byte_of = {c: b for b, c in _bytes_to_unicode().items()}
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
