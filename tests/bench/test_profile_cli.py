@@ -1,6 +1,7 @@
 """``baton profile`` as a user runs it: a subprocess on the tiny model, a valid cost-model file."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -33,14 +34,15 @@ def test_quick_profile_of_tiny_writes_a_valid_cost_model(tiny_model_dir, tmp_pat
     kinds = {s.kind for s in cm.samples}
     assert kinds == {"decode", "prefill", "mixed"}
     assert cm.coefficients["const"] + cm.coefficients["tokens"] > 0
-    # every grid point is predicted within a factor of 3 of its fastest repeat, the time the fit uses:
-    # on a shared machine a single repeat can take 10x longer (seen once in CI), noise only adds time
+    # every grid point is predicted within a factor of 5 of its fastest repeat, the time the fit uses:
+    # on a shared machine a single repeat can take 10x longer (seen once in CI), noise only adds time,
+    # and --quick takes few repeats
     fastest = {}
     for s in cm.samples:
         if s.point not in fastest or s.seconds < fastest[s.point].seconds:
             fastest[s.point] = s
     for s in fastest.values():
-        assert s.seconds / 3 < cm.step_seconds(s.shape) < s.seconds * 3
+        assert s.seconds / 5 < cm.step_seconds(s.shape) < s.seconds * 5
     assert cm.transfer.source.startswith("default") and cm.overheads.source.startswith("default")
     assert "cost model:" in r.stdout and "fit over" in r.stdout
     # --refit fits the stored samples again, measuring nothing: the same coefficients
@@ -75,5 +77,6 @@ def test_profile_measures_the_slowdown_next_to_a_busy_worker(tiny_model_dir, tmp
     assert r.returncode == 0, r.stderr
     assert "steps next to a busy worker" in r.stderr
     cm = CostModel.load(out)
-    assert 0 <= cm.neighbour_slowdown < 5
+    # a mean of busy/alone ratios over two repeats: a host's own stalls can make it large, never negative
+    assert 0 <= cm.neighbour_slowdown < 20 and math.isfinite(cm.neighbour_slowdown)
     assert json.loads(out.read_text())["step"]["neighbour_slowdown"] == cm.neighbour_slowdown

@@ -34,17 +34,19 @@ def _first_token_latency(cluster, prompt, n=6):
     return stream.first_token_time - t0, out
 
 
-@pytest.mark.parametrize("fault", [FaultSpec(drop_next=1), FaultSpec(delay_s=DEADLINE + 2.0, delay_next=1)],
+@pytest.mark.parametrize("fault", [FaultSpec(drop_next=1), FaultSpec(delay_s=DEADLINE + 5.0, delay_next=1)],
                          ids=["drop", "delay"])
 def test_lost_or_late_transfer_falls_back_within_deadline(cluster, tiny_model_dir, fault):
     failed_before = _failed_transfers(cluster)
     cluster.actor("prefill-0").set_faults.remote(fault)
     p = prompts(10, 1, VOCAB, lo=60, hi=60)[0]
     ttft, out = _first_token_latency(cluster, p)
-    assert ttft < DEADLINE + 1.0
+    # The fallback's local prefill comes after the deadline (2.1-2.7 s on a loaded 2-core host);
+    # waiting for the late send instead would take past DEADLINE + 5.
+    assert ttft < DEADLINE + 2.5
     assert out.token_ids == colocated(tiny_model_dir, [p], [6])[0]
     assert _failed_transfers(cluster) == failed_before + 1
-    cluster.wait_until_drained(timeout=DEADLINE + 6)  # a late transfer is refused and the sender frees too
+    cluster.wait_until_drained(timeout=DEADLINE + 10)  # a late transfer is refused and the sender frees too
 
 
 def test_prefill_worker_dying_mid_transfer_costs_only_time(cluster, tiny_model_dir):

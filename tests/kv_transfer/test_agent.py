@@ -231,11 +231,11 @@ def test_a_failed_incarnation_is_never_dialled_again_and_its_transfers_fail_at_o
         assert p.is_gone(dead_decode) and d.is_gone(dead_prefill)
         t0 = time.monotonic()
         assert not p.send_blocks(dead_decode, 5, "r5", 0, [1, 2], chunk_index=0, last=False)
-        assert acked.wait(1, timeout=1.0) == [("r5", False)]  # released now: its blocks are free
-        assert time.monotonic() - t0 < 1.0 and "d0" not in p._channels  # no new group is formed
+        assert acked.wait(1, timeout=3.0) == [("r5", False)]  # released now: its blocks are free
+        assert time.monotonic() - t0 < 3.0 and "d0" not in p._channels  # no new group is formed (30 s timeout)
         p.send_abort(dead_decode, 6)  # nothing to dial either
         d.expect(dead_prefill, 9, "r9", [3, 4])  # a reservation naming the dead prefill worker
-        assert failed.wait(1, timeout=1.0)[0][0] == "r9" and d.pending_transfers() == []
+        assert failed.wait(1, timeout=3.0)[0][0] == "r9" and d.pending_transfers() == []
     finally:
         p.close()
         d.close()
@@ -370,7 +370,7 @@ def test_a_peer_known_dead_before_it_paired_releases_the_transfers_and_buffers_q
         assert not any(t.name == f"kv-send-{dead.key}" for t in threading.enumerate())
         assert p.send_buffers.idle() == 2 and p.is_gone(dead)
         assert not p.send_blocks(dead, 3, "r3", 0, [4], chunk_index=0, last=True)  # refused at once
-        assert acked.wait(3, timeout=1.0)[-1] == ("r3", False)
+        assert acked.wait(3, timeout=3.0)[-1] == ("r3", False)
     finally:
         p.close()
 
@@ -383,7 +383,7 @@ def test_forgetting_a_peer_with_no_channel_fails_its_reservations_and_refuses_it
     try:
         d.forget_peer(dead)
         d.expect(dead, 1, "r1", [1])
-        assert failed.wait(1, timeout=1.0)[0][0] == "r1" and d.pending_transfers() == []
+        assert failed.wait(1, timeout=3.0)[0][0] == "r1" and d.pending_transfers() == []
         assert "p0" not in d._channels
     finally:
         d.close()

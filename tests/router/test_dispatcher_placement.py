@@ -240,7 +240,7 @@ def test_a_request_with_no_decode_worker_back_in_time_fails():
     disp = ScriptedDispatcher(WorkerPool([], [d0]), router_id="r", placement_wait_s=0.3)
     t0 = time.monotonic()
     stream = disp.submit(_spec())
-    assert stream.error == "no live decode worker" and 0.3 <= time.monotonic() - t0 < 2
+    assert stream.error == "no live decode worker" and 0.3 <= time.monotonic() - t0 < 5  # (waiting on: 30 s)
 
 
 class HoldingDecode(ScriptedDecode):

@@ -45,7 +45,7 @@ def test_a_huge_prompt_is_tokenized_while_the_event_loop_keeps_serving(tiny_mode
 
     ids, longest_stall = asyncio.run(main())
     assert ids == tokenize_request(huge, tokenizer, 1 << 20)[0]
-    assert longest_stall < 0.25, f"the event loop stalled {longest_stall:.2f} s"  # inline it takes ~0.5-1 s
+    assert longest_stall < 0.4, f"the event loop stalled {longest_stall:.2f} s"  # inline it takes ~0.5-1 s
 
 
 def test_a_huge_token_id_prompt_is_checked_off_the_event_loop(monkeypatch):

@@ -38,7 +38,7 @@ def test_an_abort_does_not_wait_behind_placements_waiting_for_a_decode_worker():
         return time.monotonic() - t0
 
     try:
-        assert asyncio.run(scenario()) < 1.0  # was the placement wait (5 s here, 30 by default)
+        assert asyncio.run(scenario()) < 2.5  # was the placement wait (5 s here, 30 by default)
         assert "req-0" not in disp._tracked
     finally:
         disp._stop.set()  # the other placements stop waiting

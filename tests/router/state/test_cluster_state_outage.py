@@ -44,7 +44,7 @@ def test_a_worker_emptied_while_redis_was_away_is_emptied_in_it_too(server, clus
     """The re-seed wrote only workers holding blocks in the local view: w1 kept its three blocks in
     Redis (for the index's hour-long TTL), and placement sent prompts to it for a cache it lacked."""
     async def main() -> None:
-        state = ClusterState("router-a", RedisState(server.url, cluster, timeout_s=0.2, backoff_s=1.0))
+        state = ClusterState("router-a", RedisState(server.url, cluster, timeout_s=0.5, backoff_s=1.0))
         try:
             await state.prefix_apply("w1", [BlocksStored(H)])
             await state.prefix_apply("w2", [BlocksStored(H[:1])])
@@ -95,7 +95,7 @@ def test_a_keyed_request_finished_while_redis_was_away_is_replayed_after_it_retu
     """Its claim and result were in this replica's memory only, and Redis (asked first) said "new":
     the retry ran the request a second time."""
     async def main() -> None:
-        state = ClusterState("router-a", RedisState(server.url, cluster, timeout_s=0.2, backoff_s=1.0))
+        state = ClusterState("router-a", RedisState(server.url, cluster, timeout_s=0.5, backoff_s=1.0))
         try:
             await _unreachable_for_a_moment(server, state)
             assert await state.idempotency_begin("alice", "K1", "fp") is None  # runs, claimed here
