@@ -103,7 +103,9 @@ def test_waiters_on_one_key_are_bounded(make_state: Callable[..., RedisState]) -
         cs.max_idem_waiters = 4
         assert await cs.idempotency_begin("t", "k", "fp") is None  # the first attempt runs
         waiters = [asyncio.create_task(cs.idempotency_begin("t", "k", "fp")) for _ in range(4)]
-        await asyncio.sleep(0.05)
+        end = time.monotonic() + 10
+        while cs._idem_waiters.get(("t", "k"), 0) < 4 and time.monotonic() < end:  # (each asks Redis first)
+            await asyncio.sleep(0.01)
         assert not any(w.done() for w in waiters)
         t0 = time.monotonic()
         with pytest.raises(RouterError) as e:  # one too many: refused at once, not one more poller
