@@ -11,8 +11,22 @@ import torch
 
 from engine.sampling_params import SamplingParams
 
-_SEED_MIX = 0x9E3779B97F4A7C15
-_MASK64 = (1 << 63) - 1
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """splitmix64's step: every output bit depends on every input bit."""
+    z = (x + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def row_seed(seed: int, position: int) -> int:
+    """The generator seed of a seeded request's output ``position``: its 64 bits mixed, because
+    torch's CPU generator keeps only a seed's low 32 bits (seeds 2**32 apart, and 2**63 apart when
+    a seed was cut to 63 bits, drew the same noise). A negative seed is its two's-complement value."""
+    return _splitmix64((_splitmix64(seed & _MASK64) + position) & _MASK64)
 
 
 class Sampler:
@@ -51,7 +65,7 @@ class Sampler:
         for j, p in enumerate(sp):
             if p.seed is not None:
                 pos = output_positions[rows[j]]
-                self._row_generator.manual_seed((p.seed * _SEED_MIX + pos) & _MASK64)
+                self._row_generator.manual_seed(row_seed(p.seed, pos))
                 noise[j].exponential_(generator=self._row_generator)
         out[rows] = (probs / noise).argmax(dim=-1)
         return out

@@ -10,6 +10,7 @@ from engine.logprobs import MAX_TOP_LOGPROBS
 
 _MAX_STOP_STRINGS = 16
 _MAX_LOGIT_BIAS = 1024
+MAX_STOP_TOKEN_IDS = 1024  # each is checked against every generated token
 # Past these the float32 logits overflow: a temperature near float32's largest value turns the
 # -inf of masked tokens into NaN (-inf / inf), and a tiny repetition penalty turns a positive
 # logit into inf; softmax then gives a NaN row, and the sampler picked token 0.
@@ -107,6 +108,9 @@ class SamplingParams:
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise InvalidParameterError("stop", f"stop strings must be non-empty strings, got {s!r}")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise InvalidParameterError("stop_token_ids", f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} "
+                                                          f"token ids, got {len(self.stop_token_ids)}")
         for t in self.stop_token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
                 raise InvalidParameterError("stop_token_ids", f"stop_token_ids must be non-negative integers, got {t!r}")

@@ -74,10 +74,19 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
 
 
 # -- requests -----------------------------------------------------------------------------------
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")  # what clients may send (OpenAI's)
+
+
 @dataclass(frozen=True)
 class ChatMessage:
     role: str
     content: str
+
+    @classmethod
+    def from_client(cls, role: str, content: str) -> ChatMessage:
+        """A client's message (``role`` one of ``CHAT_ROLES``): OpenAI's newer "developer" is
+        "system" to open models' chat templates, which know only that name."""
+        return cls("system" if role == "developer" else role, content)
 
 
 class ChoiceCharge:

@@ -34,10 +34,17 @@ def choice_request(gen: GenerateRequest, index: int, n: int, charge: ChoiceCharg
         gen,
         request_id=None if gen.request_id is None else f"{gen.request_id}-{index}",
         idempotency_key=key if key is None or index == 0 else f"{key}#{index}",
-        sampling=gen.sampling if seed is None else replace(gen.sampling, seed=seed + index),
+        sampling=gen.sampling if seed is None else replace(gen.sampling, seed=_choice_seed(seed, index)),
         num_choices=n,
         charge=charge,
     )
+
+
+def _choice_seed(seed: int, index: int) -> int:
+    """Choice ``index``'s seed: ``seed + index``, wrapped within 64 bits (the sampler uses a seed's
+    64 bits, so the stream is the one ``seed + index`` names; 2**64 - 2 with n=3 was refused as 2**64)."""
+    s = seed + index
+    return s - 2**64 if s >= 2**64 else s
 
 
 class Choices:

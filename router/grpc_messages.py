@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 from engine.errors import InvalidParameterError
 from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
-from router.api import ChatMessage, GenerateRequest, StreamEvent, invalid
+from router.api import CHAT_ROLES, ChatMessage, GenerateRequest, StreamEvent, invalid
 from router.grpc_gen.baton.v1 import generate_pb2 as pb
 from router.request_ids import REQUEST_ID_RULE, is_valid_request_id
 
@@ -81,7 +81,10 @@ def request_from_proto(msg: pb.GenerateRequest, tenant: str, time_remaining: flo
         for i, m in enumerate(msg.chat.messages):
             if not m.role:
                 raise invalid("the role must not be empty", param=f"chat.messages[{i}].role")
-        messages = tuple(ChatMessage(m.role, m.content) for m in msg.chat.messages)
+            if m.role not in CHAT_ROLES:  # (the HTTP schema's roles: was passed to the template as sent)
+                raise invalid(f"the role must be one of {', '.join(CHAT_ROLES)}, got {m.role[:40]!r}",
+                              param=f"chat.messages[{i}].role")
+        messages = tuple(ChatMessage.from_client(m.role, m.content) for m in msg.chat.messages)
         if msg.chat.HasField("add_generation_prompt"):
             add_generation_prompt = msg.chat.add_generation_prompt
     has_sampling = msg.HasField("sampling")

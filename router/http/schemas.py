@@ -18,8 +18,8 @@ from pydantic_core import PydanticCustomError
 
 from engine.errors import InvalidParameterError
 from engine.logprobs import MAX_TOP_LOGPROBS
-from engine.sampling_params import SamplingParams
-from router.api import ChatMessage
+from engine.sampling_params import MAX_STOP_TOKEN_IDS, SamplingParams
+from router.api import CHAT_ROLES, ChatMessage
 from router.choices import MAX_CHOICES
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
@@ -28,7 +28,6 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/compl
 # (OpenAI's are 4 and 300).
 MAX_STOP_STRINGS = 16
 MAX_LOGIT_BIAS = 1024
-MAX_STOP_TOKEN_IDS = 1024
 MAX_DETOKENIZE_TOKENS = 1 << 20  # longer than any served context
 # A token id has at most this many digits (vocabularies are far below 10**10); int() of a longer
 # string is slow, and past 4300 digits it raises ValueError (a 500, once).
@@ -231,7 +230,7 @@ class CompletionRequest(_SamplingFields):
 class InputMessage(_Strict):
     """One chat message. ``content`` is normalized to a string (text parts joined by newlines)."""
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal[CHAT_ROLES]  # type: ignore[valid-type]
     content: str | None = None
     name: str | None = None
     # Refused, not dropped: the chat template would render the assistant turn empty, and the model
@@ -265,9 +264,7 @@ class InputMessage(_Strict):
         raise _bad_type("Invalid type for 'content': expected a string or an array of text content parts.")
 
     def to_router(self) -> ChatMessage:
-        # Chat templates of open models know "system", not OpenAI's newer "developer".
-        role = "system" if self.role == "developer" else self.role
-        return ChatMessage(role=role, content=self.content or "")
+        return ChatMessage.from_client(self.role, self.content or "")
 
 
 class ChatCompletionRequest(_SamplingFields):

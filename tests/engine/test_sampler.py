@@ -36,3 +36,17 @@ def test_a_seeded_row_does_not_depend_on_its_batch():
     others = [SamplingParams(temperature=0.7), SamplingParams(), sp]
     batched = Sampler(1, torch.device("cpu")).sample(LOGITS.repeat(3, 1), others, [0, 9, 5])
     assert batched[2] == alone[0] and batched[1] == 0  # and the greedy row took the argmax
+
+
+def test_seeds_differ_in_all_64_bits():
+    """Seeds 2**63 apart drew the same noise (the seed was cut to 63 bits), and so did seeds 2**32
+    apart (torch's CPU generator keeps a seed's low 32 bits); a negative seed is its two's-complement
+    64-bit value, the one alias the accepted range [-2**63, 2**64) has."""
+    logits = torch.zeros(1, 4096)  # uniform: the draw is the noise's argmax
+
+    def draw(seed: int) -> int:
+        return int(Sampler(0, torch.device("cpu")).sample(logits, [SamplingParams(temperature=1.0, seed=seed)], [3])[0])
+
+    for seed in (0, 12345, 7):
+        assert draw(seed) != draw(seed + 2**63) and draw(seed) != draw(seed + 2**32)
+    assert draw(-1) == draw(2**64 - 1) and draw(-(2**63)) == draw(2**63)

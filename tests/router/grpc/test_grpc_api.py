@@ -138,6 +138,11 @@ def test_generate_chat(stub, fake):
     chat.add_generation_prompt = False
     list(stub.Generate(pb.GenerateRequest(chat=chat, sampling=pb.SamplingParameters(max_tokens=1))))
     assert fake.requests[-1].add_generation_prompt is False
+    # OpenAI's "developer" is the templates' "system", as over HTTP (was rendered as "developer")
+    dev = pb.ChatMessages(messages=[pb.ChatMessage(role="developer", content="be brief"),
+                                    pb.ChatMessage(role="user", content="hi")])
+    list(stub.Generate(pb.GenerateRequest(chat=dev, sampling=pb.SamplingParameters(max_tokens=1))))
+    assert fake.requests[-1].messages == (ChatMessage("system", "be brief"), ChatMessage("user", "hi"))
 
 
 def test_sampling_fields_and_defaults(stub, fake):
@@ -303,6 +308,8 @@ BAD_INPUTS = {
     "empty chat": (pb.GenerateRequest(chat=pb.ChatMessages()), "chat.messages"),
     "chat without role": (pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(content="hi")])),
                           "chat.messages[0].role"),
+    "chat with an unknown role": (pb.GenerateRequest(chat=pb.ChatMessages(messages=[
+        pb.ChatMessage(role="user", content="hi"), pb.ChatMessage(role="bogus", content="hi")])), "chat.messages[1].role"),
     "max_tokens 0": (text_req(max_tokens=0), "sampling.max_tokens"),
     "negative temperature": (pb.GenerateRequest(text="x", sampling=SP(temperature=-1)), "sampling.temperature"),
     "nan temperature": (pb.GenerateRequest(text="x", sampling=SP(temperature=math.nan)), "sampling.temperature"),
@@ -311,6 +318,9 @@ BAD_INPUTS = {
     "negative top_k": (pb.GenerateRequest(text="x", sampling=SP(top_k=-1)), "sampling.top_k"),
     "min > max tokens": (pb.GenerateRequest(text="x", sampling=SP(max_tokens=2, min_tokens=3)), "sampling.min_tokens"),
     "empty stop string": (pb.GenerateRequest(text="x", sampling=SP(stop=[""])), "sampling.stop"),
+    # each is checked against every token: 3,000,000 of them slowed every request on the worker ~40x
+    "too many stop token ids": (pb.GenerateRequest(text="x", sampling=SP(stop_token_ids=[7] * 1025)),
+                                "sampling.stop_token_ids"),
     "logprobs > 20": (pb.GenerateRequest(text="x", sampling=SP(logprobs=21)), "sampling.logprobs"),
     "negative logprobs": (pb.GenerateRequest(text="x", sampling=SP(logprobs=-1)), "sampling.logprobs"),
     "prompt_logprobs > 20": (pb.GenerateRequest(text="x", sampling=SP(prompt_logprobs=21)),

@@ -23,6 +23,14 @@ def test_chat_choices_with_the_openai_client(client, fake):
     assert [r.sampling.seed for r in fake.requests] == [7, 8, 9]  # distinct, reproducible choices
 
 
+def test_choice_seeds_wrap_within_64_bits(url, fake):
+    # seed + index past 2**64 - 1 was refused as "seed must fit in 64 bits, got 18446744073709551616",
+    # a seed the client never sent; it wraps (the sampler uses a seed's 64 bits: the same stream)
+    r = httpx.post(url + COMPL, json={"prompt": "hi", "max_tokens": 1, "n": 3, "seed": 2**64 - 2, "temperature": 1})
+    assert r.status_code == 200, r.text
+    assert [q.sampling.seed for q in fake.requests] == [2**64 - 2, 2**64 - 1, 0]
+
+
 def test_request_ids_and_idempotency_keys_per_choice(url, fake):
     r = httpx.post(url + COMPL, json={"prompt": "hi", "max_tokens": 1, "n": 2},
                    headers={"X-Request-Id": "job-1", "Idempotency-Key": "k"})
