@@ -108,7 +108,9 @@ class LLMEngine:
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else _token_ids(prompt, "prompt")
         resume = _token_ids(resume_token_ids or (), "resume_token_ids")
         self.validate_prompt(token_ids + resume, params, num_generated=len(resume))
-        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        rid = request_id
+        while rid is None or (request_id is None and rid in self.scheduler.requests):
+            rid = f"req-{next(self._ids)}"  # the engine's own ids step over those a caller chose
         return Request(rid, token_ids, params, eos_token_ids=tuple(self.eos_token_ids), priority=priority,
                        cache_salt=cache_salt, arrival_time=arrival_time, resume_token_ids=resume,
                        prefill_only=prefill_only, preemptible=preemptible)

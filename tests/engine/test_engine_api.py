@@ -109,6 +109,18 @@ def test_abort_mid_generation_frees_blocks(engine):
     _drain(engine)
 
 
+
+def test_the_engines_own_ids_step_over_ids_a_caller_chose(engine):
+    """add_request(None, ...) and generate() failed with "duplicate request id 'req-N'" whenever the
+    caller had already named a live request like the engine's next id."""
+    nxt = f"req-{next(engine._ids) + 1}"  # the id the engine would pick next
+    mine = engine.add_request(nxt, "mine", SamplingParams(max_tokens=3, ignore_eos=True))
+    auto = engine.add_request(None, "auto", SamplingParams(max_tokens=3, ignore_eos=True))
+    assert mine == nxt and auto != nxt
+    assert engine.generate(["more"], SamplingParams(max_tokens=2))[0].finished
+    _drain(engine)
+
+
 def test_bad_input_names_the_problem(engine):
     with pytest.raises(ContextLengthError, match="maximum context length"):
         engine.add_request(None, [5] * 500, SamplingParams(max_tokens=100))

@@ -8,6 +8,7 @@ from engine.fake_runner import FakeModelRunner, fake_next_token
 from engine.request import FinishReason, Request, RequestState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.scheduler_policies import WaitingQueue
 
 BS = 4
 VOCAB = 1000
@@ -142,6 +143,27 @@ def test_an_id_reused_after_its_queued_request_was_aborted_names_only_the_new_re
     for r in (again, other):
         assert r.output_token_ids == expected_output(r.prompt_token_ids, r.sampling_params.max_tokens)
     assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
+
+
+
+def test_aborted_queued_requests_do_not_stay_in_the_queue():
+    """Removal is lazy, and an entry that never reached the head stayed for good: 5,000 queued
+    prompts aborted behind a long request kept ~150 MB. Removed entries go once they are half the
+    heap, and all at once when no live request is left."""
+    q = WaitingQueue()
+    important = req("a", 4, 2, priority=0)
+    queued = [req(f"b{i}", 4, 2, priority=1, start=20 + i) for i in range(100)]
+    for seq, r in enumerate([important, *queued]):
+        r.arrival_seq = seq  # (as the scheduler numbers registrations)
+        q.push(r)
+    for r in queued[:-1]:
+        q.remove(r)
+    assert len(q) == 2 and len(q._heap) <= 4  # (101 entries before)
+    assert q.peek() is important and list(q) == [important, queued[-1]]
+    assert set(q.more_important_than(1)) == {important} and set(q.more_important_than(2)) == {important, queued[-1]}
+    q.remove(important)
+    q.remove(queued[-1])
+    assert len(q) == 0 and q._heap == [] and q.peek() is None
 
 
 def test_a_decode_that_needs_no_block_is_not_skipped_in_the_step_of_a_preemption():
