@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from engine.errors import InvalidParameterError
@@ -231,7 +231,7 @@ class InputMessage(_Strict):
     """One chat message. ``content`` is normalized to a string (text parts joined by newlines)."""
 
     role: Literal[CHAT_ROLES]  # type: ignore[valid-type]
-    content: str | None = None
+    content: str | None = Field(default=None, validate_default=True)  # required but for the assistant's
     name: str | None = None
     # Refused, not dropped: the chat template would render the assistant turn empty, and the model
     # would answer a different conversation than the client sent.
@@ -247,8 +247,13 @@ class InputMessage(_Strict):
 
     @field_validator("content", mode="plain")
     @classmethod
-    def _content(cls, v: Any) -> str | None:
-        if v is None or isinstance(v, str):
+    def _content(cls, v: Any, info: ValidationInfo) -> str | None:
+        if v is None:  # (OpenAI: only an assistant turn, one with tool calls, may omit it)
+            role = info.data.get("role")
+            if role is not None and role != "assistant":
+                raise _bad_value(f"A '{role}' message needs 'content': a string or an array of text parts.")
+            return v
+        if isinstance(v, str):
             return v
         if isinstance(v, list):
             texts = []
