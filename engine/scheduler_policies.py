@@ -33,7 +33,10 @@ class WaitingQueue:
     def pop(self) -> Request:
         self._drop_removed()
         self._len -= 1
-        return heapq.heappop(self._heap)[2]
+        req = heapq.heappop(self._heap)[2]
+        if self._len == 0:  # only removed entries can be left, behind it: none will reach the head
+            self._clear()
+        return req
 
     def remove(self, req: Request) -> None:
         """Lazy removal (abort); the entry is skipped when it reaches the head. Entries that never
@@ -42,8 +45,7 @@ class WaitingQueue:
         self._removed.add(req.arrival_seq)
         self._len -= 1
         if self._len == 0:
-            self._heap.clear()
-            self._removed.clear()
+            self._clear()
         elif len(self._removed) > len(self._heap) // 2:
             self._heap = [e for e in self._heap if e[1] not in self._removed]
             heapq.heapify(self._heap)
@@ -52,6 +54,10 @@ class WaitingQueue:
     def more_important_than(self, priority: int) -> Iterator[Request]:
         """The waiting requests of a lower priority value (unordered)."""
         return (r for p, seq, r in self._heap if p < priority and seq not in self._removed)
+
+    def _clear(self) -> None:
+        self._heap.clear()
+        self._removed.clear()
 
     def _drop_removed(self) -> None:
         heap = self._heap

@@ -164,6 +164,14 @@ def test_aborted_queued_requests_do_not_stay_in_the_queue():
     q.remove(important)
     q.remove(queued[-1])
     assert len(q) == 0 and q._heap == [] and q.peek() is None
+    # The last live request admitted (popped) with removed ones still behind it: those go too
+    late = req("c", 4, 2, priority=2)
+    for seq, r in enumerate([important, queued[0], late], start=200):
+        r.arrival_seq = seq
+        q.push(r)
+    q.remove(late)  # 1 removed of 3 entries: no compaction
+    assert q.pop() is important and len(q._heap) == 2
+    assert q.pop() is queued[0] and len(q) == 0 and q._heap == [] and q._removed == set()
 
 
 def test_a_decode_that_needs_no_block_is_not_skipped_in_the_step_of_a_preemption():
