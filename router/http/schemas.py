@@ -251,7 +251,8 @@ class InputMessage(_Strict):
         if v is None:  # (OpenAI: only an assistant turn, one with tool calls, may omit it)
             role = info.data.get("role")
             if role is not None and role != "assistant":
-                raise _bad_value(f"A '{role}' message needs 'content': a string or an array of text parts.")
+                # (reported as OpenAI reports a missing parameter: router/http/body.py)
+                raise PydanticCustomError("missing", "A '{role}' message needs 'content'.", {"role": role})
             return v
         if isinstance(v, str):
             return v

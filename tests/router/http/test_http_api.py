@@ -147,9 +147,9 @@ BAD_INPUTS = [
     (CHAT, {"messages": [{"role": "robot", "content": "x"}]}, "messages.[0].role", "Invalid value"),
     (CHAT, {"messages": [{"role": "user", "content": 5}]}, "messages.[0].content", "Invalid type"),
     # taken as empty text before; OpenAI refuses them (only an assistant turn may omit its content)
-    (CHAT, {"messages": [{"role": "user"}]}, "messages.[0].content", "needs 'content'"),
+    (CHAT, {"messages": [{"role": "user"}]}, "messages.[0].content", "Missing required parameter"),
     (CHAT, {"messages": [{"role": "system", "content": None}, {"role": "user", "content": "x"}]},
-     "messages.[0].content", "needs 'content'"),
+     "messages.[0].content", "Missing required parameter"),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages.[0].content",
      "not supported"),
     (CHAT, {"messages": HELLO, "max_tokens": "ten"}, "max_tokens", "expected an integer"),
