@@ -108,12 +108,16 @@ class LLMEngine:
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else _token_ids(prompt, "prompt")
         resume = _token_ids(resume_token_ids or (), "resume_token_ids")
         self.validate_prompt(token_ids + resume, params, num_generated=len(resume))
-        rid = request_id
-        while rid is None or (request_id is None and rid in self.scheduler.requests):
-            rid = f"req-{next(self._ids)}"  # the engine's own ids step over those a caller chose
+        rid = request_id if request_id is not None else self._free_id()
         return Request(rid, token_ids, params, eos_token_ids=tuple(self.eos_token_ids), priority=priority,
                        cache_salt=cache_salt, arrival_time=arrival_time, resume_token_ids=resume,
                        prefill_only=prefill_only, preemptible=preemptible)
+
+    def _free_id(self) -> str:
+        """The engine's next own id, stepping over live ones a caller chose."""
+        while (rid := f"req-{next(self._ids)}") in self.scheduler.requests:
+            pass
+        return rid
 
     def validate_prompt(self, token_ids: list[int], params: SamplingParams, num_generated: int = 0) -> None:
         if not token_ids:

@@ -196,3 +196,20 @@ class Request:
             f"Request({self.request_id!r}, {self.state.name}, computed={self.num_computed_tokens}/"
             f"{self.num_tokens}, blocks={len(self.block_ids)})"
         )
+
+
+def check_stop(req: Request, tok: int, max_len: int) -> FinishReason | None:
+    """Whether ``req`` ends with ``tok``, its newest token (already appended): a stop token once
+    ``min_tokens`` are out (``stop_reason`` set), or its length (``max_tokens``, the context)."""
+    sp = req.sampling_params
+    n_out = req.num_tokens - req.num_prompt_tokens
+    if n_out >= sp.min_tokens:
+        if not sp.ignore_eos and tok in req.eos_token_ids:
+            req.stop_reason = tok
+            return FinishReason.STOP
+        if tok in sp.stop_token_ids:
+            req.stop_reason = tok
+            return FinishReason.STOP
+    if n_out >= sp.max_tokens or req.num_tokens >= max_len:
+        return FinishReason.LENGTH
+    return None

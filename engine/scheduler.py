@@ -33,7 +33,7 @@ from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.errors import InvalidParameterError
 from engine.logprobs import TokenLogprob
-from engine.request import FinishReason, Request, RequestState
+from engine.request import FinishReason, Request, RequestState, check_stop
 from engine.scheduler_disagg import DisaggregationMixin
 from engine.scheduler_output import NewRequestData, RunnerOutput, SchedulerOutput
 from engine.scheduler_policies import AdmissionPolicy, PreemptionPolicy, StaticBatchAdmission, WaitingQueue
@@ -328,7 +328,7 @@ class Scheduler(DisaggregationMixin):
                     updated.append(req)
                     continue
                 req.transition(_S.DECODING)
-            reason = self._check_stop(req, tok, max_len)
+            reason = check_stop(req, tok, max_len)
             if reason is not None:
                 self.finish(req, reason)
             updated.append(req)
@@ -347,21 +347,6 @@ class Scheduler(DisaggregationMixin):
             have = len(req.prompt_logprobs) + 1  # the index of the next prompt token wanted
             if first <= have < first + len(values):
                 req.prompt_logprobs.extend(values[have - first :])
-
-    @staticmethod
-    def _check_stop(req: Request, tok: int, max_len: int) -> FinishReason | None:
-        sp = req.sampling_params
-        n_out = req.num_tokens - req.num_prompt_tokens
-        if n_out >= sp.min_tokens:
-            if not sp.ignore_eos and tok in req.eos_token_ids:
-                req.stop_reason = tok
-                return FinishReason.STOP
-            if tok in sp.stop_token_ids:
-                req.stop_reason = tok
-                return FinishReason.STOP
-        if n_out >= sp.max_tokens or req.num_tokens >= max_len:
-            return FinishReason.LENGTH
-        return None
 
     def finish(self, req: Request, reason: FinishReason) -> None:
         """Finish a running request (token stop, or a stop string found by the detokenizer)."""

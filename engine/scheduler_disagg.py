@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from engine.logprobs import TokenLogprob
-from engine.request import FinishReason, Request, RequestState
+from engine.request import FinishReason, Request, RequestState, check_stop
 
 _S = RequestState
 
@@ -74,7 +74,7 @@ class DisaggregationMixin:
         if first_logprob is not None:
             req.pending_logprobs.append(first_logprob)
         self._join_running(req)
-        reason = self._check_stop(req, first_token, self.max_model_len)
+        reason = check_stop(req, first_token, self.max_model_len)
         if reason is not None:
             self.finish(req, reason)
         return req
