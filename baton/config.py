@@ -65,6 +65,7 @@ class EngineSection(_Model):
     kv_cache_memory_gb: float | None = Field(None, gt=0)
     enable_prefix_caching: bool = True
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    cuda_graphs: bool = Field(True, description="CUDA: decode steps replay graphs captured at start")
     kv_shared_memory: bool = Field(False, description="CPU: KV caches in /dev/shm; same-host transfers copy directly")
 
     @field_validator("block_size")
@@ -232,7 +233,7 @@ class BatonConfig(_Model):
         e = self.engine
         return EngineConfig(
             model=self.model.path, dtype=self.model.dtype, max_model_len=self.model.max_model_len,
-            attention_backend=e.attention_backend,
+            attention_backend=e.attention_backend, cuda_graphs=e.cuda_graphs,
             scheduler=SchedulerConfig(max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens),
             cache=CacheConfig(block_size=e.block_size, kv_cache_memory_gb=e.kv_cache_memory_gb,
                               enable_prefix_caching=e.enable_prefix_caching, shared_memory=e.kv_shared_memory),

@@ -35,18 +35,22 @@ def _steps(tmp: Path) -> list[tuple[str, list[str], int]]:
                  "print(json.dumps({'torch': torch.__version__, 'triton': triton.__version__, "
                  "'device': p.name, 'capability': list(torch.cuda.get_device_capability(0)), "
                  "'gpus': torch.cuda.device_count(), 'memory_gib': round(p.total_memory / 2**30, 1)}))"], 60),
-        ("triton_kernels", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            "tests/engine/attention/test_triton_kernels.py"], 240),
+        ("cuda_graphs_tests", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "tests/engine/test_cuda_graphs.py"], 180),
         ("golden_tiny_cuda_fp32", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                    "tests/engine/test_golden_tiny.py"], 240),
+        ("decode_graphs_llama-3.2-1b", [py, "-m", "bench.gpu_decode_graphs", "--model", "llama-3.2-1b", "--json"], 150),
+        ("offline_llama-3.2-1b", [py, "-m", "bench.gpu_check", "--offline", "llama-3.2-1b", "--model-dir",
+                                  str(tmp / "llama-3.2-1b")], 240),
+        ("triton_kernels", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            "tests/engine/attention/test_triton_kernels.py"], 240),
         ("disagg_ipc_tiny", [py, "-m", "bench.disagg_check", "--device", "cuda", "--json"], 120),
+        ("decode_graphs_qwen2.5-0.5b", [py, "-m", "bench.gpu_decode_graphs", "--model", "qwen2.5-0.5b", "--json"], 150),
+        ("offline_qwen2.5-0.5b", [py, "-m", "bench.gpu_check", "--offline", "qwen2.5-0.5b", "--model-dir",
+                                  str(tmp / "qwen2.5-0.5b")], 240),
         ("kernels_bandwidth", [py, "-m", "bench.kernels", "--json"], 180),
         ("kv_transfer_ipc", [py, "-m", "bench.kv_transfer", "--device", "cuda", "--no-ray",
                              "--geometry", "llama-3.2-1b", "--json"], 120),
-        ("offline_qwen2.5-0.5b", [py, "-m", "bench.gpu_check", "--offline", "qwen2.5-0.5b", "--model-dir",
-                                  str(tmp / "qwen2.5-0.5b")], 240),
-        ("offline_llama-3.2-1b", [py, "-m", "bench.gpu_check", "--offline", "llama-3.2-1b", "--model-dir",
-                                  str(tmp / "llama-3.2-1b")], 240),
         # The prefill tiles' one doubtful point (docs/BENCHMARKS.md, "Launch shapes"): the defaults
         # against the grid again, same run.
         ("prefill_tile_sweep", [py, "-m", "bench.kernel_sweep", "--only", "prefill"], 120),
@@ -102,14 +106,21 @@ def run_checks(out: Path, budget_s: float, steps=None, only: set[str] | None = N
 
 def offline(name: str, model_dir: Path, n: int) -> dict:
     """A random-weight model with a published config, on CUDA in bf16: Baton continuous batching
-    against the same engine's static batching (batches of 16), same requests, one run."""
+    against the same engine's static batching (batches of 16) and against itself without CUDA
+    graphs, same requests, one run (Baton's device given explicitly: bench offline pins it to the
+    CPU, beside its transformers baselines)."""
     from bench.offline import run_offline
     from bench.random_model import build_random_model
 
     t0 = time.perf_counter()
     build_random_model(name, model_dir, device="cuda", dtype="bfloat16")
     built = time.perf_counter() - t0
-    r = run_offline("anyscale-cpu", str(model_dir), n, include_hf=False)
+    t1 = time.perf_counter()
+    # Two interleaved rounds, each system reporting its faster run: the first round carries the
+    # process's warm-up (Triton compiles, CUDA initialisation), which fell on whichever system ran first.
+    r = run_offline("anyscale-cpu", str(model_dir), n, include_hf=False, cuda_graphs_baseline=True, repeat=2,
+                    device="cuda", dtype="bfloat16",
+                    progress=lambda m: print(f"[{time.perf_counter() - t1:6.1f} s] {m}", flush=True))
     r["model"], r["build_seconds"] = name, round(built, 1)
     return r
 

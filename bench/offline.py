@@ -10,6 +10,7 @@ allocated slots, averaged over steps) and how many requests got identical tokens
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -95,7 +96,17 @@ def run_baton(engine_config: EngineConfig, requests: list[OfflineRequest], name:
                "preemptions": engine.scheduler.num_preemptions, "work": work.report(seconds)}
     del engine
     gc.collect()
+    _release_device_memory()
     return SystemResult(name, seconds, useful / seconds, outputs, details)
+
+
+def _release_device_memory() -> None:
+    """Hand a finished engine's GPU memory back to the driver: the next engine sizes its KV cache by
+    the driver's free memory, which does not count torch's cached blocks."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _warmup(engine) -> None:
@@ -112,15 +123,21 @@ def run_offline(
     progress: Callable[[str], None] = lambda m: None,
     repeat: int = 1,
     torch_path_baseline: bool = False,
+    cuda_graphs_baseline: bool = False,
+    device: str = BATON_DEVICE,
+    dtype: str = BATON_DTYPE,
 ) -> dict:
     """Each system ``repeat`` times (rounds interleaved); each reports its median run.
 
-    ``torch_path_baseline`` adds (a) run without the compiled CPU kernels (engine/native)."""
+    ``torch_path_baseline`` adds (a) run without the compiled CPU kernels (engine/native);
+    ``cuda_graphs_baseline`` adds (a) with every decode step eager (no CUDA graphs; on CUDA).
+    ``device``/``dtype``: Baton's (pinned to the transformers baselines' cpu/float32 by default;
+    bench/gpu_check.py runs Baton alone on CUDA in bf16)."""
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
     model_dir, requests = model_and_workload(model, workload, n)
     useful = total_output_tokens(requests)
-    cb_config, static_config = engine_configs(model_dir, threads, max_num_batched_tokens)
+    cb_config, static_config = engine_configs(model_dir, threads, max_num_batched_tokens, device, dtype)
     runners: list[tuple[str, str, Callable[[], SystemResult]]] = [
         ("baton-cb", "(a) Baton continuous batching", lambda: run_baton(cb_config, requests, "baton-cb")),
         ("baton-static", "(b) Baton static batching (batches of 16)",
@@ -129,6 +146,10 @@ def run_offline(
     if torch_path_baseline:
         runners.append(("baton-cb-torch-path", "(a0) Baton continuous batching, torch CPU path (no native kernels)",
                         lambda: _without_native_kernels(lambda: run_baton(cb_config, requests, "baton-cb-torch-path"))))
+    if cuda_graphs_baseline:
+        eager_config = dataclasses.replace(cb_config, cuda_graphs=False)
+        runners.append(("baton-cb-eager", "(a') Baton continuous batching, CUDA graphs off",
+                        lambda: run_baton(eager_config, requests, "baton-cb-eager")))
     hf_model = None
     if include_hf:
         from bench.hf_baselines import load_hf_model, run_hf_continuous, run_hf_static
@@ -185,15 +206,19 @@ def run_offline(
     if torch_path_baseline:
         result["baton_cb_torch_path_tok_s"] = by["baton-cb-torch-path"].tok_s
         result["baton_cb_over_torch_path"] = cb.tok_s / by["baton-cb-torch-path"].tok_s
+    if cuda_graphs_baseline:
+        result["baton_cb_eager_tok_s"] = by["baton-cb-eager"].tok_s
+        result["baton_cb_over_eager"] = cb.tok_s / by["baton-cb-eager"].tok_s
     if include_hf:
         result["baton_cb_over_hf_cb"] = cb.tok_s / by["hf-cb"].tok_s
         result["baton_cb_over_hf_static"] = cb.tok_s / by["hf-static"].tok_s
     return result
 
 
-def engine_configs(model_dir, threads: int | None, max_num_batched_tokens: int) -> tuple[EngineConfig, EngineConfig]:
-    """Baton's continuous-batching and static-batching configs, pinned to the baselines' device and dtype."""
-    base = dict(model=str(model_dir), num_threads=threads, cache=CacheConfig(), device=BATON_DEVICE, dtype=BATON_DTYPE)
+def engine_configs(model_dir, threads: int | None, max_num_batched_tokens: int, device: str = BATON_DEVICE,
+                   dtype: str = BATON_DTYPE) -> tuple[EngineConfig, EngineConfig]:
+    """Baton's continuous-batching and static-batching configs (by default on the baselines' device and dtype)."""
+    base = dict(model=str(model_dir), num_threads=threads, cache=CacheConfig(), device=device, dtype=dtype)
     cb = EngineConfig(**base, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens))
     static = EngineConfig(**base, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
                                                             policy="static", static_batch_size=16))

@@ -104,6 +104,8 @@ class EngineConfig:
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     num_threads: int | None = None  # torch intra-op threads on CPU; None keeps torch's default
     seed: int = 0
+    # CUDA with the Triton kernels: decode steps replay CUDA graphs captured at start (engine/cuda_graphs.py).
+    cuda_graphs: bool = True
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
 
@@ -112,6 +114,8 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be true or false, got {self.cuda_graphs!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
         if self.max_model_len is not None:

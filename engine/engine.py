@@ -11,6 +11,8 @@ import logging
 import operator
 from typing import Callable, Sequence
 
+import torch
+
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.errors import ContextLengthError, InvalidParameterError
@@ -59,10 +61,23 @@ class LLMEngine:
             seed=config.seed,
             eos_token_ids=self.eos_token_ids,
         )
+        if config.cuda_graphs and self.device.type == "cuda" and loaded.attention.name == "triton":
+            self._capture_graphs(progress)
         self.output_processor = OutputProcessor(self.scheduler, self.tokenizer)
         self._ids = itertools.count()
         self.num_steps = 0
         self.last_scheduler_output = None  # what the latest step computed (the prefill role ships it)
+
+    def _capture_graphs(self, progress: Callable[[str], None] | None) -> None:
+        try:
+            graphs = self.runner.capture_decode_graphs()
+        except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # slower, not broken: run every step eagerly
+            self.runner.graphs = None
+            log.warning("CUDA graph capture failed, decode steps run eagerly: %s", str(e).splitlines()[0])
+            return
+        if progress is not None:
+            progress(f"CUDA graphs: decode batch sizes {graphs.sizes[0]} to {graphs.sizes[-1]} "
+                     f"({len(graphs.sizes)} graphs) captured in {graphs.capture_seconds:.1f} s")
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(

@@ -8,6 +8,7 @@ import torch
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
+from engine.cuda_graphs import DecodeGraphs
 from engine.input_batch import InputBatch, StepInputs
 from engine.logits_processing import process_logits
 from engine.logprobs import compute_logprobs
@@ -41,12 +42,26 @@ class ModelRunner:
         self.device = kv_cache.device
         self.batch = InputBatch(max_num_seqs, max_model_len, block_size)
         self.sampler = Sampler(seed, self.device)
+        self.graphs: DecodeGraphs | None = None  # decode steps as CUDA graphs, once captured
+
+    def capture_decode_graphs(self, *, capture: bool = True) -> DecodeGraphs:
+        """Capture the decode forward for every graph batch size (engine/cuda_graphs.py); decode
+        steps replay them from then on. ``capture=False`` (tests on CPU) runs the same padded
+        static-buffer forward without a graph."""
+        self.graphs = DecodeGraphs(self.model, self.kv_cache, self.attn, max_num_seqs=len(self.batch.params),
+                                   max_blocks=self.batch.max_blocks, capture=capture)
+        return self.graphs
 
     def execute(self, so: SchedulerOutput) -> RunnerOutput:
         self.batch.apply(so)
         if so.is_empty:
             return RunnerOutput([], [])
         inputs = self.batch.prepare(so)
+        if self.graphs is not None and self.graphs.takes(inputs):
+            hidden = self.graphs.run(inputs)
+            if len(inputs.logits_indices) != len(hidden):  # a one-token prompt chunk that does not sample
+                hidden = hidden[self._tensor(inputs.logits_indices.astype(np.int64, copy=False))]
+            return self._sample(hidden, inputs) if len(inputs.logits_indices) else RunnerOutput([], [])
         keep = inputs.logits_indices.astype(np.int64, copy=False)
         scored = inputs.prompt_logprob_rows
         if scored:  # prompt positions to score as well

@@ -21,6 +21,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    g.add_argument("--no-cuda-graphs", action="store_true", help="CUDA: run every decode step eagerly")
 
 
 def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
@@ -29,7 +30,8 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
     cache = CacheConfig(block_size=args.block_size, num_blocks=args.num_kv_blocks, kv_cache_memory_gb=args.kv_cache_gb,
                         enable_prefix_caching=not args.no_prefix_caching)
     return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-                        attention_backend=args.attention_backend, num_threads=args.threads, scheduler=sched,
+                        attention_backend=args.attention_backend, num_threads=args.threads,
+                        cuda_graphs=not args.no_cuda_graphs, scheduler=sched,
                         cache=cache, **overrides)
 
 

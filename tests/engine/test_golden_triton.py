@@ -7,8 +7,10 @@ preemption.
 
 The kernel tests (tests/engine/attention/test_triton_kernels.py) check each kernel against the
 reference on made-up inputs; this checks the wiring: the metadata the runner builds, the cache
-views the model passes, the split of a mixed step. The interpreter must be switched on before
-Triton is imported, so the engine runs in a child process."""
+views the model passes, the split of a mixed step. Each scenario runs twice: eagerly, and with
+decode steps through the CUDA-graph path's padded static buffers (engine/cuda_graphs.py, run
+without a graph here), so the padding rows are checked to write and read no KV. The interpreter
+must be switched on before Triton is imported, so the engine runs in a child process."""
 
 from __future__ import annotations
 
@@ -50,21 +52,28 @@ def _child_main(arch: str, work_dir: str) -> None:
         prefix = [rng.randrange(3, 512) for _ in range(shared_prefix)]
         prompts = [prefix + [rng.randrange(3, 512) for _ in range(rng.randint(1, 40))] for _ in range(6)]
         max_new = [fixed_new or rng.randint(1, 12) for _ in prompts]
-        engine = LLMEngine(EngineConfig(
-            model=str(model_dir), dtype="float32", attention_backend="triton",
-            scheduler=SchedulerConfig(**options.get("scheduler", {})), cache=CacheConfig(**options.get("cache", {})),
-        ))
-        params = [SamplingParams(max_tokens=n, ignore_eos=True, detokenize=False) for n in max_new]
-        outs = engine.generate(prompts[:1], params[:1]) + engine.generate(prompts[1:], params[1:])
-        results[name] = {
-            "backend": engine.runner.attn.name,
-            "layer_ops": type(engine.runner.model.ops).__name__,
-            "got": [o.token_ids for o in outs],
-            "want": hf_greedy(hf, prompts, max_new),
-            "leaked_blocks": engine.num_total_blocks - engine.num_free_blocks,
-            "prefix_hits": engine.block_manager.num_prefix_hits,
-            "preemptions": engine.scheduler.num_preemptions,
-        }
+        want = hf_greedy(hf, prompts, max_new)
+        for graphs in (False, True):
+            engine = LLMEngine(EngineConfig(
+                model=str(model_dir), dtype="float32", attention_backend="triton",
+                scheduler=SchedulerConfig(**options.get("scheduler", {})),
+                cache=CacheConfig(**options.get("cache", {})),
+            ))
+            if graphs:
+                engine.runner.capture_decode_graphs(capture=False)
+            params = [SamplingParams(max_tokens=n, ignore_eos=True, detokenize=False) for n in max_new]
+            outs = engine.generate(prompts[:1], params[:1]) + engine.generate(prompts[1:], params[1:])
+            results[name + ("+graphs" if graphs else "")] = {
+                "backend": engine.runner.attn.name,
+                "layer_ops": type(engine.runner.model.ops).__name__,
+                "got": [o.token_ids for o in outs],
+                "want": want,
+                "leaked_blocks": engine.num_total_blocks - engine.num_free_blocks,
+                "prefix_hits": engine.block_manager.num_prefix_hits,
+                "preemptions": engine.scheduler.num_preemptions,
+                "graph_steps": engine.runner.graphs.replays if graphs else None,
+                "padded_rows": engine.runner.graphs.padded_rows if graphs else None,
+            }
     print(_MARKER + json.dumps(results), flush=True)
 
 
@@ -84,9 +93,10 @@ def golden(request, tmp_path_factory) -> dict:
     return json.loads(lines[-1][len(_MARKER):])
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_triton_attention_in_the_engine_equals_hf(golden: dict, scenario: str) -> None:
-    res = golden[scenario]
+def test_triton_attention_in_the_engine_equals_hf(golden: dict, scenario: str, graphs: bool) -> None:
+    res = golden[scenario + ("+graphs" if graphs else "")]
     assert res["backend"] == "triton"
     assert res["layer_ops"] == "TorchLayerOps"
     assert res["got"] == res["want"]
@@ -95,3 +105,5 @@ def test_triton_attention_in_the_engine_equals_hf(golden: dict, scenario: str) -
         assert res["prefix_hits"] >= 5 * (24 // 8) * 8  # five later prompts reuse the first one's 3 full blocks
     if scenario == "preemption":
         assert res["preemptions"] > 0
+    if graphs:  # decode steps went through the padded static buffers, padding rows included
+        assert res["graph_steps"] > 0 and res["padded_rows"] > 0

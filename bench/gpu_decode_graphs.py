@@ -1,0 +1,100 @@
+"""Decode step time on CUDA with and without CUDA graphs: the same engine, the same batches, one run.
+
+For each batch size, that many requests with prompts of ``--context`` random tokens are prefilled;
+then the engine's full step (schedule, inputs, forward, sampling, outputs) is timed in rounds that
+alternate the graph path and the eager path (``engine.runner.graphs`` switched off and on), and
+each mode reports its median step. A random-weight model with a published configuration, bf16.
+
+    python -m bench.gpu_decode_graphs --model llama-3.2-1b [--sizes 1,8,32,64,128,256] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+def _time_steps(engine, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        engine.step()  # ends with the sampled ids copied to the host: the GPU work is done
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def measure(model_dir: Path, sizes: list[int], context: int, steps: int, rounds: int, kv_gb: float) -> dict:
+    import torch
+
+    from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+    from engine.engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    # The model's own context length, as served: graphs take block tables of that width.
+    engine = LLMEngine(EngineConfig(model=str(model_dir), device="cuda", dtype="bfloat16",
+                                    scheduler=SchedulerConfig(max_num_seqs=max(sizes), max_num_batched_tokens=8192),
+                                    cache=CacheConfig(kv_cache_memory_gb=kv_gb)))
+    graphs = engine.runner.graphs
+    if graphs is None:
+        raise RuntimeError("the engine captured no CUDA graphs (not on CUDA with the Triton kernels?)")
+    vocab = engine.model_config.vocab_size
+    rng = random.Random(0)
+    rows = []
+    for bs in sizes:
+        params = SamplingParams(max_tokens=2 * steps * rounds + 32, ignore_eos=True, detokenize=False)
+        ids = [engine.add_request(None, [rng.randrange(vocab) for _ in range(context)], params) for _ in range(bs)]
+        while True:  # prefill (and warm up) until every request decodes
+            engine.step()
+            so = engine.last_scheduler_output
+            if len(so.slots) == bs and all(c == 1 for c in so.counts):
+                break
+        times: dict[str, list[float]] = {"graphs": [], "eager": []}
+        for _ in range(rounds):
+            for mode in ("graphs", "eager"):
+                engine.runner.graphs = graphs if mode == "graphs" else None
+                _time_steps(engine, 2)  # the switch's first steps are not timed
+                times[mode] += _time_steps(engine, steps)
+        engine.runner.graphs = graphs
+        for i in ids:
+            engine.abort(i)
+        g, e = statistics.median(times["graphs"]), statistics.median(times["eager"])
+        rows.append({"batch": bs, "graphs_ms": round(g * 1e3, 3), "eager_ms": round(e * 1e3, 3),
+                     "speedup": round(e / g, 2), "graphs_tok_s": round(bs / g), "eager_tok_s": round(bs / e)})
+        print(f"batch {bs:4d}: graphs {g * 1e3:7.2f} ms, eager {e * 1e3:7.2f} ms, {e / g:5.2f}x", flush=True)
+    assert engine.num_free_blocks == engine.num_total_blocks
+    return {"device": torch.cuda.get_device_name(0), "context": context, "max_model_len": engine.max_model_len,
+            "steps": steps, "rounds": rounds,
+            "graph_sizes": graphs.sizes, "capture_seconds": round(graphs.capture_seconds, 2), "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="llama-3.2-1b", help="a published config (bench/random_model.py) or a directory")
+    ap.add_argument("--sizes", default="1,8,32,64,128,256")
+    ap.add_argument("--context", type=int, default=256, help="prompt tokens of every request")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per mode and round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--kv-cache-gb", type=float, default=8.0)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    sizes = sorted({int(s) for s in a.sizes.split(",")})
+    from bench.random_model import PUBLISHED, build_random_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(a.model)
+        if a.model in PUBLISHED:
+            model_dir = build_random_model(a.model, Path(tmp) / a.model, device="cuda", dtype="bfloat16")
+        r = measure(model_dir, sizes, a.context, a.steps, a.rounds, a.kv_cache_gb)
+    r["model"] = a.model
+    if a.json:
+        print(json.dumps(r, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
