@@ -37,6 +37,8 @@ def _steps(tmp: Path) -> list[tuple[str, list[str], int]]:
                  "'gpus': torch.cuda.device_count(), 'memory_gib': round(p.total_memory / 2**30, 1)}))"], 60),
         ("cuda_graphs_tests", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                "tests/engine/test_cuda_graphs.py"], 180),
+        ("triton_layer_ops_tests", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                    "tests/engine/test_triton_layer_ops.py"], 180),
         ("golden_tiny_cuda_fp32", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                    "tests/engine/test_golden_tiny.py"], 240),
         ("decode_graphs_llama-3.2-1b", [py, "-m", "bench.gpu_decode_graphs", "--model", "llama-3.2-1b", "--json"], 150),

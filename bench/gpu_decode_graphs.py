@@ -1,9 +1,12 @@
-"""Decode step time on CUDA with and without CUDA graphs: the same engine, the same batches, one run.
+"""Decode step time on CUDA with and without CUDA graphs, and with the layer's elementwise steps as
+Triton kernels or as torch ops: the same engine, the same batches, one run.
 
 For each batch size, that many requests with prompts of ``--context`` random tokens are prefilled;
 then the engine's full step (schedule, inputs, forward, sampling, outputs) is timed in rounds that
-alternate the graph path and the eager path (``engine.runner.graphs`` switched off and on), and
-each mode reports its median step. A random-weight model with a published configuration, bf16.
+alternate the modes, and each mode reports its median step. The modes: ``graphs`` (the default
+engine: graphs over the Triton layer kernels where they load), ``graphs_torch_ops`` (graphs
+captured over the torch ops), ``eager`` (no graphs, torch ops: the engine before both). A
+random-weight model with a published configuration, bf16.
 
     python -m bench.gpu_decode_graphs --model llama-3.2-1b [--sizes 1,8,32,64,128,256] [--json]
 """
@@ -42,6 +45,17 @@ def measure(model_dir: Path, sizes: list[int], context: int, steps: int, rounds:
     graphs = engine.runner.graphs
     if graphs is None:
         raise RuntimeError("the engine captured no CUDA graphs (not on CUDA with the Triton kernels?)")
+    from engine.cuda_graphs import DecodeGraphs
+    from engine.native.layer_ops import TorchLayerOps
+
+    runner, model = engine.runner, engine.runner.model
+    default_ops, torch_ops = model.ops, TorchLayerOps()
+    model.ops = torch_ops
+    graphs_torch_ops = DecodeGraphs(model, runner.kv_cache, runner.attn, max_num_seqs=max(sizes),
+                                    max_blocks=runner.batch.max_blocks)
+    model.ops = default_ops
+    modes = {"graphs": (graphs, default_ops), "graphs_torch_ops": (graphs_torch_ops, torch_ops),
+             "eager": (None, torch_ops)}
     vocab = engine.model_config.vocab_size
     rng = random.Random(0)
     rows = []
@@ -53,21 +67,25 @@ def measure(model_dir: Path, sizes: list[int], context: int, steps: int, rounds:
             so = engine.last_scheduler_output
             if len(so.slots) == bs and all(c == 1 for c in so.counts):
                 break
-        times: dict[str, list[float]] = {"graphs": [], "eager": []}
+        times: dict[str, list[float]] = {mode: [] for mode in modes}
         for _ in range(rounds):
-            for mode in ("graphs", "eager"):
-                engine.runner.graphs = graphs if mode == "graphs" else None
+            for mode, (mode_graphs, ops) in modes.items():
+                runner.graphs, model.ops = mode_graphs, ops
                 _time_steps(engine, 2)  # the switch's first steps are not timed
                 times[mode] += _time_steps(engine, steps)
-        engine.runner.graphs = graphs
+        runner.graphs, model.ops = graphs, default_ops
         for i in ids:
             engine.abort(i)
-        g, e = statistics.median(times["graphs"]), statistics.median(times["eager"])
-        rows.append({"batch": bs, "graphs_ms": round(g * 1e3, 3), "eager_ms": round(e * 1e3, 3),
-                     "speedup": round(e / g, 2), "graphs_tok_s": round(bs / g), "eager_tok_s": round(bs / e)})
-        print(f"batch {bs:4d}: graphs {g * 1e3:7.2f} ms, eager {e * 1e3:7.2f} ms, {e / g:5.2f}x", flush=True)
+        ms = {mode: statistics.median(t) * 1e3 for mode, t in times.items()}
+        g, e = ms["graphs"], ms["eager"]
+        rows.append({"batch": bs, **{f"{mode}_ms": round(v, 3) for mode, v in ms.items()},
+                     "speedup": round(e / g, 2), "graphs_tok_s": round(bs / g * 1e3),
+                     "eager_tok_s": round(bs / e * 1e3)})
+        print(f"batch {bs:4d}: " + ", ".join(f"{mode} {v:7.2f} ms" for mode, v in ms.items()) + f"; {e / g:5.2f}x",
+              flush=True)
     assert engine.num_free_blocks == engine.num_total_blocks
-    return {"device": torch.cuda.get_device_name(0), "context": context, "max_model_len": engine.max_model_len,
+    return {"device": torch.cuda.get_device_name(0), "layer_ops": type(default_ops).__name__,
+            "context": context, "max_model_len": engine.max_model_len,
             "steps": steps, "rounds": rounds,
             "graph_sizes": graphs.sizes, "capture_seconds": round(graphs.capture_seconds, 2), "rows": rows}
 

@@ -68,6 +68,9 @@ class DecodeGraphs:
         pin = dev.type == "cuda"
         self._host_rows = torch.zeros((4, n), dtype=torch.int64, pin_memory=pin)  # ids, positions, block, offset
         self._host_lens = torch.zeros(n, dtype=torch.int32, pin_memory=pin)
+        # Recorded after a step's copies from those pinned buffers; the next step waits for it before
+        # writing them (the sampler's sync covers this today, but a step that samples nothing does not).
+        self._copied = torch.cuda.Event() if pin else None
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}
         self.captured = False
@@ -94,15 +97,16 @@ class DecodeGraphs:
         self.slot_block.fill_(-1)  # capture runs the forward for real: it must write no KV
         self.seq_lens.zero_()
         pool = None
-        for bs in reversed(self.sizes):
-            self._forward(bs)  # warm-up outside the graph: Triton compiles, cuBLAS picks its kernels
-            torch.cuda.synchronize(self.kv_cache.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                out = self._forward(bs)
-            pool = graph.pool() if pool is None else pool
-            self._graphs[bs], self._outputs[bs] = graph, out
-        torch.cuda.synchronize(self.kv_cache.device)
+        with torch.cuda.device(self.kv_cache.device):  # cuBLAS and Triton launch on the current device
+            for bs in reversed(self.sizes):
+                self._forward(bs)  # warm-up outside the graph: Triton compiles, cuBLAS picks its kernels
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self._forward(bs)
+                pool = graph.pool() if pool is None else pool
+                self._graphs[bs], self._outputs[bs] = graph, out
+            torch.cuda.synchronize()
         self.captured = True
         self.capture_seconds = time.perf_counter() - t0
         log.info("captured %d decode CUDA graphs (batch sizes %d to %d) in %.1f s", len(self.sizes),
@@ -123,9 +127,17 @@ class DecodeGraphs:
 
     def run(self, x: StepInputs) -> torch.Tensor:
         """The hidden states ``[n, hidden]`` of a step that ``takes`` says fits."""
+        if self._copied is None:  # uncaptured, on CPU (tests)
+            return self._run(x)
+        with torch.cuda.device(self.kv_cache.device):  # the copies, their event and the replay on its streams
+            return self._run(x)
+
+    def _run(self, x: StepInputs) -> torch.Tensor:
         n = len(x.input_ids)
         bs = self.size_for(n)
         rows, lens = self._host_rows, self._host_lens
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous step's copies have read these buffers
         rows[0, :n] = torch.from_numpy(x.input_ids)
         rows[1, :n] = torch.from_numpy(x.positions)
         rows[2, :n] = torch.from_numpy(x.slot_block)
@@ -139,6 +151,8 @@ class DecodeGraphs:
         self.seq_lens[:bs].copy_(lens[:bs], non_blocking=True)
         tables = x.decode_block_tables  # [n, blocks the longest row needs]; later columns are never read
         self.block_tables[:n, : tables.shape[1]].copy_(torch.from_numpy(tables), non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
         self.replays += 1
         self.padded_rows += bs - n
         if self.captured:

@@ -11,8 +11,6 @@ import logging
 import operator
 from typing import Callable, Sequence
 
-import torch
-
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.errors import ContextLengthError, InvalidParameterError
@@ -71,9 +69,10 @@ class LLMEngine:
     def _capture_graphs(self, progress: Callable[[str], None] | None) -> None:
         try:
             graphs = self.runner.capture_decode_graphs()
-        except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # slower, not broken: run every step eagerly
+        except Exception as e:  # torch's and Triton's own errors (compile, resources) alike: slower, not broken
             self.runner.graphs = None
-            log.warning("CUDA graph capture failed, decode steps run eagerly: %s", str(e).splitlines()[0])
+            log.warning("CUDA graph capture failed, decode steps run eagerly: %s: %s", type(e).__name__,
+                        (str(e).splitlines() or [""])[0])
             return
         if progress is not None:
             progress(f"CUDA graphs: decode batch sizes {graphs.sizes[0]} to {graphs.sizes[-1]} "

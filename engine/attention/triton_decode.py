@@ -218,8 +218,9 @@ def paged_decode_attention(
     """Decode attention over a paged, possibly strided (block-major) KV cache.
 
     ``partition_size`` forces split-K with about that many keys per partition (rounded up to the
-    key tile); ``None`` picks it from the grid size. Every ``seq_lens`` entry must be >= 1. The
-    host never reads device tensors, so the call does not synchronise. ``tiles``: the launch shape
+    key tile); ``None`` picks it from the grid size. A ``seq_lens`` entry of 0 (a CUDA graph's
+    padding row, engine/cuda_graphs.py) computes nothing, and its output row is undefined (NaN
+    after a split). The host never reads device tensors, so the call does not synchronise. ``tiles``: the launch shape
     (None: ``default_decode_tiles``; bench/kernel_sweep.py measures the choices).
     """
     num_seqs, num_heads, head_dim = q.shape

@@ -11,6 +11,7 @@ gate/up rows.
 from __future__ import annotations
 
 import ctypes
+import os
 
 import torch
 import torch.nn.functional as F
@@ -93,10 +94,20 @@ def _f32_rows(x: torch.Tensor) -> bool:
     return x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.is_contiguous()
 
 
-def layer_ops_for(device: torch.device, dtype: torch.dtype) -> TorchLayerOps | NativeLayerOps:
-    """The compiled kernels for CPU fp32 where they build; the torch arithmetic everywhere else."""
+def layer_ops_for(device: torch.device, dtype: torch.dtype):
+    """The compiled kernels for CPU fp32 where they build; on CUDA the Triton kernels where they
+    compile and pass their self-check (engine/model/triton_layer_ops.py; ``BATON_TRITON_LAYER_OPS=0``
+    turns them off); the torch arithmetic everywhere else."""
     if device.type == "cpu" and dtype == torch.float32:
         native = NativeLayerOps.load()
         if native is not None:
             return native
+    if device.type == "cuda" and os.environ.get("BATON_TRITON_LAYER_OPS", "1") != "0":
+        try:
+            from engine.model.triton_layer_ops import checked_triton_layer_ops
+        except ImportError:  # no triton: the torch ops, as before
+            return TorchLayerOps()
+        fused = checked_triton_layer_ops(device, dtype)
+        if fused is not None:
+            return fused
     return TorchLayerOps()

@@ -102,7 +102,8 @@ def _greedy(engine, prompts, max_new):
 def test_graphs_equal_transformers_on_gpu(arch, tmp_path):
     from tests.engine.hf_oracle import build_tiny_hf_model, hf_greedy, load_hf
 
-    d = build_tiny_hf_model(tmp_path, arch, seed=1)
+    # A 4,096-token context: the graphs' decode kernel splits these small batches (split-K, its reduce).
+    d = build_tiny_hf_model(tmp_path, arch, seed=1, max_position_embeddings=4096)
     prompts, max_new = _prompts(37)  # the batch shrinks through many graph sizes, padded and exact
     engine = _gpu_engine(d, graphs=True)
     graphs = engine.runner.graphs

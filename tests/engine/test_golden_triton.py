@@ -44,7 +44,9 @@ def _child_main(arch: str, work_dir: str) -> None:
     from engine.sampling_params import SamplingParams
     from tests.engine.hf_oracle import build_tiny_hf_model, hf_greedy, load_hf
 
-    model_dir = build_tiny_hf_model(Path(work_dir), arch, seed=1)
+    # A 2,048-token context: the graphs' block tables are that wide, so their decode kernel splits
+    # small batches into partitions (the split-K path and its reduce, padding rows included).
+    model_dir = build_tiny_hf_model(Path(work_dir), arch, seed=1, max_position_embeddings=2048)
     hf = load_hf(model_dir)
     results = {}
     for name, (seed, shared_prefix, options, fixed_new) in SCENARIOS.items():
@@ -72,6 +74,7 @@ def _child_main(arch: str, work_dir: str) -> None:
                 "prefix_hits": engine.block_manager.num_prefix_hits,
                 "preemptions": engine.scheduler.num_preemptions,
                 "graph_steps": engine.runner.graphs.replays if graphs else None,
+                "context": engine.max_model_len,
                 "padded_rows": engine.runner.graphs.padded_rows if graphs else None,
             }
     print(_MARKER + json.dumps(results), flush=True)
@@ -107,3 +110,4 @@ def test_triton_attention_in_the_engine_equals_hf(golden: dict, scenario: str, g
         assert res["preemptions"] > 0
     if graphs:  # decode steps went through the padded static buffers, padding rows included
         assert res["graph_steps"] > 0 and res["padded_rows"] > 0
+        assert res["context"] > 512  # wider than one decode partition: the graphs' kernel splits
