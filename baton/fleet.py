@@ -108,6 +108,8 @@ class WorkerFleet:
             # A worker given GPUs must use one: "auto" fell back to the CPU (a CPU image or torch
             # build on GPU nodes) and served on CPU while holding the GPUs. It fails to start instead.
             engine = replace(engine, device="cuda")
+        if role == "prefill":  # its requests stop at their first token: no decode step for CUDA graphs to replay
+            engine = replace(engine, cuda_graphs=False)
         budget = self.options.decode_prefill_token_budget
         if role == "decode" and budget and self.specs["prefill"].workers:
             engine = replace(engine, scheduler=replace(engine.scheduler, prefill_token_budget=budget))

@@ -25,6 +25,12 @@ def test_a_colocated_decode_worker_prefills_with_its_whole_budget():
     assert fleet(prefill_workers=1, budget=None)._engine_for("decode").scheduler.prefill_token_budget is None
 
 
+def test_only_decode_workers_capture_cuda_graphs():
+    f = fleet(prefill_workers=1, budget=None)
+    assert f._engine_for("decode").cuda_graphs is True
+    assert f._engine_for("prefill").cuda_graphs is False  # it never runs a decode step
+
+
 def test_the_cluster_config_refuses_a_zero_budget():
     with pytest.raises(ValueError, match="decode_prefill_token_budget"):
         ClusterConfig(decode_prefill_token_budget=0)
