@@ -1,0 +1,81 @@
+"""The host's share of an engine step: ``engine.step()`` with the model's arithmetic taken out.
+
+The model's forward returns zeros of the right shape at once and its head returns zero logits, so
+what is timed is everything else a step does on the host: scheduling, the runner's inputs, the
+sampler (argmax), the outputs and the state updates. On a GPU with CUDA graphs that is what runs
+before and after each replay, so it bounds how much asynchronous scheduling could hide.
+
+    python -m bench.host_step [--sizes 1,64,256] [--context 200] [--steps 50] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+def measure(sizes: list[int], context: int, steps: int) -> dict:
+    import torch
+
+    from engine.config import EngineConfig, SchedulerConfig
+    from engine.engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+    from engine.model.tiny import build_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_model(Path(tmp) / "tiny", seed=0)
+        engine = LLMEngine(EngineConfig(model=str(model_dir), device="cpu", num_threads=1,
+                                        scheduler=SchedulerConfig(max_num_seqs=max(sizes))))
+    model = engine.runner.model
+    hidden, vocab = model.cfg.hidden_size, model.cfg.vocab_size
+    zero_logits = torch.zeros(max(sizes), vocab)
+
+    def no_forward(input_ids, positions, kv_cache, meta, attn, keep=None):
+        return torch.zeros(input_ids.shape[0] if keep is None else len(keep), hidden)
+
+    model.forward = no_forward
+    model.compute_logits = lambda h: zero_logits[: h.shape[0]]
+    rng = random.Random(0)
+    rows = []
+    for bs in sizes:
+        params = SamplingParams(max_tokens=steps + 32, ignore_eos=True, detokenize=False)
+        ids = [engine.add_request(None, [rng.randrange(3, vocab) for _ in range(context)], params) for _ in range(bs)]
+        while True:  # prefill until every request decodes
+            engine.step()
+            so = engine.last_scheduler_output
+            if len(so.slots) == bs and all(c == 1 for c in so.counts):
+                break
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - t0)
+        for i in ids:
+            engine.abort(i)
+        rows.append({"batch": bs, "host_ms": round(statistics.median(times) * 1e3, 3)})
+    return {"context": context, "steps": steps, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1,64,256")
+    ap.add_argument("--context", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    r = measure(sorted({int(s) for s in a.sizes.split(",")}), a.context, a.steps)
+    if a.json:
+        print(json.dumps(r, indent=2))
+    else:
+        for row in r["rows"]:
+            print(f"batch {row['batch']:4d}: {row['host_ms']:.3f} ms of host work a decode step")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
