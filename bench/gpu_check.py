@@ -42,6 +42,8 @@ def _steps(tmp: Path) -> list[tuple[str, list[str], int]]:
         ("golden_tiny_cuda_fp32", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                    "tests/engine/test_golden_tiny.py"], 240),
         ("decode_graphs_llama-3.2-1b", [py, "-m", "bench.gpu_decode_graphs", "--model", "llama-3.2-1b", "--json"], 150),
+        # The host's share of those steps, on this machine's CPU (what runs around a graph's replay).
+        ("host_step", [py, "-m", "bench.host_step", "--json"], 60),
         ("offline_llama-3.2-1b", [py, "-m", "bench.gpu_check", "--offline", "llama-3.2-1b", "--model-dir",
                                   str(tmp / "llama-3.2-1b")], 240),
         ("triton_kernels", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
