@@ -18,22 +18,13 @@ import json
 import random
 import statistics
 import tempfile
-import time
 from pathlib import Path
-
-
-def _time_steps(engine, n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        engine.step()  # ends with the sampled ids copied to the host: the GPU work is done
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def measure(model_dir: Path, sizes: list[int], context: int, steps: int, rounds: int, kv_gb: float) -> dict:
     import torch
 
+    from bench.host_step import start_decoding, time_steps
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
     from engine.engine import LLMEngine
     from engine.sampling_params import SamplingParams
@@ -61,18 +52,13 @@ def measure(model_dir: Path, sizes: list[int], context: int, steps: int, rounds:
     rows = []
     for bs in sizes:
         params = SamplingParams(max_tokens=2 * steps * rounds + 32, ignore_eos=True, detokenize=False)
-        ids = [engine.add_request(None, [rng.randrange(vocab) for _ in range(context)], params) for _ in range(bs)]
-        while True:  # prefill (and warm up) until every request decodes
-            engine.step()
-            so = engine.last_scheduler_output
-            if len(so.slots) == bs and all(c == 1 for c in so.counts):
-                break
+        ids = start_decoding(engine, [[rng.randrange(vocab) for _ in range(context)] for _ in range(bs)], params)
         times: dict[str, list[float]] = {mode: [] for mode in modes}
         for _ in range(rounds):
             for mode, (mode_graphs, ops) in modes.items():
                 runner.graphs, model.ops = mode_graphs, ops
-                _time_steps(engine, 2)  # the switch's first steps are not timed
-                times[mode] += _time_steps(engine, steps)
+                time_steps(engine, 2)  # the switch's first steps are not timed
+                times[mode] += time_steps(engine, steps)
         runner.graphs, model.ops = graphs, default_ops
         for i in ids:
             engine.abort(i)

@@ -19,6 +19,26 @@ import time
 from pathlib import Path
 
 
+def start_decoding(engine, prompts: list[list[int]], params) -> list[str]:
+    """Add one request per prompt and step until all of them decode (every prompt prefilled); their ids."""
+    ids = [engine.add_request(None, prompt, params) for prompt in prompts]
+    while True:
+        engine.step()
+        so = engine.last_scheduler_output
+        if len(so.slots) == len(ids) and all(c == 1 for c in so.counts):
+            return ids
+
+
+def time_steps(engine, n: int) -> list[float]:
+    """``n`` engine steps' wall times (on CUDA a step ends with the sampled ids on the host)."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        engine.step()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 def measure(sizes: list[int], context: int, steps: int) -> dict:
     import torch
 
@@ -44,17 +64,8 @@ def measure(sizes: list[int], context: int, steps: int) -> dict:
     rows = []
     for bs in sizes:
         params = SamplingParams(max_tokens=steps + 32, ignore_eos=True, detokenize=False)
-        ids = [engine.add_request(None, [rng.randrange(3, vocab) for _ in range(context)], params) for _ in range(bs)]
-        while True:  # prefill until every request decodes
-            engine.step()
-            so = engine.last_scheduler_output
-            if len(so.slots) == bs and all(c == 1 for c in so.counts):
-                break
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            engine.step()
-            times.append(time.perf_counter() - t0)
+        ids = start_decoding(engine, [[rng.randrange(3, vocab) for _ in range(context)] for _ in range(bs)], params)
+        times = time_steps(engine, steps)
         for i in ids:
             engine.abort(i)
         rows.append({"batch": bs, "host_ms": round(statistics.median(times) * 1e3, 3)})

@@ -58,10 +58,24 @@ class ModelRunner:
             return RunnerOutput([], [])
         inputs = self.batch.prepare(so)
         if self.graphs is not None and self.graphs.takes(inputs):
-            hidden = self.graphs.run(inputs)
-            if len(inputs.logits_indices) != len(hidden):  # a one-token prompt chunk that does not sample
-                hidden = hidden[self._tensor(inputs.logits_indices.astype(np.int64, copy=False))]
-            return self._sample(hidden, inputs) if len(inputs.logits_indices) else RunnerOutput([], [])
+            hidden, prompt_logprobs = self._graph_forward(inputs), None
+        else:
+            hidden, prompt_logprobs = self._eager_forward(inputs)
+        if not len(inputs.logits_indices):
+            return RunnerOutput([], [], prompt_logprobs=prompt_logprobs)
+        out = self._sample(hidden, inputs)
+        out.prompt_logprobs = prompt_logprobs
+        return out
+
+    def _graph_forward(self, inputs: StepInputs) -> torch.Tensor:
+        """The sampling rows' hidden states, from a replayed decode graph (every row computed)."""
+        hidden = self.graphs.run(inputs)
+        if len(inputs.logits_indices) != len(hidden):  # a one-token prompt chunk that does not sample
+            hidden = hidden[self._tensor(inputs.logits_indices.astype(np.int64, copy=False))]
+        return hidden
+
+    def _eager_forward(self, inputs: StepInputs) -> tuple[torch.Tensor, dict | None]:
+        """The sampling rows' hidden states, and the prompt logprobs the step scores (None if none)."""
         keep = inputs.logits_indices.astype(np.int64, copy=False)
         scored = inputs.prompt_logprob_rows
         if scored:  # prompt positions to score as well
@@ -74,15 +88,10 @@ class ModelRunner:
             self.attn,
             keep=self._tensor(keep),
         )
-        prompt_logprobs = None
-        if scored:
-            prompt_logprobs = self._prompt_logprobs(hidden, keep, scored)
-            hidden = hidden[self._tensor(np.searchsorted(keep, inputs.logits_indices))]
-        if not len(inputs.logits_indices):
-            return RunnerOutput([], [], prompt_logprobs=prompt_logprobs)
-        out = self._sample(hidden, inputs)
-        out.prompt_logprobs = prompt_logprobs
-        return out
+        if not scored:
+            return hidden, None
+        prompt_logprobs = self._prompt_logprobs(hidden, keep, scored)
+        return hidden[self._tensor(np.searchsorted(keep, inputs.logits_indices))], prompt_logprobs
 
     @torch.inference_mode()
     def _prompt_logprobs(self, hidden: torch.Tensor, keep: np.ndarray, scored) -> dict:
