@@ -104,6 +104,13 @@ class BlockPool:
         self.cached[block_hash] = bid
         return True
 
+    def forget(self, block_ids: list[int]) -> None:
+        """Withdraw these blocks' prefix-cache entries (their KV cannot be trusted); the blocks stay
+        allocated to whoever holds them."""
+        removed = [self._uncache(blk) for blk in map(self.blocks.__getitem__, block_ids) if blk.block_hash is not None]
+        if removed and self.record_events:
+            self._events.append(BlocksRemoved(tuple(removed)))
+
     def record_stored(self, hashes: list[BlockHash]) -> None:
         if hashes and self.record_events:
             self._events.append(BlocksStored(tuple(hashes)))
@@ -284,6 +291,15 @@ class BlockManager:
         req.num_registered_blocks = n_full
         if pool.record_events and stored:
             pool.record_stored(stored)
+
+    def unregister_unwritten(self, req: Request, num_written: int) -> None:
+        """A step failed: forget the cache entries of ``req``'s blocks past its first ``num_written``
+        tokens. They were registered as the step was scheduled, but the step wrote no KV into them,
+        so a later prefix hit on them would read garbage."""
+        keep = num_written // self.block_size
+        if req.num_registered_blocks > keep:
+            self.pool.forget(req.block_ids[keep : req.num_registered_blocks])
+            req.num_registered_blocks = keep
 
     def free(self, req: Request) -> None:
         """Release all of ``req``'s blocks. Tail blocks are released first so they are evicted first."""

@@ -65,6 +65,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self.num_steps = 0
         self.last_scheduler_output = None  # what the latest step computed (the prefill role ships it)
+        self._failed_outputs: list[RequestOutput] = []  # ends of a failed step's requests, for the next step
 
     def _capture_graphs(self, progress: Callable[[str], None] | None) -> None:
         try:
@@ -160,7 +161,8 @@ class LLMEngine:
         return self.output_processor.abort_output(req)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """True while a request runs or waits, or a failed step's final outputs are still to be sent."""
+        return self.scheduler.has_unfinished() or bool(self._failed_outputs)
 
     # -- disaggregation ---------------------------------------------------------------------
     def reserve(self, request_id: str, prompt: Sequence[int], params: SamplingParams, *, priority: int = 0,
@@ -196,10 +198,21 @@ class LLMEngine:
 
     # -- the loop ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One step. If the model raises, the step's requests end with finish reason "error" (their
+        final outputs come first from the next ``step()``), the others carry on, and the error is
+        re-raised."""
         scheduled = self.last_scheduler_output = self.scheduler.schedule()
-        ran = self.runner.execute(scheduled)
+        try:
+            ran = self.runner.execute(scheduled)
+        except BaseException:
+            self._failed_outputs += [self.output_processor.abort_output(r, "error")
+                                     for r in self.scheduler.step_failed(scheduled)]
+            raise
         self.num_steps += 1
-        return self.output_processor.process(self.scheduler.update_from_output(ran))
+        outputs = self.output_processor.process(self.scheduler.update_from_output(ran))
+        if self._failed_outputs:
+            outputs[:0], self._failed_outputs = self._failed_outputs, []
+        return outputs
 
     def generate(
         self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None
@@ -221,14 +234,21 @@ class LLMEngine:
         done: dict[str, RequestOutput] = {}
         logprobs: dict[str, list[TokenLogprob]] = {}
         prompt_logprobs: dict[str, list[TokenLogprob]] = {}
-        while self.has_unfinished_requests():
-            for out in self.step():
-                if out.logprobs is not None:
-                    logprobs.setdefault(out.request_id, []).extend(out.logprobs)
-                if out.finished:
-                    done[out.request_id] = out
-                if out.prompt_logprobs is not None:
-                    prompt_logprobs[out.request_id] = out.prompt_logprobs
+        try:
+            while self.has_unfinished_requests():
+                for out in self.step():
+                    if out.logprobs is not None:
+                        logprobs.setdefault(out.request_id, []).extend(out.logprobs)
+                    if out.finished:
+                        done[out.request_id] = out
+                    if out.prompt_logprobs is not None:
+                        prompt_logprobs[out.request_id] = out.prompt_logprobs
+        except BaseException:  # a failed step (or an interrupt): none of these prompts stays behind
+            mine = set(ids)
+            for rid in ids:
+                self.abort(rid)
+            self._failed_outputs = [o for o in self._failed_outputs if o.request_id not in mine]
+            raise
         for rid, lps in logprobs.items():
             done[rid].logprobs = lps
         for rid, lps in prompt_logprobs.items():

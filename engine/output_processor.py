@@ -117,11 +117,12 @@ class OutputProcessor:
             out.metrics = RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, time.monotonic())
         return out
 
-    def abort_output(self, req: Request) -> RequestOutput:
+    def abort_output(self, req: Request, finish_reason: str = "abort") -> RequestOutput:
+        """The final output of a request ended from outside its tokens (an abort, a failed step)."""
         st = self._streams.pop(req.request_id, None)
         text = st.text if st else ""
         return RequestOutput(
-            req.request_id, [], text[st.num_sent_chars :] if st else "", finished=True, finish_reason="abort",
+            req.request_id, [], text[st.num_sent_chars :] if st else "", finished=True, finish_reason=finish_reason,
             num_prompt_tokens=req.num_prompt_tokens, token_ids=req.output_token_ids, text=text,
             first_index=req.num_tokens - req.num_prompt_tokens,
         )

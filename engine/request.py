@@ -49,7 +49,7 @@ class FinishReason(enum.Enum):
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or the context length
     ABORT = "abort"
-    ERROR = "error"  # the router's, for a request whose worker failed; an engine never ends one so
+    ERROR = "error"  # the worker failed (the router's), or the engine step computing it raised
 
 
 _TERMINAL = frozenset({RequestState.FINISHED, RequestState.ABORTED})

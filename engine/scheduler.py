@@ -105,6 +105,29 @@ class Scheduler(DisaggregationMixin):
         self._finish(req, FinishReason.ABORT, _S.ABORTED)
         return req
 
+    def step_failed(self, so: SchedulerOutput) -> list[Request]:
+        """The step ``so`` describes raised: end its requests (ERROR) and return them.
+
+        Their tokens were advanced, and their newly full blocks entered in the prefix cache, as the
+        step was scheduled; the KV it was to write is missing or partial. So those cache entries are
+        withdrawn before the blocks are freed, and the requests end rather than retry, since a step
+        that failed once (out of memory, a bad kernel) would likely fail again. Requests outside the
+        step are untouched."""
+        failed = []
+        bm = self.block_manager
+        for rid, n in zip(so.request_ids, so.counts):
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            req.num_computed_tokens -= n
+            bm.unregister_unwritten(req, req.num_computed_tokens)
+            if req.is_padding:
+                self._release_padding(req)
+            elif not req.is_finished:
+                self._finish(req, FinishReason.ERROR, _S.ABORTED)
+                failed.append(req)
+        return failed
+
     def has_unfinished(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
 

@@ -29,6 +29,25 @@ def _compute(bm, req, n, cached=()):
     bm.register_full_blocks(req, req.num_computed_tokens)
 
 
+def test_blocks_a_failed_step_registered_leave_the_cache_and_say_so():
+    bm = BlockManager(16, BS, record_events=True)
+    a = _req("a", list(range(14)))
+    _compute(bm, a, 5)  # block 0 full and registered; block 1 partly written
+    _compute(bm, a, 9)  # the step that fails: registers blocks 1 and 2
+    first = a.block_hashes[0]
+    assert a.num_registered_blocks == 3
+    bm.take_events()
+    bm.unregister_unwritten(a, 5)
+    assert a.num_registered_blocks == 1
+    removed = [h for e in bm.take_events() if isinstance(e, BlocksRemoved) for h in e.block_hashes]
+    assert removed == a.block_hashes[1:3]
+    assert set(bm.pool.cached) == {first}
+    b = _req("b", list(range(14)))
+    assert bm.find_cached_prefix(b) == a.block_ids[:1]  # the written block is still a hit
+    bm.free(a)
+    assert bm.num_free_blocks == 16
+
+
 def test_prefix_hit_reuses_blocks_and_recomputes_the_last_token():
     bm = BlockManager(16, BS, record_events=True)
     a = _req("a", list(range(12)))  # exactly 3 full blocks

@@ -302,3 +302,74 @@ def test_each_delta_says_where_its_tokens_start_resumed_ones_counted(engine):
     rid = engine.add_request(None, [5, 6, 7], SamplingParams(max_tokens=6, ignore_eos=True))
     got = [t for o in engine.step() if o.request_id == rid for t in o.new_token_ids]
     assert engine.abort(rid).first_index == len(got)
+
+
+def _fail_once(engine, monkeypatch, after: int = 0):
+    """Make the runner raise on its call number ``after`` (0 = the next), without computing anything."""
+    real = engine.runner.execute
+    calls = {"n": 0}
+
+    def execute(so):
+        calls["n"] += 1
+        if calls["n"] == after + 1:
+            raise RuntimeError("injected step failure")
+        return real(so)
+
+    monkeypatch.setattr(engine.runner, "execute", execute)
+
+
+def test_a_failed_step_ends_its_requests_and_withdraws_the_cache_entries_it_made(engine, monkeypatch):
+    """The scheduler enters a step's newly full blocks in the prefix cache as it schedules the step.
+    A step that raised left them there with no KV written, and a later request with the same prompt
+    reused that garbage."""
+    prompt = list(range(100, 100 + 70))  # 4 full blocks of 16, found in no earlier test
+    sp = SamplingParams(max_tokens=8, ignore_eos=True)
+    cached_before = dict(engine.block_manager.pool.cached)
+    rid = engine.add_request(None, prompt, sp)
+    _fail_once(engine, monkeypatch)
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.step()
+    monkeypatch.undo()
+    assert engine.block_manager.pool.cached == cached_before
+    assert engine.has_unfinished_requests()  # its final output is still to be sent
+    outs = engine.step()
+    assert [(o.request_id, o.finished, o.finish_reason) for o in outs] == [(rid, True, "error")]
+    assert not engine.has_unfinished_requests()
+    assert engine.num_free_blocks == engine.num_total_blocks
+
+    again = engine.generate([prompt], sp)[0].token_ids  # computes the prompt: nothing cached for it
+    assert engine.generate([prompt], sp)[0].token_ids == again  # and now from the cache it made
+    other = engine.generate([prompt[:-1] + [7]], sp)[0].token_ids  # same first 4 blocks, a cache hit
+    assert engine.block_manager.pool.reset_prefix_cache()
+    assert engine.generate([prompt], sp)[0].token_ids == again
+    assert engine.generate([prompt[:-1] + [7]], sp)[0].token_ids == other
+
+
+def test_a_failed_step_mid_generation_spares_the_requests_outside_it(engine, monkeypatch):
+    sp = SamplingParams(max_tokens=6, ignore_eos=True)
+    want = engine.generate(["later request"], sp)[0].token_ids
+    rid = engine.add_request(None, "this one fails after a few tokens", SamplingParams(max_tokens=50, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    _fail_once(engine, monkeypatch)
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.step()
+    later = engine.add_request(None, "later request", sp)
+    done = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = o
+    assert done[rid].finish_reason == "error" and len(done[rid].token_ids) == 3
+    assert done[later].token_ids == want
+    _drain(engine)
+
+
+def test_generate_leaves_no_request_behind_when_a_step_fails(engine, monkeypatch):
+    _fail_once(engine, monkeypatch, after=2)
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True))
+    assert not engine.has_unfinished_requests()
+    assert engine.num_free_blocks == engine.num_total_blocks
+    monkeypatch.undo()
+    assert len(engine.generate(PROMPTS, SamplingParams(max_tokens=4, ignore_eos=True))) == len(PROMPTS)
