@@ -6,6 +6,14 @@ The receiver only writes into a transfer's blocks while the transfer is *expecte
 (deadline passed, request aborted) and writing into it are serialized by one lock, so once
 ``cancel`` returns True no byte of that transfer will land in the cache (the blocks can be
 recomputed locally safely).
+
+A pair whose group fails while both processes live (a network error, a stream out of sync) forms
+again: each side fails what was in flight with the other (the decode side prefills those
+requests locally) and dials the pair's next epoch at once. The side that saw the failure closes
+its end of the group, which fails the peer's too (gloo), and records it in the store, where the
+peer's watcher finds it (NCCL cannot be relied on to notice). A peer that does not come back to
+the new epoch within ``connect_timeout_s``, or a pair that fails again before carrying anything
+``MAX_IDLE_REFORMS`` times in a row, is gone for this incarnation, as is a peer known dead.
 """
 
 from __future__ import annotations
@@ -28,6 +36,14 @@ from kv_transfer.send_buffers import SendBuffers
 from kv_transfer.wire import FLAG_LAST, Header, Kind
 
 log = logging.getLogger(__name__)
+
+MAX_IDLE_REFORMS = 3  # a pair failing this many times in a row without carrying a message is gone
+_WATCH_INTERVAL_S = 0.5  # how often an agent looks for failures its peers recorded
+
+
+def failures_key(peer: PeerInfo) -> str:
+    """A counter of the pair failures that ``peer``'s agent should look at (its watcher reads it)."""
+    return f"baton/pair-failures/{peer.key}"
 
 
 @dataclass
@@ -91,14 +107,17 @@ class TransferAgent:
         self.faults = faults or FaultInjector()
         self.connect_timeout_s = connect_timeout_s
         self._store_addr = store_addr
-        connect_store(store_addr, connect_timeout_s)  # fail here, naming the store, if it is unreachable
+        # Fails here, naming the store, if it is unreachable; then the failure watcher's own client.
+        self._watch_store = connect_store(store_addr, connect_timeout_s)
         self._channels: dict[str, Channel] = {}
-        # Incarnations whose channel failed: gone for good (a restart is a new incarnation). A new
-        # pair group with one would rendezvous on the dead process's stale store entries, and gloo
-        # can wait for that connection for its whole op timeout (24 h), holding the transfers queued
-        # on it and their blocks; sends to them fail at once instead.
+        # Incarnations known dead, replaced, or with which no pair could be formed (again): gone for
+        # good (a restart is a new incarnation). Sends to them fail at once instead of queueing for
+        # a peer that will not come, holding their blocks and staging buffers.
         self._gone: set[str] = set()
+        self._epochs: dict[str, int] = {}  # peer key -> the epoch of the pair's next group (after failures)
+        self._idle_reforms: dict[str, int] = {}  # peer key -> failures in a row of groups that carried nothing
         self._lock = threading.Lock()
+        self._closing = threading.Event()
         self._expected: dict[int, _Expected] = {}  # decode side
         self._outgoing: dict[tuple[str, int], _Outgoing] = {}  # prefill side: (peer key, transfer id)
         self._delay_until: dict[tuple[str, int], float] = {}  # injected delays, by (peer key, transfer id)
@@ -109,6 +128,7 @@ class TransferAgent:
         self.on_acked = on_acked or (lambda rid, ok: None)
         self.stats = TransferStats()
         self.send_buffers = SendBuffers(tuple(kv_cache.shape[1:]), kv_cache.dtype)  # CPU pair-group path
+        threading.Thread(target=self._watch_failures, name=f"kv-watch-{me.key}", daemon=True).start()
 
     # -- channels ---------------------------------------------------------------------------
     def is_gone(self, peer: PeerInfo) -> bool:
@@ -128,10 +148,12 @@ class TransferAgent:
             old = ch if ch is not None and not ch.failed else None  # another incarnation's, still open
             if ch is not None:
                 ch.close()
+            epoch = self._epochs.get(peer.key, 0)
             ch = Channel(
                 self._store_addr, self.me, peer, self.device, tuple(self.kv_cache.shape[1:]), self.kv_cache.dtype,
                 self._on_message, self._on_channel_failure, self.connect_timeout_s,
                 lambda header, peer_key=peer.key: self._before_send(peer_key, header), kv_export=self._kv_export,
+                epoch=epoch, join_timeout_s=self.connect_timeout_s if epoch else None,
             )
             self._channels[peer.worker_id] = ch
         if old is not None:  # the worker restarted: what was in flight with its old process failed
@@ -314,14 +336,56 @@ class TransferAgent:
             self.stats.failed += 1
         self.on_acked(out.request_id, acked)
 
-    def _on_channel_failure(self, ch: Channel, reason: str) -> None:
-        """The peer is gone: fail everything in flight with it, on both sides."""
+    def _on_channel_failure(self, ch: Channel, reason: str, transient: bool) -> None:
+        """Fail everything in flight with the peer, on both sides; then dial the pair's next epoch if
+        the failure was transient (the peer lives, as far as we know), else the peer is gone."""
+        peer = ch.peer
         with self._lock:
-            if self._channels.get(ch.peer.worker_id) is ch:
-                del self._channels[ch.peer.worker_id]
-            self._gone.add(ch.peer.key)
-        self._fail_peer(ch.peer.key, reason)
+            current = self._channels.get(peer.worker_id) is ch
+            if current:
+                del self._channels[peer.worker_id]
+            idle = 0 if ch.messages else self._idle_reforms.get(peer.key, 0) + 1
+            again = (transient and current and not self._closing.is_set() and peer.key not in self._gone
+                     and idle < MAX_IDLE_REFORMS)
+            if again:
+                self._epochs[peer.key] = ch.epoch + 1
+                self._idle_reforms[peer.key] = idle
+            elif current or not transient:
+                self._gone.add(peer.key)
+        if transient:
+            try:  # first, for the peer's watcher: its group may not notice (NCCL)
+                ch.record_failure_for_peer(failures_key(peer))
+            except Exception as e:
+                log.warning("could not record the failure of the pair with %s: %s", peer.key, e)
+        self._fail_peer(peer.key, reason)
         self.stats.bytes_sent += ch.bytes_sent
+        if again:
+            log.info("forming the pair with %s again (epoch %d)", peer.key, ch.epoch + 1)
+            self.channel(peer)
+
+    def _watch_failures(self) -> None:
+        """Sever our channels whose group the peer recorded as failed (see the module docstring).
+        One store call per interval while we have channels. While the store is unreachable (our
+        channels' own errors still tell us of failures), it tries again every 5 s."""
+        store, seen, interval, warned = self._watch_store, 0, _WATCH_INTERVAL_S, False
+        while not self._closing.wait(interval):
+            with self._lock:
+                chans = [ch for ch in self._channels.values() if not ch.failed]
+            if not chans:
+                continue
+            try:
+                n = store.add(failures_key(self.me), 0)
+                interval, warned = _WATCH_INTERVAL_S, False
+                if n == seen:
+                    continue
+                seen = n
+                for ch in chans:
+                    if store.check([ch.failure_key]):
+                        ch.sever(f"{ch.peer.key} recorded the pair's failure: {store.get(ch.failure_key).decode()}")
+            except Exception as e:
+                if not warned:
+                    log.warning("the KV failure watcher of %s cannot reach the store: %s", self.me.key, e)
+                interval, warned = 5.0, True
 
     def _fail_peer(self, peer_key: str, reason: str) -> None:
         with self._lock:
@@ -340,6 +404,7 @@ class TransferAgent:
             return self.stats.bytes_sent + sum(ch.bytes_sent for ch in self._channels.values())
 
     def close(self) -> None:
+        self._closing.set()
         with self._lock:
             chans = list(self._channels.values())
             self._channels.clear()

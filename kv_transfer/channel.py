@@ -11,10 +11,18 @@ when the pair forms (kv_transfer/local_kv.py).
 Each channel has its own store client: a client serves one call at a time, and a call that waits
 (gloo's rendezvous with a peer that died halfway through it) would hold every other pair's
 rendezvous behind it. A failed or closed channel stops waiting for its peer and lets go of what
-was queued for it (staging buffers of tens of MiB)."""
+was queued for it (staging buffers of tens of MiB).
+
+A channel is one *epoch* of its pair. A failure of its group while it carried messages (a send or
+receive error, a stream out of sync) is *transient*: the agent forms the pair again at the next
+epoch. This side writes the failure under the epoch's key, so the peer, whose own group may look
+healthy (it is blocked in a receive), learns of it (``TransferAgent``'s watcher) and dials again
+too. A failure to form the group, a close, or ``fail`` from outside (the peer is known dead or
+replaced) is final for the incarnation."""
 
 from __future__ import annotations
 
+import datetime
 import logging
 import queue
 import threading
@@ -25,10 +33,12 @@ import torch.distributed as dist
 
 from kv_transfer.local_kv import LocalRows, PeerKV
 from kv_transfer.pair_group import connect_store, form_pair_group
-from kv_transfer.peer import PeerInfo, StoreAddress
+from kv_transfer.peer import PeerInfo, StoreAddress, pair_key
 from kv_transfer.wire import Header, empty_header
 
 log = logging.getLogger(__name__)
+
+_TEARDOWN_TAG = 1  # never sent on: a receive on it that times out closes the group's connection
 
 # (header, payload or None, called once the payload has left or None); None is the sender's stop signal.
 Outgoing = tuple[Header, torch.Tensor | None, Callable[[], None] | None]
@@ -46,13 +56,22 @@ class Channel:
         payload_shape: tuple[int, ...],
         payload_dtype: torch.dtype,
         on_message: Callable[[Channel, Header, Received | None], None],
-        on_failure: Callable[[Channel, str], None],
+        on_failure: Callable[[Channel, str, bool], None],
         connect_timeout_s: float = 30.0,
         before_send: Callable[[Header], bool] | None = None,
         *,
         kv_export: bytes | None = None,
+        epoch: int = 0,
+        join_timeout_s: float | None = None,
     ) -> None:
+        """``on_failure(channel, reason, transient)`` runs once, on whichever thread saw the failure.
+        ``join_timeout_s`` bounds the wait for the peer (None: unbounded; the agent bounds the wait
+        of a pair formed again, ``pair_group.py``)."""
         self.me, self.peer, self.device = me, peer, device
+        self.epoch = epoch
+        self._join_timeout_s = join_timeout_s
+        prefill, decode = (me, peer) if me.role == "prefill" else (peer, me)
+        self._pair_prefix = pair_key(prefill, decode, epoch)
         self.local = self.is_local(me, peer)
         if self.local and kv_export is None:
             raise ValueError(f"{me.key} claims locality {me.locality!r} but exports no KV cache")
@@ -69,11 +88,14 @@ class Channel:
         self._group: dist.ProcessGroup | None = None
         self._peer_rank = 0
         self._failed = threading.Event()
+        self._fail_lock = threading.Lock()  # the send and receive threads may fail at once
         self._stop = threading.Event()  # set on failure or close: a wait for the peer ends
         self._closed = False
         self.failure: str | None = None
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.messages = 0  # sent and received: a channel that carried none failing again is not retried
+        self._severed = False  # failed because the peer recorded the failure (see sever)
         threading.Thread(target=self._connect_and_send, name=f"kv-send-{peer.key}", daemon=True).start()
 
     @staticmethod
@@ -84,6 +106,11 @@ class Channel:
     @property
     def failed(self) -> bool:
         return self._failed.is_set()
+
+    @property
+    def failure_key(self) -> str:
+        """Where either side writes that this epoch's group failed (the store's root namespace)."""
+        return self._pair_prefix + "/failed"
 
     def send(self, header: Header, payload: torch.Tensor | None = None,
              on_sent: Callable[[], None] | None = None) -> bool:
@@ -98,6 +125,7 @@ class Channel:
         self._closed = True
         self._stop.set()
         self._queue.put(None)
+        self._tear_down()
 
     @property
     def _row_bytes(self) -> int:
@@ -117,7 +145,8 @@ class Channel:
             group_device = torch.device("cpu") if self.local else self.device
             self._store = connect_store(self._store_addr, self._connect_timeout_s)
             self._group, self._peer_rank = form_pair_group(self._store, self.me, self.peer, group_device,
-                                                           self._connect_timeout_s, self.rows, self._stop)
+                                                           self._connect_timeout_s, self.rows, self._stop,
+                                                           epoch=self.epoch, join_timeout_s=self._join_timeout_s)
             if self.local:
                 self._exchange_kv_handles()
         except Exception as e:
@@ -126,7 +155,8 @@ class Channel:
             else:
                 self._fail(f"could not form the pair group with {self.peer.key}: {e}")  # (drains too)
             return
-        if self._closed:
+        if self._closed or self._failed.is_set():  # (while the group formed)
+            self._tear_down()
             self._drain()
             return
         threading.Thread(target=self._receive_loop, name=f"kv-recv-{self.peer.key}", daemon=True).start()
@@ -145,10 +175,14 @@ class Channel:
                         self._group.send([payload], self._peer_rank, 0).wait()
                         self.bytes_sent += (payload.numel() * self._row_bytes if self.local
                                             else payload.numel() * payload.element_size())
+                    self.messages += 1
                 if on_sent is not None:
                     on_sent()
         except Exception as e:
-            self._fail(f"send to {self.peer.key} failed: {e}")  # (which drains the queue)
+            if not self._closed:
+                self._fail(f"send to {self.peer.key} failed: {e}", transient=True)  # (which drains the queue)
+            else:
+                self._drain()
 
     def _drain(self) -> None:
         """Drop what is still queued: its transfers have failed (or the channel closed). Staging
@@ -168,10 +202,7 @@ class Channel:
     def _exchange_kv_handles(self) -> None:
         """Local mode: each side publishes its cache's export under the pair's prefix; the
         receiving (decode) side maps the sender's."""
-        from kv_transfer.peer import pair_key
-
-        prefill, decode = (self.me, self.peer) if self.me.role == "prefill" else (self.peer, self.me)
-        store = dist.PrefixStore(pair_key(prefill, decode) + "/kv", self._store)
+        store = dist.PrefixStore(self._pair_prefix + "/kv", self._store)
         store.set(self.me.role, self._kv_export)
         if self.me.role == "decode":
             self._peer_kv = PeerKV(store.get("prefill"))
@@ -193,13 +224,29 @@ class Channel:
                     payload = self._receive_buffer(header.num_blocks, device)
                     group.recv([payload], self._peer_rank, 0).wait()
                     self.bytes_received += payload.numel() * payload.element_size()
+                self.messages += 1
                 self._on_message(self, header, payload)
         except Exception as e:
             if not self._closed:
-                self._fail(f"receive from {self.peer.key} failed: {e}")
+                self._fail(f"receive from {self.peer.key} failed: {e}", transient=True)
         finally:
             if self._peer_kv is not None:  # this thread is its only user
                 self._peer_kv.close()
+
+    def _tear_down(self) -> None:
+        """Close this side of the group, so that both sides' blocked receives end and their threads
+        exit (the peer's with "connection closed", which fails its channel too). gloo has no abort:
+        an operation that times out closes the connection, so wait 1 ms for a message never sent."""
+        group = self._group
+        if group is None:
+            return
+        try:
+            if self._wire_device.type == "cuda":
+                group.abort()
+            else:
+                group.recv([torch.empty(1)], self._peer_rank, _TEARDOWN_TAG).wait(datetime.timedelta(milliseconds=1))
+        except Exception:
+            pass  # the expected timeout, or the connection was already closed
 
     def _receive_buffer(self, num_blocks: int, device: torch.device) -> torch.Tensor:
         """Room for a chunk's rows. On CPU one buffer per channel, grown to the largest chunk and
@@ -214,16 +261,32 @@ class Channel:
         return self._rx_buffer[:num_blocks]
 
     def fail(self, reason: str) -> None:
-        """Fail the channel from outside (its peer is known gone); once, like any failure."""
+        """Fail the channel from outside (its peer is known gone or replaced); once, like any failure."""
         self._fail(reason)
 
-    def _fail(self, reason: str) -> None:
-        if self._failed.is_set():
+    def sever(self, reason: str) -> None:
+        """The peer recorded that this epoch's group failed on its side: fail it here too (transient)."""
+        self._severed = True
+        self._fail(reason, transient=True)
+
+    def record_failure_for_peer(self, counter_key: str) -> None:
+        """Record this epoch's failure under its key, then bump the peer's counter (its watcher reads
+        the counter, then the keys), unless the failure came from the peer's own record."""
+        if self._severed or self._store is None:
             return
-        self.failure = reason
-        self._failed.set()
+        self._store.set(self.failure_key, self.failure or "")
+        self._store.add(counter_key, 1)
+
+    def _fail(self, reason: str, transient: bool = False) -> None:
+        with self._fail_lock:
+            if self._failed.is_set():
+                return
+            self.failure = reason
+            self._failed.set()
         self._stop.set()
         self._drain()  # now, not when the send thread gets to it (it may be stuck in a send to the peer)
         self._queue.put(None)  # the send thread, if waiting for work, ends (it was left blocked forever)
-        log.warning("KV channel %s -> %s failed: %s", self.me.key, self.peer.key, reason)
-        self._on_failure(self, reason)
+        self._rx_buffer = None  # (a receive blocked in the dead group may still hold its slice)
+        self._tear_down()
+        log.warning("KV channel %s -> %s (epoch %d) failed: %s", self.me.key, self.peer.key, self.epoch, reason)
+        self._on_failure(self, reason, transient)

@@ -5,7 +5,8 @@ Faults apply on the sending side, per transfer (a transfer is keyed by its peer 
 decode worker numbers its transfers from 1, so an id alone names one transfer per peer): a dropped transfer sends nothing at all (the
 FIFO stays well-formed, the receiver simply never hears of it); a delayed one waits before its
 first message; ``die_after_chunks`` ends the sending process after that many chunks, as a crash
-mid-transfer would.
+mid-transfer would; ``sever_after_chunks`` makes the channel's next send fail after that many
+chunks, as a network error would, with both processes alive (the pair then forms again).
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ class FaultSpec:
     delay_s: float = 0.0  # delay each upcoming transfer's first message by this much
     delay_next: int = 0  # ... for this many transfers (0: every transfer while delay_s > 0)
     die_after_chunks: int | None = None  # os._exit(1) after sending this many more chunks
+    sever_after_chunks: int | None = None  # the channel fails (once) after sending this many more chunks
 
     def __post_init__(self) -> None:
         if self.drop_next < 0 or self.delay_next < 0 or self.delay_s < 0:
             raise ValueError("fault counts and delays must be >= 0")
+        if any(n is not None and n < 0 for n in (self.die_after_chunks, self.sever_after_chunks)):
+            raise ValueError("die_after_chunks and sever_after_chunks must be >= 0")
 
 
 class FaultInjector:
@@ -69,14 +73,19 @@ class FaultInjector:
             self._delayed.discard(transfer)
 
     def before_chunk(self) -> None:
-        """Called before each KV chunk is sent: ``die_after_chunks=n`` lets n chunks through."""
+        """Called before each KV chunk is sent (on the channel's send thread): ``die_after_chunks=n``
+        and ``sever_after_chunks=n`` let n chunks through."""
         with self._lock:
             n = self._spec.die_after_chunks
-            if n is None:
-                return
-            if n <= 0:
-                os._exit(1)  # a crash, not a clean shutdown: peers see the connection drop
-            self._spec = _replace(self._spec, die_after_chunks=n - 1)
+            if n is not None:
+                if n <= 0:
+                    os._exit(1)  # a crash, not a clean shutdown: peers see the connection drop
+                self._spec = _replace(self._spec, die_after_chunks=n - 1)
+            n = self._spec.sever_after_chunks
+            if n is not None:
+                self._spec = _replace(self._spec, sever_after_chunks=n - 1 if n > 0 else None)
+                if n <= 0:
+                    raise ConnectionResetError("injected fault: the channel was severed")
 
 
 def _replace(spec: FaultSpec, **kw) -> FaultSpec:

@@ -17,6 +17,11 @@ form the pair again on the same key (the other would rendezvous with stale entri
 have to mark a live peer gone. Transfers have deadlines of their own above this layer. The wait
 ends early when ``cancelled`` is set (the peer is known dead, or the channel closes).
 
+A pair whose group failed while both processes live (a network error, a stream out of sync)
+forms again under the next *epoch* of its key (``kv_transfer/agent.py``); fresh keys, so nothing
+stale from the failed group is read. That wait is bounded (``join_timeout_s``): both sides dial
+again at once when they learn of the failure, so a peer that does not come is gone.
+
 The wait polls ``check`` instead of calling the store's blocking ``wait``: a TCPStore client holds
 its connection for the whole of a ``wait``, so every other call on that client (another pair's
 rendezvous) queued behind a peer that had not dialed yet.
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -42,6 +48,10 @@ class PairingCancelled(ConnectionAbortedError):
     """The wait for the peer was cancelled (it is gone, or this side closed the channel)."""
 
 
+class PairingTimedOut(TimeoutError):
+    """The peer did not join a pair formed again after a failure within ``join_timeout_s``."""
+
+
 def connect_store(addr: StoreAddress, timeout_s: float) -> dist.TCPStore:
     return dist.TCPStore(addr.host, addr.port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s),
                          wait_for_workers=False)
@@ -51,17 +61,23 @@ def form_pair_group(
     store: dist.Store, me: PeerInfo, peer: PeerInfo, device: torch.device, connect_timeout_s: float,
     rows: str = "",
     cancelled: threading.Event | None = None,
+    *,
+    epoch: int = 0,
+    join_timeout_s: float | None = None,
 ) -> tuple[dist.ProcessGroup, int]:
-    """Blocks until the peer joins or ``cancelled`` is set (PairingCancelled). ``rows`` describes
-    this side's KV rows; the peer's must be the same (ValueError). ``connect_timeout_s`` bounds the
-    store calls once both are there. Returns (group, peer rank)."""
+    """Blocks until the peer joins, ``cancelled`` is set (PairingCancelled) or ``join_timeout_s``
+    passes (PairingTimedOut; None: no limit). ``rows`` describes this side's KV rows; the peer's
+    must be the same (ValueError). ``connect_timeout_s`` bounds the store calls once both are
+    there. Returns (group, peer rank)."""
     prefill, decode = (me, peer) if me.role == "prefill" else (peer, me)
     if prefill.role != "prefill" or decode.role != "decode":
         raise ValueError(f"a pair is one prefill and one decode worker, got {me.role} and {peer.role}")
     rank = 0 if me is prefill else 1
-    prefixed = dist.PrefixStore(pair_key(prefill, decode), store)
+    prefixed = dist.PrefixStore(pair_key(prefill, decode, epoch), store)
     prefixed.set(f"rows/{rank}", rows)
-    _wait_for(prefixed, f"rows/{1 - rank}", cancelled or threading.Event(), peer)
+    cancelled = cancelled or threading.Event()
+    deadline = None if join_timeout_s is None else time.monotonic() + join_timeout_s
+    _wait_for(prefixed, f"rows/{1 - rank}", cancelled, peer, deadline)
     prefixed.set_timeout(datetime.timedelta(seconds=connect_timeout_s))
     theirs = prefixed.get(f"rows/{1 - rank}").decode()
     if theirs != rows:
@@ -73,7 +89,7 @@ def form_pair_group(
     # a known death (forget_peer) or a close can end the wait. Not on a timeout: a peer only stalled
     # (SIGSTOP, a paused host) would be taken for gone, and the pair lost for good.
     prefixed.set(f"here/{rank}", "1")
-    _wait_for(prefixed, f"here/{1 - rank}", cancelled or threading.Event(), peer)
+    _wait_for(prefixed, f"here/{1 - rank}", cancelled, peer, deadline)
     if device.type == "cuda":
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = _OP_TIMEOUT
@@ -83,9 +99,12 @@ def form_pair_group(
     return group, 1 - rank
 
 
-def _wait_for(store: dist.Store, key: str, cancelled: threading.Event, peer: PeerInfo) -> None:
+def _wait_for(store: dist.Store, key: str, cancelled: threading.Event, peer: PeerInfo,
+              deadline: float | None) -> None:
     delay = _POLL_FIRST_S
     while not store.check([key]):
         if cancelled.wait(delay):
             raise PairingCancelled(f"stopped waiting for {peer.key} to join the pair")
+        if deadline is not None and time.monotonic() > deadline:
+            raise PairingTimedOut(f"{peer.key} did not join the pair again after its failure")
         delay = min(2 * delay, _POLL_MAX_S)

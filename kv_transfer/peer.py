@@ -22,9 +22,10 @@ class PeerInfo:
         return f"{self.worker_id}@{self.incarnation}"
 
 
-def pair_key(prefill: PeerInfo, decode: PeerInfo) -> str:
-    """The rendezvous prefix of a prefill/decode pair; the prefill side is rank 0."""
-    return f"baton/pair/{prefill.key}/{decode.key}"
+def pair_key(prefill: PeerInfo, decode: PeerInfo, epoch: int = 0) -> str:
+    """The rendezvous prefix of a prefill/decode pair's ``epoch``-th group (the pair forms again,
+    at the next epoch, after its group failed while both processes live); prefill is rank 0."""
+    return f"baton/pair/{prefill.key}/{decode.key}/{epoch}"
 
 
 @dataclass(frozen=True)

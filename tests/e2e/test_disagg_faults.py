@@ -1,5 +1,6 @@
 """Faults in a live cluster (1 prefill + 2 decode workers, real Ray, gloo): dropped and delayed
-transfers fall back to local prefill within deadline + 1 s; a prefill worker that dies mid-transfer
+transfers fall back to local prefill within deadline + 1 s; a channel severed between live
+workers forms again; a prefill worker that dies mid-transfer
 and one killed mid-prefill cost nothing but time; a restarted worker rejoins the transfer mesh; a
 decode worker killed mid-stream hands its requests to the other with no missing or repeated token.
 After each test no worker holds a block."""
@@ -47,6 +48,32 @@ def test_lost_or_late_transfer_falls_back_within_deadline(cluster, tiny_model_di
     assert out.token_ids == colocated(tiny_model_dir, [p], [6])[0]
     assert _failed_transfers(cluster) == failed_before + 1
     cluster.wait_until_drained(timeout=DEADLINE + 10)  # a late transfer is refused and the sender frees too
+
+
+def test_a_channel_severed_between_live_workers_heals(cluster, tiny_model_dir):
+    """A send error with both workers alive fails the transfer in flight (it is prefilled locally),
+    and the pair forms again: later transfers between the same two workers go through."""
+    def decode_counts():
+        return {w: (l.transfers_completed, l.transfers_failed) for w, l in cluster.loads().items()
+                if w.startswith("decode")}
+
+    before = decode_counts()
+    cluster.actor("prefill-0").set_faults.remote(FaultSpec(sever_after_chunks=0))
+    p = prompts(15, 1, VOCAB, lo=40, hi=40)[0]
+    assert cluster.submit(p, greedy(6)).result(60).token_ids == colocated(tiny_model_dir, [p], [6])[0]
+    after = decode_counts()
+    severed = [w for w in after if after[w][1] == before[w][1] + 1]
+    assert len(severed) == 1 and sum(a[1] for a in after.values()) == sum(b[1] for b in before.values()) + 1
+    ps = prompts(16, 8, VOCAB, lo=20, hi=40)
+    for q in ps:  # one at a time, until one is placed on the severed pair's decode worker
+        assert cluster.submit(q, greedy(4)).result(60).token_ids == colocated(tiny_model_dir, [q], [4])[0]
+        now = decode_counts()
+        if now[severed[0]][0] > after[severed[0]][0]:
+            break
+    else:
+        pytest.fail(f"no request was placed on {severed[0]} again")
+    assert {w: c[1] for w, c in now.items()} == {w: c[1] for w, c in after.items()}  # no other failure
+    cluster.wait_until_drained()
 
 
 def test_prefill_worker_dying_mid_transfer_costs_only_time(cluster, tiny_model_dir):

@@ -482,12 +482,12 @@ def test_a_side_that_stalled_after_dialing_still_forms_the_pair(store):
 
     real_wait, stalled = pair_group._wait_for, threading.Event()
 
-    def slow_decode_wait(store_, key, cancelled, peer):  # the decode side stalls before it says "here"
+    def slow_decode_wait(store_, key, cancelled, peer, *rest):  # the decode side stalls before it says "here"
         if key.startswith("rows/") and peer.role == "prefill":
-            real_wait(store_, key, cancelled, peer)
+            real_wait(store_, key, cancelled, peer, *rest)
             stalled.wait(2.0)
             return
-        real_wait(store_, key, cancelled, peer)
+        real_wait(store_, key, cancelled, peer, *rest)
 
     pair_group._wait_for = slow_decode_wait
     try:
@@ -497,3 +497,96 @@ def test_a_side_that_stalled_after_dialing_still_forms_the_pair(store):
         assert not d.is_gone(pp) and not p.is_gone(dp)
     finally:
         pair_group._wait_for = real_wait
+
+
+def _recv_threads(peer):
+    return sum(t.name == f"kv-recv-{peer.key}" for t in threading.enumerate())
+
+
+def _eventually(cond, timeout=5.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _transfer(p, d, pp, dp, tid, received, acked):
+    n_received, n_acked = len(received.items), len(acked.items)
+    d.expect(pp, tid, f"r{tid}", [20, 21])
+    assert p.send_blocks(dp, tid, f"r{tid}", 0, [tid, tid + 1], chunk_index=0, last=True, first_token=tid)
+    assert received.wait(n_received + 1)[-1] == (f"r{tid}", tid)
+    assert acked.wait(n_acked + 1)[-1] == (f"r{tid}", True)
+    assert torch.equal(d.kv_cache[[20, 21]], p.kv_cache[[tid, tid + 1]])
+
+
+def test_a_pair_whose_group_failed_while_both_live_forms_again(store):
+    """A send error (here injected: both processes live) used to mark the peer gone for good: every
+    later request between the two prefilled locally until one of them restarted."""
+    p, d, pp, dp, received, failed, acked = make_pair(store, inc="sever")
+    try:
+        _transfer(p, d, pp, dp, 1, received, acked)
+        p.faults.set(FaultSpec(sever_after_chunks=0))
+        d.expect(pp, 2, "r2", [5, 6])
+        p.send_blocks(dp, 2, "r2", 0, [1, 2], chunk_index=0, last=True, first_token=9)
+        assert acked.wait(2)[-1] == ("r2", False)  # the sender let go of its blocks
+        assert failed.wait(1)[0][0] == "r2" and d.pending_transfers() == []  # the receiver prefills locally
+        assert not p.is_gone(dp) and not d.is_gone(pp)
+        _transfer(p, d, pp, dp, 3, received, acked)  # over the pair's next group
+        assert p.channel(dp).epoch == d.channel(pp).epoch == 1
+        assert _eventually(lambda: _recv_threads(dp) == 1 and _recv_threads(pp) == 1)  # the old group's ended
+        assert torch.count_nonzero(d.kv_cache[[5, 6]]) == 0  # nothing of the failed transfer landed
+    finally:
+        p.close()
+        d.close()
+
+
+def test_a_failure_the_peers_group_did_not_see_reaches_it_through_the_store(store, monkeypatch):
+    """NCCL does not fail the peer's receive when this side gives up its end: the peer learns from the
+    failure this side records, through its watcher."""
+    from kv_transfer.channel import Channel
+
+    monkeypatch.setattr(Channel, "_tear_down", lambda self: None)  # neither side's group notices
+    p, d, pp, dp, received, failed, acked = make_pair(store, inc="watch")
+    try:
+        _transfer(p, d, pp, dp, 1, received, acked)
+        d.expect(pp, 2, "r2", [5, 6])
+        p.channel(dp)._fail("injected: a stream out of sync", transient=True)
+        assert failed.wait(1)[0] == ("r2", "p0@watch recorded the pair's failure: injected: a stream out of sync")
+        _transfer(p, d, pp, dp, 3, received, acked)
+        assert p.channel(dp).epoch == d.channel(pp).epoch == 1
+    finally:
+        p.close()
+        d.close()
+
+
+def test_a_peer_that_does_not_come_back_after_a_failure_is_gone(store):
+    p, d, pp, dp, received, failed, acked = make_pair(store, inc="noreturn")
+    try:
+        _transfer(p, d, pp, dp, 1, received, acked)
+        p.connect_timeout_s = 1.0  # how long the next epoch waits for the peer
+        d.close()  # its end of the group closes: to the prefill side, a failure like any other
+        assert _eventually(lambda: p.channel(dp) is not None and p.channel(dp).epoch == 1)
+        assert p.send_blocks(dp, 2, "r2", 0, [1], chunk_index=0, last=True)  # queued for the new group
+        assert acked.wait(2, timeout=5.0)[-1] == ("r2", False)
+        assert p.is_gone(dp) and p.channel(dp) is None
+    finally:
+        p.close()
+
+
+def test_a_pair_that_keeps_failing_before_carrying_anything_is_given_up(store):
+    from kv_transfer.agent import MAX_IDLE_REFORMS
+
+    p, d, pp, dp, received, failed, acked = make_pair(store, inc="flap")
+    try:
+        _transfer(p, d, pp, dp, 1, received, acked)
+        for i in range(1 + MAX_IDLE_REFORMS):  # the first failure follows a transfer; then none gets through
+            assert not p.is_gone(dp)
+            p.faults.set(FaultSpec(sever_after_chunks=0))
+            assert p.send_blocks(dp, 10 + i, f"x{i}", 0, [1], chunk_index=0, last=True)
+            assert acked.wait(2 + i)[-1] == (f"x{i}", False)
+        assert _eventually(lambda: p.is_gone(dp) and d.is_gone(pp))
+    finally:
+        p.close()
+        d.close()
