@@ -26,6 +26,17 @@ BAD_VALUES = Path(__file__).resolve().parent / "bad_values"
 RENDER_BAD_VALUES = {
     "same_router_ports": "router.ports.http and router.ports.grpc are both 8000",
     "gpus_on_the_cpu_image": "decode.gpusPerWorker is 1 but the image is the CPU build: set image.variant: gpu",
+    # a pod's CPU requests/limits against what Ray is told and the torch threads it runs
+    "four_workers_on_one_cpu": "prefill.resources.requests.cpu (1) is less than the 4 CPUs the pod's workers "
+                               "take from Ray (prefill.workersPerPod 4 x prefill.cpusPerWorker 1)",
+    "millicore_request_below_ray_cpus": "decode.resources.requests.cpu (1500m) is less than the 2 CPUs the pod's "
+                                        "workers take from Ray",
+    "cpu_limit_below_ray_cpus": "prefill.resources.limits.cpu (1.5) is less than the 2 CPUs the pod's workers "
+                                "take from Ray",
+    "torch_threads_over_cpu_limit": "decode.resources.limits.cpu (2) is less than the 4 torch threads the pod's "
+                                    "CPU workers run (decode.workersPerPod 1 x decode.threadsPerWorker 4)",
+    "router_request_below_cpus_per_replica": "router.resources.requests.cpu (500m) is less than "
+                                             "router.cpusPerReplica (2)",
 }
 
 # The values files shipped with the chart, by variant name; "default" is values.yaml alone.

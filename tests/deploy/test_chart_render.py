@@ -198,7 +198,7 @@ def test_group_replicas_and_bounds_follow_values(variant, expected):
 
 def test_replicas_and_bounds_from_set_values():
     docs = render([], ("router.replicas=3", "router.minReplicas=1", "router.maxReplicas=5",
-                       "decode.replicas=4", "decode.workersPerPod=2"))
+                       "decode.replicas=4", "decode.workersPerPod=2", "decode.resources.requests.cpu=2"))
     g = groups(docs)
     assert (g["router"]["replicas"], g["router"]["minReplicas"], g["router"]["maxReplicas"]) == (3, 1, 5)
     cfg = baton_config(docs)
@@ -524,6 +524,52 @@ def test_chart_rejects_inconsistent_values_with_a_readable_message(sets, message
     proc = helm(*template_args(sets=sets), check=False)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
+
+
+# CPU quantities in every form Kubernetes takes, against 2 workers x 1 Ray CPU: the exact amount
+# renders, a millicore less fails.
+CPU_ENOUGH = [("2", False), ("2000m", False), ("2.0", False), ("2e0", False), ("0.002k", False), (2, True), (2.5, True)]
+CPU_SHORT = [("1999m", False), ("1.999", False), ("1999e-3", False), (1.999, True), ("1", False), ("500m", False)]
+
+
+def _decode_cpu_sets(quantity, as_json: bool, kind: str = "requests"):
+    other = "limits" if kind == "requests" else "requests"
+    sets = ("decode.workersPerPod=2", f"decode.resources.{other}.cpu=null")
+    value = f"decode.resources.{kind}.cpu={json.dumps(quantity) if as_json else quantity}"
+    return (sets, (value,)) if as_json else (sets + (value,), ())
+
+
+@pytest.mark.parametrize("kind", ["requests", "limits"])
+@pytest.mark.parametrize("quantity,as_json", CPU_ENOUGH)
+def test_cpu_quantities_that_cover_the_pods_ray_cpus_render(quantity, as_json, kind):
+    sets, set_jsons = _decode_cpu_sets(quantity, as_json, kind)
+    docs = render([], sets, set_jsons)
+    c = ray_container(groups(docs)["decode"])
+    assert str(c["resources"][kind]["cpu"]) == str(quantity)
+    assert "cpu" not in c["resources"].get("limits" if kind == "requests" else "requests", {})
+
+
+@pytest.mark.parametrize("kind", ["requests", "limits"])
+@pytest.mark.parametrize("quantity,as_json", CPU_SHORT)
+def test_cpu_quantities_below_the_pods_ray_cpus_fail(quantity, as_json, kind):
+    sets, set_jsons = _decode_cpu_sets(quantity, as_json, kind)
+    proc = helm(*template_args(sets=sets, set_jsons=set_jsons), check=False)
+    assert proc.returncode != 0
+    assert f"decode.resources.{kind}.cpu ({quantity}) is less than the 2 CPUs the pod's workers take from Ray" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("sets,set_jsons", [
+    # no CPU request or limit at all: nothing to compare
+    (("prefill.workersPerPod=4", "prefill.resources.requests.cpu=null", "prefill.resources.limits.cpu=null"), ()),
+    # fractional Ray CPUs: 3 x 0.5 against 1500m, 3 threads against a limit of 3
+    (("prefill.workersPerPod=3", "prefill.resources.requests.cpu=1500m", "prefill.resources.limits.cpu=3"),
+     ("prefill.cpusPerWorker=0.5",)),
+    # torch threads count on CPU only: a GPU worker's threadsPerWorker is not held against the limit
+    (("image.variant=gpu", "decode.threadsPerWorker=8"), ("decode.gpusPerWorker=1",)),
+    (("router.resources.requests.cpu=1500m", "router.resources.limits.cpu=2"), ("router.cpusPerReplica=1.5",)),
+])
+def test_consistent_cpu_values_render(sets, set_jsons):
+    assert render([], sets, set_jsons)
 
 
 # -- NOTES.txt ---------------------------------------------------------------------------------------

@@ -93,6 +93,20 @@ cpus: {{ mulf $g.workersPerPod $g.cpusPerWorker | ceil | int }}
 gpus: {{ mulf $g.workersPerPod $g.gpusPerWorker | ceil | int }}
 {{- end }}
 
+{{/* A Kubernetes CPU quantity in millicores, as a float's text (read it back with `float64`): a number
+(2, 0.5), or a string the schema's pattern allows: "500m", "1", "1.5", "2e3", "1k". */}}
+{{- define "baton.cpuMillis" -}}
+{{- if kindIs "string" . }}
+{{- $q := trim . }}
+{{- $num := regexFind "^[0-9]+(\\.[0-9]+)?" $q }}
+{{- $suffix := trimPrefix $num $q }}
+{{- $unit := dict "" 1000.0 "m" 1.0 "k" 1000000.0 "M" 1000000000.0 "G" 1000000000000.0 "T" 1000000000000000.0 "P" 1000000000000000000.0 "E" 1000000000000000000000.0 "Ki" 1024000.0 "Mi" 1048576000.0 "Gi" 1073741824000.0 "Ti" 1099511627776000.0 "Pi" 1125899906842624000.0 "Ei" 1152921504606846976000.0 }}
+{{- if hasKey $unit $suffix }}{{ mulf (float64 $num) (get $unit $suffix) }}{{ else }}{{ mulf (float64 $q) 1000.0 }}{{ end }}
+{{- else }}
+{{- mulf (float64 .) 1000.0 }}
+{{- end }}
+{{- end }}
+
 {{/* ---------------------------------------------------------------------------------------------
 Checks the JSON schema cannot express; each fails with a message naming the values.
 --------------------------------------------------------------------------------------------- */}}
@@ -121,6 +135,34 @@ Checks the JSON schema cannot express; each fails with a message naming the valu
 {{- if and (gt $gpw 1.0) (ne $gpw (float64 (int $gpw))) }}{{ fail (printf "%s.gpusPerWorker (%v) must be a whole number of GPUs, or a fraction of one" $g $p.gpusPerWorker) }}{{ end }}
 {{- range $kind := list "requests" "limits" }}
 {{- if hasKey (index ($p.resources | default dict) $kind | default dict) $v.gpuResourceName }}{{ fail (printf "%s.resources.%s sets %s: the chart requests workersPerPod x gpusPerWorker GPUs itself; set %s.gpusPerWorker instead" $g $kind $v.gpuResourceName $g) }}{{ end }}
+{{- end }}
+{{- end }}
+{{- /* CPU: a pod's Kubernetes CPU must cover what its Baton actors take from Ray, and a CPU pool's
+limit its torch threads; otherwise Ray places more work than the pod gets and the kubelet throttles it.
+An unset request or limit is not checked (with no request, Kubernetes requests the limit). */}}
+{{- range $role := list "router" "prefill" "decode" }}
+{{- $g := index $v $role }}
+{{- $res := $g.resources | default dict }}
+{{- $rayCpus := 0.0 }}{{ $why := "" }}{{ $lower := "" }}
+{{- if eq $role "router" }}
+{{- $rayCpus = float64 $g.cpusPerReplica }}
+{{- $why = printf "router.cpusPerReplica (%v), the CPUs each router actor takes from Ray" $g.cpusPerReplica }}
+{{- $lower = "router.cpusPerReplica" }}
+{{- else }}
+{{- $rayCpus = round (mulf $g.workersPerPod $g.cpusPerWorker) 3 }}
+{{- $why = printf "the %v CPUs the pod's workers take from Ray (%s.workersPerPod %v x %s.cpusPerWorker %v)" $rayCpus $role $g.workersPerPod $role $g.cpusPerWorker }}
+{{- $lower = printf "%s.workersPerPod or %s.cpusPerWorker" $role $role }}
+{{- end }}
+{{- range $kind := list "requests" "limits" }}
+{{- $q := index (index $res $kind | default dict) "cpu" }}
+{{- if not (kindIs "invalid" $q) }}
+{{- $have := include "baton.cpuMillis" $q | float64 }}
+{{- if lt (addf $have 0.001) (mulf $rayCpus 1000.0) }}{{ fail (printf "%s.resources.%s.cpu (%v) is less than %s: Ray would place more work on the pod than Kubernetes %s; set %s.resources.%s.cpu to at least %v%s, or lower %s" $role $kind $q $why (ternary "reserves for it" "lets it use (it would be throttled)" (eq $kind "requests")) $role $kind $rayCpus (ternary "" " (or remove it)" (eq $kind "requests")) $lower) }}{{ end }}
+{{- if and (eq $kind "limits") (ne $role "router") (eq (float64 $g.gpusPerWorker) 0.0) }}
+{{- $threads := mul ($g.workersPerPod | int) ($g.threadsPerWorker | default 1 | int) }}
+{{- if lt (addf $have 0.001) (mulf $threads 1000.0) }}{{ fail (printf "%s.resources.limits.cpu (%v) is less than the %d torch threads the pod's CPU workers run (%s.workersPerPod %v x %s.threadsPerWorker %v): Kubernetes would throttle them to %v CPUs; set %s.resources.limits.cpu to at least %d (or remove it), or lower %s.threadsPerWorker" $role $q $threads $role $g.workersPerPod $role ($g.threadsPerWorker | default 1) (round (divf $have 1000.0) 3) $role $threads $role) }}{{ end }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- $owned := dict "head" (list "num-cpus" "num-gpus" "resources" "dashboard-host") "router" (list "num-cpus" "resources") "prefill" (list "num-cpus" "num-gpus" "resources") "decode" (list "num-cpus" "num-gpus" "resources") }}
