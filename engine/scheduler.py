@@ -120,6 +120,8 @@ class Scheduler(DisaggregationMixin):
             if req is None:
                 continue
             req.num_computed_tokens -= n
+            if req.num_computed_tokens < req.num_prompt_tokens:  # (counted as scheduled, for the router's rate)
+                self.prompt_tokens_computed -= min(n, req.num_prompt_tokens - req.num_computed_tokens)
             bm.unregister_unwritten(req, req.num_computed_tokens)
             if req.is_padding:
                 self._release_padding(req)

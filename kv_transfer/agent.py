@@ -140,14 +140,15 @@ class TransferAgent:
         """The open channel to ``peer``, formed now if need be; None if that incarnation is gone
         (checked under the lock that forget_peer takes: no channel to a dead peer after it)."""
         with self._lock:
-            if peer.key in self._gone:
+            if peer.key in self._gone or self._closing.is_set():
                 return None
             ch = self._channels.get(peer.worker_id)
-            if ch is not None and ch.peer == peer and not ch.failed:
+            if ch is not None and ch.peer == peer:
+                # A failed one is still registered only until its failure callback runs, which picks
+                # the next epoch (or gives the peer up): sends on it are refused meanwhile.
                 return ch
             old = ch if ch is not None and not ch.failed else None  # another incarnation's, still open
-            if ch is not None:
-                ch.close()
+            stale = ch
             epoch = self._epochs.get(peer.key, 0)
             ch = Channel(
                 self._store_addr, self.me, peer, self.device, tuple(self.kv_cache.shape[1:]), self.kv_cache.dtype,
@@ -156,6 +157,8 @@ class TransferAgent:
                 epoch=epoch, join_timeout_s=self.connect_timeout_s if epoch else None,
             )
             self._channels[peer.worker_id] = ch
+        if stale is not None:  # (outside the lock: closing tears its group down)
+            stale.close()
         if old is not None:  # the worker restarted: what was in flight with its old process failed
             old.fail(f"{old.peer.key} was replaced by {peer.key}")
         return ch
@@ -352,13 +355,13 @@ class TransferAgent:
                 self._idle_reforms[peer.key] = idle
             elif current or not transient:
                 self._gone.add(peer.key)
+        self._fail_peer(peer.key, reason)
+        self.stats.bytes_sent += ch.bytes_sent
         if transient:
-            try:  # first, for the peer's watcher: its group may not notice (NCCL)
+            try:  # for the peer's watcher: its group may not notice (NCCL)
                 ch.record_failure_for_peer(failures_key(peer))
             except Exception as e:
                 log.warning("could not record the failure of the pair with %s: %s", peer.key, e)
-        self._fail_peer(peer.key, reason)
-        self.stats.bytes_sent += ch.bytes_sent
         if again:
             log.info("forming the pair with %s again (epoch %d)", peer.key, ch.epoch + 1)
             self.channel(peer)
@@ -370,18 +373,19 @@ class TransferAgent:
         store, seen, interval, warned = self._watch_store, 0, _WATCH_INTERVAL_S, False
         while not self._closing.wait(interval):
             with self._lock:
-                chans = [ch for ch in self._channels.values() if not ch.failed]
-            if not chans:
-                continue
+                if not self._channels:
+                    continue
             try:
                 n = store.add(failures_key(self.me), 0)
                 interval, warned = _WATCH_INTERVAL_S, False
                 if n == seen:
                     continue
-                seen = n
+                with self._lock:  # after reading the counter: a channel formed since is checked too
+                    chans = [ch for ch in self._channels.values() if not ch.failed]
                 for ch in chans:
                     if store.check([ch.failure_key]):
                         ch.sever(f"{ch.peer.key} recorded the pair's failure: {store.get(ch.failure_key).decode()}")
+                seen = n  # (only once all were checked)
             except Exception as e:
                 if not warned:
                     log.warning("the KV failure watcher of %s cannot reach the store: %s", self.me.key, e)

@@ -20,7 +20,8 @@ ends early when ``cancelled`` is set (the peer is known dead, or the channel clo
 A pair whose group failed while both processes live (a network error, a stream out of sync)
 forms again under the next *epoch* of its key (``kv_transfer/agent.py``); fresh keys, so nothing
 stale from the failed group is read. That wait is bounded (``join_timeout_s``): both sides dial
-again at once when they learn of the failure, so a peer that does not come is gone.
+again at once when they learn of the failure, so a peer that does not come is gone. Both sides
+agree on the outcome through one atomic decision in the store (``_join_or_give_up``).
 
 The wait polls ``check`` instead of calling the store's blocking ``wait``: a TCPStore client holds
 its connection for the whole of a ``wait``, so every other call on that client (another pair's
@@ -76,8 +77,10 @@ def form_pair_group(
     prefixed = dist.PrefixStore(pair_key(prefill, decode, epoch), store)
     prefixed.set(f"rows/{rank}", rows)
     cancelled = cancelled or threading.Event()
-    deadline = None if join_timeout_s is None else time.monotonic() + join_timeout_s
-    _wait_for(prefixed, f"rows/{1 - rank}", cancelled, peer, deadline)
+    if join_timeout_s is None:
+        _wait_for(prefixed, f"rows/{1 - rank}", cancelled, peer, None)
+    else:
+        _join_or_give_up(prefixed, rank, cancelled, peer, time.monotonic() + join_timeout_s)
     prefixed.set_timeout(datetime.timedelta(seconds=connect_timeout_s))
     theirs = prefixed.get(f"rows/{1 - rank}").decode()
     if theirs != rows:
@@ -89,7 +92,7 @@ def form_pair_group(
     # a known death (forget_peer) or a close can end the wait. Not on a timeout: a peer only stalled
     # (SIGSTOP, a paused host) would be taken for gone, and the pair lost for good.
     prefixed.set(f"here/{rank}", "1")
-    _wait_for(prefixed, f"here/{1 - rank}", cancelled, peer, deadline)
+    _wait_for(prefixed, f"here/{1 - rank}", cancelled, peer, None)
     if device.type == "cuda":
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = _OP_TIMEOUT
@@ -99,12 +102,27 @@ def form_pair_group(
     return group, 1 - rank
 
 
+def _join_or_give_up(store: dist.Store, rank: int, cancelled: threading.Event, peer: PeerInfo,
+                     deadline: float) -> None:
+    """A bounded wait for the peer's rows whose outcome both sides agree on: the first side to
+    decide (it saw the peer's rows: "formed"; its deadline passed: "abandoned") sets the decision
+    atomically, and the other follows it. A side giving up alone could leave the other, which saw
+    its rows, waiting in gloo's rendezvous for the op timeout (24 h)."""
+    try:
+        _wait_for(store, f"rows/{1 - rank}", cancelled, peer, deadline)
+        mine = "formed"
+    except PairingTimedOut:
+        mine = "abandoned"
+    if store.compare_set("decision", "", mine).decode() == "abandoned":
+        raise PairingTimedOut(f"{peer.key} did not join the pair again after its failure")
+
+
 def _wait_for(store: dist.Store, key: str, cancelled: threading.Event, peer: PeerInfo,
               deadline: float | None) -> None:
     delay = _POLL_FIRST_S
     while not store.check([key]):
         if cancelled.wait(delay):
             raise PairingCancelled(f"stopped waiting for {peer.key} to join the pair")
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and time.monotonic() > deadline and not store.check([key]):
             raise PairingTimedOut(f"{peer.key} did not join the pair again after its failure")
         delay = min(2 * delay, _POLL_MAX_S)

@@ -325,12 +325,14 @@ def test_a_failed_step_ends_its_requests_and_withdraws_the_cache_entries_it_made
     prompt = list(range(100, 100 + 70))  # 4 full blocks of 16, found in no earlier test
     sp = SamplingParams(max_tokens=8, ignore_eos=True)
     cached_before = dict(engine.block_manager.pool.cached)
+    prompt_tokens_before = engine.scheduler.prompt_tokens_computed
     rid = engine.add_request(None, prompt, sp)
     _fail_once(engine, monkeypatch)
     with pytest.raises(RuntimeError, match="injected"):
         engine.step()
     monkeypatch.undo()
     assert engine.block_manager.pool.cached == cached_before
+    assert engine.scheduler.prompt_tokens_computed == prompt_tokens_before  # the router's prefill rate
     assert engine.has_unfinished_requests()  # its final output is still to be sent
     outs = engine.step()
     assert [(o.request_id, o.finished, o.finish_reason) for o in outs] == [(rid, True, "error")]

@@ -557,6 +557,7 @@ def test_a_failure_the_peers_group_did_not_see_reaches_it_through_the_store(stor
         _transfer(p, d, pp, dp, 3, received, acked)
         assert p.channel(dp).epoch == d.channel(pp).epoch == 1
     finally:
+        monkeypatch.undo()  # so that closing ends the groups' receive threads
         p.close()
         d.close()
 
@@ -590,3 +591,32 @@ def test_a_pair_that_keeps_failing_before_carrying_anything_is_given_up(store):
     finally:
         p.close()
         d.close()
+
+
+def test_both_sides_of_a_re_formed_pair_agree_to_give_up(store):
+    """A side whose bounded wait ran out used to give up alone: a peer arriving just after found its
+    rows and went on to wait in gloo's rendezvous for the op timeout (24 h)."""
+    from kv_transfer.pair_group import PairingTimedOut, connect_store, form_pair_group
+
+    pp, dp = PeerInfo("p0", "late", "prefill"), PeerInfo("d0", "late", "decode")
+    with pytest.raises(PairingTimedOut):
+        form_pair_group(connect_store(store, 5), pp, dp, torch.device("cpu"), 5.0, "rows", epoch=1, join_timeout_s=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(PairingTimedOut):  # it sees the prefill side's rows, and the decision to give up
+        form_pair_group(connect_store(store, 5), dp, pp, torch.device("cpu"), 5.0, "rows", epoch=1, join_timeout_s=5.0)
+    assert time.monotonic() - t0 < 2.0
+    results = {}
+
+    def join(me, peer):
+        try:
+            results[me.role] = form_pair_group(connect_store(store, 5), me, peer, torch.device("cpu"), 5.0, "rows",
+                                               epoch=2, join_timeout_s=5.0)[1]
+        except Exception as e:
+            results[me.role] = e
+
+    threads = [threading.Thread(target=join, args=(pp, dp)), threading.Thread(target=join, args=(dp, pp))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert results == {"prefill": 1, "decode": 0}  # both in time: the pair forms (peer ranks)
