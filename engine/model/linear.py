@@ -53,10 +53,13 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def default_projections(device: torch.device, dtype: torch.dtype, skinny: NativeSkinnyLinear | None) -> str:
-    """``skinny`` where its kernel loaded and MKL is the fast large product (Intel), else ``packed``
-    where oneDNN can pack, else ``dense``. On other AVX-512 CPUs the skinny kernel would need a
-    different large-product path (MKL was slow on the AMD hosts) that has not been measured."""
-    if device.type == "cpu" and dtype == torch.float32 and skinny is not None and cpu_vendor() == "GenuineIntel":
+    """``skinny`` where its AVX-512 kernel loaded and MKL is the fast large product (Intel), else
+    ``packed`` where oneDNN can pack, else ``dense``. On other AVX-512 CPUs the skinny kernel would need
+    a different large-product path (MKL was slow on the AMD hosts) that has not been measured; its
+    AVX2 tile (8 lanes) serves the quantized mode, and against oneDNN on dense weights it has not
+    been measured either."""
+    if (device.type == "cpu" and dtype == torch.float32 and skinny is not None and skinny.lanes == 16
+            and cpu_vendor() == "GenuineIntel"):
         return "skinny"
     return "packed" if can_pack(device, dtype) else "dense"
 

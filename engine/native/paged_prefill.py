@@ -25,10 +25,16 @@ class NativePagedPrefill:
         self._fn = bind(library.lib, "baton_paged_prefill_f32", "plppllplppiiiiifpi", ctypes.c_int)
 
     @classmethod
-    def load(cls) -> NativePagedPrefill | None:
-        """The kernel, compiled or taken from the cache; None (with nothing raised) when it cannot be had."""
+    def load(cls, require_tuned: bool = True) -> NativePagedPrefill | None:
+        """The kernel, compiled or taken from the cache; None (with nothing raised) when it cannot be
+        had, or, with ``require_tuned``, where it is slower than the torch path (a build without
+        AVX-512: ``baton_paged_prefill_tuned``). Tests take it anyway, for its results."""
         library = build_and_load("paged_prefill.c", extra_flags=("-mprefer-vector-width=512",))
-        return cls(library) if library.lib is not None else None
+        if library.lib is None:
+            return None
+        if require_tuned and not bind(library.lib, "baton_paged_prefill_tuned", "", ctypes.c_int)():
+            return None
+        return cls(library)
 
     @staticmethod
     def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,

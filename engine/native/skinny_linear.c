@@ -17,11 +17,13 @@
 
 #include "skinny_tile.h"
 
-/* 1 where this build has the tile it was written for (AVX-512's registers); skinny_linear.py uses
- * the kernel only then. */
+/* The tile's lanes where this build has the registers it was written for (16: AVX-512; 8: AVX2 with
+ * FMA), else 0; skinny_linear.py uses the kernel only where it is not 0. */
 int baton_skinny_linear_tuned(void) {
-#ifdef __AVX512F__
-    return 1;
+#if defined(__AVX512F__)
+    return 16;
+#elif defined(__AVX2__) && defined(__FMA__)
+    return 8;
 #else
     return 0;
 #endif

@@ -1,8 +1,9 @@
 """ctypes binding of ``skinny_linear.c``: ``x @ w.T + b`` for up to ``MAX_ROWS`` rows (a decode step's
 batch) against the dense fp32 weight, streaming it from memory once.
 
-Loaded only where the build has the AVX-512 tile it was tuned for (``baton_skinny_linear_tuned``);
-elsewhere ``load`` returns None and the projections keep oneDNN's packed weights (engine/model/linear.py).
+Loaded only where the build has a tile it was tuned for (``baton_skinny_linear_tuned``: 16 lanes with
+AVX-512, 8 with AVX2 and FMA); elsewhere ``load`` returns None and the projections keep oneDNN's packed
+weights (engine/model/linear.py).
 """
 
 from __future__ import annotations
@@ -25,16 +26,16 @@ def bias_fits(bias: torch.Tensor | None, out_features: int) -> bool:
 
 
 class NativeSkinnyLinear:
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    def __init__(self, lib: ctypes.CDLL, lanes: int) -> None:
         self._fn = bind(lib, "baton_skinny_linear_f32", "plpppliiii", ctypes.c_int)
+        self.lanes = lanes  # of the tile's accumulators: 16 (AVX-512) or 8 (AVX2)
 
     @classmethod
     def load(cls) -> NativeSkinnyLinear | None:
         """The kernel where it builds and has its tuned tile; None (nothing raised) elsewhere."""
         library = build_and_load("skinny_linear.c")
-        if library.lib is None or not bind(library.lib, "baton_skinny_linear_tuned", "", ctypes.c_int)():
-            return None
-        return cls(library.lib)
+        lanes = 0 if library.lib is None else bind(library.lib, "baton_skinny_linear_tuned", "", ctypes.c_int)()
+        return cls(library.lib, lanes) if lanes else None
 
     @staticmethod
     def supports_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:

@@ -10,11 +10,22 @@
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
 
-/* The tile: MB rows of x by NB weight rows, MB x NB accumulators of 16 partial sums. AVX-512 has
- * 32 vector registers: 3 x 8 accumulators, 3 rows of x and one weight vector fit. NB = 8 lets the
- * final lane sums run as one shuffle tree per row (hsum8x16). Elsewhere v16 is two or four
- * registers and this tile would spill: baton_skinny_linear_tuned says which. */
+/* The tile: MB rows of x by NB weight rows, MB x NB accumulators of VL partial sums. AVX-512 has
+ * 32 vector registers: 3 x 8 accumulators of 16 lanes, 3 rows of x and one weight vector fit. AVX2
+ * has 16 of 8 lanes: 1 x 8 accumulators, a row of x and a weight vector (a second row of x would
+ * take 8 more). NB = 8 lets the final lane sums run as one shuffle tree per row (hsum8). Other
+ * builds: baton_skinny_linear_tuned says 0, and the kernels are not used. The lane count fixes the
+ * order of the additions, so results differ in the last bits between an AVX-512 and an AVX2 build
+ * (each agrees with itself across the two kernels). */
+#if defined(__AVX512F__)
+#define VL 16
 #define MB 3
+typedef v16 vacc;
+#else
+#define VL 8
+#define MB 1
+typedef v8 vacc;
+#endif
 #define NB 8
 /* K is taken in chunks of KC so that NB weight rows of a chunk (24 KiB) stay in L1 across the row
  * tiles (SmolLM2's down projection has K = 1536: 48 KiB per 8 rows, the whole L1). */
@@ -38,12 +49,31 @@ static inline v8 hsum8x16(const v16 a[8]) {
     return __builtin_shufflevector(d, d, 0, 2, 4, 6, 8, 10, 12, 14) + __builtin_shufflevector(d, d, 1, 3, 5, 7, 9, 11, 13, 15);
 }
 
+/* The same tree for eight vectors of 8 lanes (the AVX2 tile). */
+static inline v8 hsum8x8(const v8 a[8]) {
+    v8 b[4], c[2];
+    for (int j = 0; j < 4; j++) /* b[j]: 4 lanes of column 2j, then 4 of column 2j+1 */
+        b[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               __builtin_shufflevector(a[2 * j], a[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int j = 0; j < 2; j++) /* c[j]: 2 lanes each of columns 4j .. 4j+3 */
+        c[j] = __builtin_shufflevector(b[2 * j], b[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+               __builtin_shufflevector(b[2 * j], b[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+    return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+           __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15);
+}
+
+#if VL == 16
+#define hsum8 hsum8x16
+#else
+#define hsum8 hsum8x8
+#endif
+
 /* A tile's lane sums into out: the first chunk writes them (+ bias), later ones add them. */
-static inline __attribute__((always_inline)) void tile_store(const int mb, const int nb, v16 acc[][NB],
+static inline __attribute__((always_inline)) void tile_store(const int mb, const int nb, vacc acc[][NB],
                                                              const float *bias, int accumulate, float *out,
                                                              int64_t out_stride) {
     for (int i = 0; i < mb; i++) {
-        const v8 sums = hsum8x16(acc[i]);
+        const v8 sums = hsum8(acc[i]);
         for (int j = 0; j < nb; j++)
             out[i * out_stride + j] = sums[j] + (accumulate ? out[i * out_stride + j] : (bias ? bias[j] : 0.f));
     }
@@ -56,24 +86,24 @@ static inline __attribute__((always_inline)) void tile(
     const int mb, const int nb, const float *x, int64_t x_stride, const float *w, int64_t w_stride, int kc,
     const float *bias, int accumulate, float *out, int64_t out_stride, const float *next, int next_rows, int next_len,
     int share, int shares) {
-    v16 acc[MB][NB];
+    vacc acc[MB][NB];
     for (int i = 0; i < MB; i++)
-        for (int j = 0; j < NB; j++) acc[i][j] = (v16){0};
+        for (int j = 0; j < NB; j++) acc[i][j] = (vacc){0};
     /* This tile's share of the next chunk: a contiguous run of each row's lines, one line every
      * `shares` steps of K (the tiles of a chunk together cover every line once). */
     const int lines = next_len / 16, run = (lines + shares - 1) / shares;
     int prefetch_line = next ? share * run : lines, prefetch_end = prefetch_line + run, prefetch_step = 0;
     if (prefetch_end > lines) prefetch_end = lines;
-    for (int k = 0; k < kc; k += 16) {
-        v16 xv[MB];
+    for (int k = 0; k < kc; k += VL) {
+        vacc xv[MB];
         if (k == prefetch_step && prefetch_line < prefetch_end) {
             for (int j = 0; j < next_rows; j++) __builtin_prefetch(next + j * w_stride + 16 * prefetch_line, 0, 1);
             prefetch_line++;
             prefetch_step += 16 * shares;
         }
-        for (int i = 0; i < mb; i++) xv[i] = *(const v16 *)(x + i * x_stride + k);
+        for (int i = 0; i < mb; i++) xv[i] = *(const vacc *)(x + i * x_stride + k);
         for (int j = 0; j < nb; j++) {
-            v16 wv = *(const v16 *)(w + j * w_stride + k);
+            vacc wv = *(const vacc *)(w + j * w_stride + k);
 #ifdef __AVX512F__
             __asm__("" : "+v"(wv)); /* one load per weight vector, not one folded into each FMA */
 #endif
@@ -96,7 +126,10 @@ static void any_tile(int mb, int nb, const float *x, int64_t x_stride, const flo
                      const float *bias, int accumulate, float *out, int64_t out_stride, const float *next, int next_rows,
                      int next_len, int share, int shares) {
     switch (mb * 16 + nb) {
-        TILE_ROW(1) TILE_ROW(2) TILE_ROW(3)
+        TILE_ROW(1)
+#if MB >= 3
+        TILE_ROW(2) TILE_ROW(3)
+#endif
     }
 }
 

@@ -24,7 +24,7 @@ def _model(overrides: dict | None = None, blocks: bool = False) -> LlamaModel:
     model = LlamaModel(ModelConfig.from_hf_dict(dict(CONFIG, **(overrides or {}))), torch.device("cpu"),
                        torch.float32, 512)
     if model.native_layers is None or model.skinny_kernel is None:
-        pytest.skip("the C layer loop needs the compiled kernels (CPU fp32 with AVX-512)")
+        pytest.skip("the C layer loop needs the compiled kernels (CPU fp32 with AVX-512 or AVX2)")
     weights = {n: torch.randn(*s, generator=torch.Generator().manual_seed(i)) * 0.05
                for i, (n, s) in enumerate(model.expected_shapes().items())}
     quantized = {}

@@ -40,7 +40,7 @@ MORE_CASES = {
 
 @pytest.fixture(scope="module")
 def kernel() -> NativePagedPrefill:
-    k = NativePagedPrefill.load()
+    k = NativePagedPrefill.load(require_tuned=False)  # (its results, on any build)
     assert k is not None, "a C compiler is here, so the kernel must build"
     return k
 
@@ -117,10 +117,11 @@ def test_shapes_the_kernel_does_not_take_fall_back_to_the_torch_path(kernel, cha
     torch.testing.assert_close(out, ref.paged_prefill_attention(q, kc, vc, bt, cu, seq_lens, scale), rtol=tol, atol=tol)
 
 
-def test_the_cpu_backend_uses_the_kernel_and_not_when_switched_off(monkeypatch):
+def test_the_cpu_backend_uses_the_kernel_where_tuned_and_not_when_switched_off(monkeypatch):
     from engine.attention.backend import select_backend
 
-    assert select_backend(torch.device("cpu")).prefill.__self__.native_prefill is not None
+    tuned = NativePagedPrefill.load() is not None  # an AVX-512 build (elsewhere the torch path is faster)
+    assert (select_backend(torch.device("cpu")).prefill.__self__.native_prefill is not None) == tuned
     monkeypatch.setenv("BATON_NATIVE_KERNELS", "0")
     backend = select_backend(torch.device("cpu"))
     assert backend.prefill.__self__.native_prefill is None

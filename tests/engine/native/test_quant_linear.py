@@ -16,7 +16,7 @@ from engine.native.skinny_linear import NativeSkinnyLinear
 kernel = NativeQuantLinear.load()
 skinny = NativeSkinnyLinear.load()
 needs_kernel = pytest.mark.skipif(kernel is None or skinny is None,
-                                  reason="quantized kernel not built here (no AVX-512/F16C or no compiler)")
+                                  reason="quantized kernel not built here (no AVX-512 or AVX2 with FMA, no F16C, or no compiler)")
 QTYPES = ("Q4_1", "Q8_0")
 
 

@@ -10,7 +10,7 @@ from engine.model.linear import Linear
 from engine.native.skinny_linear import MAX_ROWS, NativeSkinnyLinear
 
 kernel = NativeSkinnyLinear.load()
-needs_kernel = pytest.mark.skipif(kernel is None, reason="skinny kernel not built here (no AVX-512 or no compiler)")
+needs_kernel = pytest.mark.skipif(kernel is None, reason="skinny kernel not built here (no AVX-512 or AVX2 with FMA, or no compiler)")
 
 
 @needs_kernel

@@ -1,0 +1,60 @@
+"""The kernels' AVX2 build (8-lane tile, dequantization without AVX-512's 16-entry table), built
+with AVX-512 turned off so it is tested on AVX-512 hosts too (the CI host): gguf's floats bit for
+bit, the quantized and skinny kernels' products equal bit for bit within the build, and close to
+torch's. The default build is tested by test_quant_linear.py and test_skinny_linear.py."""
+
+import ctypes
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.cpu_info import cpuinfo_field
+from engine.native.build import bind, build_and_load
+from engine.native.quant_linear import NativeQuantLinear
+from engine.native.skinny_linear import NativeSkinnyLinear
+from tests.engine.native.test_quant_linear import quantized
+
+AVX2_FLAGS = ("-mno-avx512f",)  # after -march=native: what an AVX2-only CPU of the same family builds
+cpu_flags = set(cpuinfo_field("flags").split())
+pytestmark = pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= cpu_flags, reason="this CPU lacks AVX2, FMA or F16C")
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    quant_lib = build_and_load("quant_linear.c", extra_flags=AVX2_FLAGS).lib
+    skinny_lib = build_and_load("skinny_linear.c", extra_flags=AVX2_FLAGS).lib
+    if quant_lib is None or skinny_lib is None:
+        pytest.skip("no C compiler here")
+    assert bind(quant_lib, "baton_quant_linear_tuned", "", ctypes.c_int)() == 1
+    lanes = bind(skinny_lib, "baton_skinny_linear_tuned", "", ctypes.c_int)()
+    assert lanes == 8  # the AVX2 tile
+    return NativeQuantLinear(quant_lib), NativeSkinnyLinear(skinny_lib, lanes)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q4_1x8"])
+def test_avx2_dequantization_is_gguf_bit_for_bit(kernels, qtype):
+    quant, _ = kernels
+    weight, floats = quantized(40, 96, "Q4_1" if qtype == "Q4_1x8" else qtype, seed=3)
+    if qtype == "Q4_1x8":
+        weight = weight.regroup()
+        assert weight.qtype == "Q4_1x8"
+    assert torch.equal(quant.dequantize(weight).view(torch.int32), floats.view(torch.int32))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q4_1x8"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 33, 64])
+@pytest.mark.parametrize("out_features,in_features", [(8, 32), (24, 800), (203, 1536)])
+def test_avx2_products_are_the_skinny_kernels_bit_for_bit(kernels, qtype, rows, out_features, in_features):
+    quant, skinny = kernels
+    if qtype == "Q4_1x8":
+        out_features -= out_features % 8  # it takes whole groups of 8 rows
+    weight, floats = quantized(out_features, in_features, "Q4_1" if qtype == "Q4_1x8" else qtype, seed=rows)
+    if qtype == "Q4_1x8":
+        weight = weight.regroup()
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, in_features + 16, generator=g)[:, 16:]  # strided rows
+    bias = torch.randn(out_features, generator=g)
+    got = quant(x, weight, bias)
+    assert torch.equal(got, skinny(x, floats, bias))
+    torch.testing.assert_close(got, F.linear(x, floats, bias), rtol=1e-5, atol=1e-4)
