@@ -103,12 +103,13 @@ def _switch(engine, change: str):
         return lambda on: model.set_projections("packed" if on else "dense"), ("F.linear", "packed")
     if change in ("skinny-linear", "skinny-vs-mkl"):
         if model.skinny_kernel is None:
-            raise SystemExit(f"{change}: the compiled kernel is not loaded here (AVX-512, BATON_NATIVE_KERNELS, CC)")
+            raise SystemExit(f"{change}: the compiled kernel is not loaded here (AVX-512 or AVX2 with FMA, "
+                             "BATON_NATIVE_KERNELS, CC)")
         base = "packed" if change == "skinny-linear" else "dense"
         return lambda on: model.set_projections("skinny" if on else base), (base if base == "packed" else "MKL", "skinny")
     if change in ("quantized", "quantized-vs-packed"):
         if model.quant_kernel is None:
-            raise SystemExit(f"{change}: no GGUF blocks attached here (a GGUF model, AVX-512 with F16C, "
+            raise SystemExit(f"{change}: no GGUF blocks attached here (a GGUF model, AVX-512 or AVX2 with F16C, "
                              "BATON_NATIVE_KERNELS, CC)")
         base = "skinny" if change == "quantized" else "packed"
         return lambda on: model.set_projections("quantized" if on else base), (base, "quantized")
@@ -152,7 +153,8 @@ def _switch(engine, change: str):
         variant = {"split_tokens": 1 << 30} if change == "decode-split" else {"heads_together": False}
         current, before = cpu.native_decode, NativePagedDecode.load(**variant)
         if current is None or before is None:
-            raise SystemExit(f"{change}: the compiled kernel is not in use here (see BATON_NATIVE_KERNELS, CC)")
+            raise SystemExit(f"{change}: the compiled kernel is not in use here (see BATON_NATIVE_KERNELS, CC; "
+                             "the prefill kernel only on AVX-512 builds)")
 
         def use_variant(on: bool) -> None:
             cpu.native_decode = current if on else before
@@ -187,7 +189,8 @@ def _switch(engine, change: str):
         cpu = engine.runner.attn.decode.__self__
         kernel = getattr(cpu, attr)
         if kernel is None:
-            raise SystemExit(f"{change}: the compiled kernel is not in use here (see BATON_NATIVE_KERNELS, CC)")
+            raise SystemExit(f"{change}: the compiled kernel is not in use here (see BATON_NATIVE_KERNELS, CC; "
+                             "the prefill kernel only on AVX-512 builds)")
 
         def use_kernel(on: bool) -> None:
             setattr(cpu, attr, kernel if on else None)

@@ -292,7 +292,7 @@ class LlamaModel:
             raise ValueError(f"packed weights need fp32 on a CPU torch with oneDNN (have {self.dtype} on {self.device})")
         if mode in ("skinny", "quantized") and self.skinny_kernel is None:
             raise ValueError(f"{mode} projections need the compiled kernel, which is not loaded here "
-                             "(CPU fp32 with AVX-512 and a C compiler; see BATON_NATIVE_KERNELS)")
+                             "(CPU fp32 with AVX-512, or AVX2 with FMA, and a C compiler; see BATON_NATIVE_KERNELS)")
         if mode == "quantized" and self.quant_kernel is None:
             raise ValueError("quantized projections need GGUF blocks attached (attach_quantized) and their kernel")
         if self.cfg.tie_word_embeddings and mode != "packed":

@@ -78,7 +78,8 @@ class NativeQuantLinear:
 
     @classmethod
     def load(cls) -> NativeQuantLinear | None:
-        """The kernel where it builds with its tuned tile (AVX-512, F16C); None (nothing raised) elsewhere."""
+        """The kernel where it builds with a tuned tile (AVX-512, or AVX2 with FMA) and F16C; None (nothing
+        raised) elsewhere."""
         library = build_and_load("quant_linear.c")
         if library.lib is None or not bind(library.lib, "baton_quant_linear_tuned", "", ctypes.c_int)():
             return None

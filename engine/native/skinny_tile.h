@@ -68,6 +68,16 @@ static inline v8 hsum8x8(const v8 a[8]) {
 #define hsum8 hsum8x8
 #endif
 
+/* acc += x * w. On AVX2 an explicit FMA: left to the compiler, a Zen tuning (avoid-fma-max-bits)
+ * made a one-column tile a multiply and an add while wider ones fused, a choice made per file that
+ * the two kernels' bit-for-bit agreement should not rest on. The AVX-512 build is as it was. */
+#if VL == 8 && defined(__FMA__)
+#include <immintrin.h>
+#define MULADD(acc, x, w) ((acc) = (vacc)_mm256_fmadd_ps((__m256)(x), (__m256)(w), (__m256)(acc)))
+#else
+#define MULADD(acc, x, w) ((acc) += (x) * (w))
+#endif
+
 /* A tile's lane sums into out: the first chunk writes them (+ bias), later ones add them. */
 static inline __attribute__((always_inline)) void tile_store(const int mb, const int nb, vacc acc[][NB],
                                                              const float *bias, int accumulate, float *out,
@@ -107,7 +117,7 @@ static inline __attribute__((always_inline)) void tile(
 #ifdef __AVX512F__
             __asm__("" : "+v"(wv)); /* one load per weight vector, not one folded into each FMA */
 #endif
-            for (int i = 0; i < mb; i++) acc[i][j] += xv[i] * wv;
+            for (int i = 0; i < mb; i++) MULADD(acc[i][j], xv[i], wv);
         }
     }
     tile_store(mb, nb, acc, bias, accumulate, out, out_stride);

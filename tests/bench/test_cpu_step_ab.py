@@ -5,6 +5,7 @@ import pytest
 
 from bench.cpu_step_ab import main
 from engine.native.paged_decode import NativePagedDecode
+from engine.native.paged_prefill import NativePagedPrefill
 
 ARGS = ["--model", "tiny", "--rows", "1,2", "--contexts", "40", "--prompts", "16", "--ragged", "", "--rounds", "1"]
 
@@ -37,7 +38,8 @@ def test_prefill_after_a_cached_prefix(capsys):
     assert cpu_attention._FLASH_WITH_LSE is not None  # left on
 
 
-@pytest.mark.skipif(NativePagedDecode.load() is None, reason="no compiled kernels here")
+@pytest.mark.skipif(NativePagedPrefill.load() is None,
+                    reason="no compiled prefill kernel in use here (no compiler, or a build without AVX-512)")
 def test_native_prefill_switches_the_kernel_and_leaves_it_on(capsys):
     from bench.cpu_step_ab import _switch
     from bench.profile.measure import Grid, engine_for_grid

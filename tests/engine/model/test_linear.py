@@ -1,6 +1,8 @@
 """Packed and skinny projections compute the same products as F.linear; packed weights unpack to the
 weight they packed; the model switches every projection between the modes."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -112,11 +114,14 @@ def test_the_default_mode_follows_the_device_and_the_kernel():
     from engine.model.linear import cpu_vendor, default_projections
 
     assert default_projections(torch.device("cpu"), torch.bfloat16, None) == "dense"
-    assert default_projections(torch.device("cuda"), torch.float16, object()) == "dense"
+    avx512_tile, avx2_tile = SimpleNamespace(lanes=16), SimpleNamespace(lanes=8)
+    assert default_projections(torch.device("cuda"), torch.float16, avx512_tile) == "dense"
     if can_pack(torch.device("cpu"), torch.float32):
         assert default_projections(torch.device("cpu"), torch.float32, None) == "packed"
         expected = "skinny" if cpu_vendor() == "GenuineIntel" else "packed"
-        assert default_projections(torch.device("cpu"), torch.float32, object()) == expected
+        assert default_projections(torch.device("cpu"), torch.float32, avx512_tile) == expected
+        # The AVX2 tile serves the quantized mode only: against oneDNN on dense weights it is unmeasured.
+        assert default_projections(torch.device("cpu"), torch.float32, avx2_tile) == "packed"
 
 
 def _blocked_model(tied: bool):
