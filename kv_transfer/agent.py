@@ -28,6 +28,7 @@ import torch
 
 from engine.logprobs import TokenLogprob
 from kv_transfer.channel import Channel
+from kv_transfer.failure_watch import failures_key, watch_failures
 from kv_transfer.fault import FaultInjector
 from kv_transfer.local_kv import LocalRows, export_kv
 from kv_transfer.pair_group import connect_store
@@ -38,12 +39,6 @@ from kv_transfer.wire import FLAG_LAST, Header, Kind
 log = logging.getLogger(__name__)
 
 MAX_IDLE_REFORMS = 3  # a pair failing this many times in a row without carrying a message is gone
-_WATCH_INTERVAL_S = 0.5  # how often an agent looks for failures its peers recorded
-
-
-def failures_key(peer: PeerInfo) -> str:
-    """A counter of the pair failures that ``peer``'s agent should look at (its watcher reads it)."""
-    return f"baton/pair-failures/{peer.key}"
 
 
 @dataclass
@@ -128,7 +123,8 @@ class TransferAgent:
         self.on_acked = on_acked or (lambda rid, ok: None)
         self.stats = TransferStats()
         self.send_buffers = SendBuffers(tuple(kv_cache.shape[1:]), kv_cache.dtype)  # CPU pair-group path
-        threading.Thread(target=self._watch_failures, name=f"kv-watch-{me.key}", daemon=True).start()
+        threading.Thread(target=watch_failures, args=(self._watch_store, me, self._open_channels, self._closing),
+                         name=f"kv-watch-{me.key}", daemon=True).start()
 
     # -- channels ---------------------------------------------------------------------------
     def is_gone(self, peer: PeerInfo) -> bool:
@@ -366,30 +362,9 @@ class TransferAgent:
             log.info("forming the pair with %s again (epoch %d)", peer.key, ch.epoch + 1)
             self.channel(peer)
 
-    def _watch_failures(self) -> None:
-        """Sever our channels whose group the peer recorded as failed (see the module docstring).
-        One store call per interval while we have channels. While the store is unreachable (our
-        channels' own errors still tell us of failures), it tries again every 5 s."""
-        store, seen, interval, warned = self._watch_store, 0, _WATCH_INTERVAL_S, False
-        while not self._closing.wait(interval):
-            with self._lock:
-                if not self._channels:
-                    continue
-            try:
-                n = store.add(failures_key(self.me), 0)
-                interval, warned = _WATCH_INTERVAL_S, False
-                if n == seen:
-                    continue
-                with self._lock:  # after reading the counter: a channel formed since is checked too
-                    chans = [ch for ch in self._channels.values() if not ch.failed]
-                for ch in chans:
-                    if store.check([ch.failure_key]):
-                        ch.sever(f"{ch.peer.key} recorded the pair's failure: {store.get(ch.failure_key).decode()}")
-                seen = n  # (only once all were checked)
-            except Exception as e:
-                if not warned:
-                    log.warning("the KV failure watcher of %s cannot reach the store: %s", self.me.key, e)
-                interval, warned = 5.0, True
+    def _open_channels(self) -> list[Channel]:
+        with self._lock:
+            return [ch for ch in self._channels.values() if not ch.failed]
 
     def _fail_peer(self, peer_key: str, reason: str) -> None:
         with self._lock:
