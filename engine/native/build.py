@@ -31,7 +31,11 @@ from engine.cpu_info import cpuinfo_field
 
 CACHE_ENV = "BATON_KERNEL_CACHE"
 DISABLE_ENV = "BATON_NATIVE_KERNELS"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
+# -fno-trapping-math: the kernels never read the FP exception flags, and without it GCC does not
+# turn a float clamp (exp_poly's) into a blend where there are no mask registers (AVX2), so every
+# loop calling exp_poly stayed scalar there (SiLU * up 2.1x slower than torch's two ops). No float
+# changes: it only lets compares run on lanes whose result is then discarded.
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11", "-fno-trapping-math")
 SOURCE_DIR = Path(__file__).resolve().parent
 
 log = logging.getLogger(__name__)

@@ -45,7 +45,6 @@
 #endif
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
-typedef float v8 __attribute__((vector_size(32), aligned(4)));
 typedef float v4 __attribute__((vector_size(16), aligned(4)));
 
 static inline float hsum16(v16 x) {
@@ -76,6 +75,7 @@ static inline __attribute__((always_inline)) void prefetch_block(const float *b,
         for (int j = 0; j < dv; j++) __builtin_prefetch(b + (int64_t)i * token_stride + 16 * j);
 }
 
+#if defined(__AVX512F__)
 /* One (sequence, KV head) task: G query heads of head_dim 16 * DV. Inlined with constant G and DV
  * for the common shapes (the accumulators then live in registers), called as is for the rest. */
 static inline __attribute__((always_inline)) void attend(
@@ -161,6 +161,106 @@ static inline __attribute__((always_inline)) void attend(
         for (int j = 0; j < DV; j++) *(v16 *)(out + (g * DV + j) * 16) = acc[g][j] * inv;
     }
 }
+
+#else
+/* The AVX2 build of a task (16 registers of 8 lanes: the AVX-512 tile above, its query and
+ * accumulator vectors held in registers, would take 48 here and spill on every key; it ran 3-4x
+ * slower than this). The scaled queries and the output sums live in L1 arrays instead:
+ * - scores: for one query head, 8 keys at a time, 8 partial dot products in registers, the query's
+ *   vector loaded once for the 8 keys, then one lane-sum tree (hsum8x8);
+ * - values: per query head, up to 8 vectors of its output sums in registers (rescaled to the new
+ *   max as they are loaded) across the block's keys, then stored back.
+ * Each output element adds its keys' p * v in the same order as the AVX-512 build; the dot products'
+ * lanes differ (8 against 16), so the two builds differ in the last bits. */
+static inline __attribute__((always_inline)) void attend(
+    const int G, const int DV, const float *q, const float *k, const float *v, int64_t block_stride,
+    int64_t token_stride, const int32_t *table, int b0, int b1, int len, int block_size, float scale, float *out,
+    float *partial_ml) {
+    const int D8 = 2 * DV; /* 8-lane vectors per head */
+    v8 qs[MAX_GROUP][2 * MAX_DV], acc[MAX_GROUP][2 * MAX_DV];
+    float m[MAX_GROUP], l[MAX_GROUP], rescale[MAX_GROUP], p[MAX_GROUP][MAX_BLOCK + 16];
+    for (int g = 0; g < G; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.f;
+        for (int j = 0; j < D8; j++) {
+            qs[g][j] = *(const v8 *)(q + (g * D8 + j) * 8) * scale;
+            acc[g][j] = (v8){0};
+        }
+    }
+    const int nblocks = b1;
+    for (int b = b0; b < b0 + AHEAD && b < nblocks; b++) {
+        const int64_t at = (int64_t)table[b] * block_stride;
+        prefetch_block(k + at, block_size, token_stride, DV);
+        prefetch_block(v + at, block_size, token_stride, DV);
+    }
+    for (int b = b0; b < nblocks; b++) {
+        const int64_t at = (int64_t)table[b] * block_stride;
+        const float *kb = k + at, *vb = v + at;
+        const int n = len - b * block_size < block_size ? len - b * block_size : block_size;
+        const float *next_k = 0, *next_v = 0;
+        if (b + AHEAD < nblocks) {
+            const int64_t next = (int64_t)table[b + AHEAD] * block_stride;
+            next_k = k + next, next_v = v + next;
+        }
+        for (int i0 = 0; i0 < n; i0 += 8) { /* 8 keys' scores at once: one lane-sum tree */
+            const int cnt = n - i0 < 8 ? n - i0 : 8;
+            const float *kr[8];
+            for (int t = 0; t < 8; t++) kr[t] = kb + (int64_t)(i0 + (t < cnt ? t : cnt - 1)) * token_stride;
+            for (int g = 0; g < G; g++) {
+                v8 dots[8];
+                for (int t = 0; t < 8; t++) dots[t] = qs[g][0] * *(const v8 *)kr[t];
+                for (int j = 1; j < D8; j++) {
+                    const v8 qj = qs[g][j];
+                    for (int t = 0; t < 8; t++) dots[t] += qj * *(const v8 *)(kr[t] + 8 * j);
+                }
+                *(v8 *)&p[g][i0] = hsum8x8(dots);
+            }
+        }
+        for (int g = 0; g < G; g++) { /* online softmax: what came before is rescaled to the new max */
+            float mx = m[g];
+#pragma omp simd reduction(max : mx)
+            for (int i = 0; i < n; i++) mx = p[g][i] > mx ? p[g][i] : mx;
+            rescale[g] = expf(m[g] - mx);
+            m[g] = mx;
+            l[g] *= rescale[g];
+            float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+            for (int i = 0; i < n; i++) {
+                p[g][i] = exp_poly(p[g][i] - mx);
+                sum += p[g][i];
+            }
+            l[g] += sum;
+        }
+        for (int g = 0; g < G; g++)
+            for (int j0 = 0; j0 < D8; j0 += 8) {
+                const int w = D8 - j0 < 8 ? D8 - j0 : 8;
+                v8 a[8];
+                for (int j = 0; j < w; j++) a[j] = acc[g][j0 + j] * rescale[g];
+                for (int i = 0; i < n; i++) {
+                    if (g == 0 && j0 == 0 && next_k) { /* the block two ahead, a row for a row */
+                        prefetch_block(next_k + i * token_stride, 1, token_stride, DV);
+                        prefetch_block(next_v + i * token_stride, 1, token_stride, DV);
+                    }
+                    const float pi = p[g][i];
+                    const float *vr = vb + i * token_stride + 8 * j0;
+                    for (int j = 0; j < w; j++) a[j] += pi * *(const v8 *)(vr + 8 * j);
+                }
+                for (int j = 0; j < w; j++) acc[g][j0 + j] = a[j];
+            }
+    }
+    if (partial_ml) { /* one piece of a split sequence: unnormalised, with its max and sum */
+        for (int g = 0; g < G; g++) {
+            partial_ml[2 * g] = m[g], partial_ml[2 * g + 1] = l[g];
+            for (int j = 0; j < D8; j++) *(v8 *)(out + (g * D8 + j) * 8) = acc[g][j];
+        }
+        return;
+    }
+    for (int g = 0; g < G; g++) {
+        const float inv = len > 0 ? 1.f / l[g] : 0.f;
+        for (int j = 0; j < D8; j++) *(v8 *)(out + (g * D8 + j) * 8) = acc[g][j] * inv;
+    }
+}
+#endif
 
 static void attend_any(int G, int DV, const float *q, const float *k, const float *v, int64_t block_stride,
                        int64_t token_stride, const int32_t *table, int b0, int b1, int len, int block_size, float scale,

@@ -7,6 +7,8 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include "vec_math.h"
+
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
 
@@ -47,19 +49,6 @@ static inline v8 hsum8x16(const v16 a[8]) {
     const v16 d = __builtin_shufflevector(c[0], c[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
                   __builtin_shufflevector(c[0], c[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
     return __builtin_shufflevector(d, d, 0, 2, 4, 6, 8, 10, 12, 14) + __builtin_shufflevector(d, d, 1, 3, 5, 7, 9, 11, 13, 15);
-}
-
-/* The same tree for eight vectors of 8 lanes (the AVX2 tile). */
-static inline v8 hsum8x8(const v8 a[8]) {
-    v8 b[4], c[2];
-    for (int j = 0; j < 4; j++) /* b[j]: 4 lanes of column 2j, then 4 of column 2j+1 */
-        b[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
-               __builtin_shufflevector(a[2 * j], a[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15);
-    for (int j = 0; j < 2; j++) /* c[j]: 2 lanes each of columns 4j .. 4j+3 */
-        c[j] = __builtin_shufflevector(b[2 * j], b[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
-               __builtin_shufflevector(b[2 * j], b[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15);
-    return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14) +
-           __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15);
 }
 
 #if VL == 16

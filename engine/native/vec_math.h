@@ -24,4 +24,20 @@ static inline float exp_poly(float x) {
     return y * scale.f;
 }
 
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+
+/* Lane sums of eight 8-lane vectors: r[j] = sum of a[j]'s lanes, as a tree of shuffles and adds that
+ * halves the lanes per column at each level (the AVX2 tile of skinny_tile.h, the AVX2 decode scores). */
+static inline v8 hsum8x8(const v8 a[8]) {
+    v8 b[4], c[2];
+    for (int j = 0; j < 4; j++) /* b[j]: 4 lanes of column 2j, then 4 of column 2j+1 */
+        b[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               __builtin_shufflevector(a[2 * j], a[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int j = 0; j < 2; j++) /* c[j]: 2 lanes each of columns 4j .. 4j+3 */
+        c[j] = __builtin_shufflevector(b[2 * j], b[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+               __builtin_shufflevector(b[2 * j], b[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+    return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+           __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15);
+}
+
 #endif

@@ -1,7 +1,9 @@
-"""The kernels' AVX2 build (8-lane tile, dequantization without AVX-512's 16-entry table), built
-with AVX-512 turned off so it is tested on AVX-512 hosts too (the CI host): gguf's floats bit for
-bit, the quantized and skinny kernels' products equal bit for bit within the build, and close to
-torch's. The default build is tested by test_quant_linear.py and test_skinny_linear.py."""
+"""The kernels' AVX2 build (8-lane tile, dequantization without AVX-512's 16-entry table, the decode
+attention's 8-lane task, the layer ops' vectorised clamp), built with AVX-512 turned off so it is
+tested on AVX-512 hosts too (the CI host): gguf's floats bit for bit, the quantized and skinny
+kernels' products equal bit for bit within the build, and close to torch's; decode attention
+against the reference; SiLU * up against torch. The default builds are tested by
+test_quant_linear.py, test_skinny_linear.py, test_paged_decode.py and test_layer_ops.py."""
 
 import ctypes
 
@@ -10,9 +12,14 @@ import torch
 import torch.nn.functional as F
 
 from engine.cpu_info import cpuinfo_field
+from engine.attention import reference as ref
 from engine.native.build import bind, build_and_load
+from engine.native.layer_ops import NativeLayerOps, TorchLayerOps
+from engine.native.paged_decode import NativePagedDecode
 from engine.native.quant_linear import NativeQuantLinear
 from engine.native.skinny_linear import NativeSkinnyLinear
+from tests.engine.attention.test_triton_kernels import decode_inputs
+from tests.engine.native.test_paged_decode import FP32_DECODE, MORE_CASES
 from tests.engine.native.test_quant_linear import quantized
 
 AVX2_FLAGS = ("-mno-avx512f",)  # after -march=native: what an AVX2-only CPU of the same family builds
@@ -58,3 +65,40 @@ def test_avx2_products_are_the_skinny_kernels_bit_for_bit(kernels, qtype, rows, 
     got = quant(x, weight, bias)
     assert torch.equal(got, skinny(x, floats, bias))
     torch.testing.assert_close(got, F.linear(x, floats, bias), rtol=1e-5, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def avx2_decode() -> NativePagedDecode:
+    library = build_and_load("paged_decode.c", extra_flags=AVX2_FLAGS)
+    if library.lib is None:
+        pytest.skip("no C compiler here")
+    return NativePagedDecode(library)
+
+
+@pytest.mark.parametrize("name", sorted(FP32_DECODE) + sorted(MORE_CASES))
+def test_avx2_decode_attention_matches_the_reference(avx2_decode, name):
+    """Every (group, head_dim) case: the specialised ones (G x 8-lane vectors of head_dim 32, 64 and
+    128: one or two passes of 8 output vectors), the generic one, split long contexts, partial blocks."""
+    args = decode_inputs({**FP32_DECODE, **MORE_CASES}[name])
+    torch.testing.assert_close(avx2_decode(*args), ref.paged_decode_attention(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_avx2_decode_gives_a_sequence_the_same_floats_in_any_batch(avx2_decode):
+    q, kc, vc, bt, seq_lens, scale = decode_inputs(MORE_CASES["split_mixed_bs32"])
+    together = avx2_decode(q, kc, vc, bt, seq_lens, scale)
+    for row in range(len(seq_lens)):
+        alone = avx2_decode(q[row : row + 1], kc, vc, bt[row : row + 1], seq_lens[row : row + 1], scale)
+        assert torch.equal(alone[0], together[row])
+
+
+def test_avx2_silu_mul_matches_torch_across_the_range():
+    """exp_poly's clamp, vectorised as a blend on AVX2 (-fno-trapping-math), saturates as the scalar one did."""
+    library = build_and_load("layer_ops.c", extra_flags=("-ffp-contract=off", *AVX2_FLAGS))
+    if library.lib is None:
+        pytest.skip("no C compiler here")
+    gen = torch.Generator().manual_seed(5)
+    gate_up = torch.randn(9, 2 * 1536, generator=gen) * 8
+    gate_up[0, :10] = torch.tensor([-1e4, -100.0, -88.0, -87.0, -20.0, 0.0, 1e-30, 20.0, 88.0, 1e4])
+    got = NativeLayerOps(library.lib).silu_mul(gate_up)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, TorchLayerOps.silu_mul(gate_up), rtol=2e-6, atol=1e-6)
