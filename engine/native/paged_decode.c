@@ -75,7 +75,10 @@ static inline __attribute__((always_inline)) void prefetch_block(const float *b,
         for (int j = 0; j < dv; j++) __builtin_prefetch(b + (int64_t)i * token_stride + 16 * j);
 }
 
-#if defined(__AVX512F__)
+#ifndef WIDE_TASK
+#define WIDE_TASK 0 /* 1: the 16-lane task on AVX2 too (as before the 8-lane one: A/B runs, bench/avx2_kernels.py) */
+#endif
+#if defined(__AVX512F__) || WIDE_TASK
 /* One (sequence, KV head) task: G query heads of head_dim 16 * DV. Inlined with constant G and DV
  * for the common shapes (the accumulators then live in registers), called as is for the rest. */
 static inline __attribute__((always_inline)) void attend(

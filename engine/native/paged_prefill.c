@@ -6,9 +6,9 @@
  * pool dispatch, the gather, transposes), about 30 GFLOP/s; a chunk after a cached prefix takes two
  * calls merged by their log-sum-exps. Here one parallel region runs all of a step's tiles.
  *
- * A task is (sequence, KV head, tile of 16 query positions): the G query heads sharing the KV head
- * are done together, so each K/V element is loaded once for G * 16 queries. Queries sit in vector
- * lanes (Q is transposed once per task, pre-scaled): a score vector is 16 queries against one key,
+ * A task is (sequence, KV head, tile of LANES query positions: 16, 8 on AVX2): the G query heads sharing the KV head
+ * are done together, so each K/V element is loaded once for G * LANES queries. Queries sit in vector
+ * lanes (Q is transposed once per task, pre-scaled): a score vector is LANES queries against one key,
  * K and V are read as scalars broadcast from the cache where they lie, and the online softmax
  * (running max and sum per query, float32, flash attention's) is lane-wise, with no horizontal sums.
  * The output accumulates transposed ([head_dim][G][16 queries]) and is written back at the end.
@@ -30,18 +30,26 @@
 
 #include "vec_math.h"
 
-#define LANES 16
 #define MAX_GROUP 8
 #define MAX_HEAD_DIM 128
 #define MAX_BLOCK 64
 
-typedef float v16 __attribute__((vector_size(64), aligned(64)));
+/* A vector of query lanes: 16 on AVX-512 (32 registers), 8 on AVX2 (16 registers). Each lane is
+ * one query, taken through the same operations in the same order in either build. */
+#if defined(__AVX512F__)
+#define LANES 16
+typedef float vq __attribute__((vector_size(64), aligned(64)));
+#else
+#define LANES 8
+typedef float vq __attribute__((vector_size(32), aligned(32)));
+#endif
 
-/* 1 where the build has the 32 vector registers the register blocks below are sized for (AVX-512).
- * Elsewhere (AVX2: 16 registers of 8 lanes) they spill, and the torch path is faster: on a Zen 3
- * host SmolLM2's offline run spent 39 s in its prefill steps with this kernel, 23 s without. */
+/* 1 where the build has vectors the register blocks below are sized for: AVX-512, or AVX2 with FMA
+ * (the blocks of 8-lane vectors halved for its 16 registers; the AVX-512 blocks compiled for AVX2
+ * spilled, and on a Zen 3 host SmolLM2's offline run then spent 39 s in its prefill steps against
+ * 23 s on the torch path). */
 int baton_paged_prefill_tuned(void) {
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
     return 1;
 #else
     return 0;
@@ -49,24 +57,29 @@ int baton_paged_prefill_tuned(void) {
 }
 
 /* Keys (in the score product) or head dims (in the value product) per register block, so that
- * the block's accumulators (this times G vectors) stay within the 32 vector registers. */
+ * the block's accumulators (this times G vectors), the G query or probability vectors and a
+ * broadcast stay within the registers (32 on AVX-512, 16 on AVX2). */
+#if LANES == 16
 #define REG_BLOCK(G) ((G) <= 1 ? 16 : (G) <= 3 ? 8 : (G) <= 6 ? 4 : 2)
+#else
+#define REG_BLOCK(G) ((G) <= 1 ? 8 : (G) <= 3 ? 4 : (G) <= 4 ? 2 : 1)
+#endif
 
 /* The buffers of one thread, reused by its tasks. */
 typedef struct {
-    v16 *qt; /* [head_dim][G]: the tile's queries, transposed and scaled */
-    v16 *ot; /* [head_dim][G]: the output, transposed, unnormalised */
-    v16 *pt; /* [block_size][G]: one block's scores, then probabilities */
+    vq *qt; /* [head_dim][G]: the tile's queries, transposed and scaled */
+    vq *ot; /* [head_dim][G]: the output, transposed, unnormalised */
+    vq *pt; /* [block_size][G]: one block's scores, then probabilities */
 } Scratch;
 
 static inline __attribute__((always_inline)) void prefill_tile(
     const int G, const int D, const int KB, const float *q, int64_t q_stride, const float *k, const float *v,
     int64_t block_stride, int64_t token_stride, const int32_t *table, int rows, int first_pos, int block_size,
     float scale, float *out, int64_t out_stride, Scratch s) {
-    v16 *restrict qt = s.qt, *restrict ot = s.ot, *restrict pt = s.pt;
+    vq *restrict qt = s.qt, *restrict ot = s.ot, *restrict pt = s.pt;
     float *qf = (float *)qt;
-    memset(qt, 0, sizeof(v16) * D * G);
-    memset(ot, 0, sizeof(v16) * D * G);
+    memset(qt, 0, sizeof(vq) * D * G);
+    memset(ot, 0, sizeof(vq) * D * G);
     for (int i = 0; i < rows; i++)
         for (int g = 0; g < G; g++)
             for (int d = 0; d < D; d++) qf[((int64_t)d * G + g) * LANES + i] = q[i * q_stride + g * D + d] * scale;
@@ -84,11 +97,11 @@ static inline __attribute__((always_inline)) void prefill_tile(
         for (int j = 0; j < n; j += KB) {
             const float *kr[16];
             for (int kk = 0; kk < KB; kk++) kr[kk] = kb + (int64_t)(j + kk < n ? j + kk : n - 1) * token_stride;
-            v16 acc[16][MAX_GROUP];
+            vq acc[16][MAX_GROUP];
             for (int kk = 0; kk < KB; kk++)
-                for (int g = 0; g < G; g++) acc[kk][g] = (v16){0};
+                for (int g = 0; g < G; g++) acc[kk][g] = (vq){0};
             for (int d = 0; d < D; d++) {
-                v16 qd[MAX_GROUP];
+                vq qd[MAX_GROUP];
                 for (int g = 0; g < G; g++) qd[g] = qt[d * G + g];
                 for (int kk = 0; kk < KB; kk++) {
                     const float kv = kr[kk][d];
@@ -133,15 +146,15 @@ static inline __attribute__((always_inline)) void prefill_tile(
             for (int i = 0; i < LANES; i++) l[g][i] = l[g][i] * alpha[g][i] + sum[i];
         }
         /* values: ot[d][g] = ot[d][g] * alpha[g] + sum_j V[j][d] * pt[j][g], KB head dims at a time */
-        v16 al[MAX_GROUP];
-        for (int g = 0; g < G; g++) al[g] = *(const v16 *)alpha[g];
+        vq al[MAX_GROUP];
+        for (int g = 0; g < G; g++) al[g] = *(const vq *)alpha[g];
         for (int d0 = 0; d0 < D; d0 += KB) {
-            v16 acc[16][MAX_GROUP];
+            vq acc[16][MAX_GROUP];
             for (int dd = 0; dd < KB; dd++)
                 for (int g = 0; g < G; g++) acc[dd][g] = ot[(d0 + dd) * G + g] * al[g];
             for (int j = 0; j < n; j++) {
                 const float *vr = vb + (int64_t)j * token_stride + d0;
-                v16 p[MAX_GROUP];
+                vq p[MAX_GROUP];
                 for (int g = 0; g < G; g++) p[g] = pt[j * G + g];
                 for (int dd = 0; dd < KB; dd++) {
                     const float vv = vr[dd];
@@ -192,7 +205,7 @@ int baton_paged_prefill_f32(const float *q, int64_t q_stride, const float *k, co
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
-        const size_t per = sizeof(v16) * (size_t)group;
+        const size_t per = sizeof(vq) * (size_t)group;
         Scratch scratch = {aligned_alloc(64, per * head_dim), aligned_alloc(64, per * head_dim),
                            aligned_alloc(64, per * block_size)};
         failed = !scratch.qt || !scratch.ot || !scratch.pt;

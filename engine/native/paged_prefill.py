@@ -27,8 +27,8 @@ class NativePagedPrefill:
     @classmethod
     def load(cls, require_tuned: bool = True) -> NativePagedPrefill | None:
         """The kernel, compiled or taken from the cache; None (with nothing raised) when it cannot be
-        had, or, with ``require_tuned``, where it is slower than the torch path (a build without
-        AVX-512: ``baton_paged_prefill_tuned``). Tests take it anyway, for its results."""
+        had, or, with ``require_tuned``, where it is slower than the torch path (a build with neither
+        AVX-512 nor AVX2 and FMA: ``baton_paged_prefill_tuned``). Tests take it anyway, for its results."""
         library = build_and_load("paged_prefill.c", extra_flags=("-mprefer-vector-width=512",))
         if library.lib is None:
             return None

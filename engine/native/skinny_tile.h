@@ -29,7 +29,9 @@ typedef float v16 __attribute__((vector_size(64), aligned(4))); /* (v8: vec_math
 typedef v16 vacc;
 #else
 #define VL 8
-#define MB 3
+#ifndef MB
+#define MB 3 /* -DMB=1: one row of x, one pass of 8 weight rows (as before: A/B runs, bench/avx2_kernels.py) */
+#endif
 #define PASS_COLS 4 /* weight rows per pass over K */
 typedef v8 vacc;
 #endif

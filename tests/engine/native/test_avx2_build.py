@@ -16,10 +16,13 @@ from engine.attention import reference as ref
 from engine.native.build import bind, build_and_load
 from engine.native.layer_ops import NativeLayerOps, TorchLayerOps
 from engine.native.paged_decode import NativePagedDecode
+from engine.native.paged_prefill import NativePagedPrefill
 from engine.native.quant_linear import NativeQuantLinear
 from engine.native.skinny_linear import NativeSkinnyLinear
-from tests.engine.attention.test_triton_kernels import decode_inputs
+from tests.engine.attention.test_triton_kernels import decode_inputs, prefill_inputs
 from tests.engine.native.test_paged_decode import FP32_DECODE, MORE_CASES
+from tests.engine.native.test_paged_prefill import FP32_PREFILL
+from tests.engine.native.test_paged_prefill import MORE_CASES as MORE_PREFILL
 from tests.engine.native.test_quant_linear import quantized
 
 AVX2_FLAGS = ("-mno-avx512f",)  # after -march=native: what an AVX2-only CPU of the same family builds
@@ -102,3 +105,16 @@ def test_avx2_silu_mul_matches_torch_across_the_range():
     got = NativeLayerOps(library.lib).silu_mul(gate_up)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, TorchLayerOps.silu_mul(gate_up), rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(FP32_PREFILL) + sorted(MORE_PREFILL))
+def test_avx2_prefill_attention_matches_the_reference(name):
+    """8 query lanes a tile and register blocks halved for 16 registers: every (group, head_dim)
+    case, chunks after cached prefixes, partial tiles."""
+    library = build_and_load("paged_prefill.c", extra_flags=AVX2_FLAGS)
+    if library.lib is None:
+        pytest.skip("no C compiler here")
+    assert bind(library.lib, "baton_paged_prefill_tuned", "", ctypes.c_int)() == 1
+    kernel = NativePagedPrefill(library)
+    args = prefill_inputs({**FP32_PREFILL, **MORE_PREFILL}[name])
+    torch.testing.assert_close(kernel(*args), ref.paged_prefill_attention(*args), rtol=1e-5, atol=1e-5)
