@@ -54,10 +54,12 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
 
 def default_projections(device: torch.device, dtype: torch.dtype, skinny: NativeSkinnyLinear | None) -> str:
     """``skinny`` where its AVX-512 kernel loaded and MKL is the fast large product (Intel), else
-    ``packed`` where oneDNN can pack, else ``dense``. On other AVX-512 CPUs the skinny kernel would need
-    a different large-product path (MKL was slow on the AMD hosts) that has not been measured; its
-    AVX2 tile (8 lanes) serves the quantized mode, and against oneDNN on dense weights it has not
-    been measured either."""
+    ``packed`` where oneDNN can pack, else ``dense``. Elsewhere the skinny kernel would need another
+    large-product path: MKL was slow on the AMD hosts, and oneDNN multiplies its own packed copy, so
+    skinny decode with packed prefill would hold two fp32 copies of every weight. (On an AVX2 Zen 3
+    host the AVX2 tile beat oneDNN's packed weights in SmolLM2's decode steps, 1.74x at 1 row to
+    1.23x at 64: docs/BENCHMARKS.md. GGUF models get that gain from their blocks, the compact
+    second copy, in the quantized mode.)"""
     if (device.type == "cpu" and dtype == torch.float32 and skinny is not None and skinny.lanes == 16
             and cpu_vendor() == "GenuineIntel"):
         return "skinny"
