@@ -1,5 +1,5 @@
-"""This CPU's fp32 multiply-add peak, measured: independent chains of 16-lane FMAs (AVX-512), one
-per thread, with nothing else in the loop. It is the ceiling any fp32 GEMM here can reach, so a
+"""This CPU's fp32 multiply-add peak, measured: independent chains of 16-lane FMAs (AVX-512; 8-lane
+on AVX2 + FMA builds), one per thread, with nothing else in the loop. It is the ceiling any fp32 GEMM here can reach, so a
 kernel's rate reads as a fraction of it (docs/BENCHMARKS.md: the prefill's projections).
 
     python -m bench.fma_peak [--threads 2] [--runs 5] [--json]
@@ -25,6 +25,21 @@ _SOURCE = r"""
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#if defined(__AVX512F__)
+#define LANES 16
+typedef __m512 vec;
+#define SET1 _mm512_set1_ps
+#define FMA _mm512_fmadd_ps
+#define ADD _mm512_add_ps
+#elif defined(__AVX2__) && defined(__FMA__)
+#define LANES 8
+typedef __m256 vec;
+#define SET1 _mm256_set1_ps
+#define FMA _mm256_fmadd_ps
+#define ADD _mm256_add_ps
+#else
+#error "neither AVX-512 nor AVX2 with FMA"
+#endif
 int main(int argc, char **argv) {
     const long iters = atol(argv[1]);
     const int threads = atoi(argv[2]);
@@ -32,26 +47,28 @@ int main(int argc, char **argv) {
     double t0 = omp_get_wtime();
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
     {
-        __m512 a[12];
-        for (int j = 0; j < 12; j++) a[j] = _mm512_set1_ps(1.0f + 0.1f * j);
-        const __m512 b = _mm512_set1_ps(0.99999f), c = _mm512_set1_ps(0.00001f);
+        vec a[12];
+        for (int j = 0; j < 12; j++) a[j] = SET1(1.0f + 0.1f * j);
+        const vec b = SET1(0.99999f), c = SET1(0.00001f);
         for (long i = 0; i < iters; i++) {
 #pragma GCC unroll 12
-            for (int j = 0; j < 12; j++) a[j] = _mm512_fmadd_ps(a[j], b, c);
+            for (int j = 0; j < 12; j++) a[j] = FMA(a[j], b, c);
         }
-        __m512 s = a[0];
-        for (int j = 1; j < 12; j++) s = _mm512_add_ps(s, a[j]);
-        sink += _mm512_reduce_add_ps(s);
+        vec s = a[0];
+        for (int j = 1; j < 12; j++) s = ADD(s, a[j]);
+        float lanes[LANES];
+        __builtin_memcpy(lanes, &s, sizeof(lanes));
+        for (int i = 0; i < LANES; i++) sink += lanes[i];
     }
     double t = omp_get_wtime() - t0;
-    printf("%.6f %f\n", (double)threads * iters * 12 * 16 * 2 / t / 1e9, sink);
+    printf("%.6f %f %d\n", (double)threads * iters * 12 * LANES * 2 / t / 1e9, sink, LANES);
     return 0;
 }
 """
 
 
 def measure(threads: int = 2, runs: int = 5, iters: int = 100_000_000) -> list[float]:
-    """GFLOP/s of each run; raises RuntimeError where there is no compiler or no AVX-512."""
+    """GFLOP/s of each run; raises RuntimeError where there is no compiler, or neither AVX-512 nor AVX2 with FMA."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise RuntimeError("no C compiler (cc, gcc or $CC)")
@@ -61,7 +78,7 @@ def measure(threads: int = 2, runs: int = 5, iters: int = 100_000_000) -> list[f
         done = subprocess.run([cc, "-O2", "-march=native", "-fopenmp", str(src), "-o", str(exe)],
                               capture_output=True, text=True)
         if done.returncode:
-            raise RuntimeError(f"the FMA loop did not compile here (AVX-512 needed): {done.stderr.strip()[:300]}")
+            raise RuntimeError(f"the FMA loop did not compile here (AVX-512, or AVX2 with FMA, needed): {done.stderr.strip()[:300]}")
         return [float(subprocess.run([str(exe), str(iters), str(threads)], capture_output=True, text=True,
                                      check=True).stdout.split()[0]) for _ in range(runs)]
 
