@@ -10,9 +10,11 @@ AVX2-only CPU of the same family would run.
   step's): with ``-fno-trapping-math`` (exp_poly's clamp a blend) and without (scalar loop).
 - ``projections``: the GGUF-block kernel over all 120 SmolLM2 projections (the default model's
   own Q4_1 blocks) at 1 to 64 rows: the two-pass 3-row tile against the one-row tile (``-DMB=1``);
-  also checks that both give the same floats.
+  also checks that both give the same floats. ``--arm=FLAGS`` adds a build of the kernel with
+  those extra compiler flags (e.g. ``-DKC=384``), named by them (same floats not required).
 
     python -m bench.avx2_kernels [--parts decode,silu,projections] [--threads 2] [--repeats 7] [--json]
+        [--arm=-DKC=384 ...]
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def silu_part(rows_list: list[int], repeats: int) -> dict:
     return result
 
 
-def projections_part(rows_list: list[int], repeats: int) -> dict:
+def projections_part(rows_list: list[int], repeats: int, extra_arms: list[str] = ()) -> dict:
     import torch
 
     from engine.config import EngineConfig
@@ -100,7 +102,13 @@ def projections_part(rows_list: list[int], repeats: int) -> dict:
     if any(p.quantized is None for p in projections):
         raise SystemExit("the default model's projections carry no GGUF blocks here (the quantized kernel did not load)")
     builds = {"3-row tile, two passes": AVX2, "1-row tile (before)": (*AVX2, "-DMB=1")}
-    kernels = {name: NativeQuantLinear(build_and_load("quant_linear.c", extra_flags=flags).lib) for name, flags in builds.items()}
+    builds.update({arm: (*AVX2, *arm.split()) for arm in extra_arms})
+    kernels = {}
+    for name, flags in builds.items():
+        library = build_and_load("quant_linear.c", extra_flags=flags)
+        if library.lib is None:
+            raise SystemExit(f"the kernel did not build with {' '.join(flags)}: {library.error}")
+        kernels[name] = NativeQuantLinear(library.lib)
     result = {}
     for rows in rows_list:
         gen = torch.Generator().manual_seed(rows)
@@ -110,7 +118,7 @@ def projections_part(rows_list: list[int], repeats: int) -> dict:
             return lambda: [kernel(xs[p.weight.shape[1]], p.quantized, p.bias) for p in projections]
 
         outs = {name: every_projection(k)() for name, k in kernels.items()}
-        a, b = outs.values()
+        a, b = outs["3-row tile, two passes"], outs["1-row tile (before)"]
         ms = {name: s * 1e3 for name, s in alternate({n: every_projection(k) for n, k in kernels.items()}, repeats).items()}
         flop = sum(2 * rows * p.weight.shape[0] * p.weight.shape[1] for p in projections)
         result[str(rows)] = {"ms": ms, "gflop_s": {n: flop / (t / 1e3) / 1e9 for n, t in ms.items()},
@@ -130,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=200, help="decode: tokens per sequence")
     p.add_argument("--rows", default="1,3,8,32,64", help="projections: rows of x (comma-separated)")
     p.add_argument("--silu-rows", default="32,2048")
+    p.add_argument("--arm", action="append", default=[], help="projections: another build, with these extra flags")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     parts = args.parts.split(",")
@@ -143,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     if "silu" in parts:
         report["silu"] = silu_part([int(r) for r in args.silu_rows.split(",")], args.repeats)
     if "projections" in parts:
-        report["projections"] = projections_part([int(r) for r in args.rows.split(",")], args.repeats)
+        report["projections"] = projections_part([int(r) for r in args.rows.split(",")], args.repeats, args.arm)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
