@@ -29,6 +29,16 @@ AVX2 = ("-mno-avx512f",)
 PARTS = ("decode", "silu", "projections")
 
 
+def build(source: str, flags: tuple[str, ...]):
+    """``source`` compiled with ``flags`` (cached), or an exit naming the flags and the reason."""
+    from engine.native.build import build_and_load
+
+    library = build_and_load(source, extra_flags=flags)
+    if library.lib is None:
+        raise SystemExit(f"{source} did not build with {' '.join(flags)}: {library.error}")
+    return library
+
+
 def alternate(arms: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
     """Each arm's median seconds over ``repeats`` rounds, the arms taking turns within a round."""
     times: dict[str, list[float]] = {name: [] for name in arms}
@@ -45,12 +55,11 @@ def alternate(arms: dict[str, Callable[[], object]], repeats: int) -> dict[str, 
 def decode_part(seqs: int, context: int, repeats: int) -> dict:
     import torch
 
-    from engine.native.build import build_and_load
     from engine.native.paged_decode import NativePagedDecode
 
     builds = {"8-lane task": AVX2, "16-lane task": (*AVX2, "-DWIDE_TASK=1"),
               "16-lane, trapping math (before)": (*AVX2, "-DWIDE_TASK=1", "-ftrapping-math")}
-    kernels = {name: NativePagedDecode(build_and_load("paged_decode.c", extra_flags=flags)) for name, flags in builds.items()}
+    kernels = {name: NativePagedDecode(build("paged_decode.c", flags)) for name, flags in builds.items()}
     layers, block, kv_heads, head_dim, heads = 30, 16, 3, 64, 9
     per_seq = -(-context // block)
     num_blocks = seqs * per_seq + 8
@@ -74,11 +83,10 @@ def decode_part(seqs: int, context: int, repeats: int) -> dict:
 def silu_part(rows_list: list[int], repeats: int) -> dict:
     import torch
 
-    from engine.native.build import build_and_load
     from engine.native.layer_ops import NativeLayerOps, TorchLayerOps
 
     builds = {"no trapping math": ("-ffp-contract=off", *AVX2), "trapping math (before)": ("-ffp-contract=off", *AVX2, "-ftrapping-math")}
-    ops = {name: NativeLayerOps(build_and_load("layer_ops.c", extra_flags=flags).lib) for name, flags in builds.items()}
+    ops = {name: NativeLayerOps(build("layer_ops.c", flags).lib) for name, flags in builds.items()}
     result = {}
     for rows in rows_list:
         gate_up = torch.randn(rows, 2 * 1536, generator=torch.Generator().manual_seed(rows)) * 4
@@ -89,12 +97,11 @@ def silu_part(rows_list: list[int], repeats: int) -> dict:
     return result
 
 
-def projections_part(rows_list: list[int], repeats: int, extra_arms: list[str] = ()) -> dict:
+def projections_part(rows_list: list[int], repeats: int, extra_arms: tuple[str, ...] = ()) -> dict:
     import torch
 
     from engine.config import EngineConfig
     from engine.model_loader import load_model
-    from engine.native.build import build_and_load
     from engine.native.quant_linear import NativeQuantLinear
 
     model = load_model(EngineConfig(model="default", num_threads=torch.get_num_threads())).model
@@ -103,12 +110,7 @@ def projections_part(rows_list: list[int], repeats: int, extra_arms: list[str] =
         raise SystemExit("the default model's projections carry no GGUF blocks here (the quantized kernel did not load)")
     builds = {"3-row tile, two passes": AVX2, "1-row tile (before)": (*AVX2, "-DMB=1")}
     builds.update({arm: (*AVX2, *arm.split()) for arm in extra_arms})
-    kernels = {}
-    for name, flags in builds.items():
-        library = build_and_load("quant_linear.c", extra_flags=flags)
-        if library.lib is None:
-            raise SystemExit(f"the kernel did not build with {' '.join(flags)}: {library.error}")
-        kernels[name] = NativeQuantLinear(library.lib)
+    kernels = {name: NativeQuantLinear(build("quant_linear.c", flags).lib) for name, flags in builds.items()}
     result = {}
     for rows in rows_list:
         gen = torch.Generator().manual_seed(rows)
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arm", action="append", default=[], help="projections: another build, with these extra flags")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    parts = args.parts.split(",")
+    parts = [part for part in args.parts.split(",") if part]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         p.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if "silu" in parts:
         report["silu"] = silu_part([int(r) for r in args.silu_rows.split(",")], args.repeats)
     if "projections" in parts:
-        report["projections"] = projections_part([int(r) for r in args.rows.split(",")], args.repeats, args.arm)
+        report["projections"] = projections_part([int(r) for r in args.rows.split(",")], args.repeats, tuple(args.arm))
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

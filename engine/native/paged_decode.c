@@ -14,7 +14,7 @@
  *
  * The prefetches of the blocks two ahead are spread over the rows attended, a row for a row: issued
  * a block at a time (128 lines), they filled the line-fill buffers and stalled the loop (the hottest
- * instructions by perf), 1.11-1.22x slower. The scores of 16 keys come out of one shuffle tree.
+ * instructions by perf), 1.11-1.22x slower. The scores of 16 keys (8 on AVX2) come out of one shuffle tree.
  *
  * Layout: k/v point at one layer's view [num_blocks, block_size, kv_heads, head_dim] with element
  * strides (block_stride, token_stride, head_dim, 1). q is [B, heads, head_dim] with rows q_stride
@@ -47,6 +47,10 @@
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef float v4 __attribute__((vector_size(16), aligned(4)));
 
+#ifndef WIDE_TASK
+#define WIDE_TASK 0 /* 1: the 16-lane task on AVX2 too (as before the 8-lane one: A/B runs, bench/avx2_kernels.py) */
+#endif
+#if defined(__AVX512F__) || WIDE_TASK /* (the 16-lane task's lane sums) */
 static inline float hsum16(v16 x) {
     v8 a = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
            __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -69,15 +73,13 @@ static inline v16 hsum16x16(const v16 a[16]) {
     return __builtin_shufflevector(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
            __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
+#endif
 
 static inline __attribute__((always_inline)) void prefetch_block(const float *b, int rows, int64_t token_stride, int dv) {
     for (int i = 0; i < rows; i++)
         for (int j = 0; j < dv; j++) __builtin_prefetch(b + (int64_t)i * token_stride + 16 * j);
 }
 
-#ifndef WIDE_TASK
-#define WIDE_TASK 0 /* 1: the 16-lane task on AVX2 too (as before the 8-lane one: A/B runs, bench/avx2_kernels.py) */
-#endif
 #if defined(__AVX512F__) || WIDE_TASK
 /* One (sequence, KV head) task: G query heads of head_dim 16 * DV. Inlined with constant G and DV
  * for the common shapes (the accumulators then live in registers), called as is for the rest. */

@@ -11,7 +11,7 @@
  * lanes (Q is transposed once per task, pre-scaled): a score vector is LANES queries against one key,
  * K and V are read as scalars broadcast from the cache where they lie, and the online softmax
  * (running max and sum per query, float32, flash attention's) is lane-wise, with no horizontal sums.
- * The output accumulates transposed ([head_dim][G][16 queries]) and is written back at the end.
+ * The output accumulates transposed ([head_dim][G][LANES queries]) and is written back at the end.
  * Causality: query lane i of a tile at position first_pos + i sees keys up to it; only the blocks
  * that reach past first_pos are masked (probabilities set to 0 after the exp).
  *
@@ -206,8 +206,10 @@ int baton_paged_prefill_f32(const float *q, int64_t q_stride, const float *k, co
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
         const size_t per = sizeof(vq) * (size_t)group;
+        /* aligned_alloc takes sizes that are multiples of the alignment (8 lanes x an odd G x an odd block is not) */
+        const size_t rows_bytes = (per * block_size + 63) / 64 * 64;
         Scratch scratch = {aligned_alloc(64, per * head_dim), aligned_alloc(64, per * head_dim),
-                           aligned_alloc(64, per * block_size)};
+                           aligned_alloc(64, rows_bytes)};
         failed = !scratch.qt || !scratch.ot || !scratch.pt;
 #pragma omp for schedule(dynamic, 1)
         for (int task = 0; task < tasks; task++) {

@@ -32,6 +32,9 @@ typedef v16 vacc;
 #ifndef MB
 #define MB 3 /* -DMB=1: one row of x, one pass of 8 weight rows (as before: A/B runs, bench/avx2_kernels.py) */
 #endif
+#if MB != 1 && MB != 3
+#error "MB is 1 or 3 (any_tile has tiles of 1 row, or of 1 to 3)"
+#endif
 #define PASS_COLS 4 /* weight rows per pass over K */
 typedef v8 vacc;
 #endif
@@ -105,11 +108,15 @@ static inline __attribute__((always_inline)) void tile_pass(
         }
         for (int i = 0; i < mb; i++) {
             xv[i] = *(const vacc *)(x + i * x_stride + k);
+#ifdef __AVX__
             if (mb > 1) __asm__("" : "+x"(xv[i])); /* loaded once, not folded into each FMA */
+#endif
         }
         for (int j = 0; j < nc; j++) {
             vacc wv = *(const vacc *)(w + (c0 + j) * w_stride + k);
+#ifdef __AVX__ /* (elsewhere "x" is a 16-byte register: the kernel is not used there, but it builds) */
             if (mb > 1) __asm__("" : "+x"(wv)); /* one load per weight vector, not one folded into each FMA */
+#endif
             for (int i = 0; i < mb; i++) MULADD(a[i][j], xv[i], wv);
         }
     }

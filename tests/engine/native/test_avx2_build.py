@@ -52,6 +52,22 @@ def test_avx2_dequantization_is_gguf_bit_for_bit(kernels, qtype):
     assert torch.equal(quant.dequantize(weight).view(torch.int32), floats.view(torch.int32))
 
 
+def test_avx2_three_row_tile_gives_the_one_row_tiles_floats(kernels):
+    """The tile's two passes of 4 weight rows against 3 rows of x (the default) and its one pass of 8
+    against one row (-DMB=1, what it was) give the same floats bit for bit: each column's lane
+    sums are reduced alone."""
+    lib = build_and_load("skinny_linear.c", extra_flags=(*AVX2_FLAGS, "-DMB=1")).lib
+    if lib is None:
+        pytest.skip("no C compiler here")
+    one_row = NativeSkinnyLinear(lib, 8)
+    _, skinny = kernels
+    g = torch.Generator().manual_seed(11)
+    for rows, n, k in [(2, 5, 32), (3, 8, 800), (7, 13, 1536), (33, 203, 576), (64, 24, 1600)]:
+        x = torch.randn(rows, k + 16, generator=g)[:, 16:]
+        w, bias = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+        assert torch.equal(skinny(x, w, bias), one_row(x, w, bias)), (rows, n, k)
+
+
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q4_1x8"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 33, 64])
 @pytest.mark.parametrize("out_features,in_features", [(1, 32), (8, 32), (9, 800), (24, 800), (203, 1536)])
@@ -78,11 +94,20 @@ def avx2_decode() -> NativePagedDecode:
     return NativePagedDecode(library)
 
 
-@pytest.mark.parametrize("name", sorted(FP32_DECODE) + sorted(MORE_CASES))
+# Beyond the shared cases: the specialised group of 8 at head_dim 128 (two passes of 8 output
+# vectors), head_dim 16 (one 16-wide chunk: 2 vectors), and odd blocks.
+AVX2_DECODE = {
+    "gqa8_d128": dict(heads=16, kv_heads=2, head_dim=128, block_size=16, lens=[1, 70, 300]),
+    "gqa2_d16_bs3": dict(heads=4, kv_heads=2, head_dim=16, block_size=3, lens=[1, 2, 3, 40]),
+    "gqa6_d80_bs64": dict(heads=6, kv_heads=1, head_dim=80, block_size=64, lens=[63, 64, 129]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FP32_DECODE) + sorted(MORE_CASES) + sorted(AVX2_DECODE))
 def test_avx2_decode_attention_matches_the_reference(avx2_decode, name):
     """Every (group, head_dim) case: the specialised ones (G x 8-lane vectors of head_dim 32, 64 and
     128: one or two passes of 8 output vectors), the generic one, split long contexts, partial blocks."""
-    args = decode_inputs({**FP32_DECODE, **MORE_CASES}[name])
+    args = decode_inputs({**FP32_DECODE, **MORE_CASES, **AVX2_DECODE}[name])
     torch.testing.assert_close(avx2_decode(*args), ref.paged_decode_attention(*args), rtol=1e-5, atol=1e-5)
 
 
