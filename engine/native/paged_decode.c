@@ -47,6 +47,32 @@
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef float v4 __attribute__((vector_size(16), aligned(4)));
 
+static inline __attribute__((always_inline)) void prefetch_block(const float *b, int rows, int64_t token_stride, int dv) {
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < dv; j++) __builtin_prefetch(b + (int64_t)i * token_stride + 16 * j);
+}
+
+/* The shared steps of a task, used by both builds of `attend` below. */
+
+/* Prefetches the first AHEAD blocks of a task's K and V. */
+static inline __attribute__((always_inline)) void prefetch_first_blocks(
+    const float *k, const float *v, const int32_t *table, int b0, int nblocks, int64_t block_stride, int block_size,
+    int64_t token_stride, int dv) {
+    for (int b = b0; b < b0 + AHEAD && b < nblocks; b++) {
+        const int64_t at = (int64_t)table[b] * block_stride;
+        prefetch_block(k + at, block_size, token_stride, dv);
+        prefetch_block(v + at, block_size, token_stride, dv);
+    }
+}
+
+/* The block AHEAD of block b in `base` (K or V), or NULL past the task's last block: blocks lie
+ * anywhere in memory, so it is loaded a row at a time while this block's rows are attended (in one
+ * burst, the prefetches filled the line-fill buffers and stalled the loop). */
+static inline const float *block_ahead(const float *base, const int32_t *table, int b, int nblocks,
+                                       int64_t block_stride) {
+    return b + AHEAD < nblocks ? base + (int64_t)table[b + AHEAD] * block_stride : 0;
+}
+
 #ifndef WIDE_TASK
 #define WIDE_TASK 0 /* 1: the 16-lane task on AVX2 too (as before the 8-lane one: A/B runs, bench/avx2_kernels.py) */
 #endif
@@ -75,10 +101,6 @@ static inline v16 hsum16x16(const v16 a[16]) {
 }
 #endif
 
-static inline __attribute__((always_inline)) void prefetch_block(const float *b, int rows, int64_t token_stride, int dv) {
-    for (int i = 0; i < rows; i++)
-        for (int j = 0; j < dv; j++) __builtin_prefetch(b + (int64_t)i * token_stride + 16 * j);
-}
 
 #if defined(__AVX512F__) || WIDE_TASK
 /* One (sequence, KV head) task: G query heads of head_dim 16 * DV. Inlined with constant G and DV
@@ -98,22 +120,13 @@ static inline __attribute__((always_inline)) void attend(
         }
     }
     const int nblocks = b1;
-    for (int b = b0; b < b0 + AHEAD && b < nblocks; b++) {
-        const int64_t at = (int64_t)table[b] * block_stride;
-        prefetch_block(k + at, block_size, token_stride, DV);
-        prefetch_block(v + at, block_size, token_stride, DV);
-    }
+    prefetch_first_blocks(k, v, table, b0, nblocks, block_stride, block_size, token_stride, DV);
     for (int b = b0; b < nblocks; b++) {
         const int64_t at = (int64_t)table[b] * block_stride;
         const float *kb = k + at, *vb = v + at;
         const int n = len - b * block_size < block_size ? len - b * block_size : block_size;
-        /* blocks lie anywhere in memory: load two ahead, a row of it with each row attended here
-         * (in one burst, the prefetches filled the line-fill buffers and stalled the loop) */
-        const float *next_k = 0, *next_v = 0;
-        if (b + AHEAD < nblocks) {
-            const int64_t next = (int64_t)table[b + AHEAD] * block_stride;
-            next_k = k + next, next_v = v + next;
-        }
+        const float *next_k = block_ahead(k, table, b, nblocks, block_stride);
+        const float *next_v = block_ahead(v, table, b, nblocks, block_stride);
         for (int i0 = 0; i0 < n; i0 += 16) { /* 16 keys' scores at once: one lane-sum tree */
             const int cnt = n - i0 < 16 ? n - i0 : 16;
             for (int g = 0; g < G; g++) {
@@ -193,20 +206,13 @@ static inline __attribute__((always_inline)) void attend(
         }
     }
     const int nblocks = b1;
-    for (int b = b0; b < b0 + AHEAD && b < nblocks; b++) {
-        const int64_t at = (int64_t)table[b] * block_stride;
-        prefetch_block(k + at, block_size, token_stride, DV);
-        prefetch_block(v + at, block_size, token_stride, DV);
-    }
+    prefetch_first_blocks(k, v, table, b0, nblocks, block_stride, block_size, token_stride, DV);
     for (int b = b0; b < nblocks; b++) {
         const int64_t at = (int64_t)table[b] * block_stride;
         const float *kb = k + at, *vb = v + at;
         const int n = len - b * block_size < block_size ? len - b * block_size : block_size;
-        const float *next_k = 0, *next_v = 0;
-        if (b + AHEAD < nblocks) {
-            const int64_t next = (int64_t)table[b + AHEAD] * block_stride;
-            next_k = k + next, next_v = v + next;
-        }
+        const float *next_k = block_ahead(k, table, b, nblocks, block_stride);
+        const float *next_v = block_ahead(v, table, b, nblocks, block_stride);
         for (int i0 = 0; i0 < n; i0 += 8) { /* 8 keys' scores at once: one lane-sum tree */
             const int cnt = n - i0 < 8 ? n - i0 : 8;
             const float *kr[8];
