@@ -53,21 +53,14 @@ def alternate(arms: dict[str, Callable[[], object]], repeats: int) -> dict[str, 
 
 
 def decode_part(seqs: int, context: int, repeats: int) -> dict:
-    import torch
-
+    from bench.cpu_decode_kernel import smollm2_decode_inputs
     from engine.native.paged_decode import NativePagedDecode
 
     builds = {"8-lane task": AVX2, "16-lane task": (*AVX2, "-DWIDE_TASK=1"),
               "16-lane, trapping math (before)": (*AVX2, "-DWIDE_TASK=1", "-ftrapping-math")}
     kernels = {name: NativePagedDecode(build("paged_decode.c", flags)) for name, flags in builds.items()}
-    layers, block, kv_heads, head_dim, heads = 30, 16, 3, 64, 9
-    per_seq = -(-context // block)
-    num_blocks = seqs * per_seq + 8
-    gen = torch.Generator().manual_seed(0)
-    kv = torch.randn(num_blocks, layers, 2, block, kv_heads, head_dim, generator=gen)
-    tables = torch.randperm(num_blocks, generator=gen)[: seqs * per_seq].view(seqs, per_seq).int()
-    seq_lens = torch.full((seqs,), context, dtype=torch.int32)
-    q = torch.randn(seqs, heads, head_dim, generator=gen)
+    q, kv, tables, seq_lens = smollm2_decode_inputs(seqs, context)
+    layers, head_dim = kv.shape[1], kv.shape[5]
 
     def every_layer(kernel):
         return lambda: [kernel(q, kv[:, n, 0], kv[:, n, 1], tables, seq_lens, head_dim**-0.5) for n in range(layers)]

@@ -30,14 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     kernel = NativePagedDecode.load()
     if kernel is None:
         raise SystemExit("the compiled kernel is not available here (see the log: no compiler, or BATON_NATIVE_KERNELS=0)")
-    layers, block, kv_heads, head_dim, heads = 30, 16, 3, 64, 9
-    per_seq = -(-args.context // block)
-    num_blocks = args.seqs * per_seq + 8
-    gen = torch.Generator().manual_seed(0)
-    kv = torch.randn(num_blocks, layers, 2, block, kv_heads, head_dim, generator=gen)
-    tables = torch.randperm(num_blocks, generator=gen)[: args.seqs * per_seq].view(args.seqs, per_seq).int()
-    seq_lens = torch.full((args.seqs,), args.context, dtype=torch.int32)
-    q = torch.randn(args.seqs, heads, head_dim, generator=gen)
+    q, kv, tables, seq_lens = smollm2_decode_inputs(args.seqs, args.context)
+    layers, kv_heads, head_dim = kv.shape[1], kv.shape[4], kv.shape[5]
     kv_bytes = args.seqs * args.context * layers * 2 * kv_heads * head_dim * 4
     arms = {"torch path": CpuPagedAttention().decode, "native": kernel}
     per_head = NativePagedDecode.load(heads_together=False)
@@ -48,6 +42,23 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.threads} thread(s), best of {args.repeats}")
     print_arms(best, lambda seconds: f"{kv_bytes / seconds / 1e9:5.1f} GB/s")
     return 0
+
+
+def smollm2_decode_inputs(seqs: int, context: int):
+    """A SmolLM2-shaped block-major cache (30 layers, 3 KV heads, head_dim 64, 16-token blocks
+    scattered at random, seed 0) holding ``seqs`` sequences of ``context`` tokens, and their 9-head
+    queries: ``(q, kv, tables, seq_lens)``."""
+    import torch
+
+    layers, block, kv_heads, head_dim, heads = 30, 16, 3, 64, 9
+    per_seq = -(-context // block)
+    num_blocks = seqs * per_seq + 8
+    gen = torch.Generator().manual_seed(0)
+    kv = torch.randn(num_blocks, layers, 2, block, kv_heads, head_dim, generator=gen)
+    tables = torch.randperm(num_blocks, generator=gen)[: seqs * per_seq].view(seqs, per_seq).int()
+    seq_lens = torch.full((seqs,), context, dtype=torch.int32)
+    q = torch.randn(seqs, heads, head_dim, generator=gen)
+    return q, kv, tables, seq_lens
 
 
 def best_over_layers(arms: dict[str, Callable], q, kv, rest: tuple, repeats: int) -> dict[str, float]:
