@@ -1,9 +1,11 @@
 """The host's share of an engine step: ``engine.step()`` with the model's arithmetic taken out.
 
-The model's forward returns zeros of the right shape at once and its head returns zero logits, so
-what is timed is everything else a step does on the host: scheduling, the runner's inputs, the
-sampler (argmax), the outputs and the state updates. On a GPU with CUDA graphs that is what runs
-before and after each replay, so it bounds how much asynchronous scheduling could hide.
+The model's forward returns zeros of the right shape at once, its head returns zero logits and the
+sampler's arithmetic returns zero ids (on a GPU the argmax is device work; torch's CPU argmax is
+~10x slower than a max and took ~1.2 ms of a 256-row step here), so what is timed is everything
+else a step does on the host: scheduling, the runner's inputs, the sampled ids' bookkeeping, the
+outputs and the state updates. On a GPU with CUDA graphs that is what runs before and after each
+replay, so it bounds how much asynchronous scheduling could hide.
 
     python -m bench.host_step [--sizes 1,64,256] [--context 200] [--steps 50] [--json]
 """
@@ -60,6 +62,8 @@ def measure(sizes: list[int], context: int, steps: int) -> dict:
 
     model.forward = no_forward
     model.compute_logits = lambda h: zero_logits[: h.shape[0]]
+    zero_ids = torch.zeros(max(sizes), dtype=torch.long)
+    engine.runner.sampler.sample = lambda logits, params, positions: zero_ids[: logits.shape[0]]
     rng = random.Random(0)
     rows = []
     for bs in sizes:

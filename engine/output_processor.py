@@ -9,8 +9,10 @@ from dataclasses import dataclass
 
 from engine.logprobs import TokenLogprob
 from engine.outputs import RequestMetrics, RequestOutput
-from engine.request import FinishReason, Request
+from engine.request import FinishReason, Request, RequestState
 from engine.scheduler import Scheduler
+
+_DECODING = RequestState.DECODING
 
 
 @dataclass(slots=True)
@@ -48,12 +50,21 @@ class OutputProcessor:
 
     def process(self, updated: list[Request]) -> list[RequestOutput]:
         outs = []
+        streams = self._streams
         for req in updated:
-            st = self._streams.get(req.request_id)
+            st = streams.get(req.request_id)
             if st is None:
                 continue
-            new_ids = req.all_token_ids[st.num_sent_tokens :]
-            st.num_sent_tokens = req.num_tokens
+            ids = req.all_token_ids
+            new_ids = ids[st.num_sent_tokens :]
+            st.num_sent_tokens = n = len(ids)
+            if st.detokenizer is None and not st.first and req.state is _DECODING \
+                    and req.sampling_params.logprobs is None:
+                # The common delta (a decoding request's tokens, no text, no logprobs), built here:
+                # with hundreds of sequences a step, this loop is a GPU step's largest host cost.
+                outs.append(RequestOutput(req.request_id, new_ids, "",
+                                          first_index=n - req.num_prompt_tokens - len(new_ids)))
+                continue
             if st.detokenizer is not None:
                 self._detokenize(req, st, new_ids)
             outs.append(self._output(req, st, new_ids))
