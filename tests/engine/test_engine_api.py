@@ -375,3 +375,30 @@ def test_generate_leaves_no_request_behind_when_a_step_fails(engine, monkeypatch
     assert engine.num_free_blocks == engine.num_total_blocks
     monkeypatch.undo()
     assert len(engine.generate(PROMPTS, SamplingParams(max_tokens=4, ignore_eos=True))) == len(PROMPTS)
+
+
+def _plain_stream(engine, params):
+    ids = [engine.add_request(None, p, sp) for p, sp in zip([[5, 6, 7], [8, 9], [10, 11, 12, 13]], params)]
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += [(o.request_id, o.new_token_ids, o.text_delta, o.first_index, o.finished, o.finish_reason,
+                  o.token_ids, o.logprobs is not None, o.ttft_breakdown is not None, o.metrics is not None)
+                 for o in engine.step()]
+    rename = {rid: i for i, rid in enumerate(ids)}
+    return [(rename[o[0]], *o[1:]) for o in outs]
+
+
+def test_plain_decoding_deltas_equal_the_general_paths(engine, monkeypatch):
+    """The output processor builds a decoding request's plain delta (no text, no logprobs) in its
+    loop: the same outputs as the general path gives, first, middle and last."""
+    params = [SamplingParams(max_tokens=5, ignore_eos=True, detokenize=False),
+              SamplingParams(max_tokens=7, ignore_eos=True, detokenize=False, logprobs=1),
+              SamplingParams(max_tokens=3, ignore_eos=True)]
+    fast = _plain_stream(engine, params)
+    import engine.output_processor as op
+
+    monkeypatch.setattr(op, "_DECODING", object())  # no request matches: every delta takes the general path
+    general = _plain_stream(engine, params)
+    assert fast == general
+    assert [o for o in fast if o[0] == 0][0][8] and [o for o in fast if o[0] == 0][-1][9]  # first, last
+    assert sum(len(o[1]) for o in fast if o[0] == 0) == 5 and _drain(engine) is None
