@@ -4,7 +4,8 @@ AVX-512 off (``-mno-avx512f`` after ``-march=native``), so on an AVX-512 host th
 AVX2-only CPU of the same family would run.
 
 - ``decode``: decode attention over every layer of a SmolLM2-shaped paged cache (30 layers, 9
-  heads, 3 KV heads, head_dim 64), B sequences of L tokens: the 8-lane task against the 16-lane one
+  heads, 3 KV heads, head_dim 64), B sequences of L tokens: the 8-lane task against itself without
+  reading a piece's rows ahead (``-DTOUCH_BYTES=0``) and against the 16-lane one
   (``-DWIDE_TASK=1``), the latter also without ``-fno-trapping-math`` (the build before both).
 - ``silu``: SiLU * up over R rows of SmolLM2's 2 x 1,536 (a prefill step's rows, and a decode
   step's): with ``-fno-trapping-math`` (exp_poly's clamp a blend) and without (scalar loop).
@@ -56,7 +57,8 @@ def decode_part(seqs: int, context: int, repeats: int) -> dict:
     from bench.cpu_decode_kernel import smollm2_decode_inputs
     from engine.native.paged_decode import NativePagedDecode
 
-    builds = {"8-lane task": AVX2, "16-lane task": (*AVX2, "-DWIDE_TASK=1"),
+    builds = {"8-lane task": AVX2, "8-lane, no read-ahead": (*AVX2, "-DTOUCH_BYTES=0"),
+              "16-lane task": (*AVX2, "-DWIDE_TASK=1"),
               "16-lane, trapping math (before)": (*AVX2, "-DWIDE_TASK=1", "-ftrapping-math")}
     kernels = {name: NativePagedDecode(build("paged_decode.c", flags)) for name, flags in builds.items()}
     q, kv, tables, seq_lens = smollm2_decode_inputs(seqs, context)
@@ -70,7 +72,8 @@ def decode_part(seqs: int, context: int, repeats: int) -> dict:
     base = out["8-lane task"]
     return {"seqs": seqs, "context": context, "ms": ms,
             "max_abs_diff": {n: float((o - base).abs().max()) for n, o in out.items()},
-            "speed_up_over_before": ms["16-lane, trapping math (before)"] / ms["8-lane task"]}
+            "speed_up_over_before": ms["16-lane, trapping math (before)"] / ms["8-lane task"],
+            "read_ahead_speed_up": ms["8-lane, no read-ahead"] / ms["8-lane task"]}
 
 
 def silu_part(rows_list: list[int], repeats: int) -> dict:
@@ -153,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for d in report.get("decode", []):
         print(f"decode attention, {d['seqs']} x {d['context']} tokens, 30 layers: "
-              + ", ".join(f"{n} {t:.1f} ms" for n, t in d["ms"].items()) + f"; {d['speed_up_over_before']:.2f}x")
+              + ", ".join(f"{n} {t:.1f} ms" for n, t in d["ms"].items()) + f"; {d['speed_up_over_before']:.2f}x over before, read-ahead {d['read_ahead_speed_up']:.2f}x")
     for rows, d in report.get("silu", {}).items():
         print(f"SiLU * up, {rows} rows: " + ", ".join(f"{n} {t:.2f} ms" for n, t in d["ms"].items())
               + f"; {d['speed_up_over_before']:.2f}x")

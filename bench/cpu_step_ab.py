@@ -12,6 +12,7 @@ Changes:
   native-decode    the CPU path's compiled decode kernel (engine/native) vs its torch path
   decode-split     that kernel attending contexts past 1,024 tokens in pieces vs whole
   decode-heads     that kernel running a sequence's KV heads on one thread vs one head a task
+  decode-read-ahead  that kernel's AVX2 build reading a piece's K and V rows ahead with plain loads vs not
   native-prefill   the CPU path's compiled prefill kernel (engine/native/paged_prefill.c) vs its torch path
   sampled-rows     the last layer's output projection and MLP for the sampling rows only vs every row
   prefix-flash     (torch path) a chunk after a cached prefix as two flash calls merged by log-sum-exp vs one masked SDPA
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "quantized", "quantized-vs-packed", "q4-groups", "native-layers",
                                                        "cpu-attention", "native-decode", "native-prefill", "sampled-rows", "decode-split", "decode-heads",
+                                                       "decode-read-ahead",
                                                        "prefix-flash",
                                                        "layer-ops"))
     p.add_argument("--model", default="default")
@@ -146,11 +148,12 @@ def _switch(engine, change: str):
             model.ops = native if on else TorchLayerOps()
 
         return use_layer_ops, ("torch ops", "fused")
-    if change in ("decode-split", "decode-heads"):
+    if change in ("decode-split", "decode-heads", "decode-read-ahead"):
         from engine.native.paged_decode import NativePagedDecode
 
         cpu = engine.runner.attn.decode.__self__
-        variant = {"split_tokens": 1 << 30} if change == "decode-split" else {"heads_together": False}
+        variant = {"decode-split": {"split_tokens": 1 << 30}, "decode-heads": {"heads_together": False},
+                   "decode-read-ahead": {"read_ahead": False}}[change]
         current, before = cpu.native_decode, NativePagedDecode.load(**variant)
         if current is None or before is None:
             raise SystemExit(f"{change}: the compiled kernel is not in use here (see BATON_NATIVE_KERNELS, CC; "
@@ -159,7 +162,8 @@ def _switch(engine, change: str):
         def use_variant(on: bool) -> None:
             cpu.native_decode = current if on else before
 
-        return use_variant, ("whole", "pieces") if change == "decode-split" else ("one head a task", "heads together")
+        return use_variant, {"decode-split": ("whole", "pieces"), "decode-heads": ("one head a task", "heads together"),
+                             "decode-read-ahead": ("no read-ahead", "read-ahead")}[change]
     if change == "prefix-flash":
         import engine.attention.cpu as cpu_attention
 

@@ -40,6 +40,18 @@
 #ifndef AHEAD
 #define AHEAD 2 /* blocks prefetched ahead */
 #endif
+/* Pieces whose K and V rows (all heads) take at most this many bytes are read ahead by
+ * touch_piece, in the 8-lane (AVX2) build; 0 turns it off (A/B runs). The piece then waits in the
+ * caches for its heads: 200 tokens of SmolLM2 take 300 KiB (Zen 3's L2: 512 KiB), 680 take 1 MiB
+ * (partly in L3, still 1.18x at 400 tokens); at 1,000 tokens (1.5 MiB) it gained 1.05x and is left
+ * out (docs/BENCHMARKS.md). */
+#ifndef TOUCH_BYTES
+#if defined(__AVX512F__) || (defined(WIDE_TASK) && WIDE_TASK)
+#define TOUCH_BYTES 0 /* not measured on those builds' hosts: their prefetches reached 16-22 GB/s */
+#else
+#define TOUCH_BYTES (1 << 20)
+#endif
+#endif
 #ifndef HEADS_TOGETHER
 #define HEADS_TOGETHER 1 /* a piece's KV heads as one thread's run of tasks (0: one head a task, for A/B runs) */
 #endif
@@ -71,6 +83,27 @@ static inline __attribute__((always_inline)) void prefetch_first_blocks(
 static inline const float *block_ahead(const float *base, const int32_t *table, int b, int nblocks,
                                        int64_t block_stride) {
     return b + AHEAD < nblocks ? base + (int64_t)table[b + AHEAD] * block_stride : 0;
+}
+
+/* Reads every line of a piece's K and V rows (all KV heads') with plain loads, before its heads
+ * are attended: where the software prefetches of the blocks ahead do not keep enough lines in
+ * flight (AMD Zen 3: the kernel read 7-8 GB/s from memory while plain loads of the same rows
+ * stream at ~14), a tight loop of independent loads brings the piece into L2 at streaming rate and
+ * the heads then read it from there. Nothing computed changes. */
+static void touch_piece(const float *k, const float *v, const int32_t *table, int b0, int b1, int len,
+                        int block_size, int64_t block_stride, int64_t token_stride, int row_floats) {
+    v8 sum0 = {0}, sum1 = {0};
+    for (int b = b0; b < b1; b++) {
+        const int n = len - b * block_size < block_size ? len - b * block_size : block_size;
+        const float *kb = k + (int64_t)table[b] * block_stride, *vb = v + (int64_t)table[b] * block_stride;
+        for (int i = 0; i < n; i++)
+            for (int d = 0; d < row_floats; d += 16) { /* one load a 64-byte line */
+                sum0 += *(const v8 *)(kb + i * token_stride + d);
+                sum1 += *(const v8 *)(vb + i * token_stride + d);
+            }
+    }
+    volatile float keep = (sum0 + sum1)[0]; /* the loads are the point: keep them */
+    (void)keep;
 }
 
 #ifndef WIDE_TASK
@@ -360,6 +393,9 @@ int baton_paged_decode_f32(const float *q, int64_t q_stride, const float *k, con
                                   : out + (int64_t)s * num_heads * head_dim + first;
             float *ml = pieces > 1 ? piece_ml + ((int64_t)piece * num_heads + h * group) * 2 : 0;
             const int32_t *table = block_tables + (int64_t)s * bt_stride;
+            if (TOUCH_BYTES && h == 0 && chunk == kv_heads && /* heads together: this thread attends them all next */
+                (int64_t)(b1 - b0) * block_size * kv_heads * head_dim * 2 * (int64_t)sizeof(float) <= TOUCH_BYTES)
+                touch_piece(k, v, table, b0, b1, len, block_size, block_stride, token_stride, kv_heads * head_dim);
 #define ATTEND(G, DV) attend(G, DV, qs, kh, vh, block_stride, token_stride, table, b0, b1, len, block_size, scale, o, ml)
             switch (group * 16 + dv) {
             case 1 * 16 + 4: ATTEND(1, 4); break;

@@ -119,6 +119,22 @@ def test_avx2_decode_gives_a_sequence_the_same_floats_in_any_batch(avx2_decode):
         assert torch.equal(alone[0], together[row])
 
 
+def test_avx2_decode_reading_pieces_ahead_changes_no_float(avx2_decode):
+    """touch_piece (the AVX2 build reads a piece's K and V rows ahead with plain loads) only reads:
+    the same floats as the build without it, in batches where it runs (heads together: at least
+    twice as many pieces as threads) and where it does not."""
+    off = NativePagedDecode(build_and_load("paged_decode.c", extra_flags=(*AVX2_FLAGS, "-DTOUCH_BYTES=0")))
+    before = torch.get_num_threads()
+    try:
+        for name in ("split_mixed_bs32", *sorted(AVX2_DECODE)):
+            args = decode_inputs({**MORE_CASES, **AVX2_DECODE}[name])
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                assert torch.equal(avx2_decode(*args), off(*args)), (name, threads)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_avx2_silu_mul_matches_torch_across_the_range():
     """exp_poly's clamp, vectorised as a blend on AVX2 (-fno-trapping-math), saturates as the scalar one did."""
     library = build_and_load("layer_ops.c", extra_flags=("-ffp-contract=off", *AVX2_FLAGS))
