@@ -110,7 +110,15 @@ def _release_device_memory() -> None:
 
 
 def _warmup(engine) -> None:
+    """Off the clock: short prompts, then one step of a full token budget's prefill and a few decode
+    steps of those rows. The systems share one process, and the first one timed would otherwise pay
+    the process's first touch of a large step's activation memory and kernel set-up that the
+    others then find done ((a)'s first run of three was ~14% slower than its others, 2026-11-27)."""
     engine.generate([[5, 6, 7, 8] * 4, [9, 10, 11]], SamplingParams(max_tokens=3, ignore_eos=True, detokenize=False))
+    budget = engine.scheduler.config.max_num_batched_tokens
+    length = max(1, min(256, engine.max_model_len - 8, budget))
+    prompts = [[5 + (i * 7 + j) % 251 for j in range(length)] for i in range(max(1, budget // length))]
+    engine.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False))
 
 
 def run_offline(
