@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import statistics
 import subprocess
 import tempfile
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from engine.native.build import FLAGS
+from engine.native.build import FLAGS, _compile, bind
 
 _NATIVE = Path(__file__).resolve().parents[1] / "engine" / "native"
 _SOURCES = ("quant_linear.c", "skinny_tile.h", "vec_math.h")
@@ -90,11 +91,8 @@ def _build(folder: Path, name: str, edits) -> Callable:
                 text = text.replace(old, new)
         (src / f).write_text(text)
     so = src / "kernel.so"
-    subprocess.run(["gcc", *FLAGS, "-mno-avx512f", "-o", str(so), str(src / "quant_linear.c")], check=True)
-    fn = ctypes.CDLL(str(so)).baton_quant_linear_f32
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                   ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    return fn
+    _compile(os.environ.get("CC") or "cc", (*FLAGS, "-mno-avx512f"), src / "quant_linear.c", so)  # the engine's build step
+    return bind(ctypes.CDLL(str(so)), "baton_quant_linear_f32", "plpippliiii", ctypes.c_int)  # as quant_linear.py binds it
 
 
 def _pass_loop(folder: Path) -> float:

@@ -77,6 +77,11 @@ static inline __attribute__((always_inline)) void prefetch_first_blocks(
     }
 }
 
+/* How many of block b's rows hold the context's first `len` tokens. */
+static inline int block_rows(int len, int b, int block_size) {
+    return len - b * block_size < block_size ? len - b * block_size : block_size;
+}
+
 /* The block AHEAD of block b in `base` (K or V), or NULL past the task's last block: blocks lie
  * anywhere in memory, so it is loaded a row at a time while this block's rows are attended (in one
  * burst, the prefetches filled the line-fill buffers and stalled the loop). */
@@ -94,7 +99,7 @@ static void touch_piece(const float *k, const float *v, const int32_t *table, in
                         int block_size, int64_t block_stride, int64_t token_stride, int row_floats) {
     v8 sum0 = {0}, sum1 = {0};
     for (int b = b0; b < b1; b++) {
-        const int n = len - b * block_size < block_size ? len - b * block_size : block_size;
+        const int n = block_rows(len, b, block_size);
         const float *kb = k + (int64_t)table[b] * block_stride, *vb = v + (int64_t)table[b] * block_stride;
         for (int i = 0; i < n; i++)
             for (int d = 0; d < row_floats; d += 16) { /* one load a 64-byte line */
@@ -157,7 +162,7 @@ static inline __attribute__((always_inline)) void attend(
     for (int b = b0; b < nblocks; b++) {
         const int64_t at = (int64_t)table[b] * block_stride;
         const float *kb = k + at, *vb = v + at;
-        const int n = len - b * block_size < block_size ? len - b * block_size : block_size;
+        const int n = block_rows(len, b, block_size);
         const float *next_k = block_ahead(k, table, b, nblocks, block_stride);
         const float *next_v = block_ahead(v, table, b, nblocks, block_stride);
         for (int i0 = 0; i0 < n; i0 += 16) { /* 16 keys' scores at once: one lane-sum tree */
@@ -243,7 +248,7 @@ static inline __attribute__((always_inline)) void attend(
     for (int b = b0; b < nblocks; b++) {
         const int64_t at = (int64_t)table[b] * block_stride;
         const float *kb = k + at, *vb = v + at;
-        const int n = len - b * block_size < block_size ? len - b * block_size : block_size;
+        const int n = block_rows(len, b, block_size);
         const float *next_k = block_ahead(k, table, b, nblocks, block_stride);
         const float *next_v = block_ahead(v, table, b, nblocks, block_stride);
         for (int i0 = 0; i0 < n; i0 += 8) { /* 8 keys' scores at once: one lane-sum tree */
