@@ -67,6 +67,23 @@ def test_silu_mul_matches_torch_across_the_range(native):
     torch.testing.assert_close(got, expected, rtol=2e-6, atol=1e-6)
 
 
+SPECIAL_GATES = [float("nan"), float("inf"), float("-inf"), -1e4, -100.0, -88.5, -88.0, -87.5, -87.0, -86.9, -20.0,
+                 -1e-38, -0.0, 0.0, 1e-45, 1e-30, 0.5, 20.0, 86.9, 87.0, 87.5, 88.0, 88.5, 100.0, 1e4, 3.4e38]
+
+
+def test_silu_mul_eight_lanes_equal_the_scalar_tail_bit_for_bit(native):
+    """Rows of 9: each row's first 8 outputs come from the 8-lane exp (exp_poly8), its last from the
+    scalar one (exp_poly). Every row holds one gate value in all 9 places, so the two must agree to
+    the bit, NaN, infinities and both clamped ends included."""
+    gen = torch.Generator().manual_seed(6)
+    gates = torch.cat([torch.tensor(SPECIAL_GATES), torch.randn(200, generator=gen) * 30])
+    gate_up = torch.cat([gates[:, None].expand(-1, 9), torch.full((len(gates), 9), 1.5)], dim=1).contiguous()
+    got = native.silu_mul(gate_up)
+    lanes, tail = got[:, :8], got[:, 8:].expand(-1, 8)
+    assert torch.equal(lanes.view(torch.int32), tail.contiguous().view(torch.int32))
+    assert torch.isnan(got[0]).all() and torch.isfinite(got[gates.abs() <= 1e4]).all()
+
+
 def test_inputs_the_kernels_do_not_take_use_the_torch_arithmetic(native):
     gen = torch.Generator().manual_seed(4)
     h = torch.randn(6, 64, generator=gen)
