@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.native.argmax import NativeArgmax
 from engine.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -34,14 +35,17 @@ class Sampler:
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self._row_generator = torch.Generator(device=device)
+        # torch's CPU argmax is a scalar reduction (~2% of a decode step): a compiled one, same indices.
+        native = NativeArgmax.load() if device.type == "cpu" else None
+        self._argmax = native if native is not None else (lambda x: x.argmax(dim=-1))
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], output_positions: list[int]) -> torch.Tensor:
         """logits [N, V] float32 -> token ids [N] (int64, on the logits' device)."""
         greedy = [p.greedy for p in params]
         if all(greedy):
-            return logits.argmax(dim=-1)
-        out = logits.argmax(dim=-1)
+            return self._argmax(logits)
+        out = self._argmax(logits)
         rows = [i for i, g in enumerate(greedy) if not g]
         sub = logits[rows]
         sp = [params[i] for i in rows]
@@ -67,7 +71,7 @@ class Sampler:
                 pos = output_positions[rows[j]]
                 self._row_generator.manual_seed(row_seed(p.seed, pos))
                 noise[j].exponential_(generator=self._row_generator)
-        out[rows] = (probs / noise).argmax(dim=-1)
+        out[rows] = self._argmax(probs / noise)
         return out
 
 
