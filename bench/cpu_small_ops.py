@@ -1,7 +1,7 @@
 """Two small operations of every CPU step against torch's, on SmolLM2's shapes: the fused
 SiLU(gate) * up (``engine/native/layer_ops.c``; intermediate 1,536) and the sampler's row argmax
 (``engine/native/argmax.c``; vocabulary 49,152), at decode- and prefill-sized row counts. Each
-arm's median of ``--repeats`` timings, the arms taking turns; the compiled ones are checked against
+arm's median of ``--repeats`` timings, the arms taking turns (``bench.avx2_kernels.alternate``); the compiled ones are checked against
 torch (argmax: equal indices; SiLU: within 2e-6 relative).
 
     python -m bench.cpu_small_ops [--rows 1,8,64,2048] [--repeats 31] [--json]
@@ -14,26 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from typing import Callable
 
 INTERMEDIATE, VOCAB = 1536, 49152
 
 
-def _median_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
-
-
 def run(rows: list[int], repeats: int = 31) -> dict:
     import torch
 
+    from bench.avx2_kernels import alternate
     from engine.native.layer_ops import NativeLayerOps, TorchLayerOps
 
     try:  # a tree from before the compiled argmax: that arm is left out
@@ -55,11 +44,7 @@ def run(rows: list[int], repeats: int = 31) -> dict:
         if argmax is not None:
             assert torch.equal(argmax(logits), logits.argmax(dim=-1))
             arms["argmax_native"] = lambda: argmax(logits)
-        times: dict[str, list[float]] = {k: [] for k in arms}
-        for _ in range(3):  # rounds, the arms taking turns
-            for name, fn in arms.items():
-                times[name].append(_median_ms(fn, repeats))
-        results[str(m)] = {f"{k}_ms": statistics.median(v) for k, v in times.items()}
+        results[str(m)] = {f"{k}_ms": 1e3 * s for k, s in alternate(arms, repeats).items()}
     return {"threads": torch.get_num_threads(), "repeats": repeats, "ms": results}
 
 

@@ -3,23 +3,29 @@
 #define BATON_VEC_MATH_H
 #include <stdint.h>
 
+/* exp_poly's steps after the clamp, on x of any float type (float, or v8 below), defining n (the
+ * power of 2) and y (the polynomial): one copy of the constants for the scalar and the 8-lane form.
+ * ZERO is that type's 0, so p starts from the constant itself (0 + c is c: the same floats). */
+#define EXP_POLY_STEPS(x, ZERO, n, y)                                                          \
+    /* n = round(x / ln 2) by the add-and-subtract trick (|x / ln 2| < 2^22 here). */          \
+    const __typeof__(x) n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;          \
+    __typeof__(x) r_ = x - n * 0.693359375f;                                                   \
+    r_ = r_ - n * -2.12194440e-4f;                                                             \
+    __typeof__(x) p_ = (ZERO) + 1.9875691500e-4f;                                              \
+    p_ = p_ * r_ + 1.3981999507e-3f;                                                           \
+    p_ = p_ * r_ + 8.3334519073e-3f;                                                           \
+    p_ = p_ * r_ + 4.1665795894e-2f;                                                           \
+    p_ = p_ * r_ + 1.6666665459e-1f;                                                           \
+    p_ = p_ * r_ + 5.0000001201e-1f;                                                           \
+    const __typeof__(x) y = p_ * (r_ * r_) + r_ + 1.0f
+
 /* exp(x): Cephes' single-precision range reduction and polynomial (within 2 ulp of expf over
  * [-87, 88], clamped outside), written so that the compiler vectorises it: glibc's expf is a scalar
  * call per element, which made a fused SiLU slower than torch's two vectorised ops and was the
  * costliest step of the decode kernel's softmax. */
 static inline float exp_poly(float x) {
     x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    /* n = round(x / ln 2) by the add-and-subtract trick (|x / ln 2| < 2^22 here). */
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float y = p * (r * r) + r + 1.0f;
+    EXP_POLY_STEPS(x, 0.0f, n, y);
     union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
     return y * scale.f;
 }
@@ -37,16 +43,7 @@ static inline v8 exp_poly8(v8 x) {
     const vi8 below = x < splat8(-87.0f), above = x > splat8(88.0f); /* false for NaN, as above */
     x = (v8)((below & (vi8)splat8(-87.0f)) | (~below & (vi8)x));
     x = (v8)((above & (vi8)splat8(88.0f)) | (~above & (vi8)x));
-    const v8 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    v8 r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    v8 p = splat8(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const v8 y = p * (r * r) + r + 1.0f;
+    EXP_POLY_STEPS(x, (v8){0}, n, y);
     return y * (v8)((__builtin_convertvector(n, vi8) + 127) << 23);
 }
 
