@@ -69,7 +69,10 @@ def test_a_slow_replacement_is_handed_to_the_routers_once_it_loads(ray_session, 
     time.sleep(1)
     sup.supervise_once()  # starts the replacement; the round does not wait for it to load
     assert "decode-0" in sup._pending
-    assert _served_after_rounds(sup, sup.endpoints["router-0"], 120) and not sup._pending
+    # 240 s: the replacement's start (a Ray worker process, the model load) shares 2 cores with
+    # whatever else runs; the bound is a hang detector, not what the test is about
+    assert _served_after_rounds(sup, sup.endpoints["router-0"], 240), sup._pending
+    assert not sup._pending
 
 
 def test_a_dead_replica_does_not_cut_the_others_drain_short(ray_session, supervisor):
