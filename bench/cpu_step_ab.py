@@ -8,6 +8,8 @@ Changes:
   quantized        a GGUF model's own Q4_1/Q8_0 blocks for <= 64 rows (engine/native/quant_linear.c) vs skinny
   quantized-vs-packed  the same vs packed weights at every row count (AMD's default before blocks ran there)
   q4-groups        those Q4_1 blocks in the kernel's 8-row layout (QuantizedWeight.regroup) vs the file's layout
+  quant-avx2-rows  the quantized kernel's AVX2 build taking one row straight from the registers and
+                   broadcasting a group's scales from memory vs neither (-DDIRECT_ROW=0 -DSCALES_FROM_REGISTER=1)
   cpu-attention    the CPU attention path (engine/attention/cpu.py) vs the torch reference
   native-decode    the CPU path's compiled decode kernel (engine/native) vs its torch path
   decode-split     that kernel attending contexts past 1,024 tokens in pieces vs whole
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m bench.cpu_step_ab", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "quantized", "quantized-vs-packed", "q4-groups", "native-layers",
+    p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "quantized", "quantized-vs-packed", "q4-groups", "quant-avx2-rows", "native-layers",
                                                        "cpu-attention", "native-decode", "native-prefill", "sampled-rows", "decode-split", "decode-heads",
                                                        "decode-read-ahead",
                                                        "prefix-flash",
@@ -128,6 +130,23 @@ def _switch(engine, change: str):
             model.invalidate_decode_plan()
 
         return use_groups, ("file layout", "8-row groups")
+    if change == "quant-avx2-rows":
+        from engine.native.quant_linear import NativeQuantLinear
+
+        current = model.quant_kernel
+        before = NativeQuantLinear.load(("-DDIRECT_ROW=0", "-DSCALES_FROM_REGISTER=1"))
+        takers = [proj for proj in _projections(model) if proj.quant is not None]
+        if current is None or before is None or not takers:
+            raise SystemExit("quant-avx2-rows: the quantized kernel is not in use here (a GGUF model, AVX2 with FMA "
+                             "and F16C, BATON_NATIVE_KERNELS, CC)")
+
+        def use_build(on: bool) -> None:
+            for proj in takers:
+                proj.quant = current if on else before
+            model.quant_kernel = current if on else before
+            model.invalidate_decode_plan()
+
+        return use_build, ("before", "direct row + scales")
     if change == "native-layers":
         loop = model.native_layers
         if loop is None:

@@ -144,8 +144,8 @@ static inline void dequant_block(int qtype, const uint8_t *block, float *dst) {
 }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 /* The AVX2 build: the same floats, made 8 at a time by a conversion, a multiply and an add (no
- * 16-entry table: AVX2's permute takes 8), and the 8-lane tile (skinny_tile.h). A row of x goes
- * through the L1 buffer like any other. */
+ * 16-entry table: AVX2's permute takes 8), and the 8-lane tile (skinny_tile.h). One row of x takes
+ * Q4_1x8 straight from the registers, as on AVX-512 (direct_row_q4_1x8, below). */
 #include <immintrin.h>
 #define QUANT_TUNED 1
 
@@ -154,6 +154,15 @@ static inline float half_to_float(const uint8_t *p) {
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
 }
+
+/* A Q4_1x8 group's 16 scales, converted into dm, are broadcast from memory, not by two shuffles each
+ * of the register GCC keeps them in (the nibbles need the shuffle ports): 1.03-1.05x on SmolLM2's
+ * projections at 2-8 rows (docs/BENCHMARKS.md). -DSCALES_FROM_REGISTER=1: as before (A/B runs). */
+#if defined(SCALES_FROM_REGISTER) && SCALES_FROM_REGISTER
+#define SCALES_FROM_MEMORY(dm) ((void)0)
+#else
+#define SCALES_FROM_MEMORY(dm) __asm__ volatile("" : "+m"(*(float(*)[16])(dm)))
+#endif
 
 /* (d * q) + m for 8 quants, rounded twice as numpy does (no FMA). */
 static inline __m256 q4_values(__m256i q, __m256 d, __m256 m) {
@@ -184,10 +193,45 @@ static inline void dequant_q4_1x8(const uint8_t *group, float *dst, int64_t dst_
     float dm[16];
     _mm256_storeu_ps(dm, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)group)));
     _mm256_storeu_ps(dm + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(group + 16))));
+    SCALES_FROM_MEMORY(dm);
     for (int j = 0; j < NB; j++) {
         const __m128i bytes = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(group + 2 * 2 * NB + 16 * j)), order);
         q4_1_nibbles(bytes, _mm256_set1_ps(dm[j]), _mm256_set1_ps(dm[NB + j]), dst + j * dst_stride);
     }
+}
+
+/* One row of x against one group's K chunk of Q4_1x8, each weight vector multiplied in the register
+ * q4_1_nibbles would have stored it from (the AVX-512 build's direct_row_q4_1x8 in 8 lanes): per
+ * weight row, the FMAs tile_pass(1, 8) runs over the buffer, in the same K order, so the same
+ * floats. -DDIRECT_ROW=0: the row goes through the buffer (A/B runs). */
+#ifndef DIRECT_ROW
+#define DIRECT_ROW 1
+#endif
+static inline void direct_row_q4_1x8(const float *x, const uint8_t *src, int blocks, const uint8_t *next,
+                                     const float *bias, int accumulate, float *out) {
+    const __m128i order = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m256i mask = _mm256_set1_epi32(15);
+    vacc acc[1][NB];
+    for (int j = 0; j < NB; j++) acc[0][j] = (vacc){0};
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *group = src + b * GROUP_BYTES;
+        for (int line = 0; line < GROUP_BYTES; line += 64) __builtin_prefetch(next + b * GROUP_BYTES + line, 0, 1);
+        float dm[16];
+        _mm256_storeu_ps(dm, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)group)));
+        _mm256_storeu_ps(dm + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(group + 16))));
+        SCALES_FROM_MEMORY(dm);
+        const float *xb = x + b * QK;
+        for (int j = 0; j < NB; j++) {
+            const __m128i bytes = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(group + 2 * 2 * NB + 16 * j)), order);
+            const __m256i lo = _mm256_cvtepu8_epi32(bytes), hi = _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8));
+            const __m256 d = _mm256_set1_ps(dm[j]), m = _mm256_set1_ps(dm[NB + j]);
+            MULADD(acc[0][j], *(const vacc *)xb, q4_values(_mm256_and_si256(lo, mask), d, m));
+            MULADD(acc[0][j], *(const vacc *)(xb + 8), q4_values(_mm256_and_si256(hi, mask), d, m));
+            MULADD(acc[0][j], *(const vacc *)(xb + 16), q4_values(_mm256_srli_epi32(lo, 4), d, m));
+            MULADD(acc[0][j], *(const vacc *)(xb + 24), q4_values(_mm256_srli_epi32(hi, 4), d, m));
+        }
+    }
+    tile_store(1, NB, acc, bias, accumulate, out, 0);
 }
 
 static inline void dequant_q8_0(const uint8_t *block, float *dst) {
@@ -257,7 +301,7 @@ int baton_quant_linear_f32(const float *x, int64_t x_stride, const uint8_t *wq, 
             const int n0 = g * NB, nb = N - n0 < NB ? N - n0 : NB;
             for (int c = 0; c < chunks; c++) {
                 const int k0 = c * KC, kc = K - k0 < KC ? K - k0 : KC;
-#if VL == 16 /* (the AVX-512 build; the AVX2 one takes a row through the buffer) */
+#if VL == 16 || DIRECT_ROW
                 if (qtype == BATON_Q4_1X8 && M == 1) {
                     const uint8_t *src = wq + (int64_t)g * NB * row_bytes + (int64_t)(k0 / QK) * GROUP_BYTES;
                     direct_row_q4_1x8(x + k0, src, kc / QK, src + NB * row_bytes, bias ? bias + n0 : 0, c > 0,

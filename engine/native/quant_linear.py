@@ -77,10 +77,10 @@ class NativeQuantLinear:
         self._dequantize = bind(lib, "baton_quant_dequantize", "pipii", ctypes.c_int)
 
     @classmethod
-    def load(cls) -> NativeQuantLinear | None:
+    def load(cls, extra_flags: tuple[str, ...] = ()) -> NativeQuantLinear | None:
         """The kernel where it builds with a tuned tile (AVX-512, or AVX2 with FMA) and F16C; None (nothing
-        raised) elsewhere."""
-        library = build_and_load("quant_linear.c")
+        raised) elsewhere. ``extra_flags``: a variant's compiler flags (A/B runs: bench/cpu_step_ab.py)."""
+        library = build_and_load("quant_linear.c", extra_flags=extra_flags)
         if library.lib is None or not bind(library.lib, "baton_quant_linear_tuned", "", ctypes.c_int)():
             return None
         return cls(library.lib)
