@@ -18,11 +18,8 @@ waiting requests in priority order while budget, ``max_num_seqs`` and free block
 which something was preempted admits nothing new. Prompt chunks (continuing and new) also share
 ``prefill_token_budget`` when one is set; decodes never wait for it.
 
-Shared prefixes in flight: a waiting request whose next uncached prompt block is one that a running
-request has yet to compute (same chained hash, so the same prefix) is passed over this step, and
-the requests behind it are considered; once that block is computed (registered as it is
-scheduled), the request is admitted with it as a cache hit. A burst of prompts with a common
-system prompt computes it once, not once per request (``SchedulerConfig.defer_for_shared_prefix``).
+Shared prefixes in flight (``engine.scheduler_prefix``): a waiting request whose next uncached
+prompt block a running request has yet to compute is passed over until that block is computed.
 """
 
 from __future__ import annotations
@@ -35,13 +32,14 @@ from engine.errors import InvalidParameterError
 from engine.logprobs import TokenLogprob
 from engine.request import FinishReason, Request, RequestState, check_stop
 from engine.scheduler_disagg import DisaggregationMixin
+from engine.scheduler_prefix import SharedPrefixMixin
 from engine.scheduler_output import NewRequestData, RunnerOutput, SchedulerOutput
 from engine.scheduler_policies import AdmissionPolicy, PreemptionPolicy, StaticBatchAdmission, WaitingQueue
 
 _S = RequestState
 
 
-class Scheduler(DisaggregationMixin):
+class Scheduler(DisaggregationMixin, SharedPrefixMixin):
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int) -> None:
         self.config = config
         self.block_manager = block_manager
@@ -266,21 +264,6 @@ class Scheduler(DisaggregationMixin):
                 in_flight.update(self._uncomputed_prompt_blocks(req))
         for req in passed_over:
             self.waiting.push(req)
-
-    def _uncomputed_prompt_blocks(self, req: Request) -> list:
-        """Hashes of ``req``'s full prompt blocks not yet registered (still to be computed)."""
-        return req.block_hashes[req.num_registered_blocks : req.num_prompt_tokens // self.block_manager.block_size]
-
-    def _prompt_blocks_in_flight(self) -> set:
-        """Hashes of the full prompt blocks running requests have yet to compute."""
-        bs = self.block_manager.block_size
-        out: set = set()
-        for r in self.running:
-            if r.num_registered_blocks < r.num_prompt_tokens // bs:
-                if len(r.block_hashes) < r.num_prompt_tokens // bs:
-                    self.block_manager.update_block_hashes(r)
-                out.update(self._uncomputed_prompt_blocks(r))
-        return out
 
     def _build_output(
         self, scheduled: list[Request], counts: list[int], grew: dict[str, int], preempted: int
