@@ -171,14 +171,21 @@ static inline __m256 q4_values(__m256i q, __m256 d, __m256 m) {
     return _mm256_add_ps(prod, m);
 }
 
-/* 16 nibble bytes in a block's order (byte i: weights i and i + 16) into 32 floats. */
-static inline void q4_1_nibbles(__m128i bytes, __m256 d, __m256 m, float *dst) {
+/* 16 nibble bytes in a block's order (byte i: weights i and i + 16) as its 32 floats, w[i] holding
+ * weights 8i .. 8i + 7 (the K order the tile multiplies them in). */
+static inline void q4_1_weights(__m128i bytes, __m256 d, __m256 m, __m256 w[4]) {
     const __m256i lo = _mm256_cvtepu8_epi32(bytes), hi = _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8));
     const __m256i mask = _mm256_set1_epi32(15);
-    _mm256_storeu_ps(dst, q4_values(_mm256_and_si256(lo, mask), d, m));
-    _mm256_storeu_ps(dst + 8, q4_values(_mm256_and_si256(hi, mask), d, m));
-    _mm256_storeu_ps(dst + 16, q4_values(_mm256_srli_epi32(lo, 4), d, m));
-    _mm256_storeu_ps(dst + 24, q4_values(_mm256_srli_epi32(hi, 4), d, m));
+    w[0] = q4_values(_mm256_and_si256(lo, mask), d, m);
+    w[1] = q4_values(_mm256_and_si256(hi, mask), d, m);
+    w[2] = q4_values(_mm256_srli_epi32(lo, 4), d, m);
+    w[3] = q4_values(_mm256_srli_epi32(hi, 4), d, m);
+}
+
+static inline void q4_1_nibbles(__m128i bytes, __m256 d, __m256 m, float *dst) {
+    __m256 w[4];
+    q4_1_weights(bytes, d, m, w);
+    for (int i = 0; i < 4; i++) _mm256_storeu_ps(dst + 8 * i, w[i]);
 }
 
 static inline void dequant_q4_1(const uint8_t *block, float *dst) {
@@ -186,18 +193,25 @@ static inline void dequant_q4_1(const uint8_t *block, float *dst) {
                  _mm256_set1_ps(half_to_float(block + 2)), dst);
 }
 
-/* Q4_1x8: a row's nibble bytes come back to the block's order with one byte shuffle (regroup put
- * byte i at 4 * (i % 4) + i / 4). */
-static inline void dequant_q4_1x8(const uint8_t *group, float *dst, int64_t dst_stride) {
-    const __m128i order = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    float dm[16];
+/* Q4_1x8: a group's 16 scales (d of rows 0..7, then m of rows 0..7) as floats in dm. */
+static inline void q4_1x8_scales(const uint8_t *group, float dm[16]) {
     _mm256_storeu_ps(dm, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)group)));
     _mm256_storeu_ps(dm + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(group + 16))));
     SCALES_FROM_MEMORY(dm);
-    for (int j = 0; j < NB; j++) {
-        const __m128i bytes = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(group + 2 * 2 * NB + 16 * j)), order);
-        q4_1_nibbles(bytes, _mm256_set1_ps(dm[j]), _mm256_set1_ps(dm[NB + j]), dst + j * dst_stride);
-    }
+}
+
+/* Row j's nibble bytes, back in the block's order with one byte shuffle (regroup put byte i at
+ * 4 * (i % 4) + i / 4). */
+static inline __m128i q4_1x8_bytes(const uint8_t *group, int j) {
+    const __m128i order = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(group + 2 * 2 * NB + 16 * j)), order);
+}
+
+static inline void dequant_q4_1x8(const uint8_t *group, float *dst, int64_t dst_stride) {
+    float dm[16];
+    q4_1x8_scales(group, dm);
+    for (int j = 0; j < NB; j++)
+        q4_1_nibbles(q4_1x8_bytes(group, j), _mm256_set1_ps(dm[j]), _mm256_set1_ps(dm[NB + j]), dst + j * dst_stride);
 }
 
 /* One row of x against one group's K chunk of Q4_1x8, each weight vector multiplied in the register
@@ -209,26 +223,18 @@ static inline void dequant_q4_1x8(const uint8_t *group, float *dst, int64_t dst_
 #endif
 static inline void direct_row_q4_1x8(const float *x, const uint8_t *src, int blocks, const uint8_t *next,
                                      const float *bias, int accumulate, float *out) {
-    const __m128i order = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    const __m256i mask = _mm256_set1_epi32(15);
     vacc acc[1][NB];
     for (int j = 0; j < NB; j++) acc[0][j] = (vacc){0};
     for (int b = 0; b < blocks; b++) {
         const uint8_t *group = src + b * GROUP_BYTES;
         for (int line = 0; line < GROUP_BYTES; line += 64) __builtin_prefetch(next + b * GROUP_BYTES + line, 0, 1);
         float dm[16];
-        _mm256_storeu_ps(dm, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)group)));
-        _mm256_storeu_ps(dm + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(group + 16))));
-        SCALES_FROM_MEMORY(dm);
+        q4_1x8_scales(group, dm);
         const float *xb = x + b * QK;
         for (int j = 0; j < NB; j++) {
-            const __m128i bytes = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(group + 2 * 2 * NB + 16 * j)), order);
-            const __m256i lo = _mm256_cvtepu8_epi32(bytes), hi = _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8));
-            const __m256 d = _mm256_set1_ps(dm[j]), m = _mm256_set1_ps(dm[NB + j]);
-            MULADD(acc[0][j], *(const vacc *)xb, q4_values(_mm256_and_si256(lo, mask), d, m));
-            MULADD(acc[0][j], *(const vacc *)(xb + 8), q4_values(_mm256_and_si256(hi, mask), d, m));
-            MULADD(acc[0][j], *(const vacc *)(xb + 16), q4_values(_mm256_srli_epi32(lo, 4), d, m));
-            MULADD(acc[0][j], *(const vacc *)(xb + 24), q4_values(_mm256_srli_epi32(hi, 4), d, m));
+            __m256 w[4];
+            q4_1_weights(q4_1x8_bytes(group, j), _mm256_set1_ps(dm[j]), _mm256_set1_ps(dm[NB + j]), w);
+            for (int i = 0; i < 4; i++) MULADD(acc[0][j], *(const vacc *)(xb + 8 * i), w[i]);
         }
     }
     tile_store(1, NB, acc, bias, accumulate, out, 0);
