@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from hashlib import blake2b
-from typing import Sequence
+from typing import Callable, Sequence
 
 BlockHash = bytes
 _KEY = b"baton-kv-block-v1"
@@ -29,9 +29,20 @@ def root_hash(cache_salt: str | None = None) -> BlockHash:
 
 
 def hash_block(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
+    return hash_packed(parent, struct.pack(f"<{len(token_ids)}q", *token_ids))
+
+
+def block_packer(block_size: int) -> Callable[..., bytes]:
+    """``pack(*token_ids)``: a full block's tokens as the bytes ``hash_block`` hashes, with the format
+    parsed once (a third of ``hash_block``'s time went to building and parsing it per block)."""
+    return struct.Struct(f"<{block_size}q").pack
+
+
+def hash_packed(parent: BlockHash, packed_token_ids: bytes) -> BlockHash:
+    """``hash_block`` of tokens already packed (``block_packer``)."""
     h = _KEYED.copy()
     h.update(parent)
-    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    h.update(packed_token_ids)
     return h.digest()
 
 

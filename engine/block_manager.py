@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from engine.block_hash import BlockHash, hash_block, root_hash
+from engine.block_hash import BlockHash, block_packer, hash_packed, root_hash
 from engine.kv_events import AllBlocksCleared, BlocksRemoved, BlocksStored, KVCacheEvent
 from engine.request import Request
 
@@ -66,6 +66,18 @@ class BlockPool:
         if removed and self.record_events:
             self._events.append(BlocksRemoved(tuple(removed)))
         return out
+
+    def take_one(self) -> int:
+        """``allocate(1)[0]`` without its checks and lists, for a decode's next block (the caller
+        knows the free list is not empty)."""
+        bid = self.free.popitem(last=False)[0]
+        blk = self.blocks[bid]
+        if blk.block_hash is not None:
+            removed = self._uncache(blk)
+            if self.record_events:
+                self._events.append(BlocksRemoved((removed,)))
+        blk.ref_cnt = 1
+        return bid
 
     def touch(self, block_ids: list[int]) -> None:
         """Take a reference on cached blocks (prefix hit); revive them from the free list."""
@@ -153,6 +165,7 @@ class BlockManager:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
+        self._pack = block_packer(block_size)
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks, record_events=record_events)
         self.num_prefix_queries = 0  # tokens looked up
@@ -184,8 +197,9 @@ class BlockManager:
         if len(hashes) >= n_full:
             return
         parent = hashes[-1] if hashes else root_hash(req.cache_salt)
+        pack = self._pack
         for i in range(len(hashes), n_full):
-            parent = hash_block(parent, tokens[i * bs : (i + 1) * bs])
+            parent = hash_packed(parent, pack(*tokens[i * bs : (i + 1) * bs]))
             hashes.append(parent)
 
     def _parent_of(self, req: Request, i: int) -> BlockHash:
@@ -265,6 +279,32 @@ class BlockManager:
             req.block_ids.extend(pool.allocate(need))
         return True
 
+    def append_block(self, req: Request) -> None:
+        """One more block for ``req`` (a decode crossing into a new block), when the caller knows the
+        pool has one: ``allocate(req, 1)`` without its checks, for the scheduler's hot loop."""
+        req.block_ids.append(self.pool.take_one())
+
+    def register_filled_blocks(self, reqs: list[Request]) -> None:
+        """``register_full_blocks(req, req.num_computed_tokens)`` for each request, in one call: a
+        decode step's case, where each has just filled one more block, takes the short way."""
+        bs, pack, pool = self.block_size, self._pack, self.pool
+        stored = []
+        for req in reqs:
+            i = req.num_registered_blocks
+            hashes = req.block_hashes
+            if not (0 < i == len(hashes) and req.num_computed_tokens == (i + 1) * bs <= len(req.all_token_ids)):
+                self.register_full_blocks(req, req.num_computed_tokens)
+                continue
+            parent = hashes[i - 1]
+            block_tokens = req.all_token_ids[i * bs : (i + 1) * bs]
+            h = hash_packed(parent, pack(*block_tokens))
+            hashes.append(h)
+            if pool.register(req.block_ids[i], h, parent, block_tokens):
+                stored.append(h)
+            req.num_registered_blocks = i + 1
+        if pool.record_events and stored:
+            pool.record_stored(stored)
+
     def register_full_blocks(self, req: Request, num_tokens: int) -> None:
         """Add the full blocks among the first ``num_tokens`` tokens of ``req`` to the prefix cache.
 
@@ -278,16 +318,19 @@ class BlockManager:
         start = req.num_registered_blocks
         if n_full <= start:
             return
-        hashes = req.block_hashes
-        if len(hashes) < n_full:
-            self.update_block_hashes(req)
-        pool = self.pool
+        hashes, block_ids, pool, pack = req.block_hashes, req.block_ids, self.pool, self._pack
+        parent = hashes[start - 1] if start else root_hash(req.cache_salt)
         stored = []
         for i in range(start, n_full):
-            h = hashes[i]
-            parent = hashes[i - 1] if i else root_hash(req.cache_salt)
-            if pool.register(req.block_ids[i], h, parent, tokens[i * bs : (i + 1) * bs]):
+            block_tokens = tokens[i * bs : (i + 1) * bs]
+            if i < len(hashes):
+                h = hashes[i]
+            else:  # hashed in the same pass (a decode's newly full block, most often)
+                h = hash_packed(parent, pack(*block_tokens))
+                hashes.append(h)
+            if pool.register(block_ids[i], h, parent, block_tokens):
                 stored.append(h)
+            parent = h
         req.num_registered_blocks = n_full
         if pool.record_events and stored:
             pool.record_stored(stored)

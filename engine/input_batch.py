@@ -55,6 +55,10 @@ class InputBatch:
         self.logprob_rows: set[int] = set()
         self.scoring_rows: set[int] = set()
         self.processing_rows: set[int] = set()
+        # A step without prompt chunks: its (empty, read-only) prefill inputs, made once.
+        self._no_prefill = (np.zeros((0, 0), dtype=np.int32), np.zeros(1, dtype=np.int32), np.zeros(0, dtype=np.int32))
+        for a in self._no_prefill:
+            a.flags.writeable = False
 
     # -- deltas -----------------------------------------------------------------------------
     def apply(self, so: SchedulerOutput) -> None:
@@ -77,7 +81,14 @@ class InputBatch:
                 else:
                     rows.discard(row)
             self.num_prompt_tokens[row] = new.num_prompt_tokens
-        for row, blocks in so.new_block_ids.items():
+        grown = so.new_block_ids
+        if grown and all(len(blocks) == 1 for blocks in grown.values()):  # decodes crossing into a block
+            rows = np.fromiter(grown, dtype=np.int64, count=len(grown))
+            ends = self.num_blocks[rows]
+            self.block_table[rows, ends] = [blocks[0] for blocks in grown.values()]
+            self.num_blocks[rows] = ends + 1
+            return
+        for row, blocks in grown.items():
             start = self.num_blocks[row]
             self.block_table[row, start : start + len(blocks)] = blocks
             self.num_blocks[row] = start + len(blocks)
@@ -85,7 +96,12 @@ class InputBatch:
     # -- inputs of one step -----------------------------------------------------------------
     def prepare(self, so: SchedulerOutput) -> StepInputs:
         rows = np.array(so.slots, dtype=np.int64)
-        counts = np.array(so.counts, dtype=np.int64)
+        if len(rows) and so.total_num_scheduled_tokens == len(rows) and not self.scoring_rows:
+            return self._prepare_single_tokens(rows)
+        return self._prepare_rows(rows, np.array(so.counts, dtype=np.int64))
+
+    def _prepare_rows(self, rows: np.ndarray, counts: np.ndarray) -> StepInputs:
+        """``prepare`` for any mix of rows: ``counts[i]`` tokens for row ``rows[i]``."""
         multi = counts != 1
         if multi.any() and not (np.diff(multi.astype(np.int8)) >= 0).all():
             order = np.argsort(multi, kind="stable")  # single-token rows first
@@ -133,6 +149,33 @@ class InputBatch:
             logits_indices=logits_indices,
             sample_rows=sample_rows,
             prompt_logprob_rows=scored,
+        )
+
+    def _prepare_single_tokens(self, rows: np.ndarray) -> StepInputs:
+        """``prepare`` for a step of one token a row (decodes; one-token prompt chunks): the same
+        arrays from half the numpy calls (no repeats, no cumulative sums)."""
+        positions = self.num_computed[rows]
+        seq_lens = positions + 1
+        bs = self.block_size
+        samples = seq_lens == self.num_tokens[rows]
+        if samples.all():
+            logits_indices, sample_rows = np.arange(len(rows), dtype=np.int64), rows
+        else:
+            logits_indices, sample_rows = np.flatnonzero(samples), rows[samples]
+        self.num_computed[rows] = seq_lens
+        return StepInputs(
+            input_ids=self.token_ids[rows, positions],
+            positions=positions,
+            slot_block=self.block_table[rows, positions // bs].astype(np.int64),
+            slot_offset=positions % bs,
+            num_decode_tokens=len(rows),
+            decode_block_tables=self.block_table[rows, : -(-int(seq_lens.max()) // bs)],
+            decode_seq_lens=seq_lens.astype(np.int32),
+            prefill_block_tables=self._no_prefill[0],
+            prefill_cu_seqlens_q=self._no_prefill[1],
+            prefill_seq_lens=self._no_prefill[2],
+            logits_indices=logits_indices,
+            sample_rows=sample_rows,
         )
 
     def _prompt_logprob_rows(self, rows, starts, counts, cu) -> list[tuple[int, int, np.ndarray, np.ndarray]]:

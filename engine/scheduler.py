@@ -18,7 +18,7 @@ waiting requests in priority order while budget, ``max_num_seqs`` and free block
 which something was preempted admits nothing new. Prompt chunks (continuing and new) also share
 ``prefill_token_budget`` when one is set; decodes never wait for it.
 
-Shared prefixes in flight (``engine.scheduler_prefix``): a waiting request whose next uncached
+Shared prefixes in flight (``engine.scheduler_admission``): a waiting request whose next uncached
 prompt block a running request has yet to compute is passed over until that block is computed.
 """
 
@@ -32,14 +32,15 @@ from engine.errors import InvalidParameterError
 from engine.logprobs import TokenLogprob
 from engine.request import FinishReason, Request, RequestState, check_stop
 from engine.scheduler_disagg import DisaggregationMixin
-from engine.scheduler_prefix import SharedPrefixMixin
+from engine.scheduler_admission import AdmissionMixin
+from engine.scheduler_step import StepPlan, decodes_first
 from engine.scheduler_output import NewRequestData, RunnerOutput, SchedulerOutput
 from engine.scheduler_policies import AdmissionPolicy, PreemptionPolicy, StaticBatchAdmission, WaitingQueue
 
 _S = RequestState
 
 
-class Scheduler(DisaggregationMixin, SharedPrefixMixin):
+class Scheduler(DisaggregationMixin, AdmissionMixin):
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int) -> None:
         self.config = config
         self.block_manager = block_manager
@@ -141,70 +142,98 @@ class Scheduler(DisaggregationMixin, SharedPrefixMixin):
 
     # -- the step ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        budget = self.config.max_num_batched_tokens
-        prefill_budget = self.config.prefill_token_budget or budget
+        cfg = self.config
+        plan = StepPlan(cfg.max_num_batched_tokens, cfg.prefill_token_budget or cfg.max_num_batched_tokens)
+        if plan.budget >= len(self.running):
+            rest = self._schedule_decodes(plan)
+        else:  # too little budget for every decode: all in one pass, decodes first, until it runs out
+            rest = decodes_first(self.running)
+        self._schedule_rest(rest, plan)
+        if not plan.preempted:
+            self._admit(min(plan.budget, plan.prefill_budget), plan)
+        return self._build_output(plan)
+
+    def _schedule_decodes(self, plan: StepPlan) -> list[Request]:
+        """The hot loop: every decoding request's one token, when the budget has room for all (a
+        decode inside its last block costs a few attribute reads). Returns the other running
+        requests (prompt chunks, recomputes, static padding rows), in order."""
         bm = self.block_manager
         bs = bm.block_size
-        scheduled: list[Request] = []
-        counts: list[int] = []  # tokens per scheduled request, aligned with ``scheduled``
-        grew: dict[str, int] = {}  # request id -> len(block_ids) before this step's allocation
-        preempted = 0
-        running = self.running
-        deferred: list[Request] = []
-
-        def decodes_first():  # decodes in one pass; continuing prefill chunks after them
-            for r in list(running):  # a copy: a preemption below removes from ``running``
-                if len(r.all_token_ids) - r.num_computed_tokens == 1:
-                    yield r
-                else:
-                    deferred.append(r)
-            yield from deferred
-
-        # The hot loop: a decode that stays inside its last block costs a few attribute reads.
-        for req in decodes_first():
-            if preempted and req.slot < 0:  # a victim earlier in this loop (it left the batch)
+        decodes, filled, grew, rest = plan.decodes, plan.filled, plan.grew, []
+        decoding = _S.DECODING
+        budget = plan.budget
+        plenty = bm.num_free_blocks >= len(self.running)  # no decode here can run the pool dry
+        # A copy: a preemption below removes from ``running``. Its victims, PREEMPTED or (padding
+        # rows) FINISHED now, go to ``rest``, which passes over them.
+        for req in list(self.running):
+            computed = req.num_computed_tokens
+            if len(req.all_token_ids) - computed != 1 or req.state is not decoding:
+                rest.append(req)
                 continue
-            if not budget:
+            end = len(req.block_ids) * bs
+            if computed + 1 >= end:  # needs a block, or fills its last one
+                if computed == end:
+                    if plenty:
+                        grew[req.request_id] = len(req.block_ids)
+                        bm.append_block(req)
+                    else:
+                        plan.budget = budget  # (a preemption gives back budget)
+                        room = self._make_room(req, 1, plan)
+                        budget = plan.budget
+                        if not room:
+                            continue
+                    end = len(req.block_ids) * bs
+                if computed + 1 == end:
+                    filled.append(req)  # entered in the prefix cache once the step is settled
+            # Advanced now, optimistically (the step computes it); undone if it is preempted below.
+            req.num_computed_tokens = computed + 1
+            decodes.append(req)
+            budget -= 1
+        plan.budget = budget
+        return rest
+
+    def _schedule_rest(self, reqs: list[Request], plan: StepPlan) -> None:
+        """Prompt chunks (continuing, or recomputing after a preemption), static padding rows, and
+        decodes when the budget is short, in order until the budget runs out."""
+        for req in reqs:
+            if plan.preempted and req.slot < 0:  # a victim earlier in this step (it left the batch)
+                continue
+            if not plan.budget:
                 break
             computed = req.num_computed_tokens
             n = 1 if req.is_padding else len(req.all_token_ids) - computed
             chunk = n > 1  # a prompt chunk (or a preempted request's recompute), not a decode
-            if chunk and n > prefill_budget:
-                if not prefill_budget:
+            if chunk and n > plan.prefill_budget:
+                if not plan.prefill_budget:
                     continue
-                n = prefill_budget
-            if n > budget:
-                n = budget
-            have = len(req.block_ids)
-            if computed + n > have * bs:
-                while not bm.allocate(req, n):
-                    victim = self.preemption.pick_victim(running)
-                    if victim in scheduled:
-                        i = scheduled.index(victim)
-                        budget += counts[i]
-                        if counts[i] > 1:
-                            prefill_budget += counts[i]
-                        del scheduled[i], counts[i]
-                        grew.pop(victim.request_id, None)
-                    if victim.is_padding:  # a static batch's finished row: its blocks go, nothing to redo
-                        self._release_padding(victim)
-                    else:
-                        self._preempt(victim)
-                    preempted += 1
-                    if victim is req:
-                        break
-                if req.slot < 0:
+                n = plan.prefill_budget
+            if n > plan.budget:
+                n = plan.budget
+            if computed + n > len(req.block_ids) * self.block_manager.block_size:
+                if not self._make_room(req, n, plan):
                     continue
-                grew[req.request_id] = have
-            scheduled.append(req)
-            counts.append(n)
-            budget -= n
+            plan.chunks.append(req)
+            plan.chunk_counts.append(n)
+            plan.budget -= n
             if chunk:
-                prefill_budget -= n
+                plan.prefill_budget -= n
 
-        if not preempted:
-            self._admit(min(budget, prefill_budget), scheduled, counts)
-        return self._build_output(scheduled, counts, grew, preempted)
+    def _make_room(self, req: Request, n: int, plan: StepPlan) -> bool:
+        """Blocks for ``req``'s ``n`` more tokens, preempting running requests (least important,
+        newest first) until the pool has them. False if ``req`` itself was preempted."""
+        have = len(req.block_ids)
+        while not self.block_manager.allocate(req, n):
+            victim = self.preemption.pick_victim(self.running)
+            plan.unschedule(victim)
+            if victim.is_padding:  # a static batch's finished row: its blocks go, nothing to redo
+                self._release_padding(victim)
+            else:
+                self._preempt(victim)
+            plan.preempted += 1
+            if victim is req:
+                return False
+        plan.grew[req.request_id] = have
+        return True
 
     def _join_running(self, req: Request) -> None:
         req.slot = self._free_slots.pop()
@@ -220,90 +249,44 @@ class Scheduler(DisaggregationMixin, SharedPrefixMixin):
         self._free_slots.append(req.slot)
         req.slot = -1
 
-    def _admit(self, budget: int, scheduled: list[Request], counts: list[int]) -> None:
-        bm = self.block_manager
-        limit = self.admission.admission_limit(len(self.running) + len(self.reserved), self.config.max_num_seqs,
-                                               len(self.waiting))
-        share = bm.enable_prefix_caching and self.config.defer_for_shared_prefix
-        in_flight: set | None = None  # built on first use: most steps admit nothing or share nothing
-        passed_over: list[Request] = []
-        while budget > 0 and limit > 0 and len(self.waiting):
-            req = self.waiting.peek()
-            if not self.admission.admits(req):  # (static batching: not a member of the running batch)
-                passed_over.append(self.waiting.pop())
-                continue
-            can_hit = req.num_computed_tokens == 0 and not req.needs_prompt_logprobs
-            cached = bm.find_cached_prefix(req) if can_hit else []
-            # Only a block it could hit (never the one holding its last prompt token) is worth waiting for.
-            if share and can_hit and len(cached) < bm.max_hit_blocks(req):
-                if in_flight is None:
-                    in_flight = self._prompt_blocks_in_flight()
-                if req.block_hashes[len(cached)] in in_flight:
-                    passed_over.append(self.waiting.pop())  # back in the queue after this step
-                    continue
-            n = req.num_tokens - req.num_computed_tokens - len(cached) * bm.block_size
-            if n > budget:
-                n = budget
-            need = bm._num_new_blocks(req, n, len(cached))
-            if need > bm.num_free_blocks - self._watermark_blocks and self.running:
-                break  # leave room for the running requests to grow
-            if not bm.allocate(req, n, cached):
-                break
-            self.waiting.pop()
-            if req.first_scheduled_time is None:  # first admission (not a preempted request's return)
-                req.first_scheduled_time = time.monotonic()
-                req.num_cached_tokens = len(cached) * bm.block_size
-            req.transition(_S.PREFILLING)
-            self._join_running(req)
-            self.admission.admitted(req)
-            scheduled.append(req)
-            counts.append(n)
-            budget -= n
-            limit -= 1
-            if in_flight is not None:  # admitted now: the requests behind it wait for its blocks too
-                in_flight.update(self._uncomputed_prompt_blocks(req))
-        for req in passed_over:
-            self.waiting.push(req)
-
-    def _build_output(
-        self, scheduled: list[Request], counts: list[int], grew: dict[str, int], preempted: int
-    ) -> SchedulerOutput:
+    def _build_output(self, plan: StepPlan) -> SchedulerOutput:
         new_data = []
-        new_blocks: dict[int, list[int]] = {}
+        unseen = self._runner_unseen
+        if unseen:  # rows the runner gets in full (their tokens before this step's)
+            for reqs, advanced in ((plan.decodes, 1), (plan.chunks, 0)):
+                for req in reqs:
+                    rid = req.request_id
+                    if rid in unseen:
+                        unseen.discard(rid)
+                        plan.grew.pop(rid, None)  # a new row gets all its blocks
+                        new_data.append(NewRequestData(rid, req.slot, list(req.all_token_ids), list(req.block_ids),
+                                                       req.num_computed_tokens - advanced, req.num_prompt_tokens,
+                                                       req.sampling_params))
+        requests = self.requests
+        new_blocks = {requests[rid].slot: requests[rid].block_ids[before:] for rid, before in plan.grew.items()}
         bm = self.block_manager
         bs = bm.block_size
-        unseen = self._runner_unseen
-        if unseen:
-            for req in scheduled:
-                rid = req.request_id
-                if rid in unseen:
-                    unseen.discard(rid)
-                    grew.pop(rid, None)  # a new row gets all its blocks below
-                    new_data.append(NewRequestData(rid, req.slot, list(req.all_token_ids), list(req.block_ids),
-                                                   req.num_computed_tokens, req.num_prompt_tokens,
-                                                   req.sampling_params))
-        requests = self.requests
-        for rid, before in grew.items():
-            req = requests[rid]
-            new_blocks[req.slot] = req.block_ids[before:]
         register = bm.register_full_blocks if bm.enable_prefix_caching else None
-        for req, n in zip(scheduled, counts):
+        for req, n in zip(plan.chunks, plan.chunk_counts):  # (the decodes advanced as they were scheduled)
             if req.num_computed_tokens < req.num_prompt_tokens:  # prefill work (for the router's rate)
                 self.prompt_tokens_computed += min(n, req.num_prompt_tokens - req.num_computed_tokens)
             # Advance optimistically: the step in flight computes these tokens.
             end = req.num_computed_tokens = req.num_computed_tokens + n
             if register is not None and end // bs > req.num_registered_blocks:
                 register(req, end)
+        if register is not None and plan.filled:
+            bm.register_filled_blocks(plan.filled)
+        scheduled = plan.decodes + plan.chunks if plan.chunks else plan.decodes
         left, self._left_batch = self._left_batch, set()
         return SchedulerOutput(
             new_requests=new_data,
             new_block_ids=new_blocks,
             request_ids=[r.request_id for r in scheduled],
             slots=[r.slot for r in scheduled],
-            counts=counts,
-            total_num_scheduled_tokens=sum(counts),
+            counts=[1] * len(plan.decodes) + plan.chunk_counts,
+            total_num_scheduled_tokens=len(plan.decodes) + sum(plan.chunk_counts),
             finished_request_ids=left,
-            num_preempted=preempted,
+            num_preempted=plan.preempted,
         )
 
     # -- after the step ---------------------------------------------------------------------

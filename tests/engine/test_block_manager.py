@@ -195,3 +195,62 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
 TestBlockManagerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_registering_the_blocks_decodes_filled_in_one_call_is_registering_each():
+    """``register_filled_blocks`` (the scheduler's decode step) caches what ``register_full_blocks``
+    caches, request by request: same hashes, same blocks, same events; and it falls back to it for a
+    request in any other state (its first block, several blocks at once, hashes computed ahead)."""
+    managers = [BlockManager(64, BS, record_events=True) for _ in range(2)]
+    reqs = [[_req(f"r{i}", list(range(10 * i, 10 * i + 2 + 3 * i)), salt="s" if i == 2 else None) for i in range(4)]
+            for _ in managers]
+    for bm, rs in zip(managers, reqs):
+        for r in rs:
+            _compute(bm, r, r.num_tokens)
+        rs[3].all_token_ids += [7, 8, 9, 10, 11]  # two more blocks known at once: the fallback
+        bm.update_block_hashes(rs[3])  # hashes computed ahead of registration: the fallback too
+    for step in range(12):
+        filled = [[], []]
+        for k, (bm, rs) in enumerate(zip(managers, reqs)):
+            for r in rs:
+                if not (r is rs[3] and step == 0):  # (r3 computes its 5 known tokens at once)
+                    r.all_token_ids.append(1000 + step)
+                n = r.num_tokens - r.num_computed_tokens
+                assert bm.allocate(r, n)
+                r.num_computed_tokens += n
+                if r.num_computed_tokens // BS > r.num_registered_blocks:
+                    filled[k].append(r)
+        managers[0].register_filled_blocks(filled[0])
+        for r in filled[1]:
+            managers[1].register_full_blocks(r, r.num_computed_tokens)
+        assert [r.request_id for r in filled[0]] == [r.request_id for r in filled[1]]
+    for a, b in zip(*reqs):
+        assert a.block_hashes == b.block_hashes and a.block_ids == b.block_ids
+        assert a.num_registered_blocks == b.num_registered_blocks == a.num_computed_tokens // BS
+    assert managers[0].pool.cached == managers[1].pool.cached and len(managers[0].pool.cached) > 10
+    stored = [sorted(h for e in bm.take_events() if isinstance(e, BlocksStored) for h in e.block_hashes)
+              for bm in managers]
+    assert stored[0] == stored[1]
+
+
+def test_a_decodes_next_block_evicts_like_any_allocation():
+    """``append_block`` (the scheduler's decode pass) takes the free list's head as ``allocate`` does:
+    a cached block it takes leaves the prefix cache, with a ``BlocksRemoved`` event."""
+    managers = [BlockManager(2, BS, record_events=True) for _ in range(2)]
+    taken = []
+    for k, bm in enumerate(managers):
+        a = _req("a", list(range(4)))
+        _compute(bm, a, 4)
+        bm.free(a)  # its block stays cached, at the free list's tail
+        b = _req("b", list(range(100, 109)))
+        for _ in range(2):
+            if k == 0:
+                bm.append_block(b)
+            else:
+                assert bm.allocate(b, len(b.block_ids) * BS + 1 - b.num_computed_tokens)
+            b.num_computed_tokens = len(b.block_ids) * BS
+        assert not bm.pool.cached and bm.num_free_blocks == 0
+        taken.append(b.block_ids)
+    events = [bm.take_events() for bm in managers]
+    assert taken[0] == taken[1] and taken[0][-1] == 0  # a's block, last
+    assert [type(e) for e in events[0]] == [BlocksStored, BlocksRemoved] and events[0] == events[1]

@@ -405,3 +405,30 @@ def test_a_preemptible_request_is_the_victim_before_any_other_whatever_its_prior
     other = req("other", 2, 4, priority=1)
     other.preemptible = False
     assert PreemptionPolicy().pick_victim([keep, other]) is keep  # none preemptible: by priority, as before
+
+
+def test_a_decode_scheduled_earlier_in_the_step_can_be_the_victim():
+    # "low" decodes first in the running order and is scheduled; "high" then needs a block the pool
+    # no longer has, and "low" (less important) is preempted after all: it leaves the step, its token
+    # is taken back (the preemption counts the tokens it had computed before the step), and the block
+    # it was about to fill is not entered in the prefix cache (its KV will never be written).
+    sched, runner = make(num_blocks=3, admission_watermark=0.0)
+    low = req("low", 2, 4, priority=1, start=10)
+    high, mid = req("high", 4, 4, start=50), req("mid", 2, 4, start=90)
+    sched.add_request(low)
+    sched.update_from_output(runner.execute(sched.schedule()))
+    sched.add_request(high)
+    sched.add_request(mid)
+    sched.update_from_output(runner.execute(sched.schedule()))
+    assert [r.request_id for r in sched.running] == ["low", "high", "mid"]
+    assert (low.num_computed_tokens, high.num_computed_tokens) == (3, 4) and sched.block_manager.num_free_blocks == 0
+    cached_before = dict(sched.block_manager.pool.cached)
+    so = sched.schedule()
+    assert so.request_ids == ["high", "mid"] and so.counts == [1, 1] and so.num_preempted == 1
+    assert low.state is RequestState.PREEMPTED and low.num_computed_tokens == 0 and sched.preempted_tokens == 3
+    assert sched.block_manager.pool.cached == cached_before  # high's prompt block only
+    sched.update_from_output(runner.execute(so))
+    run(sched, runner)
+    for r in (low, high, mid):
+        assert r.output_token_ids == expected_output(r.prompt_token_ids, 4)
+    assert sched.block_manager.num_free_blocks == 3

@@ -1,0 +1,83 @@
+"""The scheduler's admission of waiting requests, and shared prefixes in flight (pure Python, no torch).
+
+``Scheduler`` mixes this in; ``schedule()`` admits once the running requests are served, and only in a
+step that preempted nothing.
+
+Shared prefixes in flight: a waiting request whose next uncached prompt block is one that a running
+request has yet to compute (same chained hash, so the same prefix) is passed over this step, and the
+requests behind it are considered; once that block is computed (registered as it is scheduled), the
+request is admitted with it as a cache hit. A burst of prompts with a common system prompt computes it
+once, not once per request (``SchedulerConfig.defer_for_shared_prefix``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from engine.request import Request, RequestState
+from engine.scheduler_step import StepPlan
+
+
+class AdmissionMixin:
+    def _admit(self, budget: int, plan: StepPlan) -> None:
+        """Waiting requests, in priority order, while ``budget`` tokens, ``max_num_seqs`` and free
+        blocks (less the watermark kept for running requests to grow) allow; each takes its longest
+        cached prefix first. Added to ``plan.chunks``."""
+        bm = self.block_manager
+        limit = self.admission.admission_limit(len(self.running) + len(self.reserved), self.config.max_num_seqs,
+                                               len(self.waiting))
+        share = bm.enable_prefix_caching and self.config.defer_for_shared_prefix
+        in_flight: set | None = None  # built on first use: most steps admit nothing or share nothing
+        passed_over: list[Request] = []
+        while budget > 0 and limit > 0 and len(self.waiting):
+            req = self.waiting.peek()
+            if not self.admission.admits(req):  # (static batching: not a member of the running batch)
+                passed_over.append(self.waiting.pop())
+                continue
+            can_hit = req.num_computed_tokens == 0 and not req.needs_prompt_logprobs
+            cached = bm.find_cached_prefix(req) if can_hit else []
+            # Only a block it could hit (never the one holding its last prompt token) is worth waiting for.
+            if share and can_hit and len(cached) < bm.max_hit_blocks(req):
+                if in_flight is None:
+                    in_flight = self._prompt_blocks_in_flight()
+                if req.block_hashes[len(cached)] in in_flight:
+                    passed_over.append(self.waiting.pop())  # back in the queue after this step
+                    continue
+            n = req.num_tokens - req.num_computed_tokens - len(cached) * bm.block_size
+            if n > budget:
+                n = budget
+            need = bm._num_new_blocks(req, n, len(cached))
+            if need > bm.num_free_blocks - self._watermark_blocks and self.running:
+                break  # leave room for the running requests to grow
+            if not bm.allocate(req, n, cached):
+                break
+            self.waiting.pop()
+            if req.first_scheduled_time is None:  # first admission (not a preempted request's return)
+                req.first_scheduled_time = time.monotonic()
+                req.num_cached_tokens = len(cached) * bm.block_size
+            req.transition(RequestState.PREFILLING)
+            self._join_running(req)
+            self.admission.admitted(req)
+            plan.chunks.append(req)
+            plan.chunk_counts.append(n)
+            budget -= n
+            limit -= 1
+            if in_flight is not None:  # admitted now: the requests behind it wait for its blocks too
+                in_flight.update(self._uncomputed_prompt_blocks(req))
+        for req in passed_over:
+            self.waiting.push(req)
+
+    def _uncomputed_prompt_blocks(self, req: Request) -> list:
+        """Hashes of ``req``'s full prompt blocks not yet registered (still to be computed)."""
+        return req.block_hashes[req.num_registered_blocks : req.num_prompt_tokens // self.block_manager.block_size]
+
+    def _prompt_blocks_in_flight(self) -> set:
+        """Hashes of the full prompt blocks running requests have yet to compute."""
+        bs = self.block_manager.block_size
+        out: set = set()
+        for r in self.running:
+            if r.num_registered_blocks < r.num_prompt_tokens // bs:
+                if len(r.block_hashes) < r.num_prompt_tokens // bs:
+                    self.block_manager.update_block_hashes(r)
+                out.update(self._uncomputed_prompt_blocks(r))
+        return out
