@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Sequence
 
 from engine.block_hash import BlockHash, block_packer, hash_packed, root_hash
 from engine.kv_events import AllBlocksCleared, BlocksRemoved, BlocksStored, KVCacheEvent
@@ -53,31 +54,33 @@ class BlockPool:
         """Take n blocks from the head of the free list, evicting their cache entries."""
         if n > len(self.free):
             raise RuntimeError(f"allocate({n}) with only {len(self.free)} free blocks")
-        out = []
-        removed = []
-        free, blocks = self.free, self.blocks
-        for _ in range(n):
-            bid, _ = free.popitem(last=False)
-            blk = blocks[bid]
-            if blk.block_hash is not None:
-                removed.append(self._uncache(blk))
-            blk.ref_cnt = 1
-            out.append(bid)
-        if removed and self.record_events:
-            self._events.append(BlocksRemoved(tuple(removed)))
+        removed: list[BlockHash] = []
+        out = [self._take_head(removed) for _ in range(n)]
+        self._record_removed(removed)
         return out
 
     def take_one(self) -> int:
-        """``allocate(1)[0]`` without its checks and lists, for a decode's next block (the caller
+        """``allocate(1)[0]`` without its check and list, for a decode's next block (the caller
         knows the free list is not empty)."""
         bid = self.free.popitem(last=False)[0]
         blk = self.blocks[bid]
         if blk.block_hash is not None:
-            removed = self._uncache(blk)
-            if self.record_events:
-                self._events.append(BlocksRemoved((removed,)))
+            self._record_removed([self._uncache(blk)])
         blk.ref_cnt = 1
         return bid
+
+    def _take_head(self, removed: list[BlockHash]) -> int:
+        """The free list's head, with one reference; its cache entry, if any, dropped into ``removed``."""
+        bid = self.free.popitem(last=False)[0]
+        blk = self.blocks[bid]
+        if blk.block_hash is not None:
+            removed.append(self._uncache(blk))
+        blk.ref_cnt = 1
+        return bid
+
+    def _record_removed(self, removed: list[BlockHash]) -> None:
+        if removed and self.record_events:
+            self._events.append(BlocksRemoved(tuple(removed)))
 
     def touch(self, block_ids: list[int]) -> None:
         """Take a reference on cached blocks (prefix hit); revive them from the free list."""
@@ -119,9 +122,8 @@ class BlockPool:
     def forget(self, block_ids: list[int]) -> None:
         """Withdraw these blocks' prefix-cache entries (their KV cannot be trusted); the blocks stay
         allocated to whoever holds them."""
-        removed = [self._uncache(blk) for blk in map(self.blocks.__getitem__, block_ids) if blk.block_hash is not None]
-        if removed and self.record_events:
-            self._events.append(BlocksRemoved(tuple(removed)))
+        self._record_removed([self._uncache(blk) for blk in map(self.blocks.__getitem__, block_ids)
+                              if blk.block_hash is not None])
 
     def record_stored(self, hashes: list[BlockHash]) -> None:
         if hashes and self.record_events:
@@ -285,53 +287,43 @@ class BlockManager:
         req.block_ids.append(self.pool.take_one())
 
     def register_filled_blocks(self, reqs: list[Request]) -> None:
-        """``register_full_blocks(req, req.num_computed_tokens)`` for each request, in one call: a
-        decode step's case, where each has just filled one more block, takes the short way."""
-        bs, pack, pool = self.block_size, self._pack, self.pool
-        stored = []
-        for req in reqs:
-            i = req.num_registered_blocks
-            hashes = req.block_hashes
-            if not (0 < i == len(hashes) and req.num_computed_tokens == (i + 1) * bs <= len(req.all_token_ids)):
-                self.register_full_blocks(req, req.num_computed_tokens)
-                continue
-            parent = hashes[i - 1]
-            block_tokens = req.all_token_ids[i * bs : (i + 1) * bs]
-            h = hash_packed(parent, pack(*block_tokens))
-            hashes.append(h)
-            if pool.register(req.block_ids[i], h, parent, block_tokens):
-                stored.append(h)
-            req.num_registered_blocks = i + 1
-        if pool.record_events and stored:
-            pool.record_stored(stored)
+        """``register_full_blocks(req, req.num_computed_tokens)`` for each request, in one call (a
+        decode step's requests whose token fills a block)."""
+        self._register(reqs)
 
     def register_full_blocks(self, req: Request, num_tokens: int) -> None:
         """Add the full blocks among the first ``num_tokens`` tokens of ``req`` to the prefix cache.
 
         Called once those tokens' KV is (being) written by the step, so a later request can reuse it.
         """
+        self._register((req,), num_tokens)
+
+    def _register(self, reqs: Sequence[Request], num_tokens: int | None = None) -> None:
+        """``register_full_blocks(req, num_tokens)`` for each request (by default up to its computed
+        tokens); one ``BlocksStored`` event a call."""
         if not self.enable_prefix_caching:
             return
-        bs = self.block_size
-        tokens = req.all_token_ids
-        n_full = min(num_tokens, len(tokens)) // bs
-        start = req.num_registered_blocks
-        if n_full <= start:
-            return
-        hashes, block_ids, pool, pack = req.block_hashes, req.block_ids, self.pool, self._pack
-        parent = hashes[start - 1] if start else root_hash(req.cache_salt)
+        bs, pool, pack = self.block_size, self.pool, self._pack
         stored = []
-        for i in range(start, n_full):
-            block_tokens = tokens[i * bs : (i + 1) * bs]
-            if i < len(hashes):
-                h = hashes[i]
-            else:  # hashed in the same pass (a decode's newly full block, most often)
-                h = hash_packed(parent, pack(*block_tokens))
-                hashes.append(h)
-            if pool.register(block_ids[i], h, parent, block_tokens):
-                stored.append(h)
-            parent = h
-        req.num_registered_blocks = n_full
+        for req in reqs:
+            tokens = req.all_token_ids
+            n_full = min(req.num_computed_tokens if num_tokens is None else num_tokens, len(tokens)) // bs
+            start = req.num_registered_blocks
+            if n_full <= start:
+                continue
+            hashes, block_ids = req.block_hashes, req.block_ids
+            parent = hashes[start - 1] if start else root_hash(req.cache_salt)
+            for i in range(start, n_full):
+                block_tokens = tokens[i * bs : (i + 1) * bs]
+                if i < len(hashes):
+                    h = hashes[i]
+                else:  # hashed in the same pass (a decode's newly full block, most often)
+                    h = hash_packed(parent, pack(*block_tokens))
+                    hashes.append(h)
+                if pool.register(block_ids[i], h, parent, block_tokens):
+                    stored.append(h)
+                parent = h
+            req.num_registered_blocks = n_full
         if pool.record_events and stored:
             pool.record_stored(stored)
 
