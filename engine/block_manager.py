@@ -29,7 +29,7 @@ class KVBlock:
     ref_cnt: int = 0
     block_hash: BlockHash | None = None
     parent_hash: BlockHash | None = None
-    token_ids: tuple[int, ...] | None = None
+    token_ids: list[int] | None = None  # its own copy (a slice the registration made)
 
 
 class BlockPool:
@@ -106,16 +106,17 @@ class BlockPool:
         if bid is None:
             return None
         blk = self.blocks[bid]
-        if blk.parent_hash != parent or blk.token_ids != tuple(token_ids):
+        if blk.parent_hash != parent or blk.token_ids != token_ids:
             return None  # a hash collision: never serve someone else's KV
         return bid
 
     def register(self, bid: int, block_hash: BlockHash, parent: BlockHash, token_ids: list[int]) -> bool:
-        """Make a full, computed block findable. False if another block already holds that hash."""
+        """Make a full, computed block findable. False if another block already holds that hash.
+        ``token_ids`` is kept as it is: the caller hands over a list no one else holds."""
         if block_hash in self.cached:
             return False
         blk = self.blocks[bid]
-        blk.block_hash, blk.parent_hash, blk.token_ids = block_hash, parent, tuple(token_ids)
+        blk.block_hash, blk.parent_hash, blk.token_ids = block_hash, parent, token_ids
         self.cached[block_hash] = bid
         return True
 
@@ -304,6 +305,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         bs, pool, pack = self.block_size, self.pool, self._pack
+        register = pool.register
         stored = []
         for req in reqs:
             tokens = req.all_token_ids
@@ -320,7 +322,7 @@ class BlockManager:
                 else:  # hashed in the same pass (a decode's newly full block, most often)
                     h = hash_packed(parent, pack(*block_tokens))
                     hashes.append(h)
-                if pool.register(block_ids[i], h, parent, block_tokens):
+                if register(block_ids[i], h, parent, block_tokens):  # (a new list: the block keeps it)
                     stored.append(h)
                 parent = h
             req.num_registered_blocks = n_full

@@ -59,6 +59,10 @@ class InputBatch:
         self._no_prefill = (np.zeros((0, 0), dtype=np.int32), np.zeros(1, dtype=np.int32), np.zeros(0, dtype=np.int32))
         for a in self._no_prefill:
             a.flags.writeable = False
+        # The last step's slot list (the scheduler's, held so that its identity stays unique) and
+        # its rows as an array: a batch that stays the same for many steps converts it once.
+        self._rows_of: list[int] | None = None
+        self._rows = np.zeros(0, dtype=np.int64)
 
     # -- deltas -----------------------------------------------------------------------------
     def apply(self, so: SchedulerOutput) -> None:
@@ -95,7 +99,11 @@ class InputBatch:
 
     # -- inputs of one step -----------------------------------------------------------------
     def prepare(self, so: SchedulerOutput) -> StepInputs:
-        rows = np.array(so.slots, dtype=np.int64)
+        if so.slots is not self._rows_of:  # (the scheduler hands the same list while the batch stays)
+            self._rows = np.array(so.slots, dtype=np.int64)
+            self._rows.flags.writeable = False  # shared by the steps of one batch
+            self._rows_of = so.slots
+        rows = self._rows
         if len(rows) and so.total_num_scheduled_tokens == len(rows) and not self.scoring_rows:
             return self._prepare_single_tokens(rows)
         return self._prepare_rows(rows, np.array(so.counts, dtype=np.int64))

@@ -60,6 +60,10 @@ class Scheduler(DisaggregationMixin, AdmissionMixin):
         self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
         self._slot_req: list[Request | None] = [None] * config.max_num_seqs
         self._left_batch: set[str] = set()  # finished/aborted/preempted since the last schedule()
+        # The last step's batch and its ids and slots, reused while the batch stays the same.
+        self._last_batch: list[Request] = []
+        self._last_ids: list[str] = []
+        self._last_slots: list[int] = []
         self._watermark_blocks = int(config.admission_watermark * block_manager.num_blocks)
         self._arrivals = 0
         self.num_preemptions = 0
@@ -160,36 +164,34 @@ class Scheduler(DisaggregationMixin, AdmissionMixin):
         bm = self.block_manager
         bs = bm.block_size
         decodes, filled, grew, rest = plan.decodes, plan.filled, plan.grew, []
+        schedule = decodes.append
         decoding = _S.DECODING
-        budget = plan.budget
         plenty = bm.num_free_blocks >= len(self.running)  # no decode here can run the pool dry
+        charged = 0  # decodes already taken off plan.budget (the others are, after the loop)
         # A copy: a preemption below removes from ``running``. Its victims, PREEMPTED or (padding
         # rows) FINISHED now, go to ``rest``, which passes over them.
         for req in list(self.running):
-            computed = req.num_computed_tokens
-            if len(req.all_token_ids) - computed != 1 or req.state is not decoding:
+            computed = req.num_computed_tokens + 1  # what it becomes once its one token is scheduled
+            if len(req.all_token_ids) != computed or req.state is not decoding:
                 rest.append(req)
                 continue
-            end = len(req.block_ids) * bs
-            if computed + 1 >= end:  # needs a block, or fills its last one
-                if computed == end:
+            if computed >= len(req.block_ids) * bs:  # needs a block, or fills its last one
+                if computed > len(req.block_ids) * bs:
                     if plenty:
-                        grew[req.request_id] = len(req.block_ids)
+                        grew[req] = len(req.block_ids)
                         bm.append_block(req)
                     else:
-                        plan.budget = budget  # (a preemption gives back budget)
+                        plan.budget -= len(decodes) - charged  # (a preemption gives back budget)
                         room = self._make_room(req, 1, plan)
-                        budget = plan.budget
+                        charged = len(decodes)
                         if not room:
                             continue
-                    end = len(req.block_ids) * bs
-                if computed + 1 == end:
+                if computed == len(req.block_ids) * bs:
                     filled.append(req)  # entered in the prefix cache once the step is settled
             # Advanced now, optimistically (the step computes it); undone if it is preempted below.
-            req.num_computed_tokens = computed + 1
-            decodes.append(req)
-            budget -= 1
-        plan.budget = budget
+            req.num_computed_tokens = computed
+            schedule(req)
+        plan.budget -= len(decodes) - charged
         return rest
 
     def _schedule_rest(self, reqs: list[Request], plan: StepPlan) -> None:
@@ -232,7 +234,7 @@ class Scheduler(DisaggregationMixin, AdmissionMixin):
             plan.preempted += 1
             if victim is req:
                 return False
-        plan.grew[req.request_id] = have
+        plan.grew[req] = have
         return True
 
     def _join_running(self, req: Request) -> None:
@@ -258,12 +260,11 @@ class Scheduler(DisaggregationMixin, AdmissionMixin):
                     rid = req.request_id
                     if rid in unseen:
                         unseen.discard(rid)
-                        plan.grew.pop(rid, None)  # a new row gets all its blocks
+                        plan.grew.pop(req, None)  # a new row gets all its blocks
                         new_data.append(NewRequestData(rid, req.slot, list(req.all_token_ids), list(req.block_ids),
                                                        req.num_computed_tokens - advanced, req.num_prompt_tokens,
                                                        req.sampling_params))
-        requests = self.requests
-        new_blocks = {requests[rid].slot: requests[rid].block_ids[before:] for rid, before in plan.grew.items()}
+        new_blocks = {req.slot: req.block_ids[before:] for req, before in plan.grew.items()}
         bm = self.block_manager
         bs = bm.block_size
         register = bm.register_full_blocks if bm.enable_prefix_caching else None
@@ -277,12 +278,19 @@ class Scheduler(DisaggregationMixin, AdmissionMixin):
         if register is not None and plan.filled:
             bm.register_filled_blocks(plan.filled)
         scheduled = plan.decodes + plan.chunks if plan.chunks else plan.decodes
+        if scheduled != self._last_batch:
+            # (Otherwise the same requests as the last step, in the same order, so the same ids and
+            # rows: they kept their slots, since one that left and came back would have missed a
+            # step. The lists are shared between the two outputs, and nothing changes them.)
+            self._last_batch = scheduled
+            self._last_ids = [r.request_id for r in scheduled]
+            self._last_slots = [r.slot for r in scheduled]
         left, self._left_batch = self._left_batch, set()
         return SchedulerOutput(
             new_requests=new_data,
             new_block_ids=new_blocks,
-            request_ids=[r.request_id for r in scheduled],
-            slots=[r.slot for r in scheduled],
+            request_ids=self._last_ids,
+            slots=self._last_slots,
             counts=[1] * len(plan.decodes) + plan.chunk_counts,
             total_num_scheduled_tokens=len(plan.decodes) + sum(plan.chunk_counts),
             finished_request_ids=left,

@@ -22,7 +22,7 @@ class StepPlan:
     # Everything else, with its token count: advanced when the plan is settled.
     chunks: list[Request] = field(default_factory=list)
     chunk_counts: list[int] = field(default_factory=list)
-    grew: dict[str, int] = field(default_factory=dict)  # request id -> len(block_ids) before this step
+    grew: dict[Request, int] = field(default_factory=dict)  # request -> len(block_ids) before this step
     preempted: int = 0
 
     def unschedule(self, req: Request) -> None:
@@ -41,7 +41,7 @@ class StepPlan:
             if n > 1:
                 self.prefill_budget += n
             del self.chunks[i], self.chunk_counts[i]
-        self.grew.pop(req.request_id, None)
+        self.grew.pop(req, None)
 
 
 def decodes_first(running: list[Request]) -> list[Request]:

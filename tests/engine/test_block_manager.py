@@ -88,7 +88,7 @@ def test_hit_is_verified_against_token_ids():
     a = _req("a", list(range(9)))
     _compute(bm, a, 9)
     # Corrupt the stored tokens of the first block: a hash "collision" must not be served.
-    bm.pool.blocks[a.block_ids[0]].token_ids = (7, 7, 7, 7)
+    bm.pool.blocks[a.block_ids[0]].token_ids = [7, 7, 7, 7]
     assert bm.find_cached_prefix(_req("b", list(range(9)))) == []
 
 
@@ -134,7 +134,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.n += 1
         hit = self.bm.find_cached_prefix(req)
         for i, bid in enumerate(hit):  # a hit returns the right tokens
-            assert self.bm.pool.blocks[bid].token_ids == tuple(tokens[i * BS : (i + 1) * BS])
+            assert self.bm.pool.blocks[bid].token_ids == tokens[i * BS : (i + 1) * BS]
         n = min(chunk, req.num_tokens - len(hit) * BS)
         if self.bm.allocate(req, n, hit):
             req.num_computed_tokens += n
@@ -185,7 +185,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             for i in range(r.num_registered_blocks):
                 blk = pool.blocks[r.block_ids[i]]
                 if blk.token_ids is not None:
-                    assert blk.token_ids == tuple(r.all_token_ids[i * BS : (i + 1) * BS])
+                    assert blk.token_ids == r.all_token_ids[i * BS : (i + 1) * BS]
 
     def teardown(self):
         for r in list(self.live.values()):

@@ -432,3 +432,23 @@ def test_a_decode_scheduled_earlier_in_the_step_can_be_the_victim():
     for r in (low, high, mid):
         assert r.output_token_ids == expected_output(r.prompt_token_ids, 4)
     assert sched.block_manager.num_free_blocks == 3
+
+
+def test_a_decode_that_finds_its_block_in_a_short_pool_leaves_the_rest_of_the_budget_to_prompt_chunks():
+    # With fewer free blocks than running requests, a decode crossing into a block goes through the
+    # general block search (which may preempt); it takes exactly its one token off the budget.
+    sched, runner = make(num_blocks=6, max_num_batched_tokens=4, admission_watermark=0.0)
+    b, a, c = req("b", 4, 8, start=10), req("a", 3, 8, start=30), req("c", 20, 2, start=50)
+    for r in (b, a, c):
+        sched.add_request(r)
+        sched.update_from_output(runner.execute(sched.schedule()))
+    assert [(r.num_computed_tokens, len(r.block_ids)) for r in (b, a, c)] == [(6, 2), (4, 1), (2, 1)]
+    assert sched.block_manager.num_free_blocks == 2  # fewer than the 3 running requests
+    so = sched.schedule()
+    # b decodes in its block, a takes a new block (the pool has one), and c's chunk gets the 2 tokens left
+    assert so.request_ids == ["b", "a", "c"] and so.counts == [1, 1, 2] and not so.num_preempted
+    sched.update_from_output(runner.execute(so))
+    run(sched, runner)
+    for r in (a, b, c):
+        assert r.output_token_ids == expected_output(r.prompt_token_ids, r.sampling_params.max_tokens)
+    assert sched.block_manager.num_free_blocks == 6
