@@ -23,6 +23,7 @@ class _Stream:
     num_sent_chars: int = 0
     hold: int = 0  # characters held back: longest stop string - 1
     first: bool = True  # the next output carries the first token
+    plain: bool = False  # no text and no logprobs: once decoding, its deltas take the short path
 
 
 class OutputProcessor:
@@ -43,7 +44,8 @@ class OutputProcessor:
             text = detok.add(req.all_token_ids[req.num_prompt_tokens :])
         hold = max((len(s) for s in sp.stop), default=1) - 1
         self._streams[req.request_id] = _Stream(detok, req.num_tokens, text=text,
-                                                num_sent_chars=min(resume_text_chars, len(text)), hold=hold)
+                                                num_sent_chars=min(resume_text_chars, len(text)), hold=hold,
+                                                plain=detok is None and sp.logprobs is None)
 
     def discard(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
@@ -58,12 +60,10 @@ class OutputProcessor:
             ids = req.all_token_ids
             new_ids = ids[st.num_sent_tokens :]
             st.num_sent_tokens = n = len(ids)
-            if st.detokenizer is None and not st.first and req.state is _DECODING \
-                    and req.sampling_params.logprobs is None:
+            if st.plain and not st.first and req.state is _DECODING:
                 # The common delta (a decoding request's tokens, no text, no logprobs), built here:
                 # with hundreds of sequences a step, this loop is a GPU step's largest host cost.
-                outs.append(RequestOutput(req.request_id, new_ids, "",
-                                          first_index=n - req.num_prompt_tokens - len(new_ids)))
+                outs.append(RequestOutput(req.request_id, new_ids, "", n - req.num_prompt_tokens - len(new_ids)))
                 continue
             if st.detokenizer is not None:
                 self._detokenize(req, st, new_ids)

@@ -23,6 +23,11 @@ class RequestOutput:
     request_id: str
     new_token_ids: list[int]
     text_delta: str
+    # Where ``new_token_ids`` start among the request's output tokens (a migrated request's resumed
+    # ones counted); -1 when not known. The router drops a delta that does not continue what it has
+    # delivered: the output of a copy it gave up on, on a worker it had taken for dead. (Fourth: the
+    # engine's common delta passes it by position, a quarter cheaper than by keyword.)
+    first_index: int = -1
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
@@ -34,10 +39,6 @@ class RequestOutput:
     # On the output carrying the first token: TTFT by stage on the workers (prefill_queue,
     # prefill_compute, transfer, decode_queue), in seconds.
     ttft_breakdown: dict[str, float] | None = None
-    # Where ``new_token_ids`` start among the request's output tokens (a migrated request's resumed
-    # ones counted); -1 when not known. The router drops a delta that does not continue what it has
-    # delivered: the output of a copy it gave up on, on a worker it had taken for dead.
-    first_index: int = -1
     # One per token of ``new_token_ids`` when the request asked for logprobs, else None.
     logprobs: list[TokenLogprob] | None = None
     # On the output carrying the first token, when asked for: one per prompt token (the first

@@ -202,7 +202,8 @@ def check_stop(req: Request, tok: int, max_len: int) -> FinishReason | None:
     """Whether ``req`` ends with ``tok``, its newest token (already appended): a stop token once
     ``min_tokens`` are out (``stop_reason`` set), or its length (``max_tokens``, the context)."""
     sp = req.sampling_params
-    n_out = req.num_tokens - req.num_prompt_tokens
+    n = len(req.all_token_ids)  # (not the property: this runs for every token of every request)
+    n_out = n - req.num_prompt_tokens
     if n_out >= sp.min_tokens:
         if not sp.ignore_eos and tok in req.eos_token_ids:
             req.stop_reason = tok
@@ -210,6 +211,6 @@ def check_stop(req: Request, tok: int, max_len: int) -> FinishReason | None:
         if tok in sp.stop_token_ids:
             req.stop_reason = tok
             return FinishReason.STOP
-    if n_out >= sp.max_tokens or req.num_tokens >= max_len:
+    if n_out >= sp.max_tokens or n >= max_len:
         return FinishReason.LENGTH
     return None
