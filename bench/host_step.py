@@ -8,6 +8,10 @@ outputs and the state updates. On a GPU with CUDA graphs that is what runs befor
 replay, so it bounds how much asynchronous scheduling could hide.
 
     python -m bench.host_step [--sizes 1,64,256] [--context 200] [--steps 50] [--json]
+
+Each batch size is timed twice: ``host_ms``, the median of whole ``engine.step()`` calls, then the
+median of each phase over as many more steps (``schedule_ms``, ``runner_ms``, ``update_ms``,
+``outputs_ms``: timed over other steps than ``host_ms``, so their sum is only close to it).
 """
 
 from __future__ import annotations
@@ -41,6 +45,43 @@ def time_steps(engine, n: int) -> list[float]:
     return out
 
 
+PHASES = (("schedule", "scheduler", "schedule"), ("runner", "runner", "execute"),
+          ("update", "scheduler", "update_from_output"), ("outputs", "output_processor", "process"))
+
+
+def time_phases(engine, n: int) -> dict[str, float]:
+    """Median ms of each phase of ``n`` engine steps: the scheduler, the runner (inputs, the stubbed
+    forward and sampler, the sampled ids' bookkeeping), the scheduler's update, the outputs. Each
+    phase's method is wrapped on its instance for these steps only."""
+    times: dict[str, list[float]] = {name: [] for name, _, _ in PHASES}
+
+    def timed(name, fn):
+        def wrapper(*args):
+            t0 = time.perf_counter()
+            out = fn(*args)
+            times[name].append(time.perf_counter() - t0)
+            if name == "schedule":
+                sizes.append(len(out.slots))
+            return out
+        return wrapper
+
+    sizes = []
+    owners = []
+    for name, owner, method in PHASES:
+        obj = getattr(engine, owner)
+        setattr(obj, method, timed(name, getattr(obj, method)))
+        owners.append((obj, method))
+    try:
+        for _ in range(n):
+            engine.step()
+    finally:
+        for obj, method in owners:
+            delattr(obj, method)  # the class's method again
+    out = {f"{name}_ms": round(statistics.median(v) * 1e3, 3) for name, v in times.items()}
+    out["batch_in_phases"] = min(sizes)  # (a batch that shrank would not be the size reported)
+    return out
+
+
 def measure(sizes: list[int], context: int, steps: int) -> dict:
     import torch
 
@@ -67,12 +108,13 @@ def measure(sizes: list[int], context: int, steps: int) -> dict:
     rng = random.Random(0)
     rows = []
     for bs in sizes:
-        params = SamplingParams(max_tokens=steps + 32, ignore_eos=True, detokenize=False)
+        params = SamplingParams(max_tokens=2 * steps + 32, ignore_eos=True, detokenize=False)
         ids = start_decoding(engine, [[rng.randrange(3, vocab) for _ in range(context)] for _ in range(bs)], params)
         times = time_steps(engine, steps)
+        phases = time_phases(engine, steps)
         for i in ids:
             engine.abort(i)
-        rows.append({"batch": bs, "host_ms": round(statistics.median(times) * 1e3, 3)})
+        rows.append({"batch": bs, "host_ms": round(statistics.median(times) * 1e3, 3), **phases})
     return {"context": context, "steps": steps, "rows": rows}
 
 
@@ -88,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(r, indent=2))
     else:
         for row in r["rows"]:
-            print(f"batch {row['batch']:4d}: {row['host_ms']:.3f} ms of host work a decode step")
+            split = ", ".join(f"{name} {row[name + '_ms']:.3f}" for name, _, _ in PHASES)
+            print(f"batch {row['batch']:4d}: {row['host_ms']:.3f} ms of host work a decode step ({split} ms)")
     return 0
 
 
