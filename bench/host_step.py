@@ -60,23 +60,20 @@ def time_phases(engine, n: int) -> dict[str, float]:
             t0 = time.perf_counter()
             out = fn(*args)
             times[name].append(time.perf_counter() - t0)
-            if name == "schedule":
-                sizes.append(len(out.slots))
             return out
         return wrapper
 
-    sizes = []
-    owners = []
     for name, owner, method in PHASES:
         obj = getattr(engine, owner)
         setattr(obj, method, timed(name, getattr(obj, method)))
-        owners.append((obj, method))
+    sizes = []
     try:
         for _ in range(n):
             engine.step()
+            sizes.append(len(engine.last_scheduler_output.slots))
     finally:
-        for obj, method in owners:
-            delattr(obj, method)  # the class's method again
+        for _, owner, method in PHASES:
+            delattr(getattr(engine, owner), method)  # the class's method again
     out = {f"{name}_ms": round(statistics.median(v) * 1e3, 3) for name, v in times.items()}
     out["batch_in_phases"] = min(sizes)  # (a batch that shrank would not be the size reported)
     return out
