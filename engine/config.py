@@ -30,6 +30,24 @@ def max_num_threads() -> int:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """N-gram (prompt lookup) speculative decoding (``engine/spec_decode.py``): each step a greedy
+    request without logprobs or logit processing also computes up to ``num_tokens`` drafted tokens,
+    taken from what followed the latest earlier occurrence of its last ``max_ngram`` (down to
+    ``min_ngram``) tokens; the model's own greedy choice at every drafted position decides how many
+    are kept, so the output is the one plain decoding gives."""
+
+    num_tokens: int = 4
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def __post_init__(self) -> None:
+        _positive("speculative num_tokens", self.num_tokens, 32)
+        _positive("speculative max_ngram", self.max_ngram, 16)
+        _positive("speculative min_ngram", self.min_ngram, self.max_ngram)
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     """Token-budget continuous batching limits.
 
@@ -53,8 +71,12 @@ class SchedulerConfig:
     # (then hits the prefix cache) instead of computing the same prefix alongside it. Off: the
     # plain first-come admission, for comparison.
     defer_for_shared_prefix: bool = True
+    # N-gram speculative decoding; None: off (one token a decode step).
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
+            raise ValueError(f"speculative must be a SpeculativeConfig or None, got {self.speculative!r}")
         _positive("max_num_seqs", self.max_num_seqs, MAX_NUM_SEQS)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("static_batch_size", self.static_batch_size)

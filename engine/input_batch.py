@@ -30,7 +30,7 @@ class StepInputs:
     prefill_cu_seqlens_q: np.ndarray  # [P + 1] int32
     prefill_seq_lens: np.ndarray  # [P] int32
     logits_indices: np.ndarray  # [N] rows of the hidden states to sample from
-    sample_rows: np.ndarray  # [N] rows (slots) that sample
+    sample_rows: np.ndarray  # [N] rows (slots) that sample (a row with drafts: 1 + drafts times, in a run)
     # Prompt chunks whose request wants prompt logprobs: (slot, index of the first prompt token
     # scored, rows of the hidden states whose logits score it and the next ones, those tokens).
     prompt_logprob_rows: list[tuple[int, int, np.ndarray, np.ndarray]] = field(default_factory=list)
@@ -49,6 +49,10 @@ class InputBatch:
         self.block_table = np.zeros((max_num_seqs, self.max_blocks), dtype=np.int32)
         self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)
         self.num_prompt_tokens = np.zeros(max_num_seqs, dtype=np.int64)
+        # Speculative decoding: this step's drafted tokens per row (written after the row's known
+        # tokens in ``token_ids``), and the rows that have them.
+        self.num_drafts = np.zeros(max_num_seqs, dtype=np.int64)
+        self.draft_rows: list[int] = []
         self.params: list[SamplingParams | None] = [None] * max_num_seqs
         # Rows whose request wants logprobs / prompt logprobs / has penalties or a logit bias: a step
         # looks for those features only while some row in the batch has them.
@@ -66,6 +70,9 @@ class InputBatch:
 
     # -- deltas -----------------------------------------------------------------------------
     def apply(self, so: SchedulerOutput) -> None:
+        if self.draft_rows:
+            self.num_drafts[self.draft_rows] = 0
+            self.draft_rows = []
         for new in so.new_requests:
             row = new.slot
             n = len(new.token_ids)
@@ -85,6 +92,8 @@ class InputBatch:
                 else:
                     rows.discard(row)
             self.num_prompt_tokens[row] = new.num_prompt_tokens
+        if so.spec_token_ids:
+            self._apply_drafts(so.spec_token_ids)
         grown = so.new_block_ids
         if grown and all(len(blocks) == 1 for blocks in grown.values()):  # decodes crossing into a block
             rows = np.fromiter(grown, dtype=np.int64, count=len(grown))
@@ -96,6 +105,14 @@ class InputBatch:
             start = self.num_blocks[row]
             self.block_table[row, start : start + len(blocks)] = blocks
             self.num_blocks[row] = start + len(blocks)
+
+    def _apply_drafts(self, drafts: dict[int, list[int]]) -> None:
+        """Drafts go where the tokens they guess would go; ``num_tokens`` stays at the known ones."""
+        for row, ids in drafts.items():
+            n = self.num_tokens[row]
+            self.token_ids[row, n : n + len(ids)] = ids
+            self.num_drafts[row] = len(ids)
+        self.draft_rows = list(drafts)
 
     # -- inputs of one step -----------------------------------------------------------------
     def prepare(self, so: SchedulerOutput) -> StepInputs:
@@ -109,12 +126,18 @@ class InputBatch:
         return self._prepare_rows(rows, np.array(so.counts, dtype=np.int64))
 
     def _prepare_rows(self, rows: np.ndarray, counts: np.ndarray) -> StepInputs:
-        """``prepare`` for any mix of rows: ``counts[i]`` tokens for row ``rows[i]``."""
+        """``prepare`` for any mix of rows: ``counts[i]`` tokens for row ``rows[i]``.
+
+        A row with drafts computes its tokens as decode tokens, each attending up to its own
+        position over the row's blocks (all of the step's K/V is written before attention runs): so
+        a step of decodes and drafts is a decode step, for the decode kernels and the C layer loop."""
         multi = counts != 1
+        if self.draft_rows:
+            multi &= self.num_drafts[rows] == 0
         if multi.any() and not (np.diff(multi.astype(np.int8)) >= 0).all():
-            order = np.argsort(multi, kind="stable")  # single-token rows first
-            rows, counts = rows[order], counts[order]
-        num_decode = int(len(counts) - multi.sum())
+            order = np.argsort(multi, kind="stable")  # single-token rows (and rows with drafts) first
+            rows, counts, multi = rows[order], counts[order], multi[order]
+        num_decode = int(len(counts) - multi.sum())  # rows
 
         starts = self.num_computed[rows]
         seq_lens = starts + counts
@@ -128,12 +151,20 @@ class InputBatch:
         slot_offset = positions % bs
 
         # Sample where the step reaches the end of the known tokens (not mid-prompt chunks).
-        samples = seq_lens == self.num_tokens[rows]
-        logits_indices = (cu - 1)[samples]
-        sample_rows = rows[samples]
+        if self.draft_rows:  # ... and the drafts: every drafted position samples too
+            drafts = self.num_drafts[rows]
+            samples = seq_lens == self.num_tokens[rows] + drafts
+            logits_indices, sample_rows = _sampled_positions(rows, cu, samples, drafts)
+        else:
+            samples = seq_lens == self.num_tokens[rows]
+            logits_indices = (cu - 1)[samples]
+            sample_rows = rows[samples]
 
-        d_rows = rows[:num_decode]
-        d_lens = seq_lens[:num_decode]
+        if self.draft_rows:  # one decode token per position: its row's blocks, up to itself
+            decode_tokens = int(cu[num_decode - 1]) if num_decode else 0
+            d_rows, d_lens = rep_rows[:decode_tokens], positions[:decode_tokens] + 1
+        else:
+            decode_tokens, d_rows, d_lens = num_decode, rows[:num_decode], seq_lens[:num_decode]
         d_nb = -(-int(d_lens.max()) // bs) if num_decode else 0
         p_rows = rows[num_decode:]
         p_lens = seq_lens[num_decode:]
@@ -148,7 +179,7 @@ class InputBatch:
             positions=positions,
             slot_block=slot_block,
             slot_offset=slot_offset,
-            num_decode_tokens=num_decode,
+            num_decode_tokens=decode_tokens,
             decode_block_tables=self.block_table[d_rows, :d_nb],
             decode_seq_lens=d_lens.astype(np.int32),
             prefill_block_tables=self.block_table[p_rows, :p_nb],
@@ -204,3 +235,22 @@ class InputBatch:
         n = self.num_tokens[rows]
         self.token_ids[rows, n] = token_ids
         self.num_tokens[rows] = n + 1
+
+    def take_verified(self, row: int, num_accepted: int, token_id: int) -> None:
+        """A row with drafts: its first ``num_accepted`` drafts are kept (already in place), then
+        ``token_id``; the KV of the rejected drafts' positions no longer counts as computed."""
+        n = int(self.num_tokens[row]) + num_accepted
+        self.token_ids[row, n] = token_id
+        self.num_tokens[row] = n + 1
+        self.num_computed[row] = n
+
+
+def _sampled_positions(rows: np.ndarray, cu: np.ndarray, samples: np.ndarray,
+                       drafts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The hidden-state rows to sample from (ascending) and their batch rows, when some rows carry
+    drafts: a sampling row's last ``1 + drafts`` positions, each predicting the token after it."""
+    per_row = np.where(samples, drafts + 1, 0)
+    total = int(per_row.sum())
+    first = np.repeat(cu - per_row, per_row)  # each row's first sampled position
+    offsets = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+    return first + offsets, np.repeat(rows, per_row)

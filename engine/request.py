@@ -106,6 +106,8 @@ class Request:
         "pending_logprobs",
         "prompt_logprobs",
         "slot",
+        "spec_token_ids",
+        "draft_index",
     )
 
     def __init__(
@@ -155,6 +157,10 @@ class Request:
         self.prompt_logprobs: list | None = (
             [] if sampling_params.prompt_logprobs is not None and not resume_token_ids else None)
         self.slot = -1  # the runner row while running (assigned by the scheduler)
+        # Speculative decoding (engine/spec_decode.py): tokens drafted to follow all_token_ids, which
+        # the next step verifies (not yet part of the sequence), and the n-gram index they come from.
+        self.spec_token_ids: list[int] = []
+        self.draft_index = None
 
     # -- token accounting -------------------------------------------------------------------
     @property

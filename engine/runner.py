@@ -123,12 +123,49 @@ class ModelRunner:
             to_sample = process_logits(logits, params, histories, batch.num_prompt_tokens[rows].tolist(),
                                        self.eos_token_ids)
         sampled_t = self.sampler.sample(to_sample, params, out_pos)
+        if batch.draft_rows:
+            return self._verify(logits, sampled_t, rows, params)
         sampled = sampled_t.cpu().numpy()
         batch.append_sampled(rows, sampled)
         logprobs = None
         if batch.logprob_rows and not batch.logprob_rows.isdisjoint(row_list):
             logprobs = _logprobs(logits, sampled_t, params)
         return RunnerOutput(row_list, sampled.tolist(), logprobs)
+
+    def _verify(self, logits: torch.Tensor, sampled_t: torch.Tensor, rows: np.ndarray, params: list) -> RunnerOutput:
+        """A step with drafts (engine/spec_decode.py): a row with k drafts sampled k + 1 positions in a
+        run; it keeps its drafts up to the first that differs from the token sampled before it, then
+        that sampled token (or the one after the last draft, if all are kept)."""
+        batch = self.batch
+        sampled = sampled_t.cpu().numpy()
+        row_list = rows.tolist()
+        slots, tokens, final, plain = [], [], [], []
+        accepted: dict[int, list[int]] = {}
+        i = 0
+        while i < len(row_list):
+            row = row_list[i]
+            k = int(batch.num_drafts[row])
+            at = i  # the position whose sampled token is the row's own next token
+            if k:
+                start = int(batch.num_tokens[row])
+                drafts = batch.token_ids[row, start : start + k]
+                a = int(np.argmin(np.append(drafts == sampled[i : i + k], False)))  # the first mismatch
+                at += a
+                batch.take_verified(row, a, sampled[at])
+                accepted[row] = drafts[:a].tolist()
+            else:
+                plain.append(i)
+            slots.append(row)
+            tokens.append(int(sampled[at]))
+            final.append(at)
+            i += k + 1
+        if plain:
+            batch.append_sampled(rows[plain], sampled[plain])
+        logprobs = None
+        if batch.logprob_rows and not batch.logprob_rows.isdisjoint(slots):  # (rows with drafts ask for none)
+            idx = torch.tensor(final, device=logits.device)
+            logprobs = _logprobs(logits[idx], sampled_t[idx], [params[j] for j in final])
+        return RunnerOutput(slots, tokens, logprobs, accepted_draft_ids=accepted)
 
     def _metadata(self, x: StepInputs) -> AttentionMetadata:
         t = self._tensor

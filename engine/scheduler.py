@@ -18,6 +18,10 @@ waiting requests in priority order while budget, ``max_num_seqs`` and free block
 which something was preempted admits nothing new. Prompt chunks (continuing and new) also share
 ``prefill_token_budget`` when one is set; decodes never wait for it.
 
+Speculative decoding (``engine.scheduler_spec``, off unless ``SchedulerConfig.speculative``): a
+decode with drafted tokens is scheduled after the plain decodes, with the other running requests,
+as one chunk of its last token and its drafts; the drafts take no prompt budget.
+
 Shared prefixes in flight (``engine.scheduler_admission``): a waiting request whose next uncached
 prompt block a running request has yet to compute is passed over until that block is computed.
 """
@@ -36,11 +40,13 @@ from engine.scheduler_admission import AdmissionMixin
 from engine.scheduler_step import StepPlan, decodes_first
 from engine.scheduler_output import NewRequestData, RunnerOutput, SchedulerOutput
 from engine.scheduler_policies import AdmissionPolicy, PreemptionPolicy, StaticBatchAdmission, WaitingQueue
+from engine.scheduler_spec import SpeculationMixin
+from engine.spec_decode import NgramProposer
 
 _S = RequestState
 
 
-class Scheduler(DisaggregationMixin, AdmissionMixin):
+class Scheduler(DisaggregationMixin, AdmissionMixin, SpeculationMixin):
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int) -> None:
         self.config = config
         self.block_manager = block_manager
@@ -49,6 +55,9 @@ class Scheduler(DisaggregationMixin, AdmissionMixin):
             StaticBatchAdmission(config.static_batch_size) if config.policy == "static" else AdmissionPolicy()
         )
         self.preemption = PreemptionPolicy()
+        self.drafter = NgramProposer(config.speculative) if config.speculative is not None else None
+        self.num_draft_tokens = 0  # drafted tokens computed, and of those kept (speculative decoding)
+        self.num_accepted_tokens = 0
         self.waiting = WaitingQueue()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -123,6 +132,7 @@ class Scheduler(DisaggregationMixin, AdmissionMixin):
             if req is None:
                 continue
             req.num_computed_tokens -= n
+            req.spec_token_ids = []
             if req.num_computed_tokens < req.num_prompt_tokens:  # (counted as scheduled, for the router's rate)
                 self.prompt_tokens_computed -= min(n, req.num_prompt_tokens - req.num_computed_tokens)
             bm.unregister_unwritten(req, req.num_computed_tokens)
@@ -172,7 +182,7 @@ class Scheduler(DisaggregationMixin, AdmissionMixin):
         # rows) FINISHED now, go to ``rest``, which passes over them.
         for req in list(self.running):
             computed = req.num_computed_tokens + 1  # what it becomes once its one token is scheduled
-            if len(req.all_token_ids) != computed or req.state is not decoding:
+            if len(req.all_token_ids) != computed or req.state is not decoding or req.spec_token_ids:
                 rest.append(req)
                 continue
             if computed >= len(req.block_ids) * bs:  # needs a block, or fills its last one
@@ -195,8 +205,8 @@ class Scheduler(DisaggregationMixin, AdmissionMixin):
         return rest
 
     def _schedule_rest(self, reqs: list[Request], plan: StepPlan) -> None:
-        """Prompt chunks (continuing, or recomputing after a preemption), static padding rows, and
-        decodes when the budget is short, in order until the budget runs out."""
+        """Prompt chunks (continuing, or recomputing after a preemption), static padding rows, decodes
+        with drafted tokens, and decodes when the budget is short, in order until the budget runs out."""
         for req in reqs:
             if plan.preempted and req.slot < 0:  # a victim earlier in this step (it left the batch)
                 continue
@@ -205,19 +215,24 @@ class Scheduler(DisaggregationMixin, AdmissionMixin):
             computed = req.num_computed_tokens
             n = 1 if req.is_padding else len(req.all_token_ids) - computed
             chunk = n > 1  # a prompt chunk (or a preempted request's recompute), not a decode
-            if chunk and n > plan.prefill_budget:
+            drafts = req.spec_token_ids
+            if drafts:  # a decode and its drafts: computed like a chunk, but not prompt work
+                n += len(drafts)
+            elif chunk and n > plan.prefill_budget:
                 if not plan.prefill_budget:
                     continue
                 n = plan.prefill_budget
             if n > plan.budget:
                 n = plan.budget
+                if drafts:
+                    req.spec_token_ids = drafts[: n - 1]
             if computed + n > len(req.block_ids) * self.block_manager.block_size:
                 if not self._make_room(req, n, plan):
                     continue
             plan.chunks.append(req)
             plan.chunk_counts.append(n)
             plan.budget -= n
-            if chunk:
+            if chunk and not drafts:
                 plan.prefill_budget -= n
 
     def _make_room(self, req: Request, n: int, plan: StepPlan) -> bool:
@@ -286,6 +301,7 @@ class Scheduler(DisaggregationMixin, AdmissionMixin):
             self._last_ids = [r.request_id for r in scheduled]
             self._last_slots = [r.slot for r in scheduled]
         left, self._left_batch = self._left_batch, set()
+        drafts = {r.slot: r.spec_token_ids for r in plan.chunks if r.spec_token_ids} if self.drafter else {}
         return SchedulerOutput(
             new_requests=new_data,
             new_block_ids=new_blocks,
@@ -295,6 +311,7 @@ class Scheduler(DisaggregationMixin, AdmissionMixin):
             total_num_scheduled_tokens=len(plan.decodes) + sum(plan.chunk_counts),
             finished_request_ids=left,
             num_preempted=plan.preempted,
+            spec_token_ids=drafts,
         )
 
     # -- after the step ---------------------------------------------------------------------
@@ -310,6 +327,7 @@ class Scheduler(DisaggregationMixin, AdmissionMixin):
                 req = slot_req[slot]
                 if lp is not None and req is not None and not req.is_padding:
                     req.pending_logprobs.append(lp)
+        accepted = out.accepted_draft_ids
         for slot, tok in zip(out.slots, out.sampled_token_ids):
             req = slot_req[slot]
             if req is None:
@@ -317,6 +335,10 @@ class Scheduler(DisaggregationMixin, AdmissionMixin):
             if req.is_padding:  # its token is discarded; the row only occupies the batch
                 if req.num_computed_tokens + 1 >= max_len:
                     self._release_padding(req)
+                continue
+            if req.spec_token_ids:
+                self._take_verified(req, accepted.get(slot, []) if accepted else [], tok)
+                updated.append(req)
                 continue
             req.all_token_ids.append(tok)
             if req.state is _S.PREFILLING:
@@ -334,6 +356,8 @@ class Scheduler(DisaggregationMixin, AdmissionMixin):
         if self.admission.hold_finished and self.running and all(r.is_padding for r in self.running):
             for r in list(self.running):
                 self._release_padding(r)
+        if self.drafter is not None:
+            self._draft(updated)
         return updated
 
     def _add_prompt_logprobs(self, computed: dict[int, tuple[int, list[TokenLogprob]]]) -> None:
@@ -380,6 +404,7 @@ class Scheduler(DisaggregationMixin, AdmissionMixin):
         del self.requests[req.request_id]
 
     def _preempt(self, req: Request) -> None:
+        req.spec_token_ids = []
         self._leave_running(req)
         self.block_manager.free(req)
         self.preempted_tokens += req.num_computed_tokens

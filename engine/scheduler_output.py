@@ -8,7 +8,7 @@ batch until it leaves, so a decode that needs no new block costs the runner one 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
@@ -38,6 +38,9 @@ class SchedulerOutput:
     # Requests that left the batch since the last step (finished, aborted, preempted, handed off).
     finished_request_ids: set[str]
     num_preempted: int = 0
+    # Speculative decoding: slot -> the tokens drafted to follow its known tokens, which this step
+    # computes after the row's last token (its count is 1 + len(drafts)).
+    spec_token_ids: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -60,3 +63,6 @@ class RunnerOutput:
     # slot -> (index of the first prompt token covered, its logprobs and the next ones'), for the
     # prompt chunks of requests that asked for prompt logprobs.
     prompt_logprobs: dict[int, tuple[int, list[TokenLogprob]]] | None = None
+    # Speculative decoding: slot -> the drafts the model agreed with (in order), which come before
+    # that slot's sampled token; None when no row had drafts.
+    accepted_draft_ids: dict[int, list[int]] | None = None

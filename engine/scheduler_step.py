@@ -38,7 +38,7 @@ class StepPlan:
             i = self.chunks.index(req)
             n = self.chunk_counts[i]
             self.budget += n
-            if n > 1:
+            if n > 1 and not req.spec_token_ids:  # (a decode's drafts took no prompt budget)
                 self.prefill_budget += n
             del self.chunks[i], self.chunk_counts[i]
         self.grew.pop(req, None)

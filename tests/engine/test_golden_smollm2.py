@@ -1,10 +1,10 @@
 """SmolLM2-135M-Instruct (the default model): greedy outputs equal Hugging Face transformers token for
 token for 8 prompts of mixed lengths batched together, and again with prefix caching over shared
-prefixes, chunked prefill, and a KV pool small enough to force preemption."""
+prefixes, chunked prefill, a KV pool small enough to force preemption, and n-gram drafts."""
 
 import pytest
 
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tests.engine.hf_oracle import hf_greedy, load_hf
@@ -86,3 +86,18 @@ def test_prefix_cache_chunked_and_preempted_equal_transformers(default_model_dir
     got, _ = _generate(tight, prompts, MAX_NEW)
     assert tight.scheduler.num_preemptions > 0
     assert got == expected
+
+
+def test_greedy_with_ngram_drafts_equals_transformers(default_model_dir, oracle, tokenizer):
+    # Chat prompts and random-token prompts (on these SmolLM2 falls into loops that drafts predict).
+    import random
+
+    rng = random.Random(0)
+    prompts = [_chat(tokenizer, q) for q in QUESTIONS[:4]] + [[rng.randrange(100, 40000) for _ in range(rng.randint(20, 80))]
+                                                              for _ in range(4)]
+    max_new = [24, 32, 40, 16, 48, 48, 40, 32]
+    engine = _engine(default_model_dir, scheduler={"speculative": SpeculativeConfig(num_tokens=4)})
+    got, _ = _generate(engine, prompts, max_new)
+    assert got == hf_greedy(oracle, prompts, max_new)
+    s = engine.scheduler
+    assert 0 < s.num_accepted_tokens < s.num_draft_tokens

@@ -1,0 +1,43 @@
+"""The scheduler's side of speculative decoding (engine/spec_decode.py), as a mixin of
+``engine.scheduler.Scheduler`` (pure Python).
+
+A decoding request with drafts is scheduled like a short chunk: its last token and its drafts, all
+advanced in ``num_computed_tokens`` when scheduled (a short budget cuts the drafts). After the step,
+``_take_verified`` appends the drafts the runner kept and the runner's own next token, stopping
+where a stop token or ``max_tokens`` ends the request, and gives back the rejected drafts'
+positions; ``_draft`` proposes the next step's drafts.
+"""
+
+from __future__ import annotations
+
+from engine.request import Request, RequestState, check_stop
+
+
+class SpeculationMixin:
+    def _take_verified(self, req: Request, accepted: list[int], tok: int) -> None:
+        """A decode step with drafts: the drafts the model agreed with, then its own next token, each
+        checked for a stop. The rejected drafts' KV positions are given back (their slots are written
+        again by the tokens that take those positions); the blocks stay with the request."""
+        drafts, req.spec_token_ids = req.spec_token_ids, []
+        self.num_draft_tokens += len(drafts)
+        self.num_accepted_tokens += len(accepted)
+        req.num_computed_tokens -= len(drafts) - len(accepted)
+        max_len = self.max_model_len
+        for t in (*accepted, tok):
+            req.all_token_ids.append(t)
+            reason = check_stop(req, t, max_len)
+            if reason is not None:
+                self.finish(req, reason)
+                return
+        if self.block_manager.enable_prefix_caching:  # blocks the kept drafts filled (KV now written)
+            self.block_manager.register_full_blocks(req, req.num_computed_tokens)
+
+    def _draft(self, updated: list[Request]) -> None:
+        """Drafts for the next step of every eligible request still decoding."""
+        drafter, max_len, decoding = self.drafter, self.max_model_len, RequestState.DECODING
+        for req in updated:
+            if req.state is decoding and drafter.eligible(req.sampling_params):
+                # The step computes positions up to len + drafts - 1 and may keep every draft plus
+                # one more token: all within max_tokens and the context.
+                room = min(req.max_total_tokens, max_len) - len(req.all_token_ids) - 1
+                req.spec_token_ids = drafter.propose(req, room)
