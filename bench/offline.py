@@ -21,7 +21,7 @@ from typing import Callable
 
 from bench.work import RowCost, WorkCounter
 from bench.workloads import OfflineRequest, anyscale_cpu, total_output_tokens
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from engine.sampling_params import SamplingParams
 
 WORKLOADS = ("anyscale-cpu", "anyscale-cpu-small")
@@ -74,6 +74,7 @@ def run_baton(engine_config: EngineConfig, requests: list[OfflineRequest], name:
         return head(hidden)
 
     model.compute_logits = counted_logits
+    drafts_before = (engine.scheduler.num_draft_tokens, engine.scheduler.num_accepted_tokens)  # (the warmup's)
     t0 = time.perf_counter()
     ids = [engine.add_request(None, list(r.prompt_token_ids), p) for r, p in zip(requests, params)]
     done = {}
@@ -93,7 +94,9 @@ def run_baton(engine_config: EngineConfig, requests: list[OfflineRequest], name:
     outputs = [done[i] for i in ids]
     assert all(len(o) == r.max_tokens for o, r in zip(outputs, requests)), "a request produced the wrong length"
     details = {"steps": steps, "kv_waste": sum(waste) / len(waste) if waste else 0.0,
-               "preemptions": engine.scheduler.num_preemptions, "work": work.report(seconds)}
+               "preemptions": engine.scheduler.num_preemptions, "work": work.report(seconds),
+               "drafts": engine.scheduler.num_draft_tokens - drafts_before[0],
+               "drafts_kept": engine.scheduler.num_accepted_tokens - drafts_before[1]}
     del engine
     gc.collect()
     _release_device_memory()
@@ -134,11 +137,14 @@ def run_offline(
     cuda_graphs_baseline: bool = False,
     device: str = BATON_DEVICE,
     dtype: str = BATON_DTYPE,
+    speculative_tokens: int = 0,
 ) -> dict:
     """Each system ``repeat`` times (rounds interleaved); each reports its median run.
 
     ``torch_path_baseline`` adds (a) run without the compiled CPU kernels (engine/native);
     ``cuda_graphs_baseline`` adds (a) with every decode step eager (no CUDA graphs; on CUDA).
+    ``speculative_tokens`` > 0 adds (a) and (b) with n-gram drafts of that many tokens
+    (engine/spec_decode.py), reported beside the plain systems, which the targets are about.
     ``device``/``dtype``: Baton's (pinned to the transformers baselines' cpu/float32 by default;
     bench/gpu_check.py runs Baton alone on CUDA in bf16)."""
     if repeat < 1:
@@ -154,6 +160,16 @@ def run_offline(
     if torch_path_baseline:
         runners.append(("baton-cb-torch-path", "(a0) Baton continuous batching, torch CPU path (no native kernels)",
                         lambda: _without_native_kernels(lambda: run_baton(cb_config, requests, "baton-cb-torch-path"))))
+    if speculative_tokens:
+        spec = SpeculativeConfig(num_tokens=speculative_tokens)
+        spec_cb, spec_static = (dataclasses.replace(c, scheduler=dataclasses.replace(c.scheduler, speculative=spec))
+                                for c in (cb_config, static_config))
+        runners += [
+            ("baton-cb-spec", f"(a+s) Baton continuous batching, n-gram drafts of {speculative_tokens}",
+             lambda: run_baton(spec_cb, requests, "baton-cb-spec")),
+            ("baton-static-spec", f"(b+s) Baton static batching, n-gram drafts of {speculative_tokens}",
+             lambda: run_baton(spec_static, requests, "baton-static-spec")),
+        ]
     if cuda_graphs_baseline:
         eager_config = dataclasses.replace(cb_config, cuda_graphs=False)
         runners.append(("baton-cb-eager", "(a') Baton continuous batching, CUDA graphs off",
@@ -214,6 +230,13 @@ def run_offline(
     if torch_path_baseline:
         result["baton_cb_torch_path_tok_s"] = by["baton-cb-torch-path"].tok_s
         result["baton_cb_over_torch_path"] = cb.tok_s / by["baton-cb-torch-path"].tok_s
+    if speculative_tokens:
+        spec_cb, spec_static = by["baton-cb-spec"], by["baton-static-spec"]
+        result.update(speculative_tokens=speculative_tokens, baton_cb_spec_tok_s=spec_cb.tok_s,
+                      baton_static_spec_tok_s=spec_static.tok_s, baton_cb_spec_over_cb=spec_cb.tok_s / cb.tok_s,
+                      baton_cb_spec_over_static_spec=spec_cb.tok_s / spec_static.tok_s,
+                      spec_kept_fraction={n: by[n].details["drafts_kept"] / max(1, by[n].details["drafts"])
+                                          for n in ("baton-cb-spec", "baton-static-spec")})
     if cuda_graphs_baseline:
         result["baton_cb_eager_tok_s"] = by["baton-cb-eager"].tok_s
         result["baton_cb_over_eager"] = cb.tok_s / by["baton-cb-eager"].tok_s
@@ -281,6 +304,8 @@ def _cpu_model() -> str:
 def format_table(r: dict) -> str:
     rows = [("Baton continuous batching", r["baton_cb_tok_s"]), ("Baton static batching (16)", r["baton_static_tok_s"]),
             ("Baton CB, torch CPU path", r.get("baton_cb_torch_path_tok_s")),
+            ("Baton CB, n-gram drafts", r.get("baton_cb_spec_tok_s")),
+            ("Baton static, n-gram drafts", r.get("baton_static_spec_tok_s")),
             ("transformers continuous batching", r["hf_cb_tok_s"]), ("transformers static generate (16)", r["hf_static_tok_s"])]
     lines = [f"{r['workload']} on {r['model']}: {r['num_requests']} requests, {r['useful_output_tokens']} output tokens"]
     for name, v in rows:

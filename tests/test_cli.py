@@ -37,6 +37,16 @@ def test_generate_json_on_tiny(tiny_model_dir):
     assert len(out["prompt_logprobs"]) == out["num_prompt_tokens"] and out["prompt_logprobs"][0]["logprob"] is None
 
 
+def test_generate_with_ngram_drafts_gives_the_same_tokens(tiny_model_dir):
+    outs = []
+    for k in ("0", "4"):
+        r = baton("generate", "--model", str(tiny_model_dir), "--prompt", "one two three one two three one",
+                  "--prompt", "hello", "--max-tokens", "24", "--ignore-eos", "--speculative-tokens", k, "--json")
+        assert r.returncode == 0, r.stderr
+        outs.append([json.loads(x)["token_ids"] for x in r.stdout.splitlines()])
+    assert outs[0] == outs[1] and all(len(t) == 24 for t in outs[1])
+
+
 @pytest.mark.slow
 def test_generate_chat_on_default_model(default_model_dir):
     r = baton("generate", "--model", str(default_model_dir), "--chat", "--prompt", "What is the capital of France?",
@@ -63,6 +73,8 @@ def test_generate_chat_on_default_model(default_model_dir):
         (["--threads", "100000"], "num_threads must be at most"),  # was a segfault
         (["--threads", "20000"], "num_threads must be at most"),  # was a libgomp failure
         (["--num-kv-blocks", "999999999999"], "set by num_blocks (--num-kv-blocks)"),  # was torch's alloc_cpu.cpp line
+        (["--speculative-tokens", "-1"], "--speculative-tokens must be 0 (off) or positive"),
+        (["--speculative-tokens", "64"], "speculative num_tokens must be at most 32"),
     ],
 )
 def test_bad_parameters_give_a_clear_error(tiny_model_dir, args, needle):

@@ -21,6 +21,8 @@ def add_parser(sub) -> None:
                    help="also run (a) without the compiled CPU kernels (engine/native), as a same-run baseline")
     o.add_argument("--repeat", type=int, default=1,
                    help="run every system N times, rounds interleaved, and report each one's median run")
+    o.add_argument("--speculative-tokens", type=int, default=0, metavar="K",
+                   help="also run (a) and (b) with n-gram drafts of up to K tokens, reported beside them")
     o.add_argument("--json", action="store_true")
     o.set_defaults(run=_offline)
 
@@ -64,9 +66,11 @@ def _offline(args: argparse.Namespace) -> int:
         raise ValueError(f"--n must be positive, got {args.n}")
     if args.repeat < 1:
         raise ValueError(f"--repeat must be at least 1, got {args.repeat}")
+    if args.speculative_tokens < 0:
+        raise ValueError(f"--speculative-tokens must be 0 (off) or positive, got {args.speculative_tokens}")
     result = run_offline(args.workload, args.model, args.n, include_hf=not args.skip_hf, threads=args.threads,
                          max_num_batched_tokens=args.max_num_batched_tokens, repeat=args.repeat,
-                         torch_path_baseline=args.torch_path_baseline,
+                         torch_path_baseline=args.torch_path_baseline, speculative_tokens=args.speculative_tokens,
                          progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
     print(to_json(result) if args.json else format_table(result))
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -22,10 +22,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     g.add_argument("--no-cuda-graphs", action="store_true", help="CUDA: run every decode step eagerly")
+    g.add_argument("--speculative-tokens", type=int, default=0, metavar="K",
+                   help="n-gram speculative decoding: up to K drafted tokens a step for greedy requests (0: off)")
 
 
 def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
+    k = getattr(args, "speculative_tokens", 0)
+    if k < 0:
+        raise ValueError(f"--speculative-tokens must be 0 (off) or positive, got {k}")
     sched = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                            speculative=SpeculativeConfig(num_tokens=k) if k else None,
                             **overrides.pop("scheduler", {}))
     cache = CacheConfig(block_size=args.block_size, num_blocks=args.num_kv_blocks, kv_cache_memory_gb=args.kv_cache_gb,
                         enable_prefix_caching=not args.no_prefix_caching)

@@ -70,3 +70,14 @@ def test_the_torch_path_baseline_is_the_same_engine_without_native_kernels(tiny_
     assert r["requests_identical_across_systems"] == 4  # same tokens with and without the kernels
     assert True in seen and False in seen  # both arms asked, and the baseline was refused the kernels
     assert build.DISABLE_ENV not in os.environ  # restored afterwards
+
+
+def test_the_speculative_arms_run_beside_the_plain_ones_with_the_same_tokens(tiny_model_dir):
+    r = run_offline("anyscale-cpu-small", model=str(tiny_model_dir), n=4, include_hf=False, speculative_tokens=3)
+    assert set(r["seconds"]) == {"baton-cb", "baton-static", "baton-cb-spec", "baton-static-spec"}
+    assert r["speculative_tokens"] == 3
+    assert r["baton_cb_spec_tok_s"] > 0 and r["baton_static_spec_tok_s"] > 0
+    assert r["baton_cb_spec_over_cb"] > 0 and r["baton_cb_spec_over_static_spec"] > 0
+    assert all(0 <= f <= 1 for f in r["spec_kept_fraction"].values())
+    assert r["details"]["baton-cb-spec"]["drafts"] > 0 and r["details"]["baton-cb"]["drafts"] == 0
+    assert r["requests_identical_across_systems"] == 4  # drafts change the steps, not the tokens
