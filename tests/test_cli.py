@@ -100,6 +100,11 @@ def test_generate_through_the_pools_matches_the_engine(tiny_model_dir):
     assert local.returncode == 0 and pooled.returncode == 0, pooled.stderr[-2000:]
     assert [json.loads(x)["token_ids"] for x in pooled.stdout.splitlines()] == \
         [json.loads(x)["token_ids"] for x in local.stdout.splitlines()]
+    # The decode workers' engines take the drafts setting too; the tokens stay the same.
+    drafted = baton(*common, "--prefill-workers", "1", "--decode-workers", "1", "--speculative-tokens", "3",
+                    timeout=600)
+    assert drafted.returncode == 0, drafted.stderr[-2000:]
+    assert drafted.stdout == pooled.stdout
 
 
 # ---- baton chat, and the errors an audit found as tracebacks ----------------------------------------
