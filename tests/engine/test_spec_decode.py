@@ -142,6 +142,7 @@ def test_rejected_drafts_give_back_their_positions_and_kept_ones_count_as_comput
     sched.update_from_output(RunnerOutput([r.slot], [60], accepted_draft_ids={r.slot: [7]}))
     assert r.output_token_ids == [50, 7, 60]
     assert r.num_computed_tokens == 8  # the last token and the kept draft: position 8 is next
+    assert r.num_registered_blocks == 2  # the block the kept draft filled is in the prefix cache now
     assert sched.num_draft_tokens == 3 and sched.num_accepted_tokens == 1
     assert r.spec_token_ids == []  # no earlier occurrence of (..., 7, 60)
 
