@@ -177,12 +177,13 @@ class Scheduler(DisaggregationMixin, AdmissionMixin, SpeculationMixin):
         schedule = decodes.append
         decoding = _S.DECODING
         plenty = bm.num_free_blocks >= len(self.running)  # no decode here can run the pool dry
+        drafting = self.drafter is not None
         charged = 0  # decodes already taken off plan.budget (the others are, after the loop)
         # A copy: a preemption below removes from ``running``. Its victims, PREEMPTED or (padding
         # rows) FINISHED now, go to ``rest``, which passes over them.
         for req in list(self.running):
             computed = req.num_computed_tokens + 1  # what it becomes once its one token is scheduled
-            if len(req.all_token_ids) != computed or req.state is not decoding or req.spec_token_ids:
+            if len(req.all_token_ids) != computed or req.state is not decoding or (drafting and req.spec_token_ids):
                 rest.append(req)
                 continue
             if computed >= len(req.block_ids) * bs:  # needs a block, or fills its last one
@@ -336,8 +337,8 @@ class Scheduler(DisaggregationMixin, AdmissionMixin, SpeculationMixin):
                 if req.num_computed_tokens + 1 >= max_len:
                     self._release_padding(req)
                 continue
-            if req.spec_token_ids:
-                self._take_verified(req, accepted.get(slot, []) if accepted else [], tok)
+            if accepted is not None and req.spec_token_ids:  # (None: no row had drafts this step)
+                self._take_verified(req, accepted.get(slot, []), tok)
                 updated.append(req)
                 continue
             req.all_token_ids.append(tok)

@@ -110,7 +110,8 @@ def test_a_row_with_drafts_computes_them_as_decode_tokens_and_samples_every_one(
 # -- the scheduler, driven by hand ---------------------------------------------------------
 def _decoding(max_tokens=20, budget=64, stop=(), num_blocks=16):
     """A scheduler with drafts on, and one request decoding (prompt 10..15, first token 50)."""
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, speculative=SPEC), BlockManager(num_blocks, 4), 128)
+    config = SchedulerConfig(max_num_batched_tokens=budget, speculative=SPEC)
+    sched = Scheduler(config, BlockManager(num_blocks, 4), 128)
     r = Request("r", list(range(10, 16)), SamplingParams(max_tokens=max_tokens, ignore_eos=True,
                                                           stop_token_ids=list(stop)))
     sched.add_request(r)
