@@ -14,7 +14,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from engine.config import MAX_NUM_SEQS, CacheConfig, EngineConfig, SchedulerConfig
+from engine.config import MAX_NUM_SEQS, CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from router.lanes import ClassificationRules, LaneConfig, LanePolicy, TenantConfig, default_lanes
 
 
@@ -67,6 +67,7 @@ class EngineSection(_Model):
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     cuda_graphs: bool = Field(True, description="CUDA: decode steps replay graphs captured at start")
     kv_shared_memory: bool = Field(False, description="CPU: KV caches in /dev/shm; same-host transfers copy directly")
+    speculative_tokens: int = Field(0, ge=0, le=32, description="n-gram drafts a step for greedy requests; 0: off")
 
     @field_validator("block_size")
     @classmethod
@@ -234,7 +235,9 @@ class BatonConfig(_Model):
         return EngineConfig(
             model=self.model.path, dtype=self.model.dtype, max_model_len=self.model.max_model_len,
             attention_backend=e.attention_backend, cuda_graphs=e.cuda_graphs,
-            scheduler=SchedulerConfig(max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens),
+            scheduler=SchedulerConfig(max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
+                                      speculative=SpeculativeConfig(num_tokens=e.speculative_tokens)
+                                      if e.speculative_tokens else None),
             cache=CacheConfig(block_size=e.block_size, kv_cache_memory_gb=e.kv_cache_memory_gb,
                               enable_prefix_caching=e.enable_prefix_caching, shared_memory=e.kv_shared_memory),
         )

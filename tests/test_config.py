@@ -32,6 +32,8 @@ def _config(tmp_path, text: bytes | str, overrides=None):
     ("redis: {url: notaurl}\n", "redis.url: must start with redis://"),
     (b"\xff\xfe", "not UTF-8 text"),
     ("model: {path: ''}\n", "model.path: String should have at least 1 character"),
+    ("engine: {speculative_tokens: -1}\n", "engine.speculative_tokens: Input should be greater than or equal to 0"),
+    ("engine: {speculative_tokens: 64}\n", "engine.speculative_tokens: Input should be less than or equal to 32"),
     ("redis: {url: 'redis://127.0.0.1:abc/0'}\n", "redis.url: Port could not be cast to integer value as 'abc'"),
 ])
 def test_a_bad_config_names_the_problem(tmp_path, text, needle):
@@ -177,3 +179,9 @@ def test_baton_up_says_which_settings_it_does_not_apply_as_written(tmp_path):
     assert any("router.replicas is 3; baton up runs one router" in n for n in notes)
     assert any("the workers will share them" in n for n in notes)
     assert local_notes(_config(tmp_path, "pools: {prefill: {workers: 0}, decode: {workers: 1, cpus: 1}}\n")) == []
+
+
+def test_speculative_tokens_reach_the_workers_engine_config(tmp_path):
+    assert _config(tmp_path, "engine: {}\n").engine_config().scheduler.speculative is None
+    spec = _config(tmp_path, "engine: {speculative_tokens: 4}\n").engine_config().scheduler.speculative
+    assert spec is not None and spec.num_tokens == 4
