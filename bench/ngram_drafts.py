@@ -1,9 +1,9 @@
 """A what-if for speculative decoding on the offline workload: how many target-model steps greedy
 decoding would take if a prompt-lookup proposer (the last n tokens matched earlier in the prompt
-or output, the k tokens that followed proposed as a draft) fed each step. Baton does not speculate;
-this measures whether it would pay. The engine generates each request's greedy output once, then
-the proposer is replayed over prompt + output: a step verifies its draft and yields the accepted
-tokens plus one.
+or output, the k tokens that followed proposed as a draft) fed each step. Written before Baton
+speculated (engine/spec_decode.py makes the same proposal from an index). The engine generates each
+request's greedy output once, then the proposer is replayed over prompt + output: a step verifies
+its draft and yields the accepted tokens plus one.
 
     python -m bench.ngram_drafts [--model default|tiny|PATH] [--workload anyscale-cpu] [--n 3] [--k 4] [--json]
 

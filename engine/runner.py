@@ -139,7 +139,7 @@ class ModelRunner:
         batch = self.batch
         sampled = sampled_t.cpu().numpy()
         row_list = rows.tolist()
-        slots, tokens, final, plain = [], [], [], []
+        slots, final, plain = [], [], []
         accepted: dict[int, list[int]] = {}
         i = 0
         while i < len(row_list):
@@ -156,7 +156,6 @@ class ModelRunner:
             else:
                 plain.append(i)
             slots.append(row)
-            tokens.append(int(sampled[at]))
             final.append(at)
             i += k + 1
         if plain:
@@ -165,7 +164,7 @@ class ModelRunner:
         if batch.logprob_rows and not batch.logprob_rows.isdisjoint(slots):  # (rows with drafts ask for none)
             idx = torch.tensor(final, device=logits.device)
             logprobs = _logprobs(logits[idx], sampled_t[idx], [params[j] for j in final])
-        return RunnerOutput(slots, tokens, logprobs, accepted_draft_ids=accepted)
+        return RunnerOutput(slots, sampled[final].tolist(), logprobs, accepted_draft_ids=accepted)
 
     def _metadata(self, x: StepInputs) -> AttentionMetadata:
         t = self._tensor

@@ -216,10 +216,9 @@ class Scheduler(DisaggregationMixin, AdmissionMixin, SpeculationMixin):
             computed = req.num_computed_tokens
             n = 1 if req.is_padding else len(req.all_token_ids) - computed
             chunk = n > 1  # a prompt chunk (or a preempted request's recompute), not a decode
-            drafts = req.spec_token_ids
-            if drafts:  # a decode and its drafts: computed like a chunk, but not prompt work
-                n += len(drafts)
-            elif chunk and n > plan.prefill_budget:
+            drafts = req.spec_token_ids  # (a decode's: computed like a chunk, but not prompt work)
+            n += len(drafts)
+            if chunk and n > plan.prefill_budget:
                 if not plan.prefill_budget:
                     continue
                 n = plan.prefill_budget
@@ -233,7 +232,7 @@ class Scheduler(DisaggregationMixin, AdmissionMixin, SpeculationMixin):
             plan.chunks.append(req)
             plan.chunk_counts.append(n)
             plan.budget -= n
-            if chunk and not drafts:
+            if chunk:
                 plan.prefill_budget -= n
 
     def _make_room(self, req: Request, n: int, plan: StepPlan) -> bool:
