@@ -236,8 +236,7 @@ class BatonConfig(_Model):
             model=self.model.path, dtype=self.model.dtype, max_model_len=self.model.max_model_len,
             attention_backend=e.attention_backend, cuda_graphs=e.cuda_graphs,
             scheduler=SchedulerConfig(max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
-                                      speculative=SpeculativeConfig(num_tokens=e.speculative_tokens)
-                                      if e.speculative_tokens else None),
+                                      speculative=SpeculativeConfig.from_num_tokens(e.speculative_tokens)),
             cache=CacheConfig(block_size=e.block_size, kv_cache_memory_gb=e.kv_cache_memory_gb,
                               enable_prefix_caching=e.enable_prefix_caching, shared_memory=e.kv_shared_memory),
         )

@@ -46,6 +46,14 @@ class SpeculativeConfig:
         _positive("speculative max_ngram", self.max_ngram, 16)
         _positive("speculative min_ngram", self.min_ngram, self.max_ngram)
 
+    @classmethod
+    def from_num_tokens(cls, num_tokens: int, name: str = "speculative num_tokens") -> SpeculativeConfig | None:
+        """The config for a user's draft count, where 0 means speculation is off (None); ``name`` is
+        the setting as the user wrote it, for the error a negative count gets."""
+        if num_tokens < 0:
+            raise ValueError(f"{name} must be 0 (off) or positive, got {num_tokens}")
+        return cls(num_tokens=num_tokens) if num_tokens else None
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:

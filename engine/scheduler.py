@@ -22,6 +22,8 @@ Speculative decoding (``engine.scheduler_spec``, off unless ``SchedulerConfig.sp
 decode with drafted tokens is scheduled after the plain decodes, with the other running requests,
 as one chunk of its last token and its drafts; the drafts take no prompt budget.
 
+Requests in, out and preempted (slots, blocks freed once): ``engine.scheduler_lifecycle``.
+
 Shared prefixes in flight (``engine.scheduler_admission``): a waiting request whose next uncached
 prompt block a running request has yet to compute is passed over until that block is computed.
 """
@@ -32,11 +34,11 @@ import time
 
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
-from engine.errors import InvalidParameterError
 from engine.logprobs import TokenLogprob
-from engine.request import FinishReason, Request, RequestState, check_stop
+from engine.request import Request, RequestState, check_stop
 from engine.scheduler_disagg import DisaggregationMixin
 from engine.scheduler_admission import AdmissionMixin
+from engine.scheduler_lifecycle import LifecycleMixin
 from engine.scheduler_step import StepPlan, decodes_first
 from engine.scheduler_output import NewRequestData, RunnerOutput, SchedulerOutput
 from engine.scheduler_policies import AdmissionPolicy, PreemptionPolicy, StaticBatchAdmission, WaitingQueue
@@ -46,7 +48,7 @@ from engine.spec_decode import NgramProposer
 _S = RequestState
 
 
-class Scheduler(DisaggregationMixin, AdmissionMixin, SpeculationMixin):
+class Scheduler(LifecycleMixin, DisaggregationMixin, AdmissionMixin, SpeculationMixin):
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int) -> None:
         self.config = config
         self.block_manager = block_manager
@@ -78,70 +80,6 @@ class Scheduler(DisaggregationMixin, AdmissionMixin, SpeculationMixin):
         self.num_preemptions = 0
         self.preempted_tokens = 0  # computed tokens preemptions threw away (to be computed again)
         self.prompt_tokens_computed = 0
-
-    # -- requests in and out ----------------------------------------------------------------
-    def add_request(self, req: Request) -> None:
-        if req.request_id in self.requests:
-            raise ValueError(f"duplicate request id {req.request_id!r}")
-        if req.num_prompt_tokens == 0:
-            raise ValueError(f"request {req.request_id!r} has an empty prompt")
-        self._check_fits_cache(req)
-        self._register(req)
-        self.waiting.push(req)
-
-    def _check_fits_cache(self, req: Request) -> None:
-        """A request whose whole sequence needs more blocks than the pool has could never finish: it
-        would preempt itself for ever. Refused up front (as ``max_tokens``: the part a client sets)."""
-        bm = self.block_manager
-        need = bm.blocks_needed(min(req.max_total_tokens, self.max_model_len))
-        if need > bm.num_blocks:
-            raise InvalidParameterError(
-                "max_tokens", f"request {req.request_id!r} needs {need} KV blocks but the cache has only {bm.num_blocks}"
-            )
-
-    def _register(self, req: Request) -> None:
-        req.arrival_seq = self._arrivals
-        self._arrivals += 1
-        self.requests[req.request_id] = req
-
-    def abort(self, request_id: str) -> Request | None:
-        """Stop a request wherever it is; its blocks are freed now. Returns it, or None if unknown or
-        already ended."""
-        req = self.requests.get(request_id)
-        if req is None:
-            return None
-        if req.is_finished:  # a static-batching padding row: already ended; it leaves with its batch
-            return None
-        if req.state in (_S.QUEUED, _S.PREEMPTED):
-            self.waiting.remove(req)
-        self._finish(req, FinishReason.ABORT, _S.ABORTED)
-        return req
-
-    def step_failed(self, so: SchedulerOutput) -> list[Request]:
-        """The step ``so`` describes raised: end its requests (ERROR) and return them.
-
-        Their tokens were advanced, and their newly full blocks entered in the prefix cache, as the
-        step was scheduled; the KV it was to write is missing or partial. So those cache entries are
-        withdrawn before the blocks are freed, and the requests end rather than retry, since a step
-        that failed once (out of memory, a bad kernel) would likely fail again. Requests outside the
-        step are untouched."""
-        failed = []
-        bm = self.block_manager
-        for rid, n in zip(so.request_ids, so.counts):
-            req = self.requests.get(rid)
-            if req is None:
-                continue
-            req.num_computed_tokens -= n
-            req.spec_token_ids = []
-            if req.num_computed_tokens < req.num_prompt_tokens:  # (counted as scheduled, for the router's rate)
-                self.prompt_tokens_computed -= min(n, req.num_prompt_tokens - req.num_computed_tokens)
-            bm.unregister_unwritten(req, req.num_computed_tokens)
-            if req.is_padding:
-                self._release_padding(req)
-            elif not req.is_finished:
-                self._finish(req, FinishReason.ERROR, _S.ABORTED)
-                failed.append(req)
-        return failed
 
     def has_unfinished(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
@@ -252,20 +190,6 @@ class Scheduler(DisaggregationMixin, AdmissionMixin, SpeculationMixin):
         plan.grew[req] = have
         return True
 
-    def _join_running(self, req: Request) -> None:
-        req.slot = self._free_slots.pop()
-        self._slot_req[req.slot] = req
-        self.running.append(req)
-        self._runner_unseen.add(req.request_id)
-
-    def _leave_running(self, req: Request) -> None:
-        self.running.remove(req)
-        self._runner_unseen.discard(req.request_id)
-        self._left_batch.add(req.request_id)
-        self._slot_req[req.slot] = None
-        self._free_slots.append(req.slot)
-        req.slot = -1
-
     def _build_output(self, plan: StepPlan) -> SchedulerOutput:
         new_data = []
         unseen = self._runner_unseen
@@ -370,46 +294,3 @@ class Scheduler(DisaggregationMixin, AdmissionMixin, SpeculationMixin):
             have = len(req.prompt_logprobs) + 1  # the index of the next prompt token wanted
             if first <= have < first + len(values):
                 req.prompt_logprobs.extend(values[have - first :])
-
-    def finish(self, req: Request, reason: FinishReason) -> None:
-        """Finish a running request (token stop, or a stop string found by the detokenizer)."""
-        if req.is_finished:
-            return
-        self._finish(req, reason, _S.FINISHED)
-
-    def _finish(self, req: Request, reason: FinishReason, state: RequestState) -> None:
-        req.finish_reason = reason
-        was_running = req.state in (_S.PREFILLING, _S.DECODING)
-        self.reserved.pop(req.request_id, None)
-        self.transferring.pop(req.request_id, None)
-        req.transition(state)
-        if (
-            was_running
-            and self.admission.hold_finished
-            and state is _S.FINISHED
-            and req.num_computed_tokens + 1 < self.max_model_len
-        ):
-            req.is_padding = True  # static baseline: the row keeps computing until the batch ends
-            return
-        self._drop(req, was_running)
-
-    def _release_padding(self, req: Request) -> None:
-        req.is_padding = False
-        self._drop(req, was_running=True)
-
-    def _drop(self, req: Request, was_running: bool) -> None:
-        if was_running:
-            self._leave_running(req)
-        self.block_manager.free(req)
-        del self.requests[req.request_id]
-
-    def _preempt(self, req: Request) -> None:
-        req.spec_token_ids = []
-        self._leave_running(req)
-        self.block_manager.free(req)
-        self.preempted_tokens += req.num_computed_tokens
-        req.num_computed_tokens = 0
-        req.num_preemptions += 1
-        req.transition(_S.PREEMPTED)
-        self.waiting.push(req)
-        self.num_preemptions += 1

@@ -27,11 +27,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
-    k = getattr(args, "speculative_tokens", 0)
-    if k < 0:
-        raise ValueError(f"--speculative-tokens must be 0 (off) or positive, got {k}")
+    spec = SpeculativeConfig.from_num_tokens(getattr(args, "speculative_tokens", 0), "--speculative-tokens")
     sched = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                            speculative=SpeculativeConfig(num_tokens=k) if k else None,
+                            speculative=spec,
                             **overrides.pop("scheduler", {}))
     cache = CacheConfig(block_size=args.block_size, num_blocks=args.num_kv_blocks, kv_cache_memory_gb=args.kv_cache_gb,
                         enable_prefix_caching=not args.no_prefix_caching)

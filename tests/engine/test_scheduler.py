@@ -1,5 +1,9 @@
 """Scheduler behaviour with the fake runner (pure Python, milliseconds)."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from engine.block_manager import BlockManager
@@ -452,3 +456,22 @@ def test_a_decode_that_finds_its_block_in_a_short_pool_leaves_the_rest_of_the_bu
     for r in (a, b, c):
         assert r.output_token_ids == expected_output(r.prompt_token_ids, r.sampling_params.max_tokens)
     assert sched.block_manager.num_free_blocks == 6
+
+
+PURE_PYTHON_MODULES = [
+    "engine.scheduler", "engine.scheduler_lifecycle", "engine.scheduler_admission", "engine.scheduler_disagg",
+    "engine.scheduler_spec", "engine.scheduler_step", "engine.scheduler_policies", "engine.scheduler_output",
+    "engine.spec_decode", "engine.block_manager", "engine.block_hash", "engine.request", "engine.sampling_params",
+    "engine.kv_events", "engine.config", "engine.outputs",
+]
+
+
+def test_the_scheduler_and_its_parts_import_no_torch():
+    """The router imports these; DESIGN keeps them pure Python (a torch import would cost the router
+    seconds and hundreds of MB)."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            f"for m in {PURE_PYTHON_MODULES!r}: __import__(m)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' and sys.modules[m] is not None))")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], check=True, cwd=root, capture_output=True, text=True)
+    assert out.stdout.strip() == "[]"

@@ -75,6 +75,15 @@ def test_bad_speculative_settings_are_refused(bad):
         SpeculativeConfig(**bad)
 
 
+def test_a_draft_count_of_zero_is_off_and_a_negative_one_is_named():
+    assert SpeculativeConfig.from_num_tokens(0) is None
+    assert SpeculativeConfig.from_num_tokens(3) == SpeculativeConfig(num_tokens=3)
+    with pytest.raises(ValueError, match="--speculative-tokens must be 0"):
+        SpeculativeConfig.from_num_tokens(-1, "--speculative-tokens")
+    with pytest.raises(ValueError, match="speculative num_tokens"):
+        SpeculativeConfig.from_num_tokens(33)
+
+
 def test_the_scheduler_config_takes_only_a_speculative_config():
     with pytest.raises(ValueError, match="speculative"):
         SchedulerConfig(speculative={"num_tokens": 4})
