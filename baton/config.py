@@ -67,7 +67,7 @@ class EngineSection(_Model):
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     cuda_graphs: bool = Field(True, description="CUDA: decode steps replay graphs captured at start")
     kv_shared_memory: bool = Field(False, description="CPU: KV caches in /dev/shm; same-host transfers copy directly")
-    speculative_tokens: int = Field(0, ge=0, le=32, description="n-gram drafts a step for greedy requests; 0: off")
+    speculative_tokens: int = Field(0, ge=0, le=32, description="n-gram drafts a step for each decoding request; 0: off")
 
     @field_validator("block_size")
     @classmethod

@@ -261,4 +261,5 @@ class DecodeWorker:
             busy_cpu_seconds=self.loop.busy_cpu_seconds,
             prompt_tokens_computed=s.prompt_tokens_computed, preemptions=s.num_preemptions,
             preempted_tokens=s.preempted_tokens, prompt_tokens_placed=dict(self._placed),
+            draft_tokens=s.num_draft_tokens, accepted_draft_tokens=s.num_accepted_tokens,
         )

@@ -34,6 +34,9 @@ class StepInputs:
     # Prompt chunks whose request wants prompt logprobs: (slot, index of the first prompt token
     # scored, rows of the hidden states whose logits score it and the next ones, those tokens).
     prompt_logprob_rows: list[tuple[int, int, np.ndarray, np.ndarray]] = field(default_factory=list)
+    # [N] with drafts in the step: each sampled position's place in its row's run (0 predicts the
+    # row's next token, j the token after its j-th draft); None without drafts.
+    sample_offsets: np.ndarray | None = None
 
 
 class InputBatch:
@@ -154,8 +157,9 @@ class InputBatch:
         if self.draft_rows:  # ... and the drafts: every drafted position samples too
             drafts = self.num_drafts[rows]
             samples = seq_lens == self.num_tokens[rows] + drafts
-            logits_indices, sample_rows = _sampled_positions(rows, cu, samples, drafts)
+            logits_indices, sample_rows, sample_offsets = _sampled_positions(rows, cu, samples, drafts)
         else:
+            sample_offsets = None
             samples = seq_lens == self.num_tokens[rows]
             logits_indices = (cu - 1)[samples]
             sample_rows = rows[samples]
@@ -188,6 +192,7 @@ class InputBatch:
             logits_indices=logits_indices,
             sample_rows=sample_rows,
             prompt_logprob_rows=scored,
+            sample_offsets=sample_offsets,
         )
 
     def _prepare_single_tokens(self, rows: np.ndarray) -> StepInputs:
@@ -246,11 +251,12 @@ class InputBatch:
 
 
 def _sampled_positions(rows: np.ndarray, cu: np.ndarray, samples: np.ndarray,
-                       drafts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The hidden-state rows to sample from (ascending) and their batch rows, when some rows carry
-    drafts: a sampling row's last ``1 + drafts`` positions, each predicting the token after it."""
+                       drafts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The hidden-state rows to sample from (ascending), their batch rows and their places in their
+    row's run, when some rows carry drafts: a sampling row's last ``1 + drafts`` positions, each
+    predicting the token after it."""
     per_row = np.where(samples, drafts + 1, 0)
     total = int(per_row.sum())
     first = np.repeat(cu - per_row, per_row)  # each row's first sampled position
     offsets = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(per_row) - per_row, per_row)
-    return first + offsets, np.repeat(rows, per_row)
+    return first + offsets, np.repeat(rows, per_row), offsets

@@ -66,31 +66,58 @@ class OutputProcessor:
                 outs.append(RequestOutput(req.request_id, new_ids, "", n - req.num_prompt_tokens - len(new_ids)))
                 continue
             if st.detokenizer is not None:
-                self._detokenize(req, st, new_ids)
+                new_ids = self._detokenize(req, st, new_ids)
             outs.append(self._output(req, st, new_ids))
         return outs
 
-    def _detokenize(self, req: Request, st: _Stream, new_ids: list[int]) -> None:
+    def _detokenize(self, req: Request, st: _Stream, new_ids: list[int]) -> list[int]:
+        """Adds ``new_ids``' text and looks for stop strings; returns ``new_ids``, cut after the token
+        that completed a stop string when a step appended several (drafts kept: plain decoding
+        would have stopped at that token, so the tokens after it are taken back)."""
         sp = req.sampling_params
+        text_ids = new_ids
         if (new_ids and req.is_finished and req.finish_reason is FinishReason.STOP and isinstance(req.stop_reason, int)
                 and not sp.include_stop_str_in_output):
-            new_ids = new_ids[:-1]  # a stop token (EOS, stop_token_ids) is in token_ids, not in the text (vLLM's)
-        delta = st.detokenizer.add(new_ids)
-        if req.is_finished:
+            text_ids = new_ids[:-1]  # a stop token (EOS, stop_token_ids) is in token_ids, not in the text (vLLM's)
+        if len(text_ids) <= 1 or not sp.stop:
+            self._add_text(req, st, text_ids, req.is_finished, req.num_output_tokens)
+            return new_ids
+        first = req.num_output_tokens - len(new_ids)
+        for j in range(len(text_ids)):
+            last = j == len(text_ids) - 1
+            if self._add_text(req, st, text_ids[j : j + 1], req.is_finished and last, first + j + 1) and not last:
+                self._take_back(req, st, len(new_ids) - j - 1)
+                return new_ids[: j + 1]
+        return new_ids
+
+    @staticmethod
+    def _take_back(req: Request, st: _Stream, n: int) -> None:
+        """The last ``n`` tokens (and their logprobs) leave a request a stop string ended before them."""
+        del req.all_token_ids[-n:]
+        if req.pending_logprobs:
+            del req.pending_logprobs[-n:]
+        st.num_sent_tokens -= n
+
+    def _add_text(self, req: Request, st: _Stream, ids: list[int], finished: bool, num_output: int) -> bool:
+        """The text of ``ids`` (the request's output up to ``num_output`` tokens); True if a stop
+        string ends it (the text is cut there and the request finished)."""
+        sp = req.sampling_params
+        delta = st.detokenizer.add(ids)
+        if finished:
             delta += st.detokenizer.finish()  # release a held-back partial character
         if not delta:
-            return
+            return False
         before = len(st.text)
         st.text += delta
-        if not sp.stop or req.num_tokens - req.num_prompt_tokens < sp.min_tokens:
-            return  # as vLLM: no stop string ends a request before its min_tokens
+        if not sp.stop or num_output < sp.min_tokens:
+            return False  # as vLLM: no stop string ends a request before its min_tokens
         found: tuple[int, str] | None = None  # the stop string that starts first in the text
         for stop in sp.stop:
             i = st.text.find(stop, max(0, before - len(stop) + 1))
             if i >= 0 and (found is None or i < found[0]):
                 found = (i, stop)
         if found is None:
-            return
+            return False
         i, stop = found
         st.text = st.text[: i + len(stop)] if sp.include_stop_str_in_output else st.text[:i]
         req.stop_reason = stop
@@ -98,6 +125,7 @@ class OutputProcessor:
             self.scheduler.finish(req, FinishReason.STOP)
         elif req.finish_reason is FinishReason.LENGTH:  # the last allowed token held it: the text was cut
             req.finish_reason = FinishReason.STOP
+        return True
 
     def _output(self, req: Request, st: _Stream, new_ids: list[int]) -> RequestOutput:
         finished = req.is_finished

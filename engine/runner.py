@@ -115,11 +115,17 @@ class ModelRunner:
         rows = inputs.sample_rows
         row_list = rows.tolist()
         params = [batch.params[r] for r in row_list]
-        out_pos = (batch.num_tokens[rows] - batch.num_prompt_tokens[rows]).tolist()
+        # Tokens before the one each position samples: a drafted position's include the drafts
+        # before it (written after the known ones), so its seed's output index and its penalties'
+        # history are the ones plain decoding would use there.
+        known = batch.num_tokens[rows]
+        if inputs.sample_offsets is not None:
+            known = known + inputs.sample_offsets
+        out_pos = (known - batch.num_prompt_tokens[rows]).tolist()
         to_sample = logits
         if batch.processing_rows and not batch.processing_rows.isdisjoint(row_list):
-            histories = [batch.token_ids[r, : batch.num_tokens[r]] if r in batch.processing_rows else None
-                         for r in row_list]
+            histories = [batch.token_ids[r, :n] if r in batch.processing_rows else None
+                         for r, n in zip(row_list, known.tolist())]
             to_sample = process_logits(logits, params, histories, batch.num_prompt_tokens[rows].tolist(),
                                        self.eos_token_ids)
         sampled_t = self.sampler.sample(to_sample, params, out_pos)
@@ -134,12 +140,15 @@ class ModelRunner:
 
     def _verify(self, logits: torch.Tensor, sampled_t: torch.Tensor, rows: np.ndarray, params: list) -> RunnerOutput:
         """A step with drafts (engine/spec_decode.py): a row with k drafts sampled k + 1 positions in a
-        run; it keeps its drafts up to the first that differs from the token sampled before it, then
-        that sampled token (or the one after the last draft, if all are kept)."""
+        run, each with the noise (seeded requests: the seed and output index) plain decoding would
+        use there; it keeps its drafts up to the first that differs from the token sampled before
+        it, then that sampled token (or the one after the last draft, if all are kept). So each
+        token kept is the one sampled after the tokens really before it: the output has plain
+        decoding's distribution (and, greedy or seeded, its tokens)."""
         batch = self.batch
         sampled = sampled_t.cpu().numpy()
         row_list = rows.tolist()
-        slots, final, plain = [], [], []
+        slots, final, plain, runs = [], [], [], []
         accepted: dict[int, list[int]] = {}
         i = 0
         while i < len(row_list):
@@ -153,6 +162,7 @@ class ModelRunner:
                 at += a
                 batch.take_verified(row, a, sampled[at])
                 accepted[row] = drafts[:a].tolist()
+                runs.append((row, i, at))
             else:
                 plain.append(i)
             slots.append(row)
@@ -160,11 +170,13 @@ class ModelRunner:
             i += k + 1
         if plain:
             batch.append_sampled(rows[plain], sampled[plain])
-        logprobs = None
-        if batch.logprob_rows and not batch.logprob_rows.isdisjoint(slots):  # (rows with drafts ask for none)
-            idx = torch.tensor(final, device=logits.device)
-            logprobs = _logprobs(logits[idx], sampled_t[idx], [params[j] for j in final])
-        return RunnerOutput(slots, sampled[final].tolist(), logprobs, accepted_draft_ids=accepted)
+        logprobs = verified_logprobs = None
+        if batch.logprob_rows and not batch.logprob_rows.isdisjoint(slots):
+            every = _logprobs(logits, sampled_t, params)  # every position's (a kept draft's: where it was sampled)
+            logprobs = [every[j] for j in final]
+            verified_logprobs = {row: every[i : at + 1] for row, i, at in runs if every[i] is not None}
+        return RunnerOutput(slots, sampled[final].tolist(), logprobs, accepted_draft_ids=accepted,
+                            verified_logprobs=verified_logprobs)
 
     def _metadata(self, x: StepInputs) -> AttentionMetadata:
         t = self._tensor

@@ -246,12 +246,13 @@ class Scheduler(LifecycleMixin, DisaggregationMixin, AdmissionMixin, Speculation
         max_len = self.max_model_len
         if out.prompt_logprobs:
             self._add_prompt_logprobs(out.prompt_logprobs)
+        accepted = out.accepted_draft_ids
         if out.logprobs is not None:  # first: a request the loop below finishes leaves its slot
             for slot, lp in zip(out.slots, out.logprobs):
                 req = slot_req[slot]
-                if lp is not None and req is not None and not req.is_padding:
+                # (A row with drafts gets its tokens' logprobs with them, in ``_take_verified``.)
+                if lp is not None and req is not None and not req.is_padding and not req.spec_token_ids:
                     req.pending_logprobs.append(lp)
-        accepted = out.accepted_draft_ids
         for slot, tok in zip(out.slots, out.sampled_token_ids):
             req = slot_req[slot]
             if req is None:
@@ -261,7 +262,7 @@ class Scheduler(LifecycleMixin, DisaggregationMixin, AdmissionMixin, Speculation
                     self._release_padding(req)
                 continue
             if accepted is not None and req.spec_token_ids:  # (None: no row had drafts this step)
-                self._take_verified(req, accepted.get(slot, []), tok)
+                self._take_verified(req, accepted.get(slot, []), tok, (out.verified_logprobs or {}).get(slot))
                 updated.append(req)
                 continue
             req.all_token_ids.append(tok)

@@ -66,3 +66,6 @@ class RunnerOutput:
     # Speculative decoding: slot -> the drafts the model agreed with (in order), which come before
     # that slot's sampled token; None when no row had drafts.
     accepted_draft_ids: dict[int, list[int]] | None = None
+    # ... and slot -> the logprobs of the tokens a row with drafts took (its kept drafts', then its
+    # sampled token's), for requests that asked for logprobs; None when no such row had drafts.
+    verified_logprobs: dict[int, list[TokenLogprob]] | None = None

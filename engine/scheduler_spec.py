@@ -10,11 +10,13 @@ positions; ``_draft`` proposes the next step's drafts.
 
 from __future__ import annotations
 
+from engine.logprobs import TokenLogprob
 from engine.request import Request, RequestState, check_stop
 
 
 class SpeculationMixin:
-    def _take_verified(self, req: Request, accepted: list[int], tok: int) -> None:
+    def _take_verified(self, req: Request, accepted: list[int], tok: int,
+                       logprobs: list[TokenLogprob] | None = None) -> None:
         """A decode step with drafts: the drafts the model agreed with, then its own next token, each
         checked for a stop. The rejected drafts' KV positions are given back (their slots are written
         again by the tokens that take those positions); the blocks stay with the request."""
@@ -23,8 +25,10 @@ class SpeculationMixin:
         self.num_accepted_tokens += len(accepted)
         req.num_computed_tokens -= len(drafts) - len(accepted)
         max_len = self.max_model_len
-        for t in (*accepted, tok):
+        for i, t in enumerate((*accepted, tok)):
             req.all_token_ids.append(t)
+            if logprobs is not None:
+                req.pending_logprobs.append(logprobs[i])
             reason = check_stop(req, t, max_len)
             if reason is not None:
                 self.finish(req, reason)
@@ -33,10 +37,10 @@ class SpeculationMixin:
             self.block_manager.register_full_blocks(req, req.num_computed_tokens)
 
     def _draft(self, updated: list[Request]) -> None:
-        """Drafts for the next step of every eligible request still decoding."""
+        """Drafts for the next step of every request still decoding."""
         drafter, max_len, decoding = self.drafter, self.max_model_len, RequestState.DECODING
         for req in updated:
-            if req.state is decoding and drafter.eligible(req.sampling_params):
+            if req.state is decoding:
                 # The step computes positions up to len + drafts - 1 and may keep every draft plus
                 # one more token: all within max_tokens and the context.
                 room = min(req.max_total_tokens, max_len) - len(req.all_token_ids) - 1

@@ -1,17 +1,18 @@
 """N-gram (prompt lookup) drafts for speculative decoding (pure Python, no torch).
 
-After a step, each eligible decoding request gets up to ``num_tokens`` drafted tokens: the tokens
-that followed the latest earlier occurrence of its last ``m`` tokens (``m`` from ``max_ngram`` down
-to ``min_ngram``, the longest match first), searched in its prompt and output. The next step computes
-the request's last token and the drafts together, as a short chunk over its paged KV; the runner
-keeps the drafts up to the first one that differs from the model's greedy choice at that position,
-plus that choice (engine/runner.py). So a step yields 1 to ``num_tokens + 1`` tokens, and they are
-the tokens plain greedy decoding gives (up to the float order of a chunk's arithmetic against a
-single row's, as between any two batch shapes).
-
-Only requests whose next token is an argmax of unmodified logits are drafted: greedy, no logprobs
-(a drafted position's logprobs would need the same care), no penalties, logit bias or
-``min_tokens``. The others decode one token a step, in the same batch.
+After a step, each decoding request gets up to ``num_tokens`` drafted tokens: the tokens that
+followed the latest earlier occurrence of its last ``m`` tokens (``m`` from ``max_ngram`` down to
+``min_ngram``, the longest match first), searched in its prompt and output. The next step computes
+the request's last token and the drafts together, each position over the request's paged KV, and
+samples at every position as plain decoding would there (engine/runner.py): its penalties' history
+and ``min_tokens`` count include the drafts before it, and a seeded request's noise is the one for
+that output index. The request keeps its drafts up to the first one that differs from the token
+sampled before it, plus that sampled token. So a step yields 1 to ``num_tokens + 1`` tokens, each
+one sampled after the tokens really before it: the output has plain decoding's distribution, and a
+greedy or seeded request gets plain decoding's very tokens (up to the float order of the batch's
+arithmetic, as between any two batch shapes). For a point-mass draft this coupling accepts a draft
+``d`` with probability ``p(d)``, which is what the rejection rule of speculative sampling accepts.
+Logprobs of a kept draft are those of the position that sampled it.
 
 Each request keeps an index of its n-grams (``Request.draft_index``), grown by the tokens appended
 since the last proposal, so a proposal costs a few dictionary lookups, not a scan of the sequence.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 from engine.config import SpeculativeConfig
 from engine.request import Request
-from engine.sampling_params import SamplingParams
 
 
 class NgramIndex:
@@ -49,10 +49,6 @@ class NgramProposer:
         self.num_tokens = config.num_tokens
         self.max_ngram = config.max_ngram
         self.min_ngram = config.min_ngram
-
-    @staticmethod
-    def eligible(params: SamplingParams) -> bool:
-        return params.greedy and params.logprobs is None and not params.processes_logits
 
     def propose(self, req: Request, limit: int) -> list[int]:
         """Up to ``min(num_tokens, limit)`` drafted tokens to follow ``req.all_token_ids`` ([] if no

@@ -33,6 +33,8 @@ class WorkerLoad:
     prompt_tokens_computed: int = 0  # cumulative: with busy_seconds, the measured prefill rate
     preemptions: int = 0  # cumulative: requests preempted (recompute) for KV blocks
     preempted_tokens: int = 0  # cumulative: computed tokens those preemptions threw away
+    draft_tokens: int = 0  # cumulative, speculative decoding: drafted tokens computed ...
+    accepted_draft_tokens: int = 0  # ... and of those, the ones kept
     # Prefill role: prompt tokens of the tasks it has queued since it started, by the router that
     # sent them (``RequestSpec.origin``). A router subtracts them from what it has dispatched there
     # to know what is still on the way (router/worker_pool.py).

@@ -138,6 +138,10 @@ class _WorkerCollector:
                                   labels=labels)
         pre_tok = CounterMetricFamily("baton_worker_preempted_tokens", "Computed tokens preemptions threw away "
                                       "(computed again when the request resumes).", labels=labels)
+        drafts = CounterMetricFamily("baton_spec_draft_tokens", "Drafted tokens computed (speculative decoding).",
+                                     labels=labels)
+        kept = CounterMetricFamily("baton_spec_accepted_tokens", "Drafted tokens kept: the model sampled the same "
+                                   "token there (speculative decoding).", labels=labels)
         for load in self.loads():
             lv = [load.role, load.worker_id, self.model]
             kv.add_metric(lv, load.kv_usage)
@@ -155,4 +159,6 @@ class _WorkerCollector:
             busy_cpu.add_metric(lv, load.busy_cpu_seconds)
             pre.add_metric(lv, load.preemptions)
             pre_tok.add_metric(lv, load.preempted_tokens)
-        yield from (kv, run, wait, queued, q, h, tb, ts, tf, tc, steps, busy, busy_cpu, pre, pre_tok)
+            drafts.add_metric(lv, load.draft_tokens)
+            kept.add_metric(lv, load.accepted_draft_tokens)
+        yield from (kv, run, wait, queued, q, h, tb, ts, tf, tc, steps, busy, busy_cpu, pre, pre_tok, drafts, kept)

@@ -23,7 +23,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     g.add_argument("--no-cuda-graphs", action="store_true", help="CUDA: run every decode step eagerly")
     g.add_argument("--speculative-tokens", type=int, default=0, metavar="K",
-                   help="n-gram speculative decoding: up to K drafted tokens a step for greedy requests (0: off)")
+                   help="n-gram speculative decoding: up to K drafted tokens a step for each decoding request (0: off)")
 
 
 def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:

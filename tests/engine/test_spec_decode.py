@@ -15,6 +15,7 @@ from engine.block_manager import BlockManager
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from engine.engine import LLMEngine
 from engine.input_batch import InputBatch
+from engine.output_processor import OutputProcessor
 from engine.request import FinishReason, Request, RequestState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -57,15 +58,6 @@ def test_a_proposal_is_capped_by_its_limit_and_needs_an_earlier_match():
     assert proposer.propose(req, limit=2) == [3, 4]
     assert proposer.propose(req, limit=0) == []
     assert proposer.propose(Request("s", [1, 2, 3], SamplingParams()), limit=4) == []
-
-
-def test_only_requests_whose_next_token_is_a_plain_argmax_are_drafted():
-    eligible = NgramProposer.eligible
-    assert eligible(SamplingParams())
-    assert not eligible(SamplingParams(temperature=0.7))
-    assert not eligible(SamplingParams(logprobs=2))
-    assert not eligible(SamplingParams(repetition_penalty=1.2))
-    assert not eligible(SamplingParams(min_tokens=3))
 
 
 @pytest.mark.parametrize("bad", [{"num_tokens": 0}, {"num_tokens": 33}, {"max_ngram": 0},
@@ -291,6 +283,85 @@ def test_sampled_and_logprob_requests_share_the_batch_with_drafted_ones(tiny):
     np.testing.assert_allclose([t.logprob for t in got[2].logprobs], [t.logprob for t in want[2].logprobs],
                                rtol=1e-4, atol=1e-5)
     assert _drafted(eng)[1] > 0
+
+
+SAMPLED = [dict(temperature=0.8, seed=11), dict(temperature=1.0, top_k=8, seed=12),
+           dict(temperature=0.7, top_p=0.9, seed=13), dict(temperature=0.9, min_p=0.05, seed=14),
+           dict(temperature=0.6, repetition_penalty=1.1, seed=15), dict(frequency_penalty=0.3, presence_penalty=0.2),
+           dict(temperature=0.8, min_tokens=20, stop_token_ids=[5, 6, 7], seed=16),
+           dict(logit_bias=((9, 2.0), (10, -3.0)), temperature=0.5, seed=17)]
+
+
+def test_sampled_and_processed_requests_are_drafted_and_get_plain_decodings_tokens(tiny):
+    """Each drafted position samples with the noise of its own output index (seeded) and the
+    penalties' history and min_tokens count of the drafts before it: a seeded or greedy request's
+    tokens are plain decoding's, drafts or not."""
+    d, _ = tiny
+    prompts = _prompts(8, n=len(SAMPLED))
+    params = [SamplingParams(max_tokens=40, ignore_eos=True, detokenize=False, **kw) for kw in SAMPLED]
+    want = _run(_engine(d, spec=None), prompts, params)
+    eng = _engine(d)
+    got = _run(eng, prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert not set(got[6].token_ids[:19]) & {5, 6, 7}  # min_tokens held inside runs of drafts
+    drafted, kept = _drafted(eng)
+    assert 0 < kept < drafted
+
+
+def test_penalties_at_a_drafted_position_count_the_drafts_before_it(tiny):
+    """Frequency and presence penalties at a drafted position see the drafts before it in the
+    output, as plain decoding would have generated them: greedy requests, drafts or not, the same."""
+    d, _ = tiny
+    prompts = _prompts(10, n=12)
+    params = [SamplingParams(max_tokens=40, ignore_eos=True, detokenize=False, frequency_penalty=f, presence_penalty=p)
+              for f in (0.05, 0.1, 0.2, -0.1) for p in (0.0, 0.1, -0.05)]
+    want = _run(_engine(d, spec=None), prompts, params)
+    eng = _engine(d)
+    got = _run(eng, prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert _drafted(eng)[1] > 0
+
+
+def test_logprobs_of_kept_drafts_are_plain_decodings(tiny):
+    d, _ = tiny
+    prompts = _prompts(9, n=4)
+    params = [SamplingParams(max_tokens=30, ignore_eos=True, detokenize=False, logprobs=k, seed=3,
+                             temperature=0.0 if k != 2 else 0.7) for k in (0, 1, 2, 5)]
+    want = _run(_engine(d, spec=None), prompts, params)
+    eng = _engine(d)
+    got = _run(eng, prompts, params)
+    assert _drafted(eng)[1] > 0
+    for g, w in zip(got, want):
+        assert g.token_ids == w.token_ids
+        assert [t.token_id for t in g.logprobs] == g.token_ids  # one per token, in order
+        np.testing.assert_allclose([t.logprob for t in g.logprobs], [t.logprob for t in w.logprobs],
+                                   rtol=1e-4, atol=1e-5)
+        assert [[a for a, _ in t.top] for t in g.logprobs] == [[a for a, _ in t.top] for t in w.logprobs]
+
+
+def test_a_stop_string_inside_a_run_of_drafts_ends_the_output_at_its_token(tiny_model_dir, monkeypatch):
+    """A step that keeps drafts appends several tokens; a stop string completed by one of them ends
+    the output at that token (the ones after it taken back, with their logprobs), as plain
+    decoding would have stopped there."""
+    prompts = [p for p in ("the cat sat on the mat and the cat sat on the", "a b c a b c a b",
+                           "once upon a time once upon") for _ in range(3)]
+    base = dict(max_tokens=60, ignore_eos=True, logprobs=1)
+    plain = _run(_engine(tiny_model_dir, spec=None), prompts, SamplingParams(**base))
+    # 12 characters ending late in each output, where it repeats itself and drafts are kept.
+    stops = [o.text[int(len(o.text) * f) - 12 : int(len(o.text) * f)] for o, f in zip(plain, [0.6, 0.75, 0.9] * 3)]
+    params = [SamplingParams(**base, stop=[s]) for s in stops]
+    want = _run(_engine(tiny_model_dir, spec=None), prompts, params)
+    taken_back = []
+    take_back = OutputProcessor._take_back
+    monkeypatch.setattr(OutputProcessor, "_take_back",
+                        staticmethod(lambda req, st, n: (taken_back.append(n), take_back(req, st, n))))
+    got = _run(_engine(tiny_model_dir), prompts, params)
+    assert taken_back  # some stop string was completed before the end of a run of kept drafts
+    for g, w in zip(got, want):
+        assert (g.token_ids, g.text, g.finish_reason, g.stop_reason) == (w.token_ids, w.text, w.finish_reason,
+                                                                          w.stop_reason)
+        assert [t.token_id for t in g.logprobs] == g.token_ids
+    assert all(o.finish_reason == "stop" for o in got)
 
 
 def test_static_batching_with_drafts_gives_the_same_tokens(tiny):

@@ -13,3 +13,13 @@ def test_preemptions_are_exported_per_worker():
     assert lines["baton_worker_preemptions_total"].endswith(" 17.0")
     assert lines["baton_worker_preempted_tokens_total"].endswith(" 2803.0")
     assert 'worker="decode-0"' in lines["baton_worker_preemptions_total"]
+
+
+def test_speculative_decodings_drafts_and_kept_drafts_are_exported_per_worker():
+    load = WorkerLoad("decode-0", "inc", "decode", num_running=3, num_waiting=2, num_free_blocks=1,
+                      num_total_blocks=65, queued_prefill_tokens=0, draft_tokens=400, accepted_draft_tokens=310)
+    text = RouterMetrics("m", loads=lambda: [load]).exposition()[0].decode()
+    lines = {line.split("{")[0]: line for line in text.splitlines() if line.startswith("baton_spec_")}
+    assert lines["baton_spec_draft_tokens_total"].endswith(" 400.0")
+    assert lines["baton_spec_accepted_tokens_total"].endswith(" 310.0")
+    assert 'role="decode"' in lines["baton_spec_accepted_tokens_total"]
