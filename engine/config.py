@@ -31,20 +31,29 @@ def max_num_threads() -> int:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """N-gram (prompt lookup) speculative decoding (``engine/spec_decode.py``): each step a greedy
-    request without logprobs or logit processing also computes up to ``num_tokens`` drafted tokens,
-    taken from what followed the latest earlier occurrence of its last ``max_ngram`` (down to
-    ``min_ngram``) tokens; the model's own greedy choice at every drafted position decides how many
-    are kept, so the output is the one plain decoding gives."""
+    """N-gram (prompt lookup) speculative decoding (``engine/spec_decode.py``): each step a decoding
+    request also computes up to ``num_tokens`` drafted tokens, taken from what followed the latest
+    earlier occurrence of its last ``max_ngram`` (down to ``min_ngram``) tokens; the token the model
+    samples at every drafted position decides how many are kept, so the output is the one plain
+    decoding gives.
+
+    ``min_keep_chance``: a request drafts only as many tokens as its recent keep rate gives at least
+    this chance of being kept (the k-th draft is kept only if the k - 1 before it are), so requests
+    whose drafts keep missing (a high temperature, text that does not repeat) stop paying for them;
+    0 drafts ``num_tokens`` always."""
 
     num_tokens: int = 4
     max_ngram: int = 3
     min_ngram: int = 1
+    min_keep_chance: float = 0.5
 
     def __post_init__(self) -> None:
         _positive("speculative num_tokens", self.num_tokens, 32)
         _positive("speculative max_ngram", self.max_ngram, 16)
         _positive("speculative min_ngram", self.min_ngram, self.max_ngram)
+        c = self.min_keep_chance
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 <= c < 1:
+            raise ValueError(f"speculative min_keep_chance must be in [0, 1), got {c!r}")
 
     @classmethod
     def from_num_tokens(cls, num_tokens: int, name: str = "speculative num_tokens") -> SpeculativeConfig | None:

@@ -107,7 +107,7 @@ class Request:
         "prompt_logprobs",
         "slot",
         "spec_token_ids",
-        "draft_index",
+        "draft_state",
     )
 
     def __init__(
@@ -158,9 +158,10 @@ class Request:
             [] if sampling_params.prompt_logprobs is not None and not resume_token_ids else None)
         self.slot = -1  # the runner row while running (assigned by the scheduler)
         # Speculative decoding (engine/spec_decode.py): tokens drafted to follow all_token_ids, which
-        # the next step verifies (not yet part of the sequence), and the n-gram index they come from.
+        # the next step verifies (not yet part of the sequence), and its drafting state (n-gram
+        # index, keep rate: engine.spec_decode.DraftState).
         self.spec_token_ids: list[int] = []
-        self.draft_index = None
+        self.draft_state = None
 
     # -- token accounting -------------------------------------------------------------------
     @property

@@ -20,7 +20,7 @@ from engine.request import FinishReason, Request, RequestState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.scheduler_output import NewRequestData, RunnerOutput, SchedulerOutput
-from engine.spec_decode import NgramProposer
+from engine.spec_decode import INITIAL_KEEP_RATE, PROBE_EVERY, DraftState, NgramProposer
 from tests.engine.hf_oracle import build_tiny_hf_model, hf_greedy, load_hf
 
 
@@ -40,7 +40,8 @@ def _brute_force(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> l
        st.integers(0, 3), st.integers(1, 8))
 def test_proposals_equal_a_brute_force_search_as_the_sequence_grows(tokens, k, max_ngram, min_gap, steps):
     min_ngram = max(1, max_ngram - min_gap)
-    proposer = NgramProposer(SpeculativeConfig(num_tokens=k, max_ngram=max_ngram, min_ngram=min_ngram))
+    proposer = NgramProposer(SpeculativeConfig(num_tokens=k, max_ngram=max_ngram, min_ngram=min_ngram,
+                                               min_keep_chance=0))
     req = Request("r", tokens[:1], SamplingParams())
     rng = random.Random(len(tokens))
     # Grow the sequence by uneven amounts between proposals, as kept drafts do.
@@ -52,7 +53,7 @@ def test_proposals_equal_a_brute_force_search_as_the_sequence_grows(tokens, k, m
 
 
 def test_a_proposal_is_capped_by_its_limit_and_needs_an_earlier_match():
-    proposer = NgramProposer(SpeculativeConfig(num_tokens=4, max_ngram=2))
+    proposer = NgramProposer(SpeculativeConfig(num_tokens=4, max_ngram=2, min_keep_chance=0))
     req = Request("r", [1, 2, 3, 4, 5, 1, 2], SamplingParams())
     assert proposer.propose(req, limit=10) == [3, 4, 5, 1]
     assert proposer.propose(req, limit=2) == [3, 4]
@@ -60,8 +61,33 @@ def test_a_proposal_is_capped_by_its_limit_and_needs_an_earlier_match():
     assert proposer.propose(Request("s", [1, 2, 3], SamplingParams()), limit=4) == []
 
 
+def test_the_draft_length_follows_the_keep_rate():
+    """k is the largest with rate^k >= the chance; kept drafts raise the rate, a run's first miss
+    lowers it (the drafts after it are not counted); a rate too low drafts one token every
+    PROBE_EVERY steps."""
+    proposer = NgramProposer(SpeculativeConfig(num_tokens=6, min_keep_chance=0.5))
+    state = DraftState(3)
+    assert state.keep_rate == INITIAL_KEEP_RATE == 0.8 and proposer.draft_length(state) == 3  # 0.8^3 >= 0.5 > 0.8^4
+    proposer.record(state, 3, 3)  # all kept: 1 - 0.2 * 0.8^3
+    assert state.keep_rate == pytest.approx(1 - 0.2 * 0.8 ** 3) and proposer.draft_length(state) == 6
+    proposer.record(state, 6, 0)  # missed at once: one miss judged
+    assert state.keep_rate == pytest.approx((1 - 0.2 * 0.8 ** 3) * 0.8)
+    before = state.keep_rate
+    proposer.record(state, 4, 2)  # two kept, then the first miss; the fourth never judged
+    assert state.keep_rate == pytest.approx((1 - (1 - before) * 0.8 ** 2) * 0.8)
+    state.keep_rate = 0.45  # below the chance: nothing, then a probe of one token
+    lengths = [proposer.draft_length(state) for _ in range(2 * PROBE_EVERY)]
+    assert lengths == ([0] * (PROBE_EVERY - 1) + [1]) * 2
+    for _ in range(10_000):  # misses without end never reach a rate of 0
+        proposer.record(state, 1, 0)
+    assert 0 < state.keep_rate and proposer.draft_length(state) == 0
+    fixed = NgramProposer(SpeculativeConfig(num_tokens=5, min_keep_chance=0))
+    assert fixed.draft_length(state) == 5  # no adaptation: always num_tokens
+
+
 @pytest.mark.parametrize("bad", [{"num_tokens": 0}, {"num_tokens": 33}, {"max_ngram": 0},
-                                 {"max_ngram": 2, "min_ngram": 3}, {"num_tokens": 2.5}])
+                                 {"max_ngram": 2, "min_ngram": 3}, {"num_tokens": 2.5}, {"min_keep_chance": 1.0},
+                                 {"min_keep_chance": -0.1}, {"min_keep_chance": True}])
 def test_bad_speculative_settings_are_refused(bad):
     with pytest.raises(ValueError, match="speculative"):
         SpeculativeConfig(**bad)
@@ -173,7 +199,8 @@ def test_a_preempted_request_drops_its_drafts():
 
 # -- the engine -----------------------------------------------------------------------------
 ARCHS = ["llama", "qwen2"]
-SPEC = SpeculativeConfig(num_tokens=4, max_ngram=3)
+# Without adaptation: these tests are about verification, so every chance to draft is taken.
+SPEC = SpeculativeConfig(num_tokens=4, max_ngram=3, min_keep_chance=0)
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -320,6 +347,29 @@ def test_penalties_at_a_drafted_position_count_the_drafts_before_it(tiny):
     got = _run(eng, prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert _drafted(eng)[1] > 0
+
+
+def test_requests_whose_drafts_miss_draft_less_and_keep_their_tokens(tiny):
+    """The keep-rate adaptation: greedy requests whose drafts are kept often enough go on drafting,
+    with fewer misses per draft than without it; requests sampled at a high temperature, whose
+    drafts miss, draft far less. The tokens are plain decoding's either way."""
+    d, _ = tiny
+    prompts = _prompts(11, n=6)
+    greedy = _greedy([40] * 6)
+    hot = [SamplingParams(max_tokens=40, ignore_eos=True, detokenize=False, temperature=1.5, seed=i) for i in range(6)]
+    adaptive = SpeculativeConfig(num_tokens=4, max_ngram=3)  # min_keep_chance 0.5
+    counts = {}
+    for name, params in (("greedy", greedy), ("hot", hot)):
+        want = [o.token_ids for o in _run(_engine(d, spec=None), prompts, params)]
+        for spec in (SPEC, adaptive):
+            eng = _engine(d, spec=spec)
+            assert [o.token_ids for o in _run(eng, prompts, params)] == want
+            counts[name, spec.min_keep_chance] = _drafted(eng)
+    (g_fixed, g_kept_fixed), (g_adapt, g_kept_adapt) = counts["greedy", 0], counts["greedy", 0.5]
+    (h_fixed, h_kept_fixed), (h_adapt, h_kept_adapt) = counts["hot", 0], counts["hot", 0.5]
+    assert g_kept_adapt > 0 and g_kept_adapt / g_adapt > g_kept_fixed / g_fixed  # fewer misses per draft
+    assert h_kept_fixed / h_fixed < 0.5  # hot drafts mostly miss ...
+    assert h_adapt < 0.5 * h_fixed  # ... and are mostly not drafted
 
 
 def test_logprobs_of_kept_drafts_are_plain_decodings(tiny):
