@@ -50,3 +50,61 @@ def test_seeds_differ_in_all_64_bits():
     for seed in (0, 12345, 7):
         assert draw(seed) != draw(seed + 2**63) and draw(seed) != draw(seed + 2**32)
     assert draw(-1) == draw(2**64 - 1) and draw(-(2**63)) == draw(2**63)
+
+
+def _frequencies(sp: SamplingParams, positions, logits=LOGITS, seed: int = 0) -> torch.Tensor:
+    n = len(positions)
+    got = Sampler(seed, torch.device("cpu")).sample(logits.repeat(n, 1), [sp] * n, list(positions))
+    return torch.bincount(got, minlength=logits.shape[0]).double() / n
+
+
+def _assert_close_to(freq: torch.Tensor, probs: list[float], n: int) -> None:
+    p = torch.tensor(probs, dtype=torch.float64)
+    sigma = (p * (1 - p) / n).sqrt()
+    assert ((freq - p).abs() <= 5 * sigma + 1e-12).all(), (freq.tolist(), probs)
+
+
+def test_sampled_tokens_follow_the_distribution():
+    """Inverse transform sampling: each token as often as its probability (within 5 sigma of 40,000
+    draws), after temperature, top-k, top-p and min-p; seeded rows (one per output position) too."""
+    n = 40_000
+    _assert_close_to(_frequencies(SamplingParams(temperature=1.0), range(n)), [0.4, 0.3, 0.15, 0.1, 0.05], n)
+    _assert_close_to(_frequencies(SamplingParams(temperature=1.0, seed=7), range(n)), [0.4, 0.3, 0.15, 0.1, 0.05], n)
+    _assert_close_to(_frequencies(SamplingParams(temperature=1.0, top_p=0.71), range(n)),
+                     [0.4 / 0.85, 0.3 / 0.85, 0.15 / 0.85, 0, 0], n)
+    _assert_close_to(_frequencies(SamplingParams(temperature=1.0, top_k=2, seed=3), range(n)), [4 / 7, 3 / 7, 0, 0, 0], n)
+    _assert_close_to(_frequencies(SamplingParams(temperature=1.0, min_p=0.3), range(n)),
+                     [0.4 / 0.85, 0.3 / 0.85, 0.15 / 0.85, 0, 0], n)
+    t2 = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05], dtype=torch.float64) ** 0.5  # temperature 2
+    _assert_close_to(_frequencies(SamplingParams(temperature=2.0), range(n)), (t2 / t2.sum()).tolist(), n)
+
+
+def test_a_zero_probability_token_is_never_sampled_even_at_the_top_of_the_range(monkeypatch):
+    """u close to 1 (1 - 2**-53, the largest the seeded hash gives) must not run past the last
+    token that can be taken into a masked tail."""
+    import engine.sampler as sampler
+
+    logits = torch.tensor([[float("-inf"), 0.0, 1.0, float("-inf")]])
+    # (1.0 itself, which the hash never gives, stands in for u x total rounding up to the total.)
+    for u, want in ((1.0 - 2.0**-53, 2), (1.0, 2), (0.0, 1)):
+        monkeypatch.setattr(sampler, "row_uniform", lambda seed, pos: u)
+        got = Sampler(0, torch.device("cpu")).sample(logits, [SamplingParams(temperature=1.0, seed=1)], [0])
+        assert got.tolist() == [want]
+
+
+def test_top_p_among_candidates_keeps_what_a_full_sort_keeps(monkeypatch):
+    """The cut is looked for among the 256, then 4,096 most likely tokens before a full sort: rows
+    whose cut lies in each tier keep exactly the tokens the full sort keeps."""
+    import engine.sampler as sampler
+
+    g = torch.Generator().manual_seed(0)
+    vocab = 49152
+    # Peaked rows (cut within 256), flatter ones (within 4,096) and near-uniform ones (full sort).
+    logits = torch.cat([torch.randn(4, vocab, generator=g) * s for s in (12.0, 4.0, 0.2)])
+    top_p = [0.5, 0.9, 0.95, 0.99] + [0.5, 0.9, 0.95, 0.97] + [0.5, 0.9, 0.95, 0.999]
+    tiered = sampler._apply_top_p(logits, top_p)
+    monkeypatch.setattr(sampler, "_TOP_P_CANDIDATES", ())
+    full = sampler._apply_top_p(logits, top_p)
+    assert torch.equal(tiered, full)
+    kept = (full > float("-inf")).sum(1).tolist()
+    assert max(kept[:4]) <= 256 < max(kept[4:8]) <= 4096 < min(kept[8:])
