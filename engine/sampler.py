@@ -105,7 +105,8 @@ def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     # (The block's sum and its cumulative sums may differ in the last bits: the target stays in it.)
     local = torch.minimum(target - before, torch.nextafter(inside[:, -1:], torch.zeros_like(inside[:, -1:])))
     token = torch.searchsorted(inside, local.clamp_(min=0.0), right=True).squeeze(1)
-    return block.squeeze(1) * b + token
+    # (Only NaN probabilities, a broken model's, search past the end: a token id still in range.)
+    return (block.squeeze(1) * b + token).clamp_(max=vocab - 1)
 
 
 def _apply_top_k(logits: torch.Tensor, ks: list[int]) -> torch.Tensor:

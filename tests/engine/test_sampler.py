@@ -108,3 +108,13 @@ def test_top_p_among_candidates_keeps_what_a_full_sort_keeps(monkeypatch):
     assert torch.equal(tiered, full)
     kept = (full > float("-inf")).sum(1).tolist()
     assert max(kept[:4]) <= 256 < max(kept[4:8]) <= 4096 < min(kept[8:])
+
+
+def test_nan_logits_still_give_a_token_id_in_the_vocabulary():
+    """A broken model's NaN row: whatever token, never an id past the vocabulary (the next step's
+    embedding lookup would fail on it)."""
+    vocab = 1000  # not a multiple of the CDF's block: padded
+    logits = torch.randn(3, vocab)
+    logits[1] = float("nan")
+    got = Sampler(0, torch.device("cpu")).sample(logits, [SamplingParams(temperature=1.0)] * 3, [0, 0, 0])
+    assert all(0 <= t < vocab for t in got.tolist())
