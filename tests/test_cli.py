@@ -93,8 +93,11 @@ def test_missing_model_is_named(tmp_path):
 
 
 def test_generate_through_the_pools_matches_the_engine(tiny_model_dir):
+    # Seeded sampling: a seeded request's tokens are the same wherever its positions are sampled
+    # (the prefill worker samples the first), with or without drafts.
     common = ["generate", "--model", str(tiny_model_dir), "--prompt", "hello there, how are you today? " * 3,
-              "--prompt", "short", "--max-tokens", "8", "--ignore-eos", "--json", "--max-num-batched-tokens", "16"]
+              "--prompt", "short", "--max-tokens", "8", "--ignore-eos", "--json", "--max-num-batched-tokens", "16",
+              "--temperature", "0.8", "--seed", "3"]
     local = baton(*common)
     pooled = baton(*common, "--prefill-workers", "1", "--decode-workers", "1", timeout=600)
     assert local.returncode == 0 and pooled.returncode == 0, pooled.stderr[-2000:]
