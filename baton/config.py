@@ -68,6 +68,9 @@ class EngineSection(_Model):
     cuda_graphs: bool = Field(True, description="CUDA: decode steps replay graphs captured at start")
     kv_shared_memory: bool = Field(False, description="CPU: KV caches in /dev/shm; same-host transfers copy directly")
     speculative_tokens: int = Field(0, ge=0, le=32, description="n-gram drafts a step for each decoding request; 0: off")
+    speculative_min_keep_chance: float = Field(
+        0.5, ge=0, lt=1, description="a request drafts only as many tokens as its keep rate gives this chance of "
+        "being kept; 0: always speculative_tokens (lower it where a draft row is cheap, as on a GPU)")
 
     @field_validator("block_size")
     @classmethod
@@ -236,7 +239,8 @@ class BatonConfig(_Model):
             model=self.model.path, dtype=self.model.dtype, max_model_len=self.model.max_model_len,
             attention_backend=e.attention_backend, cuda_graphs=e.cuda_graphs,
             scheduler=SchedulerConfig(max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
-                                      speculative=SpeculativeConfig.from_num_tokens(e.speculative_tokens)),
+                                      speculative=SpeculativeConfig.from_num_tokens(
+                                          e.speculative_tokens, min_keep_chance=e.speculative_min_keep_chance)),
             cache=CacheConfig(block_size=e.block_size, kv_cache_memory_gb=e.kv_cache_memory_gb,
                               enable_prefix_caching=e.enable_prefix_caching, shared_memory=e.kv_shared_memory),
         )

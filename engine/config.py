@@ -56,12 +56,12 @@ class SpeculativeConfig:
             raise ValueError(f"speculative min_keep_chance must be in [0, 1), got {c!r}")
 
     @classmethod
-    def from_num_tokens(cls, num_tokens: int, name: str = "speculative num_tokens") -> SpeculativeConfig | None:
+    def from_num_tokens(cls, num_tokens: int, name: str = "speculative num_tokens", **kwargs) -> SpeculativeConfig | None:
         """The config for a user's draft count, where 0 means speculation is off (None); ``name`` is
-        the setting as the user wrote it, for the error a negative count gets."""
+        the setting as the user wrote it, for the error a negative count gets; ``kwargs``, the other fields."""
         if num_tokens < 0:
             raise ValueError(f"{name} must be 0 (off) or positive, got {num_tokens}")
-        return cls(num_tokens=num_tokens) if num_tokens else None
+        return cls(num_tokens=num_tokens, **kwargs) if num_tokens else None
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ def _config(tmp_path, text: bytes | str, overrides=None):
     ("model: {path: ''}\n", "model.path: String should have at least 1 character"),
     ("engine: {speculative_tokens: -1}\n", "engine.speculative_tokens: Input should be greater than or equal to 0"),
     ("engine: {speculative_tokens: 64}\n", "engine.speculative_tokens: Input should be less than or equal to 32"),
+    ("engine: {speculative_min_keep_chance: 1}\n", "engine.speculative_min_keep_chance: Input should be less than 1"),
     ("redis: {url: 'redis://127.0.0.1:abc/0'}\n", "redis.url: Port could not be cast to integer value as 'abc'"),
 ])
 def test_a_bad_config_names_the_problem(tmp_path, text, needle):
@@ -184,4 +185,6 @@ def test_baton_up_says_which_settings_it_does_not_apply_as_written(tmp_path):
 def test_speculative_tokens_reach_the_workers_engine_config(tmp_path):
     assert _config(tmp_path, "engine: {}\n").engine_config().scheduler.speculative is None
     spec = _config(tmp_path, "engine: {speculative_tokens: 4}\n").engine_config().scheduler.speculative
-    assert spec is not None and spec.num_tokens == 4
+    assert spec is not None and spec.num_tokens == 4 and spec.min_keep_chance == 0.5
+    spec = _config(tmp_path, "engine: {speculative_tokens: 2, speculative_min_keep_chance: 0.2}\n").engine_config()
+    assert spec.scheduler.speculative.min_keep_chance == 0.2
