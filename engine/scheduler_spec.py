@@ -23,8 +23,7 @@ class SpeculationMixin:
         drafts, req.spec_token_ids = req.spec_token_ids, []
         self.num_draft_tokens += len(drafts)
         self.num_accepted_tokens += len(accepted)
-        if req.draft_state is not None:  # (None only for drafts not proposed here: tests set them by hand)
-            self.drafter.record(req.draft_state, len(drafts), len(accepted))
+        self.drafter.record(req.draft_state, len(drafts), len(accepted))
         req.num_computed_tokens -= len(drafts) - len(accepted)
         max_len = self.max_model_len
         for i, t in enumerate((*accepted, tok)):
