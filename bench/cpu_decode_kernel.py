@@ -2,7 +2,8 @@
 every layer of a SmolLM2-shaped block-major cache (30 layers, 9 heads, 3 KV heads, head_dim 64,
 16-token blocks scattered at random), B sequences of L tokens. Reports each arm's best time for
 all layers and the KV bytes it had to read per second. The ``per-head`` arm is the same kernel
-built to give each KV head its own task, as it did before a sequence's heads went to one thread.
+built to give each KV head its own task, as it did before a sequence's heads went to one thread;
+``no read-ahead``, the same kernel built without reading a piece's rows before attending it.
 
     python -m bench.cpu_decode_kernel [--seqs 64] [--context 1040] [--threads 2] [--repeats 3]
 """
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     per_head = NativePagedDecode.load(heads_together=False)
     if per_head is not None:
         arms["per-head"] = per_head
+    no_read_ahead = NativePagedDecode.load(read_ahead=False)
+    if no_read_ahead is not None:
+        arms["no read-ahead"] = no_read_ahead
     best = best_over_layers(arms, q, kv, (tables, seq_lens, head_dim**-0.5), args.repeats)
     print(f"{args.seqs} sequences x {args.context} tokens, {layers} layers ({kv_bytes / 1e9:.2f} GB of KV), "
           f"{args.threads} thread(s), best of {args.repeats}")
@@ -77,10 +81,12 @@ def best_over_layers(arms: dict[str, Callable], q, kv, rest: tuple, repeats: int
 
 def print_arms(best: dict[str, float], rate: Callable[[float], str]) -> None:
     for name, seconds in best.items():
-        print(f"  {name:10s} {seconds * 1e3:8.1f} ms  {rate(seconds)}")
+        print(f"  {name:13s} {seconds * 1e3:8.1f} ms  {rate(seconds)}")
     print(f"  speed-up {best['torch path'] / best['native']:.2f}x")
     if "per-head" in best:
         print(f"  native over per-head tasks {best['per-head'] / best['native']:.2f}x")
+    if "no read-ahead" in best:
+        print(f"  native over no read-ahead {best['no read-ahead'] / best['native']:.2f}x")
 
 
 if __name__ == "__main__":

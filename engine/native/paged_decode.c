@@ -41,16 +41,13 @@
 #define AHEAD 2 /* blocks prefetched ahead */
 #endif
 /* Pieces whose K and V rows (all heads) take at most this many bytes are read ahead by
- * touch_piece, in the 8-lane (AVX2) build; 0 turns it off (A/B runs). The piece then waits in the
- * caches for its heads: 200 tokens of SmolLM2 take 300 KiB (Zen 3's L2: 512 KiB), 680 take 1 MiB
- * (partly in L3, still 1.18x at 400 tokens); at 1,000 tokens (1.5 MiB) it gained 1.05x and is left
- * out (docs/BENCHMARKS.md). */
+ * touch_piece; 0 turns it off (A/B runs). The piece then waits in the caches for its heads: 200
+ * tokens of SmolLM2 take 300 KiB (Zen 3's L2: 512 KiB; Zen 4's: 1 MiB), 680 take 1 MiB (partly in
+ * L3, still 1.18x at 400 tokens on Zen 3); at 1,000 tokens (1.5 MiB) it gained 1.05x and is left
+ * out. On a Zen 4 host (AVX-512) the kernel read 12-15 GB/s without it and 1.12-1.23x faster with
+ * it (docs/BENCHMARKS.md). */
 #ifndef TOUCH_BYTES
-#if defined(__AVX512F__) || (defined(WIDE_TASK) && WIDE_TASK)
-#define TOUCH_BYTES 0 /* not measured on those builds' hosts: their prefetches reached 16-22 GB/s */
-#else
 #define TOUCH_BYTES (1 << 20)
-#endif
 #endif
 #ifndef HEADS_TOGETHER
 #define HEADS_TOGETHER 1 /* a piece's KV heads as one thread's run of tasks (0: one head a task, for A/B runs) */
@@ -93,21 +90,47 @@ static inline const float *block_ahead(const float *base, const int32_t *table, 
 /* Reads every line of a piece's K and V rows (all KV heads') with plain loads, before its heads
  * are attended: where the software prefetches of the blocks ahead do not keep enough lines in
  * flight (AMD Zen 3: the kernel read 7-8 GB/s from memory while plain loads of the same rows
- * stream at ~14), a tight loop of independent loads brings the piece into L2 at streaming rate and
- * the heads then read it from there. Nothing computed changes. */
+ * stream at ~14; Zen 4: 12-15 against ~24), a tight loop of independent loads brings the piece
+ * into L2 at streaming rate and the heads then read it from there. Where a block's rows are
+ * contiguous (the block-major cache: a token's row is all its heads), its K and its V are each read
+ * as one run, and the next block's lines are prefetched into L2 first, so two blocks are in flight
+ * (Zen 4: 1.04-1.08x over row by row). Nothing computed changes. */
 static void touch_piece(const float *k, const float *v, const int32_t *table, int b0, int b1, int len,
                         int block_size, int64_t block_stride, int64_t token_stride, int row_floats) {
-    v8 sum0 = {0}, sum1 = {0};
-    for (int b = b0; b < b1; b++) {
-        const int n = block_rows(len, b, block_size);
-        const float *kb = k + (int64_t)table[b] * block_stride, *vb = v + (int64_t)table[b] * block_stride;
-        for (int i = 0; i < n; i++)
-            for (int d = 0; d < row_floats; d += 16) { /* one load a 64-byte line */
-                sum0 += *(const v8 *)(kb + i * token_stride + d);
-                sum1 += *(const v8 *)(vb + i * token_stride + d);
+    v8 sum0 = {0}, sum1 = {0}, sum2 = {0}, sum3 = {0};
+    if (token_stride != row_floats) {
+        for (int b = b0; b < b1; b++) {
+            const int n = block_rows(len, b, block_size);
+            const float *kb = k + (int64_t)table[b] * block_stride, *vb = v + (int64_t)table[b] * block_stride;
+            for (int i = 0; i < n; i++)
+                for (int d = 0; d < row_floats; d += 16) { /* one load a 64-byte line */
+                    sum0 += *(const v8 *)(kb + i * token_stride + d);
+                    sum1 += *(const v8 *)(vb + i * token_stride + d);
+                }
+        }
+    } else {
+        const int64_t block_floats = (int64_t)block_size * row_floats;
+        for (int b = b0; b < b1; b++) {
+            if (b + 1 < b1) {
+                const float *nk = k + (int64_t)table[b + 1] * block_stride, *nv = v + (int64_t)table[b + 1] * block_stride;
+                for (int64_t d = 0; d < block_floats; d += 16) {
+                    __builtin_prefetch(nk + d, 0, 2);
+                    __builtin_prefetch(nv + d, 0, 2);
+                }
             }
+            const float *kb = k + (int64_t)table[b] * block_stride, *vb = v + (int64_t)table[b] * block_stride;
+            const int64_t total = (int64_t)block_rows(len, b, block_size) * row_floats;
+            int64_t d = 0;
+            for (; d + 64 <= total; d += 64) { /* four lines of K and four of V, four chains */
+                sum0 += *(const v8 *)(kb + d), sum1 += *(const v8 *)(kb + d + 16);
+                sum2 += *(const v8 *)(kb + d + 32), sum3 += *(const v8 *)(kb + d + 48);
+                sum0 += *(const v8 *)(vb + d), sum1 += *(const v8 *)(vb + d + 16);
+                sum2 += *(const v8 *)(vb + d + 32), sum3 += *(const v8 *)(vb + d + 48);
+            }
+            for (; d < total; d += 16) sum0 += *(const v8 *)(kb + d), sum1 += *(const v8 *)(vb + d);
+        }
     }
-    volatile float keep = (sum0 + sum1)[0]; /* the loads are the point: keep them */
+    volatile float keep = (sum0 + sum1 + sum2 + sum3)[0]; /* the loads are the point: keep them */
     (void)keep;
 }
 

@@ -28,7 +28,7 @@ class NativePagedDecode:
         """The kernel, compiled or taken from the cache; None (with nothing raised) when it cannot be had.
         ``split_tokens`` overrides the length past which a context is attended in pieces,
         ``heads_together=False`` gives each KV head its own task, and ``read_ahead=False`` turns off
-        the AVX2 build's reading of a piece's rows ahead (A/B runs)."""
+        the reading of a piece's rows ahead (A/B runs)."""
         flags = () if split_tokens is None else (f"-DSPLIT_TOKENS={int(split_tokens)}",)
         flags += () if heads_together else ("-DHEADS_TOGETHER=0",)
         flags += () if read_ahead else ("-DTOUCH_BYTES=0",)

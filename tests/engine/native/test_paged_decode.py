@@ -97,6 +97,37 @@ def test_heads_together_or_one_head_a_task_give_the_same_floats(kernel):
     assert torch.equal(kernel(*many), per_head(*many))
 
 
+def _padded_rows(cache: torch.Tensor) -> torch.Tensor:
+    """The same values in a cache whose token rows are 32 floats apart more than their heads need:
+    the kernel's strides allow it, and touch_piece then reads row by row instead of a block's run."""
+    blocks, block_size, kv_heads, head_dim = cache.shape
+    wide = torch.full((blocks, block_size, kv_heads * head_dim + 32), float("nan"))
+    wide[:, :, : kv_heads * head_dim] = cache.reshape(blocks, block_size, -1)
+    return wide[:, :, : kv_heads * head_dim].view(blocks, block_size, kv_heads, head_dim)
+
+
+def test_reading_pieces_ahead_changes_no_float(kernel):
+    """touch_piece reads a piece's K and V rows (and prefetches the next block) before its heads
+    are attended: only reads, so the very same floats as the build without it, with blocks whose
+    rows are one run (the engine's cache) and with padded rows, with one thread and two."""
+    off = NativePagedDecode.load(read_ahead=False)
+    assert off is not None
+    many = dict(heads=9, kv_heads=3, head_dim=64, block_size=16, lens=[5, 70, 300, 33, 1, 129, 16, 64, 700])
+    before = torch.get_num_threads()
+    try:
+        for case in (many, MORE_CASES["split_mixed_bs32"], MORE_CASES["qwen25_gqa7_d64"]):
+            q, kc, vc, bt, seq_lens, scale = decode_inputs(case)
+            for k, v in ((kc, vc), (_padded_rows(kc), _padded_rows(vc))):
+                for threads in (1, 2):
+                    torch.set_num_threads(threads)
+                    got = kernel(q, k, v, bt, seq_lens, scale)
+                    assert torch.equal(got, off(q, k, v, bt, seq_lens, scale)), (case["lens"], k.stride(), threads)
+                    torch.testing.assert_close(got, ref.paged_decode_attention(q, kc, vc, bt, seq_lens, scale),
+                                               rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("change", ["bf16", "head_dim_40", "group_16", "int64_tables", "blocks_of_128"])
 def test_shapes_the_kernel_does_not_take_fall_back_to_the_torch_path(kernel, change):
     case = dict(heads=8, kv_heads=2, head_dim=64, block_size=16, lens=[5, 40])
