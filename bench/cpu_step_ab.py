@@ -20,6 +20,8 @@ Changes:
   prefix-flash     (torch path) a chunk after a cached prefix as two flash calls merged by log-sum-exp vs one masked SDPA
   native-layers    a decode step's layer loop in one C call (engine/native/decode_layers.c) vs one call per kernel from Python
   layer-ops        fused residual-add + RMSNorm, rotary embedding and SiLU * up in C (engine/native) vs torch
+  greedy-head      greedy rows' tokens from the screened Q8_0 head (engine/native/greedy_head.c) vs every
+                   logit and an argmax
 
     python -m bench.cpu_step_ab --change packed-weights [--model default] [--rounds 3] [--threads 1]
 """
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
                                                        "cpu-attention", "native-decode", "native-prefill", "sampled-rows", "decode-split", "decode-heads",
                                                        "decode-read-ahead",
                                                        "prefix-flash",
-                                                       "layer-ops"))
+                                                       "layer-ops", "greedy-head"))
     p.add_argument("--model", default="default")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
@@ -167,6 +169,14 @@ def _switch(engine, change: str):
             model.ops = native if on else TorchLayerOps()
 
         return use_layer_ops, ("torch ops", "fused")
+    if change == "greedy-head":
+        if model.greedy_head is None:
+            raise SystemExit("greedy-head: not in use here (a GGUF Q8_0 head, AVX-512 VNNI, BATON_NATIVE_KERNELS, CC)")
+
+        def use_greedy_head(on: bool) -> None:
+            model.greedy_head_enabled = on
+
+        return use_greedy_head, ("every logit", "greedy head")
     if change in ("decode-split", "decode-heads", "decode-read-ahead"):
         from engine.native.paged_decode import NativePagedDecode
 

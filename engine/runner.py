@@ -110,11 +110,17 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _sample(self, hidden: torch.Tensor, inputs: StepInputs) -> RunnerOutput:
-        logits = self.model.compute_logits(hidden)
         batch = self.batch
         rows = inputs.sample_rows
         row_list = rows.tolist()
         params = [batch.params[r] for r in row_list]
+        if (self.model.greedy_head is not None and all(p.greedy for p in params)
+                and batch.logprob_rows.isdisjoint(row_list) and batch.processing_rows.isdisjoint(row_list)):
+            # Plain greedy rows need only each row's argmax: the model may find it without every logit.
+            tokens = self.model.greedy_tokens(hidden)
+            if tokens is not None:
+                return self._take(tokens, None, rows, row_list, params)
+        logits = self.model.compute_logits(hidden)
         # Tokens before the one each position samples: a drafted position's include the drafts
         # before it (written after the known ones), so its seed's output index and its penalties'
         # history are the ones plain decoding would use there.
@@ -129,6 +135,13 @@ class ModelRunner:
             to_sample = process_logits(logits, params, histories, batch.num_prompt_tokens[rows].tolist(),
                                        self.eos_token_ids)
         sampled_t = self.sampler.sample(to_sample, params, out_pos)
+        return self._take(sampled_t, logits, rows, row_list, params)
+
+    def _take(self, sampled_t: torch.Tensor, logits: torch.Tensor | None, rows: np.ndarray, row_list: list[int],
+              params: list) -> RunnerOutput:
+        """The sampled tokens into the batch (drafts verified); ``logits`` (None: no row asked for
+        logprobs) give the logprobs."""
+        batch = self.batch
         if batch.draft_rows:
             return self._verify(logits, sampled_t, rows, params)
         sampled = sampled_t.cpu().numpy()

@@ -19,7 +19,9 @@ from engine.model.config import ModelConfig
 from engine.model.linear import Linear, can_pack, default_projections, packs_large_products
 from engine.model.rope import RotaryEmbedding
 from engine.native.decode_layers import DecodePlan, NativeDecodeLayers
+from engine.native.greedy_head import GreedyHeadWeights, NativeGreedyHead
 from engine.native.layer_ops import layer_ops_for
+from engine.native.quant_linear import MAX_ROWS as QUANT_MAX_ROWS
 from engine.native.quant_linear import NativeQuantLinear, QuantizedWeight
 from engine.native.skinny_linear import NativeSkinnyLinear
 
@@ -66,6 +68,11 @@ class LlamaModel:
         self.native_layers = NativeDecodeLayers.load() if cpu_fp32 else None
         self._decode_plan: DecodePlan | None = None
         self._decode_plan_for: tuple | None = None  # (attention kernel, layer ops, KV cache) it was made for
+        # Greedy rows' tokens without every logit (a Q8_0 head in the quantized mode, AVX-512 VNNI:
+        # engine/native/greedy_head.py); None: compute_logits and an argmax.
+        self.greedy_head: tuple[NativeGreedyHead, GreedyHeadWeights] | None = None
+        self.greedy_head_enabled = True
+        self.greedy_head_candidates = 0  # exact logits it computed, all calls together (bench/tests)
 
     # -- weights ----------------------------------------------------------------------------
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -286,6 +293,21 @@ class LlamaModel:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """argmax(compute_logits(hidden)) row by row, the same ids, without computing every logit: where
+        the head multiplies GGUF Q8_0 blocks for these rows (the quantized mode, at most 64 rows) and
+        the screening kernel loads. None elsewhere, or for a row that is not finite: the caller then
+        computes the logits."""
+        if (self.greedy_head is None or not self.greedy_head_enabled or hidden.dim() != 2
+                or not 0 < hidden.shape[0] <= QUANT_MAX_ROWS or hidden.dtype != torch.float32 or hidden.stride(1) != 1):
+            return None
+        kernel, weights = self.greedy_head
+        got = kernel(hidden, weights)
+        if got is None:
+            return None
+        self.greedy_head_candidates += got[1]
+        return got[0]
+
     def set_projections(self, mode: str) -> None:
         """Multiply every projection the ``mode`` way (engine/model/linear.py): same products, another kernel."""
         if mode == "packed" and not can_pack(self.device, self.dtype):
@@ -305,3 +327,16 @@ class LlamaModel:
             proj.use(mode, self.skinny_kernel, self.quant_kernel, self.pack_large)
         self.projection_mode = mode
         self.invalidate_decode_plan()
+        self._set_greedy_head()
+
+    def _set_greedy_head(self) -> None:
+        """The greedy head where the head's decode-sized products multiply Q8_0 blocks (else None)."""
+        head = self.lm_head
+        if head.quant is None or head.quantized is None:
+            self.greedy_head = None
+            return
+        if self.greedy_head is not None and self.greedy_head[1].blocks is head.quantized.blocks:
+            return  # (prepared for these blocks already: modes switch back and forth in A/B runs)
+        weights = GreedyHeadWeights.of(head.quantized)
+        kernel = NativeGreedyHead.load() if weights is not None else None
+        self.greedy_head = (kernel, weights) if kernel is not None else None

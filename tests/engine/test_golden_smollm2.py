@@ -55,6 +55,9 @@ def _generate(engine, prompts, max_new):
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_new]
     outs = engine.generate(prompts, params)
     assert engine.num_free_blocks == engine.num_total_blocks
+    model = engine.runner.model
+    # Where the greedy head loads (AVX-512 VNNI), these greedy requests took their tokens from it.
+    assert model.greedy_head is None or not model.greedy_head_enabled or model.greedy_head_candidates > 0
     return [o.token_ids for o in outs], outs
 
 
@@ -101,3 +104,27 @@ def test_greedy_with_ngram_drafts_equals_transformers(default_model_dir, oracle,
     assert got == hf_greedy(oracle, prompts, max_new)
     s = engine.scheduler
     assert 0 < s.num_accepted_tokens < s.num_draft_tokens
+
+
+def test_the_greedy_head_gives_the_full_heads_tokens(default_model_dir):
+    """Greedy rows' tokens from the screened head (engine/native/greedy_head.c) against the full
+    head and its argmax, on the offline workload's kind of prompts (random tokens: flat, loopy
+    distributions) with and without drafts: the same tokens, and the screen computed few logits."""
+    import random
+
+    engine = _engine(default_model_dir)
+    model = engine.runner.model
+    if model.greedy_head is None:
+        pytest.skip("the greedy head needs a GGUF Q8_0 head and AVX-512 VNNI: not here")
+    rng = random.Random(1)
+    prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(16, 96))] for _ in range(12)]
+    max_new = [rng.randint(8, 40) for _ in prompts]
+    outputs = {}
+    for on in (True, False):
+        model.greedy_head_enabled = on
+        outputs[on], _ = _generate(engine, prompts, max_new)
+    assert outputs[True] == outputs[False]
+    steps = sum(max_new)
+    assert 0 < model.greedy_head_candidates < 64 * steps  # a few exact logits a token, not 49,152
+    drafted = _engine(default_model_dir, scheduler={"speculative": SpeculativeConfig(num_tokens=4)})
+    assert _generate(drafted, prompts, max_new)[0] == outputs[False]
