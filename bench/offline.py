@@ -66,14 +66,20 @@ def run_baton(engine_config: EngineConfig, requests: list[OfflineRequest], name:
     params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, detokenize=False) for r in requests]
     waste: list[float] = []
     model = engine.runner.model
-    work, head = WorkCounter(RowCost.of(model.cfg)), model.compute_logits
+    work, head, greedy = WorkCounter(RowCost.of(model.cfg)), model.compute_logits, model.greedy_tokens
     sampled = [0]
 
     def counted_logits(hidden):  # the head's rows: every row that samples
         sampled[0] += hidden.shape[0]
         return head(hidden)
 
-    model.compute_logits = counted_logits
+    def counted_greedy(hidden):  # (the greedy head's rows count as head rows: the same product, screened)
+        tokens = greedy(hidden)
+        sampled[0] += 0 if tokens is None else hidden.shape[0]
+        return tokens
+
+    model.compute_logits, model.greedy_tokens = counted_logits, counted_greedy
+    candidates_before = model.greedy_head_candidates
     drafts_before = (engine.scheduler.num_draft_tokens, engine.scheduler.num_accepted_tokens)  # (the warmup's)
     t0 = time.perf_counter()
     ids = [engine.add_request(None, list(r.prompt_token_ids), p) for r, p in zip(requests, params)]
@@ -96,7 +102,9 @@ def run_baton(engine_config: EngineConfig, requests: list[OfflineRequest], name:
     details = {"steps": steps, "kv_waste": sum(waste) / len(waste) if waste else 0.0,
                "preemptions": engine.scheduler.num_preemptions, "work": work.report(seconds),
                "drafts": engine.scheduler.num_draft_tokens - drafts_before[0],
-               "drafts_kept": engine.scheduler.num_accepted_tokens - drafts_before[1]}
+               "drafts_kept": engine.scheduler.num_accepted_tokens - drafts_before[1],
+               # exact logits the greedy head computed (engine/native/greedy_head.c; 0 where it is not used)
+               "greedy_head_candidates": model.greedy_head_candidates - candidates_before}
     del engine
     gc.collect()
     _release_device_memory()

@@ -12,3 +12,4 @@ def test_small_run_reports_both_arms(capsys):
     assert main(["--seqs", "2", "--context", "40", "--threads", "1", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "torch path" in out and "native" in out and "speed-up" in out
+    assert "no read-ahead" in out and "native over no read-ahead" in out

@@ -75,3 +75,8 @@ def test_q4_groups_turns_the_8_row_layout_back_into_the_files():
     assert back.qtype == "Q4_1" and torch.equal(back.blocks, stored)
     with pytest.raises(SystemExit, match="no Q4_1 blocks"):  # tiny is not a GGUF model
         main(["--change", "q4-groups", *ARGS])
+
+
+def test_greedy_head_is_refused_where_the_model_has_none():
+    with pytest.raises(SystemExit, match="greedy-head: not in use here"):  # tiny has no GGUF head
+        main(["--change", "greedy-head", *ARGS])
