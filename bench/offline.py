@@ -58,10 +58,13 @@ def model_and_workload(model: str, workload: str, n: int | None):
     return model_dir, build_workload(workload, cfg.vocab_size, frozenset(specials), n)
 
 
-def run_baton(engine_config: EngineConfig, requests: list[OfflineRequest], name: str) -> SystemResult:
+def run_baton(engine_config: EngineConfig, requests: list[OfflineRequest], name: str,
+              greedy_head: bool = True) -> SystemResult:
+    """``greedy_head=False``: greedy rows compute every logit (engine/native/greedy_head.py off: A/B runs)."""
     from engine.engine import LLMEngine
 
     engine = LLMEngine(engine_config)
+    engine.runner.model.greedy_head_enabled = greedy_head
     _warmup(engine)
     params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, detokenize=False) for r in requests]
     waste: list[float] = []
@@ -146,13 +149,15 @@ def run_offline(
     device: str = BATON_DEVICE,
     dtype: str = BATON_DTYPE,
     speculative_tokens: int = 0,
+    greedy_head_baseline: bool = False,
 ) -> dict:
     """Each system ``repeat`` times (rounds interleaved); each reports its median run.
 
     ``torch_path_baseline`` adds (a) run without the compiled CPU kernels (engine/native);
     ``cuda_graphs_baseline`` adds (a) with every decode step eager (no CUDA graphs; on CUDA).
     ``speculative_tokens`` > 0 adds (a) and (b) with n-gram drafts of that many tokens
-    (engine/spec_decode.py), reported beside the plain systems, which the targets are about.
+    (engine/spec_decode.py), reported beside the plain systems, which the targets are about;
+    ``greedy_head_baseline`` adds (a) and (b) with every logit computed (the greedy head off).
     ``device``/``dtype``: Baton's (pinned to the transformers baselines' cpu/float32 by default;
     bench/gpu_check.py runs Baton alone on CUDA in bf16)."""
     if repeat < 1:
@@ -177,6 +182,13 @@ def run_offline(
              lambda: run_baton(spec_cb, requests, "baton-cb-spec")),
             ("baton-static-spec", f"(b+s) Baton static batching, n-gram drafts of {speculative_tokens}",
              lambda: run_baton(spec_static, requests, "baton-static-spec")),
+        ]
+    if greedy_head_baseline:
+        runners += [
+            ("baton-cb-every-logit", "(a-g) Baton continuous batching, every logit (greedy head off)",
+             lambda: run_baton(cb_config, requests, "baton-cb-every-logit", greedy_head=False)),
+            ("baton-static-every-logit", "(b-g) Baton static batching, every logit (greedy head off)",
+             lambda: run_baton(static_config, requests, "baton-static-every-logit", greedy_head=False)),
         ]
     if cuda_graphs_baseline:
         eager_config = dataclasses.replace(cb_config, cuda_graphs=False)
@@ -245,6 +257,12 @@ def run_offline(
                       baton_cb_spec_over_static_spec=spec_cb.tok_s / spec_static.tok_s,
                       spec_kept_fraction={n: by[n].details["drafts_kept"] / max(1, by[n].details["drafts"])
                                           for n in ("baton-cb-spec", "baton-static-spec")})
+    if greedy_head_baseline:
+        cb_all, static_all = by["baton-cb-every-logit"], by["baton-static-every-logit"]
+        result.update(baton_cb_every_logit_tok_s=cb_all.tok_s, baton_static_every_logit_tok_s=static_all.tok_s,
+                      baton_cb_over_every_logit=cb.tok_s / cb_all.tok_s,
+                      baton_static_over_every_logit=static.tok_s / static_all.tok_s,
+                      baton_cb_over_static_every_logit=cb_all.tok_s / static_all.tok_s)
     if cuda_graphs_baseline:
         result["baton_cb_eager_tok_s"] = by["baton-cb-eager"].tok_s
         result["baton_cb_over_eager"] = cb.tok_s / by["baton-cb-eager"].tok_s

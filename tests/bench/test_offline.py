@@ -81,3 +81,19 @@ def test_the_speculative_arms_run_beside_the_plain_ones_with_the_same_tokens(tin
     assert all(0 <= f <= 1 for f in r["spec_kept_fraction"].values())
     assert r["details"]["baton-cb-spec"]["drafts"] > 0 and r["details"]["baton-cb"]["drafts"] == 0
     assert r["requests_identical_across_systems"] == 4  # drafts change the steps, not the tokens
+
+
+def test_the_greedy_head_baseline_runs_both_modes_with_every_logit(tiny_model_dir, monkeypatch):
+    from bench import offline
+    from engine.engine import LLMEngine
+
+    enabled: list[bool] = []
+    real_step = LLMEngine.step
+    monkeypatch.setattr(LLMEngine, "step", lambda self: enabled.append(self.runner.model.greedy_head_enabled) or real_step(self))
+    r = offline.run_offline("anyscale-cpu-small", model=str(tiny_model_dir), n=4, include_hf=False,
+                            greedy_head_baseline=True)
+    assert set(r["seconds"]) == {"baton-cb", "baton-static", "baton-cb-every-logit", "baton-static-every-logit"}
+    assert r["baton_cb_every_logit_tok_s"] > 0 and r["baton_cb_over_every_logit"] > 0
+    assert r["baton_static_over_every_logit"] > 0 and r["baton_cb_over_static_every_logit"] > 0
+    assert r["requests_identical_across_systems"] == 4
+    assert True in enabled and False in enabled  # the baselines really switched it off
