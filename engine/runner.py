@@ -13,6 +13,7 @@ from engine.input_batch import InputBatch, StepInputs
 from engine.logits_processing import process_logits
 from engine.logprobs import compute_logprobs
 from engine.model.llama import LlamaModel
+from engine.native.quant_linear import MAX_ROWS as QUANT_MAX_ROWS
 from engine.sampler import Sampler
 from engine.scheduler_output import RunnerOutput, SchedulerOutput
 
@@ -114,19 +115,54 @@ class ModelRunner:
         rows = inputs.sample_rows
         row_list = rows.tolist()
         params = [batch.params[r] for r in row_list]
-        if (self.model.greedy_head is not None and all(p.greedy for p in params)
-                and batch.logprob_rows.isdisjoint(row_list) and batch.processing_rows.isdisjoint(row_list)):
-            # Plain greedy rows need only each row's argmax: the model may find it without every logit.
-            tokens = self.model.greedy_tokens(hidden)
-            if tokens is not None:
-                return self._take(tokens, None, rows, row_list, params)
+        if self.model.greedy_head is not None and batch.logprob_rows.isdisjoint(row_list):
+            got = self._greedy_head_sample(hidden, inputs, row_list, params)
+            if got is not None:
+                return self._take(got, None, rows, row_list, params)
         logits = self.model.compute_logits(hidden)
+        sampled_t = self._sample_logits(logits, rows, row_list, params, inputs.sample_offsets)
+        return self._take(sampled_t, logits, rows, row_list, params)
+
+    def _greedy_head_sample(self, hidden: torch.Tensor, inputs: StepInputs, row_list: list[int],
+                            params: list) -> torch.Tensor | None:
+        """Plain greedy rows (no penalties, bias, ``min_tokens``; no row of the step wants logprobs)
+        need only each row's argmax: the model's greedy head finds it without every logit, and the
+        other rows' logits are computed and sampled alone. The same tokens as computing every logit
+        (the greedy head's argmax is the head's; the others' logits are the same floats row by row).
+        None where no row is plain greedy, or the greedy head does not take these rows."""
+        processing = self.batch.processing_rows
+        plain = [i for i, (r, p) in enumerate(zip(row_list, params)) if p.greedy and r not in processing]
+        if not plain:
+            return None
+        if len(plain) == len(params):
+            return self.model.greedy_tokens(hidden)
+        if len(params) > QUANT_MAX_ROWS:  # (the head's larger products are another kernel's floats)
+            return None
+        plain_t = torch.tensor(plain)
+        tokens = self.model.greedy_tokens(hidden[plain_t])
+        if tokens is None:
+            return None
+        plain_set = set(plain)
+        others = np.array([i for i in range(len(params)) if i not in plain_set])
+        others_t = torch.from_numpy(others)
+        offsets = inputs.sample_offsets
+        sampled = self._sample_logits(self.model.compute_logits(hidden[others_t]), inputs.sample_rows[others],
+                                      [row_list[i] for i in others], [params[i] for i in others],
+                                      None if offsets is None else offsets[others])
+        out = torch.empty(len(params), dtype=torch.int64)
+        out[plain_t], out[others_t] = tokens, sampled
+        return out
+
+    def _sample_logits(self, logits: torch.Tensor, rows: np.ndarray, row_list: list[int], params: list,
+                       offsets: np.ndarray | None) -> torch.Tensor:
+        """Tokens sampled from ``logits`` (one row per sampled position of ``rows``), logit processing first."""
+        batch = self.batch
         # Tokens before the one each position samples: a drafted position's include the drafts
         # before it (written after the known ones), so its seed's output index and its penalties'
         # history are the ones plain decoding would use there.
         known = batch.num_tokens[rows]
-        if inputs.sample_offsets is not None:
-            known = known + inputs.sample_offsets
+        if offsets is not None:
+            known = known + offsets
         out_pos = (known - batch.num_prompt_tokens[rows]).tolist()
         to_sample = logits
         if batch.processing_rows and not batch.processing_rows.isdisjoint(row_list):
@@ -134,8 +170,7 @@ class ModelRunner:
                          for r, n in zip(row_list, known.tolist())]
             to_sample = process_logits(logits, params, histories, batch.num_prompt_tokens[rows].tolist(),
                                        self.eos_token_ids)
-        sampled_t = self.sampler.sample(to_sample, params, out_pos)
-        return self._take(sampled_t, logits, rows, row_list, params)
+        return self.sampler.sample(to_sample, params, out_pos)
 
     def _take(self, sampled_t: torch.Tensor, logits: torch.Tensor | None, rows: np.ndarray, row_list: list[int],
               params: list) -> RunnerOutput:

@@ -128,3 +128,38 @@ def test_the_greedy_head_gives_the_full_heads_tokens(default_model_dir):
     assert 0 < model.greedy_head_candidates < 64 * steps  # a few exact logits a token, not 49,152
     drafted = _engine(default_model_dir, scheduler={"speculative": SpeculativeConfig(num_tokens=4)})
     assert _generate(drafted, prompts, max_new)[0] == outputs[False]
+
+
+def test_a_step_mixing_greedy_and_sampled_rows_screens_the_greedy_ones(default_model_dir):
+    """Greedy rows take the greedy head while, in the same steps, seeded sampled rows and a greedy
+    row with a repetition penalty take their own logits: every request gets the tokens it gets with
+    every logit computed."""
+    import random
+
+    engine = _engine(default_model_dir)
+    model = engine.runner.model
+    if model.greedy_head is None:
+        pytest.skip("the greedy head needs a GGUF Q8_0 head and AVX-512 VNNI: not here")
+    rng = random.Random(2)
+    prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(16, 64))] for _ in range(6)]
+    for i in (1, 2, 4):  # a phrase over and over: the n-grams propose drafts for these rows too
+        prompts[i] = [rng.randrange(100, 40000) for _ in range(6)] * 8
+    params = [SamplingParams(max_tokens=24, ignore_eos=True),
+              SamplingParams(max_tokens=20, ignore_eos=True, temperature=1.0, seed=5),
+              SamplingParams(max_tokens=24, ignore_eos=True, repetition_penalty=1.3),
+              SamplingParams(max_tokens=16, ignore_eos=True),
+              SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.9, top_p=0.95, seed=7),
+              SamplingParams(max_tokens=12, ignore_eos=True)]
+    outputs = {}
+    for on in (True, False):
+        model.greedy_head_enabled = on
+        before = model.greedy_head_candidates
+        outputs[on] = [o.token_ids for o in engine.generate(prompts, params)]
+        assert (model.greedy_head_candidates > before) == on
+    assert outputs[True] == outputs[False]
+    assert engine.num_free_blocks == engine.num_total_blocks
+    # With drafts: a sampled position's seed index and penalty history follow the drafts before it.
+    drafted = _engine(default_model_dir, scheduler={"speculative": SpeculativeConfig(num_tokens=4, min_keep_chance=0.0)})
+    before = drafted.runner.model.greedy_head_candidates
+    assert [o.token_ids for o in drafted.generate(prompts, params)] == outputs[False]
+    assert drafted.runner.model.greedy_head_candidates > before and drafted.scheduler.num_draft_tokens > 0
