@@ -106,16 +106,21 @@ def test_greedy_with_ngram_drafts_equals_transformers(default_model_dir, oracle,
     assert 0 < s.num_accepted_tokens < s.num_draft_tokens
 
 
+def _greedy_head_engine(model_dir):
+    """An engine whose model has the greedy head, and the model; skips where it does not load."""
+    engine = _engine(model_dir)
+    if engine.runner.model.greedy_head is None:
+        pytest.skip("the greedy head needs a GGUF Q8_0 head and AVX-512 VNNI: not here")
+    return engine, engine.runner.model
+
+
 def test_the_greedy_head_gives_the_full_heads_tokens(default_model_dir):
     """Greedy rows' tokens from the screened head (engine/native/greedy_head.c) against the full
     head and its argmax, on the offline workload's kind of prompts (random tokens: flat, loopy
     distributions) with and without drafts: the same tokens, and the screen computed few logits."""
     import random
 
-    engine = _engine(default_model_dir)
-    model = engine.runner.model
-    if model.greedy_head is None:
-        pytest.skip("the greedy head needs a GGUF Q8_0 head and AVX-512 VNNI: not here")
+    engine, model = _greedy_head_engine(default_model_dir)
     rng = random.Random(1)
     prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(16, 96))] for _ in range(12)]
     max_new = [rng.randint(8, 40) for _ in prompts]
@@ -136,10 +141,7 @@ def test_a_step_mixing_greedy_and_sampled_rows_screens_the_greedy_ones(default_m
     every logit computed."""
     import random
 
-    engine = _engine(default_model_dir)
-    model = engine.runner.model
-    if model.greedy_head is None:
-        pytest.skip("the greedy head needs a GGUF Q8_0 head and AVX-512 VNNI: not here")
+    engine, model = _greedy_head_engine(default_model_dir)
     rng = random.Random(2)
     prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(16, 64))] for _ in range(6)]
     for i in (1, 2, 4):  # a phrase over and over: the n-grams propose drafts for these rows too
