@@ -224,8 +224,9 @@ int baton_greedy_head_q8_0(const float *x, int64_t x_stride, int M, int N, int K
                         n += __builtin_popcount(keep);
                     }
                 }
-                /* (n >= 1: the token of the largest lower bound has its upper bound above it.) */
-                tokens[r] = exact_argmax(x + r * x_stride, blocks, K, my_ids, n);
+                /* n >= 1 (the token of the largest lower bound has its upper bound above it) unless the
+                 * bounds overflowed (rows near the float range: inf - inf); then the full head decides. */
+                tokens[r] = n ? exact_argmax(x + r * x_stride, blocks, K, my_ids, n) : -1;
                 if (tokens[r] < 0) status = 2; /* (any thread may set it: the same value) */
                 total += n;
             }

@@ -110,6 +110,20 @@ def test_a_row_that_is_not_finite_is_left_to_the_full_head(kernels, bad):
     assert head(x, GreedyHeadWeights.of(q8_0_head(256, 64))) is None
 
 
+@pytest.mark.parametrize("scale", [1e30, 1e36, 1e38, 2.9e38])
+def test_rows_near_the_float_range_give_the_full_heads_token_or_defer_to_it(kernels, scale):
+    """Where logits or the screen's bounds overflow (inf, inf - inf), the kernel hands the rows back
+    rather than guess (at 2.9e38 it must: the full head's logits hold NaN there)."""
+    head, linear = kernels
+    weight = q8_0_head(512, 64, seed=8)
+    x = (torch.rand(4, 64, generator=torch.Generator().manual_seed(9)) * 2 - 1) * scale
+    got = head(x, GreedyHeadWeights.of(weight))
+    if scale == 2.9e38:
+        assert got is None
+    else:
+        assert got is not None and torch.equal(got[0], full_argmax(linear, x, weight))
+
+
 def test_weights_it_does_not_take():
     assert GreedyHeadWeights.of(q8_0_head(100, 64)) is None  # tokens not a multiple of 32
     q4 = QuantizedWeight(torch.zeros(64, 2 * 20, dtype=torch.uint8), "Q4_1")
