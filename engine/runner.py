@@ -13,7 +13,6 @@ from engine.input_batch import InputBatch, StepInputs
 from engine.logits_processing import process_logits
 from engine.logprobs import compute_logprobs
 from engine.model.llama import LlamaModel
-from engine.native.quant_linear import MAX_ROWS as QUANT_MAX_ROWS
 from engine.sampler import Sampler
 from engine.scheduler_output import RunnerOutput, SchedulerOutput
 
@@ -115,7 +114,7 @@ class ModelRunner:
         rows = inputs.sample_rows
         row_list = rows.tolist()
         params = [batch.params[r] for r in row_list]
-        if self.model.greedy_head is not None and batch.logprob_rows.isdisjoint(row_list):
+        if self.model.greedy_head_takes(len(row_list)) and batch.logprob_rows.isdisjoint(row_list):
             got = self._greedy_head_sample(hidden, inputs, row_list, params)
             if got is not None:
                 return self._take(got, None, rows, row_list, params)
@@ -131,20 +130,16 @@ class ModelRunner:
         (the greedy head's argmax is the head's; the others' logits are the same floats row by row).
         None where no row is plain greedy, or the greedy head does not take these rows."""
         processing = self.batch.processing_rows
-        plain = [i for i, (r, p) in enumerate(zip(row_list, params)) if p.greedy and r not in processing]
-        if not plain:
+        is_plain = np.array([p.greedy and r not in processing for r, p in zip(row_list, params)])
+        if not is_plain.any():
             return None
-        if len(plain) == len(params):
+        if is_plain.all():
             return self.model.greedy_tokens(hidden)
-        if len(params) > QUANT_MAX_ROWS:  # (the head's larger products are another kernel's floats)
-            return None
-        plain_t = torch.tensor(plain)
+        plain, others = np.flatnonzero(is_plain), np.flatnonzero(~is_plain)
+        plain_t, others_t = torch.from_numpy(plain), torch.from_numpy(others)
         tokens = self.model.greedy_tokens(hidden[plain_t])
         if tokens is None:
             return None
-        plain_set = set(plain)
-        others = np.array([i for i in range(len(params)) if i not in plain_set])
-        others_t = torch.from_numpy(others)
         offsets = inputs.sample_offsets
         sampled = self._sample_logits(self.model.compute_logits(hidden[others_t]), inputs.sample_rows[others],
                                       [row_list[i] for i in others], [params[i] for i in others],

@@ -293,13 +293,18 @@ class LlamaModel:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
+    def greedy_head_takes(self, num_rows: int) -> bool:
+        """Whether a step sampling ``num_rows`` rows multiplies them all as the head's blocks (at most
+        64), so the greedy head's tokens and any row's logits computed alone are that step's floats."""
+        return self.greedy_head is not None and self.greedy_head_enabled and 0 < num_rows <= QUANT_MAX_ROWS
+
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """argmax(compute_logits(hidden)) row by row, the same ids, without computing every logit: where
         the head multiplies GGUF Q8_0 blocks for these rows (the quantized mode, at most 64 rows) and
         the screening kernel loads. None elsewhere, or for a row that is not finite: the caller then
         computes the logits."""
-        if (self.greedy_head is None or not self.greedy_head_enabled or hidden.dim() != 2
-                or not 0 < hidden.shape[0] <= QUANT_MAX_ROWS or hidden.dtype != torch.float32 or hidden.stride(1) != 1):
+        if (not self.greedy_head_takes(hidden.shape[0]) or hidden.dim() != 2 or hidden.dtype != torch.float32
+                or hidden.stride(1) != 1):
             return None
         kernel, weights = self.greedy_head
         got = kernel(hidden, weights)
