@@ -20,6 +20,8 @@ Changes:
   prefix-flash     (torch path) a chunk after a cached prefix as two flash calls merged by log-sum-exp vs one masked SDPA
   native-layers    a decode step's layer loop in one C call (engine/native/decode_layers.c) vs one call per kernel from Python
   layer-ops        fused residual-add + RMSNorm, rotary embedding and SiLU * up in C (engine/native) vs torch
+  amx              the layers' larger products (prefill) on AMX bf16 tiles, six exact products of three-piece
+                   splits (engine/native/amx_linear.c) vs the mode's own path (MKL)
   greedy-head      greedy rows' tokens from the screened Q8_0 head (engine/native/greedy_head.c) vs every
                    logit and an argmax
 
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m bench.cpu_step_ab", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "quantized", "quantized-vs-packed", "q4-groups", "quant-avx2-rows", "native-layers",
+    p.add_argument("--change", required=True, choices=("packed-weights", "skinny-linear", "skinny-vs-mkl", "quantized", "quantized-vs-packed", "q4-groups", "quant-avx2-rows", "native-layers", "amx",
                                                        "cpu-attention", "native-decode", "native-prefill", "sampled-rows", "decode-split", "decode-heads",
                                                        "decode-read-ahead",
                                                        "prefix-flash",
@@ -169,6 +171,10 @@ def _switch(engine, change: str):
             model.ops = native if on else TorchLayerOps()
 
         return use_layer_ops, ("torch ops", "fused")
+    if change == "amx":
+        if model.amx_kernel is None:
+            raise SystemExit("amx: not in use here (Intel AMX-BF16, Linux's tile permission, BATON_AMX, CC)")
+        return model.set_amx, ("no AMX", "AMX")
     if change == "greedy-head":
         if model.greedy_head is None:
             raise SystemExit("greedy-head: not in use here (a GGUF Q8_0 head, AVX-512 VNNI, BATON_NATIVE_KERNELS, CC)")

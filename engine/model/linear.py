@@ -24,6 +24,12 @@ Three ways, one per model (``LlamaModel.set_projections``), all computing ``x @ 
   (docs/BENCHMARKS.md, "Engine: offline throughput", the Zen 5 host); 3.9-4.2x at 1 row since a
   single row skips the L1 buffer ("One row straight from the registers").
 - ``dense``: ``F.linear`` (CUDA, other dtypes, a torch without oneDNN, A/B runs).
+
+Beside any of the CPU modes, where the CPU has AMX (Intel Xeon, Sapphire Rapids on) larger products
+(prefill) can take ``engine/native/amx_linear.c`` instead (``use_amx``): the weight split once into three
+bfloat16 pieces in the tiles' layout, six exact tile products a pair of tiles, fp32-class results
+(the C file says why), 1.1-1.6x MKL's fp32 rate on the 2-core Xeon measured (docs/BENCHMARKS.md,
+"Engine: AMX for prefill"). Decode-sized products keep their kernel.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.cpu_info import cpuinfo_field
+from engine.native.amx_linear import AmxWeight, NativeAmxLinear
 from engine.native.quant_linear import MAX_ROWS as QUANT_MAX_ROWS
 from engine.native.quant_linear import NativeQuantLinear, QuantizedWeight
 from engine.native.skinny_linear import MAX_ROWS as SKINNY_MAX_ROWS
@@ -76,7 +83,7 @@ def packs_large_products(device: torch.device, dtype: torch.dtype) -> bool:
 class Linear:
     """``y = x @ weight.T + bias`` for x ``[rows, in]``, weight ``[out, in]``."""
 
-    __slots__ = ("weight", "bias", "packed", "skinny", "quantized", "quant")
+    __slots__ = ("weight", "bias", "packed", "skinny", "quantized", "quant", "amx", "amx_weight")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False) -> None:
         self.bias = bias
@@ -84,6 +91,8 @@ class Linear:
         self.skinny: NativeSkinnyLinear | None = None
         self.quantized: QuantizedWeight | None = None  # the GGUF blocks ``weight`` was dequantized from
         self.quant: NativeQuantLinear | None = None  # set while the quantized mode multiplies them
+        self.amx: NativeAmxLinear | None = None  # set while larger products go to AMX (use_amx)
+        self.amx_weight: AmxWeight | None = None  # the weight's pieces for it, kept once made
         self.weight = weight
         if pack:
             self.pack()
@@ -110,6 +119,17 @@ class Linear:
             self.skinny = skinny if takes and skinny.supports_weight(self.weight, self.bias) else None
             self.quant = None
 
+    def use_amx(self, amx: NativeAmxLinear | None) -> None:
+        """Larger products (more rows than a decode step's) on AMX, or (None) back to the mode's own path.
+        The weight's pieces are made on the first call and kept, so switching back and forth (A/B runs)
+        costs nothing after it; a weight the kernel does not take stays on the mode's path."""
+        if amx is not None and not self.packed and amx.supports_weight(self.weight, self.bias):
+            if self.amx_weight is None or self.amx_weight.shape != tuple(self.weight.shape):
+                self.amx_weight = amx.pack(self.weight)
+            self.amx = amx
+        else:
+            self.amx = None
+
     @property
     def out_features(self) -> int:
         return self.weight.shape[0]
@@ -131,6 +151,8 @@ class Linear:
         small = 0 < x.shape[0] <= SKINNY_MAX_ROWS and x.dim() == 2 and x.stride(1) == 1
         if small and self.quant is not None:
             return self.quant(x, self.quantized, self.bias)
+        if self.amx is not None and x.shape[0] > SKINNY_MAX_ROWS and x.dim() == 2 and x.stride(1) == 1:
+            return self.amx(x, self.amx_weight, self.bias)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         if small and self.skinny is not None:

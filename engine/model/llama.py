@@ -18,6 +18,7 @@ from engine.errors import ModelLoadError
 from engine.model.config import ModelConfig
 from engine.model.linear import Linear, can_pack, default_projections, packs_large_products
 from engine.model.rope import RotaryEmbedding
+from engine.native.amx_linear import NativeAmxLinear
 from engine.native.decode_layers import DecodePlan, NativeDecodeLayers
 from engine.native.greedy_head import GreedyHeadWeights, NativeGreedyHead
 from engine.native.layer_ops import layer_ops_for
@@ -61,6 +62,10 @@ class LlamaModel:
         self.projection_mode = default_projections(device, dtype, self.skinny_kernel)
         # Where MKL is the slow large product (AMD), the quantized mode keeps oneDNN's packed weights for prefill.
         self.pack_large = packs_large_products(device, dtype)
+        # Larger products (prefill) of the layers on AMX where the CPU has it (engine/native/amx_linear.py);
+        # ``set_amx`` turns it off and on (A/B runs).
+        self.amx_kernel = NativeAmxLinear.load() if cpu_fp32 else None
+        self.amx_enabled = self.amx_kernel is not None
         # Residual add + RMSNorm, the rotary embedding, SiLU * up: fused C kernels on CPU fp32 (engine/native).
         self.ops = layer_ops_for(device, dtype)
         # Decode steps whose every call is one of those kernels run their layer loop in C (one call a
@@ -149,6 +154,7 @@ class LlamaModel:
             # Packed as they are built, so the dense and packed copies of all layers never coexist.
             for proj in layer.projections():
                 proj.use(self.projection_mode, self.skinny_kernel)
+                proj.use_amx(self.amx_kernel if self.amx_enabled else None)
         self.lm_head.use(self.projection_mode, self.skinny_kernel)
 
     @property
@@ -331,8 +337,19 @@ class LlamaModel:
         for proj in (p for layer in self.layers for p in layer.projections()):
             proj.use(mode, self.skinny_kernel, self.quant_kernel, self.pack_large)
         self.projection_mode = mode
+        self.set_amx(self.amx_enabled)
         self.invalidate_decode_plan()
         self._set_greedy_head()
+
+    def set_amx(self, enabled: bool) -> None:
+        """The layers' larger products on AMX (where the kernel loaded) or on the mode's own path. The
+        head stays on its path: its larger products (prompt scoring) are rare, and its pieces would
+        be another 1.5x of the vocabulary's weights."""
+        if enabled and self.amx_kernel is None:
+            raise ValueError("AMX projections need an Intel CPU with AMX-BF16, Linux's tile permission and a C compiler")
+        self.amx_enabled = enabled
+        for proj in (p for layer in self.layers for p in layer.projections()):
+            proj.use_amx(self.amx_kernel if enabled else None)
 
     def _set_greedy_head(self) -> None:
         """The greedy head where the head's decode-sized products multiply Q8_0 blocks (else None)."""
