@@ -59,12 +59,15 @@ def model_and_workload(model: str, workload: str, n: int | None):
 
 
 def run_baton(engine_config: EngineConfig, requests: list[OfflineRequest], name: str,
-              greedy_head: bool = True) -> SystemResult:
-    """``greedy_head=False``: greedy rows compute every logit (engine/native/greedy_head.py off: A/B runs)."""
+              greedy_head: bool = True, amx: bool = True) -> SystemResult:
+    """``greedy_head=False``: greedy rows compute every logit (engine/native/greedy_head.py off: A/B runs);
+    ``amx=False``: the layers' larger products keep the mode's own path (engine/native/amx_linear.py off)."""
     from engine.engine import LLMEngine
 
     engine = LLMEngine(engine_config)
     engine.runner.model.greedy_head_enabled = greedy_head
+    if not amx and engine.runner.model.amx_enabled:
+        engine.runner.model.set_amx(False)
     _warmup(engine)
     params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, detokenize=False) for r in requests]
     waste: list[float] = []
@@ -150,6 +153,7 @@ def run_offline(
     dtype: str = BATON_DTYPE,
     speculative_tokens: int = 0,
     greedy_head_baseline: bool = False,
+    amx_baseline: bool = False,
 ) -> dict:
     """Each system ``repeat`` times (rounds interleaved); each reports its median run.
 
@@ -157,7 +161,8 @@ def run_offline(
     ``cuda_graphs_baseline`` adds (a) with every decode step eager (no CUDA graphs; on CUDA).
     ``speculative_tokens`` > 0 adds (a) and (b) with n-gram drafts of that many tokens
     (engine/spec_decode.py), reported beside the plain systems, which the targets are about;
-    ``greedy_head_baseline`` adds (a) and (b) with every logit computed (the greedy head off).
+    ``greedy_head_baseline`` adds (a) and (b) with every logit computed (the greedy head off);
+    ``amx_baseline`` adds (a) and (b) with the layers' larger products off AMX (where it loads).
     ``device``/``dtype``: Baton's (pinned to the transformers baselines' cpu/float32 by default;
     bench/gpu_check.py runs Baton alone on CUDA in bf16)."""
     if repeat < 1:
@@ -189,6 +194,13 @@ def run_offline(
              lambda: run_baton(cb_config, requests, "baton-cb-every-logit", greedy_head=False)),
             ("baton-static-every-logit", "(b-g) Baton static batching, every logit (greedy head off)",
              lambda: run_baton(static_config, requests, "baton-static-every-logit", greedy_head=False)),
+        ]
+    if amx_baseline:
+        runners += [
+            ("baton-cb-no-amx", "(a-x) Baton continuous batching, larger products off AMX",
+             lambda: run_baton(cb_config, requests, "baton-cb-no-amx", amx=False)),
+            ("baton-static-no-amx", "(b-x) Baton static batching, larger products off AMX",
+             lambda: run_baton(static_config, requests, "baton-static-no-amx", amx=False)),
         ]
     if cuda_graphs_baseline:
         eager_config = dataclasses.replace(cb_config, cuda_graphs=False)
@@ -263,6 +275,11 @@ def run_offline(
                       baton_cb_over_every_logit=cb.tok_s / cb_all.tok_s,
                       baton_static_over_every_logit=static.tok_s / static_all.tok_s,
                       baton_cb_over_static_every_logit=cb_all.tok_s / static_all.tok_s)
+    if amx_baseline:
+        cb_x, static_x = by["baton-cb-no-amx"], by["baton-static-no-amx"]
+        result.update(baton_cb_no_amx_tok_s=cb_x.tok_s, baton_static_no_amx_tok_s=static_x.tok_s,
+                      baton_cb_over_no_amx=cb.tok_s / cb_x.tok_s, baton_static_over_no_amx=static.tok_s / static_x.tok_s,
+                      baton_cb_over_static_no_amx=cb_x.tok_s / static_x.tok_s)
     if cuda_graphs_baseline:
         result["baton_cb_eager_tok_s"] = by["baton-cb-eager"].tok_s
         result["baton_cb_over_eager"] = cb.tok_s / by["baton-cb-eager"].tok_s
@@ -332,6 +349,8 @@ def format_table(r: dict) -> str:
             ("Baton CB, torch CPU path", r.get("baton_cb_torch_path_tok_s")),
             ("Baton CB, n-gram drafts", r.get("baton_cb_spec_tok_s")),
             ("Baton static, n-gram drafts", r.get("baton_static_spec_tok_s")),
+            ("Baton CB, larger products off AMX", r.get("baton_cb_no_amx_tok_s")),
+            ("Baton static, larger products off AMX", r.get("baton_static_no_amx_tok_s")),
             ("transformers continuous batching", r["hf_cb_tok_s"]), ("transformers static generate (16)", r["hf_static_tok_s"])]
     lines = [f"{r['workload']} on {r['model']}: {r['num_requests']} requests, {r['useful_output_tokens']} output tokens"]
     for name, v in rows:

@@ -25,6 +25,8 @@ def add_parser(sub) -> None:
                    help="also run (a) and (b) with n-gram drafts of up to K tokens, reported beside them")
     o.add_argument("--greedy-head-baseline", action="store_true",
                    help="also run (a) and (b) computing every logit for greedy rows (the greedy head off)")
+    o.add_argument("--amx-baseline", action="store_true",
+                   help="also run (a) and (b) with the layers' larger products off AMX (where the CPU has it)")
     o.add_argument("--json", action="store_true")
     o.set_defaults(run=_offline)
 
@@ -73,7 +75,7 @@ def _offline(args: argparse.Namespace) -> int:
     result = run_offline(args.workload, args.model, args.n, include_hf=not args.skip_hf, threads=args.threads,
                          max_num_batched_tokens=args.max_num_batched_tokens, repeat=args.repeat,
                          torch_path_baseline=args.torch_path_baseline, speculative_tokens=args.speculative_tokens,
-                         greedy_head_baseline=args.greedy_head_baseline,
+                         greedy_head_baseline=args.greedy_head_baseline, amx_baseline=args.amx_baseline,
                          progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
     print(to_json(result) if args.json else format_table(result))
     return 0

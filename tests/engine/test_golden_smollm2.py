@@ -58,6 +58,8 @@ def _generate(engine, prompts, max_new):
     model = engine.runner.model
     # Where the greedy head loads (AVX-512 VNNI), these greedy requests took their tokens from it.
     assert model.greedy_head is None or not model.greedy_head_enabled or model.greedy_head_candidates > 0
+    # Where AMX loads (Intel Xeon), the prompts' larger products went to it (engine/native/amx_linear.c).
+    assert model.amx_kernel is None or all(p.amx is not None for layer in model.layers for p in layer.projections())
     return [o.token_ids for o in outs], outs
 
 
