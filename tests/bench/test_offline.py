@@ -97,3 +97,17 @@ def test_the_greedy_head_baseline_runs_both_modes_with_every_logit(tiny_model_di
     assert r["baton_static_over_every_logit"] > 0 and r["baton_cb_over_static_every_logit"] > 0
     assert r["requests_identical_across_systems"] == 4
     assert True in enabled and False in enabled  # the baselines really switched it off
+
+
+def test_the_amx_baseline_runs_both_modes_off_amx(tiny_model_dir, monkeypatch):
+    from bench import offline
+    from engine.engine import LLMEngine
+
+    enabled: list[bool] = []
+    real_step = LLMEngine.step
+    monkeypatch.setattr(LLMEngine, "step", lambda self: enabled.append(self.runner.model.amx_enabled) or real_step(self))
+    r = offline.run_offline("anyscale-cpu-small", model=str(tiny_model_dir), n=4, include_hf=False, amx_baseline=True)
+    assert set(r["seconds"]) == {"baton-cb", "baton-static", "baton-cb-no-amx", "baton-static-no-amx"}
+    assert r["baton_cb_no_amx_tok_s"] > 0 and r["baton_cb_over_no_amx"] > 0 and r["baton_cb_over_static_no_amx"] > 0
+    assert r["requests_identical_across_systems"] == 4
+    assert False in enabled  # the baselines run off AMX (on a CPU with it, the others on it)
