@@ -151,6 +151,14 @@ static void split_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int64_
     }
 }
 
+/* The four accumulators (0-3) += the A tiles (4, 5) times the B tiles (6, 7). */
+static inline void products_2x2(void) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+}
+
 /* One 32 x 32 block of y: rows (m-tiles mt, mt + 1 of the chunk), outputs (n-tiles nt, nt + 1). */
 static inline void block(const uint16_t *a0, const uint16_t *a1, const uint16_t *b0, const uint16_t *b1,
                          int64_t kt_count, float *c /* [32][32] */) {
@@ -166,10 +174,7 @@ static inline void block(const uint16_t *a0, const uint16_t *a1, const uint16_t 
         for (int j = 0; j < PIECES; j++) {
             _tile_loadd(6, b0 + j * TILE_ELEMS, 64);
             _tile_loadd(7, b1 + j * TILE_ELEMS, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
+            products_2x2();
         }
         /* x2 against w1, w2 */
         _tile_loadd(4, a0 + TILE_ELEMS, 64);
@@ -177,20 +182,14 @@ static inline void block(const uint16_t *a0, const uint16_t *a1, const uint16_t 
         for (int j = 0; j < 2; j++) {
             _tile_loadd(6, b0 + j * TILE_ELEMS, 64);
             _tile_loadd(7, b1 + j * TILE_ELEMS, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
+            products_2x2();
         }
         /* x3 against w1 */
         _tile_loadd(4, a0 + 2 * TILE_ELEMS, 64);
         _tile_loadd(5, a1 + 2 * TILE_ELEMS, 64);
         _tile_loadd(6, b0, 64);
         _tile_loadd(7, b1, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        products_2x2();
     }
     _tile_stored(0, c, 32 * 4);
     _tile_stored(1, c + 16, 32 * 4);
