@@ -232,12 +232,15 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
             echo_text = body.prompt if isinstance(body.prompt, str) else router.detokenize(list(body.prompt))
         headers = {"X-Request-Id": choices.request_id, "X-Baton-Lane": choices.lane}
         model = body.model or served_model_name
-        logprobs = None
-        if sampling.logprobs is not None:
-            logprobs = functools.partial(LogprobsFormatter, router.token_bytes, chat=chat)
+
+        def logprobs_for(echoed: str | None) -> Callable[[], LogprobsFormatter] | None:
+            if sampling.logprobs is None:
+                return None
+            return functools.partial(LogprobsFormatter, router.token_bytes, chat=chat, echo_text=echoed)
+
         if body.wants_stream:
             chunks = ChunkBuilder(choices.streams[0].request_id, model, created, chat=chat,
-                                  include_usage=body.include_usage, logprobs=logprobs)
+                                  include_usage=body.include_usage, logprobs=logprobs_for(echo_text))
             return SSEResponse(sse_events(choices, chunks, echo_text), choices, headers)
         try:
             done, results = await unless_disconnected(choices.results(), request.receive)
@@ -251,14 +254,14 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
             await choices.abort()
             return Response(status_code=CLIENT_CLOSED, headers=headers)
         if chat:
-            return json_response(chat_completion(results, model=model, created=created, logprobs=logprobs),
+            return json_response(chat_completion(results, model=model, created=created, logprobs=logprobs_for(None)),
                                  headers=headers)
         if body.echo and results[0].prompt_text is not None:
             echo_text = results[0].prompt_text
         if body.echo_only:  # the one token it ran for is not part of the answer
             results = [prompt_only(r) for r in results]
         return json_response(text_completion(results, model=model, created=created, echo_text=echo_text,
-                                             logprobs=logprobs), headers=headers)
+                                             logprobs=logprobs_for(echo_text)), headers=headers)
 
     @app.post("/v1/completions", include_in_schema=False)
     @guarded

@@ -3,7 +3,11 @@
 - ``/v1/completions`` (legacy): ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``,
   where each ``top_logprobs`` entry maps token text to logprob for the requested alternatives *and*
   the sampled token (so up to ``logprobs + 1`` entries, as OpenAI documents). With ``echo`` the
-  prompt's tokens come first, the very first with ``null`` (nothing precedes it).
+  prompt's tokens come first, the very first with ``null`` (nothing precedes it). ``text_offset``
+  indexes the returned text (the echoed prompt, then the completion). The prompt's tokens are
+  placed so that they end where the echoed prompt ends: a BOS token the tokenizer added (not in
+  the prompt's text) or sentencepiece's leading space would otherwise shift every later offset.
+  Tokens before the text's start (BOS) get offset 0.
 - ``/v1/chat/completions``: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}],
   "refusal": null}``.
 
@@ -37,18 +41,47 @@ class LogprobsFormatter:
     """Formats one request's logprobs, in order, chunk by chunk (it keeps the completions text
     offset between chunks)."""
 
-    def __init__(self, token_bytes: Callable[[Sequence[int]], list[bytes]], *, chat: bool, text_offset: int = 0) -> None:
+    def __init__(self, token_bytes: Callable[[Sequence[int]], list[bytes]], *, chat: bool,
+                 echo_text: str | None = None) -> None:
+        """echo_text: the prompt's text as the completion returns it (``echo``), which the prompt's
+        tokens are aligned to."""
         self._token_bytes = token_bytes
         self.chat = chat
-        self._offset = text_offset  # characters of text before the next token (completions)
+        self._echo_text = echo_text
+        self._offset = 0  # characters of text before the next token (completions)
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # across split characters
 
-    def format(self, logprobs: Sequence[TokenLogprob]) -> dict:
-        ids = [lp.token_id for lp in logprobs]
-        for lp in logprobs:
+    def format(self, logprobs: Sequence[TokenLogprob], prompt: Sequence[TokenLogprob] = ()) -> dict:
+        """The next tokens' logprobs; ``prompt``: the prompt's tokens (``echo``), which come first."""
+        ids = [lp.token_id for lp in (*prompt, *logprobs)]
+        for lp in (*prompt, *logprobs):
             ids.extend(t for t, _ in lp.top)
         names = dict(zip(ids, self._token_bytes(ids)))
-        return self._chat(logprobs, names) if self.chat else self._completion(logprobs, names)
+        if self.chat:
+            return self._chat((*prompt, *logprobs), names)
+        offsets = [*self._prompt_offsets(prompt, names), *self._offsets(logprobs, names)]
+        return self._completion((*prompt, *logprobs), names, offsets)
+
+    def _prompt_offsets(self, prompt: Sequence[TokenLogprob], raw: dict[int, bytes]) -> list[int]:
+        if not prompt:
+            return []
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        lengths = [len(utf8.decode(raw[lp.token_id])) for lp in prompt]
+        total = sum(lengths) + len(utf8.decode(b"", final=True))
+        start = self._offset if self._echo_text is None else len(self._echo_text) - total
+        offsets = []
+        for length in lengths:
+            offsets.append(max(0, start))
+            start += length
+        self._offset = self._offset + total if self._echo_text is None else len(self._echo_text)
+        return offsets
+
+    def _offsets(self, logprobs: Sequence[TokenLogprob], raw: dict[int, bytes]) -> list[int]:
+        offsets = []
+        for lp in logprobs:
+            offsets.append(self._offset)
+            self._offset += len(self._utf8.decode(raw[lp.token_id]))
+        return offsets
 
     def _chat(self, logprobs: Sequence[TokenLogprob], raw: dict[int, bytes]) -> dict:
         def entry(token_id: int, value: float) -> dict:
@@ -58,8 +91,9 @@ class LogprobsFormatter:
                    for lp in logprobs if lp.logprob is not None]
         return {"content": content, "refusal": None}
 
-    def _completion(self, logprobs: Sequence[TokenLogprob], raw: dict[int, bytes]) -> dict:
-        tokens, values, tops, offsets = [], [], [], []
+    @staticmethod
+    def _completion(logprobs: Sequence[TokenLogprob], raw: dict[int, bytes], offsets: list[int]) -> dict:
+        tokens, values, tops = [], [], []
         for lp in logprobs:
             name = token_name(raw[lp.token_id])
             tokens.append(name)
@@ -71,6 +105,4 @@ class LogprobsFormatter:
                 top.setdefault(name, _lp(lp.logprob))
                 values.append(_lp(lp.logprob))
                 tops.append(top)
-            offsets.append(self._offset)
-            self._offset += len(self._utf8.decode(raw[lp.token_id]))
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}

@@ -52,7 +52,7 @@ def _finish(reason: str | None) -> str:
 def _logprobs(result: GenerationResult, formatter: Callable[[], LogprobsFormatter] | None) -> dict | None:
     if formatter is None or result.logprobs is None:
         return None
-    return formatter().format((*(result.prompt_logprobs or ()), *result.logprobs))
+    return formatter().format(result.logprobs, prompt=result.prompt_logprobs or ())
 
 
 def total_usage(usages: Sequence[Usage]) -> Usage:
@@ -151,7 +151,7 @@ class ChunkBuilder:
             formatter = self._formatters.get(index)
             if formatter is None:
                 formatter = self._formatters[index] = self.logprobs()
-            logprobs = formatter.format((*(ev.prompt_logprobs or ()), *(ev.logprobs or ())))
+            logprobs = formatter.format(ev.logprobs or (), prompt=ev.prompt_logprobs or ())
         if not ev.text and not ev.finished and logprobs is None:
             return None
         return self._chunk(self._choice(index, ev.text, _finish(ev.finish_reason) if ev.finished else None,

@@ -122,6 +122,16 @@ def test_logprobs_through_the_stack(srv):
     lp = score["choices"][0]["logprobs"]
     assert len(lp["tokens"]) == 41 and lp["token_logprobs"][0] is None
     assert all(v <= 0 for v in lp["token_logprobs"][1:]) and lp["top_logprobs"][0] is None
+    text = score["choices"][0]["text"]  # the echoed prompt, then the continuation: text_offset indexes it
+    spelled = [(t, o) for t, o in zip(lp["tokens"], lp["text_offset"]) if not t.startswith("bytes:")]
+    assert len(spelled) > 20 and all(text[o:o + len(t)] == t for t, o in spelled), (text, lp["text_offset"])
+    worded = httpx.post(f"{srv.http}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                        json={"model": "tiny", "prompt": "once upon a time", "max_tokens": 2, "temperature": 0,
+                              "logprobs": 0, "echo": True}).json()["choices"][0]
+    lp, text = worded["logprobs"], worded["text"]
+    assert text.startswith("once upon a time") and lp["text_offset"] == sorted(lp["text_offset"])
+    assert all(text[o:o + len(t)] == t for t, o in zip(lp["tokens"], lp["text_offset"])
+               if o > 0 and not t.startswith("bytes:")), (text, lp["tokens"], lp["text_offset"])
     drained(srv)
 
 

@@ -88,7 +88,10 @@ def test_echo_with_logprobs_scores_the_prompt_too(url, fake):
     assert lp["tokens"] == ["p0", "p1", "p2", "alpha"]
     assert lp["token_logprobs"] == [None, -0.125, -0.25, -0.25]
     assert lp["top_logprobs"][0] is None and lp["top_logprobs"][1] == {"p1": -0.125}
-    assert lp["text_offset"] == [0, 2, 4, 6]
+    # into the returned text: the fake's prompt tokens ("p0p1p2") are shorter than the prompt's text,
+    # so they are placed to end where it ends, and "alpha" starts right after the echoed prompt
+    assert lp["text_offset"] == [7, 9, 11, 13]
+    assert choice["text"][lp["text_offset"][-1]:] == "alpha"
     plain = httpx.post(url + COMPL, json={"prompt": "one two", "max_tokens": 1, "logprobs": 1})
     assert plain.json()["choices"][0]["logprobs"]["tokens"] == ["alpha"]  # without echo: none of the prompt
     assert fake.requests[-1].sampling.prompt_logprobs is None
@@ -116,3 +119,5 @@ def test_streamed_echo_with_logprobs(url):
     assert chunks[0]["choices"][0]["text"] == "one two" and chunks[0]["choices"][0]["logprobs"] is None
     tokens = [t for c in chunks[1:] if c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["tokens"]]
     assert tokens == ["p0", "p1", "alpha", " beta"]
+    offsets = [t for c in chunks[1:] if c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["text_offset"]]
+    assert offsets == [3, 5, 7, 12]  # "one two" is 7 characters: "alpha" at 7, " beta" at 12
