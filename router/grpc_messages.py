@@ -84,6 +84,8 @@ def request_from_proto(msg: pb.GenerateRequest, tenant: str, time_remaining: flo
             if m.role not in CHAT_ROLES:  # (the HTTP schema's roles: was passed to the template as sent)
                 raise invalid(f"the role must be one of {', '.join(CHAT_ROLES)}, got {m.role[:40]!r}",
                               param=f"chat.messages[{i}].role")
+            if not m.HasField("content") and m.role != "assistant":  # (the HTTP API's rule: schemas.py)
+                raise invalid(f"a '{m.role}' message needs content", param=f"chat.messages[{i}].content")
         messages = tuple(ChatMessage.from_client(m.role, m.content) for m in msg.chat.messages)
         if msg.chat.HasField("add_generation_prompt"):
             add_generation_prompt = msg.chat.add_generation_prompt

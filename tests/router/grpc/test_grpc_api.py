@@ -143,6 +143,11 @@ def test_generate_chat(stub, fake):
                                     pb.ChatMessage(role="user", content="hi")])
     list(stub.Generate(pb.GenerateRequest(chat=dev, sampling=pb.SamplingParameters(max_tokens=1))))
     assert fake.requests[-1].messages == (ChatMessage("system", "be brief"), ChatMessage("user", "hi"))
+    # an assistant turn may leave its content out (OpenAI's rule): it is empty
+    turns = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="hi"), pb.ChatMessage(role="assistant"),
+                                      pb.ChatMessage(role="user", content="")])
+    list(stub.Generate(pb.GenerateRequest(chat=turns, sampling=pb.SamplingParameters(max_tokens=1))))
+    assert fake.requests[-1].messages == (ChatMessage("user", "hi"), ChatMessage("assistant", ""), ChatMessage("user", ""))
 
 
 def test_sampling_fields_and_defaults(stub, fake):
@@ -310,6 +315,9 @@ BAD_INPUTS = {
                           "chat.messages[0].role"),
     "chat with an unknown role": (pb.GenerateRequest(chat=pb.ChatMessages(messages=[
         pb.ChatMessage(role="user", content="hi"), pb.ChatMessage(role="bogus", content="hi")])), "chat.messages[1].role"),
+    # absent, as over HTTP (400 "A 'user' message needs 'content'."); an empty string is content
+    "user message without content": (pb.GenerateRequest(chat=pb.ChatMessages(messages=[
+        pb.ChatMessage(role="system", content=""), pb.ChatMessage(role="user")])), "chat.messages[1].content"),
     "max_tokens 0": (text_req(max_tokens=0), "sampling.max_tokens"),
     "negative temperature": (pb.GenerateRequest(text="x", sampling=SP(temperature=-1)), "sampling.temperature"),
     "nan temperature": (pb.GenerateRequest(text="x", sampling=SP(temperature=math.nan)), "sampling.temperature"),
