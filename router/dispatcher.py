@@ -159,8 +159,21 @@ class Dispatcher(WorkerFailures):
             if w is not None:
                 w.requests.discard(request_id)
                 w.actor.abort.remote(request_id)  # fire and forget: the worker frees the blocks
+        self._stop_stale_copies(t)
         t.stream.put(RequestOutput(request_id, [], "", finished=True, finish_reason="abort"))
         return True
+
+    def _stop_stale_copies(self, t: _Tracked) -> None:
+        """Once a request has ended: stop its copies on workers it left when they were taken for dead.
+        One only slow (a stalled host, SIGSTOP) would otherwise run its copy to the copy's own end,
+        its outputs dropped. Not before the end: the request may still be placed on such a worker
+        again, and an abort racing that placement (the workers serve calls on several threads) could
+        stop the new copy. Fire and forget: a dead worker ignores it, a new incarnation has no copy."""
+        for wid in tuple(t.stale_copies):
+            w = self.pool.get(wid)
+            if w is not None:
+                w.actor.abort.remote(t.spec.request_id)
+        t.stale_copies.clear()
 
     def _place(self, t: _Tracked, exclude: set[str]) -> None:
         """Place ``t`` on a live decode worker, trying the next one while they die under the call. It
@@ -280,6 +293,7 @@ class Dispatcher(WorkerFailures):
     def _fail(self, t: _Tracked, reason: str) -> None:
         with self._lock:
             self._tracked.pop(t.spec.request_id, None)
+        self._stop_stale_copies(t)
         t.stream.fail(reason)
 
     # -- outputs ------------------------------------------------------------------------------
@@ -317,6 +331,8 @@ class Dispatcher(WorkerFailures):
                     del self._tracked[out.request_id]
                     d.requests.discard(out.request_id)
             t.stream.put(out)
+            if out.finished and t.stale_copies:
+                self._stop_stale_copies(t)
 
 
 def _cause(error: RayError) -> str:

@@ -278,3 +278,37 @@ def test_a_request_back_on_a_worker_once_taken_for_dead_stops_the_copy_still_the
     _settle(disp)
     assert stream.error is None and disp.placement("req-1")[0] == "decode-0"
     assert a0.aborted == ["req-1"] and a0.placed == ["req-1"]  # the stale copy went first, then the new one
+
+
+def test_a_copy_left_on_a_worker_taken_for_dead_is_stopped_when_the_request_ends():
+    """decode-0 only timed out and its copy ran on to the copy's own end, every output dropped. Once
+    the request ends elsewhere (finished, failed or aborted by its client) the copy is stopped; not
+    before, when the request may still come back to decode-0 (that placement stops it first)."""
+    from ray.exceptions import GetTimeoutError
+
+    from engine.outputs import RequestOutput
+
+    for ending in ("finished", "aborted", "failed"):
+        a0, a1 = HoldingDecode(), HoldingDecode()
+        d0, d1 = _handle("decode-0", a0), _handle("decode-1", a1)
+        d1.requests.add("another request")
+        disp = ScriptedDispatcher(WorkerPool([], [d0, d1]), router_id="r", placement_wait_s=0.5)
+        stream = disp.submit(_spec())
+        disp._mark_dead(d0, GetTimeoutError("slow"))  # decode-0 was only slow: its copy still runs
+        _settle(disp)
+        assert a1.placed == ["req-1"] and a0.aborted == []  # the request lives on decode-1: left alone
+        disp._deliver(d0, [RequestOutput("req-1", [5], "x", first_index=0)])  # the stale copy's output
+        assert a0.aborted == [] and stream.token_ids == []
+        if ending == "finished":
+            disp._deliver(d1, [RequestOutput("req-1", [7], "a", finished=True, finish_reason="length",
+                                             first_index=0)])
+            assert stream.token_ids == [7]
+        elif ending == "aborted":
+            assert disp.abort("req-1")
+        else:
+            disp._mark_dead(d1, GetTimeoutError("slow"))  # decode-0 still taken for dead: nowhere to go
+            _settle(disp)
+            time.sleep(0.7)
+            assert stream.error is not None
+        assert a0.aborted == ["req-1"], ending  # the copy on decode-0 stopped, once
+        assert disp.num_in_flight == 0
