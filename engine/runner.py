@@ -114,39 +114,45 @@ class ModelRunner:
         rows = inputs.sample_rows
         row_list = rows.tolist()
         params = [batch.params[r] for r in row_list]
-        if self.model.greedy_head_takes(len(row_list)) and batch.logprob_rows.isdisjoint(row_list):
+        if self.model.greedy_head_takes(len(row_list)):
             got = self._greedy_head_sample(hidden, inputs, row_list, params)
             if got is not None:
-                return self._take(got, None, rows, row_list, params)
+                tokens, others_logits, others = got
+                return self._take(tokens, others_logits, rows, row_list, params, logits_rows=others)
         logits = self.model.compute_logits(hidden)
         sampled_t = self._sample_logits(logits, rows, row_list, params, inputs.sample_offsets)
         return self._take(sampled_t, logits, rows, row_list, params)
 
-    def _greedy_head_sample(self, hidden: torch.Tensor, inputs: StepInputs, row_list: list[int],
-                            params: list) -> torch.Tensor | None:
-        """Plain greedy rows (no penalties, bias, ``min_tokens``; no row of the step wants logprobs)
-        need only each row's argmax: the model's greedy head finds it without every logit, and the
-        other rows' logits are computed and sampled alone. The same tokens as computing every logit
-        (the greedy head's argmax is the head's; the others' logits are the same floats row by row).
-        None where no row is plain greedy, or the greedy head does not take these rows."""
+    def _greedy_head_sample(self, hidden: torch.Tensor, inputs: StepInputs, row_list: list[int], params: list
+                            ) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray | None] | None:
+        """Plain greedy rows (no penalties, bias, ``min_tokens``, logprobs) need only each row's argmax:
+        the model's greedy head finds it without every logit, and the other rows' logits are computed
+        and sampled alone. The same tokens as computing every logit (the greedy head's argmax is the
+        head's; the others' logits are the same floats row by row), and the same logprobs for the rows
+        that ask (they are among the others). (tokens, the others' logits, the others' positions among
+        the step's rows; both None when every row is plain). None where no row is plain greedy, or
+        the greedy head does not take these rows."""
         processing = self.batch.processing_rows
-        is_plain = np.array([p.greedy and r not in processing for r, p in zip(row_list, params)])
+        is_plain = np.array([p.greedy and p.logprobs is None and r not in processing
+                             for r, p in zip(row_list, params)])
         if not is_plain.any():
             return None
         if is_plain.all():
-            return self.model.greedy_tokens(hidden)
+            tokens = self.model.greedy_tokens(hidden)
+            return None if tokens is None else (tokens, None, None)
         plain, others = np.flatnonzero(is_plain), np.flatnonzero(~is_plain)
         plain_t, others_t = torch.from_numpy(plain), torch.from_numpy(others)
         tokens = self.model.greedy_tokens(hidden[plain_t])
         if tokens is None:
             return None
         offsets = inputs.sample_offsets
-        sampled = self._sample_logits(self.model.compute_logits(hidden[others_t]), inputs.sample_rows[others],
+        others_logits = self.model.compute_logits(hidden[others_t])
+        sampled = self._sample_logits(others_logits, inputs.sample_rows[others],
                                       [row_list[i] for i in others], [params[i] for i in others],
                                       None if offsets is None else offsets[others])
         out = torch.empty(len(params), dtype=torch.int64)
         out[plain_t], out[others_t] = tokens, sampled
-        return out
+        return out, others_logits, others
 
     def _sample_logits(self, logits: torch.Tensor, rows: np.ndarray, row_list: list[int], params: list,
                        offsets: np.ndarray | None) -> torch.Tensor:
@@ -168,20 +174,22 @@ class ModelRunner:
         return self.sampler.sample(to_sample, params, out_pos)
 
     def _take(self, sampled_t: torch.Tensor, logits: torch.Tensor | None, rows: np.ndarray, row_list: list[int],
-              params: list) -> RunnerOutput:
+              params: list, logits_rows: np.ndarray | None = None) -> RunnerOutput:
         """The sampled tokens into the batch (drafts verified); ``logits`` (None: no row asked for
-        logprobs) give the logprobs."""
+        logprobs) give the logprobs: a row per sampled position, or per position of ``logits_rows``
+        (every one that asked among them)."""
         batch = self.batch
         if batch.draft_rows:
-            return self._verify(logits, sampled_t, rows, params)
+            return self._verify(logits, sampled_t, rows, params, logits_rows)
         sampled = sampled_t.cpu().numpy()
         batch.append_sampled(rows, sampled)
         logprobs = None
         if batch.logprob_rows and not batch.logprob_rows.isdisjoint(row_list):
-            logprobs = _logprobs(logits, sampled_t, params)
+            logprobs = _logprobs(logits, sampled_t, params, logits_rows)
         return RunnerOutput(row_list, sampled.tolist(), logprobs)
 
-    def _verify(self, logits: torch.Tensor, sampled_t: torch.Tensor, rows: np.ndarray, params: list) -> RunnerOutput:
+    def _verify(self, logits: torch.Tensor | None, sampled_t: torch.Tensor, rows: np.ndarray, params: list,
+                logits_rows: np.ndarray | None = None) -> RunnerOutput:
         """A step with drafts (engine/spec_decode.py): a row with k drafts sampled k + 1 positions in a
         run, each with the noise (seeded requests: the seed and output index) plain decoding would
         use there; it keeps its drafts up to the first that differs from the token sampled before
@@ -215,7 +223,7 @@ class ModelRunner:
             batch.append_sampled(rows[plain], sampled[plain])
         logprobs = verified_logprobs = None
         if batch.logprob_rows and not batch.logprob_rows.isdisjoint(slots):
-            every = _logprobs(logits, sampled_t, params)  # every position's (a kept draft's: where it was sampled)
+            every = _logprobs(logits, sampled_t, params, logits_rows)  # every position's (a kept draft's: where it was sampled)
             logprobs = [every[j] for j in final]
             verified_logprobs = {row: every[i : at + 1] for row, i, at in runs if every[i] is not None}
         return RunnerOutput(slots, sampled[final].tolist(), logprobs, accepted_draft_ids=accepted,
@@ -242,13 +250,20 @@ class ModelRunner:
         return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
 
 
-def _logprobs(logits: torch.Tensor, sampled: torch.Tensor, params: list) -> list | None:
-    """Logprobs of the rows whose request asked for them, in row order (None elsewhere)."""
+def _logprobs(logits: torch.Tensor, sampled: torch.Tensor, params: list,
+              logits_rows: np.ndarray | None = None) -> list | None:
+    """Logprobs of the rows whose request asked for them, in row order (None elsewhere). ``logits``
+    has a row per position, or (``logits_rows``) a row for each listed position only."""
     asking = [i for i, p in enumerate(params) if p.logprobs is not None]
     if not asking:
         return None
-    idx = torch.tensor(asking, device=logits.device)
-    computed = compute_logprobs(logits[idx], sampled[idx], [params[i].logprobs for i in asking])
+    at = asking
+    if logits_rows is not None:
+        row_of = {int(position): j for j, position in enumerate(logits_rows)}
+        at = [row_of[i] for i in asking]
+    idx = torch.tensor(asking, device=sampled.device)
+    computed = compute_logprobs(logits[torch.tensor(at, device=logits.device)], sampled[idx],
+                                [params[i].logprobs for i in asking])
     out: list = [None] * len(params)
     for i, lp in zip(asking, computed):
         out[i] = lp

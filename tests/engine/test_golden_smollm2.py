@@ -167,3 +167,54 @@ def test_a_step_mixing_greedy_and_sampled_rows_screens_the_greedy_ones(default_m
     before = drafted.runner.model.greedy_head_candidates
     assert [o.token_ids for o in drafted.generate(prompts, params)] == outputs[False]
     assert drafted.runner.model.greedy_head_candidates > before and drafted.scheduler.num_draft_tokens > 0
+
+
+def test_greedy_rows_are_screened_beside_rows_that_want_logprobs(default_model_dir):
+    """A row asking for logprobs needs its logits, but not the others': plain greedy rows still take
+    the greedy head in those steps (every logit was computed for every row). Tokens are those of
+    the full head; logprobs too, to fp32's rounding (the head's rows computed in another grouping
+    differ in the last bits: ~1e-6 here)."""
+    import random
+
+    engine, model = _greedy_head_engine(default_model_dir)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(16, 64))] for _ in range(5)]
+    params = [SamplingParams(max_tokens=20, ignore_eos=True),
+              SamplingParams(max_tokens=16, ignore_eos=True, logprobs=3),  # greedy, with logprobs
+              SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.8, seed=11, logprobs=0),
+              SamplingParams(max_tokens=12, ignore_eos=True),
+              SamplingParams(max_tokens=18, ignore_eos=True, repetition_penalty=1.2, logprobs=1)]
+    outputs = {}
+    for on in (True, False):
+        model.greedy_head_enabled = on
+        before = model.greedy_head_candidates
+        outs = engine.generate(prompts, params)
+        outputs[on] = [(o.token_ids, o.logprobs) for o in outs]
+        assert (model.greedy_head_candidates > before) == on
+    assert [ids for ids, _ in outputs[True]] == [ids for ids, _ in outputs[False]]
+    assert [lp is None for _, lp in outputs[True]] == [True, False, False, True, False]
+    for (ids, screened), (_, full) in zip(outputs[True], outputs[False]):
+        if screened is None:
+            continue
+        assert len(screened) == len(full) == len(ids)
+        for a, b in zip(screened, full):
+            assert a.token_id == b.token_id and [t for t, _ in a.top] == [t for t, _ in b.top]
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
+            assert [v for _, v in a.top] == pytest.approx([v for _, v in b.top], abs=1e-5)
+    # With drafts: a drafted row's positions that ask for logprobs are among the rows computed alone.
+    for i in (1, 4):
+        prompts[i] = prompts[i][:6] * 8  # a phrase over and over: the n-grams propose drafts
+    drafted = _engine(default_model_dir, scheduler={"speculative": SpeculativeConfig(num_tokens=4, min_keep_chance=0.0)})
+    if drafted.runner.model.greedy_head is None:
+        return
+    model.greedy_head_enabled = False
+    full = engine.generate(prompts, params)
+    got = drafted.generate(prompts, params)
+    assert drafted.scheduler.num_draft_tokens > 0
+    assert [o.token_ids for o in got] == [o.token_ids for o in full]
+    for a, b in zip(got, full):
+        assert (a.logprobs is None) == (b.logprobs is None)
+        if a.logprobs is not None:
+            assert [x.token_id for x in a.logprobs] == [x.token_id for x in b.logprobs]
+            assert [x.logprob for x in a.logprobs] == pytest.approx([x.logprob for x in b.logprobs], abs=1e-5)
+    assert engine.num_free_blocks == engine.num_total_blocks
