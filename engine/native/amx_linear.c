@@ -24,7 +24,8 @@
  *
  * Threads: the caller's OpenMP runtime (torch's libgomp, loaded first: build.py). Each thread takes a
  * share of the 32-output blocks, so it reads its own part of the weight; rows go in chunks that keep
- * their split x in L2 while the thread's blocks pass over them.
+ * their split x in L2 while the thread's blocks pass over them, and a long K in blocks that keep the
+ * chunks long (k_block_tiles).
  *
  * Linux hands a process the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM), once per
  * process: baton_amx_available asks. Built without AMX (-march=native on another CPU) every entry
@@ -32,6 +33,7 @@
  */
 #include <stdint.h>
 #include <string.h>
+#include <stdlib.h>
 #include <omp.h>
 
 #define TILE_ROWS 16
@@ -186,13 +188,20 @@ static inline void products_then_next_x(const uint16_t *a0, const uint16_t *a1) 
  * order), each issued right after the last product reading the tile it refills. Measured 1.05-1.09x
  * the plain order on SmolLM2's shapes (BENCHMARKS, "Engine: AMX for prefill"). */
 static inline void block(const uint16_t *a0, const uint16_t *a1, const uint16_t *b0, const uint16_t *b1,
-                         int64_t kt_count, float *c /* [32][32] */) {
+                         int64_t kt_count, float *c /* [32][32] */, int resume) {
     const int64_t step = PIECES * TILE_ELEMS; /* one k-tile's three pieces */
     const int64_t p2 = TILE_ELEMS, p3 = 2 * TILE_ELEMS;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    if (resume) {
+        _tile_loadd(0, c, 32 * 4);
+        _tile_loadd(1, c + 16, 32 * 4);
+        _tile_loadd(2, c + 16 * 32, 32 * 4);
+        _tile_loadd(3, c + 16 * 32 + 16, 32 * 4);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
     _tile_loadd(4, a0, 64);
     _tile_loadd(5, a1, 64);
     _tile_loadd(6, b0 + p3, 64);
@@ -222,66 +231,101 @@ static inline void block(const uint16_t *a0, const uint16_t *a1, const uint16_t 
     _tile_stored(3, c + 16 * 32 + 16, 32 * 4);
 }
 
-/* Rows a chunk holds: its split x (rows x K x 3 bf16) about 1 MiB, whole 32-row blocks. */
-static int64_t chunk_rows(int64_t k_padded) {
-    int64_t rows = ((int64_t)1 << 20) / (k_padded * PIECES * 2) / 32 * 32;
+/* K goes in even blocks of k-tiles, as few as keep a chunk of at least MIN_CHUNK_ROWS rows of split x
+ * in about 1 MiB: each 32-output block of the weight is then used on that many rows before the next
+ * chunk reads it again. Whole K, a long one (8192: Llama-3.2-1B's down projection) left chunks of 32
+ * rows, the weight read from memory again every 32 rows: 1.2-1.7x slower at K 4864-8192, 1.06-1.12x
+ * at 1536 (BENCHMARKS, "Engine: AMX for prefill"). The sums go on between K blocks in a per-thread
+ * buffer (tile stores and loads: exact). */
+#define MIN_CHUNK_ROWS 128
+static int64_t k_block_tiles(int64_t kt_count) {
+    int64_t most = ((int64_t)1 << 20) / (MIN_CHUNK_ROWS * TILE_K * PIECES * 2);
+    if (most < 1) most = 1;
+    int64_t blocks = (kt_count + most - 1) / most;
+    return (kt_count + blocks - 1) / blocks;
+}
+
+/* Rows a chunk holds: its split x (rows x the K block x 3 bf16) about 1 MiB, whole 32-row blocks. */
+static int64_t chunk_rows(int64_t kc_tiles) {
+    int64_t rows = ((int64_t)1 << 20) / (kc_tiles * TILE_K * PIECES * 2) / 32 * 32;
     return rows < 32 ? 32 : rows;
 }
 
 int64_t baton_amx_scratch_elems(int64_t m, int64_t k) {
     (void)m;
-    int64_t kp = round_up(k, TILE_K);
-    return chunk_rows(kp) * kp * PIECES;
+    int64_t kc = k_block_tiles(round_up(k, TILE_K) / TILE_K);
+    return chunk_rows(kc) * kc * TILE_K * PIECES;
 }
 
-/* y [m, n] (row stride ldy) = x [m, k] (row stride ldx) @ w.T + bias, w packed by baton_amx_pack_weight.
- * scratch: baton_amx_scratch_elems(m, k) bf16. */
 int baton_amx_linear(const float *x, int64_t ldx, const uint16_t *w, const float *bias, float *y, int64_t ldy,
                      int64_t m, int64_t n, int64_t k, uint16_t *scratch, int num_threads) {
     if (m <= 0 || n <= 0 || k <= 0 || ldx < k || ldy < n) return 1;
     const int64_t kp = round_up(k, TILE_K), kt_count = kp / TILE_K;
-    const int64_t n_blocks = round_up(n, 32) / 32, rows_per_chunk = chunk_rows(kp);
-    const int64_t tile_step = kt_count * PIECES * TILE_ELEMS; /* one m- or n-tile's span */
+    const int64_t kc = k_block_tiles(kt_count);
+    const int64_t n_blocks = round_up(n, 32) / 32, rows_per_chunk = chunk_rows(kc);
+    const int64_t w_step = kt_count * PIECES * TILE_ELEMS; /* one n-tile's span in the weight */
+    const int64_t x_step = kc * PIECES * TILE_ELEMS;       /* one m-tile's span in the scratch */
+    int failed = 0;
     for (int64_t m0 = 0; m0 < m; m0 += rows_per_chunk) {
         const int64_t rows = m - m0 < rows_per_chunk ? m - m0 : rows_per_chunk;
         const int64_t row_blocks = round_up(rows, 32) / 32;
 #pragma omp parallel num_threads(num_threads)
         {
             const int threads = omp_get_num_threads(), t = omp_get_thread_num();
-            /* Split this chunk's x: each thread a share of its 16-row tiles (padding rows too). */
             const int64_t m_tiles = row_blocks * 2;
             const int64_t t0 = m_tiles * t / threads, t1 = m_tiles * (t + 1) / threads;
-            for (int64_t mt = t0; mt < t1; mt++) {
-                int64_t r0 = mt * TILE_ROWS;
-                split_rows(x, ldx, m, k, m0 + r0, TILE_ROWS, kt_count, scratch + mt * tile_step);
-            }
-#pragma omp barrier
-            configure_tiles();
-            float c[32 * 32] __attribute__((aligned(64)));
             const int64_t b0 = n_blocks * t / threads, b1 = n_blocks * (t + 1) / threads;
-            for (int64_t nb = b0; nb < b1; nb++) {
-                const uint16_t *w0 = w + (2 * nb) * tile_step, *w1 = w0 + tile_step;
-                for (int64_t rb = 0; rb < row_blocks; rb++) {
-                    const uint16_t *x0 = scratch + (2 * rb) * tile_step, *x1 = x0 + tile_step;
-                    block(x0, x1, w0, w1, kt_count, c);
-                    const int64_t cols = n - nb * 32 < 32 ? n - nb * 32 : 32;
-                    const int64_t live = rows - rb * 32 < 32 ? rows - rb * 32 : 32;
-                    const __mmask16 mlo = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
-                    const __mmask16 mhi = cols >= 32 ? 0xFFFF : (cols > 16 ? (__mmask16)((1u << (cols - 16)) - 1) : 0);
-                    __m512 blo = _mm512_setzero_ps(), bhi = _mm512_setzero_ps();
-                    if (bias) {
-                        blo = _mm512_maskz_loadu_ps(mlo, bias + nb * 32);
-                        bhi = _mm512_maskz_loadu_ps(mhi, bias + nb * 32 + 16);
-                    }
-                    for (int64_t r = 0; r < live; r++) {
-                        float *dst = y + (m0 + rb * 32 + r) * ldy + nb * 32;
-                        _mm512_mask_storeu_ps(dst, mlo, _mm512_add_ps(_mm512_load_ps(c + r * 32), blo));
-                        _mm512_mask_storeu_ps(dst + 16, mhi, _mm512_add_ps(_mm512_load_ps(c + r * 32 + 16), bhi));
-                    }
+            /* The sums between K blocks: one 32 x 32 block for each of this thread's output blocks and row blocks. */
+            float *acc = NULL;
+            if (kc < kt_count) {
+                acc = aligned_alloc(64, (size_t)((b1 - b0) * row_blocks + 1) * 1024 * sizeof(float));
+                if (acc == NULL) {
+#pragma omp atomic write
+                    failed = 1;
                 }
             }
-            _tile_release();
+#pragma omp barrier
+            float c_local[32 * 32] __attribute__((aligned(64)));  /* whole K in one block: each block's sums */
+            for (int64_t kb = 0; kb < kt_count && !failed; kb += kc) {
+                const int64_t kts = kt_count - kb < kc ? kt_count - kb : kc;
+                /* Split this K block of the chunk's x: each thread a share of its 16-row tiles (padding too). */
+                for (int64_t mt = t0; mt < t1; mt++)
+                    split_rows(x + kb * TILE_K, ldx, m, k - kb * TILE_K, m0 + mt * TILE_ROWS, TILE_ROWS, kts,
+                               scratch + mt * x_step);
+#pragma omp barrier
+                configure_tiles();
+                const int last = kb + kts >= kt_count;
+                for (int64_t nb = b0; nb < b1; nb++) {
+                    const uint16_t *w0 = w + (2 * nb) * w_step + kb * PIECES * TILE_ELEMS, *w1 = w0 + w_step;
+                    for (int64_t rb = 0; rb < row_blocks; rb++) {
+                        const uint16_t *x0 = scratch + (2 * rb) * x_step, *x1 = x0 + x_step;
+                        float *c = acc ? acc + ((nb - b0) * row_blocks + rb) * 1024 : c_local;
+                        block(x0, x1, w0, w1, kts, c, kb > 0);
+                        if (!last) continue;
+                        const int64_t cols = n - nb * 32 < 32 ? n - nb * 32 : 32;
+                        const int64_t live = rows - rb * 32 < 32 ? rows - rb * 32 : 32;
+                        const __mmask16 mlo = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
+                        const __mmask16 mhi = cols >= 32 ? 0xFFFF : (cols > 16 ? (__mmask16)((1u << (cols - 16)) - 1) : 0);
+                        __m512 blo = _mm512_setzero_ps(), bhi = _mm512_setzero_ps();
+                        if (bias) {
+                            blo = _mm512_maskz_loadu_ps(mlo, bias + nb * 32);
+                            bhi = _mm512_maskz_loadu_ps(mhi, bias + nb * 32 + 16);
+                        }
+                        for (int64_t r = 0; r < live; r++) {
+                            float *dst = y + (m0 + rb * 32 + r) * ldy + nb * 32;
+                            _mm512_mask_storeu_ps(dst, mlo, _mm512_add_ps(_mm512_load_ps(c + r * 32), blo));
+                            _mm512_mask_storeu_ps(dst + 16, mhi, _mm512_add_ps(_mm512_load_ps(c + r * 32 + 16), bhi));
+                        }
+                    }
+                }
+                _tile_release();
+                if (!last) { /* the next K block's split overwrites the scratch the other threads read */
+#pragma omp barrier
+                }
+            }
+            free(acc);
         }
+        if (failed) return 2; /* out of memory */
     }
     return 0;
 }

@@ -75,6 +75,8 @@ class NativeAmxLinear:
         scratch = torch.empty(self._scratch_elems(rows, k), dtype=torch.uint16)
         failed = self._fn(x.data_ptr(), x.stride(0), weight.tiles.data_ptr(), None if bias is None else bias.data_ptr(),
                           out.data_ptr(), n, rows, n, k, scratch.data_ptr(), torch.get_num_threads())
+        if failed == 2:
+            raise MemoryError(f"AMX linear: no memory for the sums of x {tuple(x.shape)} against weight {weight.shape}")
         if failed:
             raise ValueError(f"AMX linear refused x {tuple(x.shape)}, weight {weight.shape}")
         return out

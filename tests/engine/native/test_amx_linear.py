@@ -76,6 +76,27 @@ def test_products_are_fp32_class(amx, rows, k, n):
     assert amx_err <= max(4 * fp32_err, 2 * 2.0**-24 * k ** 0.5), (amx_err, fp32_err)
 
 
+@pytest.mark.parametrize("rows,k,n", [(300, 4100, 40), (70, 8192, 33)])
+def test_a_long_k_goes_in_blocks_with_the_same_sums(amx, rows, k, n):
+    """K past what a chunk of enough rows holds is split into blocks, the sums kept between them:
+    fp32-class like the rest, and the blocks' sums exact (an identity weight gives x back), with
+    bias, a row stride past the width and rows over more than one chunk."""
+    wide = _x(rows, k + 3, seed=k)
+    x = wide[:, :k]  # a view: row stride k + 3
+    g = torch.Generator().manual_seed(n)
+    w = torch.randn(n, k, generator=g) * 0.05
+    bias = torch.randn(n, generator=g)
+    want = x.double() @ w.double().T + bias.double()
+    got = amx(x, amx.pack(w), bias)
+    scale = (x.double().abs() @ w.double().abs().T).clamp_min(1e-30)
+    amx_err = ((got.double() - want).abs() / scale).max().item()
+    fp32_err = ((F.linear(x, w, bias).double() - want).abs() / scale).max().item()
+    assert amx_err <= max(4 * fp32_err, 2 * 2.0**-24 * k ** 0.5), (amx_err, fp32_err)
+    pick = torch.zeros(n, k)
+    pick[torch.arange(n), torch.arange(n) * (k // n)] = 1.0  # output j is x's column j * (k // n): every K block
+    assert torch.equal(amx(x, amx.pack(pick), None), x[:, torch.arange(n) * (k // n)])
+
+
 def test_strided_rows_and_many_chunks(amx):
     """x a view with a row stride past its width, and more rows than one chunk of the kernel holds."""
     base = _x(3000, 200, seed=3)
