@@ -188,20 +188,18 @@ def run_offline(
             ("baton-static-spec", f"(b+s) Baton static batching, n-gram drafts of {speculative_tokens}",
              lambda: run_baton(spec_static, requests, "baton-static-spec")),
         ]
+
+    def part_off(tag: str, arm: str, what: str, **switch: bool) -> list:
+        """(a) and (b) again with one of Baton's parts switched off (``run_baton``'s flags)."""
+        return [(f"baton-{kind}-{arm}", f"({letter}-{tag}) Baton {label}, {what}",
+                 lambda config=config, name=f"baton-{kind}-{arm}": run_baton(config, requests, name, **switch))
+                for kind, letter, label, config in (("cb", "a", "continuous batching", cb_config),
+                                                    ("static", "b", "static batching", static_config))]
+
     if greedy_head_baseline:
-        runners += [
-            ("baton-cb-every-logit", "(a-g) Baton continuous batching, every logit (greedy head off)",
-             lambda: run_baton(cb_config, requests, "baton-cb-every-logit", greedy_head=False)),
-            ("baton-static-every-logit", "(b-g) Baton static batching, every logit (greedy head off)",
-             lambda: run_baton(static_config, requests, "baton-static-every-logit", greedy_head=False)),
-        ]
+        runners += part_off("g", "every-logit", "every logit (greedy head off)", greedy_head=False)
     if amx_baseline:
-        runners += [
-            ("baton-cb-no-amx", "(a-x) Baton continuous batching, larger products off AMX",
-             lambda: run_baton(cb_config, requests, "baton-cb-no-amx", amx=False)),
-            ("baton-static-no-amx", "(b-x) Baton static batching, larger products off AMX",
-             lambda: run_baton(static_config, requests, "baton-static-no-amx", amx=False)),
-        ]
+        runners += part_off("x", "no-amx", "larger products off AMX", amx=False)
     if cuda_graphs_baseline:
         eager_config = dataclasses.replace(cb_config, cuda_graphs=False)
         runners.append(("baton-cb-eager", "(a') Baton continuous batching, CUDA graphs off",

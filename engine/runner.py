@@ -128,8 +128,8 @@ class ModelRunner:
         """Plain greedy rows (no penalties, bias, ``min_tokens``, logprobs) need only each row's argmax:
         the model's greedy head finds it without every logit, and the other rows' logits are computed
         and sampled alone. The same tokens as computing every logit (the greedy head's argmax is the
-        head's; the others' logits are the same floats row by row), and the same logprobs for the rows
-        that ask (they are among the others). (tokens, the others' logits, the others' positions among
+        head's), and the rows that ask for logprobs are among the others (their logits computed
+        without the plain rows agree with the full batch's to the last bits: ~1e-6 in logprobs). (tokens, the others' logits, the others' positions among
         the step's rows; both None when every row is plain). None where no row is plain greedy, or
         the greedy head does not take these rows."""
         processing = self.batch.processing_rows

@@ -53,14 +53,15 @@ class LogprobsFormatter:
 
     def format(self, logprobs: Sequence[TokenLogprob], prompt: Sequence[TokenLogprob] = ()) -> dict:
         """The next tokens' logprobs; ``prompt``: the prompt's tokens (``echo``), which come first."""
-        ids = [lp.token_id for lp in (*prompt, *logprobs)]
-        for lp in (*prompt, *logprobs):
+        entries = (*prompt, *logprobs)
+        ids = [lp.token_id for lp in entries]
+        for lp in entries:
             ids.extend(t for t, _ in lp.top)
         names = dict(zip(ids, self._token_bytes(ids)))
         if self.chat:
-            return self._chat((*prompt, *logprobs), names)
+            return self._chat(entries, names)
         offsets = [*self._prompt_offsets(prompt, names), *self._offsets(logprobs, names)]
-        return self._completion((*prompt, *logprobs), names, offsets)
+        return self._completion(entries, names, offsets)
 
     def _prompt_offsets(self, prompt: Sequence[TokenLogprob], raw: dict[int, bytes]) -> list[int]:
         if not prompt:
