@@ -102,6 +102,11 @@ class LanePolicy:
         raise KeyError(name)
 
     def tenant_for_key(self, api_key: str | None) -> TenantConfig | None:
+        """The tenant a request's key names; None when it names none and authentication requires one.
+
+        With authentication off, a key that matches no tenant is taken as no key at all (the keyless
+        tenant serves it), as vLLM does without ``--api-key``: OpenAI's client always sends some key,
+        and refusing it would turn away every client that was never told one."""
         if api_key:
             # Constant time: ``==`` stops at the first differing character, so its timing would tell
             # a caller how much of a guessed key is right. Every tenant is compared, with no early
@@ -111,5 +116,6 @@ class LanePolicy:
             for t in self.tenants:
                 if t.api_key and hmac.compare_digest(t.api_key.encode("utf-8", "surrogatepass"), given):
                     found = t
-            return found
+            if found is not None or self.auth_required:
+                return found
         return next((t for t in self.tenants if t.api_key is None), None)

@@ -10,8 +10,8 @@ TENANTS = (TenantConfig("open"), TenantConfig("a", api_key="sk-alpha"), TenantCo
            TenantConfig("c", api_key="sk-clé"))
 
 
-def policy() -> LanePolicy:
-    return LanePolicy(tenants=TENANTS)
+def policy(auth_required: bool = True) -> LanePolicy:
+    return LanePolicy(tenants=TENANTS, auth_required=auth_required)
 
 
 def test_keys_find_their_tenant():
@@ -22,6 +22,17 @@ def test_keys_find_their_tenant():
     assert p.tenant_for_key("sk-alph") is None and p.tenant_for_key("sk-alphaa") is None
     assert p.tenant_for_key("\udc80") is None  # a lone surrogate is no key, not a crash
     assert p.tenant_for_key(None).name == "open" and p.tenant_for_key("").name == "open"
+
+
+def test_with_authentication_off_an_unknown_key_is_no_key():
+    """OpenAI's client always sends a key ("unused" in the README): without authentication it is
+    served as the keyless tenant, while a tenant's own key still names that tenant."""
+    p = policy(auth_required=False)
+    assert p.tenant_for_key("unused").name == "open" and p.tenant_for_key("sk-alph").name == "open"
+    assert p.tenant_for_key("\udc80").name == "open"
+    assert p.tenant_for_key("sk-beta").name == "b"
+    keyed_only = LanePolicy(tenants=TENANTS[1:])
+    assert keyed_only.tenant_for_key("unused") is None  # no keyless tenant: nothing to serve it as
 
 
 def test_every_keyed_tenant_is_compared_with_compare_digest(monkeypatch):
