@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"baton: error: out of memory ({e}); lower max_num_seqs, max_model_len or the KV cache size",
               file=sys.stderr)
         return 2
-    except Exception as e:  # noqa: BLE001 - only the ones that say what the user got wrong; others raise
+    except Exception as e:  # only the ones that say what the user got wrong; others raise
         message = user_error(e, (InvalidParameterError, ModelLoadError, ValueError, RuntimeError, OSError))
         if message is None:
             raise
@@ -79,12 +79,13 @@ def user_error(error: BaseException, kinds: tuple[type[BaseException], ...]) -> 
     """The one-line message of a bad-input error, found through the wrappers a Ray worker's error
     arrives in (a bad model path fails inside the workers ``baton up`` starts); None for a bug."""
     seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, kinds) and not _is_ray_wrapper(error):
-            param = getattr(error, "param", None)
-            return f"{param}: {error.message}" if param and hasattr(error, "message") else str(error).strip()
-        error = getattr(error, "cause", None) or error.__cause__
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, kinds) and not _is_ray_wrapper(current):
+            param = getattr(current, "param", None)
+            return f"{param}: {current.message}" if param and hasattr(current, "message") else str(current).strip()
+        current = getattr(current, "cause", None) or current.__cause__
     return None
 
 

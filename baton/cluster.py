@@ -11,8 +11,8 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterator, Sequence
 
 import ray
 from ray.exceptions import GetTimeoutError, RayError
@@ -25,6 +25,7 @@ from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestOutput
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
+from kv_transfer.data_plane import DataPlaneFactory
 from router.dispatcher import Dispatcher
 from router.stream import RequestStream
 
@@ -52,6 +53,7 @@ class ClusterConfig:
     max_restarts: int = 0
     start_timeout_s: float = 300.0
     ray_address: str | None = None  # None: start a local Ray instance
+    kv_data_plane: DataPlaneFactory | None = None  # tests: kv_transfer.nccl_double.NcclSemantics(); None: NCCL/gloo
 
     def __post_init__(self) -> None:
         if self.prefill_workers < 0 or self.decode_workers < 1:
@@ -59,7 +61,8 @@ class ClusterConfig:
         if self.transfer_timeout_s <= 0:
             raise ValueError("transfer_timeout_s must be > 0")
         if self.decode_prefill_token_budget is not None and self.decode_prefill_token_budget < 1:
-            raise ValueError(f"decode_prefill_token_budget must be >= 1 or None, got {self.decode_prefill_token_budget}")
+            raise ValueError("decode_prefill_token_budget must be >= 1 or None, "
+                             f"got {self.decode_prefill_token_budget}")
 
 
 class LocalCluster:
@@ -88,11 +91,13 @@ class LocalCluster:
         say(f"starting {config.prefill_workers} prefill and {config.decode_workers} decode workers")
         self.fleet = WorkerFleet(engine_cfg, pools["prefill"], pools["decode"],
                                  FleetOptions(config.transfer_timeout_s, config.max_restarts, config.start_timeout_s,
-                                              decode_prefill_token_budget=config.decode_prefill_token_budget),
+                                              decode_prefill_token_budget=config.decode_prefill_token_budget,
+                                              kv_data_plane=config.kv_data_plane),
                                  say)
         self.pool = self.fleet.start()
         decode = self.pool.decode
         first = decode[0].info
+        assert first is not None  # start() returned: every worker reported its info
         self.max_model_len, self.vocab_size = first.max_model_len, first.vocab_size
         self.dispatcher = Dispatcher(self.pool, router_id=router_id,
                                      local_prefill_threshold=config.local_prefill_threshold,
@@ -105,7 +110,12 @@ class LocalCluster:
     def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                request_id: str | None = None, priority: int = 0, cache_salt: str | None = None) -> RequestStream:
         params = params or SamplingParams()
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"model {str(self.model_dir)!r} has no tokenizer; text prompts need one")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = list(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
         if len(ids) + params.max_tokens > self.max_model_len:  # as the engine words it (engine/engine.py)
@@ -155,9 +165,9 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         while True:
             loads = self.loads()
-            busy = {wid: l for wid, l in loads.items()
-                    if l.num_free_blocks != l.num_total_blocks or l.num_running or l.num_waiting
-                    or l.num_reserved or l.num_transferring}
+            busy = {wid: load for wid, load in loads.items()
+                    if load.num_free_blocks != load.num_total_blocks or load.num_running or load.num_waiting
+                    or load.num_reserved or load.num_transferring}
             if not busy and not self.dispatcher.num_in_flight:
                 return loads
             if time.monotonic() > deadline:

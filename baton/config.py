@@ -13,6 +13,7 @@ from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from engine.config import MAX_NUM_SEQS, CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from router.lanes import ClassificationRules, LaneConfig, LanePolicy, TenantConfig, default_lanes
@@ -66,8 +67,10 @@ class EngineSection(_Model):
     enable_prefix_caching: bool = True
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     cuda_graphs: bool = Field(True, description="CUDA: decode steps replay graphs captured at start")
-    kv_shared_memory: bool = Field(False, description="CPU: KV caches in /dev/shm; same-host transfers copy directly")
-    speculative_tokens: int = Field(0, ge=0, le=32, description="n-gram drafts a step for each decoding request; 0: off")
+    kv_shared_memory: bool = Field(False,
+                                   description="CPU: KV caches in /dev/shm; same-host transfers copy directly")
+    speculative_tokens: int = Field(0, ge=0, le=32,
+                                    description="n-gram drafts a step for each decoding request; 0: off")
     speculative_min_keep_chance: float = Field(
         0.5, ge=0, lt=1, description="a request drafts only as many tokens as its keep rate gives this chance of "
         "being kept; 0: always speculative_tokens (lower it where a draft row is cheap, as on a GPU)")
@@ -113,8 +116,10 @@ class RouterSection(_Model):
     http_port: int = Field(8000, ge=0, le=65535)
     grpc_port: int = Field(50051, ge=0, le=65535)
     slo_rejection: bool = True
-    slo_headroom: float = Field(0.75, gt=0, le=1, description="queue-wait estimates / this must fit the TTFT SLO; the live decode pace must stay under this x the TPOT SLO")
-    pace_guard: bool = Field(True, description="hold lanes with a looser TPOT objective in the router while the live decode pace is past 0.8 x headroom x the tightest one in use")
+    slo_headroom: float = Field(0.75, gt=0, le=1, description="queue-wait estimates / this must fit the TTFT SLO; "
+                                "the live decode pace must stay under this x the TPOT SLO")
+    pace_guard: bool = Field(True, description="hold lanes with a looser TPOT objective in the router while the live "
+                             "decode pace is past 0.8 x headroom x the tightest one in use")
     tenant_cache_isolation: bool = True
     drain_timeout_s: float = Field(30.0, ge=0)
     initial_prefill_tokens_per_s: float = Field(1000.0, gt=0)
@@ -223,7 +228,8 @@ class BatonConfig(_Model):
                 if lane not in names:
                     raise ValueError(f"tenants[{i}] ({t.name}): unknown lane {lane!r}")
             if t.default_lane and t.allowed_lanes and t.default_lane not in t.allowed_lanes:
-                raise ValueError(f"tenants[{i}] ({t.name}): default_lane {t.default_lane!r} is not in its allowed_lanes")
+                raise ValueError(f"tenants[{i}] ({t.name}): default_lane {t.default_lane!r} "
+                                 "is not in its allowed_lanes")
             if t.name in seen:  # the router knows a tenant by name: the second one's limits would be ignored
                 raise ValueError(f"tenants[{i}]: the name {t.name!r} is taken by an earlier tenant")
             seen.add(t.name)
@@ -308,7 +314,7 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
         raise ConfigError(f"{source}: " + "; ".join(_describe(err) for err in e.errors())) from None
 
 
-def _describe(err: dict) -> str:
+def _describe(err: ErrorDetails) -> str:
     loc = ".".join(str(x) for x in err.get("loc", ()) if x != "__root__")
     msg = err.get("msg", "invalid")
     msg = msg.removeprefix("Value error, ")

@@ -13,8 +13,9 @@ import datetime
 import logging
 import os
 import re
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Any
 
 import ray
 import torch.distributed as dist
@@ -22,6 +23,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
 from decode_worker.worker import DecodeWorker
 from engine.config import EngineConfig
+from kv_transfer.data_plane import DataPlaneFactory
 from kv_transfer.peer import StoreAddress
 from prefill_worker.worker import PrefillWorker
 from router.worker_pool import WorkerHandle, WorkerPool
@@ -56,6 +58,7 @@ class FleetOptions:
     # for its local prefills (SchedulerConfig.prefill_token_budget). None: its whole step budget.
     decode_prefill_token_budget: int | None = None
     actor_name_prefix: str | None = None  # named actors (``baton cluster``): PREFIX-prefill-0, ...
+    kv_data_plane: DataPlaneFactory | None = None  # tests: kv_transfer.nccl_double.NcclSemantics(); None: NCCL/gloo
 
 
 class WorkerFleet:
@@ -115,7 +118,7 @@ class WorkerFleet:
             engine = replace(engine, scheduler=replace(engine.scheduler, prefill_token_budget=budget))
         return engine
 
-    def _spawn(self, role: str, worker_id: str):
+    def _spawn(self, role: str, worker_id: str) -> Any:  # a Ray ActorHandle: its methods are typed at run time only
         spec = self.specs[role]
         opts: dict = dict(num_cpus=spec.cpus, num_gpus=spec.gpus, max_restarts=self.options.max_restarts,
                           max_concurrency=16)
@@ -125,13 +128,16 @@ class WorkerFleet:
             # A replacement reuses the name: the dead actor's name is free once Ray gives up on it.
             suffix = f"-r{self.replacements}" if self.replacements else ""
             opts["name"] = f"{self.options.actor_name_prefix}-{worker_id}{suffix}"
+        transfer = {} if self.options.kv_data_plane is None else {"data_plane": self.options.kv_data_plane}
         if role == "prefill":
-            return ray.remote(PrefillWorker).options(**opts).remote(worker_id, self._engine_for(role), self.store)
+            return ray.remote(PrefillWorker).options(**opts).remote(worker_id, self._engine_for(role), self.store,
+                                                                    **transfer)
         return ray.remote(DecodeWorker).options(**opts).remote(
-            worker_id, self._engine_for(role), self.store, transfer_timeout_s=self.options.transfer_timeout_s)
+            worker_id, self._engine_for(role), self.store, transfer_timeout_s=self.options.transfer_timeout_s,
+            **transfer)
 
     # -- supervision --------------------------------------------------------------------------
-    def dead_workers(self, timeout_s: float = 30.0, skip: set[str] = frozenset()) -> list[WorkerHandle]:
+    def dead_workers(self, timeout_s: float = 30.0, skip: Collection[str] = frozenset()) -> list[WorkerHandle]:
         """Workers whose actor is gone for good (Ray will not restart it). A restarting actor or a
         slow one is not dead: Ray restarts within ``max_restarts``, and the routers notice the new
         incarnation themselves. ``skip``: worker ids not to ask (replacements still loading)."""
@@ -148,7 +154,7 @@ class WorkerFleet:
                 continue
         return dead
 
-    def replace(self, w: WorkerHandle) -> object:
+    def replace(self, w: WorkerHandle) -> Any:
         """Start a new actor under the same worker id (it rejoins its peers through the store) and
         return its handle; the caller hands it to the routers."""
         self.replacements += 1
@@ -177,7 +183,7 @@ def kill_actor(actor) -> None:
     """Kill for good (no Ray restart); an actor that is already gone is fine."""
     try:
         ray.kill(actor, no_restart=True)
-    except Exception:  # already gone
+    except Exception:  # noqa: BLE001 - already gone
         pass
 
 

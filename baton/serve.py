@@ -12,7 +12,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from baton.cluster import ClusterConfig, LocalCluster
 from baton.config import BatonConfig
@@ -69,9 +69,9 @@ class BatonServer:
         url = cfg.redis.url
         if url is None:
             self.say("starting the embedded redis-server")
-            self.redis = await asyncio.to_thread(lambda: EmbeddedRedis().start())
-            url = self.redis.url
-            self._redis_watch = asyncio.create_task(self._keep_redis_up(), name="redis-watch")
+            self.redis = redis = await asyncio.to_thread(lambda: EmbeddedRedis().start())
+            url = redis.url
+            self._redis_watch = asyncio.create_task(self._keep_redis_up(redis), name="redis-watch")
         self.redis_url = with_password(url, cfg.redis_password())
         self.say(f"loading {cfg.model.path} into {cfg.pools.prefill.workers} prefill + "
                  f"{cfg.pools.decode.workers} decode workers (Ray local)")
@@ -86,47 +86,52 @@ class BatonServer:
             transfer_timeout_s=cfg.pools.transfer_timeout_s, max_restarts=cfg.pools.max_restarts)
         # On the main thread, blocking: Ray installs its handlers there, and nothing else runs yet.
         self.cluster = LocalCluster(cluster_cfg, self.say, self.router_id)
-        await self._start_frontend(self.cluster.dispatcher)
+        endpoints = await self._start_frontend(self.cluster, self.cluster.dispatcher)
         self.say(f"ready in {time.monotonic() - t0:.0f}s: serving {self.served_name} — OpenAI API at "
-                 f"{self.endpoints.http_url}/v1, gRPC at {self.endpoints.grpc_target}")
-        return self.endpoints
+                 f"{endpoints.http_url}/v1, gRPC at {endpoints.grpc_target}")
+        return endpoints
 
-    async def _start_frontend(self, dispatcher: Dispatcher, job_idle_ms: int = 15_000) -> None:
+    async def _start_frontend(self, cluster: LocalCluster, dispatcher: Dispatcher,
+                              job_idle_ms: int = 15_000) -> Endpoints:
         # A restarted router keeps the ports the first one bound (tests ask for port 0).
-        ports = (self.http.port, int(self.endpoints.grpc_target.rsplit(":", 1)[1])) if self.frontend else (None, None)
-        self.frontend = RouterFrontend(self.cfg, dispatcher, self.cluster.model_dir, self.redis_url,
+        old = self.endpoints
+        ports = (self.http.port, int(old.grpc_target.rsplit(":", 1)[1])) if old else (None, None)
+        self.frontend = RouterFrontend(self.cfg, dispatcher, cluster.model_dir, self.redis_url,
                                        job_idle_ms=job_idle_ms)
-        await self.frontend.start(*ports)
+        return await self.frontend.start(*ports)
 
     async def crash_router(self) -> None:
         """Tests: the router process dies — no drain, nothing acknowledged, its streams cut."""
+        assert self.frontend is not None, "the server is not started"
         await self.frontend.stop(drain=False)
         await asyncio.to_thread(self.router.dispatcher.stop)
 
     async def restart_router(self, router_id: str, job_idle_ms: int = 15_000) -> None:
         """Tests: a new router replica (same ports) over the same pools and Redis."""
-        for w in self.cluster.pool.all():
+        cluster = self.cluster
+        assert cluster is not None, "the server is not started"
+        for w in cluster.pool.all():
             w.requests.clear()
             w.forget_dispatched()
-        dispatcher = Dispatcher(self.cluster.pool, router_id=router_id,
-                                local_prefill_threshold=self.cluster.config.local_prefill_threshold,
-                                short_prompts_to_idle_prefill=self.cluster.config.short_prompts_to_idle_prefill)
+        dispatcher = Dispatcher(cluster.pool, router_id=router_id,
+                                local_prefill_threshold=cluster.config.local_prefill_threshold,
+                                short_prompts_to_idle_prefill=cluster.config.short_prompts_to_idle_prefill)
         dispatcher.start()
-        await self._start_frontend(dispatcher, job_idle_ms)
+        await self._start_frontend(cluster, dispatcher, job_idle_ms)
 
-    async def _keep_redis_up(self, interval_s: float = 1.0) -> None:
+    async def _keep_redis_up(self, redis: EmbeddedRedis, interval_s: float = 1.0) -> None:
         """The embedded redis-server is ours to keep: one that exits (killed, out of memory) is started
         again on the same port. Its state is gone (idempotency records, the batch journal) unless
         persistent; the routers ride it out in degraded mode and reconnect."""
         while True:
             await asyncio.sleep(interval_s)
             try:
-                code = await asyncio.to_thread(self.redis.revive)
+                code = await asyncio.to_thread(redis.revive)
             except Exception as e:  # noqa: BLE001 - try again next time; the routers stay degraded meanwhile
                 log.warning("the embedded redis-server is down and did not restart: %s", e)
                 continue
             if code is not None:
-                self.say(f"the embedded redis-server exited (code {code}); restarted it on port {self.redis.port}")
+                self.say(f"the embedded redis-server exited (code {code}); restarted it on port {redis.port}")
 
     async def stop(self, drain: bool = True) -> None:
         if self._redis_watch is not None:

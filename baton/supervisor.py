@@ -26,7 +26,7 @@ import secrets
 import signal
 import socket
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
@@ -38,6 +38,7 @@ from baton.redis_server import EmbeddedRedis, RedisServerError
 from baton.router_replica import ReplicaStatus, RouterReplica, WorkerRef
 from router.state.connection import RedisState
 from router.state.registry import WorkerRegistry
+from router.worker_pool import WorkerHandle
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class ClusterSupervisor:
         self.endpoints: dict[str, str] = {}
         self._registry: WorkerRegistry | None = None
         # Replacements loading: worker id -> (its handle, its info() call, when to give up on it).
-        self._pending: dict[str, tuple] = {}
+        self._pending: dict[str, tuple[WorkerHandle, ray.ObjectRef, float]] = {}
 
     # -- start --------------------------------------------------------------------------------
     def connect(self) -> None:
@@ -128,7 +129,12 @@ class ClusterSupervisor:
         return cls.remote(f"router-{i}", self.cfg, self.redis_url)
 
     def worker_refs(self) -> list[WorkerRef]:
-        return [WorkerRef(w.worker_id, w.role, w.actor) for w in self.fleet.pool.all()]
+        return [WorkerRef(w.worker_id, w.role, w.actor) for w in self._fleet().pool.all()]
+
+    def _fleet(self) -> WorkerFleet:
+        if self.fleet is None:
+            raise RuntimeError("the supervisor has not started its workers")
+        return self.fleet
 
     # -- supervision --------------------------------------------------------------------------
     def supervise_once(self) -> None:
@@ -141,11 +147,13 @@ class ClusterSupervisor:
                 log.warning("supervision step %s failed: %s", step.__name__, e)
 
     def _keep_redis(self) -> None:
+        if self.redis is None:  # only the embedded one is ours to keep
+            return
         try:
-            code = self.redis.revive() if self.redis is not None else None  # the embedded one is ours to keep
+            code = self.redis.revive()
         except RedisServerError as e:
-            code = None
             self.say(f"the embedded redis-server is down and did not restart: {e}; retrying next round")
+            return
         if code is not None:
             self.say(f"the embedded redis-server exited (code {code}); restarted it on port {self.redis.port}")
 
@@ -168,8 +176,9 @@ class ClusterSupervisor:
                 self.say(f"replacement for {worker_id} did not start within {self.cfg.cluster.start_timeout_s:.0f}s; "
                          "retrying next round")
                 kill_actor(w.actor)
-        for w in self.fleet.dead_workers(skip=set(self._pending)):
-            actor = self.fleet.replace(w)
+        fleet = self._fleet()
+        for w in fleet.dead_workers(skip=set(self._pending)):
+            actor = fleet.replace(w)
             self._pending[w.worker_id] = (w, actor.info.remote(), time.monotonic() + self.cfg.cluster.start_timeout_s)
 
     def _tell_replicas(self, ref: WorkerRef) -> None:
@@ -202,12 +211,13 @@ class ClusterSupervisor:
     async def heartbeat(self) -> None:
         if self._registry is None:
             return
-        payload = {"routers": self.endpoints, "workers": [w.worker_id for w in self.fleet.pool.all()],
-                   "replacements": self.fleet.replacements, "model": self.cfg.model.path}
+        fleet = self._fleet()
+        payload = {"routers": self.endpoints, "workers": [w.worker_id for w in fleet.pool.all()],
+                   "replacements": fleet.replacements, "model": self.cfg.model.path}
         try:
             await self._registry.heartbeat(SUPERVISOR_ID, "supervisor", payload,
                                            3 * self.cfg.cluster.supervise_interval_s)
-        except Exception as e:  # Redis down: the cluster keeps serving; the record comes back with it
+        except Exception as e:  # noqa: BLE001 - Redis down: the cluster keeps serving; the record comes back with it
             log.warning("supervisor heartbeat failed: %s", e)
 
     async def remove_record(self) -> None:
@@ -298,7 +308,7 @@ def run_cluster(cfg: BatonConfig, progress: Callable[[str], None]) -> int:
             await asyncio.to_thread(sup.supervise_once)
             try:
                 await asyncio.wait_for(stop.wait(), max(0.0, interval - (time.monotonic() - t0)))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         progress("shutting down (signal received)")
         await asyncio.to_thread(sup.drain_and_stop)

@@ -1,1 +1,3 @@
-"""Benchmarks for Baton: offline workloads and the baselines Baton is compared against."""
+"""Benchmarks that measure what a user or a future change needs, and the prepared GPU checks
+(``python3 -m bench.gpu_check``). The product never imports this package; the tools behind
+``baton bench``, ``baton plan`` and ``baton profile`` live in ``baton.perf``."""

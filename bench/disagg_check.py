@@ -1,8 +1,10 @@
-"""Disaggregated serving without Ray: a prefill worker and a decode worker in two spawned processes
+"""Kept for GPU issues (gpu_check runs it): disaggregated prefill/decode on one device, token for token.
+
+Disaggregated serving without Ray: a prefill worker and a decode worker in two spawned processes
 on one device, the KV over the local path (CUDA IPC on one GPU; shared memory on CPU), checked
 token for token against the colocated engine in this process.
 
-The GPU machines this project borrows have torch and Triton but no Ray (bench/proc_actor.py), so
+The GPU machines this project borrows have torch and Triton but no Ray (baton/perf/proc_actor.py), so
 this drives the workers' own API the way the router does — ``reserve`` on the decode worker,
 ``prefill`` on the prefill worker, ``poll`` for the outputs — and checks what the Ray tests check
 on CPU: greedy equality with chunked prefill (several chunks a prompt), a shared prefix that ships
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from bench.proc_actor import ProcActor, gather
+from baton.perf.proc_actor import ProcActor, gather
 from decode_worker.worker import DecodeWorker
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.engine import LLMEngine

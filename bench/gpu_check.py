@@ -1,4 +1,6 @@
-"""Every check that needs a GPU, as one prepared run for a borrowed CUDA machine (one short lease,
+"""Kept for GPU issues: every check that needs CUDA, in one prepared run (how a GPU change is verified).
+
+Every check that needs a GPU, as one prepared run for a borrowed CUDA machine (one short lease,
 no network, no Ray there): the Triton kernels against the torch reference, the engine's CUDA path
 against transformers token for token, a prefill and a decode worker sharing the GPU (CUDA IPC)
 against the colocated engine, the kernels' bandwidth as a fraction of a device-to-device
@@ -53,7 +55,7 @@ def _steps(tmp: Path) -> list[tuple[str, list[str], int]]:
         ("offline_qwen2.5-0.5b", [py, "-m", "bench.gpu_check", "--offline", "qwen2.5-0.5b", "--model-dir",
                                   str(tmp / "qwen2.5-0.5b")], 240),
         ("kernels_bandwidth", [py, "-m", "bench.kernels", "--json"], 180),
-        ("kv_transfer_ipc", [py, "-m", "bench.kv_transfer", "--device", "cuda", "--no-ray",
+        ("kv_transfer_ipc", [py, "-m", "baton.perf.kv_transfer_bench", "--device", "cuda", "--no-ray",
                              "--geometry", "llama-3.2-1b", "--json"], 120),
         # The prefill tiles' one doubtful point (docs/BENCHMARKS.md, "Launch shapes"): the defaults
         # against the grid again, same run.
@@ -113,8 +115,8 @@ def offline(name: str, model_dir: Path, n: int) -> dict:
     against the same engine's static batching (batches of 16) and against itself without CUDA
     graphs, same requests, one run (Baton's device given explicitly: bench offline pins it to the
     CPU, beside its transformers baselines)."""
-    from bench.offline import run_offline
-    from bench.random_model import build_random_model
+    from baton.perf.offline import run_offline
+    from baton.perf.random_model import build_random_model
 
     t0 = time.perf_counter()
     build_random_model(name, model_dir, device="cuda", dtype="bfloat16")

@@ -1,4 +1,6 @@
-"""Decode step time on CUDA with and without CUDA graphs, and with the layer's elementwise steps as
+"""Kept for GPU issues (gpu_check runs it): CUDA decode step time with and without CUDA graphs.
+
+Decode step time on CUDA with and without CUDA graphs, and with the layer's elementwise steps as
 Triton kernels or as torch ops: the same engine, the same batches, one run.
 
 For each batch size, that many requests with prompts of ``--context`` random tokens are prefilled;
@@ -36,17 +38,21 @@ def measure(model_dir: Path, sizes: list[int], context: int, steps: int, rounds:
     graphs = engine.runner.graphs
     if graphs is None:
         raise RuntimeError("the engine captured no CUDA graphs (not on CUDA with the Triton kernels?)")
+    from dataclasses import replace
+
     from engine.cuda_graphs import DecodeGraphs
-    from engine.native.layer_ops import TorchLayerOps
+    from engine.model.reference_ops import TorchLayerOps
 
     runner, model = engine.runner, engine.runner.model
-    default_ops, torch_ops = model.ops, TorchLayerOps()
-    model.ops = torch_ops
+    default_kernels = model.kernels
+    default_ops = default_kernels.layer_ops
+    torch_kernels = replace(default_kernels, layer_ops=TorchLayerOps())
+    model.use_kernels(torch_kernels)
     graphs_torch_ops = DecodeGraphs(model, runner.kv_cache, runner.attn, max_num_seqs=max(sizes),
                                     max_blocks=runner.batch.max_blocks)
-    model.ops = default_ops
-    modes = {"graphs": (graphs, default_ops), "graphs_torch_ops": (graphs_torch_ops, torch_ops),
-             "eager": (None, torch_ops)}
+    model.use_kernels(default_kernels)
+    modes = {"graphs": (graphs, default_kernels), "graphs_torch_ops": (graphs_torch_ops, torch_kernels),
+             "eager": (None, torch_kernels)}
     vocab = engine.model_config.vocab_size
     rng = random.Random(0)
     rows = []
@@ -55,11 +61,13 @@ def measure(model_dir: Path, sizes: list[int], context: int, steps: int, rounds:
         ids = start_decoding(engine, [[rng.randrange(vocab) for _ in range(context)] for _ in range(bs)], params)
         times: dict[str, list[float]] = {mode: [] for mode in modes}
         for _ in range(rounds):
-            for mode, (mode_graphs, ops) in modes.items():
-                runner.graphs, model.ops = mode_graphs, ops
+            for mode, (mode_graphs, kernels) in modes.items():
+                runner.graphs = mode_graphs
+                model.use_kernels(kernels)
                 time_steps(engine, 2)  # the switch's first steps are not timed
                 times[mode] += time_steps(engine, steps)
-        runner.graphs, model.ops = graphs, default_ops
+        runner.graphs = graphs
+        model.use_kernels(default_kernels)
         for i in ids:
             engine.abort(i)
         ms = {mode: statistics.median(t) * 1e3 for mode, t in times.items()}
@@ -78,7 +86,8 @@ def measure(model_dir: Path, sizes: list[int], context: int, steps: int, rounds:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="llama-3.2-1b", help="a published config (bench/random_model.py) or a directory")
+    ap.add_argument("--model", default="llama-3.2-1b",
+                    help="a published config (baton/perf/random_model.py) or a directory")
     ap.add_argument("--sizes", default="1,8,32,64,128,256")
     ap.add_argument("--context", type=int, default=256, help="prompt tokens of every request")
     ap.add_argument("--steps", type=int, default=20, help="timed steps per mode and round")
@@ -87,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     sizes = sorted({int(s) for s in a.sizes.split(",")})
-    from bench.random_model import PUBLISHED, build_random_model
+    from baton.perf.random_model import PUBLISHED, build_random_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(a.model)

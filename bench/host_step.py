@@ -1,4 +1,6 @@
-"""The host's share of an engine step: ``engine.step()`` with the model's arithmetic taken out.
+"""Kept for GPU and scheduler changes (gpu_check runs it): the host's share of an engine step.
+
+The host's share of an engine step: ``engine.step()`` with the model's arithmetic taken out.
 
 The model's forward returns zeros of the right shape at once, its head returns zero logits and the
 sampler's arithmetic returns zero ids (on a GPU the argmax is device work; torch's CPU argmax is
@@ -84,8 +86,8 @@ def measure(sizes: list[int], context: int, steps: int) -> dict:
 
     from engine.config import EngineConfig, SchedulerConfig
     from engine.engine import LLMEngine
-    from engine.sampling_params import SamplingParams
     from engine.model.tiny import build_tiny_model
+    from engine.sampling_params import SamplingParams
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "tiny", seed=0)

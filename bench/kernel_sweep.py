@@ -1,4 +1,6 @@
-"""Launch-shape sweep for the Triton attention kernels: every ``DecodeTiles`` / ``PrefillTiles`` in a
+"""Kept for whoever retunes the Triton launch shapes (gpu_check runs it): the defaults against a grid.
+
+Launch-shape sweep for the Triton attention kernels: every ``DecodeTiles`` / ``PrefillTiles`` in a
 small grid, on the shapes of bench/kernels.py, each checked against the torch reference and timed
 (CUDA-event medians after an L2 flush), with the current default measured in the same run.
 
@@ -27,8 +29,18 @@ from typing import Any
 import torch
 
 from bench.kernels import (
-    CPU_SHAPES, DECODE_SHAPES, PREFILL_SHAPES, Shape, _FLUSH_BYTES, attention_flops, copy_bandwidth_gbs,
-    kernel_call, make_inputs, time_cpu, time_cuda, useful_bytes,
+    _FLUSH_BYTES,
+    CPU_SHAPES,
+    DECODE_SHAPES,
+    PREFILL_SHAPES,
+    Shape,
+    attention_flops,
+    copy_bandwidth_gbs,
+    kernel_call,
+    make_inputs,
+    time_cpu,
+    time_cuda,
+    useful_bytes,
 )
 
 _TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}  # as tests/engine/attention/test_triton_kernels.py

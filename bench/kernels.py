@@ -1,4 +1,6 @@
-"""Attention kernel micro-benchmarks: Triton paged attention vs the torch reference, as bandwidth.
+"""Kept for Triton kernel changes (gpu_check runs it): the attention kernels' bandwidth against a copy.
+
+Attention kernel micro-benchmarks: Triton paged attention vs the torch reference, as bandwidth.
 
 Decode attention is memory-bound, so the figure of merit is achieved bandwidth: the bytes a kernel
 must move (every context token's K and V once, plus q, out and the block tables) over its time,

@@ -1,4 +1,6 @@
-"""Where Baton's offline run spends its time: (a) of ``baton bench offline`` with every step timed and
+"""Kept for CPU performance changes: where the offline run's time goes, by step kind and projection.
+
+Where Baton's offline run spends its time: (a) of ``baton bench offline`` with every step timed and
 bucketed by kind (prefill-carrying steps, decode steps by batch size), and the time spent inside
 the projections (every ``Linear`` call: the GEMMs, the head included) against the whole run.
 
@@ -20,6 +22,7 @@ turns the C loop off, so that every projection is timed (and the decode steps ar
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from collections import defaultdict
@@ -39,7 +42,7 @@ ORDERS = ("arrival", "longest-output-first")
 
 def run(model: str = "default", workload: str = "anyscale-cpu", threads: int | None = None, budget: int = 2048,
         order: str = "arrival", prefill_kernel: bool = True, c_loop: bool = True) -> dict:
-    from bench.offline import _warmup, model_and_workload
+    from baton.perf.offline import _warmup, model_and_workload
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
     from engine.engine import LLMEngine
     from engine.model import linear
@@ -52,9 +55,10 @@ def run(model: str = "default", workload: str = "anyscale-cpu", threads: int | N
                                     scheduler=SchedulerConfig(max_num_batched_tokens=budget)))
     if not prefill_kernel:
         engine.runner.attn.prefill.__self__.native_prefill = None
-    c_loop = c_loop and engine.runner.model.native_layers is not None
+    kernels = engine.runner.model.kernels
+    c_loop = c_loop and kernels.decode_layers is not None
     if not c_loop:
-        engine.runner.model.native_layers = None
+        engine.runner.model.use_kernels(dataclasses.replace(kernels, decode_layers=None))
     if order == "longest-output-first":
         requests = sorted(requests, key=lambda r: -r.max_tokens)
     _warmup(engine)

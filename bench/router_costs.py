@@ -1,4 +1,6 @@
-"""What the router's event loop pays per request at scale: admission with R requests running, and
+"""Kept for router changes: what the router's event loop pays per request at scale.
+
+What the router's event loop pays per request at scale: admission with R requests running, and
 a request's end with L output tokens (with the loop's lag while 16 such streams run and end).
 
     python -m bench.router_costs [--running 10,1000,4000] [--lengths 100,2000,8000] [--json PATH]
@@ -101,7 +103,7 @@ async def admission(running: int) -> dict:
             held.append(await router.generate(_request(10_000)))
             if i % 64 == 63:
                 await asyncio.sleep(0.01)
-        while sum(c.dispatched is not None for c in router._requests.values()) < running:
+        while sum(c.dispatched is not None for c in router.requests.values()) < running:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)  # a few tokens each
         times = []

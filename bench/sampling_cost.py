@@ -1,4 +1,6 @@
-"""What the optional sampling features cost: the same offline requests through one engine with
+"""Kept for users choosing sampling options: what logprobs, penalties and a logit bias cost.
+
+What the optional sampling features cost: the same offline requests through one engine with
 none of them, with the sampled token's logprob (``logprobs=0``), with 20 alternatives (the most
 OpenAI allows), scoring the prompts too (``prompt_logprobs=1``, what ``echo`` with ``logprobs``
 asks), and with penalties and a logit bias on every request. Rounds are interleaved so that a
@@ -24,7 +26,7 @@ CHANGES_TOKENS = {"penalties"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.offline import _warmup, model_and_workload
+    from baton.perf.offline import _warmup, model_and_workload
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
     from engine.sampling_params import SamplingParams

@@ -1,4 +1,6 @@
-"""A burst of prompts that share a long prefix (a system prompt), all submitted at once: the
+"""Kept for users setting ``defer_for_shared_prefix``: what the deferral buys on a shared-prefix burst.
+
+A burst of prompts that share a long prefix (a system prompt), all submitted at once: the
 scheduler's deferral for shared prefixes in flight (``SchedulerConfig.defer_for_shared_prefix``)
 against plain first-come admission, the same engine and requests, alternating in one run.
 

@@ -1,4 +1,6 @@
-"""Short prompts behind a burst of long ones: time to first token of a few short prompts sent just
+"""Kept for placement changes: TTFT of short prompts sent behind long ones to a running server.
+
+Short prompts behind a burst of long ones: time to first token of a few short prompts sent just
 after N long prompts, against a running server (``baton up``). With one prefill worker the long
 prompts queue for it; a short prompt prefills on a decode worker and should not wait for them.
 
@@ -6,7 +8,7 @@ prompts queue for it; a short prompt prefills on a decode worker and should not 
 
 Run the server with ``router.slo_rejection: false`` (``baton config --print-defaults``), or
 admission turns most long prompts away and nothing queues. Requests go through the load
-generator's HTTP client (``bench.serve.http_client``: token-id prompts of exact lengths, streamed,
+generator's HTTP client (``baton.perf.loadgen.http_client``: token-id prompts of exact lengths, streamed,
 interactive lane); the long prompts are random ids, new ones every run (``--seed`` repeats them;
 against the same server they then hit its prefix cache).
 """
@@ -21,9 +23,9 @@ import statistics
 import sys
 import time
 
-from bench.serve.http_client import HttpClient
-from bench.serve.outgoing import Outgoing
-from bench.serve.prompts import DEFAULT_TOKEN_RANGE
+from baton.perf.loadgen.http_client import HttpClient
+from baton.perf.loadgen.outgoing import Outgoing
+from baton.perf.loadgen.prompts import DEFAULT_TOKEN_RANGE
 
 
 async def burst(url: str, n_long: int, n_short: int, long_tokens: int, delay_s: float, rng: random.Random) -> dict:

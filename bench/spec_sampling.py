@@ -1,4 +1,6 @@
-"""Speculative decoding (n-gram drafts) for sampled requests: output tokens/s with drafts against
+"""Kept for users enabling speculative decoding: its speed and token equality on sampled requests.
+
+Speculative decoding (n-gram drafts) for sampled requests: output tokens/s with drafts against
 without, at a few temperatures and batch sizes, in alternating rounds of one process; the share of
 drafts kept; and whether each seeded request's tokens are the same with drafts as without (they
 should be: a drafted position samples with its own output index's noise, engine/runner.py).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.kv_events import KVCacheEvent
 from engine.outputs import RequestOutput
 from engine.worker_stats import WorkerLoad
 
@@ -24,7 +25,7 @@ class OutputBatch:
     incarnation: str
     outputs: list[RequestOutput] = field(default_factory=list)
     load: WorkerLoad | None = None
-    kv_events: list = field(default_factory=list)  # BlocksStored/BlocksRemoved since the last poll
+    kv_events: list[KVCacheEvent] = field(default_factory=list)  # since the last poll
     # This router's requests the worker dropped as orphans (it had not polled for the orphan timeout)
     # although it polls again: they have no outputs coming, so the router places them anew.
     dropped: list[str] = field(default_factory=list)

@@ -19,11 +19,13 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.engine_loop import EngineLoop
 from engine.gc_freeze import freeze_startup_objects
+from engine.kv_events import KVCacheEvent
 from engine.logprobs import TokenLogprob
 from engine.errors import InvalidParameterError
 from engine.request_spec import RequestSpec
 from engine.worker_stats import WorkerLoad, queued_prefill_tokens
 from kv_transfer.agent import TransferAgent, TransferTiming
+from kv_transfer.data_plane import DataPlaneFactory, default_data_plane
 from kv_transfer.identity import kv_segment_name, make_peer, release_kv, worker_info
 from kv_transfer.peer import PeerInfo, StoreAddress, WorkerInfo
 
@@ -33,17 +35,17 @@ log = logging.getLogger(__name__)
 class DecodeWorker:
     def __init__(self, worker_id: str, engine_config: EngineConfig, store: StoreAddress, *,
                  transfer_timeout_s: float = 10.0, connect_timeout_s: float = 30.0,
-                 orphan_timeout_s: float = 10.0) -> None:
+                 orphan_timeout_s: float = 10.0, data_plane: DataPlaneFactory = default_data_plane) -> None:
         self.worker_id = worker_id
         self.transfer_timeout_s = transfer_timeout_s
         self.engine = LLMEngine(engine_config, record_kv_events=True)
         self.peer = make_peer(worker_id, "decode", self.engine)
         self.outbox = Outbox()
         self.loop = EngineLoop(self.engine, name=f"{worker_id}-engine", output_sink=self.outbox.put)
-        self._kv_events: list = []  # engine thread appends, poll drains (swap under the GIL)
+        self._kv_events: list[KVCacheEvent] = []  # engine thread appends, poll drains (swap under the GIL)
         self.agent = TransferAgent(self.peer, store, self.engine.runner.kv_cache, connect_timeout_s=connect_timeout_s,
                                    on_received=self._on_received, on_receive_failed=self._on_receive_failed,
-                                   kv_segment_name=kv_segment_name(self.engine))
+                                   kv_segment_name=kv_segment_name(self.engine), data_plane=data_plane)
         self._transfer_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._transfer_of: dict[str, int] = {}  # request id -> transfer id, while reserved
@@ -160,6 +162,7 @@ class DecodeWorker:
             self._transfer_of.pop(request_id, None)
 
         def arrived(engine: LLMEngine) -> None:
+            timing.kv_ready.wait()  # the next step, the first to read the blocks, runs after their scatter
             breakdown = {"prefill_queue": timing.prefill_queue_s, "prefill_compute": timing.prefill_compute_s,
                          "transfer": timing.transfer_s, "decode_queue": time.monotonic() - timing.landed}
             self.loop.push_outputs(engine.kv_arrived(request_id, first_token, breakdown, first_logprob))

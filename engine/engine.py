@@ -20,7 +20,7 @@ from engine.logprobs import TokenLogprob
 from engine.model_loader import LoadedModel, load_model
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
-from engine.request import Request
+from engine.request import FinishReason, Request
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -205,7 +205,7 @@ class LLMEngine:
         try:
             ran = self.runner.execute(scheduled)
         except BaseException:
-            self._failed_outputs += [self.output_processor.abort_output(r, "error")
+            self._failed_outputs += [self.output_processor.abort_output(r, FinishReason.ERROR)
                                      for r in self.scheduler.step_failed(scheduled)]
             raise
         self.num_steps += 1

@@ -4,11 +4,9 @@ and how much memory the host has available (``available_bytes``).
 A CPU step allocates its activations fresh (a 2,048-row prefill step of SmolLM2 touches ~400 MB,
 in tensors of up to 25 MB). By default glibc serves large sizes with ``mmap`` and unmaps them on
 free, and trims the heap's free top back to the kernel, so large steps fault their pages in again,
-one 4 KiB page at a time: ~340k minor faults in a fresh process's first anyscale-cpu run (~100k in
-each of its first 2,048-row steps). A fixed mmap threshold of 32 MiB (the most glibc accepts) and a
-1 GiB trim threshold keep that memory in the heap, reused from the next step on: ~20k faults, in the
-first step only. A fresh process's (a) of the offline bench took 9.27-9.42 s instead of 9.60-9.96 s
-(docs/BENCHMARKS.md, "Freed memory kept"); in a process already warmed the gain is ~1%.
+one 4 KiB page at a time. A fixed mmap threshold of 32 MiB (the most glibc accepts) and a 1 GiB
+trim threshold keep that memory in the heap, reused from the next step on, so only the first step
+faults it in (docs/BENCHMARKS.md, "Freed memory kept").
 Only glibc is touched; elsewhere this does nothing.
 """
 

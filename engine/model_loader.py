@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 from typing import Callable
 
@@ -13,6 +14,7 @@ import torch
 from engine.attention.backend import AttentionBackend, select_backend
 from engine.config import EngineConfig
 from engine.host_memory import available_bytes
+from engine.kernels import kernels_for
 from engine.kv_cache import allocate_kv_cache, allocate_shared_kv_cache, kv_block_bytes
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaModel
@@ -39,7 +41,7 @@ class LoadedModel:
     attention: AttentionBackend
     kv_cache: torch.Tensor
     num_blocks: int
-    kv_segment: object | None = None  # multiprocessing.shared_memory.SharedMemory when shared
+    kv_segment: SharedMemory | None = None  # where the KV cache is shared with a same-host peer
 
 
 def pick_device(name: str) -> torch.device:
@@ -75,7 +77,7 @@ def load_model(config: EngineConfig, progress: Callable[[str], None] | None = No
         max_len = config.max_model_len
 
     say(f"loading {model_cfg.architecture} weights from {model_dir} ({dtype}, {device})")
-    model = LlamaModel(model_cfg, device, dtype, max_positions=max_len)
+    model = LlamaModel(model_cfg, device, dtype, max_positions=max_len, kernels=kernels_for(device, dtype))
     model.load_weights(iter_safetensors(model_dir))
     if model.takes_blocks:  # CPU fp32 decode: multiply a GGUF import's own blocks
         blocks = {name: QuantizedWeight(b, qtype) for name, (b, qtype) in read_ggml_blocks(model_dir).items()}

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 from engine.logprobs import TokenLogprob
+from engine.model.detokenizer import IncrementalDetokenizer
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.request import FinishReason, Request, RequestState
 from engine.scheduler import Scheduler
@@ -17,7 +18,7 @@ _DECODING = RequestState.DECODING
 
 @dataclass(slots=True)
 class _Stream:
-    detokenizer: object | None
+    detokenizer: IncrementalDetokenizer | None
     num_sent_tokens: int
     text: str = ""
     num_sent_chars: int = 0
@@ -147,7 +148,7 @@ class OutputProcessor:
         if finished:
             self._streams.pop(req.request_id, None)
             out.finished = True
-            out.finish_reason = req.finish_reason.value if req.finish_reason else None
+            out.finish_reason = req.finish_reason
             out.stop_reason = req.stop_reason
             out.num_prompt_tokens = req.num_prompt_tokens
             out.num_cached_tokens = req.num_cached_tokens
@@ -156,7 +157,7 @@ class OutputProcessor:
             out.metrics = RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, time.monotonic())
         return out
 
-    def abort_output(self, req: Request, finish_reason: str = "abort") -> RequestOutput:
+    def abort_output(self, req: Request, finish_reason: FinishReason = FinishReason.ABORT) -> RequestOutput:
         """The final output of a request ended from outside its tokens (an abort, a failed step)."""
         st = self._streams.pop(req.request_id, None)
         text = st.text if st else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.logprobs import TokenLogprob
+from engine.request import FinishReason
 
 
 @dataclass(slots=True)
@@ -29,7 +30,7 @@ class RequestOutput:
     # engine's common delta passes it by position, a quarter cheaper than by keyword.)
     first_index: int = -1
     finished: bool = False
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    finish_reason: FinishReason | None = None  # a str on the wire (a StrEnum)
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0

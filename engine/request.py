@@ -27,6 +27,7 @@ from __future__ import annotations
 import enum
 import time
 
+from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 
 
@@ -45,7 +46,9 @@ class RequestState(enum.Enum):
         return self in _TERMINAL
 
 
-class FinishReason(enum.Enum):
+class FinishReason(enum.StrEnum):
+    """A StrEnum: the reason is its own OpenAI string in outputs and on the wire."""
+
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or the context length
     ABORT = "abort"
@@ -151,7 +154,7 @@ class Request:
         self.is_padding = False  # static-batching baseline: finished, but its row still computes
         self.prefill_only = prefill_only  # prefill role: stop after the first token, then hand off
         # Logprobs of tokens appended since the last output (sampling_params.logprobs set), in order.
-        self.pending_logprobs: list = []
+        self.pending_logprobs: list[TokenLogprob] = []
         # Prompt tokens 1.. as the prefill computes them (sampling_params.prompt_logprobs set); a
         # resumed (migrated) request reported them where it started.
         self.prompt_logprobs: list | None = (

@@ -11,14 +11,15 @@ from engine.attention.metadata import AttentionMetadata
 from engine.cuda_graphs import DecodeGraphs
 from engine.input_batch import InputBatch, StepInputs
 from engine.logits_processing import process_logits
-from engine.logprobs import compute_logprobs
+from engine.logprobs import TokenLogprob, compute_logprobs
 from engine.model.llama import LlamaModel
 from engine.sampler import Sampler
+from engine.sampling_params import SamplingParams
 from engine.scheduler_output import RunnerOutput, SchedulerOutput
 
 # Prompt positions scored per head call: a whole chunk's logits would be rows x vocabulary floats,
-# and up to 64 rows the CPU head runs in the compiled kernel (linear.SKINNY_MAX_ROWS), not a
-# dense GEMM: 2.6x faster for SmolLM2's tied head on the Zen 5 host.
+# and up to 64 rows the CPU head runs in the compiled kernel (linear.SKINNY_MAX_ROWS), faster than a
+# dense GEMM.
 _SCORE_ROWS = 64
 
 
@@ -123,7 +124,8 @@ class ModelRunner:
         sampled_t = self._sample_logits(logits, rows, row_list, params, inputs.sample_offsets)
         return self._take(sampled_t, logits, rows, row_list, params)
 
-    def _greedy_head_sample(self, hidden: torch.Tensor, inputs: StepInputs, row_list: list[int], params: list
+    def _greedy_head_sample(self, hidden: torch.Tensor, inputs: StepInputs, row_list: list[int],
+                            params: list[SamplingParams]
                             ) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray | None] | None:
         """Plain greedy rows (no penalties, bias, ``min_tokens``, logprobs) need only each row's argmax:
         the model's greedy head finds it without every logit, and the other rows' logits are computed
@@ -154,7 +156,7 @@ class ModelRunner:
         out[plain_t], out[others_t] = tokens, sampled
         return out, others_logits, others
 
-    def _sample_logits(self, logits: torch.Tensor, rows: np.ndarray, row_list: list[int], params: list,
+    def _sample_logits(self, logits: torch.Tensor, rows: np.ndarray, row_list: list[int], params: list[SamplingParams],
                        offsets: np.ndarray | None) -> torch.Tensor:
         """Tokens sampled from ``logits`` (one row per sampled position of ``rows``), logit processing first."""
         batch = self.batch
@@ -174,7 +176,7 @@ class ModelRunner:
         return self.sampler.sample(to_sample, params, out_pos)
 
     def _take(self, sampled_t: torch.Tensor, logits: torch.Tensor | None, rows: np.ndarray, row_list: list[int],
-              params: list, logits_rows: np.ndarray | None = None) -> RunnerOutput:
+              params: list[SamplingParams], logits_rows: np.ndarray | None = None) -> RunnerOutput:
         """The sampled tokens into the batch (drafts verified); ``logits`` (None: no row asked for
         logprobs) give the logprobs: a row per sampled position, or per position of ``logits_rows``
         (every one that asked among them)."""
@@ -188,7 +190,8 @@ class ModelRunner:
             logprobs = _logprobs(logits, sampled_t, params, logits_rows)
         return RunnerOutput(row_list, sampled.tolist(), logprobs)
 
-    def _verify(self, logits: torch.Tensor | None, sampled_t: torch.Tensor, rows: np.ndarray, params: list,
+    def _verify(self, logits: torch.Tensor | None, sampled_t: torch.Tensor, rows: np.ndarray,
+                params: list[SamplingParams],
                 logits_rows: np.ndarray | None = None) -> RunnerOutput:
         """A step with drafts (engine/spec_decode.py): a row with k drafts sampled k + 1 positions in a
         run, each with the noise (seeded requests: the seed and output index) plain decoding would
@@ -250,8 +253,8 @@ class ModelRunner:
         return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
 
 
-def _logprobs(logits: torch.Tensor, sampled: torch.Tensor, params: list,
-              logits_rows: np.ndarray | None = None) -> list | None:
+def _logprobs(logits: torch.Tensor, sampled: torch.Tensor, params: list[SamplingParams],
+              logits_rows: np.ndarray | None = None) -> list[TokenLogprob | None] | None:
     """Logprobs of the rows whose request asked for them, in row order (None elsewhere). ``logits``
     has a row per position, or (``logits_rows``) a row for each listed position only."""
     asking = [i for i, p in enumerate(params) if p.logprobs is not None]
@@ -264,7 +267,7 @@ def _logprobs(logits: torch.Tensor, sampled: torch.Tensor, params: list,
     idx = torch.tensor(asking, device=sampled.device)
     computed = compute_logprobs(logits[torch.tensor(at, device=logits.device)], sampled[idx],
                                 [params[i].logprobs for i in asking])
-    out: list = [None] * len(params)
+    out: list[TokenLogprob | None] = [None] * len(params)
     for i, lp in zip(asking, computed):
         out[i] = lp
     return out

@@ -2,9 +2,8 @@
 
 A sampled row draws one uniform number u and takes the token where u falls in the cumulative
 distribution (inverse transform sampling, the cumulative sums in float64): one number a row
-instead of one per vocabulary entry, which the exponential race this replaced drew (~0.95 ms a
-row for a 49,152-token vocabulary on a CPU, the sampler's largest cost: docs/BENCHMARKS.md,
-"Engine: the sampler's cost"). A seeded request's u for output position p is a hash of (seed, p)
+instead of one per vocabulary entry, as an exponential race would draw (the sampler's largest
+cost on a CPU: docs/BENCHMARKS.md, "Engine: the sampler's cost"). A seeded request's u for output position p is a hash of (seed, p)
 (splitmix64), so its tokens do not depend on what it is batched with, nor on being preempted and
 recomputed, nor on speculative decoding; unseeded requests draw from the engine's generator.
 """
@@ -43,7 +42,7 @@ class Sampler:
     def __init__(self, seed: int, device: torch.device) -> None:
         self.device = device
         self.generator = torch.Generator(device="cpu").manual_seed(seed)  # (the uniforms are drawn on the host)
-        # torch's CPU argmax is a scalar reduction (~2% of a decode step): a compiled one, same indices.
+        # torch's CPU argmax is a scalar reduction: a compiled one, same indices.
         native = NativeArgmax.load() if device.type == "cpu" else None
         self._argmax = native if native is not None else (lambda x: x.argmax(dim=-1))
 
@@ -54,11 +53,11 @@ class Sampler:
         if all(greedy):
             return self._argmax(logits)
         rows = [i for i, g in enumerate(greedy) if not g]
-        if len(rows) == len(logits):  # no greedy row: no argmax over the batch (0.3 ms at 64 rows)
+        if len(rows) == len(logits):  # no greedy row: no argmax over the batch
             out = torch.empty(len(logits), dtype=torch.int64, device=logits.device)
         else:
             out = self._argmax(logits)
-        sub = logits if len(rows) == len(logits) else logits[rows]  # (a list index copies: 2.5 ms at 64 rows)
+        sub = logits if len(rows) == len(logits) else logits[rows]  # (a list index copies)
         sp = [params[i] for i in rows]
         temps = torch.tensor([p.temperature for p in sp], device=logits.device, dtype=logits.dtype)
         sub = sub / temps[:, None]

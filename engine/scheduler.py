@@ -18,14 +18,18 @@ waiting requests in priority order while budget, ``max_num_seqs`` and free block
 which something was preempted admits nothing new. Prompt chunks (continuing and new) also share
 ``prefill_token_budget`` when one is set; decodes never wait for it.
 
-Speculative decoding (``engine.scheduler_spec``, off unless ``SchedulerConfig.speculative``): a
-decode with drafted tokens is scheduled after the plain decodes, with the other running requests,
-as one chunk of its last token and its drafts; the drafts take no prompt budget.
+The scheduler plans the step (this module) and holds its parts, each built with what it needs:
 
-Requests in, out and preempted (slots, blocks freed once): ``engine.scheduler_lifecycle``.
-
-Shared prefixes in flight (``engine.scheduler_admission``): a waiting request whose next uncached
-prompt block a running request has yet to compute is passed over until that block is computed.
+- ``RunningBatch`` (engine/scheduler_batch.py): the running requests and their slots;
+- ``RequestLifecycle`` (engine/scheduler_lifecycle.py): requests in, out and preempted (blocks freed once);
+- ``Admitter`` (engine/scheduler_admission.py): waiting requests into the batch, shared prefixes in
+  flight (a waiting request whose next uncached prompt block a running request has yet to compute is
+  passed over until that block is computed);
+- ``Handoffs`` (engine/scheduler_disagg.py): the prefill and decode roles' reserved and transferring
+  requests;
+- ``Speculation`` (engine/scheduler_spec.py, off unless ``SchedulerConfig.speculative``): a decode
+  with drafted tokens is scheduled after the plain decodes, with the other running requests, as one
+  chunk of its last token and its drafts; the drafts take no prompt budget.
 """
 
 from __future__ import annotations
@@ -35,20 +39,21 @@ import time
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.logprobs import TokenLogprob
-from engine.request import Request, RequestState, check_stop
-from engine.scheduler_disagg import DisaggregationMixin
-from engine.scheduler_admission import AdmissionMixin
-from engine.scheduler_lifecycle import LifecycleMixin
-from engine.scheduler_step import StepPlan, decodes_first
+from engine.request import FinishReason, Request, RequestState, check_stop
+from engine.scheduler_admission import Admitter
+from engine.scheduler_batch import RunningBatch
+from engine.scheduler_disagg import Handoffs
+from engine.scheduler_lifecycle import RequestLifecycle
 from engine.scheduler_output import NewRequestData, RunnerOutput, SchedulerOutput
 from engine.scheduler_policies import AdmissionPolicy, PreemptionPolicy, StaticBatchAdmission, WaitingQueue
-from engine.scheduler_spec import SpeculationMixin
+from engine.scheduler_spec import Speculation
+from engine.scheduler_step import StepPlan, decodes_first
 from engine.spec_decode import NgramProposer
 
 _S = RequestState
 
 
-class Scheduler(LifecycleMixin, DisaggregationMixin, AdmissionMixin, SpeculationMixin):
+class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int) -> None:
         self.config = config
         self.block_manager = block_manager
@@ -57,32 +62,92 @@ class Scheduler(LifecycleMixin, DisaggregationMixin, AdmissionMixin, Speculation
             StaticBatchAdmission(config.static_batch_size) if config.policy == "static" else AdmissionPolicy()
         )
         self.preemption = PreemptionPolicy()
-        self.drafter = NgramProposer(config.speculative) if config.speculative is not None else None
-        self.num_draft_tokens = 0  # drafted tokens computed, and of those kept (speculative decoding)
-        self.num_accepted_tokens = 0
         self.waiting = WaitingQueue()
-        self.running: list[Request] = []
-        self.requests: dict[str, Request] = {}
-        # Disaggregation: decode side holds blocks for KV in flight; prefill side holds blocks
-        # until the decode side has acknowledged the KV.
-        self.reserved: dict[str, Request] = {}
-        self.transferring: dict[str, Request] = {}
-        self._runner_unseen: set[str] = set()  # running requests the runner has no row for yet
-        self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
-        self._slot_req: list[Request | None] = [None] * config.max_num_seqs
-        self._left_batch: set[str] = set()  # finished/aborted/preempted since the last schedule()
+        self.batch = RunningBatch(config.max_num_seqs)
+        self.lifecycle = RequestLifecycle(block_manager, self.waiting, self.batch, max_model_len,
+                                          self.admission.hold_finished)
+        watermark = int(config.admission_watermark * block_manager.num_blocks)
+        self.handoffs = Handoffs(self.lifecycle, block_manager, self.waiting, self.batch, config.max_num_seqs,
+                                 watermark)
+        self.admitter = Admitter(block_manager, self.waiting, self.batch, self.admission, config.max_num_seqs,
+                                 config.defer_for_shared_prefix, watermark, lambda: len(self.handoffs.reserved))
+        self.speculation = (
+            Speculation(NgramProposer(config.speculative), block_manager, max_model_len, self.lifecycle.finish)
+            if config.speculative is not None else None
+        )
         # The last step's batch and its ids and slots, reused while the batch stays the same.
         self._last_batch: list[Request] = []
         self._last_ids: list[str] = []
         self._last_slots: list[int] = []
-        self._watermark_blocks = int(config.admission_watermark * block_manager.num_blocks)
-        self._arrivals = 0
-        self.num_preemptions = 0
-        self.preempted_tokens = 0  # computed tokens preemptions threw away (to be computed again)
         self.prompt_tokens_computed = 0
 
+    # -- requests in and out (the parts do the work) ----------------------------------------
+    def add_request(self, req: Request) -> None:
+        self.lifecycle.add(req)
+
+    def abort(self, request_id: str) -> Request | None:
+        """Stop a request wherever it is (waiting, running, reserved, transferring); its blocks are
+        freed now. Returns it, or None if unknown or already ended."""
+        self.handoffs.forget(request_id)
+        return self.lifecycle.abort(request_id)
+
+    def finish(self, req: Request, reason: FinishReason) -> None:
+        """Finish a request (token stop, or a stop string found by the detokenizer)."""
+        if not req.is_finished:
+            self.handoffs.forget(req.request_id)
+        self.lifecycle.finish(req, reason)
+
+    def reserve(self, req: Request) -> bool:
+        return self.handoffs.reserve(req)
+
+    def kv_arrived(self, request_id: str, first_token: int,
+                   first_logprob: TokenLogprob | None = None) -> Request | None:
+        return self.handoffs.kv_arrived(request_id, first_token, first_logprob)
+
+    def fallback_to_local_prefill(self, request_id: str) -> Request | None:
+        return self.handoffs.fallback_to_local_prefill(request_id)
+
+    def release_transferred(self, request_id: str) -> Request | None:
+        return self.handoffs.release_transferred(request_id)
+
+    # -- what the engine, workers and benchmarks read ---------------------------------------
+    @property
+    def running(self) -> list[Request]:
+        return self.batch.requests
+
+    @property
+    def requests(self) -> dict[str, Request]:
+        return self.lifecycle.requests
+
+    @property
+    def reserved(self) -> dict[str, Request]:
+        return self.handoffs.reserved
+
+    @property
+    def transferring(self) -> dict[str, Request]:
+        return self.handoffs.transferring
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.lifecycle.num_preemptions
+
+    @property
+    def preempted_tokens(self) -> int:
+        """Computed tokens preemptions threw away (to be computed again)."""
+        return self.lifecycle.preempted_tokens
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Drafted tokens computed (speculative decoding)."""
+        return self.speculation.num_draft_tokens if self.speculation is not None else 0
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        """Of those, the ones kept."""
+        return self.speculation.num_accepted_tokens if self.speculation is not None else 0
+
     def has_unfinished(self) -> bool:
-        return bool(self.running) or len(self.waiting) > 0
+        return bool(self.batch.requests) or len(self.waiting) > 0
 
     @property
     def num_waiting(self) -> int:
@@ -90,19 +155,19 @@ class Scheduler(LifecycleMixin, DisaggregationMixin, AdmissionMixin, Speculation
 
     @property
     def num_running(self) -> int:
-        return len(self.running)
+        return len(self.batch.requests)
 
     # -- the step ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         cfg = self.config
         plan = StepPlan(cfg.max_num_batched_tokens, cfg.prefill_token_budget or cfg.max_num_batched_tokens)
-        if plan.budget >= len(self.running):
+        if plan.budget >= len(self.batch.requests):
             rest = self._schedule_decodes(plan)
         else:  # too little budget for every decode: all in one pass, decodes first, until it runs out
-            rest = decodes_first(self.running)
+            rest = decodes_first(self.batch.requests)
         self._schedule_rest(rest, plan)
         if not plan.preempted:
-            self._admit(min(plan.budget, plan.prefill_budget), plan)
+            self.admitter.admit(min(plan.budget, plan.prefill_budget), plan)
         return self._build_output(plan)
 
     def _schedule_decodes(self, plan: StepPlan) -> list[Request]:
@@ -114,12 +179,13 @@ class Scheduler(LifecycleMixin, DisaggregationMixin, AdmissionMixin, Speculation
         decodes, filled, grew, rest = plan.decodes, plan.filled, plan.grew, []
         schedule = decodes.append
         decoding = _S.DECODING
-        plenty = bm.num_free_blocks >= len(self.running)  # no decode here can run the pool dry
-        drafting = self.drafter is not None
+        running = self.batch.requests
+        plenty = bm.num_free_blocks >= len(running)  # no decode here can run the pool dry
+        drafting = self.speculation is not None
         charged = 0  # decodes already taken off plan.budget (the others are, after the loop)
         # A copy: a preemption below removes from ``running``. Its victims, PREEMPTED or (padding
         # rows) FINISHED now, go to ``rest``, which passes over them.
-        for req in list(self.running):
+        for req in list(running):
             computed = req.num_computed_tokens + 1  # what it becomes once its one token is scheduled
             if len(req.all_token_ids) != computed or req.state is not decoding or (drafting and req.spec_token_ids):
                 rest.append(req)
@@ -178,12 +244,12 @@ class Scheduler(LifecycleMixin, DisaggregationMixin, AdmissionMixin, Speculation
         newest first) until the pool has them. False if ``req`` itself was preempted."""
         have = len(req.block_ids)
         while not self.block_manager.allocate(req, n):
-            victim = self.preemption.pick_victim(self.running)
+            victim = self.preemption.pick_victim(self.batch.requests)
             plan.unschedule(victim)
             if victim.is_padding:  # a static batch's finished row: its blocks go, nothing to redo
-                self._release_padding(victim)
+                self.lifecycle.release_padding(victim)
             else:
-                self._preempt(victim)
+                self.lifecycle.preempt(victim)
             plan.preempted += 1
             if victim is req:
                 return False
@@ -192,7 +258,7 @@ class Scheduler(LifecycleMixin, DisaggregationMixin, AdmissionMixin, Speculation
 
     def _build_output(self, plan: StepPlan) -> SchedulerOutput:
         new_data = []
-        unseen = self._runner_unseen
+        unseen = self.batch.unseen
         if unseen:  # rows the runner gets in full (their tokens before this step's)
             for reqs, advanced in ((plan.decodes, 1), (plan.chunks, 0)):
                 for req in reqs:
@@ -224,8 +290,8 @@ class Scheduler(LifecycleMixin, DisaggregationMixin, AdmissionMixin, Speculation
             self._last_batch = scheduled
             self._last_ids = [r.request_id for r in scheduled]
             self._last_slots = [r.slot for r in scheduled]
-        left, self._left_batch = self._left_batch, set()
-        drafts = {r.slot: r.spec_token_ids for r in plan.chunks if r.spec_token_ids} if self.drafter else {}
+        left = self.batch.take_left()
+        drafts = {r.slot: r.spec_token_ids for r in plan.chunks if r.spec_token_ids} if self.speculation else {}
         return SchedulerOutput(
             new_requests=new_data,
             new_block_ids=new_blocks,
@@ -242,8 +308,9 @@ class Scheduler(LifecycleMixin, DisaggregationMixin, AdmissionMixin, Speculation
     def update_from_output(self, out: RunnerOutput) -> list[Request]:
         """Append sampled tokens, apply token-level stops; return requests that got a token."""
         updated: list[Request] = []
-        slot_req = self._slot_req
+        slot_req = self.batch.slot_req
         max_len = self.max_model_len
+        lifecycle, speculation = self.lifecycle, self.speculation
         if out.prompt_logprobs:
             self._add_prompt_logprobs(out.prompt_logprobs)
         accepted = out.accepted_draft_ids
@@ -259,10 +326,10 @@ class Scheduler(LifecycleMixin, DisaggregationMixin, AdmissionMixin, Speculation
                 continue  # left the batch while the step ran
             if req.is_padding:  # its token is discarded; the row only occupies the batch
                 if req.num_computed_tokens + 1 >= max_len:
-                    self._release_padding(req)
+                    lifecycle.release_padding(req)
                 continue
-            if accepted is not None and req.spec_token_ids:  # (None: no row had drafts this step)
-                self._take_verified(req, accepted.get(slot, []), tok, (out.verified_logprobs or {}).get(slot))
+            if accepted is not None and req.spec_token_ids and speculation is not None:  # (None: no drafts this step)
+                speculation.take_verified(req, accepted.get(slot, []), tok, (out.verified_logprobs or {}).get(slot))
                 updated.append(req)
                 continue
             req.all_token_ids.append(tok)
@@ -270,26 +337,54 @@ class Scheduler(LifecycleMixin, DisaggregationMixin, AdmissionMixin, Speculation
                 if req.first_token_time is None:  # not again after a preemption's recompute
                     req.first_token_time = time.monotonic()
                 if req.prefill_only:  # prefill role: hold the blocks until the KV is acknowledged
-                    self._hand_off(req)
+                    self.handoffs.hand_off(req)
                     updated.append(req)
                     continue
                 req.transition(_S.DECODING)
             reason = check_stop(req, tok, max_len)
             if reason is not None:
-                self.finish(req, reason)
+                lifecycle.finish(req, reason)
             updated.append(req)
-        if self.admission.hold_finished and self.running and all(r.is_padding for r in self.running):
-            for r in list(self.running):
-                self._release_padding(r)
-        if self.drafter is not None:
-            self._draft(updated)
+        running = self.batch.requests
+        if self.admission.hold_finished and running and all(r.is_padding for r in running):
+            for r in list(running):
+                lifecycle.release_padding(r)
+        if speculation is not None:
+            speculation.draft(updated)
         return updated
+
+    def step_failed(self, so: SchedulerOutput) -> list[Request]:
+        """The step ``so`` describes raised: end its requests (ERROR) and return them.
+
+        Their tokens were advanced, and their newly full blocks entered in the prefix cache, as the
+        step was scheduled; the KV it was to write is missing or partial. So those cache entries are
+        withdrawn before the blocks are freed, and the requests end rather than retry, since a step
+        that failed once (out of memory, a bad kernel) would likely fail again. Requests outside the
+        step are untouched."""
+        failed = []
+        bm = self.block_manager
+        for rid, n in zip(so.request_ids, so.counts):
+            req = self.lifecycle.requests.get(rid)
+            if req is None:
+                continue
+            req.num_computed_tokens -= n
+            req.spec_token_ids = []
+            if req.num_computed_tokens < req.num_prompt_tokens:  # (counted as scheduled, for the router's rate)
+                self.prompt_tokens_computed -= min(n, req.num_prompt_tokens - req.num_computed_tokens)
+            bm.unregister_unwritten(req, req.num_computed_tokens)
+            if req.is_padding:
+                self.lifecycle.release_padding(req)
+            elif not req.is_finished:
+                self.handoffs.forget(rid)
+                self.lifecycle.end(req, FinishReason.ERROR, _S.ABORTED)
+                failed.append(req)
+        return failed
 
     def _add_prompt_logprobs(self, computed: dict[int, tuple[int, list[TokenLogprob]]]) -> None:
         """Chunks' prompt logprobs (first token index, values) in order; a chunk recomputed after a
         preemption adds only what is still missing."""
         for slot, (first, values) in computed.items():
-            req = self._slot_req[slot]
+            req = self.batch.slot_req[slot]
             if req is None or req.prompt_logprobs is None:
                 continue
             have = len(req.prompt_logprobs) + 1  # the index of the next prompt token wanted

@@ -1,7 +1,7 @@
 """The scheduler's admission of waiting requests, and shared prefixes in flight (pure Python, no torch).
 
-``Scheduler`` mixes this in; ``schedule()`` admits once the running requests are served, and only in a
-step that preempted nothing.
+Transitions: QUEUED or PREEMPTED → PREFILLING (the request joins the running batch). ``Scheduler``
+admits once the running requests are served, and only in a step that preempted nothing.
 
 Shared prefixes in flight: a waiting request whose next uncached prompt block is one that a running
 request has yet to compute (same chained hash, so the same prefix) is passed over this step, and the
@@ -13,26 +13,44 @@ once, not once per request (``SchedulerConfig.defer_for_shared_prefix``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
+from engine.block_hash import BlockHash
+from engine.block_manager import BlockManager
 from engine.request import Request, RequestState
+from engine.scheduler_batch import RunningBatch
+from engine.scheduler_policies import AdmissionPolicy, WaitingQueue
 from engine.scheduler_step import StepPlan
 
 
-class AdmissionMixin:
-    def _admit(self, budget: int, plan: StepPlan) -> None:
+class Admitter:
+    def __init__(self, block_manager: BlockManager, waiting: WaitingQueue, batch: RunningBatch,
+                 policy: AdmissionPolicy, max_num_seqs: int, defer_for_shared_prefix: bool, watermark_blocks: int,
+                 num_reserved: Callable[[], int]) -> None:
+        self.block_manager = block_manager
+        self.waiting = waiting
+        self.batch = batch
+        self.policy = policy
+        self.max_num_seqs = max_num_seqs
+        self.defer_for_shared_prefix = defer_for_shared_prefix
+        self.watermark_blocks = watermark_blocks
+        self.num_reserved = num_reserved  # requests holding blocks to join the batch later (decode role)
+
+    def admit(self, budget: int, plan: StepPlan) -> None:
         """Waiting requests, in priority order, while ``budget`` tokens, ``max_num_seqs`` and free
         blocks (less the watermark kept for running requests to grow) allow; each takes its longest
         cached prefix first. Added to ``plan.chunks``."""
         bm = self.block_manager
-        limit = self.admission.admission_limit(len(self.running) + len(self.reserved), self.config.max_num_seqs,
-                                               len(self.waiting))
-        share = bm.enable_prefix_caching and self.config.defer_for_shared_prefix
-        in_flight: set | None = None  # built on first use: most steps admit nothing or share nothing
+        waiting, batch, policy = self.waiting, self.batch, self.policy
+        limit = policy.admission_limit(len(batch) + self.num_reserved(), self.max_num_seqs, len(waiting))
+        share = bm.enable_prefix_caching and self.defer_for_shared_prefix
+        in_flight: set[BlockHash] | None = None  # built on first use: most steps admit nothing or share nothing
         passed_over: list[Request] = []
-        while budget > 0 and limit > 0 and len(self.waiting):
-            req = self.waiting.peek()
-            if not self.admission.admits(req):  # (static batching: not a member of the running batch)
-                passed_over.append(self.waiting.pop())
+        while budget > 0 and limit > 0 and len(waiting):
+            req = waiting.peek()
+            assert req is not None  # (the queue is not empty)
+            if not policy.admits(req):  # (static batching: not a member of the running batch)
+                passed_over.append(waiting.pop())
                 continue
             can_hit = req.num_computed_tokens == 0 and not req.needs_prompt_logprobs
             cached = bm.find_cached_prefix(req) if can_hit else []
@@ -41,23 +59,23 @@ class AdmissionMixin:
                 if in_flight is None:
                     in_flight = self._prompt_blocks_in_flight()
                 if req.block_hashes[len(cached)] in in_flight:
-                    passed_over.append(self.waiting.pop())  # back in the queue after this step
+                    passed_over.append(waiting.pop())  # back in the queue after this step
                     continue
             n = req.num_tokens - req.num_computed_tokens - len(cached) * bm.block_size
             if n > budget:
                 n = budget
             need = bm._num_new_blocks(req, n, len(cached))
-            if need > bm.num_free_blocks - self._watermark_blocks and self.running:
+            if need > bm.num_free_blocks - self.watermark_blocks and len(batch):
                 break  # leave room for the running requests to grow
             if not bm.allocate(req, n, cached):
                 break
-            self.waiting.pop()
+            waiting.pop()
             if req.first_scheduled_time is None:  # first admission (not a preempted request's return)
                 req.first_scheduled_time = time.monotonic()
                 req.num_cached_tokens = len(cached) * bm.block_size
             req.transition(RequestState.PREFILLING)
-            self._join_running(req)
-            self.admission.admitted(req)
+            batch.join(req)
+            policy.admitted(req)
             plan.chunks.append(req)
             plan.chunk_counts.append(n)
             budget -= n
@@ -65,17 +83,17 @@ class AdmissionMixin:
             if in_flight is not None:  # admitted now: the requests behind it wait for its blocks too
                 in_flight.update(self._uncomputed_prompt_blocks(req))
         for req in passed_over:
-            self.waiting.push(req)
+            waiting.push(req)
 
-    def _uncomputed_prompt_blocks(self, req: Request) -> list:
+    def _uncomputed_prompt_blocks(self, req: Request) -> list[BlockHash]:
         """Hashes of ``req``'s full prompt blocks not yet registered (still to be computed)."""
         return req.block_hashes[req.num_registered_blocks : req.num_prompt_tokens // self.block_manager.block_size]
 
-    def _prompt_blocks_in_flight(self) -> set:
+    def _prompt_blocks_in_flight(self) -> set[BlockHash]:
         """Hashes of the full prompt blocks running requests have yet to compute."""
         bs = self.block_manager.block_size
-        out: set = set()
-        for r in self.running:
+        out: set[BlockHash] = set()
+        for r in self.batch.requests:
             if r.num_registered_blocks < r.num_prompt_tokens // bs:
                 if len(r.block_hashes) < r.num_prompt_tokens // bs:
                     self.block_manager.update_block_hashes(r)

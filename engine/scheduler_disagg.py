@@ -1,34 +1,56 @@
 """The scheduler's prefill and decode roles in a disaggregated cluster (pure Python, no torch).
 
-Prefill role: a request stops after its first token and holds its blocks (TRANSFERRING) until the
-decode side has the KV. Decode role: blocks are reserved for a prompt a prefill worker computes
-(RESERVED); when its KV and first token arrive the request joins the decode batch (DECODING), or,
-if they do not come, it prefills here after all (PREFILLING). ``Scheduler`` mixes these in.
+``Handoffs`` owns the requests whose blocks are held for KV in flight. Prefill role: a request
+stops after its first token and holds its blocks (PREFILLING → TRANSFERRING, in ``transferring``)
+until the decode side has the KV (→ FINISHED). Decode role: blocks are reserved for a prompt a
+prefill worker computes (QUEUED → RESERVED, in ``reserved``); when its KV and first token arrive
+the request joins the decode batch (→ DECODING), or, if they do not come, it prefills here after
+all (→ PREFILLING, or → PREEMPTED to be admitted afresh).
 """
 
 from __future__ import annotations
 
 import time
 
+from engine.block_manager import BlockManager
 from engine.logprobs import TokenLogprob
 from engine.request import FinishReason, Request, RequestState, check_stop
+from engine.scheduler_batch import RunningBatch
+from engine.scheduler_lifecycle import RequestLifecycle
+from engine.scheduler_policies import WaitingQueue
 
 _S = RequestState
 
 
-class DisaggregationMixin:
-    def _hand_off(self, req: Request) -> None:
+class Handoffs:
+    def __init__(self, lifecycle: RequestLifecycle, block_manager: BlockManager, waiting: WaitingQueue,
+                 batch: RunningBatch, max_num_seqs: int, watermark_blocks: int) -> None:
+        self.lifecycle = lifecycle
+        self.block_manager = block_manager
+        self.waiting = waiting
+        self.batch = batch
+        self.max_num_seqs = max_num_seqs
+        self.watermark_blocks = watermark_blocks
+        self.reserved: dict[str, Request] = {}  # decode role: blocks held for KV on its way here
+        self.transferring: dict[str, Request] = {}  # prefill role: blocks held until the KV is acknowledged
+
+    def forget(self, request_id: str) -> None:
+        """``request_id`` ended (finished or aborted) wherever it was."""
+        self.reserved.pop(request_id, None)
+        self.transferring.pop(request_id, None)
+
+    def hand_off(self, req: Request) -> None:
         """Prefill role: the first token is sampled; keep the blocks until the decode side has the KV."""
         req.transition(_S.TRANSFERRING)
-        self._leave_running(req)
+        self.batch.leave(req)
         self.transferring[req.request_id] = req
 
     def release_transferred(self, request_id: str) -> Request | None:
         """Prefill role: the decode side acknowledged (or gave up on) the KV; free the blocks.
         They stay in the prefix cache for later hits."""
-        req = self.transferring.get(request_id)
+        req = self.transferring.pop(request_id, None)
         if req is not None:
-            self._finish(req, FinishReason.LENGTH, _S.FINISHED)
+            self.lifecycle.end(req, FinishReason.LENGTH, _S.FINISHED)
         return req
 
     def reserve(self, req: Request) -> bool:
@@ -40,27 +62,28 @@ class DisaggregationMixin:
         reservation taking their blocks would invert the lanes' order (a batch prompt reserved
         while a preempted interactive one waited). Refused, it waits here in priority order.
         """
-        if req.request_id in self.requests:
+        if req.request_id in self.lifecycle.requests:
             raise ValueError(f"duplicate request id {req.request_id!r}")
-        self._check_fits_cache(req)  # (as add_request: else it decodes until it preempts itself for good)
-        if len(self.running) + len(self.reserved) >= self.config.max_num_seqs:
+        self.lifecycle.check_fits_cache(req)  # (as add_request: else it decodes until it preempts itself for good)
+        if len(self.batch) + len(self.reserved) >= self.max_num_seqs:
             return False  # it could not join the batch when its KV arrives
         bm = self.block_manager
         cached = bm.find_cached_prefix(req, max_tokens=req.num_tokens)
         need = bm._num_new_blocks(req, req.num_tokens - len(cached) * bm.block_size, len(cached))
         ahead = sum(bm.free_blocks_to_admit(r) for r in self.waiting.more_important_than(req.priority))
-        if need + ahead > bm.num_free_blocks - self._watermark_blocks and (self.running or ahead):
+        if need + ahead > bm.num_free_blocks - self.watermark_blocks and (len(self.batch) or ahead):
             return False
         if not bm.allocate(req, req.num_tokens - len(cached) * bm.block_size, cached):
             return False
         req.num_cached_tokens = len(cached) * bm.block_size
         req.first_scheduled_time = time.monotonic()
-        self._register(req)
+        self.lifecycle.register(req)
         req.transition(_S.RESERVED)
         self.reserved[req.request_id] = req
         return True
 
-    def kv_arrived(self, request_id: str, first_token: int, first_logprob: TokenLogprob | None = None) -> Request | None:
+    def kv_arrived(self, request_id: str, first_token: int,
+                   first_logprob: TokenLogprob | None = None) -> Request | None:
         """Decode role: the prompt's KV and the first token (with its logprob, if asked for) are
         here; join the decode batch."""
         req = self.reserved.pop(request_id, None)
@@ -73,10 +96,10 @@ class DisaggregationMixin:
         req.all_token_ids.append(first_token)
         if first_logprob is not None:
             req.pending_logprobs.append(first_logprob)
-        self._join_running(req)
-        reason = check_stop(req, first_token, self.max_model_len)
+        self.batch.join(req)
+        reason = check_stop(req, first_token, self.lifecycle.max_model_len)
         if reason is not None:
-            self.finish(req, reason)
+            self.lifecycle.finish(req, reason)
         return req
 
     def fallback_to_local_prefill(self, request_id: str) -> Request | None:
@@ -100,5 +123,5 @@ class DisaggregationMixin:
             return req
         req.num_computed_tokens = req.num_cached_tokens
         req.transition(_S.PREFILLING)
-        self._join_running(req)
+        self.batch.join(req)
         return req

@@ -1,6 +1,13 @@
 """A worker's transfer agent: its channels to peers, the sending side (gather blocks after a
 prefill chunk, ship them FIFO) and the receiving side (scatter into reserved blocks, acknowledge).
 
+Device work is handed over by events, never by a device-wide synchronize (kv_transfer/streams.py):
+the sender records one after gathering a chunk on the engine's stream (the channel's send stream
+waits on it); the receiver's scatter waits on the event recorded when the blocks were reserved (a
+step still writing their previous contents), runs on the channel's receive stream, and records
+the event that ``on_received`` hands on (``TransferTiming.kv_ready``): the decode step that first
+reads those blocks waits on it.
+
 Every transfer is keyed by a transfer id the decode side allocates when it reserves blocks.
 The receiver only writes into a transfer's blocks while the transfer is *expected*; cancelling it
 (deadline passed, request aborted) and writing into it are serialized by one lock, so once
@@ -27,13 +34,15 @@ from typing import Callable
 import torch
 
 from engine.logprobs import TokenLogprob
-from kv_transfer.channel import Channel
+from kv_transfer.channel import Channel, Received
+from kv_transfer.data_plane import DataPlaneFactory, default_data_plane
 from kv_transfer.failure_watch import failures_key, watch_failures
 from kv_transfer.fault import FaultInjector
-from kv_transfer.local_kv import LocalRows, export_kv
+from kv_transfer.local_kv import export_kv
 from kv_transfer.pair_group import connect_store
 from kv_transfer.peer import PeerInfo, StoreAddress
 from kv_transfer.send_buffers import SendBuffers
+from kv_transfer.streams import DONE, PayloadEvent, record_current
 from kv_transfer.wire import FLAG_LAST, Header, Kind
 
 log = logging.getLogger(__name__)
@@ -60,6 +69,9 @@ class TransferTiming:
     prefill_compute_s: float
     transfer_s: float  # last chunk sent (prefill's wall clock) -> scattered here (ours)
     landed: float  # time.monotonic() on the receiving side
+    # The scatter of the transfer's last chunk (and so of all of them: one receive stream): the
+    # decode step that first reads the blocks waits on it (``wait()`` on the engine's thread).
+    kv_ready: PayloadEvent = DONE
 
 
 @dataclass
@@ -70,6 +82,8 @@ class _Expected:
     started: float
     last_progress: float = 0.0  # when the latest chunk landed (the deadline counts from here)
     chunks: int = 0
+    reserved: PayloadEvent = DONE  # the engine's stream is done with the blocks' previous contents
+    landed: PayloadEvent = DONE  # the latest chunk's scatter
 
 
 @dataclass
@@ -93,7 +107,9 @@ class TransferAgent:
         on_receive_failed: Callable[[str, str], None] | None = None,
         on_acked: Callable[[str, bool], None] | None = None,
         kv_segment_name: str | None = None,
+        data_plane: DataPlaneFactory = default_data_plane,
     ) -> None:
+        """``data_plane`` forms each pair's payload group (tests: kv_transfer/nccl_double.py)."""
         self.me = me
         self.kv_cache = kv_cache
         self.device = kv_cache.device
@@ -102,6 +118,7 @@ class TransferAgent:
         self.faults = faults or FaultInjector()
         self.connect_timeout_s = connect_timeout_s
         self._store_addr = store_addr
+        self._data_plane = data_plane
         # Fails here, naming the store, if it is unreachable; then the failure watcher's own client.
         self._watch_store = connect_store(store_addr, connect_timeout_s)
         self._channels: dict[str, Channel] = {}
@@ -150,7 +167,7 @@ class TransferAgent:
                 self._store_addr, self.me, peer, self.device, tuple(self.kv_cache.shape[1:]), self.kv_cache.dtype,
                 self._on_message, self._on_channel_failure, self.connect_timeout_s,
                 lambda header, peer_key=peer.key: self._before_send(peer_key, header), kv_export=self._kv_export,
-                epoch=epoch, join_timeout_s=self.connect_timeout_s if epoch else None,
+                epoch=epoch, join_timeout_s=self.connect_timeout_s if epoch else None, data_plane=self._data_plane,
             )
             self._channels[peer.worker_id] = ch
         if stale is not None:  # (outside the lock: closing tears its group down)
@@ -178,9 +195,12 @@ class TransferAgent:
 
     # -- decode side --------------------------------------------------------------------------
     def expect(self, peer: PeerInfo, transfer_id: int, request_id: str, block_ids: list[int]) -> None:
+        """Called on the engine's thread, right after it reserved ``block_ids``."""
+        reserved = record_current(self.device)
         with self._lock:
             now = time.monotonic()
-            self._expected[transfer_id] = _Expected(request_id, peer.key, list(block_ids), now, now)
+            self._expected[transfer_id] = _Expected(request_id, peer.key, list(block_ids), now, now,
+                                                    reserved=reserved)
         if self.channel(peer) is None:  # that prefill worker died: nothing will come (the caller prefills locally)
             with self._lock:
                 gone = self._expected.pop(transfer_id, None)  # (forget_peer may have failed it already)
@@ -237,23 +257,24 @@ class TransferAgent:
         if ch is None:  # forgotten meanwhile
             self._finish_outgoing(key, acked=False)
             return False
-        payload, on_sent = None, None
+        payload, on_sent, written = None, None, DONE
         if block_ids and ch.local:
-            # The peer reads these rows of our cache itself; the blocks stay ours until the ack.
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # the step that wrote them has finished
+            # The peer reads these rows of our cache itself; the blocks stay ours until the ack. The
+            # send thread waits for the step that wrote them (this event) before it sends the ids.
             payload = torch.tensor(block_ids, dtype=torch.long)
+            written = record_current(self.device)
         elif block_ids and self.device.type == "cpu":
             payload, on_sent = self.send_buffers.gather(self.kv_cache, torch.tensor(block_ids, dtype=torch.long))
         elif block_ids:
             idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-            payload = self.kv_cache.index_select(0, idx)
+            payload = self.kv_cache.index_select(0, idx)  # on the engine's stream, after the step that wrote them
+            written = record_current(self.device)
         header = Header(Kind.KV, transfer_id, chunk_index, block_offset, len(block_ids), FLAG_LAST if last else 0,
                         first_token, int(prefill_queue_s * 1e6), int(prefill_compute_s * 1e6),
                         int(time.time() * 1e6) if last else 0, first_logprob if last else None)
         out.chunks += 1
         self.stats.blocks_sent += len(block_ids)
-        ok = ch.send(header, payload, on_sent)
+        ok = ch.send(header, payload, on_sent, written)
         if not ok:
             self._finish_outgoing(key, acked=False)
         return ok
@@ -274,7 +295,7 @@ class TransferAgent:
             self.faults.before_chunk()
         return True
 
-    def _on_message(self, ch: Channel, header: Header, payload: torch.Tensor | LocalRows | None) -> None:
+    def _on_message(self, ch: Channel, header: Header, payload: Received | None) -> None:
         if header.kind is Kind.KV:
             self._receive_kv(ch, header, payload)
         elif header.kind is Kind.ABORT:
@@ -286,7 +307,7 @@ class TransferAgent:
         elif header.kind in (Kind.ACK, Kind.NACK):
             self._finish_outgoing((ch.peer.key, header.transfer_id), acked=header.kind is Kind.ACK)
 
-    def _receive_kv(self, ch: Channel, header: Header, payload: torch.Tensor | LocalRows | None) -> None:
+    def _receive_kv(self, ch: Channel, header: Header, payload: Received | None) -> None:
         with self._lock:
             exp = self._expected.get(header.transfer_id)
             if exp is not None and payload is not None:
@@ -295,13 +316,12 @@ class TransferAgent:
                 if len(dst) != n:
                     exp = None  # a malformed chunk: refuse the transfer rather than corrupt blocks
                     self._expected.pop(header.transfer_id, None)
-                elif isinstance(payload, LocalRows):
-                    payload.copy_into(self.kv_cache, dst)
-                    self.stats.bytes_received += payload.num_bytes
                 else:
-                    idx = torch.tensor(dst, dtype=torch.long, device=self.device)
-                    self.kv_cache.index_copy_(0, idx, payload)
-                    self.stats.bytes_received += payload.numel() * payload.element_size()
+                    with ch.streams.receiving():
+                        exp.reserved.wait()
+                        payload.copy_into(self.kv_cache, dst)
+                        exp.landed = ch.streams.record()
+                    self.stats.bytes_received += payload.num_bytes
                 if exp is not None:
                     exp.chunks += 1
                     exp.last_progress = time.monotonic()
@@ -313,13 +333,13 @@ class TransferAgent:
         if exp is None:
             ch.send(Header(Kind.NACK, header.transfer_id))
             return
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # our copies are done before the sender frees its blocks
+        if ch.local:
+            exp.landed.synchronize()  # our copies read the sender's blocks: done before it frees them
         ch.send(Header(Kind.ACK, header.transfer_id))
         self.stats.completed += 1
         self.stats.seconds += time.monotonic() - exp.started
         timing = TransferTiming(header.prefill_queue_us / 1e6, header.prefill_compute_us / 1e6,
-                                max(0.0, time.time() - header.sent_wall_us / 1e6), time.monotonic())
+                                max(0.0, time.time() - header.sent_wall_us / 1e6), time.monotonic(), exp.landed)
         self.on_received(exp.request_id, header.first_token, timing, header.first_logprob)
 
     def _finish_outgoing(self, key: tuple[str, int], acked: bool) -> None:

@@ -4,15 +4,17 @@ NCCL refuses two ranks on one GPU, so a single GPU hosting both roles cannot use
 the payload. Instead each side exports its KV cache once (CUDA: an IPC handle from
 ``torch.multiprocessing.reductions.reduce_tensor``; CPU: the name of the POSIX shared-memory
 segment the cache was allocated in, ``CacheConfig.shared_memory``) and the receiver maps the
-sender's cache. The pair group still carries the FIFO of messages — on CPU tensors over gloo — but a
-KV chunk's payload is the list of the sender's block ids, and the receiver copies those rows of
-the mapped cache into its reserved blocks (one device-local gather).
+sender's cache. The pair's control plane (gloo over CPU tensors) still carries the FIFO of
+messages, and there is no data plane: a KV chunk's header is followed by the sender's block ids,
+and the receiver copies those rows of the mapped cache into its reserved blocks (one
+device-local gather, on the channel's receive stream).
 
 Safety: the sender's blocks must hold their data until the receiver has copied them. The prefill
 side keeps a request's blocks until the transfer is acknowledged, and re-ships a request's
 blocks from the start after a preemption (recompute gives it fresh block ids; FIFO order makes the
-later copies win). Device work is fenced on both sides: the sender synchronizes its stream before
-sending ids, the receiver before acknowledging.
+later copies win). Device work is fenced by events on both sides: the sender's channel thread
+waits for the event recorded after the step that wrote the blocks before it sends their ids, the
+receiver's for the event after its copy before it acknowledges.
 
 ``locality`` says which peers can do this: equal non-empty strings mean the same GPU (by UUID) or
 the same host with shared-memory caches (by boot id and hostname).

@@ -1,4 +1,6 @@
-"""A two-rank process group for one prefill/decode pair, formed from the rendezvous store.
+"""A two-rank process group for one prefill/decode pair, formed from the rendezvous store: the
+pair's control plane (gloo over CPU tensors; kv_transfer/channel.py), and the rendezvous its data
+plane forms after (kv_transfer/data_plane.py).
 
 No global world: ``ProcessGroupGloo`` (CPU tensors) or ``ProcessGroupNCCL`` (CUDA tensors) is built
 directly over ``PrefixStore(pair_key, TCPStore client)``, so a pair can be formed at any time, and
@@ -41,7 +43,8 @@ from kv_transfer.peer import PeerInfo, StoreAddress, pair_key
 
 # Idle channels wait for their next message indefinitely; liveness comes from connection errors
 # and from the transfer deadlines enforced above this layer.
-_OP_TIMEOUT = datetime.timedelta(hours=24)
+OP_TIMEOUT = datetime.timedelta(hours=24)
+_TEARDOWN_TAG = 1  # never sent on: a receive on it that times out closes the group's connection
 _POLL_FIRST_S, _POLL_MAX_S = 0.002, 0.05  # the peer's rows are polled for, backing off to 50 ms
 
 
@@ -95,11 +98,24 @@ def form_pair_group(
     _wait_for(prefixed, f"here/{1 - rank}", cancelled, peer, None)
     if device.type == "cuda":
         opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = _OP_TIMEOUT
+        opts._timeout = OP_TIMEOUT
         group = dist.ProcessGroupNCCL(prefixed, rank, 2, opts)
     else:
-        group = dist.ProcessGroupGloo(prefixed, rank, 2, _OP_TIMEOUT)
+        group = dist.ProcessGroupGloo(prefixed, rank, 2, OP_TIMEOUT)
     return group, 1 - rank
+
+
+def tear_down_group(group: dist.ProcessGroup, peer_rank: int, device: torch.device) -> None:
+    """Close this side of a pair group, so that both sides' blocked operations end (the peer's with
+    "connection closed"). gloo has no abort: an operation that times out closes the connection, so
+    wait 1 ms for a message never sent."""
+    try:
+        if device.type == "cuda":
+            group.abort()
+        else:
+            group.recv([torch.empty(1)], peer_rank, _TEARDOWN_TAG).wait(datetime.timedelta(milliseconds=1))
+    except Exception:  # noqa: BLE001 - the expected timeout, or the connection was already closed
+        pass
 
 
 def _join_or_give_up(store: dist.Store, rank: int, cancelled: threading.Event, peer: PeerInfo,

@@ -1,6 +1,9 @@
-"""The per-pair wire format: a fixed-size int64 header tensor, then (for KV) the packed payload.
+"""The per-pair wire format: the control plane's fixed-size int64 header tensor (CPU).
 
-Each direction of a pair is a FIFO of messages; a message is self-describing, so a receiver can
+Each direction of a pair's control plane is a FIFO of headers (kv_transfer/channel.py). A KV
+header announces its payload: the receiver posts the payload's receive on the data plane and
+answers READY, and only then does the payload travel; or, on the local path, the sender's block
+ids follow the header on the control plane. A message is self-describing, so a receiver can
 always drain a payload it no longer wants (a transfer that missed its deadline) and stay in sync.
 
 Header fields: magic/version, kind, transfer id, chunk index, first block index (within the
@@ -25,7 +28,7 @@ from engine.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 
 _BASE_LEN = 11
 HEADER_LEN = _BASE_LEN + 2 + 2 * MAX_TOP_LOGPROBS
-MAGIC = 0x42544E03  # "BTN" v3
+MAGIC = 0x42544E04  # "BTN" v4
 
 
 class Kind(enum.IntEnum):
@@ -33,6 +36,7 @@ class Kind(enum.IntEnum):
     ABORT = 2  # prefill -> decode: the transfer will not complete
     ACK = 3  # decode -> prefill: the transfer is complete, the sender may free its blocks
     NACK = 4  # decode -> prefill: the receiver dropped the transfer (deadline passed, unknown id)
+    READY = 5  # decode -> prefill: the payload's receive is posted; send it (transfer id, chunk index)
 
 
 FLAG_LAST = 1

@@ -18,6 +18,7 @@ from engine.gc_freeze import freeze_startup_objects
 from engine.request import RequestState
 from engine.worker_stats import WorkerLoad, queued_prefill_tokens
 from kv_transfer.agent import TransferAgent
+from kv_transfer.data_plane import DataPlaneFactory, default_data_plane
 from kv_transfer.fault import FaultInjector, FaultSpec
 from kv_transfer.identity import kv_segment_name, make_peer, release_kv, worker_info
 from kv_transfer.peer import PeerInfo, StoreAddress, WorkerInfo
@@ -36,14 +37,15 @@ class _Shipping:
 
 class PrefillWorker:
     def __init__(self, worker_id: str, engine_config: EngineConfig, store: StoreAddress,
-                 *, connect_timeout_s: float = 30.0) -> None:
+                 *, connect_timeout_s: float = 30.0, data_plane: DataPlaneFactory = default_data_plane) -> None:
         self.worker_id = worker_id
         self.engine = LLMEngine(engine_config, record_kv_events=True)
         self.peer = make_peer(worker_id, "prefill", self.engine)
         self.loop = EngineLoop(self.engine, name=f"{worker_id}-engine")
         self.faults = FaultInjector()
         self.agent = TransferAgent(self.peer, store, self.engine.runner.kv_cache, connect_timeout_s=connect_timeout_s,
-                                   faults=self.faults, on_acked=self._on_acked, kv_segment_name=kv_segment_name(self.engine))
+                                   faults=self.faults, on_acked=self._on_acked,
+                                   kv_segment_name=kv_segment_name(self.engine), data_plane=data_plane)
         self._shipping: dict[str, _Shipping] = {}  # engine thread only
         self._received: dict[str, int] = {}  # engine thread only: WorkerLoad.prompt_tokens_received
         self.loop.add_after_step(self._ship)

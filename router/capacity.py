@@ -28,7 +28,7 @@ from collections import deque
 from typing import Callable
 
 from router.lane_queues import Room
-from router.worker_pool import WorkerPool
+from router.worker_pool import WorkerHandle, WorkerPool
 
 
 class Capacity:
@@ -96,7 +96,7 @@ class Capacity:
             places = 1  # a lone request on an empty pool goes (``room``): it waits for nothing
         return min(slots, places)
 
-    def _kv(self, decode: list, prompt_tokens: int, max_tokens: int) -> tuple[int, int, int]:
+    def _kv(self, decode: list[WorkerHandle], prompt_tokens: int, max_tokens: int) -> tuple[int, int, int]:
         """(free blocks, blocks the request needs, blocks kept in reserve) over the decode pool, from
         the last reports (the need covers the prompt and the first steps)."""
         free = need = reserve = 0
@@ -106,7 +106,7 @@ class Capacity:
             reserve += int(self.kv_reserve_fraction * w.info.num_blocks)
         return free, need, reserve
 
-    def _empty(self, decode: list, p_blocks: int) -> bool:
+    def _empty(self, decode: list[WorkerHandle], p_blocks: int) -> bool:
         return self.in_flight == 0 and p_blocks == 0 and all(
             w.load is None or w.load.num_running + w.load.num_waiting + w.load.num_reserved == 0 for w in decode)
 

@@ -13,11 +13,15 @@ import asyncio
 import logging
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
 
+from engine.kv_events import KVCacheEvent
+from engine.outputs import RequestOutput
+from engine.request import FinishReason
 from router.admission import RateDecision
 from router.api import ErrorKind, GenerationResult, RouterError, Usage
 from router.lanes import TenantConfig
+from router.request_context import RequestContext
 from router.request_ids import shown_request_id
 from router.state.connection import RedisState, StateUnavailable
 from router.state.idempotency import IdempotencyStore, LocalIdempotencyStore
@@ -26,12 +30,12 @@ from router.state.prefix_index import LocalPrefixIndex, RedisPrefixIndex
 from router.state.rate_limit import LocalRateLimiter, RateLimiter, TenantLimits
 from router.state.registry import WorkerRegistry
 from router.task_stop import stop_tasks
-
-if TYPE_CHECKING:
-    from router.router import Router
+from router.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 1.0
+# A generation that ran to no answer worth keeping: a retry with its key may run it again.
+_NO_ANSWER = frozenset({None, FinishReason.ABORT, FinishReason.ERROR})
 
 
 class _Limiter:
@@ -93,9 +97,10 @@ class ClusterState:
     def available(self) -> bool:
         return self.redis is not None and self.redis.available
 
-    async def start(self, router: Router) -> None:
+    async def start(self, router_payload: Callable[[], dict], pool: WorkerPool) -> None:
+        """Heartbeats: this router's ``router_payload()`` and the load reports of ``pool``'s workers."""
         if self.redis is not None:
-            self._tasks.append(asyncio.create_task(self._heartbeats(router), name="redis-heartbeats"))
+            self._tasks.append(asyncio.create_task(self._heartbeats(router_payload, pool), name="redis-heartbeats"))
 
     async def stop(self) -> None:
         await stop_tasks(self._tasks, "cluster state")
@@ -108,7 +113,7 @@ class ClusterState:
             await self.redis.close()
 
     # -- prefix index ----------------------------------------------------------------------------
-    async def prefix_apply(self, worker_id: str, events: list) -> None:
+    async def prefix_apply(self, worker_id: str, events: Sequence[KVCacheEvent]) -> None:
         await self.local_index.apply(worker_id, events)
         if self.index is None:
             return
@@ -213,8 +218,8 @@ class ClusterState:
             except StateUnavailable:
                 pass
 
-    async def idempotency_finish(self, tenant: str, key: str, ctx: Any, final: Any) -> None:
-        if final.finish_reason in (None, "abort", "error"):
+    async def idempotency_finish(self, tenant: str, key: str, ctx: RequestContext, final: RequestOutput) -> None:
+        if final.finish_reason in _NO_ANSWER:
             await self.idempotency_release(tenant, key)  # a retry may run it again
             return
         logprobs = None if final.logprobs is None else tuple(final.logprobs)
@@ -226,7 +231,7 @@ class ClusterState:
 
     async def idempotency_store(self, tenant: str, key: str, result: GenerationResult) -> None:
         """Keep ``result`` as the answer to retries with this key (an aborted one releases the key)."""
-        if result.finish_reason in (None, "abort", "error"):
+        if result.finish_reason in _NO_ANSWER:
             await self.idempotency_release(tenant, key)
             return
         stored = result.to_dict()
@@ -256,13 +261,13 @@ class ClusterState:
         return out
 
     # -- heartbeats ------------------------------------------------------------------------------
-    async def _heartbeats(self, router: Router) -> None:
+    async def _heartbeats(self, router_payload: Callable[[], dict], pool: WorkerPool) -> None:
         """Register this router and publish the workers' load reports it sees (TTL 3 heartbeats)."""
         was_up = True
         while True:
             try:
-                await self.registry.heartbeat(self.router_id, "router", router.heartbeat_payload(), 3 * HEARTBEAT_S)
-                for w in router.pool.all():
+                await self.registry.heartbeat(self.router_id, "router", router_payload(), 3 * HEARTBEAT_S)
+                for w in pool.all():
                     if w.alive and w.load is not None:
                         await self.registry.heartbeat(w.worker_id, w.role, asdict(w.load), 3 * HEARTBEAT_S)
                 run_id = await self.redis.run_id()

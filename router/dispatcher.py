@@ -15,7 +15,8 @@ Failures: a decode worker that dies (or restarts, losing its state) has its requ
 each is resubmitted to another decode worker with the tokens the caller has already received as
 ``resume_token_ids`` (recomputed there, not re-sent), so the stream has no gap and no duplicate.
 A prefill worker that dies is noticed by the decode side (its pair channel drops, or the transfer
-deadline passes), which then prefills locally. The failure handling is in router/worker_failures.py.
+deadline passes), which then prefills locally. The failure handling is a part of its own
+(router/worker_failures.py), sharing the table of tracked requests.
 """
 
 from __future__ import annotations
@@ -24,19 +25,23 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field, replace
-from typing import Callable
+from dataclasses import replace
+from typing import Any, Callable
 
 import ray
+from ray import ObjectRef
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError, UnserializableException
 
 from decode_worker.messages import OutputBatch, ReserveResult
+from engine.kv_events import KVCacheEvent
 from engine.outputs import RequestOutput
+from engine.request import FinishReason
 from engine.request_spec import RequestSpec
 from prefill_worker.messages import PrefillTask
 from router.placement import (NO_HINT, PlacementHint, choose_decode, choose_prefill, prefill_on_decode,
                               short_prompt_still_fits)
 from router.stream import RequestStream
+from router.tracked_request import TrackedRequest
 from router.worker_failures import WorkerFailures
 from router.worker_pool import WorkerHandle, WorkerPool
 
@@ -48,27 +53,14 @@ log = logging.getLogger(__name__)
 _REFUSED = (RayTaskError, UnserializableException)
 
 
-@dataclass
-class _Tracked:
-    spec: RequestSpec
-    stream: RequestStream
-    hint: PlacementHint = NO_HINT
-    decode_id: str | None = None
-    prefill_id: str | None = None
-    migrations: int = 0
-    placing: bool = False  # a _place call owns it: a worker's death is handled there, not by _migrate_from
-    # Decode workers it left when they were taken for dead: one only slow may still run a copy.
-    stale_copies: set[str] = field(default_factory=set)
-
-
-class Dispatcher(WorkerFailures):
+class Dispatcher:
     def __init__(
         self,
         pool: WorkerPool,
         *,
         router_id: str = "",
         origin: str | None = None,
-        on_kv_events: Callable[[str, list], None] | None = None,
+        on_kv_events: Callable[[str, list[KVCacheEvent]], None] | None = None,
         local_prefill_threshold: int = 0,
         short_prompts_to_idle_prefill: bool = True,
         poll_timeout_s: float = 0.5,
@@ -93,12 +85,17 @@ class Dispatcher(WorkerFailures):
         self.max_migrations = max_migrations
         self.monitor_interval_s = monitor_interval_s
         self.placement_wait_s = placement_wait_s  # how long a request waits for a decode worker to be back
-        self._tracked: dict[str, _Tracked] = {}
+        self._tracked: dict[str, TrackedRequest] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._announced_gone: set[str] = set()  # peer keys (worker@incarnation) already announced dead
-        self.num_migrations = 0
+        # (the callables read this dispatcher's callbacks and methods when called: a router sets the
+        # callbacks after construction, and a test double may override _call)
+        self.failures = WorkerFailures(
+            pool, self._tracked, self._lock, self._stop, call=lambda ref: self._call(ref), place=self._place,
+            fail=self._fail, on_worker_reset=lambda worker_id: self.on_worker_reset(worker_id),
+            on_kv_events=lambda worker_id, events: self.on_kv_events(worker_id, events),
+            monitor_interval_s=monitor_interval_s, call_timeout_s=call_timeout_s, max_migrations=max_migrations)
         self.num_local_prefills = 0
         self.num_disaggregated = 0
         self.num_stale_outputs = 0  # outputs of a copy given up on, dropped (_deliver)
@@ -107,7 +104,7 @@ class Dispatcher(WorkerFailures):
     def start(self) -> None:
         for w in self.pool.decode:
             self._spawn(self._poll_loop, w, f"poll-{w.worker_id}")
-        self._spawn(self._monitor_loop, None, "pool-monitor")
+        self._spawn(self.failures.monitor_loop, None, "pool-monitor")
 
     def _spawn(self, target, arg, name: str) -> None:
         t = threading.Thread(target=target, args=(arg,) if arg is not None else (), name=name, daemon=True)
@@ -130,6 +127,10 @@ class Dispatcher(WorkerFailures):
             return (t.decode_id, t.prefill_id) if t else (None, None)
 
     @property
+    def num_migrations(self) -> int:
+        return self.failures.num_migrations
+
+    @property
     def num_in_flight(self) -> int:
         with self._lock:
             return len(self._tracked)
@@ -141,7 +142,7 @@ class Dispatcher(WorkerFailures):
         if spec.origin != self.origin:
             spec = replace(spec, origin=self.origin)
         stream = stream or RequestStream(spec.request_id, spec.num_prompt_tokens)
-        t = _Tracked(spec, stream, hint)
+        t = TrackedRequest(spec, stream, hint)
         with self._lock:
             if spec.request_id in self._tracked:
                 raise ValueError(f"duplicate request id {spec.request_id!r}")
@@ -160,10 +161,10 @@ class Dispatcher(WorkerFailures):
                 w.requests.discard(request_id)
                 w.actor.abort.remote(request_id)  # fire and forget: the worker frees the blocks
         self._stop_stale_copies(t)
-        t.stream.put(RequestOutput(request_id, [], "", finished=True, finish_reason="abort"))
+        t.stream.put(RequestOutput(request_id, [], "", finished=True, finish_reason=FinishReason.ABORT))
         return True
 
-    def _stop_stale_copies(self, t: _Tracked) -> None:
+    def _stop_stale_copies(self, t: TrackedRequest) -> None:
         """Once a request has ended: stop its copies on workers it left when they were taken for dead.
         One only slow (a stalled host, SIGSTOP) would otherwise run its copy to the copy's own end,
         its outputs dropped. Not before the end: the request may still be placed on such a worker
@@ -175,7 +176,7 @@ class Dispatcher(WorkerFailures):
                 w.actor.abort.remote(t.spec.request_id)
         t.stale_copies.clear()
 
-    def _place(self, t: _Tracked, exclude: set[str]) -> None:
+    def _place(self, t: TrackedRequest, exclude: set[str]) -> None:
         """Place ``t`` on a live decode worker, trying the next one while they die under the call. It
         owns ``t`` meanwhile (``placing``): a death noticed by a poller is not a second migration.
 
@@ -230,14 +231,14 @@ class Dispatcher(WorkerFailures):
             except RayError as e:
                 d.requests.discard(spec.request_id)
                 self._count_placed(d, -spec.num_prompt_tokens)
-                self._mark_dead(d, e)
+                self.failures.mark_dead(d, e)
                 tried[d.worker_id] = self._incarnation(d.worker_id)
 
     def _incarnation(self, worker_id: str) -> str | None:
         w = self.pool.get(worker_id)
         return w.info.peer.incarnation if w is not None and w.info is not None and w.info.peer is not None else None
 
-    def _disaggregate(self, t: _Tracked, d: WorkerHandle) -> bool:
+    def _disaggregate(self, t: TrackedRequest, d: WorkerHandle) -> bool:
         """Reserve on D and start the prefill on P. False: prefill on D instead."""
         spec = t.spec
         if prefill_on_decode(self.pool, spec, d, t.hint, self.local_prefill_threshold,
@@ -275,7 +276,7 @@ class Dispatcher(WorkerFailures):
                 log.warning("%s refused the prefill of %s (%s); prefilling on %s", p.worker_id, spec.request_id,
                             _cause(e), d.worker_id)
             else:
-                self._mark_dead(p, e)
+                self.failures.mark_dead(p, e)
             self._call(d.actor.prefill_locally.remote(spec.request_id))
         return True
 
@@ -287,10 +288,10 @@ class Dispatcher(WorkerFailures):
         with self.pool.lock:
             p.count_dispatched(self.origin, tokens)
 
-    def _call(self, ref):
+    def _call(self, ref: ObjectRef[Any]) -> Any:
         return ray.get(ref, timeout=self.call_timeout_s)
 
-    def _fail(self, t: _Tracked, reason: str) -> None:
+    def _fail(self, t: TrackedRequest, reason: str) -> None:
         with self._lock:
             self._tracked.pop(t.spec.request_id, None)
         self._stop_stale_copies(t)
@@ -304,17 +305,17 @@ class Dispatcher(WorkerFailures):
                                              timeout=self.poll_timeout_s + self.call_timeout_s)
             except (RayError, GetTimeoutError) as e:
                 if not self._stop.is_set():
-                    self._mark_dead(d, e)
+                    self.failures.mark_dead(d, e)
                     self._stop.wait(self.monitor_interval_s)
                 continue
             if d.info is not None and batch.incarnation != d.info.peer.incarnation:
-                self._on_restart(d)
+                self.failures.on_restart(d)
             d.update_load(batch.load)
             if batch.kv_events:
                 self.on_kv_events(d.worker_id, batch.kv_events)
             self._deliver(d, batch.outputs)
             if batch.dropped:
-                self._take_back(d, batch.dropped)
+                self.failures.take_back(d, batch.dropped)
 
     def _deliver(self, d: WorkerHandle, outputs: list[RequestOutput]) -> None:
         for out in outputs:

@@ -25,9 +25,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import Protocol
 
+from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from router.api import ErrorKind, GenerationResult, RouterError, StreamEvent, Usage
 from router.request_ids import shown_request_id
@@ -35,10 +37,32 @@ from router.state.connection import StateUnavailable
 from router.state.journal import BatchJournal, ClaimedJob, JobIdConflict
 from router.task_stop import stop_tasks
 
-if TYPE_CHECKING:
-    from router.router import Router
-
 log = logging.getLogger(__name__)
+
+
+class JobRunner(Protocol):
+    """What the consumer needs of the router it runs jobs on."""
+
+    @property
+    def draining(self) -> bool: ...
+
+    def lane_room(self, durable: bool = True) -> int:
+        """How many more requests the durable lanes' queues take."""
+
+    async def run_durable(self, job_id: str, tenant: str, lane: str, ids: list[int], sampling: SamplingParams,
+                          prompt_text: str | None) -> GenerationResult:
+        """Run the job through the lane queues to its end."""
+
+    async def stop_durable(self, job_id: str) -> None:
+        """End this replica's run of the job (its client cancelled it)."""
+
+
+class ResultKeys(Protocol):
+    """Where a job with an Idempotency-Key leaves its answer (``ClusterState``)."""
+
+    async def idempotency_store(self, tenant: str, key: str, result: GenerationResult) -> None: ...
+
+    async def idempotency_release(self, tenant: str, key: str) -> None: ...
 
 
 class JobWaitStream:
@@ -70,16 +94,19 @@ class JobWaitStream:
 
 
 class DurableBatch:
-    def __init__(self, router: Router, journal: BatchJournal, consumer: str, *, idle_ms: int = 15_000,
-                 poll_s: float = 0.1, result_ttl_s: float = 86_400.0, lost_after_polls: int = 3) -> None:
-        self.router = router
+    def __init__(self, runner: JobRunner, keys: ResultKeys, journal: BatchJournal, consumer: str, *,
+                 idle_ms: int = 15_000, poll_s: float = 0.1, result_ttl_s: float = 86_400.0,
+                 lost_after_polls: int = 3) -> None:
+        self.runner = runner
+        self.keys = keys
         self.journal = journal
         self.consumer = consumer
         self.idle_ms = idle_ms
         self.poll_s = poll_s
         self.result_ttl_s = result_ttl_s
         self.lost_after_polls = lost_after_polls  # a waited-for job Redis no longer knows, polls in a row
-        self._done: dict[str, asyncio.Future] = {}  # job id -> result, for clients waiting on this replica
+        # job id -> result, for clients waiting on this replica
+        self._done: dict[str, asyncio.Future[GenerationResult]] = {}
         self._running: dict[str, ClaimedJob] = {}  # the jobs this replica runs, by id
         self._cancelled: set[str] = set()  # of those, the ones their client cancelled
         self._tasks: set[asyncio.Task] = set()  # the jobs this replica is running
@@ -138,7 +165,7 @@ class DurableBatch:
                     raise RouterError(ErrorKind.INTERNAL, f"batch job {shown} failed: {status.error}")
                 if status is not None and status.status == "cancelled":
                     return (GenerationResult.from_dict(status.result) if status.result
-                            else GenerationResult(shown, "", (), "abort", Usage(0, 0, 0), lane))
+                            else GenerationResult(shown, "", (), FinishReason.ABORT, Usage(0, 0, 0), lane))
                 if unknown >= self.lost_after_polls:  # e.g. Redis restarted without persistence
                     raise RouterError(ErrorKind.OVERLOADED, f"batch job {shown} is gone from the journal (Redis "
                                       "lost its data); submit it again", retry_after_s=1.0)
@@ -160,7 +187,7 @@ class DurableBatch:
             return False
         if mine is not None:
             self._cancelled.add(job_id)
-            await self.router.stop_durable(job_id)
+            await self.runner.stop_durable(job_id)
         return True
 
     # -- the consumer ------------------------------------------------------------------------------
@@ -171,8 +198,8 @@ class DurableBatch:
         # poll sleep, looping), and the router's shutdown then waited for it forever.
         while not self._stopping:
             try:
-                room = self.router.lane_room(durable=True)
-                if room > 0 and not self._stopping and not self.router.draining:
+                room = self.runner.lane_room(durable=True)
+                if room > 0 and not self._stopping and not self.runner.draining:
                     for job in await self.journal.claim(self.consumer, count=min(room, 16), min_idle_ms=self.idle_ms):
                         task = asyncio.create_task(self._run_job(job))
                         self._tasks.add(task)
@@ -192,7 +219,7 @@ class DurableBatch:
         for job_id, status in (await self.journal.statuses(list(self._running))).items():
             if status == "cancelled" and job_id not in self._cancelled and job_id in self._running:
                 self._cancelled.add(job_id)
-                await self.router.stop_durable(job_id)
+                await self.runner.stop_durable(job_id)
 
     async def stop(self) -> None:
         """Stop claiming and drop the jobs in flight here, leaving them pending in the journal (not
@@ -210,7 +237,7 @@ class DurableBatch:
                 self.journal.forget(entry)  # cancelled before it started: its entry is gone already
                 return
             sp = SamplingParams(**job["sampling"])
-            result = await self.router.run_durable(job_id, claimed.tenant, job["lane"], job["prompt_token_ids"], sp,
+            result = await self.runner.run_durable(job_id, claimed.tenant, job["lane"], job["prompt_token_ids"], sp,
                                                    job.get("prompt_text"))
         except StateUnavailable as e:  # its start went unrecorded: left pending, re-run once Redis is back
             log.warning("batch job %s left to the next claim: %s", job_id, e)
@@ -232,13 +259,14 @@ class DurableBatch:
             self._running.pop(job_id, None)
             cancelled = job_id in self._cancelled
             self._cancelled.discard(job_id)
-        if result.finish_reason == "abort" and cancelled:
+        aborted = result.finish_reason == FinishReason.ABORT
+        if aborted and cancelled:
             self._answer(job_id, result)
             if await self._record(entry, lambda: self.journal.finish_cancelled(job_id, entry, result.to_dict(),
                                                                                 ttl_s=self.result_ttl_s)):
                 await self._release_idempotency(claimed)
             return
-        if result.finish_reason == "abort":
+        if aborted:
             # Not the client's: this router stopping, or a worker that gave the job to a replica that
             # re-claimed it (or dropped this copy as stalled). The job stays pending for that claim.
             log.info("batch job %s: this run was aborted under it; left to the next claim", job_id)
@@ -250,7 +278,7 @@ class DurableBatch:
             self.jobs_completed += 1
             key = job.get("idempotency_key")
             if key:
-                await self.router.state.idempotency_store(claimed.tenant, key, result)
+                await self.keys.idempotency_store(claimed.tenant, key, result)
 
     def _answer(self, job_id: str, result: GenerationResult | None = None, error: BaseException | None = None) -> None:
         fut = self._done.get(job_id)
@@ -260,7 +288,7 @@ class DurableBatch:
             else:
                 fut.set_result(result)
 
-    async def _record(self, entry_id: str, write) -> bool:
+    async def _record(self, entry_id: str, write: Callable[[], Awaitable[object]]) -> bool:
         """Write a job's end to the journal, retrying while Redis is away; if this router stops
         first, the entry stays pending and the job runs again elsewhere (at least once)."""
         while True:
@@ -277,7 +305,7 @@ class DurableBatch:
     async def _release_idempotency(self, claimed: ClaimedJob) -> None:
         key = claimed.job.get("idempotency_key")
         if key:
-            await self.router.state.idempotency_release(claimed.tenant, key)
+            await self.keys.idempotency_release(claimed.tenant, key)
 
 
 def job_payload(request_id: str, tenant: str, lane: str, ids: list[int], sampling: SamplingParams,

@@ -1,45 +1,84 @@
-"""The router's dispatch side (a mixin of ``Router``): the loop that takes requests from the lane
-queues when the pools have room and hands them to the dispatcher's threads, the pace guard's held
-lanes, the housekeeping (prefill rate, lane gauges), and the running requests' decode pace that
-admission and the guard read."""
+"""The lane dispatcher: takes requests from the lane queues when the pools have room (capacity
+credits, the pace guard's held lanes) and hands them to the pool dispatcher on its threads; and
+withdraws a request again (an abort), from its queue or from the pools.
+
+Moves a request from its lane queue to dispatched (``RequestRegistry.dispatched``), and an
+aborted one to its end (``RequestRegistry.finished``).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
-from router.lane_queues import Pending, Room
-from router.placement import NO_HINT
-from router.router_stream import RequestContext
+from engine.outputs import RequestOutput
+from engine.request import FinishReason
+from engine.request_spec import RequestSpec
+from router.capacity import Capacity
+from router.lane_queues import LaneQueues, Pending, Room
+from router.lanes import LanePolicy
+from router.metrics import RouterMetrics
+from router.pace_guard import PaceGuard
+from router.placement import NO_HINT, PlacementHint
+from router.request_context import RequestContext
+from router.request_registry import RequestRegistry
+from router.stream import RequestStream
 
 log = logging.getLogger("router.router")
 
 
-class LaneDispatch:
-    """Needs the ``Router``'s ``queues``, ``capacity``, ``policy``, ``prom``, ``dispatcher``, ``pace_guard``,
-    ``signals``, ``pool``, ``prefill_rate``, ``block_size``, ``_dispatched``, ``_pace``, ``_wake`` and
-    ``_executor``."""
+class PoolDispatcher(Protocol):
+    """What the lane dispatcher needs of ``router.dispatcher.Dispatcher``: both calls block (Ray
+    calls), and run on this part's threads."""
 
-    # -- dispatch -------------------------------------------------------------------------------
-    async def _dispatch_loop(self) -> None:
+    def submit(self, spec: RequestSpec, stream: RequestStream, hint: PlacementHint) -> object: ...
+
+    def abort(self, request_id: str) -> object: ...
+
+
+class LaneDispatcher:
+    def __init__(self, queues: LaneQueues, capacity: Capacity, dispatcher: PoolDispatcher,
+                 requests: RequestRegistry, policy: LanePolicy, metrics: RouterMetrics,
+                 pace_guard: PaceGuard | None, block_size: int) -> None:
+        self._queues = queues
+        self._capacity = capacity
+        self._dispatcher = dispatcher
+        self._requests = requests
+        self._policy = policy
+        self._metrics = metrics
+        self._pace_guard = pace_guard
+        self._block_size = block_size
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dispatch")
+        # Aborts on their own threads: a placement may wait for a decode worker to come back
+        # (Dispatcher.placement_wait_s), and an abort queued behind eight of them waited as long.
+        self._abort_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="abort")
+
+    def enqueue(self, pending: Pending) -> None:
+        self._queues.push(pending)
+        self._wake.set()
+
+    async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = (self.queues.take(self._has_room, idle=self.capacity.idle(), held=self._held_lanes())
-                     if len(self.queues) else [])
+            batch = (self._queues.take(self._has_room, idle=self._capacity.idle(), held=self._held_lanes())
+                     if len(self._queues) else [])
             now = time.monotonic()
             for p in batch:
                 ctx: RequestContext = p.payload
                 ctx.dispatched = now
-                self._dispatched[ctx.request_id] = ctx
-                window = self.policy.lane(ctx.lane).batch_window_s
+                self._requests.dispatched(ctx)
+                window = self._policy.lane(ctx.lane).batch_window_s
                 waited = now - ctx.arrival
                 ctx.window_s = min(window, waited)
-                self.prom.queued(ctx.lane, waited, ctx.window_s)
-                loop.run_in_executor(self._executor, self._submit, ctx)
+                self._metrics.queued(ctx.lane, waited, ctx.window_s)
+                loop.run_in_executor(self._executor, self.submit, ctx)
             self._wake.clear()
-            if len(self.queues):
-                nxt = self.queues.next_deadline()
+            if len(self._queues):
+                nxt = self._queues.next_deadline()
                 wait = 0.01 if nxt is None else min(0.01, max(0.0, nxt - time.monotonic()))
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.002))
@@ -49,44 +88,34 @@ class LaneDispatch:
                 await self._wake.wait()
 
     def _held_lanes(self) -> dict[str, float]:
-        guard = self.pace_guard
-        if guard is None or not any(self.queues.depth(n) for n in guard.holdable):
+        guard = self._pace_guard
+        if guard is None or not any(self._queues.depth(n) for n in guard.holdable):
             return {}
-        active = {c.lane for c in self._dispatched.values()} | {n for n, q in self.queues.queues.items() if q}
-        return guard.held(self._decode_pace(), active, time.monotonic())
+        active = ({c.lane for c in self._requests.dispatched_contexts()}
+                  | {n for n, q in self._queues.queues.items() if q})
+        return guard.held(self._requests.decode_pace(), active, time.monotonic())
 
     def _has_room(self, p: Pending) -> Room:
-        return self.capacity.reserve(p.payload.prompt_tokens, p.payload.max_tokens, self.block_size)
+        return self._capacity.reserve(p.payload.prompt_tokens, p.payload.max_tokens, self._block_size)
 
-    def _submit(self, ctx: RequestContext) -> None:
+    def submit(self, ctx: RequestContext) -> None:
+        """Place ``ctx`` on the pools (blocking: on a dispatch thread)."""
         try:
-            self.dispatcher.submit(ctx.spec, ctx.stream, ctx.hint or NO_HINT)
+            self._dispatcher.submit(ctx.spec, ctx.stream, ctx.hint or NO_HINT)
         except Exception as e:  # never lose a request silently
             log.exception("dispatch of %s failed", ctx.request_id)
             ctx.stream.fail(f"dispatch failed: {e}")
 
-    # -- housekeeping ---------------------------------------------------------------------------
-    async def _housekeeping(self) -> None:
-        while True:
-            await asyncio.sleep(0.25)
-            for w in self.pool.all():
-                if w.load is not None:
-                    self.prefill_rate.observe(w.worker_id, w.load.prompt_tokens_computed, w.load.busy_seconds)
-            waiting = {lane.name: self.queues.depth(lane.name) for lane in self.policy.lanes}
-            running: dict[str, int] = {lane.name: 0 for lane in self.policy.lanes}
-            for ctx in self._dispatched.values():
-                running[ctx.lane] += 1
-            self.prom.set_lane_gauges(waiting, running)
+    async def abort(self, ctx: RequestContext) -> None:
+        """Withdraw ``ctx`` from its lane queue, or from the pools once dispatched, and end it."""
+        if self._queues.remove(ctx.request_id) is not None:
+            ctx.stream.put(RequestOutput(ctx.request_id, [], "", finished=True,
+                                         finish_reason=FinishReason.ABORT))
+        else:
+            await asyncio.get_running_loop().run_in_executor(self._abort_executor, self._dispatcher.abort,
+                                                             ctx.request_id)
+        self._requests.finished(ctx)
 
-    def _running(self) -> list[RequestContext]:
-        """Dispatched, unfinished requests."""
-        return [c for c in self._dispatched.values() if c.stream.finished_time is None]
-
-    def _decode_pace(self) -> float | None:
-        """The running streams' pace (LoadSignals.decode_pace_s), computed at most every 20 ms: it
-        reads every running stream, and admission and each dispatch round ask for it."""
-        now = time.monotonic()
-        if now - self._pace[0] > 0.02:
-            live = [c.stream.token_times[-9:] for c in self._running()]
-            self._pace = (now, self.signals.decode_pace_s(live, now))
-        return self._pace[1]
+    def stop(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._abort_executor.shutdown(wait=False, cancel_futures=True)

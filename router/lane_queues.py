@@ -57,7 +57,8 @@ class Pending:
     cost: int  # prompt tokens (+ a share of the output budget)
     prefix_key: bytes | None  # hash of the first prompt block: requests sharing it are grouped
     enqueued: float = field(default_factory=time.monotonic)
-    payload: Any = None  # the router's context for this request
+    # The owner's record of the request: the router's RequestContext (Any: the simulator queues its own).
+    payload: Any = None
     refused_since: float | None = None  # first refused by the decode pool as its lane's head
 
 

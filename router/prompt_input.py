@@ -92,18 +92,3 @@ def token_bytes(token_ids: Sequence[int], tokenizer: Tokenizer | None) -> list[b
         return [f"token_id:{t}".encode() for t in token_ids]
     return [tokenizer.token_bytes(t) for t in token_ids]
 
-
-class TokenTexts:
-    """``RouterAPI``'s token-id <-> text methods, for a class holding ``tokenizer`` and ``vocab_size``."""
-
-    tokenizer: Tokenizer | None
-    vocab_size: int
-
-    def tokenize(self, request: GenerateRequest) -> list[int]:
-        return tokenize_request(request, self.tokenizer, self.vocab_size)[0]
-
-    def detokenize(self, token_ids: Sequence[int]) -> str:
-        return detokenize(token_ids, self.tokenizer, self.vocab_size)
-
-    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
-        return token_bytes(token_ids, self.tokenizer)

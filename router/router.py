@@ -5,6 +5,11 @@ loop; blocking Ray calls (placing a request on the pools) run on a small thread 
 come back from the dispatcher's poller threads into each request's stream. Redis (``ClusterState``)
 is optional: without it, or while it is away, rate limits, idempotency and the prefix index are
 local to this router (degraded mode) and the batch lane is not durable.
+
+The router wires its parts, each given what it needs: the registry of requests in flight and their
+endings (``RequestRegistry``), the lane dispatcher (``LaneDispatcher``), the streams (given
+``on_end``/``abort`` callables), the durable batch lane (given this router as its ``JobRunner``)
+and the cluster state.
 """
 
 from __future__ import annotations
@@ -13,33 +18,35 @@ import asyncio
 import logging
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.block_hash import hash_blocks
+from engine.kv_events import KVCacheEvent
 from engine.model.tokenizer import Tokenizer
-from engine.outputs import RequestOutput
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
+from engine.worker_stats import WorkerLoad
 from router.admission import Admission, AdmissionInput, PrefillRate
 from router.api import ErrorKind, GenerateRequest, GenerationResult, ModelInfo, Readiness, RouterError
 from router.capacity import Capacity
 from router.classify import classify
 from router.cluster_state import ClusterState
 from router.dispatcher import Dispatcher
-from router.durable_batch import DurableBatch, job_payload
-from router.lane_dispatch import LaneDispatch
+from router.durable_batch import DurableBatch, JobWaitStream, job_payload
+from router.lane_dispatch import LaneDispatcher
 from router.lane_queues import LaneQueues, Pending
 from router.lanes import LanePolicy, TenantConfig
 from router.load_signals import LoadSignals
 from router.metrics import RouterMetrics
 from router.pace_guard import PaceGuard
 from router.placement import NO_HINT, PlacementHint, prefill_queue
-from router.prompt_input import TokenTexts, request_fingerprint, tokenize_off_loop
+from router.prompt_input import detokenize, request_fingerprint, token_bytes, tokenize_off_loop, tokenize_request
+from router.request_context import RequestContext
 from router.request_ids import MAX_CHOICE_ID_LEN, names_a_request, scoped_request_id
-from router.request_ending import RequestEnding
-from router.router_stream import ReplayStream, RequestContext, RouterStream, with_deadline
+from router.request_registry import RequestRegistry
+from router.router_stream import ReplayStream, RouterStream, with_deadline
 from router.state.connection import StateUnavailable
 from router.stream import RequestStream
 from router.task_stop import stop_tasks
@@ -61,7 +68,7 @@ class RouterConfig:
     drain_timeout_s: float = 30.0
 
 
-class Router(LaneDispatch, RequestEnding, TokenTexts):
+class Router:
     def __init__(self, config: RouterConfig, pool: WorkerPool, dispatcher: Dispatcher,
                  state: ClusterState | None = None) -> None:
         self.config = config
@@ -84,47 +91,40 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
                            else None)
         self.capacity = Capacity(pool, local_prefill_threshold=dispatcher.local_prefill_threshold)
         self.created = int(time.time())
-        self._requests: dict[str, RequestContext] = {}
-        # The dispatched ones (until _finished): admission and each dispatch round read these, and
-        # scanning every request for them cost the loop O(requests) there (2 ms each at 4,000).
-        self._dispatched: dict[str, RequestContext] = {}
-        self._pace: tuple[float, float | None] = (-1.0, None)  # (when, the running streams' pace)
-        self._ids_held: set[str] = set()  # ids checked free by a request still on its way to _requests
+        self.requests = RequestRegistry(self.capacity, self.signals, self.prom, self.state.idempotency_finish)
+        self.lane_dispatch = LaneDispatcher(self.queues, self.capacity, dispatcher, self.requests, self.policy,
+                                            self.prom, self.pace_guard, self.block_size)
         self.drain_cut = False  # set (a second Ctrl-C): a drain in progress stops waiting and aborts the rest
-        self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dispatch")
-        # Aborts on their own threads: a placement may wait for a decode worker to come back
-        # (Dispatcher.placement_wait_s), and an abort queued behind eight of them waited as long.
-        self._abort_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="abort")
         self._tasks: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self.draining = False
         dispatcher.on_kv_events = self._on_kv_events
         dispatcher.on_worker_reset = self._on_worker_reset
-        self.batch = (DurableBatch(self, self.state.journal, self.dispatcher.router_id, idle_ms=self.state.job_idle_ms)
+        self.batch = (DurableBatch(self, self.state, self.state.journal, self.dispatcher.router_id,
+                                   idle_ms=self.state.job_idle_ms)
                       if self.state.journal is not None else None)
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._tasks.append(asyncio.create_task(self._dispatch_loop(), name="lane-dispatch"))
+        self._tasks.append(asyncio.create_task(self.lane_dispatch.run(), name="lane-dispatch"))
         self._tasks.append(asyncio.create_task(self._housekeeping(), name="router-housekeeping"))
         if self.batch is not None:
             self._tasks.append(asyncio.create_task(self.batch.run(), name="durable-batch"))
-        await self.state.start(self)
+        await self.state.start(self.heartbeat_payload, self.pool)
 
     async def drain(self, timeout_s: float | None = None) -> int:
         """Stop admitting, let in-flight requests finish (up to the timeout), abort the rest.
         Returns how many had to be aborted."""
         self.draining = True
         deadline = time.monotonic() + (self.config.drain_timeout_s if timeout_s is None else timeout_s)
-        while self._requests and time.monotonic() < deadline and not self.drain_cut:
+        while len(self.requests) and time.monotonic() < deadline and not self.drain_cut:
             await asyncio.sleep(0.05)
         if self.batch is not None:
             await self.batch.stop()  # its jobs still here stay journaled for another replica
-        left = list(self._requests.values())
+        left = self.requests.values()
         for ctx in left:
-            await self._abort_here(ctx)
+            await self.lane_dispatch.abort(ctx)
         return len(left)
 
     async def stop(self) -> None:
@@ -132,8 +132,20 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
             await self.batch.stop()
         await stop_tasks(self._tasks, "router")
         await self.state.stop()
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._abort_executor.shutdown(wait=False, cancel_futures=True)
+        self.lane_dispatch.stop()
+
+    async def _housekeeping(self) -> None:
+        """The prefill rate admission predicts with, and the lane gauges."""
+        while True:
+            await asyncio.sleep(0.25)
+            for w in self.pool.all():
+                if w.load is not None:
+                    self.prefill_rate.observe(w.worker_id, w.load.prompt_tokens_computed, w.load.busy_seconds)
+            waiting = {lane.name: self.queues.depth(lane.name) for lane in self.policy.lanes}
+            running: dict[str, int] = {lane.name: 0 for lane in self.policy.lanes}
+            for ctx in self.requests.dispatched_contexts():
+                running[ctx.lane] += 1
+            self.prom.set_lane_gauges(waiting, running)
 
     # -- RouterAPI ------------------------------------------------------------------------------
     def authenticate(self, api_key: str | None) -> str:
@@ -145,7 +157,7 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
             raise RouterError(ErrorKind.UNAUTHENTICATED, "Incorrect API key provided.", code="invalid_api_key")
         return tenant.name
 
-    async def generate(self, req: GenerateRequest):
+    async def generate(self, req: GenerateRequest) -> RouterStream | ReplayStream | JobWaitStream:
         lane_hint = req.lane if any(lane.name == req.lane for lane in self.policy.lanes) else "none"  # a metrics label
         if self.draining:
             raise self.admission.reject(lane_hint, "draining", RouterError(
@@ -174,13 +186,13 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
             replay = await self.state.idempotency_begin(tenant.name, req.idempotency_key, request_fingerprint(req, ids))
             if replay is not None:
                 return ReplayStream(replay)
-        if rid in self._requests or rid in self._ids_held or (self.batch is not None and self.batch.holds(rid)):
+        if self.requests.taken(rid) or (self.batch is not None and self.batch.holds(rid)):
             if idem:  # (a queued batch job's id too)
                 await self.state.idempotency_release(*idem)
             raise RouterError(ErrorKind.CONFLICT, f"request id {shown!r} is already in flight", param="request_id")
         # Held from this check until the request is registered: the awaits in between (placement,
         # rate limits, the journal) let a concurrent request with the same id through otherwise.
-        self._ids_held.add(rid)
+        self.requests.hold(rid)
         try:
             return await self._admit(req, rid, tenant, lane, ids, prompt_text, idem)
         except BaseException:
@@ -188,10 +200,10 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
                 await self.state.idempotency_release(*idem)
             raise
         finally:
-            self._ids_held.discard(rid)
+            self.requests.unhold(rid)
 
     async def _admit(self, req: GenerateRequest, rid: str, tenant: TenantConfig, lane: str, ids: list[int],
-                     prompt_text: str | None, idem: tuple[str, str] | None):
+                     prompt_text: str | None, idem: tuple[str, str] | None) -> RouterStream | JobWaitStream:
         """Admission, then the lane queue (or the batch journal): the rest of ``generate``."""
         lane_cfg = self.policy.lane(lane)
         if self.pace_guard is not None:
@@ -210,9 +222,9 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
             lane_depth=self.queues.admitted_depth(lane), tokens_ahead=self.queues.tokens_ahead(lane),
             pool_queued_tokens=queued, prefill_tokens_per_s=rate, requests_ahead=ahead, free_seq_slots=free_slots,
             completions_per_s=self.signals.completion_rate.per_s(),
-            service_s=self.signals.service_s(len(ids), rate), decode_pace_s=self._decode_pace(),
-            running=self.signals.running((len(c.stream.token_times), c.max_tokens) for c in self._running())
-            if ahead + 1 > free_slots else (), num_running=len(self._dispatched),  # (built only when read)
+            service_s=self.signals.service_s(len(ids), rate), decode_pace_s=self.requests.decode_pace(),
+            running=self.signals.running((len(c.stream.token_times), c.max_tokens) for c in self.requests.running())
+            if ahead + 1 > free_slots else (), num_running=self.requests.num_dispatched,  # (built only when read)
             expected_output_tokens=self.signals.expected_output(req.sampling.max_tokens),
             lane_depth_now=lambda: self.queues.admitted_depth(lane), choice_charge=req.charge))
 
@@ -226,8 +238,8 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
 
         ctx = self._enqueue(rid, tenant.name, lane, ids, req.sampling, prompt_text, hint, idem)
         ctx.predicted_ttft_s = predicted
-        out = RouterStream(ctx, self)
-        if req.deadline_s is not None:  # cancelled when the request ends (RequestEnding._finished)
+        out = self._stream(ctx)
+        if req.deadline_s is not None:  # cancelled when the request ends (RequestRegistry.finished)
             ctx.deadline_task = asyncio.get_running_loop().create_task(with_deadline(out, req.deadline_s))
         return out
 
@@ -248,25 +260,28 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
         # Its end is recorded when the stream ends, not when a reader reaches the end: a choice of n
         # whose client left (or whose sibling was refused) was never read to its end, and stayed in
         # flight for good, holding a sequence slot (at ~256 of them dispatch stopped).
-        stream.when_finished(lambda: self._finished(ctx))
-        self._requests[rid] = ctx
+        stream.when_finished(lambda: self.requests.finished(ctx))
+        self.requests.add(ctx)
         first_block = hash_blocks(ids[: self.block_size], self.block_size, salt)
-        self.queues.push(Pending(rid, lane, len(ids) + min(sampling.max_tokens, 64),
-                                 first_block[0] if first_block else None, payload=ctx))
-        self._wake.set()
+        self.lane_dispatch.enqueue(Pending(rid, lane, len(ids) + min(sampling.max_tokens, 64),
+                                           first_block[0] if first_block else None, payload=ctx))
         return ctx
+
+    def _stream(self, ctx: RequestContext) -> RouterStream:
+        return RouterStream(ctx, on_end=self.requests.finished, abort=self.lane_dispatch.abort,
+                            token_gaps=self.prom.token_gaps)
 
     async def run_durable(self, job_id: str, tenant: str, lane: str, ids: list[int], sampling: SamplingParams,
                           prompt_text: str | None) -> GenerationResult:
         """Run a journaled batch job through the lane queues (called by the durable-batch consumer)."""
-        while job_id in self._requests and not self._requests[job_id].durable:  # another request's id (another
+        while job_id in self.requests and not self.requests.get(job_id).durable:  # another request's id (another
             await asyncio.sleep(0.05)  # replica queued the job): it must end first, never share its stream
-        ctx = self._requests.get(job_id)  # already running here: a re-claim of our own job
+        ctx = self.requests.get(job_id)  # already running here: a re-claim of our own job
         if ctx is None:
             hint = await self._placement_hint(ids, self._salt(tenant))
-            ctx = self._requests.get(job_id) or self._enqueue(job_id, tenant, lane, ids, sampling, prompt_text, hint)
+            ctx = self.requests.get(job_id) or self._enqueue(job_id, tenant, lane, ids, sampling, prompt_text, hint)
         ctx.durable = True
-        return await RouterStream(ctx, self).result()
+        return await self._stream(ctx).result()
 
     def lane_room(self, durable: bool = True) -> int:
         """How many more requests the (durable) lanes' queues take before reaching their bounds."""
@@ -280,25 +295,17 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
         if not names_a_request(request_id):
             return False
         rid = scoped_request_id(tenant, request_id)
-        ctx = self._requests.get(rid)
+        ctx = self.requests.get(rid)
         if ctx is None or ctx.tenant != tenant or ctx.stream.finished or ctx.durable:
             return self.batch is not None and await self.batch.cancel(rid, tenant)
-        await self._abort_here(ctx)
+        await self.lane_dispatch.abort(ctx)
         return True
 
     async def stop_durable(self, job_id: str) -> None:
         """End this replica's run of a durable job (its client cancelled it)."""
-        ctx = self._requests.get(job_id)
+        ctx = self.requests.get(job_id)
         if ctx is not None and ctx.durable and not ctx.stream.finished:
-            await self._abort_here(ctx)
-
-    async def _abort_here(self, ctx: RequestContext) -> None:
-        if self.queues.remove(ctx.request_id) is not None:
-            ctx.stream.put(RequestOutput(ctx.request_id, [], "", finished=True, finish_reason="abort"))
-        else:
-            await asyncio.get_running_loop().run_in_executor(self._abort_executor, self.dispatcher.abort,
-                                                             ctx.request_id)
-        self._finished(ctx)
+            await self.lane_dispatch.abort(ctx)
 
     def model_info(self) -> ModelInfo:
         return ModelInfo(self.config.model_name, self.max_model_len, self.vocab_size, self.created,
@@ -311,7 +318,7 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
             return Readiness(False, "no live decode worker")
         if self.pool.prefill and not self.pool.live("prefill"):
             return Readiness(False, "no live prefill worker")
-        return Readiness(True, "ok", {"in_flight": len(self._requests), "queued": len(self.queues)})
+        return Readiness(True, "ok", {"in_flight": len(self.requests), "queued": len(self.queues)})
 
     def metrics(self) -> tuple[bytes, str]:
         return self.prom.exposition()
@@ -323,6 +330,15 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
             shown = job_id[:MAX_CHOICE_ID_LEN]
             raise RouterError(ErrorKind.NOT_FOUND, f"No batch job {shown!r}.", param="id", code="not_found")
         return {**job, "id": job_id}
+
+    def tokenize(self, request: GenerateRequest) -> list[int]:
+        return tokenize_request(request, self.tokenizer, self.vocab_size)[0]
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return detokenize(token_ids, self.tokenizer, self.vocab_size)
+
+    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
+        return token_bytes(token_ids, self.tokenizer)
 
     # -- request preparation -----------------------------------------------------------------------
     def _tenant(self, name: str) -> TenantConfig:
@@ -341,10 +357,10 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
 
     def heartbeat_payload(self) -> dict:
         """What this router publishes in the Redis registry."""
-        return {"in_flight": len(self._requests), "queued": len(self.queues), "draining": self.draining,
+        return {"in_flight": len(self.requests), "queued": len(self.queues), "draining": self.draining,
                 "lanes": {lane.name: self.queues.depth(lane.name) for lane in self.policy.lanes}}
 
-    def _loads(self):
+    def _loads(self) -> list[WorkerLoad]:
         return [w.load for w in self.pool.all() if w.alive and w.load is not None]
 
     def _on_worker_reset(self, worker_id: str) -> None:
@@ -352,7 +368,7 @@ class Router(LaneDispatch, RequestEnding, TokenTexts):
         if self._loop is not None:
             self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self.state.forget_worker(worker_id)))
 
-    def _on_kv_events(self, worker_id: str, events: list) -> None:
+    def _on_kv_events(self, worker_id: str, events: list[KVCacheEvent]) -> None:
         """From a poller thread: feed the cluster prefix index on the event loop."""
         if self._loop is not None and events:
             self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self.state.prefix_apply(worker_id, events)))

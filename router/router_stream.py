@@ -1,52 +1,35 @@
 """The router's ``GenerationStream``: a request's deltas as ``StreamEvent``s for the frontends, the
-usage on the last one, metrics when it finishes, and abort (client gone, deadline passed)."""
+usage on the last one, metrics when it finishes, and abort (client gone, deadline passed).
+
+A stream is given what it calls: ``on_end`` (the request's end is recorded), ``abort`` (the
+request is withdrawn from its lane queue or the pools) and ``token_gaps`` (the inter-token latency
+histogram); it knows nothing else of the router."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+from engine.logprobs import TokenLogprob
 from engine.outputs import RequestOutput
+from engine.request import FinishReason
 from router.api import ErrorKind, GenerationResult, RouterError, StreamEvent, Usage
+from router.request_context import RequestContext
 from router.request_ids import shown_request_id
-from router.stream import RequestFailed, RequestStream
-
-if TYPE_CHECKING:
-    from router.router import Router
-
-
-@dataclass(eq=False)
-class RequestContext:
-    """Everything the router knows about one request, from admission to its last token."""
-
-    request_id: str
-    tenant: str
-    lane: str
-    prompt_tokens: int
-    max_tokens: int
-    stream: RequestStream
-    spec: object  # engine.request_spec.RequestSpec
-    prompt_text: str | None = None
-    arrival: float = field(default_factory=time.monotonic)
-    dispatched: float | None = None
-    window_s: float = 0.0
-    hint: object = None
-    predicted_ttft_s: float | None = None
-    finished: bool = False
-    idempotency: tuple[str, str] | None = None  # (tenant, key)
-    durable: bool = False  # a journaled batch job: a client going away does not abort it
-    deadline_task: asyncio.Task | None = None  # a gRPC deadline's timer, cancelled when the request ends
-    timed_tokens: int = 0  # tokens whose inter-token gaps are in the ITL histogram (over all its readers)
+from router.stream import RequestFailed
 
 
 class RouterStream:
-    def __init__(self, ctx: RequestContext, router: Router) -> None:
+    def __init__(self, ctx: RequestContext, *, on_end: Callable[[RequestContext], None],
+                 abort: Callable[[RequestContext], Awaitable[None]],
+                 token_gaps: Callable[[str, list[float]], None]) -> None:
         self.ctx = ctx
         self.request_id = shown_request_id(ctx.request_id)  # the client's id; ctx's is tenant-scoped
         self.lane = ctx.lane
-        self._router = router
+        self._on_end = on_end
+        self._abort = abort
+        self._token_gaps = token_gaps
         self._consumed = False
         self.deadline_hit = False
 
@@ -57,9 +40,9 @@ class RouterStream:
         ctx = self.ctx
         try:
             async for out in ctx.stream.aiter():
-                if out.finished and out.finish_reason == "abort" and self.deadline_hit:
+                if out.finished and out.finish_reason == FinishReason.ABORT and self.deadline_hit:
                     yield StreamEvent(self.request_id, out.text_delta, tuple(out.new_token_ids), finished=True,
-                                      finish_reason="error", usage=self._usage(),
+                                      finish_reason=FinishReason.ERROR, usage=self._usage(),
                                       error=RouterError(ErrorKind.DEADLINE_EXCEEDED, "The request's deadline passed."),
                                       logprobs=_tuple(out.logprobs))
                     return
@@ -68,19 +51,19 @@ class RouterStream:
                 if out.finished:
                     return
         except RequestFailed as e:
-            yield StreamEvent(self.request_id, "", (), finished=True, finish_reason="error",
+            yield StreamEvent(self.request_id, "", (), finished=True, finish_reason=FinishReason.ERROR,
                               usage=self._usage(), error=RouterError(ErrorKind.INTERNAL, str(e)))
         finally:
             # A consumer that stops early (client gone) leaves the request to ``abort()``.
             if ctx.stream.finished:
-                self._router._finished(ctx)
+                self._on_end(ctx)
 
     def _observe_gaps(self, n: int) -> None:
         """The gaps before this delta's ``n`` tokens (their arrival times are in the stream already)."""
         times, start = self.ctx.stream.token_times, self.ctx.timed_tokens
         self.ctx.timed_tokens = end = min(start + n, len(times))
         if end > max(start, 1):
-            self._router.prom.token_gaps(self.lane, [times[i] - times[i - 1] for i in range(max(start, 1), end)])
+            self._token_gaps(self.lane, [times[i] - times[i - 1] for i in range(max(start, 1), end)])
 
     def _event(self, out: RequestOutput) -> StreamEvent:
         return StreamEvent(
@@ -117,11 +100,11 @@ class RouterStream:
         rule, and a later request may reuse the id)."""
         ctx = self.ctx
         if not ctx.durable and not ctx.stream.finished:  # a journaled job outlives its client
-            await self._router._abort_here(ctx)
+            await self._abort(ctx)
 
     async def cancel(self) -> None:
         if not self.ctx.stream.finished:
-            await self._router._abort_here(self.ctx)
+            await self._abort(self.ctx)
 
 
 class ReplayStream:
@@ -147,7 +130,7 @@ class ReplayStream:
         return None  # it already ran: a replay of its stored result
 
 
-async def with_deadline(stream, deadline_s: float | None) -> None:
+async def with_deadline(stream: RouterStream, deadline_s: float | None) -> None:
     """Abort ``stream`` when the monotonic ``deadline_s`` passes (a gRPC deadline)."""
     if deadline_s is None:
         return
@@ -156,5 +139,5 @@ async def with_deadline(stream, deadline_s: float | None) -> None:
     await stream.abort()
 
 
-def _tuple(logprobs: list | None) -> tuple | None:
+def _tuple(logprobs: list[TokenLogprob] | None) -> tuple[TokenLogprob, ...] | None:
     return None if logprobs is None else tuple(logprobs)

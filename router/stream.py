@@ -12,6 +12,7 @@ from typing import AsyncIterator, Callable, Iterator
 
 from engine.logprobs import TokenLogprob
 from engine.outputs import RequestOutput
+from engine.request import FinishReason
 
 
 class RequestFailed(RuntimeError):
@@ -25,7 +26,7 @@ class RequestStream:
         self.token_ids: list[int] = []  # everything delivered so far
         self.text = ""
         self.finished = False
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None
         self.num_cached_tokens = 0
         self.error: str | None = None
@@ -75,7 +76,7 @@ class RequestStream:
                 return
             self.finished = True
             self.error = reason
-            self.finish_reason = "error"
+            self.finish_reason = FinishReason.ERROR
             self.finished_time = time.monotonic()
             self._finish_callback()
             self._deliver(None)

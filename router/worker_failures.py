@@ -1,4 +1,4 @@
-"""The dispatcher's failure handling (a mixin of ``Dispatcher``): the monitor that pings the
+"""The dispatcher's failure handling (a part the ``Dispatcher`` holds): the monitor that pings the
 workers, a worker marked dead or seen with a new incarnation, the death announced to the other
 pool (``forget_peer``), and the migration of a dead decode worker's requests, each resumed after
 exactly the tokens its caller has received."""
@@ -7,29 +7,49 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 import ray
+from ray import ObjectRef
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayError
 
+from engine.kv_events import KVCacheEvent
 from kv_transfer.peer import PeerInfo
 from router.request_ids import shown_request_id
-from router.worker_pool import WorkerHandle
-
-if TYPE_CHECKING:
-    from router.dispatcher import _Tracked
+from router.tracked_request import TrackedRequest
+from router.worker_pool import WorkerHandle, WorkerPool
 
 log = logging.getLogger("router.dispatcher")
 
 
 class WorkerFailures:
-    """Needs the ``Dispatcher``'s ``pool``, ``_tracked``, ``_lock``, ``_stop``, ``_announced_gone``,
-    ``monitor_interval_s``, ``call_timeout_s``, ``max_migrations``, ``num_migrations``, ``on_worker_reset``,
-    ``on_kv_events``, ``_call``, ``_fail`` and ``_place``."""
+    """Shares the dispatcher's table of tracked requests (``tracked``, guarded by ``lock``); places a
+    migrated request through ``place`` (on a thread of its own) and gives one up through ``fail``."""
 
-    # -- failures -----------------------------------------------------------------------------
-    def _monitor_loop(self) -> None:
+    def __init__(self, pool: WorkerPool, tracked: dict[str, TrackedRequest], lock: threading.RLock,
+                 stop: threading.Event, *, call: Callable[[ObjectRef[Any]], Any],
+                 place: Callable[[TrackedRequest, set[str]], None], fail: Callable[[TrackedRequest, str], None],
+                 on_worker_reset: Callable[[str], None], on_kv_events: Callable[[str, list[KVCacheEvent]], None],
+                 monitor_interval_s: float, call_timeout_s: float, max_migrations: int) -> None:
+        self.pool = pool
+        self._tracked = tracked
+        self._lock = lock
+        self._stop = stop
+        self._call = call
+        self._place = place
+        self._fail = fail
+        self.on_worker_reset = on_worker_reset  # its cache is gone
+        self.on_kv_events = on_kv_events
+        self.monitor_interval_s = monitor_interval_s
+        self.call_timeout_s = call_timeout_s
+        self.max_migrations = max_migrations
+        self._announced_gone: set[str] = set()  # peer keys (worker@incarnation) already announced dead
+        self.num_migrations = 0
+
+    def monitor_loop(self) -> None:
+        """Ping every worker a poller does not watch, and take the prefill workers' loads and cache events."""
         first = True
         while first or not self._stop.wait(self.monitor_interval_s):
             first = False
@@ -39,22 +59,22 @@ class WorkerFailures:
                 try:
                     incarnation = ray.get(w.actor.ping.remote(), timeout=self.call_timeout_s)
                 except (RayError, GetTimeoutError) as e:
-                    self._mark_dead(w, e)
+                    self.mark_dead(w, e)
                     continue
                 if w.info is None or incarnation != w.info.peer.incarnation or not w.alive:
-                    self._on_restart(w)
+                    self.on_restart(w)
                 if w.role == "prefill":
                     try:
                         load, events = ray.get([w.actor.load.remote(), w.actor.take_kv_events.remote()],
                                                timeout=self.call_timeout_s)
                     except (RayError, GetTimeoutError) as e:
-                        self._mark_dead(w, e)
+                        self.mark_dead(w, e)
                         continue
                     w.update_load(load)
                     if events:
                         self.on_kv_events(w.worker_id, events)
 
-    def _mark_dead(self, w: WorkerHandle, error: BaseException) -> None:
+    def mark_dead(self, w: WorkerHandle, error: BaseException) -> None:
         with self.pool.lock:
             was_alive, w.alive = w.alive, False
             w.failures += 1
@@ -66,12 +86,12 @@ class WorkerFailures:
         if w.role == "decode":
             self._migrate_from(w)
 
-    def _on_restart(self, w: WorkerHandle) -> None:
+    def on_restart(self, w: WorkerHandle) -> None:
         """A worker answered with a new incarnation (restarted by Ray) or came back: it lost its state."""
         try:
             info = self._call(w.actor.info.remote())
         except (RayError, GetTimeoutError) as e:
-            self._mark_dead(w, e)
+            self.mark_dead(w, e)
             return
         restarted = w.info is not None and info.peer.incarnation != w.info.peer.incarnation
         if restarted:
@@ -108,7 +128,7 @@ class WorkerFailures:
         d.requests.clear()
         self._migrate(moving, d, {d.worker_id})
 
-    def _take_back(self, d: WorkerHandle, request_ids: list[str]) -> None:
+    def take_back(self, d: WorkerHandle, request_ids: list[str]) -> None:
         """Requests a live ``d`` dropped as orphans (our poller had stalled past its orphan timeout):
         no output is coming for them, so they are placed anew, resuming after what was delivered."""
         moving = self._detach(d, request_ids)
@@ -116,9 +136,9 @@ class WorkerFailures:
             log.warning("%s dropped %d of our requests as orphans; placing them again", d.worker_id, len(moving))
         self._migrate(moving, d, set())
 
-    def _detach(self, d: WorkerHandle, request_ids: list[str] | None = None) -> list[_Tracked]:
+    def _detach(self, d: WorkerHandle, request_ids: list[str] | None = None) -> list[TrackedRequest]:
         """The requests ``d`` serves (all, or those of ``request_ids``), no longer ``d``'s: outputs still in
-        flight from it are stale. One being placed there belongs to its _place call, which fails or
+        flight from it are stale. One being placed there belongs to its place call, which fails or
         finds ``d`` dead."""
         with self._lock:
             candidates = self._tracked.values() if request_ids is None else map(self._tracked.get, request_ids)
@@ -129,7 +149,7 @@ class WorkerFailures:
                 d.requests.discard(t.spec.request_id)
         return moving
 
-    def _migrate(self, moving: list[_Tracked], d: WorkerHandle, exclude: set[str]) -> None:
+    def _migrate(self, moving: list[TrackedRequest], d: WorkerHandle, exclude: set[str]) -> None:
         for t in moving:
             p = self.pool.get(t.prefill_id) if t.prefill_id else None
             if p is not None:  # a prefill still running there ships to d's old reservation: stop it

@@ -15,7 +15,7 @@ from kv_transfer.peer import PeerInfo, WorkerInfo
 class WorkerHandle:
     worker_id: str
     role: str  # "prefill" | "decode"
-    actor: Any  # ray.actor.ActorHandle
+    actor: Any  # a Ray ActorHandle (its remote methods are typed at run time only) or a test double
     info: WorkerInfo | None = None
     load: WorkerLoad | None = None
     alive: bool = False

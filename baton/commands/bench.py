@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
     o.set_defaults(run=_offline)
 
     i = bsub.add_parser("interference", help="colocated vs disaggregated on the same cores: ITL under long prompts")
-    from bench.interference_workload import add_arguments as _interference_arguments  # argparse only: cheap
+    from baton.perf.interference_workload import add_arguments as _interference_arguments  # argparse only: cheap
 
     _interference_arguments(i)
     i.set_defaults(run=_interference)
@@ -49,7 +49,7 @@ def add_parser(sub) -> None:
     k.set_defaults(run=_kv_transfer)
 
     sv = bsub.add_parser("serve", help="open-loop serving load generator against a running server (HTTP or gRPC)")
-    from bench.serve.cli import add_arguments as _serve_arguments  # argparse only: cheap
+    from baton.perf.loadgen.cli import add_arguments as _serve_arguments  # argparse only: cheap
 
     _serve_arguments(sv)
     sv.set_defaults(run=_serve)
@@ -62,7 +62,7 @@ def add_parser(sub) -> None:
 
 
 def _offline(args: argparse.Namespace) -> int:
-    from bench.offline import WORKLOADS, format_table, run_offline, to_json
+    from baton.perf.offline import WORKLOADS, format_table, run_offline, to_json
 
     if args.workload not in WORKLOADS:
         raise ValueError(f"unknown workload {args.workload!r}; choose one of {', '.join(WORKLOADS)}")
@@ -82,7 +82,7 @@ def _offline(args: argparse.Namespace) -> int:
 
 
 def _scheduler(args: argparse.Namespace) -> int:
-    from bench.scheduler_overhead import check_args, main
+    from baton.perf.scheduler_overhead import check_args, main
 
     check_args(args.num_seqs, args.steps)  # before anything is allocated
     return main(["--num-seqs", str(args.num_seqs), "--steps", str(args.steps)] + (["--json"] if args.json else []))
@@ -91,7 +91,7 @@ def _scheduler(args: argparse.Namespace) -> int:
 def _interference(args: argparse.Namespace) -> int:
     import json
 
-    from bench.interference import run_from_args
+    from baton.perf.interference import run_from_args
 
     r = run_from_args(args)
     if args.json:
@@ -106,7 +106,7 @@ def _interference(args: argparse.Namespace) -> int:
 
 
 def _kv_transfer(args: argparse.Namespace) -> int:
-    from bench.kv_transfer import check_args, main
+    from baton.perf.kv_transfer_bench import check_args, main
 
     # Here, so that a bad flag is a `baton: error:` line (main's own parser would print its usage).
     check_args(args.lengths, args.repeats, args.chunk_tokens, args.device, args.geometry, args.dtype)
@@ -117,6 +117,6 @@ def _kv_transfer(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from bench.serve.cli import run
+    from baton.perf.loadgen.cli import run
 
     return run(args)

@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 from baton.commands.engine_args import add_engine_args, engine_config_from_args, progress_printer
 from baton.commands.generate import add_sampling_args, require_chat_template, sampling_params_from_args
@@ -30,8 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     params = sampling_params_from_args(args)
     engine = LLMEngine(engine_config_from_args(args), progress=progress_printer(False))
-    tok = engine.tokenizer
-    require_chat_template(tok, engine.model_dir, "baton chat")
+    tok = require_chat_template(engine.tokenizer, engine.model_dir, "baton chat")
     if params.max_tokens >= engine.max_model_len:  # (a turn's reply is cut to what its history leaves)
         raise ValueError(f"--max-tokens {params.max_tokens}: this model's context length is {engine.max_model_len} "
                          "tokens, prompt included")
@@ -103,7 +105,7 @@ class _StopAtStepBoundary:
 
     def __init__(self) -> None:
         self.pressed = False
-        self._previous = None
+        self._previous: Callable[[int, FrameType | None], Any] | int | None = None
 
     def __enter__(self) -> _StopAtStepBoundary:
         try:

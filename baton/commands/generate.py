@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from baton.commands.engine_args import add_engine_args, engine_config_from_args, progress_printer
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # the CLI builds its parser without loading the tokenizer's dependencies
+    from engine.model.tokenizer import Tokenizer
 
 
 def add_parser(sub) -> None:
@@ -43,7 +47,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                          top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
+                          top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop),
+                          ignore_eos=args.ignore_eos,
                           logprobs=getattr(args, "logprobs", None),
                           prompt_logprobs=getattr(args, "prompt_logprobs", None),
                           presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
@@ -81,8 +86,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def require_chat_template(tok, model, command: str) -> None:
-    """Fail before any prompt is read when ``command`` cannot render chat messages for ``model``.
+def require_chat_template(tok: Tokenizer | None, model: object, command: str) -> Tokenizer:
+    """Fail before any prompt is read when ``command`` cannot render chat messages for ``model``;
+    return the tokenizer that can.
 
     Checked here because the tokenizer's own message speaks to HTTP clients (the completions API).
     """
@@ -91,9 +97,10 @@ def require_chat_template(tok, model, command: str) -> None:
     if not tok.has_chat_template:
         raise ValueError(f"{command}: model {str(model)!r} has no chat template (none in tokenizer_config.json "
                          "or chat_template.jinja); use `baton generate --prompt TEXT` without --chat for raw text")
+    return tok
 
 
-def _encode(tok, args: argparse.Namespace) -> list[list[int]]:
+def _encode(tok: Tokenizer | None, args: argparse.Namespace) -> list[list[int]]:
     if args.chat:
         require_chat_template(tok, args.model, "baton generate --chat")
     if tok is None:

@@ -4,7 +4,7 @@
                [--max-workers 4] [--gpu | --cpu] [--duration 60] [--json OUT]
 
 Searches prefill workers P in [0, N-1] and decode workers D in [1, N-P], with the prefill chunk size
-and the decode token budget from a small grid, simulating each (``bench.sim``) on the workload at
+and the decode token budget from a small grid, simulating each (``baton.perf.sim``) on the workload at
 the rate; prints the cheapest configuration (fewest workers, then highest goodput) where at least
 90% of requests meet both objectives, and the best colocated one (P = 0) beside it.
 """
@@ -53,7 +53,7 @@ def parse_budgets(text: str, flag: str) -> tuple[int, ...]:
 
 
 def add_parser(sub) -> None:
-    from bench.sim.cli import add_sim_args
+    from baton.perf.sim.cli import add_sim_args
 
     p = sub.add_parser("plan", help="the cheapest cluster meeting an SLO, from the simulator",
                        description=__doc__.split("\n\n")[0])
@@ -101,10 +101,10 @@ def _describe(e, unit: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.serve.slo import LaneSLO
-    from bench.serve.run_checks import check_request_count
-    from bench.sim.cli import check_output_file, check_requests_fit, load_inputs, parse_rates, sim_requests
-    from bench.sim.plan import CPU_BUDGETS, GPU_BUDGETS, PlanSpace, search
+    from baton.perf.loadgen.run_checks import check_request_count
+    from baton.perf.loadgen.slo import LaneSLO
+    from baton.perf.sim.cli import check_output_file, check_requests_fit, load_inputs, parse_rates, sim_requests
+    from baton.perf.sim.plan import CPU_BUDGETS, GPU_BUDGETS, PlanSpace, search
 
     ttft, tpot = parse_slo(args.slo)
     rates = parse_rates(args.rate)

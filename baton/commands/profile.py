@@ -6,7 +6,7 @@ Times ``LLMEngine.step()`` over decode batches (B sequences at context L), prefi
 with and without prefix context) and mixed steps; fits step time on tokens, sampled rows, decode and
 prefill attention work; measures the engine loop's overhead, a Ray call's round trip and the KV
 transfer between two actors (``--no-ray`` skips the last two and uses the defaults or the flags).
-The file (``baton.cost_model/1``) feeds ``python -m bench.sim`` and ``baton plan``.
+The file (``baton.cost_model/1``) feeds ``python -m baton.perf.sim`` and ``baton plan``.
 """
 
 from __future__ import annotations
@@ -104,9 +104,9 @@ def check_args(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from bench.profile.cost_model import CostModel, TransferModel
-    from bench.profile.run import ProfileOptions, refit, run_profile, summary
-    from bench.sim.cli import check_output_file
+    from baton.perf.profile.cost_model import CostModel, TransferModel
+    from baton.perf.profile.run import ProfileOptions, refit, run_profile, summary
+    from baton.perf.sim.cli import check_output_file
 
     check_output_file("--out", args.out)  # before the measurements, not after them
     check_args(args)

@@ -1,3 +1,3 @@
-"""Serving experiments: each module starts its own Baton cluster(s) and drives ``bench.serve``
+"""Serving experiments: each module starts its own Baton cluster(s) and drives ``baton.perf.loadgen``
 through the real HTTP API (``python -m bench.experiments.<name> --json OUT``; see
-``bench/serve/README.md`` for the commands and what each reports)."""
+``baton/perf/loadgen/README.md`` for the commands and what each reports)."""

@@ -1,4 +1,6 @@
-"""Experiment 4: SLO-predictive admission on vs off under overload.
+"""Kept for users and re-runs of docs/BENCHMARKS.md's experiment (4): what SLO admission buys.
+
+Experiment 4: SLO-predictive admission on vs off under overload.
 
 Two setups, identical but for ``router.slo_rejection`` (the router predicts each request's TTFT
 from the work queued ahead and the measured prefill rate, and rejects with 429/503 + Retry-After
@@ -21,6 +23,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from baton.perf.loadgen.records import RequestRecord
+from baton.perf.loadgen.slo import LaneSLO, resolve_slos
+from baton.perf.loadgen.stats import meets_slo, percentile
 from bench.experiments.common import (
     base_parser,
     common_overrides,
@@ -36,9 +41,6 @@ from bench.experiments.common import (
     write_rate_plots,
 )
 from bench.experiments.server import ServerSetup
-from bench.serve.records import RequestRecord
-from bench.serve.slo import LaneSLO, resolve_slos
-from bench.serve.stats import meets_slo, percentile
 
 NAME = "admission"
 

@@ -1,4 +1,6 @@
-"""Experiment 3: a 2x burst for 10 s on an interactive + batch mix.
+"""Kept for users and re-runs of docs/BENCHMARKS.md's experiment (3): how the lanes absorb a burst.
+
+Experiment 3: a 2x burst for 10 s on an interactive + batch mix.
 
 One cluster (the default config: 1 prefill + 1 decode worker, default lanes), the ``mixed``
 workload (70% interactive chat turns, 30% batch jobs with longer prompts and answers) at a steady
@@ -22,6 +24,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from baton.perf.loadgen.stats import percentile
+from baton.perf.loadgen.workload import Burst
 from bench.experiments.common import (
     base_parser,
     common_overrides,
@@ -36,8 +40,6 @@ from bench.experiments.common import (
     write_experiment,
 )
 from bench.experiments.server import ServerSetup
-from bench.serve.stats import percentile
-from bench.serve.workload import Burst
 
 NAME = "burst"
 HOLD_S = 2.0  # a queue must stay back at its steady level this long to count as drained
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                                   "model": args.model, "burst": analyses[0]["burst"] if analyses else None},
                      [runs], {"analyses": analyses}, table)
     try:
-        from bench.serve.plots import PlotsUnavailable, write_plots
+        from baton.perf.loadgen.plots import PlotsUnavailable, write_plots
 
         for report in runs.reports:
             for path in write_plots(report, plots_dir(args) / f"rate_{report['config']['rate']:g}"):

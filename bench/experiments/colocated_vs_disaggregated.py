@@ -1,4 +1,6 @@
-"""Experiment 2: colocated vs disaggregated serving on the same cores, at rising rates.
+"""Kept for users and re-runs of docs/BENCHMARKS.md's experiment (2): when disaggregation pays.
+
+Experiment 2: colocated vs disaggregated serving on the same cores, at rising rates.
 
 Two setups with the same number of workers, cores and torch threads (two workers, one thread
 each), the same engine settings and the same open-loop traffic:

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from baton.perf.loadgen.report import run_report, write_json
+from baton.perf.loadgen.runner import RunConfig, run_load_sync
+from baton.perf.loadgen.workload import Burst, WorkloadSpec, load_workload
 from bench.experiments.cpu_usage import CpuMeter
 from bench.experiments.server import ExperimentServer, ServerSetup
-from bench.serve.report import run_report, write_json
-from bench.serve.runner import RunConfig, run_load_sync
-from bench.serve.workload import Burst, WorkloadSpec, load_workload
 
 SCHEMA = "baton.bench.experiment/1"
 
@@ -52,7 +52,7 @@ def base_parser(description: str, *, rates: str, duration: float, workload: str,
     p.add_argument("--plots", default=None, metavar="DIR", help="PNG plots (default: OUT's name + '_plots')")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--speed-probe", default=None, metavar="COST_MODEL",
-                   help="time a few fixed steps before each run and after the last (bench.profile.speed) "
+                   help="time a few fixed steps before each run and after the last (baton.perf.profile.speed) "
                         "against this cost model, so the simulator can replay each run on the machine it had")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override for every setup, e.g. engine.max_num_seqs=64 (YAML value)")
@@ -112,15 +112,15 @@ class SetupRuns:
 
 
 def probe_speed(cost_model: str, model: str) -> dict[str, Any] | None:
-    """A ``bench.profile.speed`` probe in a fresh interpreter (a worker's one torch thread), or None
+    """A ``baton.perf.profile.speed`` probe in a fresh interpreter (a worker's one torch thread), or None
     if it failed: a missing probe costs the replay its calibration, not the experiment."""
     import subprocess
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "speed.json"
-        r = subprocess.run([sys.executable, "-m", "bench.profile.speed", "--cost-model", cost_model, "--model", model,
-                            "--json", str(out)], capture_output=True, text=True, timeout=300)
+        r = subprocess.run([sys.executable, "-m", "baton.perf.profile.speed", "--cost-model", cost_model,
+                            "--model", model, "--json", str(out)], capture_output=True, text=True, timeout=300)
         if r.returncode != 0 or not out.exists():
             last_line = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
             say(f"speed probe failed: {last_line}")
@@ -206,7 +206,7 @@ def plots_dir(args: argparse.Namespace) -> Path:
 
 def write_rate_plots(setups: list[SetupRuns], out_dir: Path) -> None:
     """Latency vs rate per setup and the CDF/time series of each setup's highest rate."""
-    from bench.serve.plots import PlotsUnavailable, plot_latency_vs_rate, points_from_reports, write_plots
+    from baton.perf.loadgen.plots import PlotsUnavailable, plot_latency_vs_rate, points_from_reports, write_plots
 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

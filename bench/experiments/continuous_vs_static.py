@@ -1,4 +1,6 @@
-"""Experiment 1: continuous vs static batching through the whole cluster.
+"""Kept for users and re-runs of docs/BENCHMARKS.md's experiment (1): what continuous batching buys.
+
+Experiment 1: continuous vs static batching through the whole cluster.
 
 Two setups with the same pools (1 prefill + 1 decode worker, the default config) and the same
 open-loop traffic at rising rates; they differ only in the workers' scheduling policy:

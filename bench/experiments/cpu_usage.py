@@ -3,7 +3,7 @@ load generator, in CPU seconds and in cores (CPU seconds per wall second).
 
 On a small host these all share the cores: the colocated setup's two busy workers plus the router
 and the client can ask for more than two cores, and then every step is slower than the profile
-measured alone. The simulator takes the non-worker demand as an input (``bench.sim`` host load);
+measured alone. The simulator takes the non-worker demand as an input (``baton.perf.sim`` host load);
 this is how an experiment measures it.
 
 Processes are grouped by what they are, not by pid, because Ray starts and reaps worker processes

@@ -2,9 +2,8 @@
 
 Decode attention on CPU gathers each row's KV blocks into one dense batch padded to its longest
 row. With lengths spread out most of that is padding, so rows sorted by length are cut into groups
-each padded to its own longest row, where the padding a cut saves exceeds a group's fixed cost.
-Measured (docs/BENCHMARKS.md): one 1024-token row among 15 of 64 tokens 2.5x faster per step,
-32 rows uniform in 64-512 tokens 1.4x.
+each padded to its own longest row, where the padding a cut saves exceeds a group's fixed cost
+(docs/BENCHMARKS.md has the gain on spread-out lengths).
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ class DecodeTiles:
 
 
 DEFAULT_DECODE_TILES = DecodeTiles()
-# bench/kernel_sweep.py on an H200 (bf16, head dim 64, 8 shapes): 1.31x DEFAULT_DECODE_TILES'
-# speed, geometric mean (1.05x to 1.69x).
+# Wider tiles where they fit: faster than DEFAULT_DECODE_TILES on every shape bench/kernel_sweep.py
+# measured (docs/BENCHMARKS.md).
 _WIDE_DECODE_TILES = DecodeTiles(block_n=128, num_warps=4)
 # A K or V row of D_PAD elements up to this many bytes keeps the wide tiles' pipelined K/V buffers
 # well inside shared memory (bf16 up to head dim 64, fp32 up to 32); wider rows keep the old tiles.

@@ -42,8 +42,8 @@ class PrefillTiles:
 
 
 DEFAULT_PREFILL_TILES = PrefillTiles()
-# bench/kernel_sweep.py on an H200 (bf16, head dim 64, 4 shapes): 1.16x DEFAULT_PREFILL_TILES'
-# speed, geometric mean (1.09x to 1.24x).
+# Wider tiles where they fit: faster than DEFAULT_PREFILL_TILES on every shape bench/kernel_sweep.py
+# measured (docs/BENCHMARKS.md).
 _WIDE_PREFILL_TILES = PrefillTiles(block_m=128, block_n=128, num_warps=4, num_stages=3)
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from engine.model.tokenizer import Tokenizer
+
+class Decoder(Protocol):
+    """What the detokenizer needs of a tokenizer (``engine.model.tokenizer.Tokenizer``)."""
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
 # Prompt tokens kept as left context for the first decoded token (vLLM uses the same 5): enough
 # for decoders that treat the first token specially (sentencepiece's leading-space strip).
@@ -13,7 +17,7 @@ _DETOKENIZER_CONTEXT = 5
 # Tokens held back while the text ends in U+FFFD before the detokenizer looks for a point to emit
 # up to: a UTF-8 sequence is at most 4 bytes, so past a few tokens the run is no UTF-8 at all (a
 # model emitting stray byte tokens), and holding all of it made every token re-decode the whole
-# run (quadratic: 268 µs a token after 4,000 such tokens, on every step of the batch it was in).
+# run (quadratic in the run's length, on every step of the batch it was in).
 _MAX_HELD_TOKENS = 8
 _KEEP_HELD_TOKENS = 4  # the tail still held: bytes the next tokens may complete
 
@@ -33,7 +37,7 @@ class IncrementalDetokenizer:
     decoding the generated ids alone strips it).
     """
 
-    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int], skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer: Decoder, prompt_token_ids: Sequence[int], skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
         context = [int(i) for i in prompt_token_ids[-_DETOKENIZER_CONTEXT:]] if prompt_token_ids else []

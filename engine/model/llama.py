@@ -3,6 +3,9 @@
 Tokens of all sequences in a step are one ``[T, hidden]`` matrix (no padding); attention reads and
 writes the paged KV cache through ``AttentionMetadata``. Q/K/V and gate/up projections are fused
 into single matmuls. Weights arrive with Hugging Face names and are checked against the config.
+
+The model computes with the ``KernelSet`` it is given (engine/kernels.py picks it for the device and
+dtype): it loads no kernel and holds no switch of its own; ``use_kernels`` gives it another set.
 """
 
 from __future__ import annotations
@@ -15,16 +18,15 @@ import torch.nn.functional as F
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.errors import ModelLoadError
+from engine.kernels import KernelSet
 from engine.model.config import ModelConfig
-from engine.model.linear import Linear, can_pack, default_projections, packs_large_products
+from engine.model.linear import Linear, ProjectionMode, can_pack
+from engine.model.reference_ops import LayerOps
 from engine.model.rope import RotaryEmbedding
-from engine.native.amx_linear import NativeAmxLinear
-from engine.native.decode_layers import DecodePlan, NativeDecodeLayers
-from engine.native.greedy_head import GreedyHeadWeights, NativeGreedyHead
-from engine.native.layer_ops import layer_ops_for
+from engine.native.decode_layers import DecodePlan
+from engine.native.greedy_head import GreedyHeadWeights
 from engine.native.quant_linear import MAX_ROWS as QUANT_MAX_ROWS
-from engine.native.quant_linear import NativeQuantLinear, QuantizedWeight
-from engine.native.skinny_linear import NativeSkinnyLinear
+from engine.native.quant_linear import QuantizedWeight
 
 
 class DecoderLayer:
@@ -39,7 +41,8 @@ class DecoderLayer:
 
 
 class LlamaModel:
-    def __init__(self, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, max_positions: int) -> None:
+    def __init__(self, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, max_positions: int,
+                 kernels: KernelSet) -> None:
         self.cfg = cfg
         self.device = device
         self.dtype = dtype
@@ -54,30 +57,31 @@ class LlamaModel:
         self.embed: torch.Tensor | None = None
         self.norm: torch.Tensor | None = None
         self.lm_head: Linear | None = None
-        # How the projections multiply (engine/model/linear.py): on CPU fp32 the compiled skinny kernel
-        # for decode-sized products or oneDNN's packed weights; F.linear elsewhere.
-        cpu_fp32 = device.type == "cpu" and dtype == torch.float32
-        self.skinny_kernel = NativeSkinnyLinear.load() if cpu_fp32 else None
-        self.quant_kernel: NativeQuantLinear | None = None  # loaded when GGUF blocks are attached
-        self.projection_mode = default_projections(device, dtype, self.skinny_kernel)
-        # Where MKL is the slow large product (AMD), the quantized mode keeps oneDNN's packed weights for prefill.
-        self.pack_large = packs_large_products(device, dtype)
-        # Larger products (prefill) of the layers on AMX where the CPU has it (engine/native/amx_linear.py);
-        # ``set_amx`` turns it off and on (A/B runs).
-        self.amx_kernel = NativeAmxLinear.load() if cpu_fp32 else None
-        self.amx_enabled = self.amx_kernel is not None
-        # Residual add + RMSNorm, the rotary embedding, SiLU * up: fused C kernels on CPU fp32 (engine/native).
-        self.ops = layer_ops_for(device, dtype)
-        # Decode steps whose every call is one of those kernels run their layer loop in C (one call a
+        self.kernels = kernels
+        self.projection_mode = kernels.projection_mode
+        # Decode steps whose every call is a compiled kernel run their layer loop in C (one call a
         # step instead of ~10 a layer: engine/native/decode_layers.py), planned on first use.
-        self.native_layers = NativeDecodeLayers.load() if cpu_fp32 else None
         self._decode_plan: DecodePlan | None = None
         self._decode_plan_for: tuple | None = None  # (attention kernel, layer ops, KV cache) it was made for
-        # Greedy rows' tokens without every logit (a Q8_0 head in the quantized mode, AVX-512 VNNI:
-        # engine/native/greedy_head.py); None: compute_logits and an argmax.
-        self.greedy_head: tuple[NativeGreedyHead, GreedyHeadWeights] | None = None
-        self.greedy_head_enabled = True
+        # The head's Q8_0 blocks in the greedy head's layout (the quantized mode, where the greedy head
+        # loaded); None: greedy rows take compute_logits and an argmax.
+        self.greedy_head_weights: GreedyHeadWeights | None = None
         self.greedy_head_candidates = 0  # exact logits it computed, all calls together (bench/tests)
+
+    @property
+    def ops(self) -> LayerOps:
+        return self.kernels.layer_ops
+
+    def use_kernels(self, kernels: KernelSet) -> None:
+        """Compute with ``kernels`` from now on, in the current projection mode where they serve it
+        (else in their own default mode)."""
+        self.kernels = kernels
+        self.invalidate_decode_plan()
+        if self.lm_head is None:  # no weights yet: they take the set's mode as they are assembled
+            self.projection_mode = kernels.projection_mode
+            return
+        mode = self.projection_mode
+        self.set_projections(mode if self._unserved(mode) is None else kernels.projection_mode)
 
     # -- weights ----------------------------------------------------------------------------
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -153,14 +157,15 @@ class LlamaModel:
             layer.ln2 = w.pop(p + "post_attention_layernorm.weight")
             # Packed as they are built, so the dense and packed copies of all layers never coexist.
             for proj in layer.projections():
-                proj.use(self.projection_mode, self.skinny_kernel)
-                proj.use_amx(self.amx_kernel if self.amx_enabled else None)
-        self.lm_head.use(self.projection_mode, self.skinny_kernel)
+                proj.use(self.projection_mode, self.kernels.skinny)
+                proj.use_amx(self.kernels.amx)
+        self.lm_head.use(self.projection_mode, self.kernels.skinny)
 
     @property
     def takes_blocks(self) -> bool:
         """Whether ``attach_quantized`` can turn the quantized mode on (the kernels load, default mode)."""
-        return self.skinny_kernel is not None and self.projection_mode in ("skinny", "packed")
+        return (self.kernels.skinny is not None and self.kernels.quant is not None
+                and self.projection_mode in (ProjectionMode.SKINNY, ProjectionMode.PACKED))
 
     def attach_quantized(self, blocks: dict[str, QuantizedWeight], source: str) -> bool:
         """Give each projection the GGUF blocks its weight was dequantized from (``blocks`` by HF
@@ -171,9 +176,7 @@ class LlamaModel:
         (a stale or foreign file) fails the load naming ``source``."""
         if not self.takes_blocks or not blocks:
             return False
-        self.quant_kernel = NativeQuantLinear.load()
-        if self.quant_kernel is None:
-            return False
+        quant = self.kernels.quant
         head = "model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"
         parts = {self.lm_head: [head]}
         for n, layer in enumerate(self.layers):
@@ -190,7 +193,7 @@ class LlamaModel:
                 continue
             dense = proj.dense_weight()  # a copy where packed: at load only
             for row in (0, fused.shape[0] - 1):  # cheap: the first and last rows, exactly
-                got = self.quant_kernel.dequantize(QuantizedWeight(fused.blocks[row : row + 1], fused.qtype))
+                got = quant.dequantize(QuantizedWeight(fused.blocks[row : row + 1], fused.qtype))
                 if not torch.equal(got[0], dense[row]):
                     raise ModelLoadError(f"{source}: the {fused.qtype} blocks of {names[0]} do not dequantize to "
                                          f"the weights in the model directory (row {row}); delete the directory "
@@ -199,7 +202,7 @@ class LlamaModel:
             attached += 1
         if not attached:  # no set of blocks fits a projection (another model's, or incomplete fused parts)
             return False
-        self.set_projections("quantized")
+        self.set_projections(ProjectionMode.QUANTIZED)
         return True
 
     # -- forward ----------------------------------------------------------------------------
@@ -216,15 +219,15 @@ class LlamaModel:
         """input_ids, positions: [T]. kv_cache: [blocks, layers, 2, block, kv_heads, head_dim]. -> [T, hidden],
         or with ``keep`` (row indices, ascending) only those rows' hidden states: the last layer still
         writes every row's K/V (later tokens attend to them), but its output projection and MLP run for
-        the kept rows alone. A prefill chunk needs only its last row, for sampling: this skips 84% of
-        the last layer's multiply-adds for the rest (2.8% of a prefill step on SmolLM2)."""
+        the kept rows alone. A prefill chunk needs only its last row, for sampling: this skips most of
+        the last layer's multiply-adds for the rest."""
         eps, norm = self.cfg.rms_norm_eps, self.ops.add_rms_norm
         h = F.embedding(input_ids, self.embed)  # the residual stream, updated in place by each norm
         delta = None  # each block's output, added into h by the next norm
         last = len(self.layers) - 1
         if keep is not None and len(keep) == input_ids.shape[0]:
             keep = None  # every row (a decode step): nothing to skip
-        if keep is None and meta.num_prefill_tokens == 0 and self.native_layers is not None:
+        if keep is None and meta.num_prefill_tokens == 0 and self.kernels.decode_layers is not None:
             out = self._native_decode(h, positions, kv_cache, meta, attn)
             if out is not None:
                 return out
@@ -277,14 +280,15 @@ class LlamaModel:
     def _native_decode(self, h, positions, kv_cache, meta: AttentionMetadata, attn: AttentionBackend):
         """The decode step in one C call where the plan for this model, cache, attention kernel and
         layer ops exists; None (nothing done) otherwise."""
+        native_layers = self.kernels.decode_layers
         made_for = (attn.decode_kernel(), self.ops, kv_cache)
         known = self._decode_plan_for
         if known is None or any(a is not b for a, b in zip(known, made_for)):
-            self._decode_plan = self.native_layers.plan(self, kv_cache, made_for[0])
+            self._decode_plan = native_layers.plan(self, kv_cache, made_for[0])
             self._decode_plan_for = made_for
         if self._decode_plan is None:
             return None
-        return self.native_layers.run(self._decode_plan, h, positions, meta.slot_block, meta.slot_offset,
+        return native_layers.run(self._decode_plan, h, positions, meta.slot_block, meta.slot_offset,
                                       meta.decode_block_tables, meta.decode_seq_lens)
 
     @property
@@ -302,7 +306,7 @@ class LlamaModel:
     def greedy_head_takes(self, num_rows: int) -> bool:
         """Whether a step sampling ``num_rows`` rows multiplies them all as the head's blocks (at most
         64), so the greedy head's tokens and any row's logits computed alone are that step's floats."""
-        return self.greedy_head is not None and self.greedy_head_enabled and 0 < num_rows <= QUANT_MAX_ROWS
+        return self.greedy_head is not None and 0 < num_rows <= QUANT_MAX_ROWS
 
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """argmax(compute_logits(hidden)) row by row, the same ids, without computing every logit: where
@@ -312,53 +316,60 @@ class LlamaModel:
         if (not self.greedy_head_takes(hidden.shape[0]) or hidden.dim() != 2 or hidden.dtype != torch.float32
                 or hidden.stride(1) != 1):
             return None
-        kernel, weights = self.greedy_head
-        got = kernel(hidden, weights)
+        got = self.kernels.greedy_head(hidden, self.greedy_head_weights)
         if got is None:
             return None
         self.greedy_head_candidates += got[1]
         return got[0]
 
-    def set_projections(self, mode: str) -> None:
+    @property
+    def greedy_head(self) -> GreedyHeadWeights | None:
+        """The head's blocks for the greedy head, where greedy rows take it (else None)."""
+        return self.greedy_head_weights if self.kernels.greedy_head is not None else None
+
+    def set_projections(self, mode: ProjectionMode | str) -> None:
         """Multiply every projection the ``mode`` way (engine/model/linear.py): same products, another kernel."""
-        if mode == "packed" and not can_pack(self.device, self.dtype):
-            raise ValueError(f"packed weights need fp32 on a CPU torch with oneDNN (have {self.dtype} on {self.device})")
-        if mode in ("skinny", "quantized") and self.skinny_kernel is None:
-            raise ValueError(f"{mode} projections need the compiled kernel, which is not loaded here "
-                             "(CPU fp32 with AVX-512, or AVX2 with FMA, and a C compiler; see BATON_NATIVE_KERNELS)")
-        if mode == "quantized" and self.quant_kernel is None:
-            raise ValueError("quantized projections need GGUF blocks attached (attach_quantized) and their kernel")
-        if self.cfg.tie_word_embeddings and mode != "packed":
+        mode = ProjectionMode.of(mode)
+        problem = self._unserved(mode)
+        if problem is not None:
+            raise ValueError(problem)
+        skinny, quant = self.kernels.skinny, self.kernels.quant
+        if self.cfg.tie_word_embeddings and mode is not ProjectionMode.PACKED:
             blocks = self.lm_head.quantized
             self.lm_head = Linear(self.embed)  # the embedding itself again, not the unpacked copy
             self.lm_head.quantized = blocks
+        pack_large = self.kernels.pack_large
         # A tied head is the embedding, which the lookup needs dense: it never packs for larger products.
-        self.lm_head.use(mode, self.skinny_kernel, self.quant_kernel, self.pack_large and not self.cfg.tie_word_embeddings)
+        self.lm_head.use(mode, skinny, quant, pack_large and not self.cfg.tie_word_embeddings)
         for proj in (p for layer in self.layers for p in layer.projections()):
-            proj.use(mode, self.skinny_kernel, self.quant_kernel, self.pack_large)
+            proj.use(mode, skinny, quant, pack_large)
+            # The head stays on its mode's path for larger products (prompt scoring is rare, and its
+            # AMX pieces would be another 1.5x of the vocabulary's weights).
+            proj.use_amx(self.kernels.amx)
         self.projection_mode = mode
-        self.set_amx(self.amx_enabled)
         self.invalidate_decode_plan()
         self._set_greedy_head()
 
-    def set_amx(self, enabled: bool) -> None:
-        """The layers' larger products on AMX (where the kernel loaded) or on the mode's own path. The
-        head stays on its path: its larger products (prompt scoring) are rare, and its pieces would
-        be another 1.5x of the vocabulary's weights."""
-        if enabled and self.amx_kernel is None:
-            raise ValueError("AMX projections need an Intel CPU with AMX-BF16, Linux's tile permission and a C compiler")
-        self.amx_enabled = enabled
-        for proj in (p for layer in self.layers for p in layer.projections()):
-            proj.use_amx(self.amx_kernel if enabled else None)
+    def _unserved(self, mode: ProjectionMode) -> str | None:
+        """Why ``mode`` cannot run on this model with its kernels; None where it can."""
+        if mode is ProjectionMode.PACKED and not can_pack(self.device, self.dtype):
+            return f"packed weights need fp32 on a CPU torch with oneDNN (have {self.dtype} on {self.device})"
+        if mode in (ProjectionMode.SKINNY, ProjectionMode.QUANTIZED) and self.kernels.skinny is None:
+            return (f"{mode.value} projections need the compiled kernel, which is not loaded here "
+                    "(CPU fp32 with AVX-512, or AVX2 with FMA, and a C compiler; see BATON_NATIVE_KERNELS)")
+        projections = (self.lm_head, *(p for layer in self.layers for p in layer.projections()))
+        if mode is ProjectionMode.QUANTIZED and (self.kernels.quant is None
+                                                 or not any(p.quantized is not None for p in projections)):
+            return "quantized projections need GGUF blocks attached (attach_quantized) and their kernel"
+        return None
 
     def _set_greedy_head(self) -> None:
-        """The greedy head where the head's decode-sized products multiply Q8_0 blocks (else None)."""
+        """The greedy head's weights where the head's decode-sized products multiply Q8_0 blocks (else None)."""
         head = self.lm_head
         if head.quant is None or head.quantized is None:
-            self.greedy_head = None
+            self.greedy_head_weights = None
             return
-        if self.greedy_head is not None and self.greedy_head[1].blocks is head.quantized.blocks:
-            return  # (prepared for these blocks already: modes switch back and forth in A/B runs)
-        weights = GreedyHeadWeights.of(head.quantized)
-        kernel = NativeGreedyHead.load() if weights is not None else None
-        self.greedy_head = (kernel, weights) if kernel is not None else None
+        if self.greedy_head_weights is not None and self.greedy_head_weights.blocks is head.quantized.blocks:
+            return  # (prepared for these blocks already)
+        has_kernel = self.kernels.greedy_head is not None
+        self.greedy_head_weights = GreedyHeadWeights.of(head.quantized) if has_kernel else None

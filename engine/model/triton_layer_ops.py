@@ -7,13 +7,13 @@ the number of kernels the GPU runs one after another, each a few microseconds ho
 work (~45 a layer eagerly, 16 of them the projections and attention). These three fusions leave
 ~12 a layer.
 
-Same interface and arithmetic as ``engine.native.layer_ops.TorchLayerOps`` (transformers' order:
+Same interface and arithmetic as ``engine.model.reference_ops.TorchLayerOps`` (transformers' order:
 the residual added in the model dtype, the variance in float32, the normalised row rounded to the
 model dtype before the weight; SiLU rounded before the product), up to the order of the variance's
 sum and float32 intermediates where torch rounds each op to bf16. ``rotate_qkv`` rotates q and k
 in place in the fused qkv rows and returns views, as the CPU kernels do. Checked against the torch
 ops under the Triton interpreter (tests/engine/test_triton_layer_ops.py), and at model load on
-the GPU itself (``checked_triton_layer_ops``, called by ``engine.native.layer_ops.layer_ops_for``):
+the GPU itself (``checked_triton_layer_ops``, called by ``engine.kernels.layer_ops_for``):
 a kernel that fails to compile or disagrees leaves the model on the torch ops, with a warning. The
 decode CUDA graphs are captured after that choice, over whichever ops it made.
 """
@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.model.reference_ops import TorchLayerOps
 from engine.model.rope import RotaryEmbedding
-from engine.native.layer_ops import TorchLayerOps
 
 log = logging.getLogger(__name__)
 

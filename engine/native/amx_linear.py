@@ -18,7 +18,7 @@ import torch
 from engine.native.build import bind, build_and_load
 from engine.native.skinny_linear import bias_fits
 
-DISABLE_ENV = "BATON_AMX"  # 0: larger products keep their other path (A/B runs across processes)
+DISABLE_ENV = "BATON_AMX"  # 0: larger products keep their other path
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """ctypes binding of ``argmax.c``: ``torch.argmax(logits, dim=-1)`` for CPU fp32 rows, the same
-indices (first of the largest; NaN largest), ~10x faster than torch's scalar reduction."""
+indices (first of the largest; NaN largest), vectorised where torch's is a scalar reduction."""
 
 from __future__ import annotations
 

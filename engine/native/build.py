@@ -12,7 +12,7 @@ own pool, not a second pool competing for the same cores.
 
 Any failure (no compiler, a compile error, a load error) returns ``None`` with the reason in
 ``NativeLibrary.error``; callers fall back to the torch path. ``BATON_NATIVE_KERNELS=0`` turns the
-kernels off (A/B runs, or a machine whose compiler misbehaves).
+kernels off (to compare against the torch path, or on a machine whose compiler misbehaves).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ CACHE_ENV = "BATON_KERNEL_CACHE"
 DISABLE_ENV = "BATON_NATIVE_KERNELS"
 # -fno-trapping-math: the kernels never read the FP exception flags, and without it GCC does not
 # turn a float clamp (exp_poly's) into a blend where there are no mask registers (AVX2), so every
-# loop calling exp_poly stayed scalar there (SiLU * up 2.1x slower than torch's two ops). Each
+# loop calling exp_poly stayed scalar there (SiLU * up slower than torch's two ops). Each
 # operation's result is the same; where a loop now vectorises, a reduction in it adds in another
 # order (the AVX2 decode softmax's sum: last bits, within the tests' tolerance). The AVX-512 builds'
 # vectorisation is unchanged by it, and so are the rotary kernel's instructions.

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.native.build import bind, build_and_load
+from engine.native.layer_ops import NativeLayerOps
 from engine.native.paged_decode import NativePagedDecode, kernel_takes
-from engine.native.quant_linear import STORED_TYPES
 from engine.native.quant_linear import MAX_ROWS as QUANT_MAX_ROWS
+from engine.native.quant_linear import STORED_TYPES
 from engine.native.skinny_linear import MAX_ROWS
 
 assert QUANT_MAX_ROWS == MAX_ROWS  # a step's rows take one kernel per projection, as Linear.__call__ picks
@@ -82,9 +83,7 @@ class NativeDecodeLayers:
     def plan(self, model, kv_cache: torch.Tensor, decode_kernel: NativePagedDecode | None) -> DecodePlan | None:
         """The plan for ``model`` (a LlamaModel) over ``kv_cache``, or None where some call of its
         decode forward is not a compiled kernel (that forward then runs in Python, as before)."""
-        from engine.native.layer_ops import NativeLayerOps
-
-        ops, cfg = model.ops, model.cfg
+        ops, cfg = model.kernels.layer_ops, model.cfg
         if (decode_kernel is None or not isinstance(ops, NativeLayerOps) or model.dtype != torch.float32
                 or model.device.type != "cpu" or kv_cache.dtype != torch.float32 or kv_cache.dim() != 6
                 or kv_cache.stride(-1) != 1 or model.head_dim % 2 or not model.rope.cos.is_contiguous()
@@ -130,7 +129,7 @@ class NativeDecodeLayers:
                    model.rope.cos.data_ptr(), model.rope.sin.data_ptr(), kv_cache.data_ptr(), kv_cache.stride(0),
                    kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3))
         quant = next((p.quant for layer in model.layers for p in layer.projections() if p.quant is not None), None)
-        skinny = model.skinny_kernel
+        skinny = model.kernels.skinny
         kernels = _Kernels(_address(quant._fn) if quant else None, _address(skinny._fn), _address(ops._norm),
                            _address(ops._rope), _address(ops._silu_mul), _address(decode_kernel._fn))
         keepalive += [kv_cache, quant, skinny, ops, decode_kernel]

@@ -53,23 +53,17 @@ void baton_rope_qk_f32(float *qkv, int64_t row_stride, const int64_t *positions,
     }
 }
 
-/* out = silu(gate) * up for gate_up rows [gate | up] of 2 * dim: one pass instead of three.
- * -DSILU_SCALAR_LOOP=1 builds the loop as it was before the 8-lane one (A/B runs: bench/avx2_kernels.py). */
-#ifndef SILU_SCALAR_LOOP
-#define SILU_SCALAR_LOOP 0
-#endif
+/* out = silu(gate) * up for gate_up rows [gate | up] of 2 * dim: one pass instead of three. */
 void baton_silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t dim, int num_threads) {
 #pragma omp parallel for num_threads(rows > 1 ? num_threads : 1) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *g = gate_up + r * 2 * dim, *u = g + dim;
         float *o = out + r * dim;
         int64_t i = 0;
-#if !SILU_SCALAR_LOOP
         for (; i + 8 <= dim; i += 8) { /* 8 lanes written out: exp_poly8 says why */
             const v8 gv = *(const v8 *)(g + i);
             *(v8 *)(o + i) = gv / (1.0f + exp_poly8(-gv)) * *(const v8 *)(u + i);
         }
-#endif
 #pragma omp simd
         for (int64_t j = i; j < dim; j++) o[j] = g[j] / (1.0f + exp_poly(-g[j])) * u[j];
     }

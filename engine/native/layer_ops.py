@@ -1,49 +1,17 @@
-"""The elementwise steps of a Llama-family layer: fused C kernels on CPU fp32 (``layer_ops.c``),
-the same arithmetic in torch elsewhere (CUDA, bf16/fp16, no compiler).
-
-``add_rms_norm(h, delta, weight, eps)`` adds the residual ``delta`` into ``h`` in place (when given)
-and returns RMSNorm(h); ``rotate_qkv(qkv, positions, rope, heads, kv_heads, head_dim)`` splits the
-fused qkv rows into q, k, v heads with the rotary embedding applied to q and k (the native version
-rotates them in place and returns views); ``silu_mul(gate_up)`` is SiLU(gate) * up over the fused
-gate/up rows.
+"""ctypes binding of ``layer_ops.c``: the elementwise steps of a Llama-family layer (residual add +
+RMSNorm, the rotary embedding of q and k, SiLU * up) fused for CPU fp32, with the arithmetic of
+``engine.model.reference_ops.TorchLayerOps``, to which inputs the kernels do not take go.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 
 import torch
-import torch.nn.functional as F
 
+from engine.model.reference_ops import TorchLayerOps
 from engine.model.rope import RotaryEmbedding
 from engine.native.build import bind, build_and_load
-
-
-class TorchLayerOps:
-    """Reference arithmetic: transformers' LlamaRMSNorm (variance in float32) and rotate-half RoPE."""
-
-    @staticmethod
-    def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        if delta is not None:
-            h.add_(delta)
-        xf = h.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        return weight * xf.to(h.dtype)
-
-    @staticmethod
-    def rotate_qkv(qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, heads: int, kv_heads: int,
-                   head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        t = qkv.shape[0]
-        q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-        q = rope.apply(q.view(t, heads, head_dim), positions)
-        k = rope.apply(k.view(t, kv_heads, head_dim), positions)
-        return q, k, v.view(t, kv_heads, head_dim)
-
-    @staticmethod
-    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
-        return F.silu(gate) * up
 
 
 class NativeLayerOps:
@@ -92,22 +60,3 @@ class NativeLayerOps:
 
 def _f32_rows(x: torch.Tensor) -> bool:
     return x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.is_contiguous()
-
-
-def layer_ops_for(device: torch.device, dtype: torch.dtype):
-    """The compiled kernels for CPU fp32 where they build; on CUDA the Triton kernels where they
-    compile and pass their self-check (engine/model/triton_layer_ops.py; ``BATON_TRITON_LAYER_OPS=0``
-    turns them off); the torch arithmetic everywhere else."""
-    if device.type == "cpu" and dtype == torch.float32:
-        native = NativeLayerOps.load()
-        if native is not None:
-            return native
-    if device.type == "cuda" and os.environ.get("BATON_TRITON_LAYER_OPS", "1") != "0":
-        try:
-            from engine.model.triton_layer_ops import checked_triton_layer_ops
-        except ImportError:  # no triton: the torch ops, as before
-            return TorchLayerOps()
-        fused = checked_triton_layer_ops(device, dtype)
-        if fused is not None:
-            return fused
-    return TorchLayerOps()

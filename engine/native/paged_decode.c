@@ -49,9 +49,6 @@
 #ifndef TOUCH_BYTES
 #define TOUCH_BYTES (1 << 20)
 #endif
-#ifndef HEADS_TOGETHER
-#define HEADS_TOGETHER 1 /* a piece's KV heads as one thread's run of tasks (0: one head a task, for A/B runs) */
-#endif
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef float v4 __attribute__((vector_size(16), aligned(4)));
@@ -134,10 +131,7 @@ static void touch_piece(const float *k, const float *v, const int32_t *table, in
     (void)keep;
 }
 
-#ifndef WIDE_TASK
-#define WIDE_TASK 0 /* 1: the 16-lane task on AVX2 too (as before the 8-lane one: A/B runs, bench/avx2_kernels.py) */
-#endif
-#if defined(__AVX512F__) || WIDE_TASK /* (the 16-lane task's lane sums) */
+#if defined(__AVX512F__) /* (the 16-lane task's lane sums) */
 static inline float hsum16(v16 x) {
     v8 a = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
            __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -163,7 +157,7 @@ static inline v16 hsum16x16(const v16 a[16]) {
 #endif
 
 
-#if defined(__AVX512F__) || WIDE_TASK
+#if defined(__AVX512F__)
 /* One (sequence, KV head) task: G query heads of head_dim 16 * DV. Inlined with constant G and DV
  * for the common shapes (the accumulators then live in registers), called as is for the rest. */
 static inline __attribute__((always_inline)) void attend(
@@ -399,9 +393,8 @@ int baton_paged_decode_f32(const float *q, int64_t q_stride, const float *k, con
     /* A piece's KV heads go to one thread, one after another, wherever there are pieces enough to
      * keep every thread busy: the heads' rows interleave in memory, so the lines the hardware
      * prefetcher brings in beside one head's are the next head's, read from this core's L2. One
-     * head a task spread them over both cores' caches: the kernel was 1.09-1.14x slower
-     * (docs/BENCHMARKS.md). The floats are the same either way. */
-    const int chunk = HEADS_TOGETHER && total >= 2 * num_threads ? kv_heads : 1;
+     * head a task spreads them over both cores' caches. The floats are the same either way. */
+    const int chunk = total >= 2 * num_threads ? kv_heads : 1;
 #pragma omp parallel num_threads(num_threads)
     {
 #pragma omp for schedule(dynamic, chunk)

@@ -23,14 +23,11 @@ class NativePagedDecode:
         self._fn = bind(library.lib, "baton_paged_decode_f32", "plppllplpiiiiifpi", ctypes.c_int)
 
     @classmethod
-    def load(cls, split_tokens: int | None = None, heads_together: bool = True,
-             read_ahead: bool = True) -> NativePagedDecode | None:
+    def load(cls, split_tokens: int | None = None, read_ahead: bool = True) -> NativePagedDecode | None:
         """The kernel, compiled or taken from the cache; None (with nothing raised) when it cannot be had.
-        ``split_tokens`` overrides the length past which a context is attended in pieces,
-        ``heads_together=False`` gives each KV head its own task, and ``read_ahead=False`` turns off
-        the reading of a piece's rows ahead (A/B runs)."""
+        ``split_tokens`` overrides the length past which a context is attended in pieces, and
+        ``read_ahead=False`` turns off the reading of a piece's rows ahead."""
         flags = () if split_tokens is None else (f"-DSPLIT_TOKENS={int(split_tokens)}",)
-        flags += () if heads_together else ("-DHEADS_TOGETHER=0",)
         flags += () if read_ahead else ("-DTOUCH_BYTES=0",)
         library = build_and_load("paged_decode.c", extra_flags=flags)
         return cls(library) if library.lib is not None else None

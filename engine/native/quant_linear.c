@@ -156,13 +156,8 @@ static inline float half_to_float(const uint8_t *p) {
 }
 
 /* A Q4_1x8 group's 16 scales, converted into dm, are broadcast from memory, not by two shuffles each
- * of the register GCC keeps them in (the nibbles need the shuffle ports): 1.03-1.05x on SmolLM2's
- * projections at 2-8 rows (docs/BENCHMARKS.md). -DSCALES_FROM_REGISTER=1: as before (A/B runs). */
-#if defined(SCALES_FROM_REGISTER) && SCALES_FROM_REGISTER
-#define SCALES_FROM_MEMORY(dm) ((void)0)
-#else
+ * of the register GCC keeps them in: the nibbles need the shuffle ports. */
 #define SCALES_FROM_MEMORY(dm) __asm__ volatile("" : "+m"(*(float(*)[16])(dm)))
-#endif
 
 /* (d * q) + m for 8 quants, rounded twice as numpy does (no FMA). */
 static inline __m256 q4_values(__m256i q, __m256 d, __m256 m) {
@@ -217,10 +212,7 @@ static inline void dequant_q4_1x8(const uint8_t *group, float *dst, int64_t dst_
 /* One row of x against one group's K chunk of Q4_1x8, each weight vector multiplied in the register
  * q4_1_nibbles would have stored it from (the AVX-512 build's direct_row_q4_1x8 in 8 lanes): per
  * weight row, the FMAs tile_pass(1, 8) runs over the buffer, in the same K order, so the same
- * floats. -DDIRECT_ROW=0: the row goes through the buffer (A/B runs). */
-#ifndef DIRECT_ROW
-#define DIRECT_ROW 1
-#endif
+ * floats. */
 static inline void direct_row_q4_1x8(const float *x, const uint8_t *src, int blocks, const uint8_t *next,
                                      const float *bias, int accumulate, float *out) {
     vacc acc[1][NB];
@@ -307,14 +299,12 @@ int baton_quant_linear_f32(const float *x, int64_t x_stride, const uint8_t *wq, 
             const int n0 = g * NB, nb = N - n0 < NB ? N - n0 : NB;
             for (int c = 0; c < chunks; c++) {
                 const int k0 = c * KC, kc = K - k0 < KC ? K - k0 : KC;
-#if VL == 16 || DIRECT_ROW
                 if (qtype == BATON_Q4_1X8 && M == 1) {
                     const uint8_t *src = wq + (int64_t)g * NB * row_bytes + (int64_t)(k0 / QK) * GROUP_BYTES;
                     direct_row_q4_1x8(x + k0, src, kc / QK, src + NB * row_bytes, bias ? bias + n0 : 0, c > 0,
                                       out + n0);
                     continue;
                 }
-#endif
                 if (qtype == BATON_Q4_1X8) {
                     /* The group's chunk is contiguous, 160 bytes a block column; the next group's
                      * chunk, NB rows' bytes on, is prefetched meanwhile. */

@@ -79,7 +79,7 @@ class NativeQuantLinear:
     @classmethod
     def load(cls, extra_flags: tuple[str, ...] = ()) -> NativeQuantLinear | None:
         """The kernel where it builds with a tuned tile (AVX-512, or AVX2 with FMA) and F16C; None (nothing
-        raised) elsewhere. ``extra_flags``: a variant's compiler flags (A/B runs: bench/cpu_step_ab.py)."""
+        raised) elsewhere. ``extra_flags``: more compiler flags (another ISA's build, in tests)."""
         library = build_and_load("quant_linear.c", extra_flags=extra_flags)
         if library.lib is None or not bind(library.lib, "baton_quant_linear_tuned", "", ctypes.c_int)():
             return None

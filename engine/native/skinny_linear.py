@@ -15,8 +15,7 @@ import torch
 from engine.native.build import bind, build_and_load
 
 # Past ~64 rows the product is bound by multiplies, not by the weight stream, and MKL's sgemm catches
-# up (docs/BENCHMARKS.md, "skinny projections": SmolLM2 decode steps 1.23x faster than MKL at 32
-# rows, 1.09x at 64; the projections alone at 96 rows the same).
+# up (docs/BENCHMARKS.md, "skinny projections").
 MAX_ROWS = 64
 
 

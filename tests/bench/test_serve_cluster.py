@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from baton.perf.loadgen.runner import RunConfig, run_load_sync
+from baton.perf.loadgen.workload import load_workload
 from bench.experiments.server import ExperimentServer, ServerSetup, StaticBatchingConfig
-from bench.serve.runner import RunConfig, run_load_sync
-from bench.serve.workload import load_workload
 
 
 def test_setups_build_the_configs_they_name() -> None:

@@ -52,7 +52,7 @@ def test_a_router_that_polls_again_is_told_which_requests_were_dropped():
 def test_after_the_worker_itself_was_away_no_router_is_an_orphan():
     box = Outbox()
     box.register("a", "router-0")
-    time.sleep(0.05)
+    time.sleep(0.05)  # no event to wait for: the clock must pass the 0.04 s timeout below
     assert box.orphans(60.0) == []
     box.touch_all()  # what the worker does when its own loop was stopped (SIGSTOP) for a while
     assert box.orphans(0.04) == []

@@ -5,7 +5,6 @@ thread: what lets a router tell which of its placements a report already include
 from __future__ import annotations
 
 import datetime
-import time
 
 import pytest
 import torch.distributed as dist
@@ -15,6 +14,7 @@ from engine.config import CacheConfig, EngineConfig, SchedulerConfig, Speculativ
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
 from kv_transfer.peer import StoreAddress
+from tests.decode_worker.polling import outputs_until_finished
 from tests.decode_worker.test_worker_timing import worker  # noqa: F401 - the fixture
 
 
@@ -46,10 +46,7 @@ def test_the_load_report_counts_drafted_and_kept_tokens(drafting_worker) -> None
     assert w.loop.call(w._load).draft_tokens == 0
     prompt = tuple(range(5, 15)) * 4  # its last tokens occurred before: drafts from the first step
     assert w.generate_local(RequestSpec("s1", prompt, SamplingParams(max_tokens=24, ignore_eos=True), origin="r"))
-    outputs, deadline = [], time.monotonic() + 30
-    while not any(o.finished for o in outputs) and time.monotonic() < deadline:
-        outputs += w.poll(0.5, "r").outputs
-    assert any(o.finished for o in outputs)
+    outputs_until_finished(w, "r", timeout_s=30)
     load = w.loop.call(w._load)
     assert load.draft_tokens > 0 and 0 <= load.accepted_draft_tokens <= load.draft_tokens
     assert (load.draft_tokens, load.accepted_draft_tokens) == (w.engine.scheduler.num_draft_tokens,

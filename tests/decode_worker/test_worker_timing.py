@@ -15,6 +15,7 @@ from engine.config import CacheConfig, EngineConfig
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
 from kv_transfer.peer import StoreAddress
+from tests.decode_worker.polling import outputs_until_finished
 
 
 @pytest.fixture
@@ -34,16 +35,14 @@ def test_the_wait_for_the_step_in_flight_is_counted_in_prefill_queue(worker: Dec
     def long_step(engine) -> None:
         busy_since.append(time.monotonic())
         busy.set()
-        time.sleep(0.4)
+        time.sleep(0.4)  # the long step itself
 
     worker.loop.call_async(long_step)
     assert busy.wait(10)
     sent = time.monotonic()
     spec = RequestSpec("r1", tuple(range(5, 25)), SamplingParams(max_tokens=2, ignore_eos=True), origin="router-a")
     assert worker.generate_local(spec)
-    outputs, deadline = [], time.monotonic() + 10
-    while not any(o.finished for o in outputs) and time.monotonic() < deadline:
-        outputs += worker.poll(0.5, "router-a").outputs
+    outputs = outputs_until_finished(worker, "router-a")
     first = next(o for o in outputs if o.ttft_breakdown is not None)
     stages = first.ttft_breakdown
     # was ~0: the clock started when the engine thread took it. The step had 0.4 s - (sent - its
@@ -62,8 +61,6 @@ def test_a_reservation_naming_a_gone_prefill_worker_prefills_here_and_leaves_no_
     worker.agent._gone.add(gone.key)  # as a failed channel with that incarnation leaves it
     spec = RequestSpec("g1", tuple(range(5, 60)), SamplingParams(max_tokens=2, ignore_eos=True), origin="router-a")
     assert worker.reserve(spec, gone).accepted
-    outputs, deadline = [], time.monotonic() + 10
-    while not any(o.finished for o in outputs) and time.monotonic() < deadline:
-        outputs += worker.poll(0.5, "router-a").outputs
+    outputs = outputs_until_finished(worker, "router-a")
     assert any(o.finished for o in outputs) and worker.num_fallbacks == 1
     assert worker._transfer_of == {}

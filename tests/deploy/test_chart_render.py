@@ -6,6 +6,7 @@ Skipped when helm is not installed (tools/install_helm.sh)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 
@@ -18,6 +19,7 @@ from tests.deploy.chart import (
     CHART,
     RELEASE,
     RENDER_BAD_VALUES,
+    SECRET_SETS,
     VALUES_FILES,
     baton_config,
     by_kind,
@@ -37,7 +39,12 @@ from tests.deploy.chart import (
 pytestmark = requires_helm
 
 FULLNAME = f"{RELEASE}-baton"
+# emptyDirs every Baton container writes to under its read-only root filesystem
+SCRATCH_MOUNTS = {"tmp": "/tmp", "ray-tmp": "/tmp/ray", "kernel-cache": "/var/cache/baton-kernels",
+                  "home": "/home/baton"}
 CPU, GPU = VALUES_FILES["cpu"], VALUES_FILES["gpu"]
+# launcher.mode rayjob: KubeRay's operator cannot pass the chart's Ray token (test_rayjob_mode_refuses_ray_auth)
+RAYJOB = ("launcher.mode=rayjob", "rayAuth.enabled=false")
 EXTERNAL_REDIS = ("redis.mode=external", "redis.url=redis://redis.shared.svc:6379/3",
                   "redis.auth.existingSecret=shared-redis", "redis.auth.secretKey=password")
 
@@ -46,8 +53,8 @@ VARIANTS = {
     "default": ([], ()),
     "cpu": (CPU, ()),
     "gpu": (GPU, ()),
-    "cpu-rayjob": (CPU, ("launcher.mode=rayjob",)),
-    "gpu-rayjob-autoscaling": (GPU, ("launcher.mode=rayjob", "autoscaling.enabled=true")),
+    "cpu-rayjob": (CPU, RAYJOB),
+    "gpu-rayjob-autoscaling": (GPU, RAYJOB + ("autoscaling.enabled=true",)),
     "cpu-autoscaling": (CPU, ("autoscaling.enabled=true", "router.minReplicas=1", "router.maxReplicas=3")),
     "external-redis": (CPU, EXTERNAL_REDIS),
     "ingress-servicemonitor": ([], ("ingress.enabled=true", "ingress.className=nginx",
@@ -93,6 +100,8 @@ def test_helm_lint(variant):
     args = ["lint", "--strict", str(CHART), "--kube-version", "1.30.0"]
     for f in VALUES_FILES[variant]:
         args += ["-f", str(f)]
+    for s in SECRET_SETS:  # lint renders in a mode where `fail` only logs: give what the chart needs
+        args += ["--set", s]
     proc = helm(*args, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 chart(s) failed" in proc.stdout
@@ -114,7 +123,7 @@ def test_the_validators_catch_errors():
     rc = raycluster(docs_for("cpu"))
     rc["spec"]["workerGroupSpecs"][1]["rayStartParams"]["num-cpus"] = 2
     assert manifest_errors(rc)
-    job = one(render(CPU, ("launcher.mode=rayjob",)), "RayJob")
+    job = one(render(CPU, RAYJOB), "RayJob")
     del job["spec"]["clusterSelector"]
     assert any("rayClusterSpec" in e for e in manifest_errors(job))
     # KubeRay's own validation: a per-group idle timeout without autoscaler v2
@@ -132,7 +141,6 @@ def test_configmap_is_a_config_baton_accepts(variant):
     raw = baton_config(docs)
     cfg = BatonConfig.model_validate(raw)
     g = groups(docs)
-    files, _ = VARIANTS[variant]
     assert cfg.router.host == "0.0.0.0"
     assert cfg.router.replicas == g["router"]["replicas"]
     for role in ("prefill", "decode"):
@@ -163,12 +171,30 @@ def test_chart_owned_config_keys_fail_readably_without_the_schema():
 
 
 # -- the Ray cluster -------------------------------------------------------------------------------
-def test_head_offers_no_cpus_and_serves_the_dashboard():
+def test_head_offers_no_cpus_and_keeps_the_dashboard_local():
+    """The dashboard's Jobs API runs any code on the cluster: it listens on loopback (the launcher and
+    kubectl port-forward reach it there) unless exposed on purpose, or in rayjob mode, where KubeRay
+    submits through the head Service (and the NetworkPolicy admits only the submitter and the operator)."""
     head = raycluster(docs_for("default"))["spec"]["headGroupSpec"]
     assert head["rayStartParams"]["num-cpus"] == "0"
-    assert head["rayStartParams"]["dashboard-host"] == "0.0.0.0"
+    assert head["rayStartParams"]["dashboard-host"] == "127.0.0.1"
+    assert head["serviceType"] == "ClusterIP"
     ports = {p["name"]: p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]}
     assert ports["dashboard"] == 8265
+    launcher = head["template"]["spec"]["containers"][1]
+    assert env_of(launcher)["BATON_DASHBOARD_URL"]["value"] == "http://127.0.0.1:8265"
+    assert raycluster(docs_for("cpu-rayjob"))["spec"]["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "0.0.0.0"
+    exposed = raycluster(render([], ("head.exposeDashboard=true", "head.serviceType=LoadBalancer")))
+    assert exposed["spec"]["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "0.0.0.0"
+    assert exposed["spec"]["headGroupSpec"]["serviceType"] == "LoadBalancer"
+
+
+@pytest.mark.parametrize("service_type", ["NodePort", "LoadBalancer"])
+def test_exposing_the_ray_head_needs_expose_dashboard(service_type):
+    proc = helm(*template_args(sets=(f"head.serviceType={service_type}",)), check=False)
+    assert proc.returncode != 0
+    assert f"head.serviceType is {service_type}, which would expose the Ray head" in proc.stderr
+    assert "head.exposeDashboard: true" in proc.stderr
 
 
 def test_groups_offer_their_baton_resources():
@@ -258,18 +284,27 @@ def test_model_baked_into_the_image_needs_no_volume():
     for variant in ("default", "cpu"):
         rc = raycluster(docs_for(variant))
         for g in rc["spec"]["workerGroupSpecs"]:
-            assert [v["name"] for v in g["template"]["spec"]["volumes"]] == ["baton-config", "baton-cache"]
+            assert [v["name"] for v in g["template"]["spec"]["volumes"]] == [
+                "baton-config", "baton-cache", *SCRATCH_MOUNTS]
+            assert all("persistentVolumeClaim" not in v for v in g["template"]["spec"]["volumes"])
     cfg = baton_config(render([], ("model.path=/opt/models/qwen2.5-0.5b",)))
     assert cfg["model"]["path"] == "/opt/models/qwen2.5-0.5b"
 
 
 # -- router: probes, Service, disruption budget -----------------------------------------------------
-def test_router_probes():
-    router = ray_container(groups(docs_for("default"))["router"])
+RAYLET_HEALTH = "wget -T 2 -q -O- http://localhost:52365/api/local_raylet_healthz | grep success"
+
+
+@pytest.mark.parametrize("variant", ["default", "cpu", "gpu"])
+def test_router_probes(variant):
+    """Startup depends on the pod's Ray node (its raylet, as KubeRay checks it), never on the job:
+    the router binds only once a job runs, which the launcher's back-off alone can delay by minutes,
+    and a failing startup probe restarts the pod. Readiness is Baton's /ready."""
+    router = ray_container(groups(docs_for(variant))["router"])
     ports = {p["name"]: p["containerPort"] for p in router["ports"]}
     assert ports == {"http": 8000, "grpc": 50051}
-    assert router["startupProbe"]["grpc"] == {"port": 50051}
-    assert router["startupProbe"]["periodSeconds"] * router["startupProbe"]["failureThreshold"] >= 600
+    assert router["startupProbe"]["exec"]["command"] == ["bash", "-c", RAYLET_HEALTH]
+    assert not {"grpc", "httpGet"} & set(router["startupProbe"])
     assert router["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
 
 
@@ -286,7 +321,7 @@ def test_router_liveness_does_not_depend_on_baton_serving(variant):
 @pytest.mark.parametrize("kind", ["readiness", "none"])
 def test_router_grpc_health_probe_is_selectable(kind):
     router = ray_container(groups(render([], (f"router.probes.grpc={kind}",)))["router"])
-    assert router["startupProbe"]["httpGet"]["path"] == "/health"
+    assert router["startupProbe"]["exec"]["command"] == ["bash", "-c", RAYLET_HEALTH]
     assert "livenessProbe" not in router
     if kind == "readiness":
         assert router["readinessProbe"]["grpc"] == {"port": 50051}
@@ -340,17 +375,59 @@ def test_router_service_ports_and_selector():
     assert not all(head_labels.get(k) == v for k, v in selector.items())
 
 
-def test_disruption_budgets_select_their_group():
-    docs = docs_for("default")
+def test_disruption_budgets_are_integer_min_available_where_replicas_exceed_one():
+    """The pods' owner is the RayCluster, whose CRD has no scale subresource: a maxUnavailable (or
+    percentage) budget would let the disruption controller allow nothing and block every node
+    drain. The chart renders minAvailable = replicas - pdb.maxUnavailable, only where replicas > 1."""
+    docs = render([], ("prefill.replicas=3", "prefill.pdb.maxUnavailable=2", "decode.replicas=2"))
     pdbs = {p["metadata"]["name"]: p for p in by_kind(docs, "PodDisruptionBudget")}
     assert set(pdbs) == {f"{FULLNAME}-router", f"{FULLNAME}-prefill", f"{FULLNAME}-decode"}
+    assert {name: p["spec"] .get("minAvailable") for name, p in pdbs.items()} == {
+        f"{FULLNAME}-router": 1, f"{FULLNAME}-prefill": 1, f"{FULLNAME}-decode": 1}
+    assert all("maxUnavailable" not in p["spec"] for p in pdbs.values())
     g = groups(docs)
-    for role, group in g.items():
+    for role in g:
         selector = pdbs[f"{FULLNAME}-{role}"]["spec"]["selector"]["matchLabels"]
         for other, other_group in g.items():
             labels = other_group["template"]["metadata"]["labels"]
             assert all(labels.get(k) == v for k, v in selector.items()) == (other == role)
-    assert by_kind(docs_for("cpu"), "PodDisruptionBudget") == []  # single replicas: disabled
+    # one pod (the default pools, values-cpu.yaml): no budget, which would only block drains
+    default = {p["metadata"]["name"]: p["spec"] for p in by_kind(docs_for("default"), "PodDisruptionBudget")}
+    assert list(default) == [f"{FULLNAME}-router"] and default[f"{FULLNAME}-router"]["minAvailable"] == 1
+    assert by_kind(docs_for("cpu"), "PodDisruptionBudget") == []
+    assert by_kind(render([], ("router.pdb.maxUnavailable=2",)), "PodDisruptionBudget") == []  # would be 0
+    gpu = {p["metadata"]["name"]: p["spec"]["minAvailable"] for p in by_kind(docs_for("gpu"), "PodDisruptionBudget")}
+    assert gpu == {f"{FULLNAME}-router": 1, f"{FULLNAME}-prefill": 1, f"{FULLNAME}-decode": 1}
+
+
+def test_router_prestop_drains_the_local_replica_within_the_grace_period():
+    """preStop: wait while the Service drops the endpoints, then drain the pod's router replica over
+    its local socket (baton.drain_socket) and return once drained; the grace period covers both."""
+    for variant, drain in (("default", 30), ("cpu", 10)):
+        spec = groups(docs_for(variant))["router"]["template"]["spec"]
+        router = spec["containers"][0]
+        socket = env_of(router)["BATON_DRAIN_SOCKET"]["value"]
+        command = router["lifecycle"]["preStop"]["exec"]["command"]
+        assert command[:3] == ["python", "-m", "baton.drain_socket"]
+        args = dict(zip(command[3::2], command[4::2]))
+        assert args == {"--socket": socket, "--sleep": "10", "--timeout": str(drain + 5)}
+        assert socket.startswith("/tmp/")  # on the pod's writable /tmp emptyDir, shared with the replica
+        assert spec["terminationGracePeriodSeconds"] >= 10 + drain + 5
+    spec = groups(render([], ("baton.router.drain_timeout_s=120",)))["router"]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] >= 10 + 120 + 5
+
+
+def test_router_anti_affinity_selects_only_this_releases_routers():
+    for variant in ("default", "gpu"):
+        affinity = groups(docs_for(variant))["router"]["template"]["spec"]["affinity"]
+        terms = affinity["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        selector = terms[0]["podAffinityTerm"]["labelSelector"]["matchLabels"]
+        assert selector == {"app.kubernetes.io/name": "baton", "app.kubernetes.io/instance": RELEASE,
+                            "app.kubernetes.io/component": "router"}, variant
+    spec = groups(render([], ("router.spreadOverNodes=false",)))["router"]["template"]["spec"]
+    assert "affinity" not in spec
+    for role in ("prefill", "decode"):
+        assert "affinity" not in groups(docs_for("default"))[role]["template"]["spec"]
 
 
 def test_ingress_and_servicemonitor_are_optional():
@@ -362,7 +439,10 @@ def test_ingress_and_servicemonitor_are_optional():
     assert backend == {"name": FULLNAME, "port": {"name": "http"}}
     assert ing["spec"]["ingressClassName"] == "nginx"
     sm = one(docs, "ServiceMonitor")
-    assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}]
+    # every router exports every worker's series: `replica` tells the copies apart (README)
+    assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s",
+                                        "relabelings": [{"sourceLabels": ["__meta_kubernetes_pod_name"],
+                                                         "targetLabel": "replica"}]}]
     assert sm["metadata"]["labels"]["release"] == "prom"
     svc_labels = one(docs, "Service", FULLNAME)["metadata"]["labels"]
     assert all(svc_labels.get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
@@ -405,7 +485,8 @@ def test_rayjob_mode():
     head_env = env_of(raycluster(docs)["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0])
     assert spec["metadata"] == {"baton.release": head_env["BATON_RELEASE"]["value"]}
     submitter = spec["submitterPodTemplate"]["spec"]["containers"][0]
-    assert env_of(submitter)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == f"{FULLNAME}-redis"
+    assert "secretKeyRef" not in json.dumps(spec["submitterPodTemplate"])  # it never uses a secret
+    assert submitter["securityContext"]["readOnlyRootFilesystem"] is True
     head = raycluster(docs)["spec"]["headGroupSpec"]["template"]["spec"]
     assert [c["name"] for c in head["containers"]] == ["ray-head"]
     # KubeRay submits only when every Ray pod is Ready: the routers must not wait for the job.
@@ -419,12 +500,15 @@ def test_bundled_redis_and_its_password():
     sts = one(docs, "StatefulSet", f"{FULLNAME}-redis")
     assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "2Gi"
     secret = one(docs, "Secret", f"{FULLNAME}-redis")
-    assert len(secret["data"]["redis-password"]) > 0
+    assert base64.b64decode(secret["data"]["redis-password"]).decode() == "test-redis-password"
     cfg = baton_config(docs)
     assert cfg["redis"]["url"] == f"redis://{FULLNAME}-redis:6379/0"
     assert cfg["redis"]["password"] == {"env": "REDIS_PASSWORD"}
     one(docs, "Service", f"{FULLNAME}-redis")
     for role, c in all_ray_containers(docs):
+        if c["name"] == "launcher":  # submits the job; the job runs in the ray-head container
+            assert "REDIS_PASSWORD" not in env_of(c)
+            continue
         ref = env_of(c)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
         assert ref == {"name": f"{FULLNAME}-redis", "key": "redis-password"}, (role, c["name"])
     assert not by_kind(docs_for("cpu"), "PersistentVolumeClaim")
@@ -434,20 +518,22 @@ def test_bundled_redis_and_its_password():
 def test_external_redis_takes_its_password_from_the_named_secret():
     docs = docs_for("external-redis")
     assert not by_kind(docs, "StatefulSet")
-    assert not by_kind(docs, "Secret")
+    assert [s["metadata"]["name"] for s in by_kind(docs, "Secret")] == [f"{FULLNAME}-ray-auth"]
     assert {s["metadata"]["name"] for s in by_kind(docs, "Service")} == {FULLNAME}
     cfg = baton_config(docs)
     assert cfg["redis"]["url"] == "redis://redis.shared.svc:6379/3"
     assert cfg["redis"]["password"] == {"env": "REDIS_PASSWORD"}
     for role, c in all_ray_containers(docs):
-        ref = env_of(c)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
-        assert ref == {"name": "shared-redis", "key": "password"}, (role, c["name"])
+        if c["name"] != "launcher":
+            ref = env_of(c)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+            assert ref == {"name": "shared-redis", "key": "password"}, (role, c["name"])
 
 
 def test_redis_without_auth_has_no_password_anywhere():
     docs = docs_for("no-redis-auth")
     assert "password" not in baton_config(docs)["redis"]
-    assert not by_kind(docs, "Secret")
+    assert [s["metadata"]["name"] for s in by_kind(docs, "Secret")] == [f"{FULLNAME}-ray-auth"]
+    assert "redis-password" not in render_text(*VARIANTS["no-redis-auth"])
     for _, c in all_ray_containers(docs):
         assert "REDIS_PASSWORD" not in env_of(c)
 
@@ -468,15 +554,22 @@ def test_tenant_keys_come_from_the_users_secret():
 # bad values file -> a regex the error must match (Helm 3.17's wording | Helm 3.18+'s wording)
 HELM_BAD_CASES = {
     "negative_replicas": r"router[./]replicas'?: (Must be greater than or equal to 1|minimum: got -1, want 1)",
-    "replicas_as_string": r"decode[./]replicas'?: (Invalid type\. Expected: integer, given: string|got string, want integer)",
+    "replicas_as_string": (r"decode[./]replicas'?: "
+                           r"(Invalid type\. Expected: integer, given: string|got string, want integer)"),
     "unknown_key": r"(Additional property prefil is not allowed|additional properties 'prefil' not allowed)",
     "inline_secret": r"(api_key: Additional property value is not allowed|additional properties 'value' not allowed)",
-    "chart_owned_key": r"(baton\.router: Additional property replicas is not allowed|additional properties 'replicas' not allowed)",
+    "chart_owned_key": (r"(baton\.router: Additional property replicas is not allowed"
+                        r"|additional properties 'replicas' not allowed)"),
     "bad_launcher_mode": r"launcher[./]mode",
-    "block_size_not_power_of_two": r"baton[./]engine[./]block_size'?: .*(must be one of the following|value must be one of)",
+    "block_size_not_power_of_two": (r"baton[./]engine[./]block_size'?: "
+                                    r".*(must be one of the following|value must be one of)"),
     "numeric_image_tag": r"image[./]tag'?: (Invalid type\. Expected: string, given: number|got number, want string)",
-    "numeric_redis_tag": r"redis[./]image[./]tag'?: (Invalid type\. Expected: string, given: number|got number, want string)",
+    "numeric_redis_tag": (r"redis[./]image[./]tag'?: "
+                          r"(Invalid type\. Expected: string, given: number|got number, want string)"),
     "grpc_liveness_probe": r"router[./]probes[./]grpc'?: .*(must be one of the following|value must be one of)",
+    "job_dependent_startup_probe": r"router[./]probes[./]grpc'?: .*(must be one of the following|value must be one of)",
+    "percentage_disruption_budget": (r"prefill[./]pdb[./]maxUnavailable'?: "
+                                     r"(Invalid type\. Expected: integer, given: string|got string, want integer)"),
 }
 
 
@@ -513,7 +606,8 @@ def test_numeric_tags_never_render_as_go_format_errors():
     (("decode.maxReplicas=0",), "decode.maxReplicas (0) is smaller than decode.replicas (1)"),
     (("model.source=pvc",), "model.source is pvc but model.pvc.claimName is empty"),
     (("redis.mode=external",), "redis.mode is external but redis.url is empty"),
-    (("redis.mode=external", "redis.url=redis://r:6379/0"), "name the Secret holding the password in redis.auth.existingSecret"),
+    (("redis.mode=external", "redis.url=redis://r:6379/0"),
+     "name the Secret holding the password in redis.auth.existingSecret"),
     (("prefill.resources.limits.nvidia\\.com/gpu=1",), "prefill.resources.limits sets nvidia.com/gpu"),
     (("router.rayStartParams.num-cpus=8",), "router.rayStartParams.num-cpus is set by the chart"),
     # The head takes no Baton actor: a GPU or a custom resource there would let one land on it.
@@ -555,7 +649,8 @@ def test_cpu_quantities_below_the_pods_ray_cpus_fail(quantity, as_json, kind):
     sets, set_jsons = _decode_cpu_sets(quantity, as_json, kind)
     proc = helm(*template_args(sets=sets, set_jsons=set_jsons), check=False)
     assert proc.returncode != 0
-    assert f"decode.resources.{kind}.cpu ({quantity}) is less than the 2 CPUs the pod's workers take from Ray" in proc.stderr, proc.stderr
+    want = f"decode.resources.{kind}.cpu ({quantity}) is less than the 2 CPUs the pod's workers take from Ray"
+    assert want in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("sets,set_jsons", [
@@ -581,20 +676,22 @@ def render_notes(tmp_path, sets=()) -> str:
     chart = tmp_path / "baton"
     shutil.copytree(CHART, chart)
     notes = (chart / "templates" / "NOTES.txt").read_text()
-    (chart / "templates" / "_notes_preview.tpl").write_text('{{- define "notes.preview" -}}\n' + notes + "\n{{- end }}\n")
+    preview = '{{- define "notes.preview" -}}\n' + notes + "\n{{- end }}\n"
+    (chart / "templates" / "_notes_preview.tpl").write_text(preview)
     (chart / "templates" / "notes-preview.yaml").write_text(
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n"
         "  notes: {{ include \"notes.preview\" . | toJson }}\n")
     args = ["template", RELEASE, str(chart), "--namespace", "baton", "--kube-version", "1.30.0",
             "--show-only", "templates/notes-preview.yaml"]
-    for s in sets:
+    for s in SECRET_SETS + tuple(sets):
         args += ["--set", s]
     return yaml.safe_load(helm(*args).stdout)["data"]["notes"]
 
 
 @pytest.mark.parametrize("mode", ["head", "rayjob"])
 def test_notes_tell_how_to_watch_reach_and_stop(tmp_path, mode):
-    notes = render_notes(tmp_path, (f"launcher.mode={mode}", "ingress.enabled=true"))
+    sets = RAYJOB if mode == "rayjob" else ()
+    notes = render_notes(tmp_path, sets + ("ingress.enabled=true",))
     assert "<no value>" not in notes
     assert f"kubectl port-forward -n baton svc/{FULLNAME} 8000:8000 50051:50051" in notes
     assert f"helm uninstall -n baton {RELEASE}" in notes

@@ -132,7 +132,7 @@ def test_sigterm_stops_the_job_and_exits_0(monkeypatch):
 
     async def sigterm(client, sid):
         os.kill(os.getpid(), signal.SIGTERM)  # the launcher's loop handles it
-        await asyncio.sleep(30)
+        await asyncio.sleep(30)  # a log tail that stays open: the launcher cancels it on the signal
 
     client = FakeClient(on_tail=sigterm)
     monkeypatch.setattr(launcher, "connect", lambda wait=True: client)

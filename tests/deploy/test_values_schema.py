@@ -47,7 +47,9 @@ BAD_CASES = {
     "block_size_not_power_of_two": ("baton.engine.block_size", "24 is not one of [1, 2, 4, 8, 16,"),
     "numeric_image_tag": ("image.tag", "1.1 is not of type 'string'"),
     "numeric_redis_tag": ("redis.image.tag", "7.4 is not of type 'string'"),
-    "grpc_liveness_probe": ("router.probes.grpc", "is not one of ['startup', 'readiness', 'none']"),
+    "grpc_liveness_probe": ("router.probes.grpc", "is not one of ['readiness', 'none']"),
+    "job_dependent_startup_probe": ("router.probes.grpc", "'startup' is not one of ['readiness', 'none']"),
+    "percentage_disruption_budget": ("prefill.pdb.maxUnavailable", "'25%' is not of type 'integer'"),
     "empty_model_path": ("model.path", "should be non-empty"),
 }
 
@@ -96,7 +98,8 @@ def test_block_size_enum_is_what_baton_accepts():
 
 def test_image_tags_are_strings():
     """A tag YAML reads as a number would render as `repo:%!s(float64=1.1)`; quoted, it passes."""
-    for path, override in (("image.tag", {"image": {"tag": 1.1}}), ("redis.image.tag", {"redis": {"image": {"tag": 7}}})):
+    for path, override in (("image.tag", {"image": {"tag": 1.1}}),
+                           ("redis.image.tag", {"redis": {"image": {"tag": 7}}})):
         errors = values_errors(merge_values(values_for([]), override))
         assert errors and all(e.startswith(f"{path}: ") for e in errors), errors
     values = values_for([])

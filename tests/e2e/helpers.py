@@ -32,3 +32,13 @@ def greedy(n: int) -> SamplingParams:
 def colocated(model_dir, ps, max_new, **kw):
     eng = LLMEngine(engine_config(model_dir, **kw))
     return [o.token_ids for o in eng.generate(ps, [greedy(n) for n in max_new])]
+
+
+def nccl_violations(cluster: LocalCluster) -> list[str]:
+    """What the NCCL-semantics double (a cluster started with ``kv_data_plane=NcclSemantics()``)
+    recorded in the cluster's rendezvous store: payload operations left waiting without their peer
+    committed to the match (kv_transfer/nccl_double.py)."""
+    from kv_transfer.nccl_double import violations
+    from kv_transfer.pair_group import connect_store
+
+    return violations(connect_store(cluster.fleet.store, 10.0))

@@ -25,7 +25,7 @@ class ServerThread:
         asyncio.set_event_loop(self.loop)
         try:
             self.loop.run_until_complete(self.server.start())
-        except BaseException as e:  # surfaced to the test by start()
+        except BaseException as e:  # noqa: BLE001 - surfaced to the test by start()
             self._error = e
             self._ready.set()
             return

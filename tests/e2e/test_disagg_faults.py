@@ -11,7 +11,9 @@ import pytest
 import ray
 
 from kv_transfer.fault import FaultSpec
-from tests.e2e.helpers import colocated, greedy, prompts, start_cluster
+from kv_transfer.nccl_double import NcclSemantics
+from tests.e2e.helpers import colocated, greedy, nccl_violations, prompts, start_cluster
+from tests.waiting import wait_until
 
 VOCAB = 4096
 DEADLINE = 2.0
@@ -19,13 +21,16 @@ DEADLINE = 2.0
 
 @pytest.fixture(scope="module")
 def cluster(ray_session, tiny_model_dir):
-    c = start_cluster(tiny_model_dir, 1, 2, transfer_timeout_s=DEADLINE, max_restarts=1)
+    c = start_cluster(tiny_model_dir, 1, 2, transfer_timeout_s=DEADLINE, max_restarts=1,
+                      kv_data_plane=NcclSemantics())  # the payloads' data plane under NCCL's rules
     yield c
+    violations = nccl_violations(c)
     c.shutdown()
+    assert violations == []
 
 
 def _failed_transfers(cluster):
-    return sum(l.transfers_failed for w, l in cluster.loads().items() if w.startswith("decode"))
+    return sum(load.transfers_failed for w, load in cluster.loads().items() if w.startswith("decode"))
 
 
 def _first_token_latency(cluster, prompt, n=6):
@@ -54,7 +59,7 @@ def test_a_channel_severed_between_live_workers_heals(cluster, tiny_model_dir):
     """A send error with both workers alive fails the transfer in flight (it is prefilled locally),
     and the pair forms again: later transfers between the same two workers go through."""
     def decode_counts():
-        return {w: (l.transfers_completed, l.transfers_failed) for w, l in cluster.loads().items()
+        return {w: (load.transfers_completed, load.transfers_failed) for w, load in cluster.loads().items()
                 if w.startswith("decode")}
 
     before = decode_counts()
@@ -84,24 +89,21 @@ def test_prefill_worker_dying_mid_transfer_costs_only_time(cluster, tiny_model_d
     out = cluster.submit(p, greedy(10)).result(60)
     assert out.token_ids == colocated(tiny_model_dir, [p], [10])[0]
     # Ray restarts it (max_restarts=1); the router sees the new incarnation.
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def restarted():
         w = cluster.pool.get("prefill-0")
-        if w.alive and w.info.peer.incarnation != old:
-            break
-        time.sleep(0.2)
-    else:
-        pytest.fail("the prefill worker did not come back")
+        return w.alive and w.info.peer.incarnation != old
+
+    wait_until(restarted, timeout_s=60, interval_s=0.2, message="the prefill worker coming back")
     cluster.wait_until_drained()
 
 
 def test_restarted_prefill_worker_rejoins_the_mesh(cluster, tiny_model_dir):
-    done_before = sum(l.transfers_completed for w, l in cluster.loads().items() if w.startswith("decode"))
+    done_before = sum(load.transfers_completed for w, load in cluster.loads().items() if w.startswith("decode"))
     ps = prompts(12, 3, VOCAB, lo=50, hi=90)
     got = [o.token_ids for o in cluster.generate(ps, greedy(8))]
     assert got == colocated(tiny_model_dir, ps, [8] * 3)
     loads = cluster.wait_until_drained()
-    assert sum(l.transfers_completed for w, l in loads.items() if w.startswith("decode")) >= done_before + 3
+    assert sum(load.transfers_completed for w, load in loads.items() if w.startswith("decode")) >= done_before + 3
     assert loads["prefill-0"].transfers_completed >= 3
 
 
@@ -111,10 +113,8 @@ def test_prefill_worker_killed_mid_prefill(cluster, tiny_model_dir):
     p_actor.set_faults.remote(FaultSpec(delay_s=30.0, delay_next=1))  # hold the KV back until the kill
     p = prompts(13, 1, VOCAB, lo=1500, hi=1500)[0]  # 47 chunks of 32 tokens
     stream = cluster.submit(p, greedy(6))
-    deadline = time.monotonic() + 30
-    while not any(l.num_reserved for w, l in cluster.loads().items() if w.startswith("decode")):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: any(load.num_reserved for w, load in cluster.loads().items() if w.startswith("decode")),
+               timeout_s=30, message="a decode worker reserving blocks for the prompt")
     ray.kill(p_actor, no_restart=True)
     out = stream.result(60)
     assert out.token_ids == colocated(tiny_model_dir, [p], [6])[0]

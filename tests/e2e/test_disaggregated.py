@@ -1,42 +1,43 @@
 """Prefill and decode pools as Ray actors, KV over gloo: greedy outputs equal the colocated engine
 and transformers token for token; chunked prefill ships several chunks; a shared prefix ships fewer
-blocks; short prompts prefill locally; every pool is back to all-free blocks after each test."""
+blocks; short prompts prefill locally; every pool is back to all-free blocks after each test. The
+payloads' data plane runs through the NCCL-semantics double (kv_transfer/nccl_double.py), and no
+payload operation may wait without its peer committed to the match."""
 
 import pytest
 
-from tests.e2e.helpers import colocated, greedy, prompts, start_cluster
+from kv_transfer.nccl_double import NcclSemantics
+from tests.e2e.helpers import colocated, greedy, nccl_violations, prompts, start_cluster
 from tests.engine.hf_oracle import hf_greedy, load_hf
+from tests.waiting import wait_until
 
 VOCAB = 4096
+DATA_PLANE = NcclSemantics()
 
 
 @pytest.fixture(scope="module")
 def c11(ray_session, tiny_model_dir):
     # Short prompts always local here (the threshold rule); the idle-prefill rule is tested on its own.
-    c = start_cluster(tiny_model_dir, 1, 1, local_prefill_threshold=24, short_prompts_to_idle_prefill=False)
+    c = start_cluster(tiny_model_dir, 1, 1, local_prefill_threshold=24, short_prompts_to_idle_prefill=False,
+                      kv_data_plane=DATA_PLANE)
     yield c
+    violations = nccl_violations(c)
     c.shutdown()
+    assert violations == []
 
 
 @pytest.fixture(scope="module")
 def c22(ray_session, tiny_model_dir):
-    c = start_cluster(tiny_model_dir, 2, 2)
+    c = start_cluster(tiny_model_dir, 2, 2, kv_data_plane=DATA_PLANE)
     yield c
+    violations = nccl_violations(c)
     c.shutdown()
-
-
-def _wait_for(cond, timeout=10.0):
-    import time
-
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.05)
+    assert violations == []
 
 
 def _transfer_blocks(cluster):
     loads = cluster.loads()
-    return sum(l.transfer_bytes for w, l in loads.items() if w.startswith("decode"))
+    return sum(load.transfer_bytes for w, load in loads.items() if w.startswith("decode"))
 
 
 def test_1p1d_equals_colocated_and_transformers(c11, tiny_model_dir):
@@ -144,7 +145,7 @@ def test_short_prompts_go_to_an_idle_prefill_worker_when_the_rule_is_on(c11, tin
         ps = prompts(5, 3, VOCAB, lo=5, hi=20)
         got = []
         for p in ps:  # one at a time, each once the router has seen P take the one before
-            _wait_for(lambda: c11.pool.prefill[0].dispatched_tokens == 0)
+            wait_until(lambda: c11.pool.prefill[0].dispatched_tokens == 0, message="the prefill backlog drains")
             got.append(c11.generate([p], greedy(10))[0].token_ids)
     finally:
         c11.dispatcher.short_prompts_to_idle_prefill = False
@@ -179,7 +180,8 @@ def test_smollm2_disaggregated_equals_colocated_and_transformers(ray_session, de
 
     tok = Tokenizer.from_dir(default_model_dir)
     ps = [tok.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
-    cluster = start_cluster(default_model_dir, num_prefill, num_decode, budget=32, blocks=256)
+    cluster = start_cluster(default_model_dir, num_prefill, num_decode, budget=32, blocks=256,
+                            kv_data_plane=DATA_PLANE)
     try:
         got = [o.token_ids for o in cluster.generate(ps, [greedy(n) for n in MAX_NEW])]
         assert cluster.dispatcher.num_disaggregated == len(ps)

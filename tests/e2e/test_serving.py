@@ -16,12 +16,13 @@ import openai
 import pytest
 
 from baton.config import load_config
-from bench.serve.server_metrics import MetricsSample, parse_metrics
+from baton.perf.loadgen.server_metrics import MetricsSample, parse_metrics
 from router.grpc_gen.baton.v1 import generate_pb2 as pb
 from router.grpc_gen.baton.v1 import generate_pb2_grpc as pbg
 from tests.e2e.helpers import colocated
 from tests.e2e.load_clients import completions_from_another_process
 from tests.e2e.server_thread import ServerThread
+from tests.waiting import wait_until
 
 KEY, LIMITED_KEY = "sk-acme-test", "sk-limited-test"
 INTERACTIVE_SLO = 2.5  # a TTFT bucket edge: the server's histogram then measures the SLO exactly
@@ -256,8 +257,8 @@ def test_grpc_generate_abort_deadline_health_reflection(srv):
         next(call)
         assert stub.Abort(pb.AbortRequest(request_id="grpc-abort-1"), metadata=_grpc_md()).aborted
         last = None
-        for last in call:
-            pass
+        for message in call:
+            last = message
         assert last is None or last.finish_reason == "abort"
         drained(srv, timeout=3)
 
@@ -277,20 +278,19 @@ def _aborted_total(srv) -> float:
 
 def test_client_disconnect_aborts_and_frees_blocks(srv):
     aborted_before = _aborted_total(srv)
-    with httpx.Client(timeout=30) as h:
-        with h.stream("POST", f"{srv.http}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
-                      json={"model": "tiny", "prompt": "keep going", "max_tokens": 3000, "ignore_eos": True,
-                            "stream": True}) as r:
-            lines = r.iter_lines()
-            for _ in range(5):
-                next(lines)
+    with httpx.Client(timeout=30) as h, h.stream(
+            "POST", f"{srv.http}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+            json={"model": "tiny", "prompt": "keep going", "max_tokens": 3000, "ignore_eos": True,
+                  "stream": True}) as r:
+        lines = r.iter_lines()
+        for _ in range(5):
+            next(lines)
     t0 = time.monotonic()
     drained(srv, timeout=5.0)  # blocks are free again within seconds (unaborted: 3,000 tokens)
     assert time.monotonic() - t0 < 5.0
-    deadline = time.monotonic() + 5
-    while _aborted_total(srv) < aborted_before + 1:  # counted as finished with "abort" (it was not counted)
-        assert time.monotonic() < deadline, "the aborted request is missing from baton_requests_finished_total"
-        time.sleep(0.05)
+    # counted as finished with "abort" (it was not counted)
+    wait_until(lambda: _aborted_total(srv) >= aborted_before + 1, timeout_s=5, interval_s=0.05,
+               message="the aborted request in baton_requests_finished_total")
 
 
 def _interactive_ttft_counts(srv) -> tuple[float, float]:
@@ -362,8 +362,13 @@ def test_idempotency_key_runs_once(srv):
     a = httpx.post(f"{srv.http}/v1/completions", headers=h, json=body).json()
     b = httpx.post(f"{srv.http}/v1/completions", headers=h, json=body).json()
     assert a["choices"][0]["text"] == b["choices"][0]["text"]
-    time.sleep(0.3)
-    assert finished_total() == before + 1  # the retry was served from the stored result
+    # One more request, counted, shows the router past the retry's end; the count then holds the first
+    # and this one only: the retry was served from the stored result.
+    httpx.post(f"{srv.http}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+               json={"model": "tiny", "prompt": "after the retry", "max_tokens": 1})
+    wait_until(lambda: finished_total() >= before + 2, timeout_s=10, interval_s=0.05,
+               message="the request after the retry to be counted")
+    assert finished_total() == before + 2
     other = httpx.post(f"{srv.http}/v1/completions", headers=h, json={**body, "prompt": "different"})
     assert other.status_code == 409
 
@@ -376,12 +381,11 @@ def test_a_queued_batch_jobs_id_is_taken_until_it_is_answered(srv):
     t = threading.Thread(target=lambda: job.update(r=httpx.post(f"{srv.http}/v1/completions", headers=h, json=body,
                                                                 timeout=60)))
     t.start()
-    deadline = time.monotonic() + 10
-    while httpx.get(f"{srv.http}/v1/batches/dup-1", headers=h).status_code != 200:  # journaled
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_until(lambda: httpx.get(f"{srv.http}/v1/batches/dup-1", headers=h).status_code == 200, timeout_s=10,
+               interval_s=0.02, message="the batch job journaled")
     other = httpx.post(f"{srv.http}/v1/completions", headers=h, timeout=30,
-                       json={"model": "tiny", "prompt": "an interactive request", "max_tokens": 200, "ignore_eos": True})
+                       json={"model": "tiny", "prompt": "an interactive request", "max_tokens": 200,
+                             "ignore_eos": True})
     assert other.status_code == 409  # was: admitted, then the job's run shared its stream (tokens lost, job hung)
     t.join(60)
     done = job["r"].json()
@@ -392,7 +396,11 @@ def test_a_queued_batch_jobs_id_is_taken_until_it_is_answered(srv):
 def test_one_scrape_shows_the_whole_cluster(srv):
     httpx.post(f"{srv.http}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
                json={"model": "tiny", "prompt": "x " * 40, "max_tokens": 2})  # disaggregated: every stage
-    time.sleep(1.0)  # a fresh load report from every worker
+    def both_workers_reported_a_step() -> bool:
+        sample = parse_metrics(httpx.get(f"{srv.http}/metrics").text, MetricsSample(t=0.0, in_flight=0))
+        return all(sample.worker_steps.get(w, 0) >= 1 for w in ("prefill/prefill-0", "decode/decode-0"))
+
+    wait_until(both_workers_reported_a_step, timeout_s=10, interval_s=0.1, message="a load report from every worker")
     text = httpx.get(f"{srv.http}/metrics").text
     for worker in ("prefill-0", "decode-0"):
         assert f'worker="{worker}"' in text
@@ -431,28 +439,33 @@ def test_durable_batch_lane_survives_a_router_restart(srv, tiny_model_dir):
     futures = [pool.submit(submit, i) for i in range(4)]
     # Crash only once every job is journaled (the durability promise covers accepted jobs; a request
     # the router never journaled is the client's to retry) and one is running.
-    deadline = time.monotonic() + 20
     journaled: set[int] = set()
-    while len(journaled) < 4 or srv.router.batch is None or not srv.router.batch._running:
-        assert time.monotonic() < deadline, f"journaled {sorted(journaled)} of 4"
-        journaled |= {i for i in set(range(4)) - journaled
-                      if httpx.get(f"{srv.http}/v1/batches/durable-{i}", headers=h).status_code == 200}
-        time.sleep(0.01)
+
+    def all_journaled_and_one_running() -> bool:
+        if len(journaled) == 4 and srv.router.batch is not None and srv.router.batch._running:
+            return True
+        journaled.update(i for i in set(range(4)) - journaled
+                         if httpx.get(f"{srv.http}/v1/batches/durable-{i}", headers=h).status_code == 200)
+        return False
+
+    wait_until(all_journaled_and_one_running, timeout_s=20, message=lambda: f"journaled {sorted(journaled)} of 4")
     srv.call(srv.server.crash_router())
     concurrent.futures.wait(futures, timeout=30)
     # Under the same id, as Ray restarts a replica: its dispatcher is still a new origin for the
     # workers (a re-claimed job was refused as a duplicate id and recorded failed before 2026-11-26).
     srv.call(srv.server.restart_router("router-0", job_idle_ms=1500))
     results, last = {}, {}
-    deadline = time.monotonic() + 90
-    while len(results) < 4 and time.monotonic() < deadline:
-        for i in range(4):
+
+    def all_done() -> bool:
+        for i in set(range(4)) - set(results):
             r = httpx.get(f"{srv.http}/v1/batches/durable-{i}", headers=h)
             last[i] = (r.status_code, r.json())
             if r.status_code == 200 and r.json()["status"] == "done":
                 results[i] = r.json()["result"]
-        time.sleep(0.2)
-    assert len(results) == 4, {i: last[i] for i in range(4) if i not in results}
+        return len(results) == 4
+
+    wait_until(all_done, timeout_s=90, interval_s=0.2,
+               message=lambda: str({i: last[i] for i in last if i not in results}))
     for i in range(4):
         assert list(results[i]["token_ids"]) == want[i]
     drained(srv, timeout=20)  # the dead router's orphaned requests were aborted by the decode worker
@@ -469,11 +482,13 @@ def test_redis_going_away_and_coming_back(srv):
         assert httpx.get(f"{srv.http}/ready").status_code == 200
     finally:
         redis.restart()
-    deadline = time.monotonic() + 10
-    while not srv.router.state.available and time.monotonic() < deadline:
+    def reconnected() -> bool:
+        if srv.router.state.available:
+            return True
         srv.call(srv.router.state.redis.ping())
-        time.sleep(0.2)
-    assert srv.router.state.available
+        return False
+
+    wait_until(reconnected, timeout_s=10, interval_s=0.2, message="the router's Redis connection back")
     r = httpx.post(f"{srv.http}/v1/completions", headers={**h, "X-Request-Id": "after-redis"},
                    json={"model": "tiny", "prompt": "back", "max_tokens": 4, "lane": "batch"}, timeout=60)
     assert r.status_code == 200

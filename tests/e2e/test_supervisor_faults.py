@@ -7,13 +7,13 @@ live replicas were killed mid-request)."""
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import pytest
 
 from baton.config import load_config
 from baton.supervisor import ClusterSupervisor
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -43,14 +43,28 @@ def _complete(url: str, timeout: float = 30) -> int | None:
         return None
 
 
-def _served_after_rounds(sup: ClusterSupervisor, url: str, within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
+def _serve_after_rounds(sup: ClusterSupervisor, url: str, within_s: float) -> None:
+    def served() -> bool:
         sup.supervise_once()  # never raises
-        if _complete(url, timeout=10) == 200:
-            return True
-        time.sleep(0.5)
-    return False
+        return _complete(url, timeout=10) == 200
+
+    wait_until(served, timeout_s=within_s, interval_s=0.5,
+               message=lambda: f"a completion from {url} (replacements pending: {sorted(sup._pending)})")
+
+
+def _wait_dead(ray, actor) -> None:
+    """Until Ray reports a killed actor dead: ``ray.kill`` returns before the actor is gone, and a
+    round that still found it alive would not replace it."""
+    def dead() -> bool:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=10)
+        except ray.exceptions.RayActorError as e:
+            return type(e).__name__ != "ActorUnavailableError"  # that one is a restart, not a death
+        except ray.exceptions.GetTimeoutError:
+            pass
+        return False
+
+    wait_until(dead, timeout_s=60, interval_s=0.1, message="the killed actor to be reported dead")
 
 
 def test_a_dead_replica_and_a_dead_worker_in_one_round(ray_session, supervisor):
@@ -58,20 +72,21 @@ def test_a_dead_replica_and_a_dead_worker_in_one_round(ray_session, supervisor):
     sup = supervisor(replicas=2)
     ray.kill(sup.replicas[1])  # router-1 gone for good
     ray.kill(sup.fleet.pool.decode[0].actor, no_restart=True)  # and decode-0
-    time.sleep(1)
-    assert _served_after_rounds(sup, sup.endpoints["router-0"], 120)  # router-0 got the new decode-0
+    _wait_dead(ray, sup.replicas[1])
+    _wait_dead(ray, sup.fleet.pool.decode[0].actor)
+    _serve_after_rounds(sup, sup.endpoints["router-0"], 120)  # router-0 got the new decode-0
 
 
 def test_a_slow_replacement_is_handed_to_the_routers_once_it_loads(ray_session, supervisor):
     ray = ray_session
     sup = supervisor()
     ray.kill(sup.fleet.pool.decode[0].actor, no_restart=True)
-    time.sleep(1)
+    _wait_dead(ray, sup.fleet.pool.decode[0].actor)
     sup.supervise_once()  # starts the replacement; the round does not wait for it to load
     assert "decode-0" in sup._pending
     # 240 s: the replacement's start (a Ray worker process, the model load) shares 2 cores with
     # whatever else runs; the bound is a hang detector, not what the test is about
-    assert _served_after_rounds(sup, sup.endpoints["router-0"], 240), sup._pending
+    _serve_after_rounds(sup, sup.endpoints["router-0"], 240)
     assert not sup._pending
 
 
@@ -89,9 +104,7 @@ def test_a_dead_replica_does_not_cut_the_others_drain_short(ray_session, supervi
 
     reader = threading.Thread(target=stream)
     reader.start()
-    deadline = time.monotonic() + 60
-    while len(lines) < 3 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: len(lines) >= 3, timeout_s=60, interval_s=0.02, message="the stream's first lines")
     assert sup.drain_and_stop() == 0
     reader.join(120)
     assert any('"finish_reason":"length"' in line for line in lines), lines[-2:]

@@ -5,6 +5,7 @@ import pytest
 from engine.config import CacheConfig, EngineConfig
 from engine.engine import LLMEngine
 from engine.errors import ContextLengthError, InvalidParameterError
+from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 
 
@@ -25,7 +26,7 @@ PROMPTS = ["hello world", "the quick brown fox jumps", "a", "once upon a time in
 def test_generate_text_and_ids_are_consistent(engine):
     outs = engine.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True))
     for o in outs:
-        assert len(o.token_ids) == 12 and o.finish_reason == "length"
+        assert len(o.token_ids) == 12 and o.finish_reason is FinishReason.LENGTH
         assert o.text == engine.tokenizer.decode(o.token_ids)
 
 
@@ -70,7 +71,7 @@ def test_stop_token_ids_and_eos(engine):
     stop_at = ref[4]
     out = engine.generate(["count with me"], SamplingParams(max_tokens=10, stop_token_ids=[stop_at]))[0]
     first = ref.index(stop_at)
-    assert out.token_ids == ref[: first + 1] and out.finish_reason == "stop" and out.stop_reason == stop_at
+    assert out.token_ids == ref[: first + 1] and out.finish_reason is FinishReason.STOP and out.stop_reason == stop_at
     # vLLM's text: the stop token is in token_ids, its text only with include_stop_str_in_output
     assert out.text == engine.tokenizer.decode(ref[:first])
     kept = engine.generate(["count with me"], SamplingParams(max_tokens=10, stop_token_ids=[stop_at],
@@ -78,7 +79,7 @@ def test_stop_token_ids_and_eos(engine):
     assert kept.token_ids == out.token_ids and kept.text == engine.tokenizer.decode(ref[: first + 1])
     # With the stop token among the model's EOS ids the same happens unless ignore_eos.
     eng_eos = engine.eos_token_ids
-    assert out.finish_reason == "stop" and isinstance(eng_eos, tuple)
+    assert out.finish_reason is FinishReason.STOP and isinstance(eng_eos, tuple)
 
 
 def test_stop_string_is_cut_from_text(engine):
@@ -86,7 +87,7 @@ def test_stop_string_is_cut_from_text(engine):
     assert len(full.text) > 6
     stop = full.text[3:6]
     out = engine.generate(["tell a story"], SamplingParams(max_tokens=24, ignore_eos=True, stop=[stop]))[0]
-    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.finish_reason is FinishReason.STOP and out.stop_reason == stop
     assert out.text == full.text[: full.text.index(stop)]
     kept = engine.generate(["tell a story"], SamplingParams(max_tokens=24, ignore_eos=True, stop=[stop],
                                                            include_stop_str_in_output=True))[0]
@@ -99,7 +100,7 @@ def test_abort_mid_generation_frees_blocks(engine):
     for _ in range(3):
         engine.step()
     out = engine.abort(rid)
-    assert out.finished and out.finish_reason == "abort" and len(out.token_ids) >= 1
+    assert out.finished and out.finish_reason is FinishReason.ABORT and len(out.token_ids) >= 1
     assert engine.abort(rid) is None
     done = {}
     while engine.has_unfinished_requests():
@@ -157,7 +158,7 @@ def test_the_stop_string_that_starts_first_in_the_text_wins_not_the_first_listed
     t0 = _first_token_text(engine, prompt)
     early, late = t0[0:2], t0[3:5]  # both complete in the first token's text
     out = engine.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True, stop=[late, early]))[0]
-    assert out.finish_reason == "stop" and out.stop_reason == early
+    assert out.finish_reason is FinishReason.STOP and out.stop_reason == early
     assert out.text == t0[: t0.index(early)]  # was cut at ``late``, leaving ``early`` in the text
     _drain(engine)
 
@@ -181,7 +182,7 @@ def test_a_stop_string_in_the_last_allowed_token_is_a_stop_not_a_length(engine):
         if stop is None:
             continue
         out = engine.generate([prompt], SamplingParams(max_tokens=3, ignore_eos=True, stop=[stop]))[0]
-        assert out.finish_reason == "stop" and out.stop_reason == stop  # was "length": max_tokens ended it too
+        assert out.finish_reason is FinishReason.STOP and out.stop_reason == stop  # was "length": max_tokens ended it too
         assert out.text == full.text[: full.text.index(stop)]
         return
     pytest.fail("no prompt's last token held a new two-character string")
@@ -191,7 +192,7 @@ def test_a_stop_string_in_the_last_allowed_token_is_a_stop_not_a_length(engine):
 def test_min_tokens_masks_eos_and_stop_tokens_until_reached(engine):
     eos = engine.eos_token_ids[0]
     out = engine.generate(["hello"], SamplingParams(max_tokens=8, min_tokens=4, logit_bias={eos: 50.0}))[0]
-    assert eos not in out.token_ids[:4] and out.token_ids[4] == eos and out.finish_reason == "stop"
+    assert eos not in out.token_ids[:4] and out.token_ids[4] == eos and out.finish_reason is FinishReason.STOP
     stop_id = 7
     out = engine.generate(["hello"], SamplingParams(max_tokens=8, min_tokens=3, stop_token_ids=[stop_id],
                                                     logit_bias={stop_id: 50.0}, ignore_eos=True))[0]
@@ -335,7 +336,7 @@ def test_a_failed_step_ends_its_requests_and_withdraws_the_cache_entries_it_made
     assert engine.scheduler.prompt_tokens_computed == prompt_tokens_before  # the router's prefill rate
     assert engine.has_unfinished_requests()  # its final output is still to be sent
     outs = engine.step()
-    assert [(o.request_id, o.finished, o.finish_reason) for o in outs] == [(rid, True, "error")]
+    assert [(o.request_id, o.finished, o.finish_reason) for o in outs] == [(rid, True, FinishReason.ERROR)]
     assert not engine.has_unfinished_requests()
     assert engine.num_free_blocks == engine.num_total_blocks
 
@@ -362,7 +363,7 @@ def test_a_failed_step_mid_generation_spares_the_requests_outside_it(engine, mon
         for o in engine.step():
             if o.finished:
                 done[o.request_id] = o
-    assert done[rid].finish_reason == "error" and len(done[rid].token_ids) == 3
+    assert done[rid].finish_reason is FinishReason.ERROR and len(done[rid].token_ids) == 3
     assert done[later].token_ids == want
     _drain(engine)
 

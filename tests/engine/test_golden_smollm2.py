@@ -2,6 +2,8 @@
 token for 8 prompts of mixed lengths batched together, and again with prefix caching over shared
 prefixes, chunked prefill, a KV pool small enough to force preemption, and n-gram drafts."""
 
+from dataclasses import replace
+
 import pytest
 
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
@@ -57,9 +59,9 @@ def _generate(engine, prompts, max_new):
     assert engine.num_free_blocks == engine.num_total_blocks
     model = engine.runner.model
     # Where the greedy head loads (AVX-512 VNNI), these greedy requests took their tokens from it.
-    assert model.greedy_head is None or not model.greedy_head_enabled or model.greedy_head_candidates > 0
+    assert model.greedy_head is None or model.greedy_head_candidates > 0
     # Where AMX loads (Intel Xeon), the prompts' larger products went to it (engine/native/amx_linear.c).
-    assert model.amx_kernel is None or all(p.amx is not None for layer in model.layers for p in layer.projections())
+    assert model.kernels.amx is None or all(p.amx is not None for layer in model.layers for p in layer.projections())
     return [o.token_ids for o in outs], outs
 
 
@@ -116,6 +118,12 @@ def _greedy_head_engine(model_dir):
     return engine, engine.runner.model
 
 
+def _use_greedy_head(model, kernels, on: bool) -> None:
+    """Greedy rows from the greedy head (``on``) or from every logit: the model's kernel set
+    ``kernels`` with or without the kernel."""
+    model.use_kernels(kernels if on else replace(kernels, greedy_head=None))
+
+
 def test_the_greedy_head_gives_the_full_heads_tokens(default_model_dir):
     """Greedy rows' tokens from the screened head (engine/native/greedy_head.c) against the full
     head and its argmax, on the offline workload's kind of prompts (random tokens: flat, loopy
@@ -123,12 +131,13 @@ def test_the_greedy_head_gives_the_full_heads_tokens(default_model_dir):
     import random
 
     engine, model = _greedy_head_engine(default_model_dir)
+    kernels = model.kernels
     rng = random.Random(1)
     prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(16, 96))] for _ in range(12)]
     max_new = [rng.randint(8, 40) for _ in prompts]
     outputs = {}
     for on in (True, False):
-        model.greedy_head_enabled = on
+        _use_greedy_head(model, kernels, on)
         outputs[on], _ = _generate(engine, prompts, max_new)
     assert outputs[True] == outputs[False]
     steps = sum(max_new)
@@ -144,6 +153,7 @@ def test_a_step_mixing_greedy_and_sampled_rows_screens_the_greedy_ones(default_m
     import random
 
     engine, model = _greedy_head_engine(default_model_dir)
+    kernels = model.kernels
     rng = random.Random(2)
     prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(16, 64))] for _ in range(6)]
     for i in (1, 2, 4):  # a phrase over and over: the n-grams propose drafts for these rows too
@@ -156,7 +166,7 @@ def test_a_step_mixing_greedy_and_sampled_rows_screens_the_greedy_ones(default_m
               SamplingParams(max_tokens=12, ignore_eos=True)]
     outputs = {}
     for on in (True, False):
-        model.greedy_head_enabled = on
+        _use_greedy_head(model, kernels, on)
         before = model.greedy_head_candidates
         outputs[on] = [o.token_ids for o in engine.generate(prompts, params)]
         assert (model.greedy_head_candidates > before) == on
@@ -177,6 +187,7 @@ def test_greedy_rows_are_screened_beside_rows_that_want_logprobs(default_model_d
     import random
 
     engine, model = _greedy_head_engine(default_model_dir)
+    kernels = model.kernels
     rng = random.Random(3)
     prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(16, 64))] for _ in range(5)]
     params = [SamplingParams(max_tokens=20, ignore_eos=True),
@@ -186,7 +197,7 @@ def test_greedy_rows_are_screened_beside_rows_that_want_logprobs(default_model_d
               SamplingParams(max_tokens=18, ignore_eos=True, repetition_penalty=1.2, logprobs=1)]
     outputs = {}
     for on in (True, False):
-        model.greedy_head_enabled = on
+        _use_greedy_head(model, kernels, on)
         before = model.greedy_head_candidates
         outs = engine.generate(prompts, params)
         outputs[on] = [(o.token_ids, o.logprobs) for o in outs]
@@ -207,7 +218,7 @@ def test_greedy_rows_are_screened_beside_rows_that_want_logprobs(default_model_d
     drafted = _engine(default_model_dir, scheduler={"speculative": SpeculativeConfig(num_tokens=4, min_keep_chance=0.0)})
     if drafted.runner.model.greedy_head is None:
         return
-    model.greedy_head_enabled = False
+    _use_greedy_head(model, kernels, False)
     full = engine.generate(prompts, params)
     got = drafted.generate(prompts, params)
     assert drafted.scheduler.num_draft_tokens > 0

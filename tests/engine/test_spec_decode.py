@@ -186,14 +186,14 @@ def test_max_tokens_bounds_the_drafts_and_a_short_budget_cuts_them():
     sched, r = _decoding(max_tokens=6)
     r.all_token_ids += [10, 11]  # (prompt 10..15, then 50, 10, 11: "10 11" occurred before)
     r.num_computed_tokens = len(r.all_token_ids) - 1
-    sched._draft([r])
+    sched.speculation.draft([r])
     assert r.spec_token_ids == [12, 13]
 
 
 def test_a_preempted_request_drops_its_drafts():
     sched, r = _decoding()
     r.spec_token_ids = [7, 8]
-    sched._preempt(r)
+    sched.lifecycle.preempt(r)
     assert r.spec_token_ids == [] and r.state is RequestState.PREEMPTED
 
 
@@ -289,7 +289,7 @@ def test_stops_inside_a_run_of_drafts_end_where_plain_decoding_ends(tiny):
     eng = _engine(d)
     got = _run(eng, prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    assert [o.finish_reason for o in got] == ["stop"] * len(prompts)
+    assert [o.finish_reason for o in got] == [FinishReason.STOP] * len(prompts)
     assert _drafted(eng)[1] > 0
 
 
@@ -411,7 +411,7 @@ def test_a_stop_string_inside_a_run_of_drafts_ends_the_output_at_its_token(tiny_
         assert (g.token_ids, g.text, g.finish_reason, g.stop_reason) == (w.token_ids, w.text, w.finish_reason,
                                                                           w.stop_reason)
         assert [t.token_id for t in g.logprobs] == g.token_ids
-    assert all(o.finish_reason == "stop" for o in got)
+    assert all(o.finish_reason is FinishReason.STOP for o in got)
 
 
 def test_static_batching_with_drafts_gives_the_same_tokens(tiny):

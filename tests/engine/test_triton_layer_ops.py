@@ -42,9 +42,9 @@ _TOL = {"float32": 2e-6, "float16": 2e-3, "bfloat16": 1.6e-2}  # relative to eac
 def _child_cases() -> dict:
     import torch
 
+    from engine.model.reference_ops import TorchLayerOps
     from engine.model.rope import RotaryEmbedding
     from engine.model.triton_layer_ops import TritonLayerOps, checked_triton_layer_ops
-    from engine.native.layer_ops import TorchLayerOps
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gen = torch.Generator().manual_seed(0)
@@ -95,6 +95,7 @@ def _engine_case(device) -> dict:
     (the interpreter, no graphs)."""
     import random
     import tempfile
+    from dataclasses import replace
 
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
@@ -113,7 +114,8 @@ def _engine_case(device) -> dict:
                                             attention_backend="triton"))
             chosen = type(engine.runner.model.ops).__name__  # on CUDA the engine picks the kernels itself
             if device.type == "cpu":
-                engine.runner.model.ops = TritonLayerOps()
+                model = engine.runner.model
+                model.use_kernels(replace(model.kernels, layer_ops=TritonLayerOps()))
             outs = engine.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True, detokenize=False)
                                              for n in max_new])
             result[arch] = {"got": [o.token_ids for o in outs], "want": hf_greedy(load_hf(d), prompts, max_new),

@@ -1,4 +1,6 @@
-"""Transfer agents over a real gloo pair group (both ends in this process, on two threads)."""
+"""Transfer agents over real gloo pair groups (both ends in this process, on two threads), the
+payloads' data plane run through the NCCL-semantics double (kv_transfer/nccl_double.py): every test
+here also proves that no data-plane operation waits without its peer committed to the match."""
 
 import datetime
 import threading
@@ -10,16 +12,26 @@ import torch.distributed as dist
 
 from kv_transfer.agent import TransferAgent
 from kv_transfer.fault import FaultSpec
+from kv_transfer.nccl_double import NcclSemantics, violations
 from kv_transfer.peer import PeerInfo, StoreAddress
 from kv_transfer.wire import Header, Kind
 
 SHAPE = (32, 2, 2, 4, 2, 8)  # blocks, layers, k/v, block size, kv heads, head dim
 
 
+DATA_PLANE = NcclSemantics(bound_s=5.0)
+
+
+def new_agent(*args, **kw) -> TransferAgent:
+    """A transfer agent whose pairs' data plane is the NCCL-semantics double."""
+    return TransferAgent(*args, data_plane=DATA_PLANE, **kw)
+
+
 @pytest.fixture
 def store():
     s = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=20))
     yield StoreAddress("127.0.0.1", s.port)
+    assert violations(s) == []  # no payload operation waited without its peer committed
 
 
 class Events:
@@ -44,8 +56,8 @@ class Events:
 def make_pair(store, inc="a"):
     p_peer, d_peer = PeerInfo("p0", inc, "prefill"), PeerInfo("d0", inc, "decode")
     received, failed, acked = Events(), Events(), Events()
-    p = TransferAgent(p_peer, store, torch.randn(SHAPE), on_acked=lambda rid, ok: acked.add(rid, ok))
-    d = TransferAgent(d_peer, store, torch.zeros(SHAPE), on_received=lambda rid, tok, timing, logprob: received.add(rid, tok),
+    p = new_agent(p_peer, store, torch.randn(SHAPE), on_acked=lambda rid, ok: acked.add(rid, ok))
+    d = new_agent(d_peer, store, torch.zeros(SHAPE), on_received=lambda rid, tok, timing, logprob: received.add(rid, tok),
                       on_receive_failed=lambda rid, why: failed.add(rid, why))
     return p, d, p_peer, d_peer, received, failed, acked
 
@@ -143,9 +155,9 @@ def make_local_pair(store, inc="l"):
     p_peer = PeerInfo("p0", inc, "prefill", locality=where)
     d_peer = PeerInfo("d0", inc, "decode", locality=where)
     received, failed, acked = Events(), Events(), Events()
-    p = TransferAgent(p_peer, store, caches[0], on_acked=lambda rid, ok: acked.add(rid, ok),
+    p = new_agent(p_peer, store, caches[0], on_acked=lambda rid, ok: acked.add(rid, ok),
                       kv_segment_name=segments[0].name)
-    d = TransferAgent(d_peer, store, caches[1], on_received=lambda rid, tok, timing, logprob: received.add(rid, tok),
+    d = new_agent(d_peer, store, caches[1], on_received=lambda rid, tok, timing, logprob: received.add(rid, tok),
                       on_receive_failed=lambda rid, why: failed.add(rid, why), kv_segment_name=segments[1].name)
     return p, d, p_peer, d_peer, received, failed, acked, segments
 
@@ -220,9 +232,9 @@ def test_a_failed_incarnation_is_never_dialled_again_and_its_transfers_fail_at_o
     wait on gloo's connect for its whole op timeout (24 h), holding the transfers queued behind it
     and their blocks (a leak seen after a decode worker was killed mid-load)."""
     acked, failed = Events(), Events()
-    p = TransferAgent(PeerInfo("p0", "a", "prefill"), store, torch.randn(SHAPE),
+    p = new_agent(PeerInfo("p0", "a", "prefill"), store, torch.randn(SHAPE),
                       on_acked=lambda rid, ok: acked.add(rid, ok))
-    d = TransferAgent(PeerInfo("d0", "a", "decode"), store, torch.zeros(SHAPE),
+    d = new_agent(PeerInfo("d0", "a", "decode"), store, torch.zeros(SHAPE),
                       on_receive_failed=lambda rid, why: failed.add(rid, why))
     dead_decode, dead_prefill = PeerInfo("d0", "dead", "decode"), PeerInfo("p0", "dead", "prefill")
     try:
@@ -243,7 +255,7 @@ def test_a_failed_incarnation_is_never_dialled_again_and_its_transfers_fail_at_o
 
 def test_a_restarted_peer_fails_what_was_in_flight_with_its_old_process(store):
     acked = Events()
-    p = TransferAgent(PeerInfo("p0", "a", "prefill"), store, torch.randn(SHAPE),
+    p = new_agent(PeerInfo("p0", "a", "prefill"), store, torch.randn(SHAPE),
                       on_acked=lambda rid, ok: acked.add(rid, ok))
     old, new = PeerInfo("d0", "old", "decode"), PeerInfo("d0", "new", "decode")
     try:
@@ -279,9 +291,9 @@ def test_workers_whose_kv_rows_differ_refuse_the_pair_naming_both(store, decode_
     """Before, a bigger row aborted the decode process inside gloo (a payload longer than the
     buffer), and a smaller or same-size one was written and acknowledged as wrong KV."""
     acked, failed = Events(), Events()
-    p = TransferAgent(PeerInfo("p0", "g", "prefill"), store, torch.randn(SHAPE), connect_timeout_s=5.0,
+    p = new_agent(PeerInfo("p0", "g", "prefill"), store, torch.randn(SHAPE), connect_timeout_s=5.0,
                       on_acked=lambda rid, ok: acked.add(rid, ok))
-    d = TransferAgent(PeerInfo("d0", "g", "decode"), store, torch.zeros(decode_shape, dtype=dtype),
+    d = new_agent(PeerInfo("d0", "g", "decode"), store, torch.zeros(decode_shape, dtype=dtype),
                       connect_timeout_s=5.0, on_receive_failed=lambda rid, why: failed.add(rid, why))
     pp, dp = p.me, d.me
     try:
@@ -301,7 +313,7 @@ def test_a_dropped_transfer_id_is_dropped_to_one_peer_only(store):
     id 1 to every other decode worker too, for good."""
     p, d, pp, dp, received, failed, acked = make_pair(store, inc="drop")
     d1_received = Events()
-    d1 = TransferAgent(PeerInfo("d1", "drop", "decode"), store, torch.zeros(SHAPE),
+    d1 = new_agent(PeerInfo("d1", "drop", "decode"), store, torch.zeros(SHAPE),
                        on_received=lambda rid, tok, timing, logprob: d1_received.add(rid, tok))
     try:
         p.faults.set(FaultSpec(drop_next=1))
@@ -332,9 +344,9 @@ def test_a_peer_that_never_dials_does_not_hold_up_the_pairs_with_others(store):
     decode worker could form no pair with any other prefill worker: their transfers missed their
     deadlines and fell back to local prefill."""
     received = Events()
-    d = TransferAgent(PeerInfo("d0", "w", "decode"), store, torch.zeros(SHAPE),
+    d = new_agent(PeerInfo("d0", "w", "decode"), store, torch.zeros(SHAPE),
                       on_received=lambda rid, tok, timing, logprob: received.add(rid, tok))
-    p1 = TransferAgent(PeerInfo("p1", "w", "prefill"), store, torch.randn(SHAPE))
+    p1 = new_agent(PeerInfo("p1", "w", "prefill"), store, torch.randn(SHAPE))
     silent = PeerInfo("p0", "w", "prefill")  # never dials
     try:
         d.connect(silent)
@@ -354,7 +366,7 @@ def test_a_peer_known_dead_before_it_paired_releases_the_transfers_and_buffers_q
     chunk of SmolLM2), and the wait lasted its 24 h op timeout. The router's word that the peer
     is dead ends the wait, fails the transfers, returns the buffers and ends the channel's thread."""
     acked = Events()
-    p = TransferAgent(PeerInfo("p0", "x", "prefill"), store, torch.randn(SHAPE),
+    p = new_agent(PeerInfo("p0", "x", "prefill"), store, torch.randn(SHAPE),
                       on_acked=lambda rid, ok: acked.add(rid, ok))
     dead = PeerInfo("d0", "x", "decode")
     try:
@@ -377,7 +389,7 @@ def test_a_peer_known_dead_before_it_paired_releases_the_transfers_and_buffers_q
 
 def test_forgetting_a_peer_with_no_channel_fails_its_reservations_and_refuses_it(store):
     failed = Events()
-    d = TransferAgent(PeerInfo("d0", "y", "decode"), store, torch.zeros(SHAPE),
+    d = new_agent(PeerInfo("d0", "y", "decode"), store, torch.zeros(SHAPE),
                       on_receive_failed=lambda rid, why: failed.add(rid, why))
     dead = PeerInfo("p0", "y", "prefill")
     try:
@@ -393,7 +405,7 @@ def test_no_channel_to_a_forgotten_peer_is_formed_afterwards(store):
     """forget_peer and a send or reservation naming the peer race: the check that the peer is gone
     and the channel's creation are one step under the agent's lock, so no channel to the dead peer
     (a thread polling for it for good, with the chunk's buffer) is formed after the forget."""
-    p = TransferAgent(PeerInfo("p0", "z", "prefill"), store, torch.randn(SHAPE))
+    p = new_agent(PeerInfo("p0", "z", "prefill"), store, torch.randn(SHAPE))
     dead = PeerInfo("d0", "z", "decode")
     try:
         p.forget_peer(dead)
@@ -411,9 +423,9 @@ def test_a_peer_forgotten_while_a_send_to_it_is_stuck_releases_the_chunks_queued
     returned (its op timeout is 24 h)."""
     shape = (64, 2, 2, 16, 8, 64)  # 32 blocks are 4 MiB: more than the socket buffers hold
     acked = Events()
-    p = TransferAgent(PeerInfo("p0", "h", "prefill"), store, torch.randn(shape),
+    p = new_agent(PeerInfo("p0", "h", "prefill"), store, torch.randn(shape),
                       on_acked=lambda rid, ok: acked.add(rid, ok))
-    d = TransferAgent(PeerInfo("d0", "h", "decode"), store, torch.zeros(shape))
+    d = new_agent(PeerInfo("d0", "h", "decode"), store, torch.zeros(shape))
     try:
         d.expect(p.me, 0, "warm", [0])
         p.send_blocks(d.me, 0, "warm", 0, [1], chunk_index=0, last=True)
@@ -454,7 +466,7 @@ def test_a_peer_that_died_after_writing_its_rows_is_let_go_when_it_is_known_dead
     from kv_transfer.peer import pair_key
 
     acked = Events()
-    p = TransferAgent(PeerInfo("p0", "w2", "prefill"), store, torch.randn(SHAPE), connect_timeout_s=1.0,
+    p = new_agent(PeerInfo("p0", "w2", "prefill"), store, torch.randn(SHAPE), connect_timeout_s=1.0,
                       on_acked=lambda rid, ok: acked.add(rid, ok))
     dead = PeerInfo("d0", "w2", "decode")
     rows = f"{list(SHAPE[1:])} {torch.float32}"

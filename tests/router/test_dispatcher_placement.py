@@ -77,7 +77,7 @@ def _pool_where_decode0_dies_under_the_call(outcome: str):
     pool_box: dict = {}
 
     def noticed(spec):  # the poller sees decode-0 gone while the placing call is still running
-        pool_box["dispatcher"]._mark_dead(pool_box["d0"], RayError("poll failed"))
+        pool_box["dispatcher"].failures.mark_dead(pool_box["d0"], RayError("poll failed"))
 
     a0, a1 = ScriptedDecode(outcome, during=noticed), ScriptedDecode()
     d0, d1 = _handle("decode-0", a0), _handle("decode-1", a1)
@@ -116,7 +116,7 @@ def test_requests_a_live_worker_dropped_as_orphans_are_placed_again_after_what_w
     assert a0.placed == ["req-1"]
     disp._deliver(d0, [RequestOutput("req-1", [7, 8], "ab")])
     a0.placed.remove("req-1")  # decode-0 dropped it as an orphan (our poller had stalled)
-    disp._take_back(d0, ["req-1", "unknown"])  # what OutputBatch.dropped says on the router's next poll
+    disp.failures.take_back(d0, ["req-1", "unknown"])  # what OutputBatch.dropped says on the router's next poll
     _settle(disp)
     assert disp.num_migrations == 1 and stream.error is None
     assert a0.placed + a1.placed == ["req-1"] and disp.placement("req-1")[0] is not None  # placed anew, once
@@ -133,7 +133,7 @@ def test_a_migration_calls_off_the_prefill_still_shipping_to_the_dead_worker():
                               short_prompts_to_idle_prefill=False)  # placed on decode-0 alone, for the script
     stream = disp.submit(_spec())
     disp._tracked["req-1"].prefill_id = "prefill-0"  # as _disaggregate leaves it
-    disp._mark_dead(d0, RayError("gone"))
+    disp.failures.mark_dead(d0, RayError("gone"))
     _settle(disp)
     assert prefill.aborted == ["req-1"]  # its blocks were held while it shipped to decode-0's reservation
     assert a1.placed == ["req-1"] and stream.error is None
@@ -173,11 +173,11 @@ def test_a_dead_worker_is_announced_to_the_other_pool_once_and_a_slow_one_never(
     d0 = WorkerHandle("decode-0", "decode", a0, info=SimpleNamespace(peer=peer0), alive=True)
     d1 = WorkerHandle("decode-1", "decode", a1, info=SimpleNamespace(peer=peer1), alive=True)
     disp = ScriptedDispatcher(WorkerPool(handles, [d0, d1]), router_id="r")
-    disp._mark_dead(d1, GetTimeoutError("slow"))
-    disp._mark_dead(d1, _actor_died("cc22"))  # from a call to decode-1's previous actor: stale
+    disp.failures.mark_dead(d1, GetTimeoutError("slow"))
+    disp.failures.mark_dead(d1, _actor_died("cc22"))  # from a call to decode-1's previous actor: stale
     assert all(p.forgotten == [] for p in prefills)
-    disp._mark_dead(d0, _actor_died("aa00"))
-    disp._mark_dead(d0, _actor_died("aa00"))  # its poller, one interval later
+    disp.failures.mark_dead(d0, _actor_died("aa00"))
+    disp.failures.mark_dead(d0, _actor_died("aa00"))  # its poller, one interval later
     assert all(p.forgotten == [peer0] for p in prefills)
 
 
@@ -193,7 +193,7 @@ def test_a_restarted_worker_s_old_incarnation_is_announced_to_the_other_pool():
     prefill.info = _Method(lambda: SimpleNamespace(peer=new))
     p0 = WorkerHandle("prefill-0", "prefill", prefill, info=SimpleNamespace(peer=old), alive=True)
     disp = ScriptedDispatcher(WorkerPool([p0], [d0]), router_id="r")
-    disp._on_restart(p0)
+    disp.failures.on_restart(p0)
     assert decode.forgotten == [old] and p0.info.peer == new
 
 
@@ -270,11 +270,11 @@ def test_a_request_back_on_a_worker_once_taken_for_dead_stops_the_copy_still_the
     disp = ScriptedDispatcher(WorkerPool([], [d0, d1]), router_id="r", placement_wait_s=2.0)
     stream = disp.submit(_spec())
     assert a0.placed == ["req-1"]
-    disp._mark_dead(d0, GetTimeoutError("slow"))  # decode-0 was only slow: its copy still runs
+    disp.failures.mark_dead(d0, GetTimeoutError("slow"))  # decode-0 was only slow: its copy still runs
     _settle(disp)
     assert a1.placed == ["req-1"] and a0.placed == ["req-1"]
     d0.alive = True  # it answers again
-    disp._mark_dead(d1, GetTimeoutError("slow"))  # and now decode-1 seems dead: back to decode-0
+    disp.failures.mark_dead(d1, GetTimeoutError("slow"))  # and now decode-1 seems dead: back to decode-0
     _settle(disp)
     assert stream.error is None and disp.placement("req-1")[0] == "decode-0"
     assert a0.aborted == ["req-1"] and a0.placed == ["req-1"]  # the stale copy went first, then the new one
@@ -294,7 +294,7 @@ def test_a_copy_left_on_a_worker_taken_for_dead_is_stopped_when_the_request_ends
         d1.requests.add("another request")
         disp = ScriptedDispatcher(WorkerPool([], [d0, d1]), router_id="r", placement_wait_s=0.5)
         stream = disp.submit(_spec())
-        disp._mark_dead(d0, GetTimeoutError("slow"))  # decode-0 was only slow: its copy still runs
+        disp.failures.mark_dead(d0, GetTimeoutError("slow"))  # decode-0 was only slow: its copy still runs
         _settle(disp)
         assert a1.placed == ["req-1"] and a0.aborted == []  # the request lives on decode-1: left alone
         disp._deliver(d0, [RequestOutput("req-1", [5], "x", first_index=0)])  # the stale copy's output
@@ -306,7 +306,7 @@ def test_a_copy_left_on_a_worker_taken_for_dead_is_stopped_when_the_request_ends
         elif ending == "aborted":
             assert disp.abort("req-1")
         else:
-            disp._mark_dead(d1, GetTimeoutError("slow"))  # decode-0 still taken for dead: nowhere to go
+            disp.failures.mark_dead(d1, GetTimeoutError("slow"))  # decode-0 still taken for dead: nowhere to go
             _settle(disp)
             time.sleep(0.7)
             assert stream.error is not None

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
-from router.router import Router
+from router.lane_dispatch import LaneDispatcher
 from router.worker_pool import WorkerPool
 from tests.router.test_dispatcher_placement import ScriptedDecode, ScriptedDispatcher, _handle
 
@@ -20,21 +19,19 @@ def test_an_abort_does_not_wait_behind_placements_waiting_for_a_decode_worker():
     d0 = _handle("decode-0", ScriptedDecode())
     d0.alive = False  # the only decode worker is down
     disp = ScriptedDispatcher(WorkerPool([], [d0]), router_id="r", placement_wait_s=5.0)
-    r = Router.__new__(Router)  # only what _submit and _abort_here use
-    r._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dispatch")
-    r._abort_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="abort")
-    r.dispatcher, r.queues = disp, SimpleNamespace(remove=lambda rid: None)
-    r._finished = lambda ctx: None  # (metrics and bookkeeping: not what this tests)
+    # Only what submit and abort use; the request's end (metrics and bookkeeping) is not what this tests.
+    lanes = LaneDispatcher(SimpleNamespace(remove=lambda rid: None), None, disp,
+                           SimpleNamespace(finished=lambda ctx: None), None, None, None, 16)
 
     async def scenario() -> float:
         loop = asyncio.get_running_loop()
         ctxs = [SimpleNamespace(spec=RequestSpec(f"req-{i}", (1, 2, 3), SamplingParams(max_tokens=4)), stream=None,
                                 hint=None, request_id=f"req-{i}") for i in range(9)]
         for ctx in ctxs:
-            loop.run_in_executor(r._executor, r._submit, ctx)  # as LaneDispatch's loop does
+            loop.run_in_executor(lanes._executor, lanes.submit, ctx)  # as the dispatch loop does
         await asyncio.sleep(0.5)
         t0 = time.monotonic()
-        await r._abort_here(ctxs[0])  # the client goes away
+        await lanes.abort(ctxs[0])  # the client goes away
         return time.monotonic() - t0
 
     try:
@@ -42,5 +39,5 @@ def test_an_abort_does_not_wait_behind_placements_waiting_for_a_decode_worker():
         assert "req-0" not in disp._tracked
     finally:
         disp._stop.set()  # the other placements stop waiting
-        r._executor.shutdown(wait=True)
-        r._abort_executor.shutdown(wait=True)
+        lanes._executor.shutdown(wait=True)
+        lanes._abort_executor.shutdown(wait=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = [
-    "router.dispatcher", "router.stream", "router.worker_pool", "engine.request", "engine.sampling_params",
+    "router.router", "router.dispatcher", "router.stream", "router.worker_pool", "engine.request", "engine.sampling_params",
     "engine.block_hash", "engine.block_manager", "engine.scheduler", "engine.request_spec", "engine.outputs",
     "engine.model.config", "engine.model.tokenizer", "engine.worker_stats", "decode_worker.messages",
     "prefill_worker.messages", "kv_transfer.peer", "kv_transfer.fault",

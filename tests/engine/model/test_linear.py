@@ -1,6 +1,7 @@
 """Packed and skinny projections compute the same products as F.linear; packed weights unpack to the
 weight they packed; the model switches every projection between the modes."""
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -8,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.model.linear import Linear, can_pack
+from engine.kernels import kernels_for
+from engine.model.linear import Linear, ProjectionMode, can_pack
 
 needs_packing = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="torch without oneDNN")
 
@@ -62,7 +64,7 @@ def _tiny_model(tied: bool = False):
     from engine.model.tiny import CONFIG
 
     model = LlamaModel(ModelConfig.from_hf_dict({**CONFIG, "tie_word_embeddings": tied}), torch.device("cpu"),
-                       torch.float32, 64)
+                       torch.float32, 64, kernels_for(torch.device("cpu"), torch.float32))
     g = torch.Generator().manual_seed(0)
     model.load_weights((n, torch.randn(*s, generator=g) * 0.02, "test") for n, s in model.expected_shapes().items())
     return model
@@ -75,14 +77,14 @@ def test_the_cpu_model_switches_every_projection_between_modes(tied):
     def projections():
         return [model.lm_head, *(p for layer in model.layers for p in layer.projections())]
 
-    assert model.projection_mode in ("packed", "skinny")
-    model.set_projections("packed")
-    assert all(p.packed and p.skinny is None for p in projections()) and model.projection_mode == "packed"
-    model.set_projections("dense")
-    assert not any(p.packed or p.skinny for p in projections()) and model.projection_mode == "dense"
-    if model.skinny_kernel is not None:
-        model.set_projections("skinny")
-        assert all(p.skinny is model.skinny_kernel and not p.packed for p in projections())
+    assert model.projection_mode in (ProjectionMode.PACKED, ProjectionMode.SKINNY)
+    model.set_projections(ProjectionMode.PACKED)
+    assert all(p.packed and p.skinny is None for p in projections()) and model.projection_mode is ProjectionMode.PACKED
+    model.set_projections(ProjectionMode.DENSE)
+    assert not any(p.packed or p.skinny for p in projections()) and model.projection_mode is ProjectionMode.DENSE
+    if model.kernels.skinny is not None:
+        model.set_projections(ProjectionMode.SKINNY)
+        assert all(p.skinny is model.kernels.skinny and not p.packed for p in projections())
         # tied, the head multiplies the embedding itself (no second copy), also after packed mode
         assert (model.lm_head.weight is model.embed) == tied
     with pytest.raises(ValueError, match="projection mode must be one of"):
@@ -92,7 +94,8 @@ def test_the_cpu_model_switches_every_projection_between_modes(tied):
         from engine.model.llama import LlamaModel
         from engine.model.tiny import CONFIG
 
-        LlamaModel(ModelConfig.from_hf_dict(CONFIG), torch.device("cpu"), torch.bfloat16, 64).set_projections("packed")
+        LlamaModel(ModelConfig.from_hf_dict(CONFIG), torch.device("cpu"), torch.bfloat16, 64,
+                   kernels_for(torch.device("cpu"), torch.bfloat16)).set_projections(ProjectionMode.PACKED)
 
 
 @needs_packing
@@ -100,28 +103,30 @@ def test_the_cpu_model_switches_every_projection_between_modes(tied):
 def test_every_mode_gives_the_same_logits(tied):
     model = _tiny_model(tied)
     x = torch.randn(70, model.cfg.hidden_size, generator=torch.Generator().manual_seed(1))
-    modes = ["dense", "packed"] + (["skinny"] if model.skinny_kernel is not None else [])
+    modes = [ProjectionMode.DENSE, ProjectionMode.PACKED]
+    if model.kernels.skinny is not None:
+        modes.append(ProjectionMode.SKINNY)
     got = {}
     for mode in modes:
         model.set_projections(mode)
         got[mode] = [model.compute_logits(x[:rows]) for rows in (1, 5, 64, 70)]
     for mode in modes[1:]:
-        for a, b in zip(got["dense"], got[mode]):
+        for a, b in zip(got[ProjectionMode.DENSE], got[mode]):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
 def test_the_default_mode_follows_the_device_and_the_kernel():
     from engine.model.linear import cpu_vendor, default_projections
 
-    assert default_projections(torch.device("cpu"), torch.bfloat16, None) == "dense"
+    assert default_projections(torch.device("cpu"), torch.bfloat16, None) is ProjectionMode.DENSE
     avx512_tile, avx2_tile = SimpleNamespace(lanes=16), SimpleNamespace(lanes=8)
-    assert default_projections(torch.device("cuda"), torch.float16, avx512_tile) == "dense"
+    assert default_projections(torch.device("cuda"), torch.float16, avx512_tile) is ProjectionMode.DENSE
     if can_pack(torch.device("cpu"), torch.float32):
-        assert default_projections(torch.device("cpu"), torch.float32, None) == "packed"
-        expected = "skinny" if cpu_vendor() == "GenuineIntel" else "packed"
-        assert default_projections(torch.device("cpu"), torch.float32, avx512_tile) == expected
+        assert default_projections(torch.device("cpu"), torch.float32, None) is ProjectionMode.PACKED
+        expected = ProjectionMode.SKINNY if cpu_vendor() == "GenuineIntel" else ProjectionMode.PACKED
+        assert default_projections(torch.device("cpu"), torch.float32, avx512_tile) is expected
         # The AVX2 tile serves the quantized mode only: against oneDNN on dense weights it is unmeasured.
-        assert default_projections(torch.device("cpu"), torch.float32, avx2_tile) == "packed"
+        assert default_projections(torch.device("cpu"), torch.float32, avx2_tile) is ProjectionMode.PACKED
 
 
 def _blocked_model(tied: bool):
@@ -160,22 +165,22 @@ def test_gguf_blocks_give_the_skinny_logits_bit_for_bit(tied):
     stale = dict(blocks, **{"model.layers.1.self_attn.o_proj.weight": blocks["model.layers.0.self_attn.o_proj.weight"]})
     with pytest.raises(ModelLoadError, match="o_proj.weight do not dequantize"):
         model.attach_quantized(stale, "blocks.safetensors")
-    model.set_projections("skinny")
-    assert model.attach_quantized(blocks, "blocks.safetensors") and model.projection_mode == "quantized"
+    model.set_projections(ProjectionMode.SKINNY)
+    assert model.attach_quantized(blocks, "blocks.safetensors") and model.projection_mode is ProjectionMode.QUANTIZED
     projections = [model.lm_head, *(p for layer in model.layers for p in layer.projections())]
     downs = [layer.down for layer in model.layers]
-    assert all((p.quant is model.quant_kernel) == (p not in downs) for p in projections)
+    assert all((p.quant is model.kernels.quant) == (p not in downs) for p in projections)
     # Q4_1 is multiplied in the kernel's 8-row layout, the Q8_0 head (the tied embedding) as stored.
     assert {p.quantized.qtype for p in projections if p.quant is not None} == ({"Q4_1x8", "Q8_0"} if tied else {"Q4_1x8"})
     x = torch.randn(64, model.cfg.hidden_size, generator=torch.Generator().manual_seed(2))
     quantized = [model.compute_logits(x[:rows]) for rows in (1, 5, 64)]
     quantized_layer = [model.layers[1].gate_up(x[:rows]) for rows in (1, 5, 64)]
-    model.set_projections("packed")
-    model.set_projections("skinny")
+    model.set_projections(ProjectionMode.PACKED)
+    model.set_projections(ProjectionMode.SKINNY)
     assert all(torch.equal(a, model.compute_logits(x[:rows])) for a, rows in zip(quantized, (1, 5, 64)))
     assert all(torch.equal(a, model.layers[1].gate_up(x[:rows])) for a, rows in zip(quantized_layer, (1, 5, 64)))
-    model.set_projections("quantized")
-    assert model.lm_head.quant is model.quant_kernel  # the head's blocks survived the packed detour
+    model.set_projections(ProjectionMode.QUANTIZED)
+    assert model.lm_head.quant is model.kernels.quant  # the head's blocks survived the packed detour
 
 
 @needs_packing
@@ -188,26 +193,26 @@ def test_where_mkl_is_slow_the_quantized_mode_keeps_packed_weights_for_larger_pr
     from engine.errors import ModelLoadError
 
     model, blocks = _blocked_model(tied)
-    model.pack_large = True
-    model.set_projections("packed")
+    model.use_kernels(replace(model.kernels, pack_large=True))
+    model.set_projections(ProjectionMode.PACKED)
     stale = dict(blocks, **{"model.layers.0.mlp.gate_proj.weight": blocks["model.layers.1.mlp.gate_proj.weight"]})
     with pytest.raises(ModelLoadError, match="gate_proj.weight do not dequantize"):
         model.attach_quantized(stale, "blocks.safetensors")
-    assert model.attach_quantized(blocks, "blocks.safetensors") and model.projection_mode == "quantized"
+    assert model.attach_quantized(blocks, "blocks.safetensors") and model.projection_mode is ProjectionMode.QUANTIZED
     layer_projections = [p for layer in model.layers for p in layer.projections()]
     downs = [layer.down for layer in model.layers]
     assert all(p.packed == (p not in downs) for p in layer_projections)
-    assert all((p.quant is model.quant_kernel) == (p not in downs) for p in layer_projections)
-    assert all(p.skinny is model.skinny_kernel for p in layer_projections)  # a decode step can run in C
+    assert all((p.quant is model.kernels.quant) == (p not in downs) for p in layer_projections)
+    assert all(p.skinny is model.kernels.skinny for p in layer_projections)  # a decode step can run in C
     assert (model.lm_head.weight is model.embed) == tied and model.lm_head.packed != tied
-    assert model.lm_head.quant is model.quant_kernel
+    assert model.lm_head.quant is model.kernels.quant
     x = torch.randn(70, model.cfg.hidden_size, generator=torch.Generator().manual_seed(3))
     up = model.layers[1].gate_up
     quantized = [up(x[:rows]) for rows in (1, 5, 64, 70)] + [model.compute_logits(x[:rows]) for rows in (1, 64)]
-    model.set_projections("skinny")
+    model.set_projections(ProjectionMode.SKINNY)
     assert all(torch.equal(a, up(x[:rows])) for a, rows in zip(quantized, (1, 5, 64)))
     assert all(torch.equal(a, model.compute_logits(x[:rows])) for a, rows in zip(quantized[4:], (1, 64)))
-    model.set_projections("packed")
+    model.set_projections(ProjectionMode.PACKED)
     assert torch.equal(quantized[3], up(x))
 
 

@@ -6,7 +6,9 @@ import torch
 
 from engine.attention.backend import select_backend
 from engine.attention.metadata import AttentionMetadata
+from engine.kernels import kernels_for
 from engine.model.config import ModelConfig
+from engine.model.linear import ProjectionMode
 from engine.model.llama import LlamaModel
 from engine.model.tiny import CONFIG
 
@@ -14,10 +16,11 @@ BLOCK = 16
 
 
 def _model() -> LlamaModel:
-    model = LlamaModel(ModelConfig.from_hf_dict(CONFIG), torch.device("cpu"), torch.float32, 256)
+    model = LlamaModel(ModelConfig.from_hf_dict(CONFIG), torch.device("cpu"), torch.float32, 256,
+                       kernels_for(torch.device("cpu"), torch.float32))
     g = torch.Generator().manual_seed(0)
     model.load_weights((n, torch.randn(*s, generator=g) * 0.05, "test") for n, s in model.expected_shapes().items())
-    model.set_projections("dense")
+    model.set_projections(ProjectionMode.DENSE)
     return model
 
 

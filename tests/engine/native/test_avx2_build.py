@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from engine.cpu_info import cpuinfo_field
 from engine.attention import reference as ref
 from engine.native.build import bind, build_and_load
-from engine.native.layer_ops import NativeLayerOps, TorchLayerOps
+from engine.model.reference_ops import TorchLayerOps
+from engine.native.layer_ops import NativeLayerOps
 from engine.native.paged_decode import NativePagedDecode
 from engine.native.paged_prefill import NativePagedPrefill
 from engine.native.quant_linear import NativeQuantLinear
@@ -84,29 +85,6 @@ def test_avx2_products_are_the_skinny_kernels_bit_for_bit(kernels, qtype, rows, 
     got = quant(x, weight, bias)
     assert torch.equal(got, skinny(x, floats, bias))
     torch.testing.assert_close(got, F.linear(x, floats, bias), rtol=1e-5, atol=1e-4)
-
-
-def test_avx2_direct_row_and_scales_from_memory_change_no_float(kernels):
-    """One row straight from the registers (direct_row_q4_1x8) and the scales broadcast from memory
-    give the floats of the build without either (-DDIRECT_ROW=0 -DSCALES_FROM_REGISTER=1): strided
-    rows, a bias, K over two chunks and a part, several threads."""
-    lib = build_and_load("quant_linear.c", extra_flags=(*AVX2_FLAGS, "-DDIRECT_ROW=0", "-DSCALES_FROM_REGISTER=1")).lib
-    if lib is None:
-        pytest.skip("no C compiler here")
-    before, (quant, _) = NativeQuantLinear(lib), kernels
-    weight = quantized(48, 1600, "Q4_1", seed=9)[0].regroup()
-    g = torch.Generator().manual_seed(9)
-    bias = torch.randn(48, generator=g)
-    threads = torch.get_num_threads()
-    try:
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            for rows in (1, 2, 3, 8):
-                x = torch.randn(rows, 1650, generator=g)[:, 50:]
-                assert torch.equal(quant(x, weight, bias), before(x, weight, bias)), (n, rows)
-                assert torch.equal(quant(x, weight, None), before(x, weight, None)), (n, rows)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

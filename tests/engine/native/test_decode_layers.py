@@ -4,17 +4,21 @@ dense down projection, a Q8_0 embedding), with and without
 a qkv bias, at row counts across the kernels' tile and thread boundaries; and the loop stands aside
 wherever some call would not be a compiled kernel."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 from engine.attention.backend import AttentionBackend, select_backend
 from engine.attention.metadata import AttentionMetadata
+from engine.kernels import kernels_for
 from engine.model.config import ModelConfig
+from engine.model.linear import ProjectionMode
 from engine.model.llama import LlamaModel
+from engine.model.reference_ops import TorchLayerOps
 from engine.model.tiny import CONFIG
 from engine.native.decode_layers import MAX_ROWS
-from engine.native.layer_ops import TorchLayerOps
 from engine.native.quant_linear import NativeQuantLinear, QuantizedWeight
 
 BLOCK = 16
@@ -22,8 +26,8 @@ BLOCK = 16
 
 def _model(overrides: dict | None = None, blocks: bool = False) -> LlamaModel:
     model = LlamaModel(ModelConfig.from_hf_dict(dict(CONFIG, **(overrides or {}))), torch.device("cpu"),
-                       torch.float32, 512)
-    if model.native_layers is None or model.skinny_kernel is None:
+                       torch.float32, 512, kernels_for(torch.device("cpu"), torch.float32))
+    if model.kernels.decode_layers is None or model.kernels.skinny is None:
         pytest.skip("the C layer loop needs the compiled kernels (CPU fp32 with AVX-512 or AVX2)")
     weights = {n: torch.randn(*s, generator=torch.Generator().manual_seed(i)) * 0.05
                for i, (n, s) in enumerate(model.expected_shapes().items())}
@@ -42,7 +46,7 @@ def _model(overrides: dict | None = None, blocks: bool = False) -> LlamaModel:
                 weights[name] = torch.from_numpy(np.asarray(dequantize(raw, GGMLQuantizationType[qtype]))
                                                  .reshape(w.shape).copy())
     model.load_weights((n, t, "test") for n, t in weights.items())
-    model.set_projections("skinny")  # the default on Intel; on AMD the default (packed) leaves it only with blocks
+    model.set_projections(ProjectionMode.SKINNY)  # the default on Intel; on AMD the default (packed) leaves it only with blocks
     if blocks:
         assert model.attach_quantized(quantized, "test")
     return model
@@ -83,13 +87,13 @@ def _both_ways(model: LlamaModel, lens: list[int], block: int = BLOCK):
     before = cache.clone()
     looped = _decode_step(model, cache, tables, lens, attn)
     assert model._decode_plan is not None  # the loop ran
-    loop = model.native_layers
-    model.native_layers = None
+    kernels = model.kernels
+    model.use_kernels(replace(kernels, decode_layers=None))
     try:
         python_cache = before.clone()
         python = _decode_step(model, python_cache, tables, lens, attn)
     finally:
-        model.native_layers = loop
+        model.use_kernels(kernels)
     return (looped, cache), (python, python_cache)
 
 
@@ -138,24 +142,24 @@ def test_the_loop_stands_aside_where_a_call_would_not_be_a_compiled_kernel():
     _decode_step(model, cache, tables, [9, 20], attn)
     plan = model._decode_plan
     assert plan is not None
-    model.set_projections("packed")  # oneDNN multiplies: no plan
+    model.set_projections(ProjectionMode.PACKED)  # oneDNN multiplies: no plan
     _decode_step(model, cache, tables, [9, 20], attn)
     assert model._decode_plan is None
-    model.set_projections("skinny")  # a fresh plan, not the old one's pointers
+    model.set_projections(ProjectionMode.SKINNY)  # a fresh plan, not the old one's pointers
     _decode_step(model, cache, tables, [9, 20], attn)
     assert model._decode_plan is not None and model._decode_plan is not plan
     no_kernel = AttentionBackend(attn.name, attn.write_kv, attn.decode, attn.prefill)  # no compiled decode kernel
     _decode_step(model, cache, tables, [9, 20], no_kernel)
     assert model._decode_plan is None
     h = torch.zeros(MAX_ROWS + 1, model.cfg.hidden_size)
-    plan = model.native_layers.plan(model, cache, attn.decode_kernel())
+    plan = model.kernels.decode_layers.plan(model, cache, attn.decode_kernel())
     int64 = torch.zeros(MAX_ROWS + 1, dtype=torch.int64)
-    assert model.native_layers.run(plan, h, int64, int64, int64, torch.zeros((MAX_ROWS + 1, 1), dtype=torch.int32),
+    assert model.kernels.decode_layers.run(plan, h, int64, int64, int64, torch.zeros((MAX_ROWS + 1, 1), dtype=torch.int32),
                                    torch.ones(MAX_ROWS + 1, dtype=torch.int32)) is None  # past the row limit
-    native_ops = model.ops
-    model.ops = TorchLayerOps()  # norms and rotary embedding in torch: no plan
+    native = model.kernels
+    model.use_kernels(replace(native, layer_ops=TorchLayerOps()))  # norms and rotary embedding in torch: no plan
     _decode_step(model, cache, tables, [9, 20], attn)
     assert model._decode_plan is None
-    model.ops = native_ops
+    model.use_kernels(native)
     _decode_step(model, cache, tables, [9, 20], attn)
     assert model._decode_plan is not None

@@ -7,9 +7,11 @@ import shutil
 import pytest
 import torch
 
+from engine.kernels import layer_ops_for
 from engine.model.config import ModelConfig
+from engine.model.reference_ops import TorchLayerOps
 from engine.model.rope import RotaryEmbedding
-from engine.native.layer_ops import NativeLayerOps, TorchLayerOps, layer_ops_for
+from engine.native.layer_ops import NativeLayerOps
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this machine")
 

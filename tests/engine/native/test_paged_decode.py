@@ -83,20 +83,6 @@ def test_a_long_context_gets_the_same_floats_in_any_batch_and_with_any_thread_co
         torch.set_num_threads(before)
 
 
-def test_heads_together_or_one_head_a_task_give_the_same_floats(kernel):
-    """A sequence's KV heads run as one thread's run of tasks where there are sequences enough; the
-    build that gives each head its own task (the A/B baseline) computes the very same floats."""
-    per_head = NativePagedDecode.load(heads_together=False)
-    assert per_head is not None
-    for name in ("one_token_rows", "long_ragged", "split_mixed_bs32", "qwen25_gqa7_d64"):
-        args = decode_inputs(MORE_CASES[name])
-        for rows in (1, len(args[4])):  # one row: one head a task either way; all: heads together
-            sub = (args[0][:rows], args[1], args[2], args[3][:rows], args[4][:rows], args[5])
-            assert torch.equal(kernel(*sub), per_head(*sub)), name
-    many = decode_inputs(dict(heads=9, kv_heads=3, head_dim=64, block_size=16, lens=[5, 70, 300, 33, 1, 129, 16, 64]))
-    assert torch.equal(kernel(*many), per_head(*many))
-
-
 def _padded_rows(cache: torch.Tensor) -> torch.Tensor:
     """The same values in a cache whose token rows are 32 floats apart more than their heads need:
     the kernel's strides allow it, and touch_piece then reads row by row instead of a block's run."""

@@ -69,8 +69,7 @@ def test_a_redis_restart_between_heartbeats_reseeds_the_prefix_index(server, clu
     and blocks that were only hit afterwards were never stored again."""
     async def main() -> None:
         state = ClusterState("router-a", RedisState(server.url, cluster))
-        router = SimpleNamespace(heartbeat_payload=dict, pool=SimpleNamespace(all=list))
-        await state.start(router)
+        await state.start(dict, SimpleNamespace(all=list))
         try:
             await state.prefix_apply("d0", [BlocksStored(H)])
             await asyncio.sleep(1.5 * HEARTBEAT_S)  # a heartbeat has seen this server

@@ -17,7 +17,7 @@ from router.state.journal import BatchJournal
 
 
 class FakeState:
-    """The idempotency half of ``ClusterState`` the consumer calls."""
+    """What the consumer calls of ``ClusterState`` (``durable_batch.ResultKeys``)."""
 
     def __init__(self) -> None:
         self.stored: dict[tuple[str, str], GenerationResult] = {}
@@ -98,7 +98,7 @@ def test_a_stopping_router_leaves_its_jobs_to_another_replica(make_state: Callab
         journal = BatchJournal(st)
         ids = await _submit(journal, 3)
         stuck = FakeRouter("hang")
-        a = DurableBatch(stuck, journal, "router-a", idle_ms=200, poll_s=0.01)
+        a = DurableBatch(stuck, stuck.state, journal, "router-a", idle_ms=200, poll_s=0.01)
         consumer = asyncio.create_task(a.run())
         await _until(lambda: len(a._running) == 3)
         await a.stop()  # what Router.stop / Router.drain do before the dispatcher fails the streams
@@ -108,7 +108,7 @@ def test_a_stopping_router_leaves_its_jobs_to_another_replica(make_state: Callab
             assert status is not None and status.status == "running", status  # not failed, not done
         assert await journal.pending_count() == 3
 
-        b = DurableBatch(FakeRouter("finish"), BatchJournal(st), "router-b", idle_ms=200, poll_s=0.01)
+        b = DurableBatch(FakeRouter("finish"), FakeState(), BatchJournal(st), "router-b", idle_ms=200, poll_s=0.01)
         consumer = asyncio.create_task(b.run())
         await _until(lambda: b.jobs_completed == 3)
         consumer.cancel()
@@ -126,7 +126,7 @@ def test_a_stopped_consumer_claims_nothing_more(make_state: Callable[..., RedisS
         st = make_state()
         journal = BatchJournal(st)
         router = FakeRouter("finish")
-        batch = DurableBatch(router, journal, "router-a", idle_ms=200, poll_s=0.01)
+        batch = DurableBatch(router, router.state, journal, "router-a", idle_ms=200, poll_s=0.01)
         await batch.stop()
         consumer = asyncio.create_task(batch.run())
         await _submit(journal, 2)
@@ -143,7 +143,7 @@ def test_a_job_that_fails_while_the_router_runs_is_recorded_failed(make_state: C
         st = make_state()
         journal = BatchJournal(st)
         [job_id] = await _submit(journal, 1)
-        batch = DurableBatch(FakeRouter("fail"), journal, "router-a", idle_ms=200, poll_s=0.01)
+        batch = DurableBatch(FakeRouter("fail"), FakeState(), journal, "router-a", idle_ms=200, poll_s=0.01)
         consumer = asyncio.create_task(batch.run())
 
         async def failed() -> bool:
@@ -166,7 +166,7 @@ def test_a_reused_request_id_with_another_prompt_is_a_409_not_the_earlier_answer
         make_state: Callable[..., RedisState]) -> None:
     async def main() -> None:
         st = make_state()
-        batch = DurableBatch(FakeRouter("finish"), BatchJournal(st), "router-a", idle_ms=200, poll_s=0.01)
+        batch = DurableBatch(FakeRouter("finish"), FakeState(), BatchJournal(st), "router-a", idle_ms=200, poll_s=0.01)
         first = job_payload("bj-1", "t", "batch", [1, 2, 3], SamplingParams(max_tokens=2), "first prompt")
         await batch.submit(first, "batch")
         await batch.submit(dict(first), "batch")  # the same request again (a retry): the same job
@@ -190,7 +190,7 @@ def test_a_run_aborted_by_nobody_is_left_for_the_next_claim(make_state: Callable
         journal = BatchJournal(st)
         [job_id] = await _submit(journal, 1)
         router = FakeRouter("abort", "finish")
-        batch = DurableBatch(router, journal, "router-a", idle_ms=200, poll_s=0.01)
+        batch = DurableBatch(router, router.state, journal, "router-a", idle_ms=200, poll_s=0.01)
         consumer = asyncio.create_task(batch.run())
         await _status_becomes(journal, job_id, "done")
         await _stop(batch, consumer)
@@ -208,8 +208,8 @@ def test_a_client_cancel_stops_the_job_on_the_replica_running_it(make_state: Cal
     async def main() -> None:
         st = make_state()
         journal_a, journal_b = BatchJournal(st), BatchJournal(st)
-        a = DurableBatch(FakeRouter("hang"), journal_a, "router-a", idle_ms=300, poll_s=0.01)
-        b = DurableBatch(FakeRouter("finish"), journal_b, "router-b", idle_ms=300, poll_s=0.01)
+        a = DurableBatch(FakeRouter("hang"), FakeState(), journal_a, "router-a", idle_ms=300, poll_s=0.01)
+        b = DurableBatch(FakeRouter("finish"), FakeState(), journal_b, "router-b", idle_ms=300, poll_s=0.01)
         waiting = await b.submit(job_payload("c-1", "t", "batch", [1, 2, 3], SamplingParams(max_tokens=2), None),
                                  "batch")
         consumer = asyncio.create_task(a.run())
@@ -220,7 +220,7 @@ def test_a_client_cancel_stops_the_job_on_the_replica_running_it(make_state: Cal
         assert result.finish_reason == "abort" and result.token_ids == (1,)
         await _status_becomes(journal_a, "c-1", "cancelled")
         await _stop(a, consumer)
-        assert await journal_a.pending_count() == 0 and a.router.started == ["c-1"]
+        assert await journal_a.pending_count() == 0 and a.runner.started == ["c-1"]
         assert not await b.cancel("c-1", "t")  # it ended: nothing to cancel any more
         await st.close()
 
@@ -233,7 +233,7 @@ def test_a_job_cancelled_while_queued_never_runs(make_state: Callable[..., Redis
         journal = BatchJournal(st)
         [job_id] = await _submit(journal, 1)
         router = FakeRouter("finish")
-        batch = DurableBatch(router, journal, "router-a", idle_ms=200, poll_s=0.01)
+        batch = DurableBatch(router, router.state, journal, "router-a", idle_ms=200, poll_s=0.01)
         assert await batch.cancel(job_id, "t")
         consumer = asyncio.create_task(batch.run())
         await asyncio.sleep(0.4)
@@ -253,7 +253,7 @@ def test_a_redis_blip_at_a_jobs_start_or_end_loses_nothing(make_state: Callable[
         st = make_state()
         journal = BatchJournal(st)
         router = FakeRouter("finish")
-        batch = DurableBatch(router, journal, "router-a", idle_ms=200, poll_s=0.01)
+        batch = DurableBatch(router, router.state, journal, "router-a", idle_ms=200, poll_s=0.01)
         waiting = await batch.submit(job_payload("job-0", "t", "batch", [1, 2, 3], SamplingParams(max_tokens=2),
                                                  None), "batch")
         real_running, real_complete = journal.set_running, journal.complete
@@ -291,7 +291,7 @@ def test_a_waiter_whose_job_redis_lost_gets_an_error_not_a_hang(make_state: Call
     async def main() -> None:
         st = make_state()
         journal = BatchJournal(st)
-        batch = DurableBatch(FakeRouter("finish"), journal, "router-a", idle_ms=200, poll_s=0.01,
+        batch = DurableBatch(FakeRouter("finish"), FakeState(), journal, "router-a", idle_ms=200, poll_s=0.01,
                              lost_after_polls=2)
         waiting = await batch.submit(job_payload("gone", "t", "batch", [1, 2], SamplingParams(max_tokens=2), None),
                                      "batch")
@@ -310,7 +310,7 @@ def test_a_waiter_whose_job_redis_lost_gets_an_error_not_a_hang(make_state: Call
 def test_a_client_that_leaves_frees_its_request_id_here(make_state: Callable[..., RedisState]) -> None:
     async def main() -> None:
         st = make_state()
-        batch = DurableBatch(FakeRouter("finish"), BatchJournal(st), "router-a", idle_ms=200, poll_s=0.01)
+        batch = DurableBatch(FakeRouter("finish"), FakeState(), BatchJournal(st), "router-a", idle_ms=200, poll_s=0.01)
         waiting = await batch.submit(job_payload("left", "t", "batch", [1, 2], SamplingParams(max_tokens=2), None),
                                      "batch")
         assert batch.holds("left")
@@ -326,7 +326,7 @@ def test_an_idempotency_key_gets_the_jobs_result_or_is_released(make_state: Call
         st = make_state()
         journal = BatchJournal(st)
         router = FakeRouter("finish", by_id={"k-1": "fail"})
-        batch = DurableBatch(router, journal, "router-a", idle_ms=200, poll_s=0.01)
+        batch = DurableBatch(router, router.state, journal, "router-a", idle_ms=200, poll_s=0.01)
         for i in range(2):
             await journal.submit(job_payload(f"k-{i}", "t", "batch", [1, 2], SamplingParams(max_tokens=2), None,
                                              idempotency_key=f"key-{i}"), job_id=f"k-{i}")

@@ -40,7 +40,7 @@ def test_two_requests_arriving_together_with_one_id_are_one_request_and_a_409(re
             assert await router.abort("shared-1", "alice")  # the one that runs can be stopped
             assert (await stream.result()).finish_reason == "abort"
             assert dispatcher.aborted == [scoped_request_id("alice", "shared-1")]
-            assert not router._ids_held
+            assert router.requests.num_held == 0
         finally:
             await router.stop()
 
@@ -253,16 +253,16 @@ def test_a_request_nobody_reads_to_its_end_still_ends_in_the_router(redis_server
         try:
             unread = await router.generate(_request(tenant="alice", request_id="unread"))  # finishes at once
             for _ in range(100):
-                if not router._requests:
+                if not router.requests:
                     break
                 await asyncio.sleep(0.01)
-            assert not router._requests and router.capacity.in_flight == 0 and unread.ctx.finished
+            assert not router.requests and router.capacity.in_flight == 0 and unread.ctx.finished
             # n = 3, its client gone after the choices finished but before anyone read them
             choices = await Choices.start(router, _request(tenant="alice", request_id="multi"), 3)
             await asyncio.sleep(0.1)
             await choices.abort()
             await asyncio.sleep(0.05)
-            assert not router._requests and not router._dispatched and router.capacity.in_flight == 0
+            assert not router.requests and router.requests.num_dispatched == 0 and router.capacity.in_flight == 0
             text = router.metrics()[0].decode()
             assert _sample(text, "baton_requests_finished_total", "length") == 4
         finally:
@@ -288,7 +288,7 @@ def test_the_choices_of_a_request_with_a_long_id_can_be_aborted_and_looked_up(re
             await choices.abort()  # what the frontends do when the client goes away
             assert len(dispatcher.aborted) == 2 and not dispatcher.held
             await asyncio.sleep(0.05)
-            assert not router._requests
+            assert not router.requests
             jobs = await Choices.start(router, _request(tenant="alice", request_id=rid, lane="batch"), 2)
             await until_held(dispatcher, 2)
             assert (await router.batch_result(rid + "-1", "alice"))["status"] == "running"

@@ -47,9 +47,20 @@ app.kubernetes.io/part-of: baton
 Derived settings
 --------------------------------------------------------------------------------------------- */}}
 
+{{/* Whether the model lives on the claim model.pvc.claimName: source pvc, or one the chart fills
+(hf://..., pvc://...). */}}
+{{- define "baton.modelOnPvc" -}}
+{{- if or (eq .Values.model.source "pvc") (hasPrefix "hf://" .Values.model.source) (hasPrefix "pvc://" .Values.model.source) }}true{{ end }}
+{{- end }}
+
+{{/* Whether an init container fills the model claim first. */}}
+{{- define "baton.modelFetch" -}}
+{{- if or (hasPrefix "hf://" .Values.model.source) (hasPrefix "pvc://" .Values.model.source) }}true{{ end }}
+{{- end }}
+
 {{/* The model path Baton loads (config model.path). */}}
 {{- define "baton.modelPath" -}}
-{{- if eq .Values.model.source "pvc" }}
+{{- if include "baton.modelOnPvc" . }}
 {{- $p := trimPrefix "/" (toString .Values.model.path) }}
 {{- if or (eq $p "") (eq $p ".") }}{{ .Values.model.pvc.mountPath }}{{ else }}{{ printf "%s/%s" (trimSuffix "/" .Values.model.pvc.mountPath) $p }}{{ end }}
 {{- else }}
@@ -118,8 +129,13 @@ Checks the JSON schema cannot express; each fails with a message naming the valu
 {{- if gt (int $s.min) (int $s.replicas) }}{{ fail (printf "%s.minReplicas (%d) is larger than %s.replicas (%d)" $role (int $s.min) $role (int $s.replicas)) }}{{ end }}
 {{- if lt (int $s.max) (int $s.replicas) }}{{ fail (printf "%s.maxReplicas (%d) is smaller than %s.replicas (%d)" $role (int $s.max) $role (int $s.replicas)) }}{{ end }}
 {{- end }}
-{{- if eq $v.model.source "pvc" }}
-{{- if not $v.model.pvc.claimName }}{{ fail "model.source is pvc but model.pvc.claimName is empty: name the PersistentVolumeClaim that holds the model" }}{{ end }}
+{{- if include "baton.modelOnPvc" . }}
+{{- if not $v.model.pvc.claimName }}{{ fail (printf "model.source is %s but model.pvc.claimName is empty: name the PersistentVolumeClaim that holds the model" $v.model.source) }}{{ end }}
+{{- if and (include "baton.modelFetch" .) (eq (trimPrefix "/" (toString $v.model.path)) "") }}{{ fail (printf "model.source is %s: set model.path to the directory on the claim to fill (e.g. the model's name)" $v.model.source) }}{{ end }}
+{{- if hasPrefix "pvc://" $v.model.source }}
+{{- $claim := index (splitList "/" (trimPrefix "pvc://" $v.model.source)) 0 }}
+{{- if eq $claim $v.model.pvc.claimName }}{{ fail (printf "model.source %s copies from model.pvc.claimName itself: use model.source: pvc and model.path for a model already on that claim" $v.model.source) }}{{ end }}
+{{- end }}
 {{- else }}
 {{- if $v.model.pvc.claimName }}{{ fail "model.pvc.claimName is set but model.source is image: set model.source: pvc to mount the claim" }}{{ end }}
 {{- end }}
@@ -127,6 +143,11 @@ Checks the JSON schema cannot express; each fails with a message naming the valu
 {{- if not $v.redis.url }}{{ fail "redis.mode is external but redis.url is empty: give redis://host:port/db" }}{{ end }}
 {{- if and $v.redis.auth.enabled (not $v.redis.auth.existingSecret) }}{{ fail "redis.mode is external with redis.auth.enabled: name the Secret holding the password in redis.auth.existingSecret (key redis.auth.secretKey)" }}{{ end }}
 {{- else if $v.redis.url }}{{ fail "redis.url is set but redis.mode is bundled: set redis.mode: external to use your own Redis" }}{{ end }}
+{{- if and (ne $v.head.serviceType "ClusterIP") (not $v.head.exposeDashboard) }}{{ fail (printf "head.serviceType is %s, which would expose the Ray head (its dashboard and Jobs API run any code on the cluster) outside it: keep ClusterIP and use kubectl port-forward, or set head.exposeDashboard: true if you really mean it" $v.head.serviceType) }}{{ end }}
+{{- if $v.rayAuth.enabled }}
+{{- if eq $v.launcher.mode "rayjob" }}{{ fail "launcher.mode rayjob with rayAuth.enabled: KubeRay's operator reads the RayJob's status from the Ray dashboard without the chart's token, so the job would never be seen running; use launcher.mode head, or set rayAuth.enabled: false (the NetworkPolicies still keep Ray's ports to this release's pods)" }}{{ end }}
+{{- if semverCompare "<2.52.0-0" (toString $v.rayVersion) }}{{ fail (printf "rayAuth.enabled needs Ray 2.52 or newer (token authentication); rayVersion is %s: upgrade the image or set rayAuth.enabled: false" (toString $v.rayVersion)) }}{{ end }}
+{{- end }}
 {{- if eq (int $v.router.ports.http) (int $v.router.ports.grpc) }}{{ fail (printf "router.ports.http and router.ports.grpc are both %d: the router serves HTTP and gRPC on a port each; give them different ports" (int $v.router.ports.http)) }}{{ end }}
 {{- range $g := list "prefill" "decode" }}
 {{- $p := index $v $g }}
@@ -168,7 +189,7 @@ An unset request or limit is not checked (with no request, Kubernetes requests t
 {{- $owned := dict "head" (list "num-cpus" "num-gpus" "resources" "dashboard-host") "router" (list "num-cpus" "resources") "prefill" (list "num-cpus" "num-gpus" "resources") "decode" (list "num-cpus" "num-gpus" "resources") }}
 {{- range $g, $keys := $owned }}
 {{- range $k := $keys }}
-{{- if hasKey ((index $v $g).rayStartParams | default dict) $k }}{{ fail (printf "%s.rayStartParams.%s is set by the chart (from %s); remove it" $g $k (ternary "the group's CPU/GPU values and its Baton Ray resource" "Baton's head settings: no actors on the head, dashboard on 0.0.0.0" (ne $g "head"))) }}{{ end }}
+{{- if hasKey ((index $v $g).rayStartParams | default dict) $k }}{{ fail (printf "%s.rayStartParams.%s is set by the chart (from %s); remove it" $g $k (ternary "the group's CPU/GPU values and its Baton Ray resource" "Baton's head settings: no actors on the head, dashboard on loopback unless head.exposeDashboard" (ne $g "head"))) }}{{ end }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -229,6 +250,11 @@ Pod pieces shared by the Ray groups
       fieldPath: status.podIP
 - name: BATON_CACHE_DIR   # models Baton imports or builds (default, tiny, .gguf): a writable emptyDir
   value: /var/cache/baton/models
+- name: BATON_KERNEL_CACHE   # CPU kernels compiled at first use: an emptyDir
+  value: /var/cache/baton-kernels
+- name: HOME   # ~/.cache and the like: an emptyDir (the root filesystem is read-only)
+  value: /home/baton
+{{- include "baton.rayAuthEnv" . }}
 {{- if .Values.redis.auth.enabled }}
 - name: REDIS_PASSWORD
   valueFrom:
@@ -265,7 +291,8 @@ Pod pieces shared by the Ray groups
     sizeLimit: {{ . }}
     {{- else }} {}
     {{- end }}
-{{- if eq .Values.model.source "pvc" }}
+{{- include "baton.scratchVolumes" . }}
+{{- if include "baton.modelOnPvc" . }}
 - name: model
   persistentVolumeClaim:
     claimName: {{ .Values.model.pvc.claimName }}
@@ -279,7 +306,8 @@ Pod pieces shared by the Ray groups
   readOnly: true
 - name: baton-cache
   mountPath: /var/cache/baton
-{{- if eq .Values.model.source "pvc" }}
+{{ include "baton.scratchMounts" . }}
+{{- if include "baton.modelOnPvc" . }}
 - name: model
   mountPath: {{ .Values.model.pvc.mountPath }}
   readOnly: true
@@ -312,7 +340,7 @@ nodeSelector:
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with (.group.affinity | default $d.affinity) }}
+{{- with (.group.affinity | default $d.affinity | default .spread) }}
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -337,21 +365,4 @@ imagePullSecrets:
 {{- $all := deepCopy .base -}}
 {{- range $k, $val := (.extra | default dict) }}{{ $_ := set $all $k (toString $val) }}{{ end -}}
 {{- toYaml $all }}
-{{- end }}
-
-{{/* The HTTP/gRPC probe handler for the router container: args (dict "root" $ "kind" "startup|readiness" "path" "/health"). */}}
-{{- define "baton.routerProbe" -}}
-{{- $p := .root.Values.router.probes -}}
-{{- $cfg := index $p .kind -}}
-{{- if eq $p.grpc .kind }}
-grpc:
-  port: {{ .root.Values.router.ports.grpc }}
-{{- else }}
-httpGet:
-  path: {{ .path }}
-  port: http
-{{- end }}
-periodSeconds: {{ $cfg.periodSeconds }}
-failureThreshold: {{ $cfg.failureThreshold }}
-timeoutSeconds: {{ $cfg.timeoutSeconds }}
 {{- end }}

@@ -1,0 +1,122 @@
+"""Sampling the server's Prometheus ``/metrics`` during a run: queue depth, running requests and
+KV usage over time (the names of ``router/metrics.py``).
+
+A failed scrape is not fatal: the sample then holds only the client's own in-flight count, so a
+server without ``/metrics`` (or a gRPC-only target) still gets a time series.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from baton.perf.loadgen.outgoing import Clock
+
+log = logging.getLogger(__name__)
+
+WAITING = "baton_requests_waiting"  # {lane, role="router"}: the router's lane queues
+RUNNING = "baton_requests_running"  # {lane, role="cluster"}: dispatched, not finished
+KV_USAGE = "baton_kv_cache_usage_ratio"  # {role, worker}
+WORKER_WAITING = "baton_worker_requests_waiting"  # {role, worker}
+WORKER_RUNNING = "baton_worker_requests_running"  # {role, worker}
+WORKER_STEPS = "baton_worker_steps_total"  # {role, worker}: cumulative counters
+WORKER_BUSY = "baton_worker_busy_seconds_total"
+WORKER_BUSY_CPU = "baton_worker_busy_cpu_seconds_total"
+
+
+@dataclass
+class MetricsSample:
+    t: float
+    in_flight: int  # client side: sent, not finished
+    scraped: bool = False
+    waiting: dict[str, float] = field(default_factory=dict)  # lane -> router queue depth
+    running: dict[str, float] = field(default_factory=dict)  # lane -> running in the pools
+    kv_usage: dict[str, float] = field(default_factory=dict)  # "role/worker" -> fraction of blocks
+    worker_waiting: dict[str, float] = field(default_factory=dict)
+    worker_running: dict[str, float] = field(default_factory=dict)
+    # cumulative per worker: steps, wall seconds in steps, the stepping thread's CPU seconds in them
+    worker_steps: dict[str, float] = field(default_factory=dict)
+    worker_busy_s: dict[str, float] = field(default_factory=dict)
+    worker_busy_cpu_s: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"t": round(self.t, 3), "in_flight": self.in_flight, "scraped": self.scraped,
+                "waiting": self.waiting, "running": self.running, "kv_usage": self.kv_usage,
+                "worker_waiting": self.worker_waiting, "worker_running": self.worker_running,
+                "worker_steps": self.worker_steps, "worker_busy_s": self.worker_busy_s,
+                "worker_busy_cpu_s": self.worker_busy_cpu_s}
+
+
+def parse_metrics(text: str, sample: MetricsSample) -> MetricsSample:
+    """Fill ``sample`` from a Prometheus text exposition."""
+    per_worker = {KV_USAGE: sample.kv_usage, WORKER_WAITING: sample.worker_waiting,
+                  WORKER_RUNNING: sample.worker_running, WORKER_STEPS: sample.worker_steps,
+                  WORKER_BUSY: sample.worker_busy_s, WORKER_BUSY_CPU: sample.worker_busy_cpu_s}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == WAITING and s.labels.get("role", "router") == "router":
+                sample.waiting[s.labels.get("lane", "")] = s.value
+            elif s.name == RUNNING:
+                lane = s.labels.get("lane", "")
+                sample.running[lane] = sample.running.get(lane, 0.0) + s.value
+            elif s.name in per_worker:
+                worker = f"{s.labels.get('role', '?')}/{s.labels.get('worker', '?')}"
+                per_worker[s.name][worker] = s.value
+    sample.scraped = True
+    return sample
+
+
+async def poll(url: str | None, interval_s: float, clock: Clock, in_flight: Callable[[], int],
+               out: list[MetricsSample], stop: asyncio.Event) -> None:
+    """Append a sample every ``interval_s`` until ``stop`` is set (and one last one then)."""
+    client = httpx.AsyncClient(timeout=httpx.Timeout(max(interval_s * 4, 2.0))) if url else None
+    warned = False
+    try:
+        while True:
+            sample = MetricsSample(t=clock(), in_flight=in_flight())
+            if client is not None:
+                try:
+                    resp = await client.get(url)
+                    resp.raise_for_status()
+                    parse_metrics(resp.text, sample)
+                except (httpx.HTTPError, ValueError) as e:
+                    if not warned:
+                        log.warning("scraping %s failed (%s); the time series holds client-side counts only", url, e)
+                        warned = True
+            out.append(sample)
+            if stop.is_set():
+                return
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=max(0.0, interval_s - (clock() - sample.t)))
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        if client is not None:
+            await client.aclose()
+
+
+def worker_utilisation(samples: list[MetricsSample]) -> dict[str, dict[str, float]]:
+    """Per worker over the run (first to last scrape that saw it): steps, wall and CPU seconds in
+    steps, the mean step, the share of the time it was stepping, and ``cpu_share`` = CPU / wall
+    seconds in steps (below 1: its steps waited for a core)."""
+    seen = [s for s in samples if s.scraped and s.worker_steps]
+    out: dict[str, dict[str, float]] = {}
+    if len(seen) < 2:
+        return out
+    for worker in seen[-1].worker_steps:
+        mine = [s for s in seen if worker in s.worker_steps]
+        a, b = mine[0], mine[-1]
+        steps = b.worker_steps[worker] - a.worker_steps[worker]
+        busy = b.worker_busy_s.get(worker, 0.0) - a.worker_busy_s.get(worker, 0.0)
+        cpu = b.worker_busy_cpu_s.get(worker, 0.0) - a.worker_busy_cpu_s.get(worker, 0.0)
+        span = b.t - a.t
+        out[worker] = {"steps": steps, "busy_s": round(busy, 3), "busy_cpu_s": round(cpu, 3),
+                       "mean_step_ms": round(busy / steps * 1e3, 2) if steps else None,
+                       "busy_share": round(busy / span, 4) if span > 0 else None,
+                       "cpu_share": round(cpu / busy, 4) if busy > 0 else None}
+    return out

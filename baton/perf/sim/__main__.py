@@ -1,0 +1,5 @@
+import sys
+
+from baton.perf.sim.cli import main
+
+sys.exit(main())

@@ -1,5 +1,0 @@
-import sys
-
-from bench.sim.cli import main
-
-sys.exit(main())
