@@ -7,22 +7,14 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # in the venv (a CUDA build, say) is kept.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test lint install install-dev clean
+.PHONY: run test lint install install-dev clean soak
 
-# `make lint`: ruff (lint, and the format check), mypy (strict on the core packages: pyproject.toml).
-# While packages are mid-rewrite (issue 48) it covers the paths that pass today, and the format check
-# waits for the one formatting commit; after both, this line reads `LINT_SCOPE ?= all`.
-LINT_SCOPE ?= partial
-LINT_ALL   := baton engine router kv_transfer prefill_worker decode_worker bench tests
-BATON_READY := $(addprefix baton/,__init__.py __main__.py cli.py cluster.py config.py fleet.py frontend.py \
-                 redis_server.py router_replica.py serve.py supervisor.py) \
-               $(addprefix baton/commands/,__init__.py chat.py cluster_cmd.py config_cmd.py engine_args.py \
-                 generate.py up.py)
-LINT_PATHS ?= $(if $(filter all,$(LINT_SCOPE)),$(LINT_ALL),$(BATON_READY) tests/__init__.py tests/conftest.py \
-                 tests/waiting.py $(addprefix tests/baton/,__init__.py test_cli.py test_cluster.py test_config.py \
-                 test_fleet.py test_frontend_url.py test_up.py) tests/e2e tests/deploy tests/decode_worker \
-                 tests/prefill_worker)
-MYPY_PATHS ?= $(if $(filter all,$(LINT_SCOPE)),$(LINT_ALL),$(BATON_READY))
+# `make lint`: ruff (lint and the format check) over the whole tree (pyproject.toml excludes the
+# generated code), and mypy (strict on the core packages, looser on baton and bench: pyproject.toml)
+# over the packages that pass it. tests/ is not in MYPY_PATHS yet: its remaining errors are test
+# doubles and loose SamplingParams arguments (issue 48); `make lint MYPY_PATHS=` checks every
+# package pyproject.toml lists, tests included.
+MYPY_PATHS ?= baton engine router kv_transfer prefill_worker decode_worker bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,9 +42,16 @@ run: install
 test: install-dev lint
 	$(PY) -m pytest -q tests
 
+# 10 minutes of mixed load on `baton up` (1 prefill, 2 decode workers) while a worker is killed every
+# ~60 s and the embedded Redis once; fails on a lost batch job, a hung stream, a migrated stream off
+# by a token, a KV block held afterwards or 10% RSS growth (bench/soak.py). Not in `make test`: its
+# 60 s variant is (tests/bench/test_soak.py).
+soak: install-dev
+	mkdir -p bench/results && $(PY) -m bench.soak --duration 600 --kill-every 60 --json bench/results/soak.json
+
 lint: install-dev
-	$(VENV)/bin/ruff check $(LINT_PATHS)
-	$(if $(filter all,$(LINT_SCOPE)),$(VENV)/bin/ruff format --check $(LINT_PATHS),@echo "ruff format --check: not yet (LINT_SCOPE=$(LINT_SCOPE))")
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy $(MYPY_PATHS)
 
 clean:

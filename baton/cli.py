@@ -17,9 +17,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="baton", description="Baton: disaggregated prefill/decode LLM serving")
     # Any case; argparse converts a string default with ``type`` but does not check it against the
     # choices, so main() checks what BATON_LOG_LEVEL gave.
-    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
-                        default=os.environ.get("BATON_LOG_LEVEL") or "WARNING",
-                        help="also BATON_LOG_LEVEL (default WARNING)")
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=os.environ.get("BATON_LOG_LEVEL") or "WARNING",
+        help="also BATON_LOG_LEVEL (default WARNING)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (up, cluster_cmd, generate, chat, bench, config_cmd, profile, plan):
         module.add_parser(sub)
@@ -30,8 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.log_level not in LOG_LEVELS:  # only the environment variable gets past the choices
-        print(f"baton: error: BATON_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)} (any case), "
-              f"got {os.environ.get('BATON_LOG_LEVEL')!r}", file=sys.stderr)
+        print(
+            f"baton: error: BATON_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)} (any case), "
+            f"got {os.environ.get('BATON_LOG_LEVEL')!r}",
+            file=sys.stderr,
+        )
         return 2
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from engine.errors import InvalidParameterError, ModelLoadError
@@ -52,8 +59,10 @@ def main(argv: list[str] | None = None) -> int:
             pass
         return 141
     except MemoryError as e:  # a buffer sized from the flags (numpy's message gives the size, not the flag)
-        print(f"baton: error: out of memory ({e}); lower max_num_seqs, max_model_len or the KV cache size",
-              file=sys.stderr)
+        print(
+            f"baton: error: out of memory ({e}); lower max_num_seqs, max_model_len or the KV cache size",
+            file=sys.stderr,
+        )
         return 2
     except Exception as e:  # only the ones that say what the user got wrong; others raise
         message = user_error(e, (InvalidParameterError, ModelLoadError, ValueError, RuntimeError, OSError))

@@ -61,13 +61,15 @@ class ClusterConfig:
         if self.transfer_timeout_s <= 0:
             raise ValueError("transfer_timeout_s must be > 0")
         if self.decode_prefill_token_budget is not None and self.decode_prefill_token_budget < 1:
-            raise ValueError("decode_prefill_token_budget must be >= 1 or None, "
-                             f"got {self.decode_prefill_token_budget}")
+            raise ValueError(
+                f"decode_prefill_token_budget must be >= 1 or None, got {self.decode_prefill_token_budget}"
+            )
 
 
 class LocalCluster:
-    def __init__(self, config: ClusterConfig, progress: Callable[[str], None] | None = None,
-                 router_id: str = "router-0") -> None:
+    def __init__(
+        self, config: ClusterConfig, progress: Callable[[str], None] | None = None, router_id: str = "router-0"
+    ) -> None:
         self.config = config
         say = progress or (lambda m: log.info(m))
         model_dir = resolve_model(config.engine.model, progress=say)
@@ -76,39 +78,74 @@ class LocalCluster:
         self.tokenizer = Tokenizer.from_dir(model_dir) if (model_dir / "tokenizer.json").exists() else None
         self._owns_ray = not ray.is_initialized()
         c = config
+        tp = c.engine.tensor_parallel_size  # every worker's, until pools set their own
         pools = {
-            "prefill": PoolSpec("prefill", c.prefill_workers, _or(c.prefill_cpus_per_worker, c.cpus_per_worker),
-                                _or(c.prefill_gpus_per_worker, c.gpus_per_worker),
-                                _or(c.prefill_torch_threads_per_worker, c.torch_threads_per_worker)),
-            "decode": PoolSpec("decode", c.decode_workers, c.cpus_per_worker, c.gpus_per_worker,
-                               c.torch_threads_per_worker),
+            "prefill": PoolSpec(
+                "prefill",
+                c.prefill_workers,
+                _or(c.prefill_cpus_per_worker, c.cpus_per_worker),
+                _or(c.prefill_gpus_per_worker, c.gpus_per_worker),
+                _or(c.prefill_torch_threads_per_worker, c.torch_threads_per_worker),
+                tensor_parallel_size=tp,
+            ),
+            "decode": PoolSpec(
+                "decode",
+                c.decode_workers,
+                c.cpus_per_worker,
+                c.gpus_per_worker,
+                c.torch_threads_per_worker,
+                tensor_parallel_size=tp,
+            ),
         }
         if self._owns_ray:
             say("starting Ray")
             cpus = sum(p.workers * p.cpus for p in pools.values())
-            ray.init(address=config.ray_address, num_cpus=None if config.ray_address else max(2, int(cpus) + 1),
-                     include_dashboard=False, log_to_driver=True, configure_logging=False)
+            ray.init(
+                address=config.ray_address,
+                num_cpus=None if config.ray_address else max(2, int(cpus) + 1),
+                include_dashboard=False,
+                log_to_driver=True,
+                configure_logging=False,
+            )
         say(f"starting {config.prefill_workers} prefill and {config.decode_workers} decode workers")
-        self.fleet = WorkerFleet(engine_cfg, pools["prefill"], pools["decode"],
-                                 FleetOptions(config.transfer_timeout_s, config.max_restarts, config.start_timeout_s,
-                                              decode_prefill_token_budget=config.decode_prefill_token_budget,
-                                              kv_data_plane=config.kv_data_plane),
-                                 say)
+        self.fleet = WorkerFleet(
+            engine_cfg,
+            pools["prefill"],
+            pools["decode"],
+            FleetOptions(
+                config.transfer_timeout_s,
+                config.max_restarts,
+                config.start_timeout_s,
+                decode_prefill_token_budget=config.decode_prefill_token_budget,
+                kv_data_plane=config.kv_data_plane,
+            ),
+            say,
+        )
         self.pool = self.fleet.start()
         decode = self.pool.decode
         first = decode[0].info
         assert first is not None  # start() returned: every worker reported its info
         self.max_model_len, self.vocab_size = first.max_model_len, first.vocab_size
-        self.dispatcher = Dispatcher(self.pool, router_id=router_id,
-                                     local_prefill_threshold=config.local_prefill_threshold,
-                                     short_prompts_to_idle_prefill=config.short_prompts_to_idle_prefill)
+        self.dispatcher = Dispatcher(
+            self.pool,
+            router_id=router_id,
+            local_prefill_threshold=config.local_prefill_threshold,
+            short_prompts_to_idle_prefill=config.short_prompts_to_idle_prefill,
+        )
         self.dispatcher.start()
         self._ids = itertools.count()
         say("cluster ready")
 
     # -- requests -----------------------------------------------------------------------------
-    def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
-               request_id: str | None = None, priority: int = 0, cache_salt: str | None = None) -> RequestStream:
+    def submit(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> RequestStream:
         params = params or SamplingParams()
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -123,16 +160,20 @@ class LocalCluster:
                 "max_tokens",
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, {params.max_tokens} for the "
-                "completion). Please reduce the prompt or max_tokens.")
+                "completion). Please reduce the prompt or max_tokens.",
+            )
         rid = request_id or f"req-{next(self._ids)}"
         return self.dispatcher.submit(RequestSpec(rid, tuple(ids), params, priority, cache_salt))
 
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         yield from self.submit(prompt, params)
 
-    def generate(self, prompts: Sequence[str | Sequence[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 timeout: float | None = 600.0) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        timeout: float | None = 600.0,
+    ) -> list[RequestOutput]:
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         streams = [self.submit(p, sp) for p, sp in zip(prompts, params)]
@@ -165,9 +206,15 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         while True:
             loads = self.loads()
-            busy = {wid: load for wid, load in loads.items()
-                    if load.num_free_blocks != load.num_total_blocks or load.num_running or load.num_waiting
-                    or load.num_reserved or load.num_transferring}
+            busy = {
+                wid: load
+                for wid, load in loads.items()
+                if load.num_free_blocks != load.num_total_blocks
+                or load.num_running
+                or load.num_waiting
+                or load.num_reserved
+                or load.num_transferring
+            }
             if not busy and not self.dispatcher.num_in_flight:
                 return loads
             if time.monotonic() > deadline:

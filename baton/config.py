@@ -15,7 +15,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
-from engine.config import MAX_NUM_SEQS, CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
+from engine.config import (
+    MAX_NUM_SEQS,
+    MAX_TENSOR_PARALLEL,
+    CacheConfig,
+    EngineConfig,
+    LaneShareConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
+from router.lane_pressure import lane_share_configs
 from router.lanes import ClassificationRules, LaneConfig, LanePolicy, TenantConfig, default_lanes
 
 
@@ -64,16 +73,34 @@ class EngineSection(_Model):
     max_num_seqs: int = Field(256, ge=1, le=MAX_NUM_SEQS)
     max_num_batched_tokens: int = Field(2048, ge=16)
     kv_cache_memory_gb: float | None = Field(None, gt=0)
+    gpu_memory_utilization: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="CUDA without kv_cache_memory_gb: the share of the GPU's total memory a "
+        "worker's weights, activations and KV cache may use (a fractional-gpus worker: that share of its fraction)",
+    )
     enable_prefix_caching: bool = True
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     cuda_graphs: bool = Field(True, description="CUDA: decode steps replay graphs captured at start")
-    kv_shared_memory: bool = Field(False,
-                                   description="CPU: KV caches in /dev/shm; same-host transfers copy directly")
-    speculative_tokens: int = Field(0, ge=0, le=32,
-                                    description="n-gram drafts a step for each decoding request; 0: off")
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=MAX_TENSOR_PARALLEL,
+        description="ranks an engine's model is "
+        "sharded over (heads and MLP rows split, Megatron-style); the pools' default",
+    )
+    kv_shared_memory: bool = Field(False, description="CPU: KV caches in /dev/shm; same-host transfers copy directly")
+    speculative_tokens: int = Field(
+        0, ge=0, le=32, description="n-gram drafts a step for each decoding request; 0: off"
+    )
     speculative_min_keep_chance: float = Field(
-        0.5, ge=0, lt=1, description="a request drafts only as many tokens as its keep rate gives this chance of "
-        "being kept; 0: always speculative_tokens (lower it where a draft row is cheap, as on a GPU)")
+        0.5,
+        ge=0,
+        lt=1,
+        description="a request drafts only as many tokens as its keep rate gives this chance of "
+        "being kept; 0: always speculative_tokens (lower it where a draft row is cheap, as on a GPU)",
+    )
 
     @field_validator("block_size")
     @classmethod
@@ -88,6 +115,9 @@ class PoolSection(_Model):
     cpus: float = Field(1.0, gt=0, description="Ray CPUs per worker")
     gpus: float = Field(0.0, ge=0, description="GPUs per worker (0 on CPU)")
     threads: int = Field(1, ge=1, description="torch threads per worker on CPU")
+    tensor_parallel_size: int | None = Field(
+        None, ge=1, le=MAX_TENSOR_PARALLEL, description="ranks a worker spans (null: engine.tensor_parallel_size)"
+    )
 
 
 class PoolsSection(_Model):
@@ -95,10 +125,13 @@ class PoolsSection(_Model):
     decode: PoolSection = PoolSection(workers=1)
     local_prefill_threshold: int = Field(256, ge=0, description="shorter prompts prefill on the decode worker")
     short_prompts_to_idle_prefill: bool = Field(
-        True, description="a short prompt still goes to a prefill worker with room for it now (idle between "
-                          "long prompts), so decode steps do not compute it")
+        True,
+        description="a short prompt still goes to a prefill worker with room for it now (idle between "
+        "long prompts), so decode steps do not compute it",
+    )
     decode_prefill_token_budget: int | None = Field(
-        256, ge=1, description="with a prefill pool: prompt tokens a decode worker's step may compute (null: no cap)")
+        256, ge=1, description="with a prefill pool: prompt tokens a decode worker's step may compute (null: no cap)"
+    )
     transfer_timeout_s: float = Field(10.0, gt=0)
     max_restarts: int = Field(3, ge=0)
 
@@ -116,10 +149,24 @@ class RouterSection(_Model):
     http_port: int = Field(8000, ge=0, le=65535)
     grpc_port: int = Field(50051, ge=0, le=65535)
     slo_rejection: bool = True
-    slo_headroom: float = Field(0.75, gt=0, le=1, description="queue-wait estimates / this must fit the TTFT SLO; "
-                                "the live decode pace must stay under this x the TPOT SLO")
-    pace_guard: bool = Field(True, description="hold lanes with a looser TPOT objective in the router while the live "
-                             "decode pace is past 0.8 x headroom x the tightest one in use")
+    slo_headroom: float = Field(
+        0.75,
+        gt=0,
+        le=1,
+        description="queue-wait estimates / this must fit the TTFT SLO; "
+        "the live decode pace must stay under this x the TPOT SLO",
+    )
+    pace_guard: bool = Field(
+        True,
+        description="hold lanes with a looser TPOT objective in the router while the live "
+        "decode pace is past 0.8 x headroom x the tightest one in use",
+    )
+    lane_priority: bool = Field(
+        True,
+        description="decode workers share their sequence slots by lane weight (with each "
+        "lane's decode_floor) and preempt preemptible lanes for a more important lane's pace; "
+        "admission counts what that frees",
+    )
     tenant_cache_isolation: bool = True
     drain_timeout_s: float = Field(30.0, ge=0)
     initial_prefill_tokens_per_s: float = Field(1000.0, gt=0)
@@ -141,6 +188,13 @@ class LaneSection(_Model):
     preemptible: bool = False
     batch_window_s: float = Field(0.0, ge=0)
     durable: bool = False
+    decode_floor: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description="the least share of a decode worker's sequence slots "
+        "the lane keeps while it has demand (router.lane_priority)",
+    )
 
 
 class TenantSection(_Model):
@@ -194,7 +248,34 @@ class ClusterSection(_Model):
     decode_resource: str = Field("baton_decode", min_length=1)
     router_cpus: float = Field(1.0, ge=0, description="Ray CPUs per router replica")
     supervise_interval_s: float = Field(5.0, gt=0)
+    round_timeout_s: float = Field(10.0, gt=0, description="the most one supervision round waits for its probes")
     start_timeout_s: float = Field(600.0, gt=0, description="model load + placement, per start")
+    pending_report_s: float = Field(20.0, gt=0, description="an actor not placed this long is reported")
+
+
+class ObservabilitySection(_Model):
+    """Request tracing (router/tracing.py): off unless an OTLP endpoint is given."""
+
+    otlp_endpoint: str | None = Field(
+        None, description="OTLP/HTTP collector URL, e.g. http://otel-collector:4318; null: tracing off"
+    )
+    service_name: str = Field("baton", min_length=1, description="the traces' service.name")
+    sample_ratio: float = Field(
+        1.0, ge=0, le=1, description="share of new traces kept (a client's sampled traceparent is followed)"
+    )
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_url(cls, v: str | None) -> str | None:
+        if not v:
+            return None
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL (OTLP over HTTP), got {v!r}")
+        from importlib.util import find_spec
+
+        if find_spec("opentelemetry.exporter.otlp.proto.http") is None:  # fail at start, not at the first span
+            raise ValueError("the OTLP exporter is not installed: pip install 'baton[otlp]'")
+        return v
 
 
 def _default_lane_sections() -> list[LaneSection]:
@@ -212,6 +293,7 @@ class BatonConfig(_Model):
     auth: AuthSection = AuthSection()
     redis: RedisSection = RedisSection()
     cluster: ClusterSection = ClusterSection()
+    observability: ObservabilitySection = ObservabilitySection()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> BatonConfig:
@@ -228,35 +310,78 @@ class BatonConfig(_Model):
                 if lane not in names:
                     raise ValueError(f"tenants[{i}] ({t.name}): unknown lane {lane!r}")
             if t.default_lane and t.allowed_lanes and t.default_lane not in t.allowed_lanes:
-                raise ValueError(f"tenants[{i}] ({t.name}): default_lane {t.default_lane!r} "
-                                 "is not in its allowed_lanes")
+                raise ValueError(
+                    f"tenants[{i}] ({t.name}): default_lane {t.default_lane!r} is not in its allowed_lanes"
+                )
             if t.name in seen:  # the router knows a tenant by name: the second one's limits would be ignored
                 raise ValueError(f"tenants[{i}]: the name {t.name!r} is taken by an earlier tenant")
             seen.add(t.name)
+        for role, pool in (("prefill", self.pools.prefill), ("decode", self.pools.decode)):
+            tp = self.pool_tensor_parallel_size(role)
+            if pool.gpus and pool.gpus < tp:
+                raise ValueError(
+                    f"pools.{role}: tensor_parallel_size={tp} needs one GPU per rank, but a worker is "
+                    f"given gpus={pool.gpus}"
+                )
         if self.auth.api_key is not None and "default" in seen:
-            raise ValueError("auth.api_key is the 'default' tenant's key, and a tenant named 'default' is "
-                             "configured too: give that tenant the key instead")
+            raise ValueError(
+                "auth.api_key is the 'default' tenant's key, and a tenant named 'default' is "
+                "configured too: give that tenant the key instead"
+            )
         return self
 
     # -- building the runtime objects ------------------------------------------------------------
     def engine_config(self) -> EngineConfig:
         e = self.engine
         return EngineConfig(
-            model=self.model.path, dtype=self.model.dtype, max_model_len=self.model.max_model_len,
-            attention_backend=e.attention_backend, cuda_graphs=e.cuda_graphs,
-            scheduler=SchedulerConfig(max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
-                                      speculative=SpeculativeConfig.from_num_tokens(
-                                          e.speculative_tokens, min_keep_chance=e.speculative_min_keep_chance)),
-            cache=CacheConfig(block_size=e.block_size, kv_cache_memory_gb=e.kv_cache_memory_gb,
-                              enable_prefix_caching=e.enable_prefix_caching, shared_memory=e.kv_shared_memory),
+            model=self.model.path,
+            dtype=self.model.dtype,
+            max_model_len=self.model.max_model_len,
+            attention_backend=e.attention_backend,
+            cuda_graphs=e.cuda_graphs,
+            tensor_parallel_size=e.tensor_parallel_size,
+            scheduler=SchedulerConfig(
+                max_num_seqs=e.max_num_seqs,
+                max_num_batched_tokens=e.max_num_batched_tokens,
+                speculative=SpeculativeConfig.from_num_tokens(
+                    e.speculative_tokens, min_keep_chance=e.speculative_min_keep_chance
+                ),
+                lane_shares=self.lane_shares(),
+            ),
+            cache=CacheConfig(
+                block_size=e.block_size,
+                kv_cache_memory_gb=e.kv_cache_memory_gb,
+                gpu_memory_utilization=e.gpu_memory_utilization,
+                enable_prefix_caching=e.enable_prefix_caching,
+                shared_memory=e.kv_shared_memory,
+            ),
         )
+
+    def pool_tensor_parallel_size(self, role: str) -> int:
+        """The ranks a ``role`` ('prefill' or 'decode') worker spans: its pool's size, else the engine's."""
+        pool = self.pools.prefill if role == "prefill" else self.pools.decode
+        return pool.tensor_parallel_size or self.engine.tensor_parallel_size
+
+    def lane_shares(self) -> tuple[LaneShareConfig, ...]:
+        """The lanes as the workers' schedulers share decode capacity by them (none: router.lane_priority off)."""
+        if not self.router.lane_priority:
+            return ()
+        return lane_share_configs(LaneConfig(**lane.model_dump()) for lane in self.lanes)
 
     def lane_policy(self) -> LanePolicy:
         tenants = []
         for i, t in enumerate(self.tenants):
             key = t.api_key.resolve(f"tenants[{i}].api_key") if t.api_key else None
-            tenants.append(TenantConfig(t.name, key, tuple(t.allowed_lanes) if t.allowed_lanes else None,
-                                        t.default_lane, t.requests_per_min, t.tokens_per_min))
+            tenants.append(
+                TenantConfig(
+                    t.name,
+                    key,
+                    tuple(t.allowed_lanes) if t.allowed_lanes else None,
+                    t.default_lane,
+                    t.requests_per_min,
+                    t.tokens_per_min,
+                )
+            )
         default_key = self.auth.api_key.resolve("auth.api_key") if self.auth.api_key else None
         if not any(t.name == "default" for t in tenants):
             tenants.append(TenantConfig("default", default_key))
@@ -333,7 +458,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             except TypeError:
                 continue  # SafeLoader refuses an unhashable key itself
             if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
-                                                        key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice", key_node.start_mark
+                )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)

@@ -20,8 +20,9 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 REQUEST = b"drain\n"
 
@@ -29,7 +30,7 @@ REQUEST = b"drain\n"
 class DrainSocket:
     """Serves drain requests on ``path``; every request waits for the one drain (run once)."""
 
-    def __init__(self, path: str, drain: Callable[[], Awaitable[int]]) -> None:
+    def __init__(self, path: str, drain: Callable[[], Coroutine[Any, Any, int]]) -> None:
         self.path = path
         self._drain = drain
         self._server: asyncio.AbstractServer | None = None
@@ -83,11 +84,13 @@ def request_drain(path: str, timeout_s: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m baton.drain_socket",
-                                     description="Drain this pod's router replica (a preStop hook).")
+    parser = argparse.ArgumentParser(
+        prog="python -m baton.drain_socket", description="Drain this pod's router replica (a preStop hook)."
+    )
     parser.add_argument("--socket", default=os.environ.get("BATON_DRAIN_SOCKET", "/tmp/baton/router-drain.sock"))
-    parser.add_argument("--sleep", type=float, default=0.0,
-                        help="seconds to wait first, while the Service drops this pod's endpoints")
+    parser.add_argument(
+        "--sleep", type=float, default=0.0, help="seconds to wait first, while the Service drops this pod's endpoints"
+    )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the drain")
     args = parser.parse_args(argv)
     if args.sleep > 0:

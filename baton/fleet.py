@@ -41,10 +41,19 @@ class PoolSpec:
     gpus: float = 0.0
     threads: int = 1  # torch threads per worker on CPU
     resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per worker
+    tensor_parallel_size: int = 1  # ranks a worker spans
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode"):
             raise ValueError(f"unknown pool role {self.role!r}")
+        if self.tensor_parallel_size != 1:
+            # A pool worker is one process today: its KV handoff ships one rank's heads. Refused
+            # rather than served wrong; the colocated engine (baton generate) runs TP groups.
+            raise ValueError(
+                f"pools.{self.role}.tensor_parallel_size={self.tensor_parallel_size}: tensor-parallel "
+                "pool workers are not supported yet (only the colocated engine, engine."
+                "tensor_parallel_size with `baton generate` / `baton bench offline`, runs TP)"
+            )
         if self.workers < (1 if self.role == "decode" else 0):
             raise ValueError(f"pools.{self.role}.workers: {self.workers} is too few")
 
@@ -62,14 +71,24 @@ class FleetOptions:
 
 
 class WorkerFleet:
-    def __init__(self, engine: EngineConfig, prefill: PoolSpec, decode: PoolSpec,
-                 options: FleetOptions = FleetOptions(), progress: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        engine: EngineConfig,
+        prefill: PoolSpec,
+        decode: PoolSpec,
+        options: FleetOptions = FleetOptions(),
+        progress: Callable[[str], None] | None = None,
+        on_spawn: Callable[[str, str, dict[str, float]], None] | None = None,
+    ) -> None:
         self.engine = engine
+        # (worker id, Ray actor name, resource demand) of each named actor created: the placement watch
+        self.on_spawn = on_spawn
         self.specs = {"prefill": prefill, "decode": decode}
         self.options = options
         self.say = progress or (lambda m: log.info(m))
-        self._store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False,
-                                    timeout=datetime.timedelta(seconds=60))
+        self._store = dist.TCPStore(
+            "0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+        )
         self.store = StoreAddress(driver_ip(), self._store.port)
         self.pool = WorkerPool([], [])
         self.replacements = 0
@@ -79,15 +98,19 @@ class WorkerFleet:
         """Start every actor and wait for all of them to load. Raises RuntimeError naming what the
         cluster lacks if they do not start in time."""
         for role in ("prefill", "decode"):
-            handles = [WorkerHandle(f"{role}-{i}", role, self._spawn(role, f"{role}-{i}"))
-                       for i in range(self.specs[role].workers)]
+            handles = [
+                WorkerHandle(f"{role}-{i}", role, self._spawn(role, f"{role}-{i}"))
+                for i in range(self.specs[role].workers)
+            ]
             getattr(self.pool, role).extend(handles)
         try:
             infos = ray.get([w.actor.info.remote() for w in self.pool.all()], timeout=self.options.start_timeout_s)
         except GetTimeoutError:
             self.kill_all()
-            raise RuntimeError(f"the workers did not start within {self.options.start_timeout_s:.0f}s; "
-                               f"the Ray cluster needs {self._demand()}") from None
+            raise RuntimeError(
+                f"the workers did not start within {self.options.start_timeout_s:.0f}s; "
+                f"the Ray cluster needs {self._demand()}"
+            ) from None
         except RayActorError as e:  # its __init__ raised (a bad model, say): that error, not Ray's dump
             self.kill_all()
             raise RuntimeError(f"a worker failed to start: {_raised_in(e)}") from None
@@ -111,6 +134,8 @@ class WorkerFleet:
             # A worker given GPUs must use one: "auto" fell back to the CPU (a CPU image or torch
             # build on GPU nodes) and served on CPU while holding the GPUs. It fails to start instead.
             engine = replace(engine, device="cuda")
+        if 0 < spec.gpus < 1:  # workers sharing a GPU: each sizes its KV from its share (engine/kv_memory.py)
+            engine = replace(engine, cache=replace(engine.cache, gpu_fraction=spec.gpus))
         if role == "prefill":  # its requests stop at their first token: no decode step for CUDA graphs to replay
             engine = replace(engine, cuda_graphs=False)
         budget = self.options.decode_prefill_token_budget
@@ -120,33 +145,59 @@ class WorkerFleet:
 
     def _spawn(self, role: str, worker_id: str) -> Any:  # a Ray ActorHandle: its methods are typed at run time only
         spec = self.specs[role]
-        opts: dict = dict(num_cpus=spec.cpus, num_gpus=spec.gpus, max_restarts=self.options.max_restarts,
-                          max_concurrency=16)
+        opts: dict = dict(
+            num_cpus=spec.cpus, num_gpus=spec.gpus, max_restarts=self.options.max_restarts, max_concurrency=16
+        )
         if spec.resources:
             opts["resources"] = dict(spec.resources)
         if self.options.actor_name_prefix:
             # A replacement reuses the name: the dead actor's name is free once Ray gives up on it.
             suffix = f"-r{self.replacements}" if self.replacements else ""
             opts["name"] = f"{self.options.actor_name_prefix}-{worker_id}{suffix}"
+            if self.on_spawn is not None:
+                self.on_spawn(worker_id, opts["name"], {"CPU": spec.cpus, "GPU": spec.gpus, **spec.resources})
         transfer = {} if self.options.kv_data_plane is None else {"data_plane": self.options.kv_data_plane}
         if role == "prefill":
-            return ray.remote(PrefillWorker).options(**opts).remote(worker_id, self._engine_for(role), self.store,
-                                                                    **transfer)
-        return ray.remote(DecodeWorker).options(**opts).remote(
-            worker_id, self._engine_for(role), self.store, transfer_timeout_s=self.options.transfer_timeout_s,
-            **transfer)
+            return (
+                ray.remote(PrefillWorker)
+                .options(**opts)
+                .remote(worker_id, self._engine_for(role), self.store, **transfer)
+            )
+        return (
+            ray.remote(DecodeWorker)
+            .options(**opts)
+            .remote(
+                worker_id,
+                self._engine_for(role),
+                self.store,
+                transfer_timeout_s=self.options.transfer_timeout_s,
+                **transfer,
+            )
+        )
 
     # -- supervision --------------------------------------------------------------------------
-    def dead_workers(self, timeout_s: float = 30.0, skip: Collection[str] = frozenset()) -> list[WorkerHandle]:
+    def dead_workers(
+        self,
+        timeout_s: float = 30.0,
+        skip: Collection[str] = frozenset(),
+        wait: Callable[[list[Any]], Collection[Any]] | None = None,
+    ) -> list[WorkerHandle]:
         """Workers whose actor is gone for good (Ray will not restart it). A restarting actor or a
         slow one is not dead: Ray restarts within ``max_restarts``, and the routers notice the new
-        incarnation themselves. ``skip``: worker ids not to ask (replacements still loading)."""
+        incarnation themselves. ``skip``: worker ids not to ask (replacements still loading).
+        ``wait``: returns the answered pings (the supervisor's round: one deadline shared by all its
+        probes, cut short by a stop); by default they all share ``timeout_s``."""
         handles = [w for w in self.pool.all() if w.worker_id not in skip]
         refs = [w.actor.ping.remote() for w in handles]
+        if not refs:
+            return []
+        answered = set(wait(refs) if wait is not None else ray.wait(refs, num_returns=len(refs), timeout=timeout_s)[0])
         dead = []
         for w, ref in zip(handles, refs):
+            if ref not in answered:
+                continue  # slow or unreachable now: not known dead
             try:
-                ray.get(ref, timeout=timeout_s)
+                ray.get(ref, timeout=0)
             except RayActorError as e:
                 if not _is_restarting(e):
                     dead.append(w)

@@ -18,6 +18,7 @@ from router.http.app import create_app
 from router.http.server import HttpServer
 from router.router import Router, RouterConfig
 from router.state.connection import RedisState
+from router.tracing import Tracing
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,16 @@ def with_password(url: str, password: str | None) -> str:
 
 
 class RouterFrontend:
-    def __init__(self, cfg: BatonConfig, dispatcher: Dispatcher, model_dir: Path, redis_url: str,
-                 *, job_idle_ms: int = 15_000, advertise_host: str | None = None) -> None:
+    def __init__(
+        self,
+        cfg: BatonConfig,
+        dispatcher: Dispatcher,
+        model_dir: Path,
+        redis_url: str,
+        *,
+        job_idle_ms: int = 15_000,
+        advertise_host: str | None = None,
+    ) -> None:
         self.cfg = cfg
         self.policy = cfg.lane_policy()  # resolves secrets: a missing key fails before anything binds
         self.dispatcher = dispatcher
@@ -70,19 +79,40 @@ class RouterFrontend:
     async def start(self, http_port: int | None = None, grpc_port: int | None = None) -> Endpoints:
         rc = self.cfg.router
         name = served_name(self.cfg)
-        state = ClusterState(self.dispatcher.router_id, RedisState(self.redis_url, self.cfg.redis.cluster_name),
-                             job_idle_ms=self.job_idle_ms)
-        self.router = Router(RouterConfig(model_name=name, model_dir=self.model_dir, lanes=self.policy,
-                                          slo_rejection=rc.slo_rejection, slo_headroom=rc.slo_headroom,
-                                          pace_guard=rc.pace_guard,
-                                          tenant_cache_isolation=rc.tenant_cache_isolation,
-                                          initial_prefill_tokens_per_s=rc.initial_prefill_tokens_per_s,
-                                          drain_timeout_s=rc.drain_timeout_s),
-                             self.dispatcher.pool, self.dispatcher, state)
+        state = ClusterState(
+            self.dispatcher.router_id,
+            RedisState(self.redis_url, self.cfg.redis.cluster_name),
+            job_idle_ms=self.job_idle_ms,
+        )
+        self.router = Router(
+            RouterConfig(
+                model_name=name,
+                model_dir=self.model_dir,
+                lanes=self.policy,
+                slo_rejection=rc.slo_rejection,
+                slo_headroom=rc.slo_headroom,
+                pace_guard=rc.pace_guard,
+                lane_priority=rc.lane_priority,
+                tenant_cache_isolation=rc.tenant_cache_isolation,
+                initial_prefill_tokens_per_s=rc.initial_prefill_tokens_per_s,
+                drain_timeout_s=rc.drain_timeout_s,
+            ),
+            self.dispatcher.pool,
+            self.dispatcher,
+            state,
+            Tracing.from_settings(
+                self.cfg.observability.otlp_endpoint,
+                self.cfg.observability.service_name,
+                self.cfg.observability.sample_ratio,
+            ),
+        )
         await self.router.start()
         try:
-            self.http = HttpServer(create_app(self.router, served_model_name=name), rc.host,
-                                   rc.http_port if http_port is None else http_port)
+            self.http = HttpServer(
+                create_app(self.router, served_model_name=name),
+                rc.host,
+                rc.http_port if http_port is None else http_port,
+            )
             await self.http.start()
             self.grpc = GrpcServer(self.router, rc.host, rc.grpc_port if grpc_port is None else grpc_port)
             bound_grpc = await self.grpc.start()

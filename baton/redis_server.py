@@ -122,14 +122,22 @@ class EmbeddedRedis:
         assert self.dir is not None
         return [
             str(self.binary),
-            "--bind", *((self.bind,) if self.bind == "127.0.0.1" else (self.bind, "127.0.0.1")),
-            "--port", str(port),
-            "--protected-mode", "yes",
-            "--daemonize", "no",
-            "--dir", str(self.dir),
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--logfile", "redis.log",  # relative to --dir
+            "--bind",
+            *((self.bind,) if self.bind == "127.0.0.1" else (self.bind, "127.0.0.1")),
+            "--port",
+            str(port),
+            "--protected-mode",
+            "yes",
+            "--daemonize",
+            "no",
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--logfile",
+            "redis.log",  # relative to --dir
             *(("--requirepass", self.password) if self.password else ()),
             *self.extra_args,
         ]
@@ -163,8 +171,11 @@ class EmbeddedRedis:
     def _spawn(self, port: int) -> None:
         try:
             self.proc = subprocess.Popen(
-                self._args(port), cwd=self.dir, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                self._args(port),
+                cwd=self.dir,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
                 # Its own session: a terminal's Ctrl-C must not kill it before the router has drained.
                 start_new_session=True,
                 # ...but it must not outlive this process either (killed before it could stop it).

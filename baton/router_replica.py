@@ -7,7 +7,10 @@ at start and any replacement later; Redis is the state the replicas share (prefi
 limits, idempotency, the durable batch journal).
 
 If the actor dies Ray restarts it (``max_restarts=-1``) with empty state; the supervisor sees
-``status().started`` false and calls ``start`` again.
+``status().started`` false and calls ``start`` again. A worker that does not answer ``info()``
+within ``info_timeout_s`` then (down, restarting, not placed) does not hold the start: the replica
+serves with the workers that answered, and its dispatcher's monitor takes the others in when they
+answer its pings.
 """
 
 from __future__ import annotations
@@ -50,8 +53,9 @@ class ReplicaStatus:
 
 
 class RouterReplica:
-    def __init__(self, replica_id: str, cfg: BatonConfig, redis_url: str) -> None:
+    def __init__(self, replica_id: str, cfg: BatonConfig, redis_url: str, info_timeout_s: float = 30.0) -> None:
         self.replica_id = replica_id
+        self.info_timeout_s = info_timeout_s
         self.cfg = cfg
         self.redis_url = redis_url
         self.node_ip = ray.util.get_node_ip_address()
@@ -65,17 +69,25 @@ class RouterReplica:
             if self.frontend is not None and self.frontend.endpoints is not None:  # started already
                 return self.frontend.endpoints
             model_dir = await asyncio.to_thread(resolve_model, self.cfg.model.path)  # the tokenizer
-            pool = WorkerPool([WorkerHandle(w.worker_id, w.role, w.actor) for w in workers if w.role == "prefill"],
-                              [WorkerHandle(w.worker_id, w.role, w.actor) for w in workers if w.role == "decode"])
-            infos = await asyncio.gather(*(w.actor.info.remote() for w in pool.all()))
-            for w, info in zip(pool.all(), infos):
-                w.info, w.alive = info, True
-            dispatcher = Dispatcher(pool, router_id=self.replica_id,
-                                    local_prefill_threshold=self.cfg.pools.local_prefill_threshold,
-                                    short_prompts_to_idle_prefill=self.cfg.pools.short_prompts_to_idle_prefill)
+            pool = WorkerPool(
+                [WorkerHandle(w.worker_id, w.role, w.actor) for w in workers if w.role == "prefill"],
+                [WorkerHandle(w.worker_id, w.role, w.actor) for w in workers if w.role == "decode"],
+            )
+            await self._gather_infos(pool)
+            dispatcher = Dispatcher(
+                pool,
+                router_id=self.replica_id,
+                local_prefill_threshold=self.cfg.pools.local_prefill_threshold,
+                short_prompts_to_idle_prefill=self.cfg.pools.short_prompts_to_idle_prefill,
+            )
             dispatcher.start()
-            frontend = RouterFrontend(self.cfg, dispatcher, model_dir, self.redis_url,
-                                      advertise_host=self.node_ip if self.cfg.router.host == "0.0.0.0" else None)
+            frontend = RouterFrontend(
+                self.cfg,
+                dispatcher,
+                model_dir,
+                self.redis_url,
+                advertise_host=self.node_ip if self.cfg.router.host == "0.0.0.0" else None,
+            )
             try:
                 endpoints = await frontend.start()
             except OSError as e:
@@ -83,7 +95,8 @@ class RouterReplica:
                 raise RuntimeError(
                     f"router replica {self.replica_id} on {self.node_ip}: cannot bind {self.cfg.router.host}:"
                     f"{self.cfg.router.http_port}/{self.cfg.router.grpc_port} ({e.strerror}); give each router "
-                    f"node one unit of {self.cfg.cluster.router_resource}") from None
+                    f"node one unit of {self.cfg.cluster.router_resource}"
+                ) from None
             self.dispatcher, self.frontend = dispatcher, frontend
             if os.environ.get("BATON_DRAIN_SOCKET"):  # the Helm chart's router pods: the preStop hook drains here
                 self.drain_socket = DrainSocket(os.environ["BATON_DRAIN_SOCKET"], self.drain_for_pod_stop)
@@ -91,11 +104,41 @@ class RouterReplica:
             log.info("router replica %s serving at %s", self.replica_id, endpoints.http_url)
             return endpoints
 
+    async def _gather_infos(self, pool: WorkerPool) -> None:
+        """Every worker's info(), all under one timeout; the ones that answer are alive. Raises if
+        no decode worker answered: nothing could be served (the supervisor starts it again)."""
+        workers = pool.all()
+        calls = [asyncio.ensure_future(asyncio.wrap_future(w.actor.info.remote().future())) for w in workers]
+        done, waiting = await asyncio.wait(calls, timeout=self.info_timeout_s) if calls else (set(), set())
+        for call in waiting:
+            call.cancel()
+        for w, call in zip(workers, calls):
+            if call in done and call.exception() is None:
+                w.info, w.alive = call.result(), True
+            else:
+                why = "no answer" if call in waiting else type(call.exception()).__name__
+                log.warning(
+                    "router replica %s: worker %s did not report (%s); serving without it until it does",
+                    self.replica_id,
+                    w.worker_id,
+                    why,
+                )
+        if not any(w.alive for w in pool.decode):
+            raise RuntimeError(
+                f"router replica {self.replica_id}: no decode worker answered within {self.info_timeout_s:g}s"
+            )
+
     async def status(self) -> ReplicaStatus:
         f = self.frontend
         ready = bool(f and f.router and f.router.readiness().ready)
-        return ReplicaStatus(self.replica_id, f is not None, ready, self.node_ip, f.endpoints if f else None,
-                             self.dispatcher.num_in_flight if self.dispatcher else 0)
+        return ReplicaStatus(
+            self.replica_id,
+            f is not None,
+            ready,
+            self.node_ip,
+            f.endpoints if f else None,
+            self.dispatcher.num_in_flight if self.dispatcher else 0,
+        )
 
     async def replace_worker(self, worker: WorkerRef) -> bool:
         """The supervisor started a new actor for a worker id whose actor died for good. The

@@ -26,8 +26,9 @@ __all__ = ["BatonServer", "Endpoints", "serve_forever"]
 
 
 class BatonServer:
-    def __init__(self, cfg: BatonConfig, progress: Callable[[str], None] | None = None,
-                 router_id: str = "router-0") -> None:
+    def __init__(
+        self, cfg: BatonConfig, progress: Callable[[str], None] | None = None, router_id: str = "router-0"
+    ) -> None:
         self.cfg = cfg
         self.say = progress or (lambda m: log.info(m))
         self.router_id = router_id
@@ -73,31 +74,42 @@ class BatonServer:
             url = redis.url
             self._redis_watch = asyncio.create_task(self._keep_redis_up(redis), name="redis-watch")
         self.redis_url = with_password(url, cfg.redis_password())
-        self.say(f"loading {cfg.model.path} into {cfg.pools.prefill.workers} prefill + "
-                 f"{cfg.pools.decode.workers} decode workers (Ray local)")
+        self.say(
+            f"loading {cfg.model.path} into {cfg.pools.prefill.workers} prefill + "
+            f"{cfg.pools.decode.workers} decode workers (Ray local)"
+        )
         cluster_cfg = ClusterConfig(
-            prefill_workers=cfg.pools.prefill.workers, decode_workers=cfg.pools.decode.workers,
-            engine=cfg.engine_config(), gpus_per_worker=cfg.pools.decode.gpus, cpus_per_worker=cfg.pools.decode.cpus,
-            torch_threads_per_worker=cfg.pools.decode.threads, prefill_gpus_per_worker=cfg.pools.prefill.gpus,
-            prefill_cpus_per_worker=cfg.pools.prefill.cpus, prefill_torch_threads_per_worker=cfg.pools.prefill.threads,
+            prefill_workers=cfg.pools.prefill.workers,
+            decode_workers=cfg.pools.decode.workers,
+            engine=cfg.engine_config(),
+            gpus_per_worker=cfg.pools.decode.gpus,
+            cpus_per_worker=cfg.pools.decode.cpus,
+            torch_threads_per_worker=cfg.pools.decode.threads,
+            prefill_gpus_per_worker=cfg.pools.prefill.gpus,
+            prefill_cpus_per_worker=cfg.pools.prefill.cpus,
+            prefill_torch_threads_per_worker=cfg.pools.prefill.threads,
             local_prefill_threshold=cfg.pools.local_prefill_threshold,
             short_prompts_to_idle_prefill=cfg.pools.short_prompts_to_idle_prefill,
             decode_prefill_token_budget=cfg.pools.decode_prefill_token_budget,
-            transfer_timeout_s=cfg.pools.transfer_timeout_s, max_restarts=cfg.pools.max_restarts)
+            transfer_timeout_s=cfg.pools.transfer_timeout_s,
+            max_restarts=cfg.pools.max_restarts,
+        )
         # On the main thread, blocking: Ray installs its handlers there, and nothing else runs yet.
         self.cluster = LocalCluster(cluster_cfg, self.say, self.router_id)
         endpoints = await self._start_frontend(self.cluster, self.cluster.dispatcher)
-        self.say(f"ready in {time.monotonic() - t0:.0f}s: serving {self.served_name} — OpenAI API at "
-                 f"{endpoints.http_url}/v1, gRPC at {endpoints.grpc_target}")
+        self.say(
+            f"ready in {time.monotonic() - t0:.0f}s: serving {self.served_name} — OpenAI API at "
+            f"{endpoints.http_url}/v1, gRPC at {endpoints.grpc_target}"
+        )
         return endpoints
 
-    async def _start_frontend(self, cluster: LocalCluster, dispatcher: Dispatcher,
-                              job_idle_ms: int = 15_000) -> Endpoints:
+    async def _start_frontend(
+        self, cluster: LocalCluster, dispatcher: Dispatcher, job_idle_ms: int = 15_000
+    ) -> Endpoints:
         # A restarted router keeps the ports the first one bound (tests ask for port 0).
         old = self.endpoints
         ports = (self.http.port, int(old.grpc_target.rsplit(":", 1)[1])) if old else (None, None)
-        self.frontend = RouterFrontend(self.cfg, dispatcher, cluster.model_dir, self.redis_url,
-                                       job_idle_ms=job_idle_ms)
+        self.frontend = RouterFrontend(self.cfg, dispatcher, cluster.model_dir, self.redis_url, job_idle_ms=job_idle_ms)
         return await self.frontend.start(*ports)
 
     async def crash_router(self) -> None:
@@ -113,9 +125,12 @@ class BatonServer:
         for w in cluster.pool.all():
             w.requests.clear()
             w.forget_dispatched()
-        dispatcher = Dispatcher(cluster.pool, router_id=router_id,
-                                local_prefill_threshold=cluster.config.local_prefill_threshold,
-                                short_prompts_to_idle_prefill=cluster.config.short_prompts_to_idle_prefill)
+        dispatcher = Dispatcher(
+            cluster.pool,
+            router_id=router_id,
+            local_prefill_threshold=cluster.config.local_prefill_threshold,
+            short_prompts_to_idle_prefill=cluster.config.short_prompts_to_idle_prefill,
+        )
         dispatcher.start()
         await self._start_frontend(cluster, dispatcher, job_idle_ms)
 
@@ -171,8 +186,9 @@ def preflight(cfg: BatonConfig) -> None:
 
         have = torch.cuda.device_count()
         if need > have:
-            raise ValueError(f"pools.*.gpus: the pools ask for {need:g} GPUs (workers x gpus) and this machine has "
-                             f"{have}")
+            raise ValueError(
+                f"pools.*.gpus: the pools ask for {need:g} GPUs (workers x gpus) and this machine has {have}"
+            )
 
 
 def local_notes(cfg: BatonConfig) -> list[str]:
@@ -180,13 +196,16 @@ def local_notes(cfg: BatonConfig) -> list[str]:
     rather than silently."""
     notes = []
     if cfg.router.replicas > 1:
-        notes.append(f"note: router.replicas is {cfg.router.replicas}; baton up runs one router "
-                     "(replicas are for baton cluster)")
+        notes.append(
+            f"note: router.replicas is {cfg.router.replicas}; baton up runs one router (replicas are for baton cluster)"
+        )
     cpus = sum(p.workers * p.cpus for p in (cfg.pools.prefill, cfg.pools.decode))
     have = os.cpu_count() or 1
     if cpus > have:
-        notes.append(f"note: the pools ask for {cpus:g} CPUs (workers x cpus) and this machine has {have}: "
-                     "the workers will share them")
+        notes.append(
+            f"note: the pools ask for {cpus:g} CPUs (workers x cpus) and this machine has {have}: "
+            "the workers will share them"
+        )
     return notes
 
 

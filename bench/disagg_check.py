@@ -48,15 +48,29 @@ def _prompts(seed: int, n: int, vocab: int, prefix_len: int) -> list[list[int]]:
     return out
 
 
-def _engine_config(model: str, device: str, block_size: int, chunk: int, shared: bool) -> EngineConfig:
+def _engine_config(
+    model: str, device: str, block_size: int, chunk: int, shared: bool, gpu_fraction: float | None = None
+) -> EngineConfig:
+    """``gpu_fraction``: the worker shares the GPU and sizes its KV from that share by a profiling
+    pass (engine/kv_memory.py) instead of a fixed 256 blocks."""
     # fp32 everywhere: colocated and disaggregated must pick the same greedy tokens.
-    return EngineConfig(model=model, device=device, dtype="float32",
-                        scheduler=SchedulerConfig(max_num_batched_tokens=chunk),
-                        cache=CacheConfig(block_size=block_size, num_blocks=256, shared_memory=shared))
+    cache = (
+        CacheConfig(block_size=block_size, num_blocks=256, shared_memory=shared)
+        if gpu_fraction is None
+        else CacheConfig(block_size=block_size, gpu_fraction=gpu_fraction, shared_memory=shared)
+    )
+    return EngineConfig(
+        model=model,
+        device=device,
+        dtype="float32",
+        scheduler=SchedulerConfig(max_num_batched_tokens=chunk),
+        cache=cache,
+    )
 
 
-def _serve(prefill: ProcActor, decode: ProcActor, prefill_peer, decode_peer, specs: list[RequestSpec],
-           timeout_s: float) -> dict[str, dict]:
+def _serve(
+    prefill: ProcActor, decode: ProcActor, prefill_peer, decode_peer, specs: list[RequestSpec], timeout_s: float
+) -> dict[str, dict]:
     """Reserve + prefill every spec, then poll the decode worker until each has finished."""
     skips = {}
     for spec in specs:
@@ -75,8 +89,11 @@ def _serve(prefill: ProcActor, decode: ProcActor, prefill_peer, decode_peer, spe
             if out.ttft_breakdown and "transfer" in out.ttft_breakdown:
                 transfer_s[out.request_id] = out.ttft_breakdown["transfer"]
             if out.finished:
-                done[out.request_id] = {"token_ids": list(out.token_ids), "finish_reason": out.finish_reason,
-                                        "skip_blocks": skips[out.request_id]}
+                done[out.request_id] = {
+                    "token_ids": list(out.token_ids),
+                    "finish_reason": out.finish_reason,
+                    "skip_blocks": skips[out.request_id],
+                }
     for rid, t in transfer_s.items():
         done[rid]["transfer_s"] = t
     return done
@@ -92,8 +109,22 @@ def _all_free(actor: ProcActor, timeout_s: float = 10.0):
         time.sleep(0.05)
 
 
-def run(model_dir: str, device: str, num_prompts: int = 8, max_tokens: int = 24, block_size: int = 16,
-        chunk: int = 64, prefix_len: int = 96, seed: int = 0, timeout_s: float = 120.0) -> dict:
+def run(
+    model_dir: str,
+    device: str,
+    num_prompts: int = 8,
+    max_tokens: int = 24,
+    block_size: int = 16,
+    chunk: int = 64,
+    prefix_len: int = 96,
+    seed: int = 0,
+    timeout_s: float = 120.0,
+    gpu_fraction: float | None = None,
+    devices: tuple[str, str] | None = None,
+    worker_kwargs: dict | None = None,
+) -> dict:
+    """``devices``: the prefill and the decode worker's (default: both on ``device``);
+    ``worker_kwargs``: more arguments for both workers (a ``data_plane``, say)."""
     shared = device == "cpu"  # the CPU local path needs caches in shared memory; CUDA uses IPC
     reference = LLMEngine(_engine_config(model_dir, device, block_size, chunk, shared=False))
     prompts = _prompts(seed, num_prompts, reference.model_config.vocab_size, prefix_len)
@@ -102,12 +133,26 @@ def run(model_dir: str, device: str, num_prompts: int = 8, max_tokens: int = 24,
     device_name = str(reference.runner.device)
     del reference
 
-    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                           timeout=datetime.timedelta(seconds=60))
+    master = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+    )
     store = StoreAddress("127.0.0.1", master.port)
-    cfg = _engine_config(model_dir, device, block_size, chunk, shared)
-    prefill = ProcActor(PrefillWorker, "prefill-0", cfg, store)
-    decode = ProcActor(DecodeWorker, "decode-0", cfg, store)
+    p_dev, d_dev = devices or (device, device)
+    extra = worker_kwargs or {}
+    prefill = ProcActor(
+        PrefillWorker,
+        "prefill-0",
+        _engine_config(model_dir, p_dev, block_size, chunk, shared, gpu_fraction),
+        store,
+        **extra,
+    )
+    decode = ProcActor(
+        DecodeWorker,
+        "decode-0",
+        _engine_config(model_dir, d_dev, block_size, chunk, shared, gpu_fraction),
+        store,
+        **extra,
+    )
     try:
         pi, di = gather([prefill.call("info"), decode.call("info")])
         gather([prefill.call("connect", di.peer), decode.call("connect", pi.peer)])
@@ -152,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto", help="auto (CUDA when available), cuda or cpu")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--gpu-fraction", type=float, help="the workers share the GPU, KV sized from this share each")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     import torch
@@ -163,11 +209,14 @@ def main(argv: list[str] | None = None) -> int:
             from engine.model.tiny import build_tiny_model
 
             model = str(build_tiny_model(Path(tmp) / "tiny-seed0", seed=0))
-        report = run(model, device, num_prompts=a.prompts, max_tokens=a.max_tokens)
-    ok = (report["greedy_equal_to_colocated"] and report["shared_prefix_skip_blocks"] > 0
-          and report["transfers_failed"] == 0
-          and report["prefill_blocks_free"][0] == report["prefill_blocks_free"][1]
-          and report["decode_blocks_free"][0] == report["decode_blocks_free"][1])
+        report = run(model, device, num_prompts=a.prompts, max_tokens=a.max_tokens, gpu_fraction=a.gpu_fraction)
+    ok = (
+        report["greedy_equal_to_colocated"]
+        and report["shared_prefix_skip_blocks"] > 0
+        and report["transfers_failed"] == 0
+        and report["prefill_blocks_free"][0] == report["prefill_blocks_free"][1]
+        and report["decode_blocks_free"][0] == report["decode_blocks_free"][1]
+    )
     report["ok"] = ok
     print(json.dumps(report, indent=2) if a.json else report)
     return 0 if ok else 1

@@ -9,6 +9,11 @@ random-weight Qwen2.5-0.5B and Llama-3.2-1B against the same engine's static bat
 prefill kernel's launch-shape sweep.
 
     PYTHONUNBUFFERED=1 python3 -m bench.gpu_check --out "$OUT" --budget-s 420
+    PYTHONUNBUFFERED=1 python3 -m bench.gpu_check --out "$OUT" \
+        --only shared_gpu_disagg,payload_streams,decode_split_k,golden_hd128_bf16,disagg_ipc_tiny,triton_kernels
+
+A machine with two GPUs runs ``python3 -m bench.gpu_check_2gpu --json`` (prefill and decode on
+different GPUs over NCCL); none of the borrowed machines has two, so it has not run.
 
 Each step runs in its own process with the time left (a hang or crash costs that step only) and is
 recorded as it ends in OUT/gpu_check.json (return code, seconds, output tail, and the JSON a bench
@@ -33,31 +38,85 @@ def _steps(tmp: Path) -> list[tuple[str, list[str], int]]:
     """(name, command, most seconds it may take), most important first."""
     py = sys.executable
     return [
-        ("env", [py, "-c", "import json, torch, triton; p = torch.cuda.get_device_properties(0); "
-                 "print(json.dumps({'torch': torch.__version__, 'triton': triton.__version__, "
-                 "'device': p.name, 'capability': list(torch.cuda.get_device_capability(0)), "
-                 "'gpus': torch.cuda.device_count(), 'memory_gib': round(p.total_memory / 2**30, 1)}))"], 60),
-        ("cuda_graphs_tests", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               "tests/engine/test_cuda_graphs.py"], 180),
-        ("triton_layer_ops_tests", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                    "tests/engine/test_triton_layer_ops.py"], 180),
-        ("golden_tiny_cuda_fp32", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                   "tests/engine/test_golden_tiny.py"], 240),
+        (
+            "env",
+            [
+                py,
+                "-c",
+                "import json, torch, triton; p = torch.cuda.get_device_properties(0); "
+                "print(json.dumps({'torch': torch.__version__, 'triton': triton.__version__, "
+                "'device': p.name, 'capability': list(torch.cuda.get_device_capability(0)), "
+                "'gpus': torch.cuda.device_count(), 'memory_gib': round(p.total_memory / 2**30, 1)}))",
+            ],
+            60,
+        ),
+        # Issue 43's steps. (1) Two workers sharing the GPU (gpus 0.5 each), KV sized by the profiling
+        # pass (engine/kv_memory.py), serve the disaggregated golden check.
+        (
+            "shared_gpu_disagg",
+            [py, "-m", "bench.disagg_check", "--device", "cuda", "--gpu-fraction", "0.5", "--json"],
+            150,
+        ),
+        # (2) The protocol's payload work on the pair's own CUDA streams (where NCCL binds its
+        # communicators); the two-process protocol over CUDA IPC is disagg_ipc_tiny below.
+        ("payload_streams", [py, "-m", "bench.gpu_check_payload_streams", "--json"], 90),
+        # (3) Decode attention at batch 1 and 64 over the whole context's table width, split-K by
+        # lengths against the width-based split, against a D2D copy.
+        ("decode_split_k", [py, "-m", "bench.gpu_check_decode_split", "--json"], 150),
+        # (4) A bf16 head-dim-128 model's greedy tokens against transformers.
+        ("golden_hd128_bf16", [py, "-m", "bench.gpu_check_hd128_golden", "--json"], 180),
+        (
+            "cuda_graphs_tests",
+            [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/engine/test_cuda_graphs.py"],
+            180,
+        ),
+        (
+            "triton_layer_ops_tests",
+            [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/engine/test_triton_layer_ops.py"],
+            180,
+        ),
+        (
+            "golden_tiny_cuda_fp32",
+            [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/engine/test_golden_tiny.py"],
+            240,
+        ),
         ("decode_graphs_llama-3.2-1b", [py, "-m", "bench.gpu_decode_graphs", "--model", "llama-3.2-1b", "--json"], 150),
         # The host's share of those steps, on this machine's CPU (what runs around a graph's replay).
         ("host_step", [py, "-m", "bench.host_step", "--json"], 60),
-        ("offline_llama-3.2-1b", [py, "-m", "bench.gpu_check", "--offline", "llama-3.2-1b", "--model-dir",
-                                  str(tmp / "llama-3.2-1b")], 240),
-        ("triton_kernels", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            "tests/engine/attention/test_triton_kernels.py"], 240),
+        (
+            "offline_llama-3.2-1b",
+            [py, "-m", "bench.gpu_check", "--offline", "llama-3.2-1b", "--model-dir", str(tmp / "llama-3.2-1b")],
+            240,
+        ),
+        (
+            "triton_kernels",
+            [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/engine/attention/test_triton_kernels.py"],
+            240,
+        ),
         ("disagg_ipc_tiny", [py, "-m", "bench.disagg_check", "--device", "cuda", "--json"], 120),
         ("decode_graphs_qwen2.5-0.5b", [py, "-m", "bench.gpu_decode_graphs", "--model", "qwen2.5-0.5b", "--json"], 150),
-        ("offline_qwen2.5-0.5b", [py, "-m", "bench.gpu_check", "--offline", "qwen2.5-0.5b", "--model-dir",
-                                  str(tmp / "qwen2.5-0.5b")], 240),
+        (
+            "offline_qwen2.5-0.5b",
+            [py, "-m", "bench.gpu_check", "--offline", "qwen2.5-0.5b", "--model-dir", str(tmp / "qwen2.5-0.5b")],
+            240,
+        ),
         ("kernels_bandwidth", [py, "-m", "bench.kernels", "--json"], 180),
-        ("kv_transfer_ipc", [py, "-m", "baton.perf.kv_transfer_bench", "--device", "cuda", "--no-ray",
-                             "--geometry", "llama-3.2-1b", "--json"], 120),
-        # The prefill tiles' one doubtful point (docs/BENCHMARKS.md, "Launch shapes"): the defaults
+        (
+            "kv_transfer_ipc",
+            [
+                py,
+                "-m",
+                "baton.perf.kv_transfer_bench",
+                "--device",
+                "cuda",
+                "--no-ray",
+                "--geometry",
+                "llama-3.2-1b",
+                "--json",
+            ],
+            120,
+        ),
+        # The prefill tiles' one doubtful point (docs/BENCHMARKS.md, "GPU"): the defaults
         # against the grid again, same run.
         ("prefill_tile_sweep", [py, "-m", "bench.kernel_sweep", "--only", "prefill"], 120),
     ]
@@ -79,11 +138,14 @@ def run_checks(out: Path, budget_s: float, steps=None, only: set[str] | None = N
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "budget_s": budget_s, "steps": {}}
     deadline = time.monotonic() + budget_s
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p),
-               PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p),
+        PYTHONUNBUFFERED="1",
+    )
     env.pop("TRITON_INTERPRET", None)
     with tempfile.TemporaryDirectory() as tmp, open(out / "gpu_check.log", "w") as log:
-        for name, cmd, most_s in (steps if steps is not None else _steps(Path(tmp))):
+        for name, cmd, most_s in steps if steps is not None else _steps(Path(tmp)):
             if only is not None and name not in only:
                 continue
             left = deadline - time.monotonic()
@@ -92,18 +154,23 @@ def run_checks(out: Path, budget_s: float, steps=None, only: set[str] | None = N
                 continue
             t0 = time.monotonic()
             print(f"== {name}: {' '.join(cmd[1:])}", file=log, flush=True)
+            rc: int | str  # the exit status, or "timeout"
             try:
                 p = subprocess.run(cmd, cwd=_ROOT, env=env, capture_output=True, text=True, timeout=min(most_s, left))
                 rc, stdout, stderr = p.returncode, p.stdout, p.stderr
             except subprocess.TimeoutExpired as e:
                 rc = "timeout"
-                stdout, stderr = (x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
-                                  for x in (e.stdout, e.stderr))
+                stdout, stderr = (
+                    x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr)
+                )
             log.write(stdout + stderr + "\n")
             log.flush()
-            report["steps"][name] = {"rc": rc, "seconds": round(time.monotonic() - t0, 1),
-                                     "tail": (stdout + stderr)[-3000:],
-                                     "result": _last_json(stdout) if rc == 0 else None}
+            report["steps"][name] = {
+                "rc": rc,
+                "seconds": round(time.monotonic() - t0, 1),
+                "tail": (stdout + stderr)[-3000:],
+                "result": _last_json(stdout) if rc == 0 else None,
+            }
             (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
             print(f"{name}: rc={rc} in {report['steps'][name]['seconds']} s", flush=True)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
@@ -124,9 +191,17 @@ def offline(name: str, model_dir: Path, n: int) -> dict:
     t1 = time.perf_counter()
     # Two interleaved rounds, each system reporting its faster run: the first round carries the
     # process's warm-up (Triton compiles, CUDA initialisation), which fell on whichever system ran first.
-    r = run_offline("anyscale-cpu", str(model_dir), n, include_hf=False, cuda_graphs_baseline=True, repeat=2,
-                    device="cuda", dtype="bfloat16",
-                    progress=lambda m: print(f"[{time.perf_counter() - t1:6.1f} s] {m}", flush=True))
+    r = run_offline(
+        "anyscale-cpu",
+        str(model_dir),
+        n,
+        include_hf=False,
+        cuda_graphs_baseline=True,
+        repeat=2,
+        device="cuda",
+        dtype="bfloat16",
+        progress=lambda m: print(f"[{time.perf_counter() - t1:6.1f} s] {m}", flush=True),
+    )
     r["model"], r["build_seconds"] = name, round(built, 1)
     return r
 
@@ -154,8 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report = run_checks(a.out, a.budget_s, only=only)
     failed = [k for k, v in report["steps"].items() if v.get("rc") not in (0, None)]
-    print(f"bench.gpu_check: {len(report['steps'])} steps, failed: {', '.join(failed) or 'none'}; "
-          f"report in {a.out / 'gpu_check.json'}")
+    print(
+        f"bench.gpu_check: {len(report['steps'])} steps, failed: {', '.join(failed) or 'none'}; "
+        f"report in {a.out / 'gpu_check.json'}"
+    )
     return 0
 
 

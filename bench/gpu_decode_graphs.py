@@ -32,9 +32,15 @@ def measure(model_dir: Path, sizes: list[int], context: int, steps: int, rounds:
     from engine.sampling_params import SamplingParams
 
     # The model's own context length, as served: graphs take block tables of that width.
-    engine = LLMEngine(EngineConfig(model=str(model_dir), device="cuda", dtype="bfloat16",
-                                    scheduler=SchedulerConfig(max_num_seqs=max(sizes), max_num_batched_tokens=8192),
-                                    cache=CacheConfig(kv_cache_memory_gb=kv_gb)))
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(model_dir),
+            device="cuda",
+            dtype="bfloat16",
+            scheduler=SchedulerConfig(max_num_seqs=max(sizes), max_num_batched_tokens=8192),
+            cache=CacheConfig(kv_cache_memory_gb=kv_gb),
+        )
+    )
     graphs = engine.runner.graphs
     if graphs is None:
         raise RuntimeError("the engine captured no CUDA graphs (not on CUDA with the Triton kernels?)")
@@ -48,11 +54,15 @@ def measure(model_dir: Path, sizes: list[int], context: int, steps: int, rounds:
     default_ops = default_kernels.layer_ops
     torch_kernels = replace(default_kernels, layer_ops=TorchLayerOps())
     model.use_kernels(torch_kernels)
-    graphs_torch_ops = DecodeGraphs(model, runner.kv_cache, runner.attn, max_num_seqs=max(sizes),
-                                    max_blocks=runner.batch.max_blocks)
+    graphs_torch_ops = DecodeGraphs(
+        model, runner.kv_cache, runner.attn, max_num_seqs=max(sizes), max_blocks=runner.batch.max_blocks
+    )
     model.use_kernels(default_kernels)
-    modes = {"graphs": (graphs, default_kernels), "graphs_torch_ops": (graphs_torch_ops, torch_kernels),
-             "eager": (None, torch_kernels)}
+    modes = {
+        "graphs": (graphs, default_kernels),
+        "graphs_torch_ops": (graphs_torch_ops, torch_kernels),
+        "eager": (None, torch_kernels),
+    }
     vocab = engine.model_config.vocab_size
     rng = random.Random(0)
     rows = []
@@ -72,22 +82,38 @@ def measure(model_dir: Path, sizes: list[int], context: int, steps: int, rounds:
             engine.abort(i)
         ms = {mode: statistics.median(t) * 1e3 for mode, t in times.items()}
         g, e = ms["graphs"], ms["eager"]
-        rows.append({"batch": bs, **{f"{mode}_ms": round(v, 3) for mode, v in ms.items()},
-                     "speedup": round(e / g, 2), "graphs_tok_s": round(bs / g * 1e3),
-                     "eager_tok_s": round(bs / e * 1e3)})
-        print(f"batch {bs:4d}: " + ", ".join(f"{mode} {v:7.2f} ms" for mode, v in ms.items()) + f"; {e / g:5.2f}x",
-              flush=True)
+        rows.append(
+            {
+                "batch": bs,
+                **{f"{mode}_ms": round(v, 3) for mode, v in ms.items()},
+                "speedup": round(e / g, 2),
+                "graphs_tok_s": round(bs / g * 1e3),
+                "eager_tok_s": round(bs / e * 1e3),
+            }
+        )
+        print(
+            f"batch {bs:4d}: " + ", ".join(f"{mode} {v:7.2f} ms" for mode, v in ms.items()) + f"; {e / g:5.2f}x",
+            flush=True,
+        )
     assert engine.num_free_blocks == engine.num_total_blocks
-    return {"device": torch.cuda.get_device_name(0), "layer_ops": type(default_ops).__name__,
-            "context": context, "max_model_len": engine.max_model_len,
-            "steps": steps, "rounds": rounds,
-            "graph_sizes": graphs.sizes, "capture_seconds": round(graphs.capture_seconds, 2), "rows": rows}
+    return {
+        "device": torch.cuda.get_device_name(0),
+        "layer_ops": type(default_ops).__name__,
+        "context": context,
+        "max_model_len": engine.max_model_len,
+        "steps": steps,
+        "rounds": rounds,
+        "graph_sizes": graphs.sizes,
+        "capture_seconds": round(graphs.capture_seconds, 2),
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="llama-3.2-1b",
-                    help="a published config (baton/perf/random_model.py) or a directory")
+    ap.add_argument(
+        "--model", default="llama-3.2-1b", help="a published config (baton/perf/random_model.py) or a directory"
+    )
     ap.add_argument("--sizes", default="1,8,32,64,128,256")
     ap.add_argument("--context", type=int, default=256, help="prompt tokens of every request")
     ap.add_argument("--steps", type=int, default=20, help="timed steps per mode and round")

@@ -47,8 +47,12 @@ def time_steps(engine, n: int) -> list[float]:
     return out
 
 
-PHASES = (("schedule", "scheduler", "schedule"), ("runner", "runner", "execute"),
-          ("update", "scheduler", "update_from_output"), ("outputs", "output_processor", "process"))
+PHASES = (
+    ("schedule", "scheduler", "schedule"),
+    ("runner", "runner", "execute"),
+    ("update", "scheduler", "update_from_output"),
+    ("outputs", "output_processor", "process"),
+)
 
 
 def time_phases(engine, n: int) -> dict[str, float]:
@@ -63,6 +67,7 @@ def time_phases(engine, n: int) -> dict[str, float]:
             out = fn(*args)
             times[name].append(time.perf_counter() - t0)
             return out
+
         return wrapper
 
     for name, owner, method in PHASES:
@@ -91,8 +96,11 @@ def measure(sizes: list[int], context: int, steps: int) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "tiny", seed=0)
-        engine = LLMEngine(EngineConfig(model=str(model_dir), device="cpu", num_threads=1,
-                                        scheduler=SchedulerConfig(max_num_seqs=max(sizes))))
+        engine = LLMEngine(
+            EngineConfig(
+                model=str(model_dir), device="cpu", num_threads=1, scheduler=SchedulerConfig(max_num_seqs=max(sizes))
+            )
+        )
     model = engine.runner.model
     hidden, vocab = model.cfg.hidden_size, model.cfg.vocab_size
     zero_logits = torch.zeros(max(sizes), vocab)
@@ -100,10 +108,11 @@ def measure(sizes: list[int], context: int, steps: int) -> dict:
     def no_forward(input_ids, positions, kv_cache, meta, attn, keep=None):
         return torch.zeros(input_ids.shape[0] if keep is None else len(keep), hidden)
 
-    model.forward = no_forward
-    model.compute_logits = lambda h: zero_logits[: h.shape[0]]
+    # The host's share of a step alone: the model and the sampler replaced by constant answers.
+    model.forward = no_forward  # type: ignore[method-assign]
+    model.compute_logits = lambda h: zero_logits[: h.shape[0]]  # type: ignore[method-assign,assignment]
     zero_ids = torch.zeros(max(sizes), dtype=torch.long)
-    engine.runner.sampler.sample = lambda logits, params, positions: zero_ids[: logits.shape[0]]
+    engine.runner.sampler.sample = lambda logits, params, positions: zero_ids[: logits.shape[0]]  # type: ignore[method-assign,assignment]
     rng = random.Random(0)
     rows = []
     for bs in sizes:

@@ -15,6 +15,7 @@ the reference by more than the kernel tests' tolerance are reported and never ch
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import itertools
 import json
@@ -55,12 +56,25 @@ def _grid(kind: str, mods: dict[str, Any], small: bool) -> list[Any]:
     tiles = mods["triton_prefill"].PrefillTiles
     if small:
         return [tiles(), tiles(block_m=16, block_n=64, num_warps=8)]
-    return [tiles(block_m=m, block_n=n, num_warps=w, num_stages=s)
-            for m, n, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))]
+    return [
+        tiles(block_m=m, block_n=n, num_warps=w, num_stages=s)
+        for m, n, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))
+    ]
 
 
-def sweep_shape(kind: str, shape: Shape, grid: list[Any], default: Any, mods: dict[str, Any], reference: Any,
-                dtype: torch.dtype, device: str, iters: int, flush: torch.Tensor | None, copy_gbs: float) -> dict:
+def sweep_shape(
+    kind: str,
+    shape: Shape,
+    grid: list[Any],
+    default: Any,
+    mods: dict[str, Any],
+    reference: Any,
+    dtype: torch.dtype,
+    device: str,
+    iters: int,
+    flush: torch.Tensor | None,
+    copy_gbs: float,
+) -> dict:
     x = make_inputs(shape, dtype, device)
 
     def call(t: Any) -> torch.Tensor:
@@ -73,22 +87,35 @@ def sweep_shape(kind: str, shape: Shape, grid: list[Any], default: Any, mods: di
         row: dict[str, Any] = {"tiles": asdict(t), "default": t == default}
         try:
             err = (call(t).float() - want.float()).abs().max().item()
-            ms = time_cuda(lambda t=t: call(t), iters, flush) if flush is not None else time_cpu(lambda t=t: call(t), iters)
+            run = functools.partial(call, t)
+            ms = time_cuda(run, iters, flush) if flush is not None else time_cpu(run, iters)
         except Exception as e:  # noqa: BLE001 - a launch shape the compiler refuses is a result too
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             points.append(row)
             continue
         gbs = nbytes / (ms * 1e-3) / 1e9
-        row |= {"ms": round(ms, 4), "max_abs_err": err, "ok": err <= _TOL[dtype], "gb_per_s": round(gbs, 1),
-                "frac_of_copy": round(gbs / copy_gbs, 3), "tflop_per_s": round(flops / (ms * 1e-3) / 1e12, 2)}
+        row |= {
+            "ms": round(ms, 4),
+            "max_abs_err": err,
+            "ok": err <= _TOL[dtype],
+            "gb_per_s": round(gbs, 1),
+            "frac_of_copy": round(gbs / copy_gbs, 3),
+            "tflop_per_s": round(flops / (ms * 1e-3) / 1e12, 2),
+        }
         points.append(row)
     good = [p for p in points if p.get("ok")]
     base = next((p for p in points if p["default"] and p.get("ok")), None)
     best = min(good, key=lambda p: p["ms"]) if good else None
-    return {"kind": kind, **asdict(shape), "dtype": str(dtype).removeprefix("torch."),
-            "default_ms": base and base["ms"], "best_tiles": best and best["tiles"], "best_ms": best and best["ms"],
-            "speedup_over_default": round(base["ms"] / best["ms"], 3) if base and best else None,
-            "points": points}
+    return {
+        "kind": kind,
+        **asdict(shape),
+        "dtype": str(dtype).removeprefix("torch."),
+        "default_ms": base and base["ms"],
+        "best_tiles": best and best["tiles"],
+        "best_ms": best and best["ms"],
+        "speedup_over_default": round(base["ms"] / best["ms"], 3) if base and best else None,
+        "points": points,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,28 +141,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     iters = a.iters if cuda else 1
     copy_gbs = copy_bandwidth_gbs(device, iters, flush)
     # Prefill first: it is further from the hardware's limit (docs/BENCHMARKS.md).
-    plan = ([("prefill", s) for s in PREFILL_SHAPES] + [("decode", s) for s in DECODE_SHAPES] if cuda
-            else [("decode", CPU_SHAPES[0]), ("prefill", CPU_SHAPES[1])])
+    plan = (
+        [("prefill", s) for s in PREFILL_SHAPES] + [("decode", s) for s in DECODE_SHAPES]
+        if cuda
+        else [("decode", CPU_SHAPES[0]), ("prefill", CPU_SHAPES[1])]
+    )
     # "default": what the kernel picks for the shape when the caller passes no tiles.
-    defaults = {"decode": mods["triton_decode"].default_decode_tiles,
-                "prefill": mods["triton_prefill"].default_prefill_tiles}
-    report: dict[str, Any] = {"device": torch.cuda.get_device_name() if cuda else "cpu (interpreter)",
-                              "copy_gb_per_s": round(copy_gbs, 1), "shapes": []}
+    defaults = {
+        "decode": mods["triton_decode"].default_decode_tiles,
+        "prefill": mods["triton_prefill"].default_prefill_tiles,
+    }
+    report: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu (interpreter)",
+        "copy_gb_per_s": round(copy_gbs, 1),
+        "shapes": [],
+    }
     t0 = time.monotonic()
     for kind, shape in plan:
         if (a.only and kind != a.only) or time.monotonic() - t0 > a.budget_s:
             continue
-        r = sweep_shape(kind, shape, _grid(kind, mods, small=not cuda), defaults[kind](shape.head_dim, dtype), mods,
-                        reference, dtype, device, iters, flush, copy_gbs)
+        r = sweep_shape(
+            kind,
+            shape,
+            _grid(kind, mods, small=not cuda),
+            defaults[kind](shape.head_dim, dtype),
+            mods,
+            reference,
+            dtype,
+            device,
+            iters,
+            flush,
+            copy_gbs,
+        )
         report["shapes"].append(r)
-        print(f"{kind} {shape.model} seqs={shape.seqs} ctx={shape.ctx} q={shape.q_len}: default "
-              f"{r['default_ms']} ms, best {r['best_ms']} ms {r['best_tiles']}", flush=True)
+        print(
+            f"{kind} {shape.model} seqs={shape.seqs} ctx={shape.ctx} q={shape.q_len}: default "
+            f"{r['default_ms']} ms, best {r['best_ms']} ms {r['best_tiles']}",
+            flush=True,
+        )
         if a.out:
             a.out.write_text(json.dumps(report, indent=1))
         if cuda:
             torch.cuda.empty_cache()
-    print(json.dumps({k: v for k, v in report.items() if k != "shapes"}
-                     | {"summary": [{k: v for k, v in s.items() if k != "points"} for s in report["shapes"]]}))
+    print(
+        json.dumps(
+            {k: v for k, v in report.items() if k != "shapes"}
+            | {"summary": [{k: v for k, v in s.items() if k != "points"} for s in report["shapes"]]}
+        )
+    )
     return 0
 
 

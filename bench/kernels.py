@@ -45,8 +45,8 @@ class Shape:
     q_len: int = 1  # new tokens per sequence: 1 for decode, a chunk for prefill
 
 
-_QWEN = dict(model="qwen2.5-0.5b", heads=14, kv_heads=2, head_dim=64)
-_LLAMA = dict(model="llama-3.2-1b", heads=32, kv_heads=8, head_dim=64)
+_QWEN: dict[str, Any] = dict(model="qwen2.5-0.5b", heads=14, kv_heads=2, head_dim=64)  # Any: Shape's str and int fields
+_LLAMA: dict[str, Any] = dict(model="llama-3.2-1b", heads=32, kv_heads=8, head_dim=64)
 DECODE_SHAPES = [Shape(**m, seqs=b, ctx=c) for m in (_QWEN, _LLAMA) for b in (64, 256) for c in (512, 4096)]
 PREFILL_SHAPES = [
     Shape(**m, seqs=s, ctx=c, q_len=q) for m in (_QWEN, _LLAMA) for s, c, q in ((4, 2048, 2048), (8, 4096, 512))
@@ -86,10 +86,12 @@ def make_inputs(shape: Shape, dtype: torch.dtype, device: str) -> Inputs:
 def kernel_call(kind: str, impl: Any, x: Inputs, **kwargs: Any) -> Callable[[], torch.Tensor]:
     """A no-argument call of ``impl``'s (a kernel module's) decode or prefill attention on ``x``."""
     if kind == "decode":
-        return lambda: impl.paged_decode_attention(x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens, x.scale,
-                                                   **kwargs)
-    return lambda: impl.paged_prefill_attention(x.q, x.k_cache, x.v_cache, x.block_tables, x.cu_seqlens_q,
-                                                x.seq_lens, x.scale, **kwargs)
+        return lambda: impl.paged_decode_attention(
+            x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens, x.scale, **kwargs
+        )
+    return lambda: impl.paged_prefill_attention(
+        x.q, x.k_cache, x.v_cache, x.block_tables, x.cu_seqlens_q, x.seq_lens, x.scale, **kwargs
+    )
 
 
 def useful_bytes(shape: Shape, x: Inputs) -> int:
@@ -139,8 +141,16 @@ def copy_bandwidth_gbs(device: str, iters: int, flush: torch.Tensor | None) -> f
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
-def bench_shape(kind: str, shape: Shape, dtype: torch.dtype, device: str, iters: int, impls: dict[str, Any],
-                flush: torch.Tensor | None, copy_gbs: float) -> list[dict[str, Any]]:
+def bench_shape(
+    kind: str,
+    shape: Shape,
+    dtype: torch.dtype,
+    device: str,
+    iters: int,
+    impls: dict[str, Any],
+    flush: torch.Tensor | None,
+    copy_gbs: float,
+) -> list[dict[str, Any]]:
     """Time each implementation on one shape; Triton is checked against the reference first."""
     x = make_inputs(shape, dtype, device)
     calls = {n: kernel_call(kind, m, x) for n, m in impls.items()}
@@ -150,12 +160,19 @@ def bench_shape(kind: str, shape: Shape, dtype: torch.dtype, device: str, iters:
     for name, fn in calls.items():
         ms = time_cuda(fn, iters, flush) if flush is not None else time_cpu(fn, iters)
         gbs = nbytes / (ms * 1e-3) / 1e9
-        rows.append(dict(
-            kernel=kind, impl=name, **asdict(shape), dtype=str(dtype).removeprefix("torch."), ms=round(ms, 4),
-            gb_per_s=round(gbs, 1), frac_of_copy=round(gbs / copy_gbs, 3),
-            tflop_per_s=round(attention_flops(shape) / (ms * 1e-3) / 1e12, 2),
-            max_abs_err_vs_reference=err,
-        ))
+        rows.append(
+            dict(
+                kernel=kind,
+                impl=name,
+                **asdict(shape),
+                dtype=str(dtype).removeprefix("torch."),
+                ms=round(ms, 4),
+                gb_per_s=round(gbs, 1),
+                frac_of_copy=round(gbs / copy_gbs, 3),
+                tflop_per_s=round(attention_flops(shape) / (ms * 1e-3) / 1e12, 2),
+                max_abs_err_vs_reference=err,
+            )
+        )
     return rows
 
 
@@ -164,27 +181,34 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--iters", type=int, default=20, help="timed runs per point (median reported)")
     p.add_argument("--only", choices=("decode", "prefill"), help="run one kernel kind")
-    p.add_argument("--allow-cpu", action="store_true",
-                   help="without CUDA, smoke-test a tiny shape under the Triton interpreter")
+    p.add_argument(
+        "--allow-cpu", action="store_true", help="without CUDA, smoke-test a tiny shape under the Triton interpreter"
+    )
     return p.parse_args(argv)
 
 
 def _print_table(report: dict[str, Any]) -> None:
     print(f"device: {report['device']}   copy bandwidth: {report['copy_gb_per_s']:.1f} GB/s")
-    print(f"{'kernel':8} {'impl':10} {'model':14} {'seqs':>5} {'ctx':>5} {'q_len':>5} {'ms':>9} {'GB/s':>8} "
-          f"{'copy%':>6} {'TFLOP/s':>8} {'err':>8}")
+    print(
+        f"{'kernel':8} {'impl':10} {'model':14} {'seqs':>5} {'ctx':>5} {'q_len':>5} {'ms':>9} {'GB/s':>8} "
+        f"{'copy%':>6} {'TFLOP/s':>8} {'err':>8}"
+    )
     for r in report["results"]:
-        print(f"{r['kernel']:8} {r['impl']:10} {r['model']:14} {r['seqs']:>5} {r['ctx']:>5} {r['q_len']:>5} "
-              f"{r['ms']:>9.3f} {r['gb_per_s']:>8.1f} {100 * r['frac_of_copy']:>5.1f}% {r['tflop_per_s']:>8.2f} "
-              f"{r['max_abs_err_vs_reference']:>8.1e}")
+        print(
+            f"{r['kernel']:8} {r['impl']:10} {r['model']:14} {r['seqs']:>5} {r['ctx']:>5} {r['q_len']:>5} "
+            f"{r['ms']:>9.3f} {r['gb_per_s']:>8.1f} {100 * r['frac_of_copy']:>5.1f}% {r['tflop_per_s']:>8.2f} "
+            f"{r['max_abs_err_vs_reference']:>8.1e}"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     cuda = torch.cuda.is_available()
     if not cuda and not args.allow_cpu:
-        print("bench.kernels: CUDA is not available, nothing to benchmark "
-              "(pass --allow-cpu to smoke-test the kernels under the Triton interpreter).")
+        print(
+            "bench.kernels: CUDA is not available, nothing to benchmark "
+            "(pass --allow-cpu to smoke-test the kernels under the Triton interpreter)."
+        )
         return 0
     if importlib.util.find_spec("triton") is None:
         print("bench.kernels: triton is not installed, nothing to benchmark.")

@@ -40,8 +40,15 @@ def bucket_of(counts: list[int]) -> str:
 ORDERS = ("arrival", "longest-output-first")
 
 
-def run(model: str = "default", workload: str = "anyscale-cpu", threads: int | None = None, budget: int = 2048,
-        order: str = "arrival", prefill_kernel: bool = True, c_loop: bool = True) -> dict:
+def run(
+    model: str = "default",
+    workload: str = "anyscale-cpu",
+    threads: int | None = None,
+    budget: int = 2048,
+    order: str = "arrival",
+    prefill_kernel: bool = True,
+    c_loop: bool = True,
+) -> dict:
     from baton.perf.offline import _warmup, model_and_workload
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
     from engine.engine import LLMEngine
@@ -51,10 +58,16 @@ def run(model: str = "default", workload: str = "anyscale-cpu", threads: int | N
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     model_dir, requests = model_and_workload(model, workload, None)
-    engine = LLMEngine(EngineConfig(model=str(model_dir), num_threads=threads, cache=CacheConfig(),
-                                    scheduler=SchedulerConfig(max_num_batched_tokens=budget)))
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(model_dir),
+            num_threads=threads,
+            cache=CacheConfig(),
+            scheduler=SchedulerConfig(max_num_batched_tokens=budget),
+        )
+    )
     if not prefill_kernel:
-        engine.runner.attn.prefill.__self__.native_prefill = None
+        engine.runner.attn.prefill.__self__.native_prefill = None  # type: ignore[attr-defined]  # the CPU backend's
     kernels = engine.runner.model.kernels
     c_loop = c_loop and kernels.decode_layers is not None
     if not c_loop:
@@ -72,26 +85,43 @@ def run(model: str = "default", workload: str = "anyscale-cpu", threads: int | N
         return y
 
     steps: dict[str, list[float]] = defaultdict(list)
-    linear.Linear.__call__ = timed_call
+    linear.Linear.__call__ = timed_call  # type: ignore[method-assign]  # timed, for this run only
     try:
         t0 = time.perf_counter()
         for r in requests:
-            engine.add_request(None, list(r.prompt_token_ids),
-                               SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, detokenize=False))
+            engine.add_request(
+                None,
+                list(r.prompt_token_ids),
+                SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, detokenize=False),
+            )
         while engine.has_unfinished_requests():
             t = time.perf_counter()
             engine.step()
-            steps[bucket_of(list(engine.last_scheduler_output.counts))].append(time.perf_counter() - t)
+            scheduled = engine.last_scheduler_output
+            assert scheduled is not None  # (set by the step)
+            steps[bucket_of(list(scheduled.counts))].append(time.perf_counter() - t)
         total = time.perf_counter() - t0
     finally:
-        linear.Linear.__call__ = real_call
+        linear.Linear.__call__ = real_call  # type: ignore[method-assign]
     output_tokens = sum(r.max_tokens for r in requests)
     return {
-        "model": model, "workload": workload, "budget": budget, "order": order, "prefill_kernel": prefill_kernel,
-        "c_decode_loop": c_loop and engine.runner.model.decode_loop_planned, "seconds": total, "tok_s": output_tokens / total,
+        "model": model,
+        "workload": workload,
+        "budget": budget,
+        "order": order,
+        "prefill_kernel": prefill_kernel,
+        "c_decode_loop": c_loop and engine.runner.model.decode_loop_planned,
+        "seconds": total,
+        "tok_s": output_tokens / total,
         "projection_seconds": in_projections[0],
-        "steps": {k: {"steps": len(steps[k]), "seconds": sum(steps[k]),
-                      "ms_per_step": 1e3 * sum(steps[k]) / len(steps[k]) if steps[k] else 0.0} for k in BUCKETS},
+        "steps": {
+            k: {
+                "steps": len(steps[k]),
+                "seconds": sum(steps[k]),
+                "ms_per_step": 1e3 * sum(steps[k]) / len(steps[k]) if steps[k] else 0.0,
+            }
+            for k in BUCKETS
+        },
     }
 
 
@@ -103,17 +133,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int, default=2048, help="max_num_batched_tokens")
     p.add_argument("--order", choices=ORDERS, default="arrival")
     p.add_argument("--no-prefill-kernel", action="store_true", help="prefill attention on the torch path")
-    p.add_argument("--python-loop", action="store_true", help="decode steps' layers from Python, every projection timed")
+    p.add_argument(
+        "--python-loop", action="store_true", help="decode steps' layers from Python, every projection timed"
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    r = run(args.model, args.workload, args.threads, args.budget, args.order, not args.no_prefill_kernel,
-            not args.python_loop)
+    r = run(
+        args.model,
+        args.workload,
+        args.threads,
+        args.budget,
+        args.order,
+        not args.no_prefill_kernel,
+        not args.python_loop,
+    )
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
-    print(f"{r['workload']} on {r['model']} (budget {r['budget']}, {r['order']} order): {r['seconds']:.2f} s, {r['tok_s']:.1f} tok/s; "
-          f"{r['projection_seconds']:.2f} s in projections ({r['projection_seconds'] / r['seconds']:.0%}"
-          + ("; not the decode steps' layers, which run in C" if r["c_decode_loop"] else "") + ")")
+    print(
+        f"{r['workload']} on {r['model']} (budget {r['budget']}, {r['order']} order): "
+        f"{r['seconds']:.2f} s, {r['tok_s']:.1f} tok/s; "
+        f"{r['projection_seconds']:.2f} s in projections ({r['projection_seconds'] / r['seconds']:.0%}"
+        + ("; not the decode steps' layers, which run in C" if r["c_decode_loop"] else "")
+        + ")"
+    )
     for k, v in r["steps"].items():
         print(f"  {k:11s} {v['steps']:4d} steps  {v['seconds']:6.2f} s  {v['ms_per_step']:7.1f} ms/step")
     return 0

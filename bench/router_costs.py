@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from engine.outputs import RequestOutput
+from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from kv_transfer.peer import PeerInfo, WorkerInfo
 from router.api import GenerateRequest
@@ -56,7 +57,7 @@ class _StreamingDispatcher:
         with self.lock:
             e = self.active.pop(rid, None)
         if e:
-            e[0].put(RequestOutput(rid, [], "", finished=True, finish_reason="abort"))
+            e[0].put(RequestOutput(rid, [], "", finished=True, finish_reason=FinishReason.ABORT))
 
     def _run(self) -> None:
         while not self._stop:
@@ -66,26 +67,43 @@ class _StreamingDispatcher:
             for rid, e in items:
                 e[1] -= 1
                 done = e[1] <= 0 and not self.hold
-                e[0].put(RequestOutput(rid, [11], "ab", finished=done, finish_reason="length" if done else None))
+                e[0].put(
+                    RequestOutput(rid, [11], "ab", finished=done, finish_reason=FinishReason.LENGTH if done else None)
+                )
                 if done:
                     with self.lock:
                         self.active.pop(rid, None)
 
 
 def _router(step_s: float, pace_guard: bool) -> tuple[Router, _StreamingDispatcher]:
-    info = WorkerInfo(PeerInfo("d0", "inc", "decode"), num_blocks=10**7, block_size=16, max_model_len=65536,
-                      vocab_size=1000, model="m", max_num_seqs=100_000)
+    info = WorkerInfo(
+        PeerInfo("d0", "inc", "decode"),
+        num_blocks=10**7,
+        block_size=16,
+        max_model_len=65536,
+        vocab_size=1000,
+        model="m",
+        max_num_seqs=100_000,
+    )
     pool = WorkerPool([], [WorkerHandle("d0", "decode", None, info=info, alive=True)])
     d = _StreamingDispatcher(pool, step_s)
-    config = RouterConfig(model_name="m", model_dir=Path(tempfile.mkdtemp()), slo_rejection=False,
-                          pace_guard=pace_guard,
-                          lanes=LanePolicy(lanes=default_lanes(), tenants=(TenantConfig("default"),)))
-    return Router(config, pool, d), d
+    config = RouterConfig(
+        model_name="m",
+        model_dir=Path(tempfile.mkdtemp()),
+        slo_rejection=False,
+        pace_guard=pace_guard,
+        lanes=LanePolicy(lanes=default_lanes(), tenants=(TenantConfig("default"),)),
+    )
+    return Router(config, pool, d), d  # type: ignore[arg-type]  # a stand-in with the calls Router makes
 
 
 def _request(max_tokens: int, lane: str = "interactive") -> GenerateRequest:
-    return GenerateRequest(SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                           prompt_token_ids=tuple(range(10, 30)), stream=True, lane=lane)
+    return GenerateRequest(
+        SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        prompt_token_ids=tuple(range(10, 30)),
+        stream=True,
+        lane=lane,
+    )
 
 
 def _median(xs: list[float]) -> float:
@@ -146,8 +164,11 @@ async def request_end(length: int, streams: int = 16) -> dict:
         await router.stop()
     assert all(g == length for g in got), got
     lags.sort()
-    return {"length": length, "loop_lag_p99_ms": round(lags[int(len(lags) * 0.99)] * 1e3, 3),
-            "loop_lag_max_ms": round(lags[-1] * 1e3, 3)}
+    return {
+        "length": length,
+        "loop_lag_p99_ms": round(lags[int(len(lags) * 0.99)] * 1e3, 3),
+        "loop_lag_max_ms": round(lags[-1] * 1e3, 3),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -156,8 +177,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--lengths", default="100,2000,8000")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    out = {"admission": [asyncio.run(admission(int(r))) for r in args.running.split(",")],
-           "request_end": [asyncio.run(request_end(int(n))) for n in args.lengths.split(",")]}
+    out = {
+        "admission": [asyncio.run(admission(int(r))) for r in args.running.split(",")],
+        "request_end": [asyncio.run(request_end(int(n))) for n in args.lengths.split(",")],
+    }
     print(json.dumps(out, indent=1))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")

@@ -17,11 +17,20 @@ import argparse
 import json
 import statistics
 import time
+from typing import Any
 
-MODES = {"off": {}, "logprobs=0": {"logprobs": 0}, "logprobs=20": {"logprobs": 20},
-         "prompt_logprobs=1": {"prompt_logprobs": 1, "logprobs": 1},
-         "penalties": {"presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1,
-                       "logit_bias": {t: -1.0 for t in range(100, 110)}}}
+MODES: dict[str, dict[str, Any]] = {
+    "off": {},
+    "logprobs=0": {"logprobs": 0},
+    "logprobs=20": {"logprobs": 20},
+    "prompt_logprobs=1": {"prompt_logprobs": 1, "logprobs": 1},
+    "penalties": {
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.5,
+        "repetition_penalty": 1.1,
+        "logit_bias": {t: -1.0 for t in range(100, 110)},
+    },
+}
 CHANGES_TOKENS = {"penalties"}
 
 
@@ -47,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     outputs: dict[str, list[list[int]]] = {}
     for _ in range(args.rounds):
         for mode, extra in MODES.items():
-            params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, detokenize=False, **extra)
-                      for r in requests]
+            params = [
+                SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, detokenize=False, **extra) for r in requests
+            ]
             assert engine.block_manager.pool.reset_prefix_cache()  # every run prefills: no hits from the last
             t0 = time.perf_counter()
             outs = engine.generate(prompts, params)
@@ -56,12 +66,20 @@ def main(argv: list[str] | None = None) -> int:
             outputs[mode] = [o.token_ids for o in outs]
             assert engine.num_free_blocks == engine.num_total_blocks
     same = all(outputs[m] == outputs["off"] for m in MODES if m not in CHANGES_TOKENS)
-    result = {"model": args.model, "n": args.n, "rounds": args.rounds, "output_tokens": tokens,
-              "identical_tokens": same, "seconds": seconds,
-              "tok_s": {m: tokens / statistics.median(s) for m, s in seconds.items()}}
+    result = {
+        "model": args.model,
+        "n": args.n,
+        "rounds": args.rounds,
+        "output_tokens": tokens,
+        "identical_tokens": same,
+        "seconds": seconds,
+        "tok_s": {m: tokens / statistics.median(s) for m, s in seconds.items()},
+    }
     result["slowdown"] = {m: statistics.median(seconds[m]) / statistics.median(seconds["off"]) for m in MODES}
-    print(f"{args.n} requests, {tokens} output tokens, median of {args.rounds} interleaved rounds; "
-          f"tokens identical in every logprobs mode: {same}")
+    print(
+        f"{args.n} requests, {tokens} output tokens, median of {args.rounds} interleaved rounds; "
+        f"tokens identical in every logprobs mode: {same}"
+    )
     for m in MODES:
         print(f"  {m:12s} {result['tok_s'][m]:8.1f} tok/s   {result['slowdown'][m]:.3f}x the time of 'off'")
     if args.json:

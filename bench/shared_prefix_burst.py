@@ -36,35 +36,63 @@ def _burst(engine: LLMEngine, rng: random.Random, requests: int, prefix: int, su
     t0 = time.perf_counter()
     outs = engine.generate(prompts, params)
     wall = time.perf_counter() - t0
-    ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in outs]
-    return {"seconds": wall, "ttft_mean_s": statistics.mean(ttft), "ttft_max_s": max(ttft),
-            "prompt_tokens_computed": engine.scheduler.prompt_tokens_computed - computed,
-            "tokens": [o.token_ids for o in outs]}
+    ttft = [
+        o.metrics.first_token_time - o.metrics.arrival_time
+        for o in outs
+        if o.metrics is not None and o.metrics.first_token_time is not None
+    ]  # (every finished output has both)
+    return {
+        "seconds": wall,
+        "ttft_mean_s": statistics.mean(ttft),
+        "ttft_max_s": max(ttft),
+        "prompt_tokens_computed": engine.scheduler.prompt_tokens_computed - computed,
+        "tokens": [o.token_ids for o in outs],
+    }
 
 
-def run(model: str, requests: int = 8, prefix: int = 1024, suffix: int = 16, max_tokens: int = 8,
-        rounds: int = 2, seed: int = 0) -> dict:
-    engines = {defer: LLMEngine(EngineConfig(model=model, scheduler=SchedulerConfig(defer_for_shared_prefix=defer)))
-               for defer in (False, True)}
+def run(
+    model: str,
+    requests: int = 8,
+    prefix: int = 1024,
+    suffix: int = 16,
+    max_tokens: int = 8,
+    rounds: int = 2,
+    seed: int = 0,
+) -> dict:
+    engines = {
+        defer: LLMEngine(EngineConfig(model=model, scheduler=SchedulerConfig(defer_for_shared_prefix=defer)))
+        for defer in (False, True)
+    }
     runs: dict[bool, list[dict]] = {False: [], True: []}
     for r in range(rounds + 1):  # round 0 warms both engines up and is not reported
-        for defer in ((False, True) if r % 2 == 0 else (True, False)):
+        for defer in (False, True) if r % 2 == 0 else (True, False):
             # The same prompts for both settings within a round; a new prefix every round.
             res = _burst(engines[defer], random.Random(seed * 1000 + r), requests, prefix, suffix, max_tokens)
             if r:
                 runs[defer].append(res)
     same = all(a["tokens"] == b["tokens"] for a, b in zip(runs[False], runs[True]))
-    med = {defer: {k: statistics.median(x[k] for x in rs) for k in ("seconds", "ttft_mean_s", "ttft_max_s",
-                                                                      "prompt_tokens_computed")}
-           for defer, rs in runs.items()}
+    med = {
+        defer: {
+            k: statistics.median(x[k] for x in rs)
+            for k in ("seconds", "ttft_mean_s", "ttft_max_s", "prompt_tokens_computed")
+        }
+        for defer, rs in runs.items()
+    }
     return {
-        "model": model, "requests": requests, "prefix_tokens": prefix, "suffix_tokens": suffix,
-        "max_tokens": max_tokens, "rounds": rounds,
-        "first_come": med[False], "deferred": med[True],
+        "model": model,
+        "requests": requests,
+        "prefix_tokens": prefix,
+        "suffix_tokens": suffix,
+        "max_tokens": max_tokens,
+        "rounds": rounds,
+        "first_come": med[False],
+        "deferred": med[True],
         "speedup_seconds": med[False]["seconds"] / med[True]["seconds"],
         "ttft_mean_ratio": med[False]["ttft_mean_s"] / med[True]["ttft_mean_s"],
-        "runs_seconds": {"first_come": [x["seconds"] for x in runs[False]],
-                         "deferred": [x["seconds"] for x in runs[True]]},
+        "runs_seconds": {
+            "first_come": [x["seconds"] for x in runs[False]],
+            "deferred": [x["seconds"] for x in runs[True]],
+        },
         "tokens_identical": same,
     }
 

@@ -46,10 +46,14 @@ async def burst(url: str, n_long: int, n_short: int, long_tokens: int, delay_s: 
         await client.aclose()
     short_ttft = [r.ttft_s for r in shorts]
     done = [s for s in short_ttft if s is not None]
-    return {"long": n_long, "short_ttft_s": short_ttft, "long_ttft_s": [r.ttft_s for r in long_records],
-            "short_ttft_p50_s": statistics.median(done) if done else None,
-            "short_ttft_max_s": max(done) if done else None,
-            "refused": sum(r.status != "ok" for r in shorts + long_records)}
+    return {
+        "long": n_long,
+        "short_ttft_s": short_ttft,
+        "long_ttft_s": [r.ttft_s for r in long_records],
+        "short_ttft_p50_s": statistics.median(done) if done else None,
+        "short_ttft_max_s": max(done) if done else None,
+        "refused": sum(r.status != "ok" for r in shorts + long_records),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,9 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         run = asyncio.run(burst(args.url.rstrip("/"), n, args.short, args.long_tokens, args.delay, rng))
         runs.append(run)
         fmt = lambda v: "-" if v is None else f"{v * 1e3:.0f}"  # noqa: E731
-        print(f"{n:3d} long: short TTFT ms {[fmt(s) for s in run['short_ttft_s']]}, "
-              f"long TTFT s {[None if s is None else round(s, 1) for s in run['long_ttft_s']]}, "
-              f"refused {run['refused']}", flush=True)
+        print(
+            f"{n:3d} long: short TTFT ms {[fmt(s) for s in run['short_ttft_s']]}, "
+            f"long TTFT s {[None if s is None else round(s, 1) for s in run['long_ttft_s']]}, "
+            f"refused {run['refused']}",
+            flush=True,
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"url": args.url, "command": " ".join(sys.argv), "runs": runs}, f, indent=1)

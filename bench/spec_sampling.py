@@ -31,16 +31,15 @@ REWRITE = [
     "Copy this sentence three times: The quick brown fox jumps over the lazy dog near the river bank.",
     "Rewrite this Python function with the name changed to add_numbers:\n\ndef f(a, b):\n    result = a + b\n"
     "    print('the sum of', a, 'and', b, 'is', result)\n    return result\n",
-    "Return this JSON with the value of age changed to 31: {\"name\": \"Ada\", \"age\": 30, \"city\": \"London\", "
-    "\"languages\": [\"English\", \"French\"], \"email\": \"ada@example.com\"}",
+    'Return this JSON with the value of age changed to 31: {"name": "Ada", "age": 30, "city": "London", '
+    '"languages": ["English", "French"], "email": "ada@example.com"}',
 ]
 
 
 def _prompts(engine, kind: str, n: int, seed: int) -> list:
     tok = engine.tokenizer
     if kind == "rewrite":
-        return [tok.apply_chat_template([{"role": "user", "content": REWRITE[i % len(REWRITE)]}])
-                for i in range(n)]
+        return [tok.apply_chat_template([{"role": "user", "content": REWRITE[i % len(REWRITE)]}]) for i in range(n)]
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size
     return [[rng.randrange(3, vocab) for _ in range(rng.randint(64, 256))] for _ in range(n)]
@@ -49,19 +48,32 @@ def _prompts(engine, kind: str, n: int, seed: int) -> list:
 def _run(engine, prompts, temperature: float, max_tokens: int) -> tuple[float, list[list[int]], int, int]:
     from engine.sampling_params import SamplingParams
 
-    params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=1000 + i, ignore_eos=True,
-                             detokenize=False) for i in range(len(prompts))]
+    params = [
+        SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=1000 + i, ignore_eos=True, detokenize=False)
+        for i in range(len(prompts))
+    ]
     s = engine.scheduler
     d0, a0 = s.num_draft_tokens, s.num_accepted_tokens
     t0 = time.perf_counter()
     outs = engine.generate(prompts, params)
     dt = time.perf_counter() - t0
-    return sum(len(o.token_ids) for o in outs) / dt, [o.token_ids for o in outs], \
-        s.num_draft_tokens - d0, s.num_accepted_tokens - a0
+    return (
+        sum(len(o.token_ids) for o in outs) / dt,
+        [o.token_ids for o in outs],
+        s.num_draft_tokens - d0,
+        s.num_accepted_tokens - a0,
+    )
 
 
-def run(model: str = "default", temperatures=(0.0, 0.3, 0.7, 1.0), batches=(1, 8), max_tokens: int = 128,
-        k: int = 4, rounds: int = 3, min_keep_chance: float = 0.5) -> dict:
+def run(
+    model: str = "default",
+    temperatures=(0.0, 0.3, 0.7, 1.0),
+    batches=(1, 8),
+    max_tokens: int = 128,
+    k: int = 4,
+    rounds: int = 3,
+    min_keep_chance: float = 0.5,
+) -> dict:
     from dataclasses import replace
 
     from engine.config import EngineConfig, SpeculativeConfig
@@ -71,8 +83,14 @@ def run(model: str = "default", temperatures=(0.0, 0.3, 0.7, 1.0), batches=(1, 8
     model_dir = resolve_model(model)
     plain = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32"))
     cfg = plain.config
-    drafting = LLMEngine(replace(cfg, scheduler=replace(cfg.scheduler, speculative=SpeculativeConfig(
-        num_tokens=k, min_keep_chance=min_keep_chance))))
+    drafting = LLMEngine(
+        replace(
+            cfg,
+            scheduler=replace(
+                cfg.scheduler, speculative=SpeculativeConfig(num_tokens=k, min_keep_chance=min_keep_chance)
+            ),
+        )
+    )
     for e in (plain, drafting):  # warm both (first large step, first decode steps)
         _run(e, _prompts(e, "random", 4, 99), 0.7, 8)
     rows = []
@@ -80,7 +98,7 @@ def run(model: str = "default", temperatures=(0.0, 0.3, 0.7, 1.0), batches=(1, 8
         for batch in batches:
             prompts = _prompts(plain, kind, batch, seed=batch)
             for temp in temperatures:
-                rates = {"plain": [], "drafts": []}
+                rates: dict[str, list[float]] = {"plain": [], "drafts": []}
                 same, drafted, kept = True, 0, 0
                 for _ in range(rounds):
                     r0, ids0, _, _ = _run(plain, prompts, temp, max_tokens)
@@ -90,11 +108,26 @@ def run(model: str = "default", temperatures=(0.0, 0.3, 0.7, 1.0), batches=(1, 8
                     same &= ids0 == ids1
                     drafted, kept = drafted + d, kept + a
                 p, s = statistics.median(rates["plain"]), statistics.median(rates["drafts"])
-                rows.append({"prompts": kind, "batch": batch, "temperature": temp, "plain_tok_s": round(p, 1),
-                             "drafts_tok_s": round(s, 1), "speedup": round(s / p, 3),
-                             "kept": round(kept / drafted, 3) if drafted else None, "same_tokens": same})
-    return {"model": str(model_dir), "k": k, "min_keep_chance": min_keep_chance, "max_tokens": max_tokens,
-            "rounds": rounds, "rows": rows}
+                rows.append(
+                    {
+                        "prompts": kind,
+                        "batch": batch,
+                        "temperature": temp,
+                        "plain_tok_s": round(p, 1),
+                        "drafts_tok_s": round(s, 1),
+                        "speedup": round(s / p, 3),
+                        "kept": round(kept / drafted, 3) if drafted else None,
+                        "same_tokens": same,
+                    }
+                )
+    return {
+        "model": str(model_dir),
+        "k": k,
+        "min_keep_chance": min_keep_chance,
+        "max_tokens": max_tokens,
+        "rounds": rounds,
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,19 +141,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    result = run(a.model, tuple(float(t) for t in a.temperatures.split(",")), tuple(int(b) for b in a.batch.split(",")),
-                 a.max_tokens, a.k, a.rounds, a.min_keep_chance)
+    result = run(
+        a.model,
+        tuple(float(t) for t in a.temperatures.split(",")),
+        tuple(int(b) for b in a.batch.split(",")),
+        a.max_tokens,
+        a.k,
+        a.rounds,
+        a.min_keep_chance,
+    )
     if a.json:
         print(json.dumps(result, indent=1))
         return 0
-    print(f"{result['model']}: drafts of up to {result['k']} (min keep chance {result['min_keep_chance']}), "
-          f"{result['max_tokens']} tokens a request, "
-          f"medians of {result['rounds']} alternating rounds")
+    print(
+        f"{result['model']}: drafts of up to {result['k']} (min keep chance {result['min_keep_chance']}), "
+        f"{result['max_tokens']} tokens a request, "
+        f"medians of {result['rounds']} alternating rounds"
+    )
     print("| prompts | batch | temperature | plain tok/s | drafts tok/s | speedup | kept | same tokens |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     for r in result["rows"]:
-        print(f"| {r['prompts']} | {r['batch']} | {r['temperature']} | {r['plain_tok_s']} | {r['drafts_tok_s']} | "
-              f"{r['speedup']}x | {r['kept']} | {r['same_tokens']} |")
+        print(
+            f"| {r['prompts']} | {r['batch']} | {r['temperature']} | {r['plain_tok_s']} | {r['drafts_tok_s']} | "
+            f"{r['speedup']}x | {r['kept']} | {r['same_tokens']} |"
+        )
     return 0
 
 

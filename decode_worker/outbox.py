@@ -12,7 +12,6 @@ import time
 
 from engine.outputs import RequestOutput
 
-
 _MAX_DROPPED = 4096  # per router: ids kept to tell a router that never polls again cost bounded memory
 
 

@@ -16,14 +16,16 @@ import time
 from decode_worker.messages import OutputBatch, ReserveResult
 from decode_worker.outbox import Outbox
 from engine.config import EngineConfig
+from engine.device import SetDevice, bind_config_device, cuda_set_device
 from engine.engine import LLMEngine
 from engine.engine_loop import EngineLoop
+from engine.errors import InvalidParameterError
 from engine.gc_freeze import freeze_startup_objects
 from engine.kv_events import KVCacheEvent
+from engine.lane_shares import LaneDemand
 from engine.logprobs import TokenLogprob
-from engine.errors import InvalidParameterError
 from engine.request_spec import RequestSpec
-from engine.worker_stats import WorkerLoad, queued_prefill_tokens
+from engine.worker_stats import WorkerLoad, queued_prefill_tokens, queued_prefill_tokens_by_priority
 from kv_transfer.agent import TransferAgent, TransferTiming
 from kv_transfer.data_plane import DataPlaneFactory, default_data_plane
 from kv_transfer.identity import kv_segment_name, make_peer, release_kv, worker_info
@@ -33,19 +35,36 @@ log = logging.getLogger(__name__)
 
 
 class DecodeWorker:
-    def __init__(self, worker_id: str, engine_config: EngineConfig, store: StoreAddress, *,
-                 transfer_timeout_s: float = 10.0, connect_timeout_s: float = 30.0,
-                 orphan_timeout_s: float = 10.0, data_plane: DataPlaneFactory = default_data_plane) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        engine_config: EngineConfig,
+        store: StoreAddress,
+        *,
+        transfer_timeout_s: float = 10.0,
+        connect_timeout_s: float = 30.0,
+        orphan_timeout_s: float = 10.0,
+        data_plane: DataPlaneFactory = default_data_plane,
+        set_device: SetDevice = cuda_set_device,
+    ) -> None:
         self.worker_id = worker_id
         self.transfer_timeout_s = transfer_timeout_s
+        bind_config_device(engine_config.device, set_device)  # before any CUDA work (engine/device.py)
         self.engine = LLMEngine(engine_config, record_kv_events=True)
         self.peer = make_peer(worker_id, "decode", self.engine)
         self.outbox = Outbox()
         self.loop = EngineLoop(self.engine, name=f"{worker_id}-engine", output_sink=self.outbox.put)
         self._kv_events: list[KVCacheEvent] = []  # engine thread appends, poll drains (swap under the GIL)
-        self.agent = TransferAgent(self.peer, store, self.engine.runner.kv_cache, connect_timeout_s=connect_timeout_s,
-                                   on_received=self._on_received, on_receive_failed=self._on_receive_failed,
-                                   kv_segment_name=kv_segment_name(self.engine), data_plane=data_plane)
+        self.agent = TransferAgent(
+            self.peer,
+            store,
+            self.engine.runner.kv_cache,
+            connect_timeout_s=connect_timeout_s,
+            on_received=self._on_received,
+            on_receive_failed=self._on_receive_failed,
+            kv_segment_name=kv_segment_name(self.engine),
+            data_plane=data_plane,
+        )
         self._transfer_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._transfer_of: dict[str, int] = {}  # request id -> transfer id, while reserved
@@ -81,8 +100,14 @@ class DecodeWorker:
 
         def do(engine: LLMEngine) -> ReserveResult:
             self._register(engine, spec)
-            req = engine.reserve(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
-                                 priority=spec.priority, cache_salt=spec.cache_salt, preemptible=spec.preemptible)
+            req = engine.reserve(
+                spec.request_id,
+                list(spec.prompt_token_ids),
+                spec.sampling_params,
+                priority=spec.priority,
+                cache_salt=spec.cache_salt,
+                preemptible=spec.preemptible,
+            )
             if req is None:
                 return ReserveResult(False, reason="no free KV blocks")
             self._count_placed(spec)
@@ -105,10 +130,17 @@ class DecodeWorker:
 
         def do(engine: LLMEngine) -> bool:
             self._register(engine, spec)
-            engine.add_request(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
-                               priority=spec.priority, cache_salt=spec.cache_salt, preemptible=spec.preemptible,
-                               resume_token_ids=list(spec.resume_token_ids),
-                               resume_text_chars=spec.resume_text_chars, arrival_time=received)
+            engine.add_request(
+                spec.request_id,
+                list(spec.prompt_token_ids),
+                spec.sampling_params,
+                priority=spec.priority,
+                cache_salt=spec.cache_salt,
+                preemptible=spec.preemptible,
+                resume_token_ids=list(spec.resume_token_ids),
+                resume_text_chars=spec.resume_text_chars,
+                arrival_time=received,
+            )
             self._count_placed(spec)
             return True
 
@@ -135,13 +167,25 @@ class DecodeWorker:
 
         return self.loop.call(do)
 
-    def poll(self, timeout_s: float = 0.5, origin: str = "") -> OutputBatch:
+    def poll(
+        self, timeout_s: float = 0.5, origin: str = "", pressure: tuple[LaneDemand, ...] | None = None
+    ) -> OutputBatch:
         """Every output for ``origin``'s requests since its last poll (a long poll), with the latest load
-        report and the prefix-cache events since any router's last poll."""
+        report and the prefix-cache events since any router's last poll. ``pressure``: the router's
+        lanes' demand (router/lane_pressure.py), for the scheduler's lane shares (engine/lane_shares.py)."""
+        shares = self.engine.scheduler.lane_shares
+        if pressure is not None and shares is not None:
+            shares.set_pressure(origin, pressure)  # (a whole new mapping: safe beside the step reading it)
         outputs = self.outbox.poll(origin, timeout_s)
         events, self._kv_events = self._kv_events, []
-        return OutputBatch(self.worker_id, self.peer.incarnation, outputs, self._load_snapshot, events,
-                           dropped=self.outbox.take_dropped(origin))
+        return OutputBatch(
+            self.worker_id,
+            self.peer.incarnation,
+            outputs,
+            self._load_snapshot,
+            events,
+            dropped=self.outbox.take_dropped(origin),
+        )
 
     def load(self) -> WorkerLoad:
         return self._load_snapshot
@@ -156,15 +200,20 @@ class DecodeWorker:
         release_kv(self.engine)
 
     # -- transfer callbacks (channel threads) ------------------------------------------------
-    def _on_received(self, request_id: str, first_token: int, timing: TransferTiming,
-                     first_logprob: TokenLogprob | None = None) -> None:
+    def _on_received(
+        self, request_id: str, first_token: int, timing: TransferTiming, first_logprob: TokenLogprob | None = None
+    ) -> None:
         with self._lock:
             self._transfer_of.pop(request_id, None)
 
         def arrived(engine: LLMEngine) -> None:
             timing.kv_ready.wait()  # the next step, the first to read the blocks, runs after their scatter
-            breakdown = {"prefill_queue": timing.prefill_queue_s, "prefill_compute": timing.prefill_compute_s,
-                         "transfer": timing.transfer_s, "decode_queue": time.monotonic() - timing.landed}
+            breakdown = {
+                "prefill_queue": timing.prefill_queue_s,
+                "prefill_compute": timing.prefill_compute_s,
+                "transfer": timing.transfer_s,
+                "decode_queue": time.monotonic() - timing.landed,
+            }
             self.loop.push_outputs(engine.kv_arrived(request_id, first_token, breakdown, first_logprob))
 
         self.loop.call_async(arrived)
@@ -197,8 +246,12 @@ class DecodeWorker:
                 with self._lock:
                     self._transfer_of.pop(rid, None)
                 self.agent.stats.failed += 1
-                log.warning("%s: KV for %s made no progress for %.1fs; prefilling locally", self.worker_id, rid,
-                            self.transfer_timeout_s)
+                log.warning(
+                    "%s: KV for %s made no progress for %.1fs; prefilling locally",
+                    self.worker_id,
+                    rid,
+                    self.transfer_timeout_s,
+                )
                 self._fallback(engine, rid)
 
     def _abort_orphans(self, engine: LLMEngine) -> None:
@@ -255,14 +308,31 @@ class DecodeWorker:
     def _load(self, engine: LLMEngine) -> WorkerLoad:
         s, st, bm = engine.scheduler, self.agent.stats, engine.block_manager
         return WorkerLoad(
-            worker_id=self.worker_id, incarnation=self.peer.incarnation, role="decode",
-            num_running=s.num_running, num_waiting=s.num_waiting, num_free_blocks=bm.num_free_blocks,
-            num_total_blocks=bm.num_blocks, queued_prefill_tokens=queued_prefill_tokens(s),
-            num_reserved=len(s.reserved), transfers_completed=st.completed, transfers_failed=st.failed,
-            transfer_bytes=st.bytes_received, transfer_seconds=st.seconds, prefix_queries=bm.num_prefix_queries,
-            prefix_hits=bm.num_prefix_hits, steps=self.loop.num_steps, busy_seconds=self.loop.busy_seconds,
+            worker_id=self.worker_id,
+            incarnation=self.peer.incarnation,
+            role="decode",
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            num_free_blocks=bm.num_free_blocks,
+            num_total_blocks=bm.num_blocks,
+            queued_prefill_tokens=queued_prefill_tokens(s),
+            num_reserved=len(s.reserved),
+            transfers_completed=st.completed,
+            transfers_failed=st.failed,
+            transfer_bytes=st.bytes_received,
+            transfer_seconds=st.seconds,
+            prefix_queries=bm.num_prefix_queries,
+            prefix_hits=bm.num_prefix_hits,
+            steps=self.loop.num_steps,
+            busy_seconds=self.loop.busy_seconds,
             busy_cpu_seconds=self.loop.busy_cpu_seconds,
-            prompt_tokens_computed=s.prompt_tokens_computed, preemptions=s.num_preemptions,
-            preempted_tokens=s.preempted_tokens, prompt_tokens_placed=dict(self._placed),
-            draft_tokens=s.num_draft_tokens, accepted_draft_tokens=s.num_accepted_tokens,
+            prompt_tokens_computed=s.prompt_tokens_computed,
+            preemptions=s.num_preemptions,
+            preempted_tokens=s.preempted_tokens,
+            prompt_tokens_placed=dict(self._placed),
+            draft_tokens=s.num_draft_tokens,
+            accepted_draft_tokens=s.num_accepted_tokens,
+            lane_counters=(
+                s.lane_shares.counters(queued_prefill_tokens_by_priority(s)) if s.lane_shares is not None else None
+            ),
         )

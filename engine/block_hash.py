@@ -9,8 +9,8 @@ optional cache salt, which isolates tenants' caches from each other. Pure Python
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Sequence
 from hashlib import blake2b
-from typing import Callable, Sequence
 
 BlockHash = bytes
 _KEY = b"baton-kv-block-v1"

@@ -15,8 +15,8 @@ Pure Python (no torch); everything here is O(blocks touched).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from engine.block_hash import BlockHash, block_packer, hash_packed, root_hash
 from engine.kv_events import AllBlocksCleared, BlocksRemoved, BlocksStored, KVCacheEvent
@@ -82,7 +82,7 @@ class BlockPool:
         if removed and self.record_events:
             self._events.append(BlocksRemoved(tuple(removed)))
 
-    def touch(self, block_ids: list[int]) -> None:
+    def touch(self, block_ids: Sequence[int]) -> None:
         """Take a reference on cached blocks (prefix hit); revive them from the free list."""
         for bid in block_ids:
             blk = self.blocks[bid]
@@ -123,8 +123,9 @@ class BlockPool:
     def forget(self, block_ids: list[int]) -> None:
         """Withdraw these blocks' prefix-cache entries (their KV cannot be trusted); the blocks stay
         allocated to whoever holds them."""
-        self._record_removed([self._uncache(blk) for blk in map(self.blocks.__getitem__, block_ids)
-                              if blk.block_hash is not None])
+        self._record_removed(
+            [self._uncache(blk) for blk in map(self.blocks.__getitem__, block_ids) if blk.block_hash is not None]
+        )
 
     def record_stored(self, hashes: list[BlockHash]) -> None:
         if hashes and self.record_events:
@@ -158,12 +159,7 @@ class BlockManager:
     """Per-request block accounting on top of a ``BlockPool``."""
 
     def __init__(
-        self,
-        num_blocks: int,
-        block_size: int,
-        *,
-        enable_prefix_caching: bool = True,
-        record_events: bool = False,
+        self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True, record_events: bool = False
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -250,7 +246,7 @@ class BlockManager:
         return total - sum(self.pool.blocks[bid].ref_cnt > 0 for bid in self._lookup_prefix(req))
 
     # -- allocation ---------------------------------------------------------------------------
-    def can_allocate(self, req: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
+    def can_allocate(self, req: Request, num_new_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
         need = self._num_new_blocks(req, num_new_tokens, len(cached_blocks))
         revived = sum(1 for b in cached_blocks if self.pool.blocks[b].ref_cnt == 0)
         return need <= self.pool.num_free - revived
@@ -260,7 +256,7 @@ class BlockManager:
         total = req.num_computed_tokens + num_cached_blocks * self.block_size + num_new_tokens
         return max(0, -(-total // self.block_size) - have)
 
-    def allocate(self, req: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
+    def allocate(self, req: Request, num_new_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
         """Give ``req`` blocks for ``num_new_tokens`` more tokens, after taking ``cached_blocks``.
 
         ``cached_blocks`` (from ``find_cached_prefix``) advance ``num_computed_tokens``. Returns

@@ -6,8 +6,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Literal
-
+from typing import Any, Literal
 
 # The runner keeps per-sequence buffers of max_num_seqs rows (token ids: max_model_len + 1 each), so
 # an absurd value fails far from the flag (a numpy allocation error); far above any real batch.
@@ -15,6 +14,8 @@ MAX_NUM_SEQS = 65536
 # torch.set_num_threads(100000) crashes the process (libgomp fails, or a segfault). The bound is
 # loose on purpose: a config built on a small head node may run on a bigger worker host.
 _MIN_THREAD_LIMIT = 1024
+# Far above any node's GPU count: a typo (a thread count given as the TP size) is caught here.
+MAX_TENSOR_PARALLEL = 64
 
 
 def _positive(name: str, value: int, at_most: int | None = None) -> None:
@@ -56,12 +57,35 @@ class SpeculativeConfig:
             raise ValueError(f"speculative min_keep_chance must be in [0, 1), got {c!r}")
 
     @classmethod
-    def from_num_tokens(cls, num_tokens: int, name: str = "speculative num_tokens", **kwargs) -> SpeculativeConfig | None:
+    def from_num_tokens(
+        cls, num_tokens: int, name: str = "speculative num_tokens", **kwargs: Any
+    ) -> SpeculativeConfig | None:  # Any: the other fields, checked by the class
         """The config for a user's draft count, where 0 means speculation is off (None); ``name`` is
         the setting as the user wrote it, for the error a negative count gets; ``kwargs``, the other fields."""
         if num_tokens < 0:
             raise ValueError(f"{name} must be 0 (off) or positive, got {num_tokens}")
         return cls(num_tokens=num_tokens, **kwargs) if num_tokens else None
+
+
+@dataclass(frozen=True)
+class LaneShareConfig:
+    """One traffic lane as a decode worker's scheduler sees it (``engine/lane_shares.py``): lanes reach
+    the engine as their priority (lower is more important), so lanes of equal priority share one entry.
+
+    ``weight``: its share of sequence slots and decode tokens among the lanes with demand; ``floor``:
+    the fraction of them it keeps while it has demand, whatever the others want (no lane starves);
+    ``preemptible``: whether its running sequences may be preempted for a more important lane's pace."""
+
+    priority: int
+    weight: float = 1.0
+    floor: float = 0.05
+    preemptible: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.weight > 0:
+            raise ValueError(f"lane share weight must be > 0, got {self.weight!r}")
+        if not 0 <= self.floor < 1:
+            raise ValueError(f"lane share floor must be in [0, 1), got {self.floor!r}")
 
 
 @dataclass(frozen=True)
@@ -90,8 +114,13 @@ class SchedulerConfig:
     defer_for_shared_prefix: bool = True
     # N-gram speculative decoding; None: off (one token a decode step).
     speculative: SpeculativeConfig | None = None
+    # Decode capacity by lane (engine/lane_shares.py): sequence slots shared by lane weight with a
+    # floor per lane, and preemption of preemptible lanes for a more important lane's pace. Empty: off.
+    lane_shares: tuple[LaneShareConfig, ...] = ()
 
     def __post_init__(self) -> None:
+        if len({s.priority for s in self.lane_shares}) != len(self.lane_shares):
+            raise ValueError("lane_shares: one entry per priority")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             raise ValueError(f"speculative must be a SpeculativeConfig or None, got {self.speculative!r}")
         _positive("max_num_seqs", self.max_num_seqs, MAX_NUM_SEQS)
@@ -108,11 +137,16 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     """Paged KV cache. ``num_blocks=None`` sizes the pool from ``kv_cache_memory_gb``, which defaults
-    to 2 GiB on CPU and 80% of the GPU memory left after loading the weights on CUDA."""
+    to 2 GiB on CPU; on CUDA without it, from a profiling forward pass (engine/kv_memory.py):
+    ``gpu_memory_utilization`` x ``gpu_fraction`` x the device's total memory, less what the process
+    holds and the forward's peak. ``gpu_fraction``: this worker's share of the GPU where workers share
+    one (a pool's fractional ``gpus``)."""
 
     block_size: int = 16
     num_blocks: int | None = None
     kv_cache_memory_gb: float | None = None
+    gpu_memory_utilization: float = 0.9
+    gpu_fraction: float = 1.0
     enable_prefix_caching: bool = True
     # CPU: allocate the cache in a POSIX shared-memory segment, so a transfer peer on this host
     # copies KV straight out of it (kv_transfer/local_kv.py) instead of over a socket.
@@ -126,6 +160,10 @@ class CacheConfig:
             _positive("num_blocks", self.num_blocks)
         if self.kv_cache_memory_gb is not None and not 0 < self.kv_cache_memory_gb < math.inf:
             raise ValueError(f"kv_cache_memory_gb must be a finite number > 0, got {self.kv_cache_memory_gb!r}")
+        for name in ("gpu_memory_utilization", "gpu_fraction"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -145,6 +183,9 @@ class EngineConfig:
     seed: int = 0
     # CUDA with the Triton kernels: decode steps replay CUDA graphs captured at start (engine/cuda_graphs.py).
     cuda_graphs: bool = True
+    # Ranks the model is sharded over (engine/parallel/): each a local process holding 1/N of the
+    # projections and its heads' KV. Checked against the model's heads when it loads.
+    tensor_parallel_size: int = 1
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
 
@@ -159,5 +200,6 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
+        _positive("tensor_parallel_size", self.tensor_parallel_size, MAX_TENSOR_PARALLEL)
         if self.num_threads is not None:
             _positive("num_threads", self.num_threads, max_num_threads())

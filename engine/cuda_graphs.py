@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -30,6 +31,20 @@ import torch
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.input_batch import StepInputs
+
+
+class DecodeModel(Protocol):
+    """What the graphs capture of a model (engine/model/llama.py's LlamaModel)."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        attn: AttentionBackend,
+    ) -> torch.Tensor: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +65,16 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 class DecodeGraphs:
     """The captured decode forwards of one model, KV cache and attention backend."""
 
-    def __init__(self, model, kv_cache: torch.Tensor, attn: AttentionBackend, *, max_num_seqs: int,
-                 max_blocks: int, capture: bool = True) -> None:
+    def __init__(
+        self,
+        model: DecodeModel,
+        kv_cache: torch.Tensor,
+        attn: AttentionBackend,
+        *,
+        max_num_seqs: int,
+        max_blocks: int,
+        capture: bool = True,
+    ) -> None:
         if attn.name != "triton":
             # The padding relies on the Triton kernels: the torch reference wraps a -1 slot around.
             raise ValueError(f"decode graphs need the Triton attention kernels, not {attn.name!r}")
@@ -70,7 +93,7 @@ class DecodeGraphs:
         self._host_lens = torch.zeros(n, dtype=torch.int32, pin_memory=pin)
         # Recorded after a step's copies from those pinned buffers; the next step waits for it before
         # writing them (the sampler's sync covers this today, but a step that samples nothing does not).
-        self._copied = torch.cuda.Event() if pin else None
+        self._copied = torch.cuda.Event() if pin else None  # type: ignore[no-untyped-call]  # (torch: unannotated)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}
         self.captured = False
@@ -83,10 +106,15 @@ class DecodeGraphs:
     # -- capture ----------------------------------------------------------------------------
     def _forward(self, bs: int) -> torch.Tensor:
         meta = AttentionMetadata(
-            num_decode_tokens=bs, num_prefill_tokens=0,
-            slot_block=self.slot_block[:bs], slot_offset=self.slot_offset[:bs],
-            decode_block_tables=self.block_tables[:bs], decode_seq_lens=self.seq_lens[:bs],
-            prefill_block_tables=None, prefill_cu_seqlens_q=None, prefill_seq_lens=None,
+            num_decode_tokens=bs,
+            num_prefill_tokens=0,
+            slot_block=self.slot_block[:bs],
+            slot_offset=self.slot_offset[:bs],
+            decode_block_tables=self.block_tables[:bs],
+            decode_seq_lens=self.seq_lens[:bs],
+            prefill_block_tables=None,
+            prefill_cu_seqlens_q=None,
+            prefill_seq_lens=None,
         )
         return self.model.forward(self.input_ids[:bs], self.positions[:bs], self.kv_cache, meta, self.attn)
 
@@ -109,8 +137,13 @@ class DecodeGraphs:
             torch.cuda.synchronize()
         self.captured = True
         self.capture_seconds = time.perf_counter() - t0
-        log.info("captured %d decode CUDA graphs (batch sizes %d to %d) in %.1f s", len(self.sizes),
-                 self.sizes[0], self.sizes[-1], self.capture_seconds)
+        log.info(
+            "captured %d decode CUDA graphs (batch sizes %d to %d) in %.1f s",
+            len(self.sizes),
+            self.sizes[0],
+            self.sizes[-1],
+            self.capture_seconds,
+        )
 
     # -- a step -----------------------------------------------------------------------------
     def size_for(self, n: int) -> int | None:
@@ -135,6 +168,7 @@ class DecodeGraphs:
     def _run(self, x: StepInputs) -> torch.Tensor:
         n = len(x.input_ids)
         bs = self.size_for(n)
+        assert bs is not None  # (takes said it fits)
         rows, lens = self._host_rows, self._host_lens
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copies have read these buffers

@@ -9,35 +9,50 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.device import ThreadDevice
 from engine.errors import ContextLengthError, InvalidParameterError
 from engine.host_memory import keep_freed_memory
 from engine.kv_events import KVCacheEvent
 from engine.logprobs import TokenLogprob
+from engine.model.tokenizer import Tokenizer
 from engine.model_loader import LoadedModel, load_model
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
+from engine.parallel.local_ranks import LocalRanks
 from engine.request import FinishReason, Request
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.scheduler_output import SchedulerOutput
+from engine.structured.grammar_rows import grammar_rows
 
 log = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, *, progress: Callable[[str], None] | None = None,
-                 record_kv_events: bool = False) -> None:
+    def __init__(
+        self, config: EngineConfig, *, progress: Callable[[str], None] | None = None, record_kv_events: bool = False
+    ) -> None:
         self.config = config
-        loaded: LoadedModel = load_model(config, progress=progress)
+        # Tensor parallel: the other ranks start loading their shards beside this one (engine/parallel/).
+        self.ranks = LocalRanks(config) if config.tensor_parallel_size > 1 else None
+        try:
+            loaded: LoadedModel = load_model(
+                config, progress=progress, group=self.ranks.group if self.ranks is not None else None
+            )
+        except BaseException:
+            self.close()
+            raise
         self.model_config = loaded.model_config
         self.model_dir = loaded.model_dir
         self.tokenizer = loaded.tokenizer
         self.max_model_len = loaded.max_model_len
         self.device = loaded.device
+        self._thread_device = ThreadDevice(self.device)  # steps may run on another thread (engine_loop.py)
         if self.device.type == "cpu":
             keep_freed_memory()  # large steps reuse their activations' pages (engine/host_memory.py)
         self.kv_segment = loaded.kv_segment  # the shared-memory segment of the KV cache, if any
@@ -58,26 +73,42 @@ class LLMEngine:
             block_size=config.cache.block_size,
             seed=config.seed,
             eos_token_ids=self.eos_token_ids,
+            plan_sink=self.ranks.broadcast_plan if self.ranks is not None else None,
+            grammars=grammar_rows(self.tokenizer, self.model_config.vocab_size),
         )
-        if config.cuda_graphs and self.device.type == "cuda" and loaded.attention.name == "triton":
+        if self.ranks is not None:
+            self.ranks.start_steps(self.eos_token_ids)
+        # (Not yet for a TP group: its ranks would have to capture the same graphs, collectives inside.)
+        if (
+            config.cuda_graphs
+            and self.device.type == "cuda"
+            and loaded.attention.name == "triton"
+            and self.ranks is None
+        ):
             self._capture_graphs(progress)
         self.output_processor = OutputProcessor(self.scheduler, self.tokenizer)
         self._ids = itertools.count()
         self.num_steps = 0
-        self.last_scheduler_output = None  # what the latest step computed (the prefill role ships it)
+        # What the latest step computed (the prefill role ships it).
+        self.last_scheduler_output: SchedulerOutput | None = None
         self._failed_outputs: list[RequestOutput] = []  # ends of a failed step's requests, for the next step
 
     def _capture_graphs(self, progress: Callable[[str], None] | None) -> None:
         try:
             graphs = self.runner.capture_decode_graphs()
-        except Exception as e:  # torch's and Triton's own errors (compile, resources) alike: slower, not broken
+        except Exception as e:  # noqa: BLE001 - torch's and Triton's own errors (compile, resources) alike: slower, not broken
             self.runner.graphs = None
-            log.warning("CUDA graph capture failed, decode steps run eagerly: %s: %s", type(e).__name__,
-                        (str(e).splitlines() or [""])[0])
+            log.warning(
+                "CUDA graph capture failed, decode steps run eagerly: %s: %s",
+                type(e).__name__,
+                (str(e).splitlines() or [""])[0],
+            )
             return
         if progress is not None:
-            progress(f"CUDA graphs: decode batch sizes {graphs.sizes[0]} to {graphs.sizes[-1]} "
-                     f"({len(graphs.sizes)} graphs) captured in {graphs.capture_seconds:.1f} s")
+            progress(
+                f"CUDA graphs: decode batch sizes {graphs.sizes[0]} to {graphs.sizes[-1]} "
+                f"({len(graphs.sizes)} graphs) captured in {graphs.capture_seconds:.1f} s"
+            )
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(
@@ -98,11 +129,12 @@ class LLMEngine:
 
         ``resume_token_ids``: tokens this request already generated elsewhere (migration); they are
         recomputed, not re-emitted, and ``resume_text_chars`` of their text were delivered there (the
-        rest, held back there, comes with the next output). ``prefill_only``: the prefill role; the request stops after its
-        first token and holds its blocks until ``release_transferred``.
+        rest, held back there, comes with the next output). ``prefill_only``: the prefill role; the
+        request stops after its first token and holds its blocks until ``release_transferred``.
         """
-        req = self._new_request(request_id, prompt, params, priority, cache_salt, arrival_time, resume_token_ids,
-                                prefill_only, preemptible)
+        req = self._new_request(
+            request_id, prompt, params, priority, cache_salt, arrival_time, resume_token_ids, prefill_only, preemptible
+        )
         self.scheduler.add_request(req)
         if not prefill_only:
             self._add_output_stream(req, resume_text_chars)
@@ -117,16 +149,40 @@ class LLMEngine:
             self.scheduler.abort(req.request_id)
             raise
 
-    def _new_request(self, request_id, prompt, params, priority, cache_salt, arrival_time, resume_token_ids=None,
-                     prefill_only=False, preemptible=True) -> Request:
+    def _new_request(
+        self,
+        request_id: str | None,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None,
+        priority: int,
+        cache_salt: str | None,
+        arrival_time: float | None,
+        resume_token_ids: Sequence[int] | None = None,
+        prefill_only: bool = False,
+        preemptible: bool = True,
+    ) -> Request:
         params = params or SamplingParams()
-        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else _token_ids(prompt, "prompt")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:  # the error type the missing tokenizer's lookup raised before
+                raise AttributeError("this model has no tokenizer: pass the prompt as token ids")
+            token_ids = self.tokenizer.encode(prompt)
+        else:
+            token_ids = _token_ids(prompt, "prompt")
         resume = _token_ids(resume_token_ids or (), "resume_token_ids")
         self.validate_prompt(token_ids + resume, params, num_generated=len(resume))
         rid = request_id if request_id is not None else self._free_id()
-        return Request(rid, token_ids, params, eos_token_ids=tuple(self.eos_token_ids), priority=priority,
-                       cache_salt=cache_salt, arrival_time=arrival_time, resume_token_ids=resume,
-                       prefill_only=prefill_only, preemptible=preemptible)
+        return Request(
+            rid,
+            token_ids,
+            params,
+            eos_token_ids=tuple(self.eos_token_ids),
+            priority=priority,
+            cache_salt=cache_salt,
+            arrival_time=arrival_time,
+            resume_token_ids=resume,
+            prefill_only=prefill_only,
+            preemptible=preemptible,
+        )
 
     def _free_id(self) -> str:
         """The engine's next own id, stepping over live ones a caller chose."""
@@ -142,9 +198,16 @@ class LLMEngine:
         if bad is not None:
             raise InvalidParameterError("prompt", f"token id {bad!r} is outside the vocabulary [0, {vocab})")
         if num_generated >= params.max_tokens:
-            raise InvalidParameterError("resume_token_ids", f"{num_generated} tokens were already generated, and "
-                                                            f"max_tokens is {params.max_tokens}: nothing is left to generate")
+            raise InvalidParameterError(
+                "resume_token_ids",
+                f"{num_generated} tokens were already generated, and "
+                f"max_tokens is {params.max_tokens}: nothing is left to generate",
+            )
         params.check_vocabulary(vocab)
+        if params.structured is not None:  # refused here, not in a step
+            if self.runner.grammars is None:
+                raise InvalidParameterError(params.structured.field, "structured outputs need the model's tokenizer")
+            self.runner.grammars.compiler.compile(params.structured)
         total = len(token_ids) - num_generated + params.max_tokens
         if total > self.max_model_len:
             raise ContextLengthError(
@@ -165,19 +228,31 @@ class LLMEngine:
         return self.scheduler.has_unfinished() or bool(self._failed_outputs)
 
     # -- disaggregation ---------------------------------------------------------------------
-    def reserve(self, request_id: str, prompt: Sequence[int], params: SamplingParams, *, priority: int = 0,
-                cache_salt: str | None = None, arrival_time: float | None = None,
-                preemptible: bool = True) -> Request | None:
+    def reserve(
+        self,
+        request_id: str,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        arrival_time: float | None = None,
+        preemptible: bool = True,
+    ) -> Request | None:
         """Decode role: reserve blocks for a prompt a prefill worker will compute. None if no room now."""
-        req = self._new_request(request_id, prompt, params, priority, cache_salt, arrival_time,
-                                preemptible=preemptible)
+        req = self._new_request(request_id, prompt, params, priority, cache_salt, arrival_time, preemptible=preemptible)
         if not self.scheduler.reserve(req):
             return None
         self._add_output_stream(req)
         return req
 
-    def kv_arrived(self, request_id: str, first_token: int, ttft_breakdown: dict[str, float] | None = None,
-                   first_logprob: TokenLogprob | None = None) -> list[RequestOutput]:
+    def kv_arrived(
+        self,
+        request_id: str,
+        first_token: int,
+        ttft_breakdown: dict[str, float] | None = None,
+        first_logprob: TokenLogprob | None = None,
+    ) -> list[RequestOutput]:
         """Decode role: the KV is in the reserved blocks; emit the first token and start decoding.
         ``ttft_breakdown``: the stages measured by the prefill side and the transfer;
         ``first_logprob``: the first token's, computed there (when the request asked for logprobs)."""
@@ -201,12 +276,14 @@ class LLMEngine:
         """One step. If the model raises, the step's requests end with finish reason "error" (their
         final outputs come first from the next ``step()``), the others carry on, and the error is
         re-raised."""
+        self._thread_device.enter()
         scheduled = self.last_scheduler_output = self.scheduler.schedule()
         try:
             ran = self.runner.execute(scheduled)
         except BaseException:
-            self._failed_outputs += [self.output_processor.abort_output(r, FinishReason.ERROR)
-                                     for r in self.scheduler.step_failed(scheduled)]
+            self._failed_outputs += [
+                self.output_processor.abort_output(r, FinishReason.ERROR) for r in self.scheduler.step_failed(scheduled)
+            ]
             raise
         self.num_steps += 1
         outputs = self.output_processor.process(self.scheduler.update_from_output(ran))
@@ -255,6 +332,11 @@ class LLMEngine:
             done[rid].prompt_logprobs = lps
         return [done[i] for i in ids]
 
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do at TP 1); the engine is unusable after."""
+        if self.ranks is not None:
+            self.ranks.close()
+
     # -- introspection ----------------------------------------------------------------------
     def take_kv_events(self) -> list[KVCacheEvent]:
         return self.block_manager.take_events()
@@ -288,7 +370,7 @@ def _token_ids(ids: Sequence[int], param: str) -> list[int]:
     return out
 
 
-def _stop_ids(tokenizer, config_eos_ids: tuple[int, ...]) -> tuple[int, ...]:
+def _stop_ids(tokenizer: Tokenizer | None, config_eos_ids: tuple[int, ...]) -> tuple[int, ...]:
     """The ids that end generation: the tokenizer's eos and generation_config.json's; where that file
     names none, config.json's ``eos_token_id`` (a list in Llama 3), as transformers falls back to it."""
     if tokenizer is None:

@@ -13,11 +13,15 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any, TypeVar
 
 from engine.engine import LLMEngine
 from engine.outputs import RequestOutput
+from engine.scheduler_output import SchedulerOutput
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -27,16 +31,22 @@ class EngineLoopStopped(RuntimeError):
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, *, idle_wait_s: float = 0.02, name: str = "engine-loop",
-                 output_sink: Callable[[list[RequestOutput]], None] | None = None) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        *,
+        idle_wait_s: float = 0.02,
+        name: str = "engine-loop",
+        output_sink: Callable[[list[RequestOutput]], None] | None = None,
+    ) -> None:
         self.engine = engine
         self._sink = output_sink  # when set, outputs go there instead of the poll_outputs buffer
         self.idle_wait_s = idle_wait_s
-        self._calls: queue.SimpleQueue[tuple[Callable[[LLMEngine], Any], Future]] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[tuple[Callable[[LLMEngine], Any], Future[Any]]] = queue.SimpleQueue()
         self._outputs: list[RequestOutput] = []
         self._out_cv = threading.Condition()
-        self._after_step: list[Callable[[LLMEngine, Any], None]] = []
-        self._tickers: list[Callable[[LLMEngine], None]] = []
+        self._after_step: list[Callable[[LLMEngine, SchedulerOutput], None]] = []
+        self._tickers: list[Callable[[LLMEngine], object]] = []  # (what a ticker returns is dropped)
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -47,11 +57,11 @@ class EngineLoop:
         self.busy_cpu_seconds = 0.0
 
     # -- wiring ----------------------------------------------------------------------------
-    def add_after_step(self, hook: Callable[[LLMEngine, Any], None]) -> None:
+    def add_after_step(self, hook: Callable[[LLMEngine, SchedulerOutput], None]) -> None:
         """``hook(engine, scheduler_output)`` after every step that computed something."""
         self._after_step.append(hook)
 
-    def add_ticker(self, ticker: Callable[[LLMEngine], None]) -> None:
+    def add_ticker(self, ticker: Callable[[LLMEngine], object]) -> None:
         """``ticker(engine)`` on every loop iteration, busy or idle (at least every ``idle_wait_s``)."""
         self._tickers.append(ticker)
 
@@ -70,12 +80,12 @@ class EngineLoop:
         return self._thread.is_alive() and self._error is None
 
     # -- from other threads ----------------------------------------------------------------
-    def call(self, fn: Callable[[LLMEngine], Any], timeout: float | None = 60.0) -> Any:
+    def call(self, fn: Callable[[LLMEngine], T], timeout: float | None = 60.0) -> T:
         """Run ``fn(engine)`` on the engine thread and return its result (exceptions propagate)."""
         return self.call_async(fn).result(timeout)
 
-    def call_async(self, fn: Callable[[LLMEngine], Any]) -> Future:
-        fut: Future = Future()
+    def call_async(self, fn: Callable[[LLMEngine], T]) -> Future[T]:
+        fut: Future[T] = Future()
         if self._stop.is_set() or self._error is not None:
             fut.set_exception(EngineLoopStopped(f"engine loop stopped: {self._error!r}"))
             return fut
@@ -118,6 +128,7 @@ class EngineLoop:
                 t0, c0 = time.perf_counter(), time.thread_time()
                 outputs = engine.step()
                 so = engine.last_scheduler_output
+                assert so is not None  # step() sets it first thing
                 for hook in self._after_step:
                     hook(engine, so)
                 self.busy_seconds += time.perf_counter() - t0
@@ -140,7 +151,7 @@ class EngineLoop:
             if fut.set_running_or_notify_cancel():
                 try:
                     fut.set_result(fn(self.engine))
-                except Exception as e:  # reported to the caller, the loop goes on
+                except Exception as e:  # noqa: BLE001 - reported to the caller, the loop goes on
                     fut.set_exception(e)
             try:
                 fn, fut = self._calls.get_nowait()

@@ -1,5 +1,7 @@
 """Errors the engine raises for bad input. Frontends map them to HTTP 400 / INVALID_ARGUMENT."""
 
+from __future__ import annotations
+
 
 class InvalidParameterError(ValueError):
     """A request parameter is out of range. ``param`` names it, as the OpenAI error object does."""
@@ -9,7 +11,8 @@ class InvalidParameterError(ValueError):
         self.param = param
         self.message = message
 
-    def __reduce__(self):  # picklable (a Ray worker raising it reaches the router as itself)
+    # Picklable: a Ray worker raising it reaches the router as itself.
+    def __reduce__(self) -> tuple[type[InvalidParameterError], tuple[str, str]]:
         return type(self), (self.param, self.message)
 
 

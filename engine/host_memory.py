@@ -6,7 +6,7 @@ in tensors of up to 25 MB). By default glibc serves large sizes with ``mmap`` an
 free, and trims the heap's free top back to the kernel, so large steps fault their pages in again,
 one 4 KiB page at a time. A fixed mmap threshold of 32 MiB (the most glibc accepts) and a 1 GiB
 trim threshold keep that memory in the heap, reused from the next step on, so only the first step
-faults it in (docs/BENCHMARKS.md, "Freed memory kept").
+faults it in (docs/BENCHMARKS.md, "Engine: freed memory kept").
 Only glibc is touched; elsewhere this does nothing.
 """
 
@@ -24,13 +24,19 @@ def keep_freed_memory() -> bool:
     """Apply the settings (idempotent); False where the C library is not glibc or refused them."""
     try:
         libc = ctypes.CDLL(None)
-        libc.gnu_get_libc_version  # glibc only
+        libc.gnu_get_libc_version  # noqa: B018 - the lookup raises AttributeError where the C library is not glibc
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return all(mallopt(option, value) == 1 for option, value in (
-        (_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD), (_M_TOP_PAD, TOP_PAD)))
+    return all(
+        mallopt(option, value) == 1
+        for option, value in (
+            (_M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+            (_M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+            (_M_TOP_PAD, TOP_PAD),
+        )
+    )
 
 
 def available_bytes() -> int | None:

@@ -87,9 +87,11 @@ class InputBatch:
             self.num_blocks[row] = nb
             self.params[row] = new.sampling_params
             sp = new.sampling_params
-            for wanted, rows in ((sp.logprobs is not None, self.logprob_rows),
-                                 (sp.prompt_logprobs is not None, self.scoring_rows),
-                                 (sp.processes_logits, self.processing_rows)):
+            for wanted, rows in (
+                (sp.logprobs is not None, self.logprob_rows),
+                (sp.prompt_logprobs is not None, self.scoring_rows),
+                (sp.processes_logits, self.processing_rows),
+            ):
                 if wanted:
                     rows.add(row)
                 else:
@@ -99,10 +101,10 @@ class InputBatch:
             self._apply_drafts(so.spec_token_ids)
         grown = so.new_block_ids
         if grown and all(len(blocks) == 1 for blocks in grown.values()):  # decodes crossing into a block
-            rows = np.fromiter(grown, dtype=np.int64, count=len(grown))
-            ends = self.num_blocks[rows]
-            self.block_table[rows, ends] = [blocks[0] for blocks in grown.values()]
-            self.num_blocks[rows] = ends + 1
+            grown_rows = np.fromiter(grown, dtype=np.int64, count=len(grown))
+            ends = self.num_blocks[grown_rows]
+            self.block_table[grown_rows, ends] = [blocks[0] for blocks in grown.values()]
+            self.num_blocks[grown_rows] = ends + 1
             return
         for row, blocks in grown.items():
             start = self.num_blocks[row]
@@ -222,7 +224,9 @@ class InputBatch:
             sample_rows=sample_rows,
         )
 
-    def _prompt_logprob_rows(self, rows, starts, counts, cu) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+    def _prompt_logprob_rows(
+        self, rows: np.ndarray, starts: np.ndarray, counts: np.ndarray, cu: np.ndarray
+    ) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
         """The hidden-state row at position p scores prompt token p + 1: every position of a
         chunk up to the prompt's second-to-last (the last one samples). A chunk may be one token."""
         out = []
@@ -232,8 +236,14 @@ class InputBatch:
             n = min(start + count, int(self.num_prompt_tokens[row]) - 1) - start
             if n > 0:
                 first_row = end - count
-                out.append((row, start + 1, np.arange(first_row, first_row + n, dtype=np.int64),
-                            self.token_ids[row, start + 1 : start + 1 + n].copy()))
+                out.append(
+                    (
+                        row,
+                        start + 1,
+                        np.arange(first_row, first_row + n, dtype=np.int64),
+                        self.token_ids[row, start + 1 : start + 1 + n].copy(),
+                    )
+                )
         return out
 
     def append_sampled(self, rows: np.ndarray, token_ids: np.ndarray) -> None:
@@ -250,8 +260,9 @@ class InputBatch:
         self.num_computed[row] = n
 
 
-def _sampled_positions(rows: np.ndarray, cu: np.ndarray, samples: np.ndarray,
-                       drafts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _sampled_positions(
+    rows: np.ndarray, cu: np.ndarray, samples: np.ndarray, drafts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The hidden-state rows to sample from (ascending), their batch rows and their places in their
     row's run, when some rows carry drafts: a sampling row's last ``1 + drafts`` positions, each
     predicting the token after it."""

@@ -43,8 +43,9 @@ class KernelSet:
 
 def kernels_for(device: torch.device, dtype: torch.dtype) -> KernelSet:
     if device.type != "cpu" or dtype != torch.float32:
-        return KernelSet(layer_ops_for(device, dtype), default_projections(device, dtype, None),
-                         packs_large_products(device, dtype))
+        return KernelSet(
+            layer_ops_for(device, dtype), default_projections(device, dtype, None), packs_large_products(device, dtype)
+        )
     skinny = NativeSkinnyLinear.load()
     # The quantized kernel and the greedy head serve only beside the skinny kernel (the quantized mode).
     return KernelSet(

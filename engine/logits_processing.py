@@ -13,7 +13,7 @@ Applied in this order, to a copy of the step's logits:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -22,8 +22,13 @@ from engine.sampling_params import SamplingParams
 
 
 @torch.inference_mode()
-def process_logits(logits: torch.Tensor, params: Sequence[SamplingParams], histories: Sequence[np.ndarray | None],
-                   num_prompt_tokens: Sequence[int], eos_token_ids: Sequence[int] = ()) -> torch.Tensor:
+def process_logits(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    histories: Sequence[np.ndarray | None],
+    num_prompt_tokens: Sequence[int],
+    eos_token_ids: Sequence[int] = (),
+) -> torch.Tensor:
     """``logits`` [N, V]; ``histories[i]``: row i's tokens so far (prompt, then output), needed only
     where ``params[i].processes_logits``. Returns a new tensor; ``logits`` is left as it was."""
     out = logits.clone()
@@ -31,20 +36,22 @@ def process_logits(logits: torch.Tensor, params: Sequence[SamplingParams], histo
         if not sp.processes_logits:
             continue
         row = out[i]
-        if sp.min_tokens and len(histories[i]) - num_prompt_tokens[i] < sp.min_tokens:
+        tokens = histories[i]
+        assert tokens is not None  # given for every row that processes its logits
+        if sp.min_tokens and len(tokens) - num_prompt_tokens[i] < sp.min_tokens:
             stops = list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos_token_ids))
             if stops:
                 row[torch.tensor(stops, device=row.device)] = float("-inf")
         if sp.logit_bias:
             ids = torch.tensor([t for t, _ in sp.logit_bias], device=row.device)
             row.index_add_(0, ids, torch.tensor([b for _, b in sp.logit_bias], device=row.device, dtype=row.dtype))
-        history = torch.from_numpy(np.asarray(histories[i], dtype=np.int64)).to(row.device)
+        history = torch.from_numpy(np.asarray(tokens, dtype=np.int64)).to(row.device)
         if sp.repetition_penalty != 1.0 and len(history):
             seen = torch.unique(history)
             values = row[seen]
             row[seen] = torch.where(values > 0, values / sp.repetition_penalty, values * sp.repetition_penalty)
         if sp.frequency_penalty or sp.presence_penalty:
-            output = history[num_prompt_tokens[i]:]
+            output = history[num_prompt_tokens[i] :]
             if len(output):  # only the tokens generated so far change: no vocabulary-sized pass
                 seen, counts = torch.unique(output, return_counts=True)
                 row[seen] -= sp.frequency_penalty * counts.to(row.dtype) + sp.presence_penalty

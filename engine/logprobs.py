@@ -10,6 +10,10 @@ depend on how it was drawn. Computed only for the rows of requests that ask, aft
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where it is used: the data types here stay torch-free
+    import torch
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's top_logprobs limit (and vLLM's default max_logprobs)
 
@@ -25,7 +29,7 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
-def compute_logprobs(logits, sampled, top_counts: list[int]) -> list[TokenLogprob]:
+def compute_logprobs(logits: torch.Tensor, sampled: torch.Tensor, top_counts: list[int]) -> list[TokenLogprob]:
     """``logits`` [N, V] float32 and ``sampled`` [N] token ids (torch: the tokens whose logprobs are
     wanted, sampled or the prompt's next) -> one TokenLogprob per row, with ``top_counts[i]``
     alternatives for row i."""
@@ -36,8 +40,8 @@ def compute_logprobs(logits, sampled, top_counts: list[int]) -> list[TokenLogpro
         chosen = logprobs.gather(1, sampled.view(-1, 1).long()).view(-1).tolist()
         k = max(top_counts, default=0)
         if k:
-            top_values, top_ids = logprobs.topk(k, dim=-1)
-            top_values, top_ids = top_values.tolist(), top_ids.tolist()
+            best = logprobs.topk(k, dim=-1)
+            top_values, top_ids = best.values.tolist(), best.indices.tolist()
     out = []
     for i, (tok, lp) in enumerate(zip(sampled.tolist(), chosen)):
         n = top_counts[i]

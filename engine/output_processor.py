@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from engine.logprobs import TokenLogprob
 from engine.model.detokenizer import IncrementalDetokenizer
+from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.request import FinishReason, Request, RequestState
 from engine.scheduler import Scheduler
@@ -28,7 +29,7 @@ class _Stream:
 
 
 class OutputProcessor:
-    def __init__(self, scheduler: Scheduler, tokenizer) -> None:
+    def __init__(self, scheduler: Scheduler, tokenizer: Tokenizer | None) -> None:
         self.scheduler = scheduler
         self.tokenizer = tokenizer
         self._streams: dict[str, _Stream] = {}
@@ -44,9 +45,14 @@ class OutputProcessor:
             detok = self.tokenizer.new_detokenizer(req.prompt_token_ids, skip_special_tokens=sp.skip_special_tokens)
             text = detok.add(req.all_token_ids[req.num_prompt_tokens :])
         hold = max((len(s) for s in sp.stop), default=1) - 1
-        self._streams[req.request_id] = _Stream(detok, req.num_tokens, text=text,
-                                                num_sent_chars=min(resume_text_chars, len(text)), hold=hold,
-                                                plain=detok is None and sp.logprobs is None)
+        self._streams[req.request_id] = _Stream(
+            detok,
+            req.num_tokens,
+            text=text,
+            num_sent_chars=min(resume_text_chars, len(text)),
+            hold=hold,
+            plain=detok is None and sp.logprobs is None,
+        )
 
     def discard(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
@@ -77,8 +83,13 @@ class OutputProcessor:
         would have stopped at that token, so the tokens after it are taken back)."""
         sp = req.sampling_params
         text_ids = new_ids
-        if (new_ids and req.is_finished and req.finish_reason is FinishReason.STOP and isinstance(req.stop_reason, int)
-                and not sp.include_stop_str_in_output):
+        if (
+            new_ids
+            and req.is_finished
+            and req.finish_reason is FinishReason.STOP
+            and isinstance(req.stop_reason, int)
+            and not sp.include_stop_str_in_output
+        ):
             text_ids = new_ids[:-1]  # a stop token (EOS, stop_token_ids) is in token_ids, not in the text (vLLM's)
         if len(text_ids) <= 1 or not sp.stop:
             self._add_text(req, st, text_ids, req.is_finished, req.num_output_tokens)
@@ -103,9 +114,11 @@ class OutputProcessor:
         """The text of ``ids`` (the request's output up to ``num_output`` tokens); True if a stop
         string ends it (the text is cut there and the request finished)."""
         sp = req.sampling_params
-        delta = st.detokenizer.add(ids)
+        detok = st.detokenizer
+        assert detok is not None  # only a request with a detokenizer has text
+        delta = detok.add(ids)
         if finished:
-            delta += st.detokenizer.finish()  # release a held-back partial character
+            delta += detok.finish()  # release a held-back partial character
         if not delta:
             return False
         before = len(st.text)
@@ -133,8 +146,9 @@ class OutputProcessor:
         end = len(st.text) if finished else max(st.num_sent_chars, len(st.text) - st.hold)
         text_delta = st.text[st.num_sent_chars : end]
         st.num_sent_chars = end
-        out = RequestOutput(req.request_id, new_ids, text_delta,
-                            first_index=req.num_tokens - req.num_prompt_tokens - len(new_ids))
+        out = RequestOutput(
+            req.request_id, new_ids, text_delta, first_index=req.num_tokens - req.num_prompt_tokens - len(new_ids)
+        )
         if req.sampling_params.logprobs is not None:
             out.logprobs, req.pending_logprobs = req.pending_logprobs, []
         if st.first and new_ids:
@@ -142,9 +156,12 @@ class OutputProcessor:
             if req.prompt_logprobs is not None:  # complete once the first token is sampled
                 out.prompt_logprobs = [TokenLogprob(req.prompt_token_ids[0], None), *req.prompt_logprobs]
             if req.first_scheduled_time is not None and req.first_token_time is not None:
-                out.ttft_breakdown = {"prefill_queue": req.first_scheduled_time - req.arrival_time,
-                                      "prefill_compute": req.first_token_time - req.first_scheduled_time,
-                                      "transfer": 0.0, "decode_queue": 0.0}
+                out.ttft_breakdown = {
+                    "prefill_queue": req.first_scheduled_time - req.arrival_time,
+                    "prefill_compute": req.first_token_time - req.first_scheduled_time,
+                    "transfer": 0.0,
+                    "decode_queue": 0.0,
+                }
         if finished:
             self._streams.pop(req.request_id, None)
             out.finished = True
@@ -154,7 +171,9 @@ class OutputProcessor:
             out.num_cached_tokens = req.num_cached_tokens
             out.token_ids = req.output_token_ids
             out.text = st.text
-            out.metrics = RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, time.monotonic())
+            out.metrics = RequestMetrics(
+                req.arrival_time, req.first_scheduled_time, req.first_token_time, time.monotonic()
+            )
         return out
 
     def abort_output(self, req: Request, finish_reason: FinishReason = FinishReason.ABORT) -> RequestOutput:
@@ -162,7 +181,13 @@ class OutputProcessor:
         st = self._streams.pop(req.request_id, None)
         text = st.text if st else ""
         return RequestOutput(
-            req.request_id, [], text[st.num_sent_chars :] if st else "", finished=True, finish_reason=finish_reason,
-            num_prompt_tokens=req.num_prompt_tokens, token_ids=req.output_token_ids, text=text,
+            req.request_id,
+            [],
+            text[st.num_sent_chars :] if st else "",
+            finished=True,
+            finish_reason=finish_reason,
+            num_prompt_tokens=req.num_prompt_tokens,
+            token_ids=req.output_token_ids,
+            text=text,
             first_index=req.num_tokens - req.num_prompt_tokens,
         )

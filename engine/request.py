@@ -27,6 +27,7 @@ from __future__ import annotations
 import enum
 import time
 
+from engine.draft_state import DraftState
 from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 
@@ -82,35 +83,35 @@ class Request:
     """
 
     __slots__ = (
-        "request_id",
-        "prompt_token_ids",
         "all_token_ids",
-        "num_prompt_tokens",
-        "sampling_params",
-        "eos_token_ids",
-        "priority",
-        "preemptible",
-        "arrival_time",
         "arrival_seq",
-        "cache_salt",
-        "state",
-        "finish_reason",
-        "num_computed_tokens",
-        "num_cached_tokens",
-        "block_ids",
+        "arrival_time",
         "block_hashes",
-        "num_registered_blocks",
-        "num_preemptions",
-        "stop_reason",
+        "block_ids",
+        "cache_salt",
+        "draft_state",
+        "eos_token_ids",
+        "finish_reason",
         "first_scheduled_time",
         "first_token_time",
         "is_padding",
-        "prefill_only",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_preemptions",
+        "num_prompt_tokens",
+        "num_registered_blocks",
         "pending_logprobs",
+        "preemptible",
+        "prefill_only",
+        "priority",
         "prompt_logprobs",
+        "prompt_token_ids",
+        "request_id",
+        "sampling_params",
         "slot",
         "spec_token_ids",
-        "draft_state",
+        "state",
+        "stop_reason",
     )
 
     def __init__(
@@ -157,14 +158,15 @@ class Request:
         self.pending_logprobs: list[TokenLogprob] = []
         # Prompt tokens 1.. as the prefill computes them (sampling_params.prompt_logprobs set); a
         # resumed (migrated) request reported them where it started.
-        self.prompt_logprobs: list | None = (
-            [] if sampling_params.prompt_logprobs is not None and not resume_token_ids else None)
+        self.prompt_logprobs: list[TokenLogprob] | None = (
+            [] if sampling_params.prompt_logprobs is not None and not resume_token_ids else None
+        )
         self.slot = -1  # the runner row while running (assigned by the scheduler)
         # Speculative decoding (engine/spec_decode.py): tokens drafted to follow all_token_ids, which
         # the next step verifies (not yet part of the sequence), and its drafting state (n-gram
-        # index, keep rate: engine.spec_decode.DraftState).
+        # index, keep rate).
         self.spec_token_ids: list[int] = []
-        self.draft_state = None
+        self.draft_state: DraftState | None = None
 
     # -- token accounting -------------------------------------------------------------------
     @property
@@ -215,7 +217,8 @@ def check_stop(req: Request, tok: int, max_len: int) -> FinishReason | None:
     n = len(req.all_token_ids)  # (not the property: this runs for every token of every request)
     n_out = n - req.num_prompt_tokens
     if n_out >= sp.min_tokens:
-        if not sp.ignore_eos and tok in req.eos_token_ids:
+        # (A constrained request's EOS is its grammar's end: it finishes it even with ignore_eos.)
+        if (not sp.ignore_eos or sp.structured is not None) and tok in req.eos_token_ids:
             req.stop_reason = tok
             return FinishReason.STOP
         if tok in sp.stop_token_ids:

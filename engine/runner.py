@@ -3,6 +3,8 @@ samples. Owns the KV cache tensor."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -16,6 +18,10 @@ from engine.model.llama import LlamaModel
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import RunnerOutput, SchedulerOutput
+from engine.structured.grammar_rows import GrammarRows
+
+# slot -> (the first prompt token scored, its logprobs and the next ones'): RunnerOutput.prompt_logprobs
+PromptLogprobs = dict[int, tuple[int, list[TokenLogprob]]]
 
 # Prompt positions scored per head call: a whole chunk's logits would be rows x vocabulary floats,
 # and up to 64 rows the CPU head runs in the compiled kernel (linear.SKINNY_MAX_ROWS), faster than a
@@ -35,8 +41,13 @@ class ModelRunner:
         block_size: int,
         seed: int,
         eos_token_ids: tuple[int, ...] | list[int] = (),
+        plan_sink: Callable[[SchedulerOutput], None] | None = None,
+        grammars: GrammarRows | None = None,
     ) -> None:
         self.model = model
+        # Tensor parallel rank 0: hands each step's plan to the other ranks before running it
+        # (engine/parallel/), so that every rank applies and runs the same steps.
+        self.plan_sink = plan_sink
         self.eos_token_ids = list(eos_token_ids)  # masked while a request is short of its min_tokens
         self.kv_cache = kv_cache
         self.attn = attn
@@ -44,22 +55,35 @@ class ModelRunner:
         self.batch = InputBatch(max_num_seqs, max_model_len, block_size)
         self.sampler = Sampler(seed, self.device)
         self.graphs: DecodeGraphs | None = None  # decode steps as CUDA graphs, once captured
+        self.grammars = grammars  # structured outputs' matchers, one per constrained row
 
     def capture_decode_graphs(self, *, capture: bool = True) -> DecodeGraphs:
         """Capture the decode forward for every graph batch size (engine/cuda_graphs.py); decode
         steps replay them from then on. ``capture=False`` (tests on CPU) runs the same padded
         static-buffer forward without a graph."""
-        self.graphs = DecodeGraphs(self.model, self.kv_cache, self.attn, max_num_seqs=len(self.batch.params),
-                                   max_blocks=self.batch.max_blocks, capture=capture)
+        self.graphs = DecodeGraphs(
+            self.model,
+            self.kv_cache,
+            self.attn,
+            max_num_seqs=len(self.batch.params),
+            max_blocks=self.batch.max_blocks,
+            capture=capture,
+        )
         return self.graphs
 
     def execute(self, so: SchedulerOutput) -> RunnerOutput:
+        if self.plan_sink is not None:
+            self.plan_sink(so)
         self.batch.apply(so)
+        if self.grammars is not None:
+            for new in so.new_requests:
+                self.grammars.join(new.slot, new.sampling_params)
         if so.is_empty:
             return RunnerOutput([], [])
         inputs = self.batch.prepare(so)
-        if self.graphs is not None and self.graphs.takes(inputs):
-            hidden, prompt_logprobs = self._graph_forward(inputs), None
+        graphs = self.graphs
+        if graphs is not None and graphs.takes(inputs):
+            hidden, prompt_logprobs = self._graph_forward(graphs, inputs), None
         else:
             hidden, prompt_logprobs = self._eager_forward(inputs)
         if not len(inputs.logits_indices):
@@ -68,14 +92,14 @@ class ModelRunner:
         out.prompt_logprobs = prompt_logprobs
         return out
 
-    def _graph_forward(self, inputs: StepInputs) -> torch.Tensor:
+    def _graph_forward(self, graphs: DecodeGraphs, inputs: StepInputs) -> torch.Tensor:
         """The sampling rows' hidden states, from a replayed decode graph (every row computed)."""
-        hidden = self.graphs.run(inputs)
+        hidden = graphs.run(inputs)
         if len(inputs.logits_indices) != len(hidden):  # a one-token prompt chunk that does not sample
             hidden = hidden[self._tensor(inputs.logits_indices.astype(np.int64, copy=False))]
         return hidden
 
-    def _eager_forward(self, inputs: StepInputs) -> tuple[torch.Tensor, dict | None]:
+    def _eager_forward(self, inputs: StepInputs) -> tuple[torch.Tensor, PromptLogprobs | None]:
         """The sampling rows' hidden states, and the prompt logprobs the step scores (None if none)."""
         keep = inputs.logits_indices.astype(np.int64, copy=False)
         scored = inputs.prompt_logprob_rows
@@ -95,13 +119,17 @@ class ModelRunner:
         return hidden[self._tensor(np.searchsorted(keep, inputs.logits_indices))], prompt_logprobs
 
     @torch.inference_mode()
-    def _prompt_logprobs(self, hidden: torch.Tensor, keep: np.ndarray, scored) -> dict:
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, keep: np.ndarray, scored: list[tuple[int, int, np.ndarray, np.ndarray]]
+    ) -> PromptLogprobs:
         """The prompt positions' logprobs, ``_SCORE_ROWS`` rows at a time."""
-        out = {}
+        out: PromptLogprobs = {}
         for slot, first, rows, targets in scored:
             at = np.searchsorted(keep, rows)
-            k = self.batch.params[slot].prompt_logprobs
-            values = []
+            sp = self.batch.params[slot]
+            assert sp is not None and sp.prompt_logprobs is not None  # (a scoring row's request asked)
+            k = sp.prompt_logprobs
+            values: list[TokenLogprob] = []
             for i in range(0, len(at), _SCORE_ROWS):
                 logits = self.model.compute_logits(hidden[self._tensor(at[i : i + _SCORE_ROWS])])
                 part = targets[i : i + _SCORE_ROWS]
@@ -124,19 +152,25 @@ class ModelRunner:
         sampled_t = self._sample_logits(logits, rows, row_list, params, inputs.sample_offsets)
         return self._take(sampled_t, logits, rows, row_list, params)
 
-    def _greedy_head_sample(self, hidden: torch.Tensor, inputs: StepInputs, row_list: list[int],
-                            params: list[SamplingParams]
-                            ) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray | None] | None:
+    def _greedy_head_sample(
+        self, hidden: torch.Tensor, inputs: StepInputs, row_list: list[int], params: list[SamplingParams]
+    ) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray | None] | None:
         """Plain greedy rows (no penalties, bias, ``min_tokens``, logprobs) need only each row's argmax:
         the model's greedy head finds it without every logit, and the other rows' logits are computed
         and sampled alone. The same tokens as computing every logit (the greedy head's argmax is the
         head's), and the rows that ask for logprobs are among the others (their logits computed
-        without the plain rows agree with the full batch's to the last bits: ~1e-6 in logprobs). (tokens, the others' logits, the others' positions among
-        the step's rows; both None when every row is plain). None where no row is plain greedy, or
-        the greedy head does not take these rows."""
+        without the plain rows agree with the full batch's to the last bits: ~1e-6 in logprobs).
+        (tokens, the others' logits, the others' positions among the step's rows; both None when every
+        row is plain). None where no row is plain greedy, or the greedy head does not take these
+        rows."""
         processing = self.batch.processing_rows
-        is_plain = np.array([p.greedy and p.logprobs is None and r not in processing
-                             for r, p in zip(row_list, params)])
+        grammars = self.grammars.rows if self.grammars is not None else {}  # (a masked row needs every logit)
+        is_plain = np.array(
+            [
+                p.greedy and p.logprobs is None and r not in processing and r not in grammars
+                for r, p in zip(row_list, params)
+            ]
+        )
         if not is_plain.any():
             return None
         if is_plain.all():
@@ -149,15 +183,25 @@ class ModelRunner:
             return None
         offsets = inputs.sample_offsets
         others_logits = self.model.compute_logits(hidden[others_t])
-        sampled = self._sample_logits(others_logits, inputs.sample_rows[others],
-                                      [row_list[i] for i in others], [params[i] for i in others],
-                                      None if offsets is None else offsets[others])
+        sampled = self._sample_logits(
+            others_logits,
+            inputs.sample_rows[others],
+            [row_list[i] for i in others],
+            [params[i] for i in others],
+            None if offsets is None else offsets[others],
+        )
         out = torch.empty(len(params), dtype=torch.int64)
         out[plain_t], out[others_t] = tokens, sampled
         return out, others_logits, others
 
-    def _sample_logits(self, logits: torch.Tensor, rows: np.ndarray, row_list: list[int], params: list[SamplingParams],
-                       offsets: np.ndarray | None) -> torch.Tensor:
+    def _sample_logits(
+        self,
+        logits: torch.Tensor,
+        rows: np.ndarray,
+        row_list: list[int],
+        params: list[SamplingParams],
+        offsets: np.ndarray | None,
+    ) -> torch.Tensor:
         """Tokens sampled from ``logits`` (one row per sampled position of ``rows``), logit processing first."""
         batch = self.batch
         # Tokens before the one each position samples: a drafted position's include the drafts
@@ -169,14 +213,27 @@ class ModelRunner:
         out_pos = (known - batch.num_prompt_tokens[rows]).tolist()
         to_sample = logits
         if batch.processing_rows and not batch.processing_rows.isdisjoint(row_list):
-            histories = [batch.token_ids[r, :n] if r in batch.processing_rows else None
-                         for r, n in zip(row_list, known.tolist())]
-            to_sample = process_logits(logits, params, histories, batch.num_prompt_tokens[rows].tolist(),
-                                       self.eos_token_ids)
+            histories = [
+                batch.token_ids[r, :n] if r in batch.processing_rows else None for r, n in zip(row_list, known.tolist())
+            ]
+            to_sample = process_logits(
+                logits, params, histories, batch.num_prompt_tokens[rows].tolist(), self.eos_token_ids
+            )
+        if self.grammars is not None and self.grammars.constrained(row_list):
+            to_sample = self.grammars.apply(
+                to_sample, row_list, offsets, batch.token_ids, batch.num_tokens, batch.num_prompt_tokens
+            )
         return self.sampler.sample(to_sample, params, out_pos)
 
-    def _take(self, sampled_t: torch.Tensor, logits: torch.Tensor | None, rows: np.ndarray, row_list: list[int],
-              params: list[SamplingParams], logits_rows: np.ndarray | None = None) -> RunnerOutput:
+    def _take(
+        self,
+        sampled_t: torch.Tensor,
+        logits: torch.Tensor | None,
+        rows: np.ndarray,
+        row_list: list[int],
+        params: list[SamplingParams],
+        logits_rows: np.ndarray | None = None,
+    ) -> RunnerOutput:
         """The sampled tokens into the batch (drafts verified); ``logits`` (None: no row asked for
         logprobs) give the logprobs: a row per sampled position, or per position of ``logits_rows``
         (every one that asked among them)."""
@@ -187,12 +244,18 @@ class ModelRunner:
         batch.append_sampled(rows, sampled)
         logprobs = None
         if batch.logprob_rows and not batch.logprob_rows.isdisjoint(row_list):
+            assert logits is not None  # (None only where no row asked)
             logprobs = _logprobs(logits, sampled_t, params, logits_rows)
         return RunnerOutput(row_list, sampled.tolist(), logprobs)
 
-    def _verify(self, logits: torch.Tensor | None, sampled_t: torch.Tensor, rows: np.ndarray,
-                params: list[SamplingParams],
-                logits_rows: np.ndarray | None = None) -> RunnerOutput:
+    def _verify(
+        self,
+        logits: torch.Tensor | None,
+        sampled_t: torch.Tensor,
+        rows: np.ndarray,
+        params: list[SamplingParams],
+        logits_rows: np.ndarray | None = None,
+    ) -> RunnerOutput:
         """A step with drafts (engine/spec_decode.py): a row with k drafts sampled k + 1 positions in a
         run, each with the noise (seeded requests: the seed and output index) plain decoding would
         use there; it keeps its drafts up to the first that differs from the token sampled before
@@ -226,11 +289,19 @@ class ModelRunner:
             batch.append_sampled(rows[plain], sampled[plain])
         logprobs = verified_logprobs = None
         if batch.logprob_rows and not batch.logprob_rows.isdisjoint(slots):
-            every = _logprobs(logits, sampled_t, params, logits_rows)  # every position's (a kept draft's: where it was sampled)
+            assert logits is not None  # (None only where no row asked)
+            every = _logprobs(
+                logits, sampled_t, params, logits_rows
+            )  # every position's (a kept draft's: where it was sampled)
+            assert every is not None  # (a row asked)
             logprobs = [every[j] for j in final]
-            verified_logprobs = {row: every[i : at + 1] for row, i, at in runs if every[i] is not None}
-        return RunnerOutput(slots, sampled[final].tolist(), logprobs, accepted_draft_ids=accepted,
-                            verified_logprobs=verified_logprobs)
+            # (a run's positions are one request's: all asked, or none)
+            verified_logprobs = {
+                row: [lp for lp in every[i : at + 1] if lp is not None] for row, i, at in runs if every[i] is not None
+            }
+        return RunnerOutput(
+            slots, sampled[final].tolist(), logprobs, accepted_draft_ids=accepted, verified_logprobs=verified_logprobs
+        )
 
     def _metadata(self, x: StepInputs) -> AttentionMetadata:
         t = self._tensor
@@ -253,8 +324,9 @@ class ModelRunner:
         return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
 
 
-def _logprobs(logits: torch.Tensor, sampled: torch.Tensor, params: list[SamplingParams],
-              logits_rows: np.ndarray | None = None) -> list[TokenLogprob | None] | None:
+def _logprobs(
+    logits: torch.Tensor, sampled: torch.Tensor, params: list[SamplingParams], logits_rows: np.ndarray | None = None
+) -> list[TokenLogprob | None] | None:
     """Logprobs of the rows whose request asked for them, in row order (None elsewhere). ``logits``
     has a row per position, or (``logits_rows``) a row for each listed position only."""
     asking = [i for i, p in enumerate(params) if p.logprobs is not None]
@@ -265,8 +337,11 @@ def _logprobs(logits: torch.Tensor, sampled: torch.Tensor, params: list[Sampling
         row_of = {int(position): j for j, position in enumerate(logits_rows)}
         at = [row_of[i] for i in asking]
     idx = torch.tensor(asking, device=sampled.device)
-    computed = compute_logprobs(logits[torch.tensor(at, device=logits.device)], sampled[idx],
-                                [params[i].logprobs for i in asking])
+    computed = compute_logprobs(
+        logits[torch.tensor(at, device=logits.device)],
+        sampled[idx],
+        [p.logprobs for p in params if p.logprobs is not None],
+    )
     out: list[TokenLogprob | None] = [None] * len(params)
     for i, lp in zip(asking, computed):
         out[i] = lp

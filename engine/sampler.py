@@ -3,7 +3,7 @@
 A sampled row draws one uniform number u and takes the token where u falls in the cumulative
 distribution (inverse transform sampling, the cumulative sums in float64): one number a row
 instead of one per vocabulary entry, as an exponential race would draw (the sampler's largest
-cost on a CPU: docs/BENCHMARKS.md, "Engine: the sampler's cost"). A seeded request's u for output position p is a hash of (seed, p)
+cost on a CPU). A seeded request's u for output position p is a hash of (seed, p)
 (splitmix64), so its tokens do not depend on what it is batched with, nor on being preempted and
 recomputed, nor on speculative decoding; unseeded requests draw from the engine's generator.
 """
@@ -146,7 +146,8 @@ def _apply_top_p(logits: torch.Tensor, top_p: list[float]) -> torch.Tensor:
             reached[:] = True
         done = reached.nonzero().squeeze(1)
         out[rows[done]] = torch.full_like(sub[done], float("-inf")).scatter_(
-            1, idx[done], top[done].masked_fill(~keep[done], float("-inf")))
+            1, idx[done], top[done].masked_fill(~keep[done], float("-inf"))
+        )
         rows = rows[~reached]
         if not len(rows):
             break

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from engine.errors import InvalidParameterError
 from engine.logprobs import MAX_TOP_LOGPROBS
+from engine.structured.constraint import StructuredOutput
 
 _MAX_STOP_STRINGS = 16
 _MAX_LOGIT_BIAS = 1024
@@ -19,7 +20,7 @@ MIN_REPETITION_PENALTY = 0.01
 _FLAGS = ("ignore_eos", "include_stop_str_in_output", "detokenize", "skip_special_tokens")
 
 
-def _first(pair: tuple) -> int:
+def _first(pair: tuple[int, float]) -> int:
     """Sort key of a logit_bias pair (a malformed one sorts first; validation rejects it)."""
     return pair[0] if pair and isinstance(pair[0], int) else -1
 
@@ -31,8 +32,9 @@ GREEDY_BELOW = 1e-5
 class SamplingParams:
     """How to turn logits into tokens for one request.
 
-    ``temperature == 0`` (or below ``GREEDY_BELOW``) is greedy. ``top_k == 0``, ``top_p == 1`` and ``min_p == 0`` disable those
-    filters (``min_p``: drop tokens less likely than ``min_p`` times the most likely one).
+    ``temperature == 0`` (or below ``GREEDY_BELOW``) is greedy. ``top_k == 0``, ``top_p == 1`` and
+    ``min_p == 0`` disable those filters (``min_p``: drop tokens less likely than ``min_p`` times
+    the most likely one).
     ``seed`` makes a sampled request reproducible regardless of what it is batched with.
     ``logprobs``: None reports none; n >= 0 reports each generated token's logprob and the n most
     likely tokens at its position (engine/logprobs.py). ``prompt_logprobs``: the same for every
@@ -40,7 +42,8 @@ class SamplingParams:
     ``presence_penalty`` / ``frequency_penalty`` (OpenAI's, over the generated tokens),
     ``repetition_penalty`` (vLLM's and transformers', over prompt and generated tokens; 1 is off)
     and ``logit_bias`` ((token id, bias) pairs; a dict is accepted) reshape the logits before
-    sampling, greedy included (engine/logits_processing.py).
+    sampling, greedy included (engine/logits_processing.py). ``structured``: a constraint the output
+    must match (engine/structured/), applied as a token mask wherever a token is chosen.
     """
 
     max_tokens: int = 16
@@ -62,15 +65,20 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         # Types first: the normalization below iterates these (5 gave "'int' object is not iterable").
-        for name, kinds in (("stop", (str, list, tuple)), ("stop_token_ids", (list, tuple)),
-                            ("logit_bias", (dict, list, tuple))):
+        for name, kinds in (
+            ("stop", (str, list, tuple)),
+            ("stop_token_ids", (list, tuple)),
+            ("logit_bias", (dict, list, tuple)),
+        ):
             v = getattr(self, name)
             if v is not None and not isinstance(v, kinds):
-                raise InvalidParameterError(name, f"{name} must be a {' or '.join(k.__name__ for k in kinds)}, "
-                                                  f"got {type(v).__name__}")
+                raise InvalidParameterError(
+                    name, f"{name} must be a {' or '.join(k.__name__ for k in kinds)}, got {type(v).__name__}"
+                )
         # Normalize list inputs (JSON gives lists) into tuples so params stay hashable/immutable.
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
@@ -87,8 +95,9 @@ class SamplingParams:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
             raise InvalidParameterError("max_tokens", f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if not _is_number(self.temperature) or not 0 <= self.temperature <= MAX_TEMPERATURE:
-            raise InvalidParameterError("temperature", f"temperature must be in [0, {MAX_TEMPERATURE:g}], "
-                                                       f"got {self.temperature!r}")
+            raise InvalidParameterError(
+                "temperature", f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature!r}"
+            )
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise InvalidParameterError("top_p", f"top_p must be in (0, 1], got {self.top_p!r}")
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
@@ -109,11 +118,15 @@ class SamplingParams:
             if not isinstance(s, str) or not s:
                 raise InvalidParameterError("stop", f"stop strings must be non-empty strings, got {s!r}")
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
-            raise InvalidParameterError("stop_token_ids", f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} "
-                                                          f"token ids, got {len(self.stop_token_ids)}")
+            raise InvalidParameterError(
+                "stop_token_ids",
+                f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} token ids, got {len(self.stop_token_ids)}",
+            )
         for t in self.stop_token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-                raise InvalidParameterError("stop_token_ids", f"stop_token_ids must be non-negative integers, got {t!r}")
+                raise InvalidParameterError(
+                    "stop_token_ids", f"stop_token_ids must be non-negative integers, got {t!r}"
+                )
         for name in _FLAGS:  # a truthy "no" was read as True
             if not isinstance(getattr(self, name), bool):
                 raise InvalidParameterError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -125,22 +138,36 @@ class SamplingParams:
             if not _is_number(v) or not -2 <= v <= 2:
                 raise InvalidParameterError(name, f"{name} must be a number in [-2, 2], got {v!r}")
         if not _is_number(self.repetition_penalty) or not MIN_REPETITION_PENALTY <= self.repetition_penalty <= 10:
-            raise InvalidParameterError("repetition_penalty", f"repetition_penalty must be in "
-                                        f"[{MIN_REPETITION_PENALTY}, 10] (1 is off), got {self.repetition_penalty!r}")
+            raise InvalidParameterError(
+                "repetition_penalty",
+                f"repetition_penalty must be in "
+                f"[{MIN_REPETITION_PENALTY}, 10] (1 is off), got {self.repetition_penalty!r}",
+            )
         if len(self.logit_bias) > _MAX_LOGIT_BIAS:
             raise InvalidParameterError("logit_bias", f"logit_bias may bias at most {_MAX_LOGIT_BIAS} tokens")
         for entry in self.logit_bias:
-            if (len(entry) != 2 or isinstance(entry[0], bool) or not isinstance(entry[0], int) or entry[0] < 0
-                    or not _is_number(entry[1]) or not -100 <= entry[1] <= 100):
-                raise InvalidParameterError("logit_bias", "logit_bias maps token ids (integers >= 0) to biases in "
-                                                          f"[-100, 100], got {entry!r}")
+            if (
+                len(entry) != 2
+                or isinstance(entry[0], bool)
+                or not isinstance(entry[0], int)
+                or entry[0] < 0
+                or not _is_number(entry[1])
+                or not -100 <= entry[1] <= 100
+            ):
+                raise InvalidParameterError(
+                    "logit_bias", f"logit_bias maps token ids (integers >= 0) to biases in [-100, 100], got {entry!r}"
+                )
         if len({t for t, _ in self.logit_bias}) != len(self.logit_bias):
             raise InvalidParameterError("logit_bias", "logit_bias names a token twice")
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise InvalidParameterError("structured", f"structured must be a StructuredOutput, got {self.structured!r}")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOP_LOGPROBS):
-                raise InvalidParameterError(name, f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}] "
-                                                  f"(the number of top alternatives), got {v!r}")
+                raise InvalidParameterError(
+                    name,
+                    f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}] (the number of top alternatives), got {v!r}",
+                )
 
     @property
     def greedy(self) -> bool:
@@ -161,8 +188,13 @@ class SamplingParams:
         """Whether penalties, a logit bias or ``min_tokens`` (which masks the stop tokens until then)
         reshape the logits before sampling."""
         masks_stops = self.min_tokens > 0 and (bool(self.stop_token_ids) or not self.ignore_eos)
-        return bool(self.logit_bias) or self.repetition_penalty != 1.0 or bool(self.presence_penalty) \
-            or bool(self.frequency_penalty) or masks_stops
+        return (
+            bool(self.logit_bias)
+            or self.repetition_penalty != 1.0
+            or bool(self.presence_penalty)
+            or bool(self.frequency_penalty)
+            or masks_stops
+        )
 
 
 def _is_number(x: object) -> bool:

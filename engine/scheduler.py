@@ -27,6 +27,9 @@ The scheduler plans the step (this module) and holds its parts, each built with 
   passed over until that block is computed);
 - ``Handoffs`` (engine/scheduler_disagg.py): the prefill and decode roles' reserved and transferring
   requests;
+- ``LaneShares`` (engine/lane_shares.py, off unless ``SchedulerConfig.lane_shares``): sequence slots by
+  lane weight with floors, and preemption of preemptible lanes for a more important lane's pace
+  (victims are preempted before the step is planned, so that step admits nothing new);
 - ``Speculation`` (engine/scheduler_spec.py, off unless ``SchedulerConfig.speculative``): a decode
   with drafted tokens is scheduled after the plain decodes, with the other running requests, as one
   chunk of its last token and its drafts; the drafts take no prompt budget.
@@ -35,9 +38,11 @@ The scheduler plans the step (this module) and holds its parts, each built with 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
+from engine.lane_shares import LanePlan, LaneShares
 from engine.logprobs import TokenLogprob
 from engine.request import FinishReason, Request, RequestState, check_stop
 from engine.scheduler_admission import Admitter
@@ -54,7 +59,14 @@ _S = RequestState
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        max_model_len: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock``: the lane shares' (the simulator passes its own)."""
         self.config = config
         self.block_manager = block_manager
         self.max_model_len = max_model_len
@@ -64,16 +76,29 @@ class Scheduler:
         self.preemption = PreemptionPolicy()
         self.waiting = WaitingQueue()
         self.batch = RunningBatch(config.max_num_seqs)
-        self.lifecycle = RequestLifecycle(block_manager, self.waiting, self.batch, max_model_len,
-                                          self.admission.hold_finished)
+        self.lifecycle = RequestLifecycle(
+            block_manager, self.waiting, self.batch, max_model_len, self.admission.hold_finished
+        )
         watermark = int(config.admission_watermark * block_manager.num_blocks)
-        self.handoffs = Handoffs(self.lifecycle, block_manager, self.waiting, self.batch, config.max_num_seqs,
-                                 watermark)
-        self.admitter = Admitter(block_manager, self.waiting, self.batch, self.admission, config.max_num_seqs,
-                                 config.defer_for_shared_prefix, watermark, lambda: len(self.handoffs.reserved))
+        self.lane_shares = LaneShares(config.lane_shares, config.max_num_seqs, clock) if config.lane_shares else None
+        self.handoffs = Handoffs(
+            self.lifecycle, block_manager, self.waiting, self.batch, config.max_num_seqs, watermark
+        )
+        self.admitter = Admitter(
+            block_manager,
+            self.waiting,
+            self.batch,
+            self.admission,
+            config.max_num_seqs,
+            config.defer_for_shared_prefix,
+            watermark,
+            lambda: len(self.handoffs.reserved),
+            self.lane_shares.resumed if self.lane_shares is not None else None,
+        )
         self.speculation = (
             Speculation(NgramProposer(config.speculative), block_manager, max_model_len, self.lifecycle.finish)
-            if config.speculative is not None else None
+            if config.speculative is not None
+            else None
         )
         # The last step's batch and its ids and slots, reused while the batch stays the same.
         self._last_batch: list[Request] = []
@@ -89,6 +114,8 @@ class Scheduler:
         """Stop a request wherever it is (waiting, running, reserved, transferring); its blocks are
         freed now. Returns it, or None if unknown or already ended."""
         self.handoffs.forget(request_id)
+        if self.lane_shares is not None:
+            self.lane_shares.forget(request_id)
         return self.lifecycle.abort(request_id)
 
     def finish(self, req: Request, reason: FinishReason) -> None:
@@ -100,8 +127,9 @@ class Scheduler:
     def reserve(self, req: Request) -> bool:
         return self.handoffs.reserve(req)
 
-    def kv_arrived(self, request_id: str, first_token: int,
-                   first_logprob: TokenLogprob | None = None) -> Request | None:
+    def kv_arrived(
+        self, request_id: str, first_token: int, first_logprob: TokenLogprob | None = None
+    ) -> Request | None:
         return self.handoffs.kv_arrived(request_id, first_token, first_logprob)
 
     def fallback_to_local_prefill(self, request_id: str) -> Request | None:
@@ -161,14 +189,29 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         cfg = self.config
         plan = StepPlan(cfg.max_num_batched_tokens, cfg.prefill_token_budget or cfg.max_num_batched_tokens)
+        lanes = self._plan_lanes(plan) if self.lane_shares is not None else None
         if plan.budget >= len(self.batch.requests):
             rest = self._schedule_decodes(plan)
         else:  # too little budget for every decode: all in one pass, decodes first, until it runs out
             rest = decodes_first(self.batch.requests)
         self._schedule_rest(rest, plan)
         if not plan.preempted:
-            self.admitter.admit(min(plan.budget, plan.prefill_budget), plan)
+            self.admitter.admit(min(plan.budget, plan.prefill_budget), plan, lanes)
         return self._build_output(plan)
+
+    def _plan_lanes(self, plan: StepPlan) -> LanePlan | None:
+        """The lanes' shares for this step; their victims for pace are preempted now, before anything
+        is scheduled (by recompute: back to the waiting queue, their lane held at its floor)."""
+        assert self.lane_shares is not None
+        lanes = self.lane_shares.plan(self.batch.requests, self.waiting.count_by_priority())
+        if lanes is None:
+            return None
+        for victim in lanes.victims:
+            self.lifecycle.preempt(victim)
+            self.lane_shares.preempted(victim)
+            lanes.running[victim.priority] -= 1
+            plan.preempted += 1
+        return lanes
 
     def _schedule_decodes(self, plan: StepPlan) -> list[Request]:
         """The hot loop: every decoding request's one token, when the budget has room for all (a
@@ -230,9 +273,8 @@ class Scheduler:
                 n = plan.budget
                 if drafts:
                     req.spec_token_ids = drafts[: n - 1]
-            if computed + n > len(req.block_ids) * self.block_manager.block_size:
-                if not self._make_room(req, n, plan):
-                    continue
+            if computed + n > len(req.block_ids) * self.block_manager.block_size and not self._make_room(req, n, plan):
+                continue
             plan.chunks.append(req)
             plan.chunk_counts.append(n)
             plan.budget -= n
@@ -266,9 +308,17 @@ class Scheduler:
                     if rid in unseen:
                         unseen.discard(rid)
                         plan.grew.pop(req, None)  # a new row gets all its blocks
-                        new_data.append(NewRequestData(rid, req.slot, list(req.all_token_ids), list(req.block_ids),
-                                                       req.num_computed_tokens - advanced, req.num_prompt_tokens,
-                                                       req.sampling_params))
+                        new_data.append(
+                            NewRequestData(
+                                rid,
+                                req.slot,
+                                list(req.all_token_ids),
+                                list(req.block_ids),
+                                req.num_computed_tokens - advanced,
+                                req.num_prompt_tokens,
+                                req.sampling_params,
+                            )
+                        )
         new_blocks = {req.slot: req.block_ids[before:] for req, before in plan.grew.items()}
         bm = self.block_manager
         bs = bm.block_size

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from engine.block_hash import BlockHash
 from engine.block_manager import BlockManager
+from engine.lane_shares import LanePlan
 from engine.request import Request, RequestState
 from engine.scheduler_batch import RunningBatch
 from engine.scheduler_policies import AdmissionPolicy, WaitingQueue
@@ -24,9 +25,18 @@ from engine.scheduler_step import StepPlan
 
 
 class Admitter:
-    def __init__(self, block_manager: BlockManager, waiting: WaitingQueue, batch: RunningBatch,
-                 policy: AdmissionPolicy, max_num_seqs: int, defer_for_shared_prefix: bool, watermark_blocks: int,
-                 num_reserved: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        waiting: WaitingQueue,
+        batch: RunningBatch,
+        policy: AdmissionPolicy,
+        max_num_seqs: int,
+        defer_for_shared_prefix: bool,
+        watermark_blocks: int,
+        num_reserved: Callable[[], int],
+        resumed: Callable[[Request], None] | None = None,
+    ) -> None:
         self.block_manager = block_manager
         self.waiting = waiting
         self.batch = batch
@@ -35,11 +45,13 @@ class Admitter:
         self.defer_for_shared_prefix = defer_for_shared_prefix
         self.watermark_blocks = watermark_blocks
         self.num_reserved = num_reserved  # requests holding blocks to join the batch later (decode role)
+        self.resumed = resumed  # told of every admission (the lane shares count time out after a preemption)
 
-    def admit(self, budget: int, plan: StepPlan) -> None:
+    def admit(self, budget: int, plan: StepPlan, lanes: LanePlan | None = None) -> None:
         """Waiting requests, in priority order, while ``budget`` tokens, ``max_num_seqs`` and free
         blocks (less the watermark kept for running requests to grow) allow; each takes its longest
-        cached prefix first. Added to ``plan.chunks``."""
+        cached prefix first; with ``lanes``, a request of a lane at its cap is passed over. Added to
+        ``plan.chunks``."""
         bm = self.block_manager
         waiting, batch, policy = self.waiting, self.batch, self.policy
         limit = policy.admission_limit(len(batch) + self.num_reserved(), self.max_num_seqs, len(waiting))
@@ -51,6 +63,9 @@ class Admitter:
             assert req is not None  # (the queue is not empty)
             if not policy.admits(req):  # (static batching: not a member of the running batch)
                 passed_over.append(waiting.pop())
+                continue
+            if lanes is not None and lanes.running.get(req.priority, 0) >= lanes.caps.get(req.priority, limit):
+                passed_over.append(waiting.pop())  # its lane is at its share (engine/lane_shares.py)
                 continue
             can_hit = req.num_computed_tokens == 0 and not req.needs_prompt_logprobs
             cached = bm.find_cached_prefix(req) if can_hit else []
@@ -76,6 +91,10 @@ class Admitter:
             req.transition(RequestState.PREFILLING)
             batch.join(req)
             policy.admitted(req)
+            if lanes is not None:
+                lanes.running[req.priority] = lanes.running.get(req.priority, 0) + 1
+            if self.resumed is not None:
+                self.resumed(req)
             plan.chunks.append(req)
             plan.chunk_counts.append(n)
             budget -= n

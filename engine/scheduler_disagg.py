@@ -23,8 +23,15 @@ _S = RequestState
 
 
 class Handoffs:
-    def __init__(self, lifecycle: RequestLifecycle, block_manager: BlockManager, waiting: WaitingQueue,
-                 batch: RunningBatch, max_num_seqs: int, watermark_blocks: int) -> None:
+    def __init__(
+        self,
+        lifecycle: RequestLifecycle,
+        block_manager: BlockManager,
+        waiting: WaitingQueue,
+        batch: RunningBatch,
+        max_num_seqs: int,
+        watermark_blocks: int,
+    ) -> None:
         self.lifecycle = lifecycle
         self.block_manager = block_manager
         self.waiting = waiting
@@ -82,8 +89,9 @@ class Handoffs:
         self.reserved[req.request_id] = req
         return True
 
-    def kv_arrived(self, request_id: str, first_token: int,
-                   first_logprob: TokenLogprob | None = None) -> Request | None:
+    def kv_arrived(
+        self, request_id: str, first_token: int, first_logprob: TokenLogprob | None = None
+    ) -> Request | None:
         """Decode role: the prompt's KV and the first token (with its logprob, if asked for) are
         here; join the decode batch."""
         req = self.reserved.pop(request_id, None)

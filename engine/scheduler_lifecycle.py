@@ -23,8 +23,14 @@ _S = RequestState
 
 
 class RequestLifecycle:
-    def __init__(self, block_manager: BlockManager, waiting: WaitingQueue, batch: RunningBatch, max_model_len: int,
-                 hold_finished: bool) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        waiting: WaitingQueue,
+        batch: RunningBatch,
+        max_model_len: int,
+        hold_finished: bool,
+    ) -> None:
         self.block_manager = block_manager
         self.waiting = waiting
         self.batch = batch
@@ -50,8 +56,10 @@ class RequestLifecycle:
         bm = self.block_manager
         need = bm.blocks_needed(min(req.max_total_tokens, self.max_model_len))
         if need > bm.num_blocks:
-            raise InvalidParameterError("max_tokens", f"request {req.request_id!r} needs {need} KV blocks but the "
-                                                      f"cache has only {bm.num_blocks}")
+            raise InvalidParameterError(
+                "max_tokens",
+                f"request {req.request_id!r} needs {need} KV blocks but the cache has only {bm.num_blocks}",
+            )
 
     def register(self, req: Request) -> None:
         req.arrival_seq = self._arrivals

@@ -47,6 +47,15 @@ class WaitingQueue:
         """The waiting requests of a lower priority value (unordered)."""
         return (r for p, seq, r in self._heap if p < priority and seq not in self._removed)
 
+    def count_by_priority(self) -> dict[int, int]:
+        """Waiting requests by priority (one pass over the heap, unordered)."""
+        out: dict[int, int] = {}
+        removed = self._removed
+        for p, seq, _ in self._heap:
+            if seq not in removed:
+                out[p] = out.get(p, 0) + 1
+        return out
+
     def _compact(self) -> None:
         """Removed entries that never reach the head (the queue emptied, or more important requests
         keep arriving ahead of them) go once they are over half the heap: 5,000 aborted queued
@@ -64,7 +73,7 @@ class WaitingQueue:
     def __len__(self) -> int:
         return self._len
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Request]:
         return (r for _, seq, r in sorted(self._heap) if seq not in self._removed)
 
 

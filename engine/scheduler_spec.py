@@ -18,8 +18,13 @@ from engine.spec_decode import NgramProposer
 
 
 class Speculation:
-    def __init__(self, drafter: NgramProposer, block_manager: BlockManager, max_model_len: int,
-                 finish: Callable[[Request, FinishReason], None]) -> None:
+    def __init__(
+        self,
+        drafter: NgramProposer,
+        block_manager: BlockManager,
+        max_model_len: int,
+        finish: Callable[[Request, FinishReason], None],
+    ) -> None:
         self.drafter = drafter
         self.block_manager = block_manager
         self.max_model_len = max_model_len
@@ -27,15 +32,18 @@ class Speculation:
         self.num_draft_tokens = 0  # drafted tokens computed, and of those kept
         self.num_accepted_tokens = 0
 
-    def take_verified(self, req: Request, accepted: list[int], tok: int,
-                      logprobs: list[TokenLogprob] | None = None) -> None:
+    def take_verified(
+        self, req: Request, accepted: list[int], tok: int, logprobs: list[TokenLogprob] | None = None
+    ) -> None:
         """A decode step with drafts: the drafts the model agreed with, then its own next token, each
         checked for a stop. The rejected drafts' KV positions are given back (their slots are written
         again by the tokens that take those positions); the blocks stay with the request."""
         drafts, req.spec_token_ids = req.spec_token_ids, []
         self.num_draft_tokens += len(drafts)
         self.num_accepted_tokens += len(accepted)
-        self.drafter.record(req.draft_state, len(drafts), len(accepted))
+        state = req.draft_state
+        assert state is not None  # it drafted, so the proposer gave it one
+        self.drafter.record(state, len(drafts), len(accepted))
         req.num_computed_tokens -= len(drafts) - len(accepted)
         max_len = self.max_model_len
         for i, t in enumerate((*accepted, tok)):

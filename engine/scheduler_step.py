@@ -46,7 +46,8 @@ class StepPlan:
 
 def decodes_first(running: list[Request]) -> list[Request]:
     """The running requests, those with one token to compute first (each group in order)."""
-    decodes, rest = [], []
+    decodes: list[Request] = []
+    rest: list[Request] = []
     for r in running:
         (decodes if len(r.all_token_ids) - r.num_computed_tokens == 1 else rest).append(r)
     return decodes + rest

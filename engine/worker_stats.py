@@ -6,7 +6,12 @@ and the counters the router turns into metrics.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.lane_shares import LaneCounters
+from engine.request import Request
 
 
 @dataclass(frozen=True)
@@ -43,13 +48,36 @@ class WorkerLoad:
     # router. The same reconciliation for decode placement: what a router placed here that no report
     # includes yet will take KV blocks the report still shows free (router/worker_pool.py).
     prompt_tokens_placed: dict[str, int] = field(default_factory=dict)
+    # Decode role with lane shares on (engine/lane_shares.py): decode tokens and preemptions for pace by lane.
+    lane_counters: LaneCounters | None = None
 
     @property
     def kv_usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.num_total_blocks if self.num_total_blocks else 0.0
 
 
-def queued_prefill_tokens(scheduler) -> int:
+class PrefillQueues(Protocol):
+    """What ``queued_prefill_tokens`` reads of a scheduler."""
+
+    @property
+    def waiting(self) -> Iterable[Request]: ...
+
+    @property
+    def running(self) -> Iterable[Request]: ...
+
+
+def queued_prefill_tokens_by_priority(scheduler: PrefillQueues) -> dict[int, int]:
+    """``queued_prefill_tokens`` by request priority (lane)."""
+    out: dict[int, int] = {}
+    for r in scheduler.waiting:
+        out[r.priority] = out.get(r.priority, 0) + r.num_tokens - r.num_computed_tokens
+    for r in scheduler.running:
+        if r.num_prompt_tokens > r.num_computed_tokens:
+            out[r.priority] = out.get(r.priority, 0) + r.num_prompt_tokens - r.num_computed_tokens
+    return out
+
+
+def queued_prefill_tokens(scheduler: PrefillQueues) -> int:
     """Prompt tokens not yet computed, over waiting and running requests."""
     waiting = sum(r.num_tokens - r.num_computed_tokens for r in scheduler.waiting)
     running = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in scheduler.running)

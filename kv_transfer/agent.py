@@ -25,11 +25,12 @@ the new epoch within ``connect_timeout_s``, or a pair that fails again before ca
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -140,8 +141,12 @@ class TransferAgent:
         self.on_acked = on_acked or (lambda rid, ok: None)
         self.stats = TransferStats()
         self.send_buffers = SendBuffers(tuple(kv_cache.shape[1:]), kv_cache.dtype)  # CPU pair-group path
-        threading.Thread(target=watch_failures, args=(self._watch_store, me, self._open_channels, self._closing),
-                         name=f"kv-watch-{me.key}", daemon=True).start()
+        threading.Thread(
+            target=watch_failures,
+            args=(self._watch_store, me, self._open_channels, self._closing),
+            name=f"kv-watch-{me.key}",
+            daemon=True,
+        ).start()
 
     # -- channels ---------------------------------------------------------------------------
     def is_gone(self, peer: PeerInfo) -> bool:
@@ -164,10 +169,20 @@ class TransferAgent:
             stale = ch
             epoch = self._epochs.get(peer.key, 0)
             ch = Channel(
-                self._store_addr, self.me, peer, self.device, tuple(self.kv_cache.shape[1:]), self.kv_cache.dtype,
-                self._on_message, self._on_channel_failure, self.connect_timeout_s,
-                lambda header, peer_key=peer.key: self._before_send(peer_key, header), kv_export=self._kv_export,
-                epoch=epoch, join_timeout_s=self.connect_timeout_s if epoch else None, data_plane=self._data_plane,
+                self._store_addr,
+                self.me,
+                peer,
+                self.device,
+                tuple(self.kv_cache.shape[1:]),
+                self.kv_cache.dtype,
+                self._on_message,
+                self._on_channel_failure,
+                self.connect_timeout_s,
+                functools.partial(self._before_send, peer.key),
+                kv_export=self._kv_export,
+                epoch=epoch,
+                join_timeout_s=self.connect_timeout_s if epoch else None,
+                data_plane=self._data_plane,
             )
             self._channels[peer.worker_id] = ch
         if stale is not None:  # (outside the lock: closing tears its group down)
@@ -199,8 +214,7 @@ class TransferAgent:
         reserved = record_current(self.device)
         with self._lock:
             now = time.monotonic()
-            self._expected[transfer_id] = _Expected(request_id, peer.key, list(block_ids), now, now,
-                                                    reserved=reserved)
+            self._expected[transfer_id] = _Expected(request_id, peer.key, list(block_ids), now, now, reserved=reserved)
         if self.channel(peer) is None:  # that prefill worker died: nothing will come (the caller prefills locally)
             with self._lock:
                 gone = self._expected.pop(transfer_id, None)  # (forget_peer may have failed it already)
@@ -269,9 +283,19 @@ class TransferAgent:
             idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
             payload = self.kv_cache.index_select(0, idx)  # on the engine's stream, after the step that wrote them
             written = record_current(self.device)
-        header = Header(Kind.KV, transfer_id, chunk_index, block_offset, len(block_ids), FLAG_LAST if last else 0,
-                        first_token, int(prefill_queue_s * 1e6), int(prefill_compute_s * 1e6),
-                        int(time.time() * 1e6) if last else 0, first_logprob if last else None)
+        header = Header(
+            Kind.KV,
+            transfer_id,
+            chunk_index,
+            block_offset,
+            len(block_ids),
+            FLAG_LAST if last else 0,
+            first_token,
+            int(prefill_queue_s * 1e6),
+            int(prefill_compute_s * 1e6),
+            int(time.time() * 1e6) if last else 0,
+            first_logprob if last else None,
+        )
         out.chunks += 1
         self.stats.blocks_sent += len(block_ids)
         ok = ch.send(header, payload, on_sent, written)
@@ -338,8 +362,13 @@ class TransferAgent:
         ch.send(Header(Kind.ACK, header.transfer_id))
         self.stats.completed += 1
         self.stats.seconds += time.monotonic() - exp.started
-        timing = TransferTiming(header.prefill_queue_us / 1e6, header.prefill_compute_us / 1e6,
-                                max(0.0, time.time() - header.sent_wall_us / 1e6), time.monotonic(), exp.landed)
+        timing = TransferTiming(
+            header.prefill_queue_us / 1e6,
+            header.prefill_compute_us / 1e6,
+            max(0.0, time.time() - header.sent_wall_us / 1e6),
+            time.monotonic(),
+            exp.landed,
+        )
         self.on_received(exp.request_id, header.first_token, timing, header.first_logprob)
 
     def _finish_outgoing(self, key: tuple[str, int], acked: bool) -> None:
@@ -364,8 +393,13 @@ class TransferAgent:
             if current:
                 del self._channels[peer.worker_id]
             idle = 0 if ch.messages else self._idle_reforms.get(peer.key, 0) + 1
-            again = (transient and current and not self._closing.is_set() and peer.key not in self._gone
-                     and idle < MAX_IDLE_REFORMS)
+            again = (
+                transient
+                and current
+                and not self._closing.is_set()
+                and peer.key not in self._gone
+                and idle < MAX_IDLE_REFORMS
+            )
             if again:
                 self._epochs[peer.key] = ch.epoch + 1
                 self._idle_reforms[peer.key] = idle
@@ -376,7 +410,7 @@ class TransferAgent:
         if transient:
             try:  # for the peer's watcher: its group may not notice (NCCL)
                 ch.record_failure_for_peer(failures_key(peer))
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a store that cannot be reached is warned of; the failure goes on
                 log.warning("could not record the failure of the pair with %s: %s", peer.key, e)
         if again:
             log.info("forming the pair with %s again (epoch %d)", peer.key, ch.epoch + 1)

@@ -51,7 +51,7 @@ import torch.distributed as dist
 
 from kv_transfer.data_plane import DataPlane, DataPlaneFactory, default_data_plane
 from kv_transfer.local_kv import LocalRows, PeerKV
-from kv_transfer.pair_group import connect_store, form_pair_group, tear_down_group
+from kv_transfer.pair_group import PairGroup, connect_store, form_pair_group, tear_down_group
 from kv_transfer.peer import PeerInfo, StoreAddress, pair_key
 from kv_transfer.streams import DONE, HostStreams, PayloadEvent, PayloadStreams, streams_for
 from kv_transfer.wire import Header, Kind, empty_header
@@ -132,7 +132,7 @@ class Channel:
         self._data_plane_factory = data_plane
         self._queue: queue.SimpleQueue[Outgoing | None] = queue.SimpleQueue()
         self._ready: queue.SimpleQueue[Header | None] = queue.SimpleQueue()  # READYs; None: the channel ended
-        self._control: dist.ProcessGroup | None = None
+        self._control: PairGroup | None = None
         self._control_lock = threading.Lock()  # the send thread and the receive thread (READY) both send
         self._data: DataPlane | None = None
         self._streams: PayloadStreams = HostStreams()  # the data plane's (or the device's, local) once formed
@@ -171,8 +171,13 @@ class Channel:
         """Where either side writes that this epoch's group failed (the store's root namespace)."""
         return self._pair_prefix + "/failed"
 
-    def send(self, header: Header, payload: torch.Tensor | None = None,
-             on_sent: Callable[[], None] | None = None, written: PayloadEvent = DONE) -> bool:
+    def send(
+        self,
+        header: Header,
+        payload: torch.Tensor | None = None,
+        on_sent: Callable[[], None] | None = None,
+        written: PayloadEvent = DONE,
+    ) -> bool:
         """Queue a message (FIFO). False if the channel has already failed. ``on_sent`` runs on the
         send thread once the payload has left (or was dropped by fault injection); not after a
         failure. ``written``: the payload's KV is there once this event is reached."""
@@ -203,16 +208,25 @@ class Channel:
     # -- the send thread ---------------------------------------------------------------------
     def _connect_and_send(self) -> None:
         try:
-            self._store = connect_store(self._store_addr, self._connect_timeout_s)
-            self._control, self._peer_rank = form_pair_group(self._store, self.me, self.peer, _CPU,
-                                                             self._connect_timeout_s, self.rows, self._stop,
-                                                             epoch=self.epoch, join_timeout_s=self._join_timeout_s)
+            self._store = store = connect_store(self._store_addr, self._connect_timeout_s)
+            self._control, self._peer_rank = form_pair_group(
+                store,
+                self.me,
+                self.peer,
+                _CPU,
+                self._connect_timeout_s,
+                self.rows,
+                self._stop,
+                epoch=self.epoch,
+                join_timeout_s=self._join_timeout_s,
+            )
             if self.local:
-                self._exchange_kv_handles()
+                self._exchange_kv_handles(store)
                 self._streams = streams_for(self.device)
             else:
-                self._data = self._data_plane_factory(self._store, self._pair_prefix + "/data", 1 - self._peer_rank,
-                                                      self.device)
+                self._data = self._data_plane_factory(
+                    store, self._pair_prefix + "/data", 1 - self._peer_rank, self.device
+                )
                 self._streams = self._data.streams
         except Exception as e:  # noqa: BLE001 - any failure to form the pair fails the channel
             if self._closed:  # (a channel closed while it waited has not failed: nothing was lost)
@@ -249,8 +263,8 @@ class Channel:
         if payload is not None and self.local:
             item.written.synchronize()  # the peer reads these blocks of our cache as soon as it has the ids
             with self._control_lock:
-                self._control.send([header.to_tensor(_CPU)], self._peer_rank, 0).wait()
-                self._control.send([payload], self._peer_rank, 0).wait()
+                self._formed_control().send([header.to_tensor(_CPU)], self._peer_rank, 0).wait()
+                self._formed_control().send([payload], self._peer_rank, 0).wait()
             self.bytes_sent += payload.numel() * self._row_bytes
             return
         self._send_control(header)
@@ -260,7 +274,7 @@ class Channel:
         streams = self._streams
         with streams.sending():
             item.written.wait()  # the send stream waits for the gather, not the engine's whole stream
-            self._data.group.send([payload], self._peer_rank, 0).wait()
+            self._formed_data().group.send([payload], self._peer_rank, 0).wait()
             streams.keep_alive(payload)
             sent = streams.record() if item.on_sent is not None else None
         if sent is not None:
@@ -269,15 +283,29 @@ class Channel:
 
     def _send_control(self, header: Header) -> None:
         with self._control_lock:
-            self._control.send([header.to_tensor(_CPU)], self._peer_rank, 0).wait()
+            self._formed_control().send([header.to_tensor(_CPU)], self._peer_rank, 0).wait()
+
+    def _formed_control(self) -> PairGroup:
+        """The control group: the channel's threads use it only once it formed."""
+        if self._control is None:
+            raise ConnectionError(f"the pair group with {self.peer.key} has not formed")
+        return self._control
+
+    def _formed_data(self) -> DataPlane:
+        """The data plane: formed with the control group, where the pair is not local."""
+        if self._data is None:
+            raise ConnectionError(f"the data plane with {self.peer.key} has not formed")
+        return self._data
 
     def _await_ready(self, header: Header) -> None:
         ready = self._ready.get()
         if ready is None:
             raise ConnectionAbortedError(f"the channel to {self.peer.key} ended while a payload waited for READY")
         if (ready.transfer_id, ready.chunk_index) != (header.transfer_id, header.chunk_index):
-            raise ValueError(f"READY for transfer {ready.transfer_id} chunk {ready.chunk_index} while "
-                             f"{header.transfer_id}/{header.chunk_index} waits: the control plane is out of sync")
+            raise ValueError(
+                f"READY for transfer {ready.transfer_id} chunk {ready.chunk_index} while "
+                f"{header.transfer_id}/{header.chunk_index} waits: the control plane is out of sync"
+            )
 
     def _drain(self) -> None:
         """Drop what is still queued: its transfers have failed (or the channel closed). Staging
@@ -290,17 +318,18 @@ class Channel:
             if item is not None and item.on_sent is not None:
                 item.on_sent()
 
-    def _exchange_kv_handles(self) -> None:
+    def _exchange_kv_handles(self, root: dist.Store) -> None:
         """Local mode: each side publishes its cache's export under the pair's prefix; the
         receiving (decode) side maps the sender's."""
-        store = dist.PrefixStore(self._pair_prefix + "/kv", self._store)
-        store.set(self.me.role, self._kv_export)
+        store = dist.PrefixStore(self._pair_prefix + "/kv", root)
+        assert self._kv_export is not None  # checked at construction for a local pair
+        store.set(self.me.role, self._kv_export)  # type: ignore[arg-type]  # Store.set takes bytes; the stub says str
         if self.me.role == "decode":
             self._peer_kv = PeerKV(store.get("prefill"))
 
     # -- the receive thread --------------------------------------------------------------------
     def _receive_loop(self) -> None:
-        control = self._control
+        control = self._formed_control()
         header_buf = empty_header(_CPU)
         try:
             while not self._closed:
@@ -313,7 +342,7 @@ class Channel:
                 if header.kind is Kind.KV and header.num_blocks > 0 and self.local:
                     ids = torch.empty(header.num_blocks, dtype=torch.long)
                     control.recv([ids], self._peer_rank, 0).wait()
-                    payload = self._peer_kv.rows(ids)  # copied into our blocks by the agent, under its lock
+                    payload = self._mapped_peer_kv().rows(ids)  # copied into our blocks by the agent, under its lock
                 elif header.kind is Kind.KV and header.num_blocks > 0:
                     payload = self._receive_payload(header)
                 if payload is not None:
@@ -327,14 +356,19 @@ class Channel:
             if self._peer_kv is not None:  # this thread is its only user
                 self._peer_kv.close()
 
+    def _mapped_peer_kv(self) -> PeerKV:
+        """The sender's cache, mapped by a local pair's decode side (_exchange_kv_handles)."""
+        if self._peer_kv is None:
+            raise ConnectionError(f"{self.peer.key}'s KV cache is not mapped here")
+        return self._peer_kv
+
     def _receive_payload(self, header: Header) -> GroupRows:
         """Post the payload's receive, then tell the sender it may send (READY)."""
         streams = self._streams
         with streams.receiving():
             rows = self._receive_buffer(header.num_blocks)
-            work = self._data.group.recv([rows], self._peer_rank, 0)
-            self._send_control(Header(Kind.READY, header.transfer_id, header.chunk_index,
-                                      num_blocks=header.num_blocks))
+            work = self._formed_data().group.recv([rows], self._peer_rank, 0)
+            self._send_control(Header(Kind.READY, header.transfer_id, header.chunk_index, num_blocks=header.num_blocks))
             work.wait()
             arrived = streams.record()
         if self.device.type == "cpu":

@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from kv_transfer.pair_group import OP_TIMEOUT, tear_down_group
+from kv_transfer.pair_group import OP_TIMEOUT, PairGroup, as_pair_group, tear_down_group
 from kv_transfer.streams import PayloadStreams, streams_for
 
 
@@ -53,11 +53,11 @@ class DataPlaneFactory(Protocol):
 
 def default_data_plane(store: dist.Store, prefix: str, rank: int, device: torch.device) -> DataPlane:
     prefixed = dist.PrefixStore(prefix, store)
-    group: dist.ProcessGroupNCCL | dist.ProcessGroupGloo
+    group: PairGroup
     if device.type == "cuda":
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = OP_TIMEOUT
-        group = dist.ProcessGroupNCCL(prefixed, rank, 2, opts)
+        group = as_pair_group(dist.ProcessGroupNCCL(prefixed, rank, 2, opts))
     else:
-        group = dist.ProcessGroupGloo(prefixed, rank, 2, OP_TIMEOUT)
+        group = as_pair_group(dist.ProcessGroupGloo(prefixed, rank, 2, OP_TIMEOUT))
     return DataPlane(group, streams_for(device), lambda: tear_down_group(group, 1 - rank, device))

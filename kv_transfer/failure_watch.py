@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import torch.distributed as dist
 
@@ -29,8 +29,9 @@ def failures_key(peer: PeerInfo) -> str:
     return f"baton/pair-failures/{peer.key}"
 
 
-def watch_failures(store: dist.Store, me: PeerInfo, open_channels: Callable[[], list[Channel]],
-                   closing: threading.Event) -> None:
+def watch_failures(
+    store: dist.Store, me: PeerInfo, open_channels: Callable[[], list[Channel]], closing: threading.Event
+) -> None:
     """Until ``closing``: sever the channels (``open_channels()``: not failed) whose group the peer
     recorded as failed. One store call per interval while there are channels. While the store is
     unreachable (our channels' own errors still tell us of failures), it tries again every 5 s."""
@@ -47,7 +48,7 @@ def watch_failures(store: dist.Store, me: PeerInfo, open_channels: Callable[[], 
                 if store.check([ch.failure_key]):
                     ch.sever(f"{ch.peer.key} recorded the pair's failure: {store.get(ch.failure_key).decode()}")
             seen = n  # (only once all were checked)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any store error: the watcher warns once and keeps polling
             if not warned:
                 log.warning("the KV failure watcher of %s cannot reach the store: %s", me.key, e)
             interval, warned = UNREACHABLE_RETRY_S, True

@@ -2,10 +2,10 @@
 failures) can drop, delay or kill transfers on a live worker (pure Python).
 
 Faults apply on the sending side, per transfer (a transfer is keyed by its peer and its id: each
-decode worker numbers its transfers from 1, so an id alone names one transfer per peer): a dropped transfer sends nothing at all (the
-FIFO stays well-formed, the receiver simply never hears of it); a delayed one waits before its
-first message; ``die_after_chunks`` ends the sending process after that many chunks, as a crash
-mid-transfer would; ``sever_after_chunks`` makes the channel's next send fail after that many
+decode worker numbers its transfers from 1, so an id alone names one transfer per peer): a dropped
+transfer sends nothing at all (the FIFO stays well-formed, the receiver simply never hears of it); a
+delayed one waits before its first message; ``die_after_chunks`` ends the sending process after that
+many chunks, as a crash mid-transfer would; ``sever_after_chunks`` makes the channel's next send fail after that many
 chunks, as a network error would, with both processes alive (the pair then forms again).
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class FaultInjector:
             if transfer in self._dropped:
                 return True
             if self._spec.drop_next > 0:
-                self._spec = _replace(self._spec, drop_next=self._spec.drop_next - 1)
+                self._spec = replace(self._spec, drop_next=self._spec.drop_next - 1)
                 self._dropped.add(transfer)
                 self.num_dropped += 1
                 return True
@@ -63,7 +63,7 @@ class FaultInjector:
             self._delayed.add(transfer)
             if s.delay_next:
                 left = s.delay_next - 1
-                self._spec = _replace(s, delay_next=left, delay_s=s.delay_s if left else 0.0)
+                self._spec = replace(s, delay_next=left, delay_s=s.delay_s if left else 0.0)
             return s.delay_s
 
     def forget(self, transfer: Hashable) -> None:
@@ -80,15 +80,9 @@ class FaultInjector:
             if n is not None:
                 if n <= 0:
                     os._exit(1)  # a crash, not a clean shutdown: peers see the connection drop
-                self._spec = _replace(self._spec, die_after_chunks=n - 1)
+                self._spec = replace(self._spec, die_after_chunks=n - 1)
             n = self._spec.sever_after_chunks
             if n is not None:
-                self._spec = _replace(self._spec, sever_after_chunks=n - 1 if n > 0 else None)
+                self._spec = replace(self._spec, sever_after_chunks=n - 1 if n > 0 else None)
                 if n <= 0:
                     raise ConnectionResetError("injected fault: the channel was severed")
-
-
-def _replace(spec: FaultSpec, **kw) -> FaultSpec:
-    from dataclasses import replace
-
-    return replace(spec, **kw)

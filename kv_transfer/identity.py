@@ -18,15 +18,26 @@ def kv_segment_name(engine: LLMEngine) -> str | None:
 
 def make_peer(worker_id: str, role: str, engine: LLMEngine) -> PeerInfo:
     """A fresh incarnation: a restarted worker forms new pair groups instead of reusing dead ones."""
-    return PeerInfo(worker_id, uuid.uuid4().hex[:12], role,
-                    locality=local_kv.locality(engine.runner.kv_cache, kv_segment_name(engine)))
+    return PeerInfo(
+        worker_id,
+        uuid.uuid4().hex[:12],
+        role,
+        locality=local_kv.locality(engine.runner.kv_cache, kv_segment_name(engine)),
+    )
 
 
 def worker_info(peer: PeerInfo, engine: LLMEngine) -> WorkerInfo:
     sc = engine.config.scheduler
-    return WorkerInfo(peer, engine.num_total_blocks, engine.block_manager.block_size, engine.max_model_len,
-                      engine.model_config.vocab_size, engine.config.model, sc.max_num_seqs,
-                      sc.max_num_batched_tokens)
+    return WorkerInfo(
+        peer,
+        engine.num_total_blocks,
+        engine.block_manager.block_size,
+        engine.max_model_len,
+        engine.model_config.vocab_size,
+        engine.config.model,
+        sc.max_num_seqs,
+        sc.max_num_batched_tokens,
+    )
 
 
 def release_kv(engine: LLMEngine) -> None:

@@ -61,12 +61,13 @@ def export_kv(kv_cache: torch.Tensor, segment_name: str | None) -> bytes:
     if kv_cache.device.type == "cuda":
         from torch.multiprocessing.reductions import reduce_tensor
 
-        rebuild, args = reduce_tensor(kv_cache)
+        rebuild, args = reduce_tensor(kv_cache)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         return pickle.dumps(("cuda", rebuild, args))
     if not segment_name:
         raise ValueError("a CPU KV cache can be exported only when allocated in shared memory")
-    return pickle.dumps(("shm", _ShmDescriptor(segment_name, tuple(kv_cache.shape),
-                                               str(kv_cache.dtype).removeprefix("torch."))))
+    return pickle.dumps(
+        ("shm", _ShmDescriptor(segment_name, tuple(kv_cache.shape), str(kv_cache.dtype).removeprefix("torch.")))
+    )
 
 
 class PeerKV:
@@ -77,7 +78,7 @@ class PeerKV:
         self._map: mmap.mmap | None = None
         if kind == "cuda":
             rebuild, args = rest
-            self.tensor = rebuild(*args)
+            self.tensor: torch.Tensor = rebuild(*args)
         elif kind == "shm":
             (desc,) = rest
             # mmap the segment ourselves: opening it through multiprocessing.shared_memory would
@@ -97,7 +98,8 @@ class PeerKV:
         return LocalRows(self, block_ids)
 
     def close(self) -> None:
-        self.tensor = None
+        if hasattr(self, "tensor"):  # (closed once already)
+            del self.tensor  # our view goes before the mapping it holds open
         if self._map is not None:
             try:
                 self._map.close()

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from kv_transfer.data_plane import DataPlane, PayloadGroup
-from kv_transfer.pair_group import OP_TIMEOUT, tear_down_group
+from kv_transfer.data_plane import DataPlane
+from kv_transfer.pair_group import OP_TIMEOUT, PairGroup, as_pair_group, tear_down_group
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,7 @@ class NcclSemanticsGroup:
     """A two-rank gloo group (``inner``) driven as NCCL would be. Also the pair's payload streams:
     each thread is one stream."""
 
-    def __init__(self, inner: PayloadGroup, store: dist.Store, root: dist.Store, rank: int,
-                 bound_s: float) -> None:
+    def __init__(self, inner: PairGroup, store: dist.Store, root: dist.Store, rank: int, bound_s: float) -> None:
         self._inner, self._store, self._root = inner, store, root
         self.rank, self.peer = rank, 1 - rank
         self.bound_s = bound_s
@@ -209,7 +208,8 @@ class NcclSemanticsGroup:
                 raise NcclSemanticsViolation(
                     f"rank {self.rank}'s {op.kind.value} #{op.seq} stayed pending {self.bound_s:g} s without the "
                     f"peer committed to the matching {match.value} (not at the head of its stream): on NCCL this "
-                    "stream (and every operation queued behind it) would hang")
+                    "stream (and every operation queued behind it) would hang"
+                )
             time.sleep(delay)
             delay = min(2 * delay, _POLL_MAX_S)
 
@@ -232,7 +232,7 @@ class NcclSemanticsGroup:
         for op in stuck:
             self._finish(op, why)
         self._queue.put(None)
-        tear_down_group(self._inner, self.peer, torch.device("cpu"))  # type: ignore[arg-type] # (gloo's)  # ends an operation blocked in gloo
+        tear_down_group(self._inner, self.peer, torch.device("cpu"))  # ends an operation blocked in gloo
 
     def _finish(self, op: _Op, error: BaseException | None) -> None:
         with self._lock:
@@ -253,7 +253,7 @@ class NcclSemantics:
         if device.type != "cpu":
             raise ValueError(f"the NCCL-semantics double runs on CPU tensors, not {device}")
         prefixed = dist.PrefixStore(prefix, store)
-        inner = dist.ProcessGroupGloo(dist.PrefixStore("gloo", prefixed), rank, 2, OP_TIMEOUT)
+        inner = as_pair_group(dist.ProcessGroupGloo(dist.PrefixStore("gloo", prefixed), rank, 2, OP_TIMEOUT))
         group = NcclSemanticsGroup(inner, dist.PrefixStore("streams", prefixed), store, rank, self.bound_s)
         return DataPlane(group, group, group.close)
 

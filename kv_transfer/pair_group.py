@@ -35,6 +35,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
+from typing import Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,28 @@ from kv_transfer.peer import PeerInfo, StoreAddress, pair_key
 # and from the transfer deadlines enforced above this layer.
 OP_TIMEOUT = datetime.timedelta(hours=24)
 _TEARDOWN_TAG = 1  # never sent on: a receive on it that times out closes the group's connection
+
+
+class PairWork(Protocol):
+    def wait(self, timeout: datetime.timedelta = ..., /) -> object: ...
+
+
+class PairGroup(Protocol):
+    """What this package uses of a two-rank process group (positional: torch names them dstRank, srcRank)."""
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int, /) -> PairWork: ...
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int, /) -> PairWork: ...
+
+    def abort(self) -> None: ...
+
+
+def as_pair_group(backend: dist.ProcessGroupGloo | dist.ProcessGroupNCCL) -> PairGroup:
+    """gloo's and NCCL's groups, as what they are at run time: torch's stubs leave out the send and
+    recv that every Backend binds."""
+    return cast(PairGroup, backend)
+
+
 _POLL_FIRST_S, _POLL_MAX_S = 0.002, 0.05  # the peer's rows are polled for, backing off to 50 ms
 
 
@@ -57,18 +80,23 @@ class PairingTimedOut(TimeoutError):
 
 
 def connect_store(addr: StoreAddress, timeout_s: float) -> dist.TCPStore:
-    return dist.TCPStore(addr.host, addr.port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s),
-                         wait_for_workers=False)
+    return dist.TCPStore(
+        addr.host, addr.port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+    )
 
 
 def form_pair_group(
-    store: dist.Store, me: PeerInfo, peer: PeerInfo, device: torch.device, connect_timeout_s: float,
+    store: dist.Store,
+    me: PeerInfo,
+    peer: PeerInfo,
+    device: torch.device,
+    connect_timeout_s: float,
     rows: str = "",
     cancelled: threading.Event | None = None,
     *,
     epoch: int = 0,
     join_timeout_s: float | None = None,
-) -> tuple[dist.ProcessGroup, int]:
+) -> tuple[PairGroup, int]:
     """Blocks until the peer joins, ``cancelled`` is set (PairingCancelled) or ``join_timeout_s``
     passes (PairingTimedOut; None: no limit). ``rows`` describes this side's KV rows; the peer's
     must be the same (ValueError). ``connect_timeout_s`` bounds the store calls once both are
@@ -87,8 +115,10 @@ def form_pair_group(
     prefixed.set_timeout(datetime.timedelta(seconds=connect_timeout_s))
     theirs = prefixed.get(f"rows/{1 - rank}").decode()
     if theirs != rows:
-        raise ValueError(f"the two workers' KV rows differ: {me.key} has {rows}, {peer.key} has {theirs} "
-                         "(run both pools with the same model, dtype and block size)")
+        raise ValueError(
+            f"the two workers' KV rows differ: {me.key} has {rows}, {peer.key} has {theirs} "
+            "(run both pools with the same model, dtype and block size)"
+        )
     # Both are here now, or the peer wrote its rows and died since (it dials at a reservation, maybe
     # long ago). gloo's rendezvous below waits for the peer with the op timeout (24 h), and nothing
     # can cancel it: each side first says it is here *now*, and waits for the other to say so where
@@ -99,13 +129,11 @@ def form_pair_group(
     if device.type == "cuda":
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = OP_TIMEOUT
-        group = dist.ProcessGroupNCCL(prefixed, rank, 2, opts)
-    else:
-        group = dist.ProcessGroupGloo(prefixed, rank, 2, OP_TIMEOUT)
-    return group, 1 - rank
+        return as_pair_group(dist.ProcessGroupNCCL(prefixed, rank, 2, opts)), 1 - rank
+    return as_pair_group(dist.ProcessGroupGloo(prefixed, rank, 2, OP_TIMEOUT)), 1 - rank
 
 
-def tear_down_group(group: dist.ProcessGroup, peer_rank: int, device: torch.device) -> None:
+def tear_down_group(group: PairGroup, peer_rank: int, device: torch.device) -> None:
     """Close this side of a pair group, so that both sides' blocked operations end (the peer's with
     "connection closed"). gloo has no abort: an operation that times out closes the connection, so
     wait 1 ms for a message never sent."""
@@ -118,8 +146,7 @@ def tear_down_group(group: dist.ProcessGroup, peer_rank: int, device: torch.devi
         pass
 
 
-def _join_or_give_up(store: dist.Store, rank: int, cancelled: threading.Event, peer: PeerInfo,
-                     deadline: float) -> None:
+def _join_or_give_up(store: dist.Store, rank: int, cancelled: threading.Event, peer: PeerInfo, deadline: float) -> None:
     """A bounded wait for the peer's rows whose outcome both sides agree on: the first side to
     decide (it saw the peer's rows: "formed"; its deadline passed: "abandoned") sets the decision
     atomically, and the other follows it. A side giving up alone could leave the other, which saw
@@ -133,8 +160,7 @@ def _join_or_give_up(store: dist.Store, rank: int, cancelled: threading.Event, p
         raise PairingTimedOut(f"{peer.key} did not join the pair again after its failure")
 
 
-def _wait_for(store: dist.Store, key: str, cancelled: threading.Event, peer: PeerInfo,
-              deadline: float | None) -> None:
+def _wait_for(store: dist.Store, key: str, cancelled: threading.Event, peer: PeerInfo, deadline: float | None) -> None:
     delay = _POLL_FIRST_S
     while not store.check([key]):
         if cancelled.wait(delay):

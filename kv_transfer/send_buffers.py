@@ -10,7 +10,7 @@ payload has left. CUDA's caching allocator already reuses memory: there the gath
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -78,7 +78,7 @@ class HostStreams:
 class CudaEvent:
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.event = torch.cuda.Event()
+        self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves __init__ unannotated
         self.event.record(torch.cuda.current_stream(device))
 
     def wait(self) -> None:
@@ -93,8 +93,8 @@ class CudaStreams:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.send_stream = torch.cuda.Stream(device)
-        self.recv_stream = torch.cuda.Stream(device)
+        self.send_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # (unannotated in torch)
+        self.recv_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # (unannotated in torch)
 
     def sending(self) -> AbstractContextManager[None]:
         return torch.cuda.stream(self.send_stream)

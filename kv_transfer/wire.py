@@ -61,8 +61,19 @@ class Header:
         return bool(self.flags & FLAG_LAST)
 
     def to_tensor(self, device: torch.device) -> torch.Tensor:
-        values = [MAGIC, int(self.kind), self.transfer_id, self.chunk_index, self.block_offset, self.num_blocks,
-                  self.flags, self.first_token, self.prefill_queue_us, self.prefill_compute_us, self.sent_wall_us]
+        values = [
+            MAGIC,
+            int(self.kind),
+            self.transfer_id,
+            self.chunk_index,
+            self.block_offset,
+            self.num_blocks,
+            self.flags,
+            self.first_token,
+            self.prefill_queue_us,
+            self.prefill_compute_us,
+            self.sent_wall_us,
+        ]
         values += _encode_logprob(self.first_logprob)
         return torch.tensor(values, dtype=torch.int64, device=device)
 
@@ -81,11 +92,11 @@ def empty_header(device: torch.device) -> torch.Tensor:
 
 
 def _bits(x: float) -> int:
-    return struct.unpack("<q", struct.pack("<d", x))[0]
+    return int(struct.unpack("<q", struct.pack("<d", x))[0])
 
 
 def _float(bits: int) -> float:
-    return struct.unpack("<d", struct.pack("<q", bits))[0]
+    return float(struct.unpack("<d", struct.pack("<q", bits))[0])
 
 
 def _encode_logprob(lp: TokenLogprob | None) -> list[int]:
@@ -93,6 +104,8 @@ def _encode_logprob(lp: TokenLogprob | None) -> list[int]:
     if lp is None:
         out[0] = -1
         return out
+    if lp.logprob is None:  # only a prompt's first token has none, and no transfer carries one
+        raise ValueError(f"token {lp.token_id} has no logprob to send")
     out[0], out[1] = len(lp.top), _bits(lp.logprob)
     for i, (tok, value) in enumerate(lp.top):
         out[2 + 2 * i], out[3 + 2 * i] = tok, _bits(value)

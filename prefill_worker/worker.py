@@ -12,10 +12,13 @@ import time
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
+from engine.device import SetDevice, bind_config_device, cuda_set_device
 from engine.engine import LLMEngine
 from engine.engine_loop import EngineLoop
 from engine.gc_freeze import freeze_startup_objects
+from engine.kv_events import KVCacheEvent
 from engine.request import RequestState
+from engine.scheduler_output import SchedulerOutput
 from engine.worker_stats import WorkerLoad, queued_prefill_tokens
 from kv_transfer.agent import TransferAgent
 from kv_transfer.data_plane import DataPlaneFactory, default_data_plane
@@ -36,16 +39,32 @@ class _Shipping:
 
 
 class PrefillWorker:
-    def __init__(self, worker_id: str, engine_config: EngineConfig, store: StoreAddress,
-                 *, connect_timeout_s: float = 30.0, data_plane: DataPlaneFactory = default_data_plane) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        engine_config: EngineConfig,
+        store: StoreAddress,
+        *,
+        connect_timeout_s: float = 30.0,
+        data_plane: DataPlaneFactory = default_data_plane,
+        set_device: SetDevice = cuda_set_device,
+    ) -> None:
         self.worker_id = worker_id
+        bind_config_device(engine_config.device, set_device)  # before any CUDA work (engine/device.py)
         self.engine = LLMEngine(engine_config, record_kv_events=True)
         self.peer = make_peer(worker_id, "prefill", self.engine)
         self.loop = EngineLoop(self.engine, name=f"{worker_id}-engine")
         self.faults = FaultInjector()
-        self.agent = TransferAgent(self.peer, store, self.engine.runner.kv_cache, connect_timeout_s=connect_timeout_s,
-                                   faults=self.faults, on_acked=self._on_acked,
-                                   kv_segment_name=kv_segment_name(self.engine), data_plane=data_plane)
+        self.agent = TransferAgent(
+            self.peer,
+            store,
+            self.engine.runner.kv_cache,
+            connect_timeout_s=connect_timeout_s,
+            faults=self.faults,
+            on_acked=self._on_acked,
+            kv_segment_name=kv_segment_name(self.engine),
+            data_plane=data_plane,
+        )
         self._shipping: dict[str, _Shipping] = {}  # engine thread only
         self._received: dict[str, int] = {}  # engine thread only: WorkerLoad.prompt_tokens_received
         self.loop.add_after_step(self._ship)
@@ -73,9 +92,16 @@ class PrefillWorker:
             if spec.request_id in engine.scheduler.requests:  # an earlier placement's copy (its decode worker died)
                 self._abort(engine, spec.request_id)  # this one supersedes it: stop it and free its blocks
                 log.info("%s: %s re-sent; its earlier prefill was aborted", self.worker_id, spec.request_id)
-            engine.add_request(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params,
-                               priority=spec.priority, cache_salt=spec.cache_salt, prefill_only=True,
-                               preemptible=spec.preemptible, arrival_time=received)
+            engine.add_request(
+                spec.request_id,
+                list(spec.prompt_token_ids),
+                spec.sampling_params,
+                priority=spec.priority,
+                cache_salt=spec.cache_salt,
+                prefill_only=True,
+                preemptible=spec.preemptible,
+                arrival_time=received,
+            )
             self._shipping[spec.request_id] = _Shipping(task, next_block=task.skip_blocks)
             # Counted on the loop's thread, with the queue the load report reads: consistent.
             self._received[spec.origin] = self._received.get(spec.origin, 0) + spec.num_prompt_tokens
@@ -94,7 +120,7 @@ class PrefillWorker:
     def load(self) -> WorkerLoad:
         return self.loop.call(self._load)
 
-    def take_kv_events(self) -> list:
+    def take_kv_events(self) -> list[KVCacheEvent]:
         """Prefix-cache events (BlocksStored/BlocksRemoved) since the last call, for the cluster index."""
         return self.loop.call(lambda engine: engine.take_kv_events())
 
@@ -110,7 +136,7 @@ class PrefillWorker:
         release_kv(self.engine)
 
     # -- engine thread ------------------------------------------------------------------------
-    def _ship(self, engine: LLMEngine, so) -> None:
+    def _ship(self, engine: LLMEngine, so: SchedulerOutput) -> None:
         """After a step: send every newly completed block; on the last chunk, the rest and the first token."""
         sched = engine.scheduler
         bs = engine.block_manager.block_size
@@ -134,10 +160,19 @@ class PrefillWorker:
             if done and req.first_scheduled_time is not None and req.first_token_time is not None:
                 queue_s = req.first_scheduled_time - req.arrival_time
                 compute_s = req.first_token_time - req.first_scheduled_time
-            self.agent.send_blocks(ship.task.decode, ship.task.transfer_id, rid, ship.next_block, blocks,
-                                   chunk_index=ship.chunks, last=done, first_token=first,
-                                   prefill_queue_s=queue_s, prefill_compute_s=compute_s,
-                                   first_logprob=first_logprob)
+            self.agent.send_blocks(
+                ship.task.decode,
+                ship.task.transfer_id,
+                rid,
+                ship.next_block,
+                blocks,
+                chunk_index=ship.chunks,
+                last=done,
+                first_token=first,
+                prefill_queue_s=queue_s,
+                prefill_compute_s=compute_s,
+                first_logprob=first_logprob,
+            )
             ship.chunks += 1
             ship.next_block = max(end, ship.next_block)
             if done:
@@ -152,13 +187,25 @@ class PrefillWorker:
     def _load(self, engine: LLMEngine) -> WorkerLoad:
         s, st, bm = engine.scheduler, self.agent.stats, engine.block_manager
         return WorkerLoad(
-            worker_id=self.worker_id, incarnation=self.peer.incarnation, role="prefill",
-            num_running=s.num_running, num_waiting=s.num_waiting, num_free_blocks=bm.num_free_blocks,
-            num_total_blocks=bm.num_blocks, queued_prefill_tokens=queued_prefill_tokens(s),
-            num_transferring=len(s.transferring), transfers_completed=st.completed, transfers_failed=st.failed,
-            transfer_bytes=self.agent.bytes_sent(), prefix_queries=bm.num_prefix_queries,
-            prefix_hits=bm.num_prefix_hits, steps=self.loop.num_steps, busy_seconds=self.loop.busy_seconds,
+            worker_id=self.worker_id,
+            incarnation=self.peer.incarnation,
+            role="prefill",
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            num_free_blocks=bm.num_free_blocks,
+            num_total_blocks=bm.num_blocks,
+            queued_prefill_tokens=queued_prefill_tokens(s),
+            num_transferring=len(s.transferring),
+            transfers_completed=st.completed,
+            transfers_failed=st.failed,
+            transfer_bytes=self.agent.bytes_sent(),
+            prefix_queries=bm.num_prefix_queries,
+            prefix_hits=bm.num_prefix_hits,
+            steps=self.loop.num_steps,
+            busy_seconds=self.loop.busy_seconds,
             busy_cpu_seconds=self.loop.busy_cpu_seconds,
-            prompt_tokens_computed=s.prompt_tokens_computed, preemptions=s.num_preemptions,
-            preempted_tokens=s.preempted_tokens, prompt_tokens_received=dict(self._received),
+            prompt_tokens_computed=s.prompt_tokens_computed,
+            preemptions=s.num_preemptions,
+            preempted_tokens=s.preempted_tokens,
+            prompt_tokens_received=dict(self._received),
         )

@@ -3,12 +3,17 @@
 In order: (1) the context length (prompt + max_tokens) -> 400; (2) the tenant's token buckets
 (requests/min, tokens/min; in Redis, shared by router replicas) -> 429 + Retry-After; a request
 refused by a later check gets that charge back, and the ``n`` choices of one request are charged
-together (ChoiceCharge); (3) the lane's queue bound -> 503 + Retry-After; (4) SLO-predictive early rejection: the request's TTFT is
-predicted from the work queued ahead of it (in the router's lanes and in the prefill pool) and the
-measured prefill rate; if it would miss the lane's TTFT SLO it is rejected now (503 +
-Retry-After) instead of timing out later; (5) the decode pace: while the time per output token
-the running streams get right now exceeds the lane's TPOT objective, another sequence would only slow every
-running one further, so the request is rejected (503 + Retry-After) until the pace recovers.
+together (ChoiceCharge); (3) the lane's queue bound -> 503 + Retry-After; (4) SLO-predictive early
+rejection: the request's TTFT is predicted from the work queued ahead of it (in the router's lanes
+and in the prefill pool) and the measured prefill rate; if it would miss the lane's TTFT SLO it is
+rejected now (503 + Retry-After) instead of timing out later; (5) the decode pace: while the time
+per output token the running streams get right now exceeds the lane's TPOT objective, another
+sequence would only slow every running one further, so the request is rejected (503 + Retry-After)
+until the pace recovers.
+With ``freeable_seqs`` (router.lane_pressure: running sequences of less important preemptible lanes
+above their floor, which the decode workers would preempt for this lane's pace) both predictions
+count what preempting them frees: those slots are free, and the pace is the one the remaining
+sequences would get; so a request is refused for pace only once those lanes are at their floor.
 Every rejection is counted by lane and reason.
 """
 
@@ -18,8 +23,9 @@ import heapq
 import math
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Protocol
+from typing import Protocol
 
 from router.api import ChoiceCharge, ErrorKind, RouterError
 from router.lanes import LaneConfig, TenantConfig
@@ -36,6 +42,12 @@ class RateDecision:
 
 class RateLimiter(Protocol):
     async def acquire(self, tenant: TenantConfig, n_tokens: int, n_requests: int = 1) -> RateDecision: ...
+
+
+class RejectionMetrics(Protocol):
+    """Where refusals are counted (router/metrics.py's RouterMetrics)."""
+
+    def rejection(self, lane: str, reason: str) -> None: ...
 
 
 class PrefillRate:
@@ -164,6 +176,11 @@ class AdmissionInput:
     lane_depth_now: Callable[[], int] | None = None
     # One of a request's ``n`` choices: the group's charge, taken all at once by the first (None: alone).
     choice_charge: ChoiceCharge | None = None
+    # Running sequences of less important preemptible lanes above their floor: what preempting them
+    # for this request's pace would free (router.lane_pressure; 0: nothing, or the policy is off).
+    freeable_seqs: int = 0
+    # Of ``pool_queued_tokens``, those of less important lanes, which this request goes ahead of.
+    yielding_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -212,10 +229,10 @@ def predict_ttft(x: AdmissionInput) -> TtftPrediction:
     it (before any measurement, the prompt alone).
     """
     rate = max(x.prefill_tokens_per_s, 1e-6)
-    prefill_wait = (x.tokens_ahead + x.pool_queued_tokens) / rate
+    prefill_wait = (x.tokens_ahead + max(0, x.pool_queued_tokens - x.yielding_tokens)) / rate
     service = x.service_s if x.service_s is not None else x.prompt_tokens / rate
     slot_wait = 0.0
-    short = x.requests_ahead + 1 - x.free_seq_slots
+    short = x.requests_ahead + 1 - x.free_seq_slots - x.freeable_seqs
     if short > 0 and x.running and x.decode_pace_s:
         pace = x.decode_pace_s
         remaining = [(total - done) * pace + (service if done == 0 else 0.0) for done, total in x.running]
@@ -232,7 +249,18 @@ def expected_total_tokens(generated: int, max_tokens: int, mean_output_tokens: f
     ask for "up to the context length" and stop after a few hundred)."""
     if mean_output_tokens is None:
         return max_tokens
-    return min(max_tokens, max(int(round(mean_output_tokens)), generated + 1))
+    return min(max_tokens, max(round(mean_output_tokens), generated + 1))
+
+
+def freed_pace(x: AdmissionInput) -> float | None:
+    """The decode pace a new request of ``x``'s lane would see: the measured one, or with
+    ``freeable_seqs`` preempted, the measured one scaled by the sequences left (a step's time grows
+    about linearly with its sequences)."""
+    pace = x.decode_pace_s
+    running = len(x.running) if x.num_running is None else x.num_running
+    if pace is None or x.freeable_seqs <= 0 or running <= 0:
+        return pace
+    return pace * max(1, running - x.freeable_seqs + 1) / running
 
 
 def predict_ttft_s(x: AdmissionInput) -> float:
@@ -240,8 +268,16 @@ def predict_ttft_s(x: AdmissionInput) -> float:
 
 
 class Admission:
-    def __init__(self, max_model_len: int, rate_limiter: RateLimiter | None, metrics=None,
-                 *, slo_rejection: bool = True, slo_headroom: float = 0.75) -> None:
+    def __init__(
+        self,
+        max_model_len: int,
+        rate_limiter: RateLimiter | None,
+        metrics: RejectionMetrics | None = None,
+        *,
+        slo_rejection: bool = True,
+        slo_headroom: float = 0.75,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.max_model_len = max_model_len
         self.rate_limiter = rate_limiter
         self.metrics = metrics
@@ -252,9 +288,19 @@ class Admission:
         # inflating it too rejected 78% at 1.7x capacity for a third of the goodput (BENCHMARKS).
         self.slo_headroom = slo_headroom
         self.rejections: dict[tuple[str, str], int] = {}
+        self._pace_refused: dict[str, deque[float]] = {}  # lane -> when its recent requests were refused for pace
+        self._clock = clock  # the simulator passes its own
 
-    def check_context(self, prompt_tokens: int, max_tokens: int, lane: str = "none", *, max_tokens_given: bool = True,
-                      prompt_param: str = "messages", max_tokens_param: str = "max_tokens") -> None:
+    def check_context(
+        self,
+        prompt_tokens: int,
+        max_tokens: int,
+        lane: str = "none",
+        *,
+        max_tokens_given: bool = True,
+        prompt_param: str = "messages",
+        max_tokens_param: str = "max_tokens",
+    ) -> None:
         """A prompt that leaves no room, or an output bound the client set that does not fit, is a
         400 naming the field at fault (a bound the client did not set is the server's default: it
         is never the client's fault, and is never named)."""
@@ -268,12 +314,18 @@ class Admission:
                 ErrorKind.INVALID_REQUEST,
                 f"This model's maximum context length is {self.max_model_len} tokens. However, {where} resulted "
                 f"in {prompt_tokens} tokens, which leaves no room for a completion. Please reduce the length of "
-                f"{where}.", param=prompt_param, code="context_length_exceeded")
+                f"{where}.",
+                param=prompt_param,
+                code="context_length_exceeded",
+            )
         raise RouterError(
             ErrorKind.INVALID_REQUEST,
             f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
             f"{total} tokens ({prompt_tokens} in {where}, {max_tokens} in the completion). Please reduce "
-            f"the length of {where} or {max_tokens_param}.", param=max_tokens_param, code="context_length_exceeded")
+            f"the length of {where} or {max_tokens_param}.",
+            param=max_tokens_param,
+            code="context_length_exceeded",
+        )
 
     async def admit(self, x: AdmissionInput) -> float:
         """Raise RouterError if the request must be rejected; else return its predicted TTFT."""
@@ -283,7 +335,7 @@ class Admission:
         units = 1 if group is None else (0 if group.charged else group.pending)
         refund = None
         if self.rate_limiter is not None and units > 0:
-            refund = await self._charge(x, units)
+            refund = await self._charge(self.rate_limiter, x, units)
         try:
             ttft = self._decide(x)
         except RouterError:
@@ -294,27 +346,35 @@ class Admission:
             group.charged, group.refund = True, refund
         return ttft
 
-    async def _charge(self, x: AdmissionInput, units: int) -> Callable[[], Awaitable[None]] | None:
+    async def _charge(
+        self, limiter: RateLimiter, x: AdmissionInput, units: int
+    ) -> Callable[[], Awaitable[None]] | None:
         """Take ``units`` requests and their tokens from the tenant's buckets (429 / 400 if not)."""
         lane = x.lane.name
         n_tokens = units * (x.prompt_tokens + x.max_tokens)
-        d = await self.rate_limiter.acquire(x.tenant, n_tokens, units)
+        d = await limiter.acquire(x.tenant, n_tokens, units)
         if not d.allowed and math.isinf(d.retry_after_s):
             self._count(lane, "rate_limit_too_large")
-            what = f"{n_tokens} tokens" if units == 1 else (
-                f"{units} choices" if d.reason == "requests" else f"{n_tokens} tokens for {units} choices")
-            raise RouterError(ErrorKind.INVALID_REQUEST,
-                              f"The request ({what}) is larger than tenant {x.tenant.name!r}'s per-minute "
-                              f"{d.reason} limit allows at once.",
-                              param="n" if units > 1 and d.reason == "requests" else "max_tokens",
-                              code="rate_limit_too_large")
+            what = (
+                f"{n_tokens} tokens"
+                if units == 1
+                else (f"{units} choices" if d.reason == "requests" else f"{n_tokens} tokens for {units} choices")
+            )
+            raise RouterError(
+                ErrorKind.INVALID_REQUEST,
+                f"The request ({what}) is larger than tenant {x.tenant.name!r}'s per-minute "
+                f"{d.reason} limit allows at once.",
+                param="n" if units > 1 and d.reason == "requests" else "max_tokens",
+                code="rate_limit_too_large",
+            )
         if not d.allowed:
             self._count(lane, f"rate_limit_{d.reason or 'requests'}")
             raise RouterError(
                 ErrorKind.RATE_LIMITED,
                 f"Rate limit reached for tenant {x.tenant.name!r} ({d.reason} per minute). "
                 f"Retry in {math.ceil(d.retry_after_s)} s.",
-                code="rate_limit_exceeded", retry_after_s=max(d.retry_after_s, 1.0),
+                code="rate_limit_exceeded",
+                retry_after_s=max(d.retry_after_s, 1.0),
             )
         return getattr(d, "refund", None)
 
@@ -324,8 +384,10 @@ class Admission:
         if (x.lane_depth_now() if x.lane_depth_now else x.lane_depth) >= x.lane.queue_bound:
             self._count(lane, "queue_full")
             raise RouterError(
-                ErrorKind.OVERLOADED, f"The {lane} lane is full ({x.lane.queue_bound} requests waiting). Retry later.",
-                code="queue_full", retry_after_s=self._retry_after(x),
+                ErrorKind.OVERLOADED,
+                f"The {lane} lane is full ({x.lane.queue_bound} requests waiting). Retry later.",
+                code="queue_full",
+                retry_after_s=self._retry_after(x),
             )
         prediction = predict_ttft(x)
         ttft = prediction.total_s
@@ -341,19 +403,27 @@ class Admission:
                 ErrorKind.OVERLOADED,
                 f"The {lane} lane cannot meet its time-to-first-token objective ({x.lane.ttft_slo_s:g} s) now: "
                 f"predicted {ttft:.1f} s. Retry later.",
-                code="slo_predicted_violation", retry_after_s=self._retry_after(x),
+                code="slo_predicted_violation",
+                retry_after_s=self._retry_after(x),
             )
         # The pace is measured, but one more sequence slows it: the same headroom guards it.
-        if (self.slo_rejection and busy and x.decode_pace_s is not None
-                and x.decode_pace_s > x.lane.tpot_slo_s * self.slo_headroom):
+        pace = freed_pace(x)
+        if self.slo_rejection and busy and pace is not None and pace > x.lane.tpot_slo_s * self.slo_headroom:
             self._count(lane, "slo_tpot")
+            self._pace_refused.setdefault(lane, deque(maxlen=1024)).append(self._clock())
             raise RouterError(
                 ErrorKind.OVERLOADED,
                 f"The {lane} lane cannot meet its time-per-output-token objective ({x.lane.tpot_slo_s:g} s) now: "
                 f"tokens currently take {x.decode_pace_s:.2f} s each. Retry later.",
-                code="slo_predicted_violation", retry_after_s=self._retry_after(x),
+                code="slo_predicted_violation",
+                retry_after_s=self._retry_after(x),
             )
         return ttft
+
+    def pace_refusals(self, lane: str, since: float) -> int:
+        """How many of ``lane``'s requests were refused for pace since ``since`` (router.lane_pressure)."""
+        times = self._pace_refused.get(lane)
+        return 0 if not times else sum(1 for t in times if t >= since)
 
     def reject(self, lane: str, reason: str, error: RouterError) -> RouterError:
         """Count a rejection decided elsewhere (draining, no workers) and return the error to raise."""

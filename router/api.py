@@ -10,11 +10,15 @@ until one has ``finished``; a frontend whose client goes away calls ``abort()``.
 from __future__ import annotations
 
 import enum
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import AsyncIterator, Awaitable, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
+from router.tool_calls.constraint import FunctionTool
+from router.tool_calls.parsers import ToolCall
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -64,7 +68,7 @@ class RouterError(Exception):
         self.code = code  # a short machine-readable reason, e.g. "context_length_exceeded", "queue_full"
         self.retry_after_s = retry_after_s
 
-    def to_openai(self) -> dict:
+    def to_openai(self) -> dict[str, Any]:
         """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}``."""
         return {"error": {"message": self.message, "type": self.kind.type, "param": self.param, "code": self.code}}
 
@@ -81,12 +85,28 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")  # what client
 class ChatMessage:
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool turn: the call it answers
 
     @classmethod
-    def from_client(cls, role: str, content: str) -> ChatMessage:
+    def from_client(
+        cls, role: str, content: str, tool_calls: tuple[ToolCall, ...] = (), tool_call_id: str | None = None
+    ) -> ChatMessage:
         """A client's message (``role`` one of ``CHAT_ROLES``): OpenAI's newer "developer" is
         "system" to open models' chat templates, which know only that name."""
-        return cls("system" if role == "developer" else role, content)
+        return cls("system" if role == "developer" else role, content, tool_calls, tool_call_id)
+
+    def to_template(self) -> dict[str, Any]:
+        """As chat templates receive it (transformers' semantics: a call's arguments as an object)."""
+        m: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            m["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            m["tool_call_id"] = self.tool_call_id
+        return m
 
 
 class ChoiceCharge:
@@ -118,6 +138,7 @@ class GenerateRequest:
     prompt_token_ids: tuple[int, ...] | None = None
     messages: tuple[ChatMessage, ...] | None = None
     add_generation_prompt: bool = True
+    tools: tuple[FunctionTool, ...] = ()  # rendered by the chat template (tools=); their schemas compiled
     stream: bool = False
     lane: str | None = None  # explicit lane (request field or X-Baton-Lane header); checked against the tenant
     tenant: str = "default"
@@ -130,6 +151,9 @@ class GenerateRequest:
     endpoint: str = "completions"  # "completions" | "chat" | "grpc" (for metrics labels)
     num_choices: int = 1  # the client's ``n``: this request is one of them (router/choices.py)
     charge: ChoiceCharge | None = field(default=None, compare=False)  # its choices' shared rate-limit charge
+    # The client's W3C trace context (HTTP headers / gRPC metadata): the request's spans join its trace.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 # -- outputs ------------------------------------------------------------------------------------
@@ -173,20 +197,27 @@ class GenerationResult:
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token of ``token_ids``, when asked for
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # one per prompt token, when asked for
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-ready (what Redis keeps for idempotent replays and batch jobs)."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> GenerationResult:
+    def from_dict(cls, d: dict[str, Any]) -> GenerationResult:
         u = d.get("usage") or {}
-        return cls(d["request_id"], d["text"], tuple(d["token_ids"]), d.get("finish_reason"),
-                   Usage(u.get("prompt_tokens", 0), u.get("completion_tokens", 0), u.get("cached_tokens", 0)),
-                   d.get("lane", ""), d.get("prompt_text"), _logprobs(d.get("logprobs")),
-                   _logprobs(d.get("prompt_logprobs")))
+        return cls(
+            d["request_id"],
+            d["text"],
+            tuple(d["token_ids"]),
+            d.get("finish_reason"),
+            Usage(u.get("prompt_tokens", 0), u.get("completion_tokens", 0), u.get("cached_tokens", 0)),
+            d.get("lane", ""),
+            d.get("prompt_text"),
+            _logprobs(d.get("logprobs")),
+            _logprobs(d.get("prompt_logprobs")),
+        )
 
 
-def _logprobs(stored: list[dict] | None) -> tuple[TokenLogprob, ...] | None:
+def _logprobs(stored: list[dict[str, Any]] | None) -> tuple[TokenLogprob, ...] | None:
     if stored is None:
         return None
     return tuple(TokenLogprob(lp["token_id"], lp["logprob"], tuple((t, v) for t, v in lp["top"])) for lp in stored)
@@ -227,7 +258,7 @@ class ModelInfo:
 class Readiness:
     ready: bool
     reason: str = ""
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 class RouterAPI(Protocol):
@@ -266,6 +297,6 @@ class RouterAPI(Protocol):
         """(Prometheus exposition of the whole cluster, content type)."""
         ...
 
-    async def batch_result(self, job_id: str, tenant: str) -> dict:
+    async def batch_result(self, job_id: str, tenant: str) -> dict[str, Any]:
         """A durable batch-lane job: {"id", "status", "result"?}. Raises RouterError(NOT_FOUND)."""
         ...

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from router.lane_queues import Room
 from router.worker_pool import WorkerHandle, WorkerPool
@@ -76,7 +76,7 @@ class Capacity:
         """Decode sequence slots not yet taken, counting what was dispatched since the last reports;
         negative when requests wait in the workers' queues for a slot."""
         decode = self.pool.live("decode")
-        slots = sum(w.info.max_num_seqs for w in decode)
+        slots = sum(w.reported_info.max_num_seqs for w in decode)
         reported = sum(w.load.num_running + w.load.num_waiting + w.load.num_reserved for w in decode if w.load)
         return slots - max(reported, self.in_flight)
 
@@ -101,14 +101,19 @@ class Capacity:
         the last reports (the need covers the prompt and the first steps)."""
         free = need = reserve = 0
         for w in decode:
-            need = -(-(prompt_tokens + min(max_tokens, 64)) // w.info.block_size)
-            free += w.info.num_blocks if w.load is None else w.load.num_free_blocks
-            reserve += int(self.kv_reserve_fraction * w.info.num_blocks)
+            need = -(-(prompt_tokens + min(max_tokens, 64)) // w.reported_info.block_size)
+            free += w.reported_info.num_blocks if w.load is None else w.load.num_free_blocks
+            reserve += int(self.kv_reserve_fraction * w.reported_info.num_blocks)
         return free, need, reserve
 
     def _empty(self, decode: list[WorkerHandle], p_blocks: int) -> bool:
-        return self.in_flight == 0 and p_blocks == 0 and all(
-            w.load is None or w.load.num_running + w.load.num_waiting + w.load.num_reserved == 0 for w in decode)
+        return (
+            self.in_flight == 0
+            and p_blocks == 0
+            and all(
+                w.load is None or w.load.num_running + w.load.num_waiting + w.load.num_reserved == 0 for w in decode
+            )
+        )
 
     def has_room(self, prompt_tokens: int, max_tokens: int) -> bool:
         return self.room(prompt_tokens, max_tokens) is Room.YES
@@ -126,7 +131,7 @@ class Capacity:
             return Room.NO
         prefill = self.pool.live("prefill")
         if prefill and prompt_tokens >= self.local_prefill_threshold:
-            limit = sum(self.prefill_backlog_chunks * w.info.max_num_batched_tokens for w in prefill)
+            limit = sum(self.prefill_backlog_chunks * w.reported_info.max_num_batched_tokens for w in prefill)
             # dispatched_tokens: placed since that worker's last report (which will include them).
             queued = sum((w.load.queued_prefill_tokens if w.load else 0) + w.dispatched_tokens for w in prefill)
             # A lone prompt bigger than the limit still goes when the pool is empty.
@@ -144,6 +149,6 @@ class Capacity:
     def idle(self) -> bool:
         """Spare capacity: under half the sequence slots in use and no prefill backlog."""
         for w in self.pool.live("decode"):
-            if w.load and (w.load.num_running + w.load.num_waiting) * 2 > w.info.max_num_seqs:
+            if w.load and (w.load.num_running + w.load.num_waiting) * 2 > w.reported_info.max_num_seqs:
                 return False
         return all((w.load.queued_prefill_tokens if w.load else 0) == 0 for w in self.pool.live("prefill"))

@@ -4,12 +4,13 @@ merged into one response (or one interleaved stream) and stopped together.
 Choice ``i`` is its own router request (admitted, queued, placed and counted like any other):
 its id is ``<id>-<i>`` when the client named the request, its ``Idempotency-Key`` is the
 client's key for choice 0 and ``<key>#<i>`` for the others, each fingerprinted with ``n`` (so a key
-reused with another ``n`` collides on choice 0 and is refused, 409, before anything runs), and when the client gave a ``seed`` it samples with ``seed + i``, so the choices
-differ yet each is reproducible (greedy choices are all the same answer, as with OpenAI). The
-tenant's rate limits are charged for all ``n`` at once, by the first choice admitted
-(api.ChoiceCharge, carried by each choice's GenerateRequest): ``n`` beyond a bucket is a 400, never a 429 after some choices started.
-If any choice is refused at admission, the ones already started are cancelled (journaled batch
-jobs too: a client going away only detaches from those), the charge is given back and the refusal
+reused with another ``n`` collides on choice 0 and is refused, 409, before anything runs), and when
+the client gave a ``seed`` it samples with ``seed + i``, so the choices differ yet each is
+reproducible (greedy choices are all the same answer, as with OpenAI). The tenant's rate limits are
+charged for all ``n`` at once, by the first choice admitted (api.ChoiceCharge, carried by each
+choice's GenerateRequest): ``n`` beyond a bucket is a 400, never a 429 after some choices started.
+If any choice is refused at admission, the ones already started are cancelled (journaled batch jobs
+too: a client going away only detaches from those), the charge is given back and the refusal
 is the response. A choice that fails after streaming started ends the others too.
 """
 
@@ -17,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import AsyncIterator
 
 from router.api import ChoiceCharge, GenerateRequest, GenerationResult, GenerationStream, RouterAPI, StreamEvent
 
@@ -111,13 +112,13 @@ class Choices:
             async for ev in self.streams[0]:
                 yield 0, ev
             return
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, StreamEvent | BaseException | None]] = asyncio.Queue()
 
         async def pump(i: int, stream: GenerationStream) -> None:
             try:
                 async for ev in stream:
                     queue.put_nowait((i, ev))
-            except BaseException as e:  # handed to the consumer, which raises it
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
                 queue.put_nowait((i, e))
             finally:
                 queue.put_nowait((i, None))

@@ -20,8 +20,9 @@ def classify(
     names = {lane.name for lane in policy.lanes}
     if explicit_lane is not None:
         if explicit_lane not in names:
-            raise invalid(f"unknown lane {explicit_lane!r}; lanes: {', '.join(sorted(names))}", param="lane",
-                          code="unknown_lane")
+            raise invalid(
+                f"unknown lane {explicit_lane!r}; lanes: {', '.join(sorted(names))}", param="lane", code="unknown_lane"
+            )
         if tenant.may_use(explicit_lane):
             return explicit_lane
     if tenant.default_lane:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import asdict
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any
 
 from engine.kv_events import KVCacheEvent
 from engine.outputs import RequestOutput
@@ -76,8 +77,11 @@ class ClusterState:
         self.registry = WorkerRegistry(redis) if redis else None
         self.journal = BatchJournal(redis) if redis else None
         self.job_idle_ms = job_idle_ms
-        self._local_idem = (LocalIdempotencyStore(ttl_s=self.idem.ttl_s, lease_s=self.idem.lease_s) if self.idem
-                            else LocalIdempotencyStore())
+        self._local_idem = (
+            LocalIdempotencyStore(ttl_s=self.idem.ttl_s, lease_s=self.idem.lease_s)
+            if self.idem
+            else LocalIdempotencyStore()
+        )
         # Retries waiting on a key in progress, per (tenant, key): bounded, so a flood of retries is
         # refused at once instead of each polling (they pass no rate limit before they wait).
         self._idem_waiters: dict[tuple[str, str], int] = {}
@@ -86,7 +90,7 @@ class ClusterState:
         self._index_stale = False  # events were applied locally only: re-seed Redis when it returns
         self._unsynced: set[str] = set()  # workers whose index changed while stale (emptied ones too)
         self._redis_run_id: str | None = None  # another one: Redis restarted, and may have lost the index
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[object]] = []
         self.degraded_since: float | None = None
 
     @classmethod
@@ -97,10 +101,11 @@ class ClusterState:
     def available(self) -> bool:
         return self.redis is not None and self.redis.available
 
-    async def start(self, router_payload: Callable[[], dict], pool: WorkerPool) -> None:
+    async def start(self, router_payload: Callable[[], dict[str, Any]], pool: WorkerPool) -> None:
         """Heartbeats: this router's ``router_payload()`` and the load reports of ``pool``'s workers."""
-        if self.redis is not None:
-            self._tasks.append(asyncio.create_task(self._heartbeats(router_payload, pool), name="redis-heartbeats"))
+        if self.redis is not None and self.registry is not None and self.index is not None:  # (all three or none)
+            beats = self._heartbeats(self.redis, self.registry, self.index, router_payload, pool)
+            self._tasks.append(asyncio.create_task(beats, name="redis-heartbeats"))
 
     async def stop(self) -> None:
         await stop_tasks(self._tasks, "cluster state")
@@ -121,7 +126,7 @@ class ClusterState:
             self._unsynced.add(worker_id)
         try:
             if self._index_stale:
-                await self._reseed_index()  # from the local view, which has these events
+                await self._reseed_index(self.index)  # from the local view, which has these events
             else:
                 await self.index.apply(worker_id, events)
         except StateUnavailable:
@@ -149,19 +154,20 @@ class ClusterState:
         if worker_id is not None:
             self._unsynced.add(worker_id)
 
-    async def _reseed_index(self) -> None:
+    async def _reseed_index(self, index: RedisPrefixIndex) -> None:
         """Every worker this router knows blocks of, and every one whose blocks changed while Redis was
         away (one emptied then is in no snapshot, and Redis would keep its old blocks for an hour)."""
         snapshot = self.local_index.snapshot()
         for worker_id in set(snapshot) | self._unsynced:
-            await self.index.replace_worker(worker_id, list(snapshot.get(worker_id, ())))
+            await index.replace_worker(worker_id, list(snapshot.get(worker_id, ())))
         self._unsynced.clear()
         self._index_stale = False
         log.info("prefix index re-seeded in Redis from this router's view")
 
     # -- idempotency -----------------------------------------------------------------------------
-    async def idempotency_begin(self, tenant: str, key: str, fingerprint: str,
-                                wait_s: float = 600.0) -> GenerationResult | None:
+    async def idempotency_begin(
+        self, tenant: str, key: str, fingerprint: str, wait_s: float = 600.0
+    ) -> GenerationResult | None:
         """None: run the request. A result: it already ran, replay it. Waits while another attempt
         with the same key is in flight (polling at ``idem_poll_s``, doubling), up to ``wait_s``;
         raises CONFLICT when the key was used for another request, and ``idempotency_in_progress``
@@ -175,8 +181,12 @@ class ClusterState:
                 if state == "new":
                     return None
                 if state == "mismatch":
-                    raise RouterError(ErrorKind.CONFLICT, "This Idempotency-Key was already used with a different "
-                                      "request.", param="Idempotency-Key", code="idempotency_key_reused")
+                    raise RouterError(
+                        ErrorKind.CONFLICT,
+                        "This Idempotency-Key was already used with a different request.",
+                        param="Idempotency-Key",
+                        code="idempotency_key_reused",
+                    )
                 if state == "done" and stored is not None:
                     return GenerationResult.from_dict(stored)
                 if not waiting and self._idem_waiters.get(k, 0) < self.max_idem_waiters:
@@ -184,8 +194,12 @@ class ClusterState:
                     waiting = True
                 left = deadline - time.monotonic()
                 if not waiting or left <= 0:
-                    raise RouterError(ErrorKind.CONFLICT, "A request with this Idempotency-Key is still running.",
-                                      param="Idempotency-Key", code="idempotency_in_progress")
+                    raise RouterError(
+                        ErrorKind.CONFLICT,
+                        "A request with this Idempotency-Key is still running.",
+                        param="Idempotency-Key",
+                        code="idempotency_in_progress",
+                    )
                 # Backing off: a long generation's waiters would otherwise poll Redis 10 times a second each.
                 await asyncio.sleep(min(delay, left))
                 delay = min(delay * 2, longest)
@@ -197,7 +211,7 @@ class ClusterState:
                 else:
                     del self._idem_waiters[k]
 
-    async def _begin(self, tenant: str, key: str, fingerprint: str) -> tuple[str, dict | None]:
+    async def _begin(self, tenant: str, key: str, fingerprint: str) -> tuple[str, dict[str, Any] | None]:
         held = self._local_idem.peek(tenant, key, fingerprint)
         if held is not None:  # claimed here while Redis was away, which then knows nothing of it
             return held.state, held.result
@@ -224,10 +238,21 @@ class ClusterState:
             return
         logprobs = None if final.logprobs is None else tuple(final.logprobs)
         prompt_logprobs = None if final.prompt_logprobs is None else tuple(final.prompt_logprobs)
-        await self.idempotency_store(tenant, key, GenerationResult(
-            shown_request_id(ctx.request_id), final.text, tuple(final.token_ids), final.finish_reason,
-            Usage(ctx.prompt_tokens, len(final.token_ids), final.num_cached_tokens), ctx.lane, ctx.prompt_text,
-            logprobs, prompt_logprobs))
+        await self.idempotency_store(
+            tenant,
+            key,
+            GenerationResult(
+                shown_request_id(ctx.request_id),
+                final.text,
+                tuple(final.token_ids),
+                final.finish_reason,
+                Usage(ctx.prompt_tokens, len(final.token_ids), final.num_cached_tokens),
+                ctx.lane,
+                ctx.prompt_text,
+                logprobs,
+                prompt_logprobs,
+            ),
+        )
 
     async def idempotency_store(self, tenant: str, key: str, result: GenerationResult) -> None:
         """Keep ``result`` as the answer to retries with this key (an aborted one releases the key)."""
@@ -243,17 +268,18 @@ class ClusterState:
                 pass
 
     # -- durable batch lane ----------------------------------------------------------------------
-    async def batch_get(self, job_id: str, tenant: str) -> dict | None:
+    async def batch_get(self, job_id: str, tenant: str) -> dict[str, Any] | None:
         if self.journal is None:
             return None
         try:
             st = await self.journal.get(job_id, tenant)
         except StateUnavailable:
-            raise RouterError(ErrorKind.OVERLOADED, "The batch journal (Redis) is unavailable; retry later.",
-                              retry_after_s=2.0) from None
+            raise RouterError(
+                ErrorKind.OVERLOADED, "The batch journal (Redis) is unavailable; retry later.", retry_after_s=2.0
+            ) from None
         if st is None:
             return None
-        out = {"id": job_id, "object": "batch.job", "status": st.status}
+        out: dict[str, Any] = {"id": job_id, "object": "batch.job", "status": st.status}
         if st.result is not None:
             out["result"] = st.result
         if st.error:
@@ -261,16 +287,23 @@ class ClusterState:
         return out
 
     # -- heartbeats ------------------------------------------------------------------------------
-    async def _heartbeats(self, router_payload: Callable[[], dict], pool: WorkerPool) -> None:
+    async def _heartbeats(
+        self,
+        redis: RedisState,
+        registry: WorkerRegistry,
+        index: RedisPrefixIndex,
+        router_payload: Callable[[], dict[str, Any]],
+        pool: WorkerPool,
+    ) -> None:
         """Register this router and publish the workers' load reports it sees (TTL 3 heartbeats)."""
         was_up = True
         while True:
             try:
-                await self.registry.heartbeat(self.router_id, "router", router_payload(), 3 * HEARTBEAT_S)
+                await registry.heartbeat(self.router_id, "router", router_payload(), 3 * HEARTBEAT_S)
                 for w in pool.all():
                     if w.alive and w.load is not None:
-                        await self.registry.heartbeat(w.worker_id, w.role, asdict(w.load), 3 * HEARTBEAT_S)
-                run_id = await self.redis.run_id()
+                        await registry.heartbeat(w.worker_id, w.role, asdict(w.load), 3 * HEARTBEAT_S)
+                run_id = await redis.run_id()
                 if self._redis_run_id not in (None, run_id):  # restarted between two beats, maybe empty
                     log.warning("Redis restarted: re-seeding the prefix index")
                     self._mark_stale()
@@ -278,7 +311,7 @@ class ClusterState:
                 if not was_up:
                     log.info("Redis is back: leaving degraded mode")
                 if self._index_stale:
-                    await self._reseed_index()
+                    await self._reseed_index(index)
                 was_up, self.degraded_since = True, None
             except StateUnavailable:
                 if was_up:

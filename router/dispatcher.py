@@ -25,8 +25,9 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import ray
 from ray import ObjectRef
@@ -34,12 +35,19 @@ from ray.exceptions import GetTimeoutError, RayError, RayTaskError, Unserializab
 
 from decode_worker.messages import OutputBatch, ReserveResult
 from engine.kv_events import KVCacheEvent
+from engine.lane_shares import LaneDemand
 from engine.outputs import RequestOutput
 from engine.request import FinishReason
 from engine.request_spec import RequestSpec
 from prefill_worker.messages import PrefillTask
-from router.placement import (NO_HINT, PlacementHint, choose_decode, choose_prefill, prefill_on_decode,
-                              short_prompt_still_fits)
+from router.placement import (
+    NO_HINT,
+    PlacementHint,
+    choose_decode,
+    choose_prefill,
+    prefill_on_decode,
+    short_prompt_still_fits,
+)
 from router.stream import RequestStream
 from router.tracked_request import TrackedRequest
 from router.worker_failures import WorkerFailures
@@ -81,6 +89,8 @@ class Dispatcher:
         self.local_prefill_threshold = local_prefill_threshold
         self.short_prompts_to_idle_prefill = short_prompts_to_idle_prefill
         self.poll_timeout_s = poll_timeout_s
+        # The lanes' demand, sent to the decode workers with each poll (router/lane_pressure.py; None: not sent).
+        self.lane_pressure: Callable[[], tuple[LaneDemand, ...]] | None = None
         self.call_timeout_s = call_timeout_s
         self.max_migrations = max_migrations
         self.monitor_interval_s = monitor_interval_s
@@ -92,10 +102,19 @@ class Dispatcher:
         # (the callables read this dispatcher's callbacks and methods when called: a router sets the
         # callbacks after construction, and a test double may override _call)
         self.failures = WorkerFailures(
-            pool, self._tracked, self._lock, self._stop, call=lambda ref: self._call(ref), place=self._place,
-            fail=self._fail, on_worker_reset=lambda worker_id: self.on_worker_reset(worker_id),
+            pool,
+            self._tracked,
+            self._lock,
+            self._stop,
+            call=lambda ref: self._call(ref),
+            place=self._place,
+            fail=self._fail,
+            on_worker_reset=lambda worker_id: self.on_worker_reset(worker_id),
             on_kv_events=lambda worker_id, events: self.on_kv_events(worker_id, events),
-            monitor_interval_s=monitor_interval_s, call_timeout_s=call_timeout_s, max_migrations=max_migrations)
+            monitor_interval_s=monitor_interval_s,
+            call_timeout_s=call_timeout_s,
+            max_migrations=max_migrations,
+        )
         self.num_local_prefills = 0
         self.num_disaggregated = 0
         self.num_stale_outputs = 0  # outputs of a copy given up on, dropped (_deliver)
@@ -106,7 +125,7 @@ class Dispatcher:
             self._spawn(self._poll_loop, w, f"poll-{w.worker_id}")
         self._spawn(self.failures.monitor_loop, None, "pool-monitor")
 
-    def _spawn(self, target, arg, name: str) -> None:
+    def _spawn(self, target: Callable[..., None], arg: WorkerHandle | None, name: str) -> None:
         t = threading.Thread(target=target, args=(arg,) if arg is not None else (), name=name, daemon=True)
         t.start()
         self._threads.append(t)
@@ -116,8 +135,8 @@ class Dispatcher:
         for t in self._threads:
             t.join(timeout=self.poll_timeout_s + 2)
         with self._lock:
-            for t in self._tracked.values():
-                t.stream.fail("the cluster is shutting down")
+            for tracked in self._tracked.values():
+                tracked.stream.fail("the cluster is shutting down")
             self._tracked.clear()
 
     def placement(self, request_id: str) -> tuple[str | None, str | None]:
@@ -136,8 +155,9 @@ class Dispatcher:
             return len(self._tracked)
 
     # -- requests -----------------------------------------------------------------------------
-    def submit(self, spec: RequestSpec, stream: RequestStream | None = None,
-               hint: PlacementHint = NO_HINT) -> RequestStream:
+    def submit(
+        self, spec: RequestSpec, stream: RequestStream | None = None, hint: PlacementHint = NO_HINT
+    ) -> RequestStream:
         """Place and start a request (blocking Ray calls: run it off the event loop)."""
         if spec.origin != self.origin:
             spec = replace(spec, origin=self.origin)
@@ -197,8 +217,9 @@ class Dispatcher:
                 if t.spec.request_id not in self._tracked:
                     return  # aborted meanwhile
                 if set(tried) - exclude and t.stream.token_ids:  # an earlier try delivered tokens: resume after them
-                    t.spec = replace(t.spec, resume_token_ids=tuple(t.stream.token_ids),
-                                     resume_text_chars=len(t.stream.text))
+                    t.spec = replace(
+                        t.spec, resume_token_ids=tuple(t.stream.token_ids), resume_text_chars=len(t.stream.text)
+                    )
                 t.decode_id, t.prefill_id, t.placing = d.worker_id, None, True
                 d.requests.add(t.spec.request_id)
             spec = t.spec
@@ -241,8 +262,14 @@ class Dispatcher:
     def _disaggregate(self, t: TrackedRequest, d: WorkerHandle) -> bool:
         """Reserve on D and start the prefill on P. False: prefill on D instead."""
         spec = t.spec
-        if prefill_on_decode(self.pool, spec, d, t.hint, self.local_prefill_threshold,
-                             short_to_idle_prefill=self.short_prompts_to_idle_prefill):
+        if prefill_on_decode(
+            self.pool,
+            spec,
+            d,
+            t.hint,
+            self.local_prefill_threshold,
+            short_to_idle_prefill=self.short_prompts_to_idle_prefill,
+        ):
             return False
         p = choose_prefill(self.pool, spec, t.hint)
         if p is None:
@@ -257,11 +284,13 @@ class Dispatcher:
             raise
         if not res.accepted:
             self._count_dispatched(p, -spec.num_prompt_tokens)
-            log.debug("%s refused %s (%s); prefilling it there when blocks free up", d.worker_id,
-                      spec.request_id, res.reason)
+            log.debug(
+                "%s refused %s (%s); prefilling it there when blocks free up", d.worker_id, spec.request_id, res.reason
+            )
             return False
         if spec.num_prompt_tokens < self.local_prefill_threshold and not short_prompt_still_fits(
-                p, self.local_prefill_threshold):
+            p, self.local_prefill_threshold
+        ):
             self._count_dispatched(p, -spec.num_prompt_tokens)  # P got busy: prefill it on D after all
             self._call(d.actor.prefill_locally.remote(spec.request_id, False))
             self.num_local_prefills += 1
@@ -273,8 +302,13 @@ class Dispatcher:
         except RayError as e:
             if isinstance(e, _REFUSED):  # it refused this prefill; it is not down
                 self._count_dispatched(p, -spec.num_prompt_tokens)  # and did not queue it
-                log.warning("%s refused the prefill of %s (%s); prefilling on %s", p.worker_id, spec.request_id,
-                            _cause(e), d.worker_id)
+                log.warning(
+                    "%s refused the prefill of %s (%s); prefilling on %s",
+                    p.worker_id,
+                    spec.request_id,
+                    _cause(e),
+                    d.worker_id,
+                )
             else:
                 self.failures.mark_dead(p, e)
             self._call(d.actor.prefill_locally.remote(spec.request_id))
@@ -301,8 +335,11 @@ class Dispatcher:
     def _poll_loop(self, d: WorkerHandle) -> None:
         while not self._stop.is_set():
             try:
-                batch: OutputBatch = ray.get(d.actor.poll.remote(self.poll_timeout_s, self.origin),
-                                             timeout=self.poll_timeout_s + self.call_timeout_s)
+                pressure = self.lane_pressure() if self.lane_pressure is not None else None
+                batch: OutputBatch = ray.get(
+                    d.actor.poll.remote(self.poll_timeout_s, self.origin, pressure),
+                    timeout=self.poll_timeout_s + self.call_timeout_s,
+                )
             except (RayError, GetTimeoutError) as e:
                 if not self._stop.is_set():
                     self.failures.mark_dead(d, e)

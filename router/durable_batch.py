@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict
-from typing import Protocol
+from typing import Any, Protocol
 
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
@@ -49,8 +49,9 @@ class JobRunner(Protocol):
     def lane_room(self, durable: bool = True) -> int:
         """How many more requests the durable lanes' queues take."""
 
-    async def run_durable(self, job_id: str, tenant: str, lane: str, ids: list[int], sampling: SamplingParams,
-                          prompt_text: str | None) -> GenerationResult:
+    async def run_durable(
+        self, job_id: str, tenant: str, lane: str, ids: list[int], sampling: SamplingParams, prompt_text: str | None
+    ) -> GenerationResult:
         """Run the job through the lane queues to its end."""
 
     async def stop_durable(self, job_id: str) -> None:
@@ -77,8 +78,16 @@ class JobWaitStream:
 
     async def __aiter__(self) -> AsyncIterator[StreamEvent]:
         r = await self.result()
-        yield StreamEvent(r.request_id, r.text, r.token_ids, finished=True, finish_reason=r.finish_reason,
-                          usage=r.usage, logprobs=r.logprobs, prompt_logprobs=r.prompt_logprobs)
+        yield StreamEvent(
+            r.request_id,
+            r.text,
+            r.token_ids,
+            finished=True,
+            finish_reason=r.finish_reason,
+            usage=r.usage,
+            logprobs=r.logprobs,
+            prompt_logprobs=r.prompt_logprobs,
+        )
 
     async def result(self) -> GenerationResult:
         return await self._batch.wait(self.job_id, self.tenant, self.lane)
@@ -94,9 +103,18 @@ class JobWaitStream:
 
 
 class DurableBatch:
-    def __init__(self, runner: JobRunner, keys: ResultKeys, journal: BatchJournal, consumer: str, *,
-                 idle_ms: int = 15_000, poll_s: float = 0.1, result_ttl_s: float = 86_400.0,
-                 lost_after_polls: int = 3) -> None:
+    def __init__(
+        self,
+        runner: JobRunner,
+        keys: ResultKeys,
+        journal: BatchJournal,
+        consumer: str,
+        *,
+        idle_ms: int = 15_000,
+        poll_s: float = 0.1,
+        result_ttl_s: float = 86_400.0,
+        lost_after_polls: int = 3,
+    ) -> None:
         self.runner = runner
         self.keys = keys
         self.journal = journal
@@ -109,12 +127,12 @@ class DurableBatch:
         self._done: dict[str, asyncio.Future[GenerationResult]] = {}
         self._running: dict[str, ClaimedJob] = {}  # the jobs this replica runs, by id
         self._cancelled: set[str] = set()  # of those, the ones their client cancelled
-        self._tasks: set[asyncio.Task] = set()  # the jobs this replica is running
+        self._tasks: set[asyncio.Task[object]] = set()  # the jobs this replica is running
         self._stopping = False
         self._record_retry_s = 1.0
         self.jobs_completed = 0
 
-    async def submit(self, job: dict, lane: str) -> JobWaitStream:
+    async def submit(self, job: dict[str, Any], lane: str) -> JobWaitStream:
         job_id = job["request_id"]
         created = job_id not in self._done
         self._done.setdefault(job_id, asyncio.get_running_loop().create_future())
@@ -123,8 +141,11 @@ class DurableBatch:
         except JobIdConflict:
             if created:
                 self._done.pop(job_id, None)
-            raise RouterError(ErrorKind.CONFLICT, f"request id {shown_request_id(job_id)!r} already names another "
-                                                  "batch request; choose another one", param="request_id") from None
+            raise RouterError(
+                ErrorKind.CONFLICT,
+                f"request id {shown_request_id(job_id)!r} already names another batch request; choose another one",
+                param="request_id",
+            ) from None
         except BaseException:
             if created:
                 self._done.pop(job_id, None)
@@ -151,7 +172,7 @@ class DurableBatch:
                 if fut is not None:
                     try:
                         return await asyncio.wait_for(asyncio.shield(fut), timeout=1.0)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
                 try:
                     status = await self.journal.get(job_id, tenant)
@@ -164,11 +185,17 @@ class DurableBatch:
                 if status is not None and status.status == "failed":
                     raise RouterError(ErrorKind.INTERNAL, f"batch job {shown} failed: {status.error}")
                 if status is not None and status.status == "cancelled":
-                    return (GenerationResult.from_dict(status.result) if status.result
-                            else GenerationResult(shown, "", (), FinishReason.ABORT, Usage(0, 0, 0), lane))
+                    return (
+                        GenerationResult.from_dict(status.result)
+                        if status.result
+                        else GenerationResult(shown, "", (), FinishReason.ABORT, Usage(0, 0, 0), lane)
+                    )
                 if unknown >= self.lost_after_polls:  # e.g. Redis restarted without persistence
-                    raise RouterError(ErrorKind.OVERLOADED, f"batch job {shown} is gone from the journal (Redis "
-                                      "lost its data); submit it again", retry_after_s=1.0)
+                    raise RouterError(
+                        ErrorKind.OVERLOADED,
+                        f"batch job {shown} is gone from the journal (Redis lost its data); submit it again",
+                        retry_after_s=1.0,
+                    )
                 if fut is None:
                     await asyncio.sleep(0.5)
         finally:
@@ -237,13 +264,14 @@ class DurableBatch:
                 self.journal.forget(entry)  # cancelled before it started: its entry is gone already
                 return
             sp = SamplingParams(**job["sampling"])
-            result = await self.runner.run_durable(job_id, claimed.tenant, job["lane"], job["prompt_token_ids"], sp,
-                                                   job.get("prompt_text"))
+            result = await self.runner.run_durable(
+                job_id, claimed.tenant, job["lane"], job["prompt_token_ids"], sp, job.get("prompt_text")
+            )
         except StateUnavailable as e:  # its start went unrecorded: left pending, re-run once Redis is back
             log.warning("batch job %s left to the next claim: %s", job_id, e)
             self.journal.forget(entry)
             return
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure of the job is its result (journaled)
             if self._stopping:  # the router is going away under the job, which stays pending
                 log.info("batch job %s left to the next claim: %s", job_id, e)
                 self.journal.forget(entry)
@@ -251,7 +279,7 @@ class DurableBatch:
             error = str(e)
             log.warning("batch job %s failed: %s", job_id, error)
             failed = f"batch job {shown_request_id(job_id)} failed: {error}"
-            self._answer(job_id, error=RouterError(ErrorKind.INTERNAL, failed))
+            self._answer(job_id, RouterError(ErrorKind.INTERNAL, failed))
             if await self._record(entry, lambda: self.journal.fail(job_id, entry, error, ttl_s=self.result_ttl_s)):
                 await self._release_idempotency(claimed)
             return
@@ -262,8 +290,9 @@ class DurableBatch:
         aborted = result.finish_reason == FinishReason.ABORT
         if aborted and cancelled:
             self._answer(job_id, result)
-            if await self._record(entry, lambda: self.journal.finish_cancelled(job_id, entry, result.to_dict(),
-                                                                                ttl_s=self.result_ttl_s)):
+            if await self._record(
+                entry, lambda: self.journal.finish_cancelled(job_id, entry, result.to_dict(), ttl_s=self.result_ttl_s)
+            ):
                 await self._release_idempotency(claimed)
             return
         if aborted:
@@ -273,20 +302,21 @@ class DurableBatch:
             self.journal.forget(entry)
             return
         self._answer(job_id, result)
-        if await self._record(entry, lambda: self.journal.complete(job_id, entry, result.to_dict(),
-                                                                    ttl_s=self.result_ttl_s)):
+        if await self._record(
+            entry, lambda: self.journal.complete(job_id, entry, result.to_dict(), ttl_s=self.result_ttl_s)
+        ):
             self.jobs_completed += 1
             key = job.get("idempotency_key")
             if key:
                 await self.keys.idempotency_store(claimed.tenant, key, result)
 
-    def _answer(self, job_id: str, result: GenerationResult | None = None, error: BaseException | None = None) -> None:
+    def _answer(self, job_id: str, outcome: GenerationResult | BaseException) -> None:
         fut = self._done.get(job_id)
         if fut is not None and not fut.done():
-            if error is not None:
-                fut.set_exception(error)
+            if isinstance(outcome, BaseException):
+                fut.set_exception(outcome)
             else:
-                fut.set_result(result)
+                fut.set_result(outcome)
 
     async def _record(self, entry_id: str, write: Callable[[], Awaitable[object]]) -> bool:
         """Write a job's end to the journal, retrying while Redis is away; if this router stops
@@ -308,10 +338,23 @@ class DurableBatch:
             await self.keys.idempotency_release(claimed.tenant, key)
 
 
-def job_payload(request_id: str, tenant: str, lane: str, ids: list[int], sampling: SamplingParams,
-                prompt_text: str | None, idempotency_key: str | None = None) -> dict:
-    job = {"request_id": request_id, "tenant": tenant, "lane": lane, "prompt_token_ids": list(ids),
-           "sampling": asdict(sampling), "prompt_text": prompt_text}
+def job_payload(
+    request_id: str,
+    tenant: str,
+    lane: str,
+    ids: list[int],
+    sampling: SamplingParams,
+    prompt_text: str | None,
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    job = {
+        "request_id": request_id,
+        "tenant": tenant,
+        "lane": lane,
+        "prompt_token_ids": list(ids),
+        "sampling": asdict(sampling),
+        "prompt_text": prompt_text,
+    }
     if idempotency_key:  # (absent otherwise: the same job's fingerprint as before keys existed)
         job["idempotency_key"] = idempotency_key
     return job

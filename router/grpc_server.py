@@ -9,9 +9,11 @@ translates - wire shape checks, ``authorization`` metadata, proto <-> ``router.a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
-from typing import Any, Awaitable, Callable, NoReturn, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -23,8 +25,10 @@ from router.api import ErrorKind, RouterAPI, RouterError, invalid
 from router.choices import MAX_CHOICES, Choices
 from router.grpc_gen.baton.v1 import generate_pb2 as pb
 from router.grpc_gen.baton.v1 import generate_pb2_grpc as pb_grpc
-from router.grpc_messages import request_from_proto, response_from_event
+from router.grpc_messages import parses_tools, request_from_proto, response_from_event, tool_call_deltas
 from router.request_ids import REQUEST_ID_RULE, names_a_request
+from router.tool_calls.parsers import ToolFormat, format_for_tokenizer, new_call_id
+from router.tool_calls.streaming import StreamDelta, ToolCallStream
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -32,8 +36,12 @@ T = TypeVar("T")
 GENERATION_SERVICE = pb.DESCRIPTOR.services_by_name["Generation"].full_name  # "baton.v1.Generation"
 # Router errors name OpenAI request fields (and HTTP headers); gRPC clients know them by their proto path.
 _SAMPLING_FIELDS = frozenset(pb.SamplingParameters.DESCRIPTOR.fields_by_name)
-_FIELD_PATHS = {"prompt_token_ids": "token_ids", "messages": "chat.messages", "Idempotency-Key": "idempotency_key",
-                "X-Request-Id": "request_id"}
+_FIELD_PATHS = {
+    "prompt_token_ids": "token_ids",
+    "messages": "chat.messages",
+    "Idempotency-Key": "idempotency_key",
+    "X-Request-Id": "request_id",
+}
 _PROMPT_PATHS = {"text": "text", "token_ids": "token_ids", "chat": "chat.messages"}  # by the request's input
 
 
@@ -91,8 +99,16 @@ async def _guard(context: grpc.aio.ServicerContext, call: Awaitable[T], prompt_p
 class GenerationServicer(pb_grpc.GenerationServicer):
     """``baton.v1.Generation`` on top of a ``RouterAPI``."""
 
-    def __init__(self, router: RouterAPI) -> None:
+    def __init__(self, router: RouterAPI, tool_format: ToolFormat | None = None) -> None:
         self._router = router
+        self._tool_format = tool_format  # None: the one the model's chat template teaches (at first use)
+
+    def tool_format(self) -> ToolFormat:
+        if self._tool_format is None:
+            self._tool_format = format_for_tokenizer(
+                getattr(self._router, "tokenizer", None), self._router.model_info().id
+            )
+        return self._tool_format
 
     async def _tenant(self, context: grpc.aio.ServicerContext) -> str:
         """The caller's tenant from ``authorization: Bearer <key>`` (no header: key None)."""
@@ -101,8 +117,9 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             if k.lower() == "authorization":
                 scheme, _, token = str(v).strip().partition(" ")
                 if scheme.lower() != "bearer" or not token.strip():
-                    await _abort(context, RouterError(ErrorKind.UNAUTHENTICATED,
-                                                      "authorization metadata must be 'Bearer <key>'"))
+                    await _abort(
+                        context, RouterError(ErrorKind.UNAUTHENTICATED, "authorization metadata must be 'Bearer <key>'")
+                    )
                 key = token.strip()
                 break
         try:
@@ -114,7 +131,16 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         tenant = await self._tenant(context)
         prompt_path = _PROMPT_PATHS.get(request.WhichOneof("input") or "text", "text")
         try:
-            greq = request_from_proto(request, tenant, context.time_remaining())
+            greq = request_from_proto(request, tenant, context.time_remaining(), self.tool_format)
+            trace_md = {
+                k.lower(): str(v)
+                for k, v in context.invocation_metadata() or ()
+                if k.lower() in ("traceparent", "tracestate")
+            }
+            if trace_md:  # the client's W3C trace context: the request's spans join its trace
+                greq = dataclasses.replace(
+                    greq, traceparent=trace_md.get("traceparent"), tracestate=trace_md.get("tracestate")
+                )
             n = request.n if request.HasField("n") else 1
             if not 1 <= n <= MAX_CHOICES:
                 raise invalid(f"must be in [1, {MAX_CHOICES}], got {n}", param="n")
@@ -123,6 +149,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         choices = await _guard(context, Choices.start(self._router, greq, n), prompt_path)
         left = n  # choices not finished yet; any left on exit must be stopped
         events = choices.events()
+        tools = {i: ToolCallStream(self.tool_format(), new_call_id) for i in range(n)} if parses_tools(request) else {}
         try:
             async for index, ev in events:
                 if not left:
@@ -134,6 +161,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                     await _abort(context, ev.error, prompt_path)
                 msg = response_from_event(ev, choices.lane, self._router.token_bytes)
                 msg.index = index
+                if tools:  # the text read for tool calls: markup held back, calls as deltas
+                    _with_tool_calls(msg, tools[index], ev.text, ev.finished)
                 await context.write(msg)
                 # After the last event, iterate once more rather than break, so the stream's own
                 # end-of-request code runs instead of being cut off by aclose().
@@ -168,8 +197,25 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             info = self._router.model_info()
         except RouterError as err:
             await _abort(context, err)
-        return pb.ModelInfo(id=info.id, max_model_len=info.max_model_len, vocab_size=info.vocab_size,
-                            created=info.created, lanes=info.lanes, owned_by=info.owned_by)
+        return pb.ModelInfo(
+            id=info.id,
+            max_model_len=info.max_model_len,
+            vocab_size=info.vocab_size,
+            created=info.created,
+            lanes=info.lanes,
+            owned_by=info.owned_by,
+        )
+
+
+def _with_tool_calls(msg: pb.GenerateResponse, stream: ToolCallStream, text: str, finished: bool) -> None:
+    delta = stream.feed(text)
+    if finished:
+        rest = stream.finish()
+        delta = StreamDelta(delta.content + rest.content, delta.tool_calls + rest.tool_calls)
+        if msg.finish_reason == "stop" and stream.num_calls:
+            msg.finish_reason = "tool_calls"
+    msg.text = delta.content
+    msg.tool_calls.extend(tool_call_deltas(delta))
 
 
 async def _close(events: Any) -> None:
@@ -190,7 +236,7 @@ async def _shielded(call: Awaitable[Any], what: str) -> None:
         log.exception("%s failed", what)
 
 
-class ReadinessHealthServicer(health.aio.HealthServicer):
+class ReadinessHealthServicer(health.aio.HealthServicer):  # type: ignore[misc]  # grpc_health ships no types
     """``grpc.health.v1.Health`` following ``router.readiness()``: refreshed on every Check (so a
     probe never sees a stale answer) and every ``interval_s`` for Watch streams."""
 
@@ -212,7 +258,9 @@ class ReadinessHealthServicer(health.aio.HealthServicer):
                 await self.set(service, status)
             self._last = status
 
-    async def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext):
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> health_pb2.HealthCheckResponse:
         await self.refresh()
         return await super().Check(request, context)
 
@@ -240,7 +288,9 @@ def _parse(message_type: Any) -> Callable[[bytes], Any]:
     return parse
 
 
-def _checked(method: Callable[[Any, grpc.aio.ServicerContext], Awaitable[T]]):
+def _checked(
+    method: Callable[[Any, grpc.aio.ServicerContext], Awaitable[T]],
+) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[T]]:
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> T:
         if isinstance(request, _Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
@@ -256,8 +306,11 @@ def _add_generation_service(servicer: GenerationServicer, server: grpc.aio.Serve
     for name, method in methods.items():
         make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
         request_type, response_type = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
-        handlers[name] = make(_checked(getattr(servicer, name)), request_deserializer=_parse(request_type),
-                              response_serializer=response_type.SerializeToString)
+        handlers[name] = make(
+            _checked(getattr(servicer, name)),
+            request_deserializer=_parse(request_type),
+            response_serializer=response_type.SerializeToString,
+        )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(GENERATION_SERVICE, handlers),))
     if hasattr(server, "add_registered_method_handlers"):
         server.add_registered_method_handlers(GENERATION_SERVICE, handlers)
@@ -272,9 +325,16 @@ class GrpcServer:
     ``grpc.aio`` runs handlers as coroutines, so there is no worker-thread pool to size.
     """
 
-    def __init__(self, router: RouterAPI, host: str = "127.0.0.1", port: int = 0, *,
-                 max_concurrent_rpcs: int | None = None, health_interval_s: float = 0.5,
-                 options: tuple[tuple[str, Any], ...] = ()) -> None:
+    def __init__(
+        self,
+        router: RouterAPI,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        max_concurrent_rpcs: int | None = None,
+        health_interval_s: float = 0.5,
+        options: tuple[tuple[str, Any], ...] = (),
+    ) -> None:
         self.router = router
         self.host = host
         self.requested_port = port
@@ -285,7 +345,7 @@ class GrpcServer:
         self._options = (("grpc.so_reuseport", 0), *options)
         self._server: grpc.aio.Server | None = None
         self._health: ReadinessHealthServicer | None = None
-        self._health_task: asyncio.Task | None = None
+        self._health_task: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         """Bind, register the services and start serving; returns the bound port."""
@@ -298,7 +358,7 @@ class GrpcServer:
         reflection.enable_server_reflection((GENERATION_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         address = f"[{self.host}]:{self.requested_port}" if ":" in self.host else f"{self.host}:{self.requested_port}"
         try:
-            port = server.add_insecure_port(address)
+            port: int = server.add_insecure_port(address)
         except RuntimeError as err:
             raise OSError(f"cannot bind the gRPC server to {address}: {err}") from err
         if port == 0:
@@ -326,4 +386,5 @@ class GrpcServer:
     async def wait_for_termination(self, timeout: float | None = None) -> bool:
         if self._server is None:
             return True
-        return await self._server.wait_for_termination(timeout)
+        terminated: bool = await self._server.wait_for_termination(timeout)
+        return terminated

@@ -38,11 +38,21 @@ class PoolDispatcher(Protocol):
 
     def abort(self, request_id: str) -> object: ...
 
+    def placement(self, request_id: str) -> tuple[str | None, str | None]: ...  # (decode, prefill) worker
+
 
 class LaneDispatcher:
-    def __init__(self, queues: LaneQueues, capacity: Capacity, dispatcher: PoolDispatcher,
-                 requests: RequestRegistry, policy: LanePolicy, metrics: RouterMetrics,
-                 pace_guard: PaceGuard | None, block_size: int) -> None:
+    def __init__(
+        self,
+        queues: LaneQueues,
+        capacity: Capacity,
+        dispatcher: PoolDispatcher,
+        requests: RequestRegistry,
+        policy: LanePolicy,
+        metrics: RouterMetrics,
+        pace_guard: PaceGuard | None,
+        block_size: int,
+    ) -> None:
         self._queues = queues
         self._capacity = capacity
         self._dispatcher = dispatcher
@@ -64,8 +74,11 @@ class LaneDispatcher:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = (self._queues.take(self._has_room, idle=self._capacity.idle(), held=self._held_lanes())
-                     if len(self._queues) else [])
+            batch = (
+                self._queues.take(self._has_room, idle=self._capacity.idle(), held=self._held_lanes())
+                if len(self._queues)
+                else []
+            )
             now = time.monotonic()
             for p in batch:
                 ctx: RequestContext = p.payload
@@ -82,7 +95,7 @@ class LaneDispatcher:
                 wait = 0.01 if nxt is None else min(0.01, max(0.0, nxt - time.monotonic()))
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.002))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             else:
                 await self._wake.wait()
@@ -91,8 +104,9 @@ class LaneDispatcher:
         guard = self._pace_guard
         if guard is None or not any(self._queues.depth(n) for n in guard.holdable):
             return {}
-        active = ({c.lane for c in self._requests.dispatched_contexts()}
-                  | {n for n, q in self._queues.queues.items() if q})
+        active = {c.lane for c in self._requests.dispatched_contexts()} | {
+            n for n, q in self._queues.queues.items() if q
+        }
         return guard.held(self._requests.decode_pace(), active, time.monotonic())
 
     def _has_room(self, p: Pending) -> Room:
@@ -102,6 +116,9 @@ class LaneDispatcher:
         """Place ``ctx`` on the pools (blocking: on a dispatch thread)."""
         try:
             self._dispatcher.submit(ctx.spec, ctx.stream, ctx.hint or NO_HINT)
+            if ctx.trace is not None:  # (tracing on) its dispatch span ends here
+                ctx.trace.placed = time.monotonic()
+                ctx.trace.decode_worker, ctx.trace.prefill_worker = self._dispatcher.placement(ctx.request_id)
         except Exception as e:  # never lose a request silently
             log.exception("dispatch of %s failed", ctx.request_id)
             ctx.stream.fail(f"dispatch failed: {e}")
@@ -109,11 +126,11 @@ class LaneDispatcher:
     async def abort(self, ctx: RequestContext) -> None:
         """Withdraw ``ctx`` from its lane queue, or from the pools once dispatched, and end it."""
         if self._queues.remove(ctx.request_id) is not None:
-            ctx.stream.put(RequestOutput(ctx.request_id, [], "", finished=True,
-                                         finish_reason=FinishReason.ABORT))
+            ctx.stream.put(RequestOutput(ctx.request_id, [], "", finished=True, finish_reason=FinishReason.ABORT))
         else:
-            await asyncio.get_running_loop().run_in_executor(self._abort_executor, self._dispatcher.abort,
-                                                             ctx.request_id)
+            await asyncio.get_running_loop().run_in_executor(
+                self._abort_executor, self._dispatcher.abort, ctx.request_id
+            )
         self._requests.finished(ctx)
 
     def stop(self) -> None:

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 from router.lanes import LaneConfig
 
@@ -48,6 +49,9 @@ class Room(Enum):
         return self is Room.YES
 
 
+CapacityCheck = Callable[["Pending"], Room | bool]  # what ``take`` asks of the pools about one request
+
+
 @dataclass(eq=False)
 class Pending:
     """A request admitted and waiting in a lane."""
@@ -68,7 +72,7 @@ JOURNAL_GRACE_S = 5.0  # a journaled job is claimed within a consumer poll (0.1 
 class LaneQueues:
     def __init__(self, lanes: tuple[LaneConfig, ...], quantum: int = QUANTUM_TOKENS) -> None:
         self.lanes = {lane.name: lane for lane in lanes}
-        self.order = [lane.name for lane in sorted(lanes, key=lambda l: l.priority)]
+        self.order = [lane.name for lane in sorted(lanes, key=lambda cfg: cfg.priority)]
         self.quantum = quantum
         self.queues: dict[str, deque[Pending]] = {name: deque() for name in self.order}
         self.deficit: dict[str, float] = {name: 0.0 for name in self.order}
@@ -124,7 +128,7 @@ class LaneQueues:
         w = self.lanes[lane].weight
         mine = self.queued_tokens[lane]
         ours = max(mine, self.quantum * w)  # at least one round of our own
-        ahead = mine
+        ahead: float = mine
         for name, other in self.lanes.items():
             if name != lane and self.queued_tokens[name]:
                 ahead += min(self.queued_tokens[name], ours * other.weight / w)
@@ -142,8 +146,15 @@ class LaneQueues:
         return int(ahead)
 
     # -- dispatch ---------------------------------------------------------------------------
-    def take(self, has_capacity: Callable[[Pending], bool], *, idle: bool, now: float | None = None,
-             limit: int = 64, held: dict[str, float] | None = None) -> list[Pending]:
+    def take(
+        self,
+        has_capacity: CapacityCheck,
+        *,
+        idle: bool,
+        now: float | None = None,
+        limit: int = 64,
+        held: dict[str, float] | None = None,
+    ) -> list[Pending]:
         """Pop what may be dispatched now, by deficit round robin weighted by lane, until capacity
         runs out or ``limit``. ``idle``: the pools have spare capacity (a batch window may then end
         early). A lane whose head costs more than one quantum accumulates credit over rounds.
@@ -161,8 +172,11 @@ class LaneQueues:
         frozen = self._drain(has_capacity, now, out)  # lanes that wait while the pools drain for a head
         blocked: set[str] = set(frozen)  # and lanes whose head waits for the prefill pool, this round
         while len(out) < limit:
-            ready = {n for n in self.order if n not in blocked and self.queues[n]
-                     and self._eligible(n, self.queues[n][0], now, idle)}
+            ready = {
+                n
+                for n in self.order
+                if n not in blocked and self.queues[n] and self._eligible(n, self.queues[n][0], now, idle)
+            }
             if not ready:
                 break
             for _ in range(len(self.order)):  # one pass: each ready lane's turn, from the cursor on
@@ -207,7 +221,7 @@ class LaneQueues:
                 self._end_turn()
         return out
 
-    def _drain(self, has_capacity, now: float, out: list[Pending]) -> set[str]:
+    def _drain(self, has_capacity: CapacityCheck, now: float, out: list[Pending]) -> set[str]:
         """The drain in progress: dispatch its head if it fits now (into ``out``); else the lanes that
         wait for it (its own and those no more important). Empty when there is none, or it ended."""
         starved = self.draining_for
@@ -245,12 +259,12 @@ class LaneQueues:
         others_waiting = any(q for n, q in self.queues.items() if n != lane)
         return idle and not others_waiting
 
-    def _backfill(self, lane: str, has_capacity, room: int, now: float, idle: bool) -> list[Pending]:
+    def _backfill(self, lane: str, has_capacity: CapacityCheck, room: int, now: float, idle: bool) -> list[Pending]:
         """Requests behind ``lane``'s head (which waits for the prefill pool) that the pools take now,
         in order, while the lane's credit lasts."""
         q = self.queues[lane]
         out: list[Pending] = []
-        for p in list(q)[1:BACKFILL_SCAN + 1]:
+        for p in list(q)[1 : BACKFILL_SCAN + 1]:
             if len(out) >= room or p.cost > self.deficit[lane]:
                 break
             if not self._eligible(lane, p, now, idle):
@@ -266,7 +280,7 @@ class LaneQueues:
             out.append(p)
         return out
 
-    def _same_prefix(self, lane: str, head: Pending, has_capacity, room: int) -> list[Pending]:
+    def _same_prefix(self, lane: str, head: Pending, has_capacity: CapacityCheck, room: int) -> list[Pending]:
         if self.lanes[lane].batch_window_s <= 0 or head.prefix_key is None or room <= 0:
             return []
         q = self.queues[lane]
@@ -284,6 +298,9 @@ class LaneQueues:
     def next_deadline(self, now: float | None = None) -> float | None:
         """When the earliest held (batch-window) request becomes eligible, if any."""
         now = time.monotonic() if now is None else now
-        times = [q[0].enqueued + self.lanes[n].batch_window_s for n, q in self.queues.items()
-                 if q and self.lanes[n].batch_window_s > 0]
+        times = [
+            q[0].enqueued + self.lanes[n].batch_window_s
+            for n, q in self.queues.items()
+            if q and self.lanes[n].batch_window_s > 0
+        ]
         return min(times) if times else None

@@ -30,22 +30,35 @@ class LaneConfig:
     preemptible: bool = False
     batch_window_s: float = 0.0
     durable: bool = False
+    decode_floor: float = 0.05  # its least share of decode slots while it has demand (engine/lane_shares.py)
 
     def __post_init__(self) -> None:
-        _check(bool(self.name) and self.name.replace("_", "").replace("-", "").isalnum(),
-               f"lane name must be alphanumeric (with - or _), got {self.name!r}")
+        _check(
+            bool(self.name) and self.name.replace("_", "").replace("-", "").isalnum(),
+            f"lane name must be alphanumeric (with - or _), got {self.name!r}",
+        )
         _check(self.ttft_slo_s > 0, f"lane {self.name}: ttft_slo_s must be > 0")
         _check(self.tpot_slo_s > 0, f"lane {self.name}: tpot_slo_s must be > 0")
         _check(self.weight > 0, f"lane {self.name}: weight must be > 0")
         _check(self.queue_bound >= 1, f"lane {self.name}: queue_bound must be >= 1")
         _check(self.batch_window_s >= 0, f"lane {self.name}: batch_window_s must be >= 0")
+        _check(0 <= self.decode_floor < 1, f"lane {self.name}: decode_floor must be in [0, 1)")
 
 
 def default_lanes() -> tuple[LaneConfig, ...]:
     return (
         LaneConfig("interactive", ttft_slo_s=2.0, tpot_slo_s=0.25, weight=8.0, priority=0, queue_bound=128),
-        LaneConfig("batch", ttft_slo_s=600.0, tpot_slo_s=5.0, weight=1.0, priority=2, queue_bound=4096,
-                   preemptible=True, batch_window_s=0.5, durable=True),
+        LaneConfig(
+            "batch",
+            ttft_slo_s=600.0,
+            tpot_slo_s=5.0,
+            weight=1.0,
+            priority=2,
+            queue_bound=4096,
+            preemptible=True,
+            batch_window_s=0.5,
+            durable=True,
+        ),
         LaneConfig("long_context", ttft_slo_s=60.0, tpot_slo_s=0.5, weight=2.0, priority=1, queue_bound=64),
     )
 
@@ -86,14 +99,16 @@ class LanePolicy:
 
     def __post_init__(self) -> None:
         names = [lane.name for lane in self.lanes]
-        _check(len(names) == len(set(names)) and names, "lane names must be unique and at least one lane defined")
+        _check(
+            len(names) == len(set(names)) and len(names) > 0, "lane names must be unique and at least one lane defined"
+        )
         _check(self.rules.default_lane in names, f"rules.default_lane {self.rules.default_lane!r} is not a lane")
         keys = [t.api_key for t in self.tenants if t.api_key]
         _check(len(keys) == len(set(keys)), "two tenants share an API key")
         for t in self.tenants:
             for lane in (t.allowed_lanes or ()) + ((t.default_lane,) if t.default_lane else ()):
                 _check(lane in names, f"tenant {t.name}: unknown lane {lane!r}")
-        _check(not self.auth_required or keys, "auth_required needs at least one tenant with an API key")
+        _check(not self.auth_required or len(keys) > 0, "auth_required needs at least one tenant with an API key")
 
     def lane(self, name: str) -> LaneConfig:
         for lane in self.lanes:

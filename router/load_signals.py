@@ -5,9 +5,10 @@ decode pace of finished requests, their output length, and the running requests'
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 from router.admission import (
     SERVICE_TIME_MAX_AGE_S,
@@ -26,19 +27,26 @@ class LoadSignals:
         self.decode_pace = Ewma()  # seconds per output token, from finished requests' last tokens
         self.output_tokens = Ewma(alpha=0.1)  # output length of finished requests
 
-    def finished(self, now: float, last_token_times: list[float], num_tokens: int,
-                 dispatch_to_first_token_s: float | None, prefill_queue_s: float = 0.0,
-                 prefill_compute_s: float = 0.0) -> None:
+    def finished(
+        self,
+        now: float,
+        last_token_times: list[float],
+        num_tokens: int,
+        dispatch_to_first_token_s: float | None,
+        prefill_queue_s: float = 0.0,
+        prefill_compute_s: float = 0.0,
+    ) -> None:
         """A request that ran to its end (not aborted) with ``num_tokens`` output tokens, the last of
         which arrived at ``last_token_times`` (17 are enough: the pace is the median of 16 gaps)."""
         tail = last_token_times[-17:]
-        gaps = [b - a for a, b in zip(tail, tail[1:])]
+        gaps = [b - a for a, b in itertools.pairwise(tail)]
         if len(gaps) >= 4:  # the pace at the end of its life: what running requests get now
             self.decode_pace.observe(statistics.median(gaps), now)
         self.output_tokens.observe(num_tokens, now)
         if dispatch_to_first_token_s is not None:
             self.service_overhead.observe(
-                service_overhead(dispatch_to_first_token_s, prefill_queue_s, prefill_compute_s), now)
+                service_overhead(dispatch_to_first_token_s, prefill_queue_s, prefill_compute_s), now
+            )
 
     def service_s(self, prompt_tokens: int, prefill_tokens_per_s: float, now: float | None = None) -> float | None:
         """Our own prefill at the measured rate plus the recent overhead (None: not measured yet)."""

@@ -18,14 +18,20 @@ objective: a tight lane that saturates the decode pool on its own must not starv
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from router.lanes import LaneConfig
 
 
 class PaceGuard:
-    def __init__(self, lanes: Iterable[LaneConfig], *, hold_at: float = 0.6, recent_s: float = 30.0,
-                 max_hold_fraction: float = 0.25) -> None:
+    def __init__(
+        self,
+        lanes: Iterable[LaneConfig],
+        *,
+        hold_at: float = 0.6,
+        recent_s: float = 30.0,
+        max_hold_fraction: float = 0.25,
+    ) -> None:
         if not 0 < hold_at <= 1:
             raise ValueError(f"hold_at must be in (0, 1], got {hold_at!r}")
         if not 0 <= max_hold_fraction <= 1:
@@ -57,5 +63,6 @@ class PaceGuard:
         tightest = min(tpots)
         if pace_s <= tightest * self.hold_at:
             return {}
-        return {n: lane.ttft_slo_s * self.max_hold_fraction for n, lane in self.lanes.items()
-                if lane.tpot_slo_s > tightest}
+        return {
+            n: lane.ttft_slo_s * self.max_hold_fraction for n, lane in self.lanes.items() if lane.tpot_slo_s > tightest
+        }

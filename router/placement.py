@@ -14,8 +14,8 @@ disaggregation), and which prefill worker computes its prompt (pure Python).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
-from typing import Callable
 
 from engine.request_spec import RequestSpec
 from router.worker_pool import WorkerHandle, WorkerPool
@@ -31,7 +31,7 @@ class PlacementHint:
 NO_HINT = PlacementHint()
 
 
-def choose_decode(pool: WorkerPool, exclude: set[str] = frozenset()) -> WorkerHandle | None:
+def choose_decode(pool: WorkerPool, exclude: Set[str] = frozenset()) -> WorkerHandle | None:
     cands = [w for w in pool.live("decode") if w.worker_id not in exclude]
     if not cands:
         return None
@@ -51,8 +51,15 @@ def choose_prefill(pool: WorkerPool, spec: RequestSpec, hint: PlacementHint = NO
     return min(cands, key=work)
 
 
-def prefill_on_decode(pool: WorkerPool, spec: RequestSpec, d: WorkerHandle, hint: PlacementHint,
-                      threshold_tokens: int, cached_fraction: float = 0.5, short_to_idle_prefill: bool = False) -> bool:
+def prefill_on_decode(
+    pool: WorkerPool,
+    spec: RequestSpec,
+    d: WorkerHandle,
+    hint: PlacementHint,
+    threshold_tokens: int,
+    cached_fraction: float = 0.5,
+    short_to_idle_prefill: bool = False,
+) -> bool:
     if spec.resume_token_ids or not pool.live("prefill"):
         return True
     if spec.sampling_params.prompt_logprobs is not None:
@@ -67,8 +74,9 @@ def _stays_local(pool: WorkerPool, prompt_tokens: int, threshold_tokens: int, sh
     worker would still have at most ``threshold_tokens`` queued with it."""
     if prompt_tokens >= threshold_tokens:
         return False
-    return not (short_to_idle_prefill
-                and any(_queued(w) + prompt_tokens <= threshold_tokens for w in pool.live("prefill")))
+    return not (
+        short_to_idle_prefill and any(_queued(w) + prompt_tokens <= threshold_tokens for w in pool.live("prefill"))
+    )
 
 
 def short_prompt_still_fits(p: WorkerHandle, threshold_tokens: int) -> bool:
@@ -78,8 +86,13 @@ def short_prompt_still_fits(p: WorkerHandle, threshold_tokens: int) -> bool:
     return _queued(p) <= threshold_tokens
 
 
-def prefill_queue(pool: WorkerPool, prompt_tokens: int, threshold_tokens: int,
-                  rate_of: Callable[[list[str]], float], short_to_idle_prefill: bool = False) -> tuple[int, float]:
+def prefill_queue(
+    pool: WorkerPool,
+    prompt_tokens: int,
+    threshold_tokens: int,
+    rate_of: Callable[[list[str]], float],
+    short_to_idle_prefill: bool = False,
+) -> tuple[int, float]:
     """(prompt tokens queued ahead, prefill tokens/s) where a new prompt will be computed, for the
     admission's TTFT prediction: the prefill pool, or — when conditional disaggregation will keep
     it on a decode worker (short prompt, or no prefill worker alive) — the decode worker

@@ -11,15 +11,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Sequence
 
 from engine.errors import InvalidParameterError
 from engine.model.tokenizer import Tokenizer
 from router.api import GenerateRequest, invalid
 
 
-def tokenize_request(req: GenerateRequest, tokenizer: Tokenizer | None, vocab_size: int) -> tuple[list[int], str | None]:
+def tokenize_request(
+    req: GenerateRequest, tokenizer: Tokenizer | None, vocab_size: int
+) -> tuple[list[int], str | None]:
     """(prompt token ids, the prompt text to echo back or None)."""
     given = sum(x is not None for x in (req.prompt, req.prompt_token_ids, req.messages))
     if given != 1:
@@ -35,13 +37,15 @@ def tokenize_request(req: GenerateRequest, tokenizer: Tokenizer | None, vocab_si
     elif req.messages is not None:
         if not req.messages:
             raise invalid("messages must not be empty", param="messages")
-        msgs = [{"role": m.role, "content": m.content} for m in req.messages]
+        msgs = [m.to_template() for m in req.messages]
+        tools = {"tools": [t.to_template() for t in req.tools]} if req.tools else {}  # transformers' tools=
         try:
-            text = tokenizer.apply_chat_template(msgs, add_generation_prompt=req.add_generation_prompt)
+            text = tokenizer.apply_chat_template(msgs, add_generation_prompt=req.add_generation_prompt, **tools)
         except InvalidParameterError as e:
             raise invalid(e.message, param=e.param) from None
         ids = tokenizer.encode(text, add_special_tokens=False)
     else:
+        assert req.prompt is not None  # exactly one of the three is given (checked above)
         text = req.prompt
         ids = tokenizer.encode(req.prompt)
     if not ids:
@@ -58,8 +62,9 @@ def tokenize_request(req: GenerateRequest, tokenizer: Tokenizer | None, vocab_si
 OFF_LOOP_CHARS = 32_768
 
 
-async def tokenize_off_loop(req: GenerateRequest, tokenizer: Tokenizer | None,
-                            vocab_size: int) -> tuple[list[int], str | None]:
+async def tokenize_off_loop(
+    req: GenerateRequest, tokenizer: Tokenizer | None, vocab_size: int
+) -> tuple[list[int], str | None]:
     """``tokenize_request`` for a coroutine: inline for ordinary prompts, on a thread for huge ones."""
     # (a token-id prompt's ids are each checked against the vocabulary: counted like characters)
     chars = len(req.prompt or "") + sum(len(m.content) for m in req.messages or ()) + len(req.prompt_token_ids or ())
@@ -79,8 +84,7 @@ def detokenize(token_ids: Sequence[int], tokenizer: Tokenizer | None, vocab_size
     """Token ids -> text, special tokens included (the inverse of tokenizing a prompt)."""
     if tokenizer is None:
         raise invalid("this model has no tokenizer", param="tokens")
-    bad = next((t for t in token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size),
-               None)
+    bad = next((t for t in token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size), None)
     if bad is not None:
         raise invalid(f"token id {bad!r} is outside the vocabulary [0, {vocab_size})", param="tokens")
     return tokenizer.decode(list(token_ids), skip_special_tokens=False)
@@ -91,4 +95,3 @@ def token_bytes(token_ids: Sequence[int], tokenizer: Tokenizer | None) -> list[b
     if tokenizer is None:
         return [f"token_id:{t}".encode() for t in token_ids]
     return [tokenizer.token_bytes(t) for t in token_ids]
-

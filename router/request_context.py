@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from engine.request_spec import RequestSpec
 from router.placement import NO_HINT, PlacementHint
+from router.request_trace import RequestTrace
 from router.stream import RequestStream
 
 
@@ -32,3 +33,4 @@ class RequestContext:
     durable: bool = False  # a journaled batch job: a client going away does not abort it
     deadline_task: asyncio.Task[None] | None = None  # a gRPC deadline's timer, cancelled when the request ends
     timed_tokens: int = 0  # tokens whose inter-token gaps are in the ITL histogram (over all its readers)
+    trace: RequestTrace | None = None  # set only while tracing is on (router/tracing.py)

@@ -29,8 +29,9 @@ _UNTIMED = frozenset({FinishReason.ABORT, FinishReason.ERROR})
 
 
 class RequestRegistry:
-    def __init__(self, capacity: Capacity, signals: LoadSignals, metrics: RouterMetrics,
-                 keep_result: KeepResult) -> None:
+    def __init__(
+        self, capacity: Capacity, signals: LoadSignals, metrics: RouterMetrics, keep_result: KeepResult
+    ) -> None:
         self._capacity = capacity
         self._signals = signals
         self._metrics = metrics
@@ -121,15 +122,22 @@ class RequestRegistry:
             # length (0 tokens each) towards zero, and admission would turn optimistic.
             self._metrics.request_finished(ctx.lane, s.finish_reason, ctx.prompt_tokens, len(s.token_ids), None, None)
         elif s.finished_time is not None:
-            ttft = s.first_token_time - ctx.arrival if s.first_token_time else None
-            self._metrics.request_finished(ctx.lane, s.finish_reason, ctx.prompt_tokens, len(s.token_ids), ttft,
-                                           s.finished_time - ctx.arrival)  # (its ITL went in as it streamed)
-            measured = ttft is not None and ctx.dispatched is not None
+            first, dispatched = s.first_token_time, ctx.dispatched
+            ttft = first - ctx.arrival if first else None
+            self._metrics.request_finished(
+                ctx.lane, s.finish_reason, ctx.prompt_tokens, len(s.token_ids), ttft, s.finished_time - ctx.arrival
+            )  # (its ITL went in as it streamed)
+            to_first = first - dispatched if first and dispatched is not None else None  # dispatch to first token
             bd = s.ttft_breakdown or {}
-            if measured:
-                self._metrics.ttft_breakdown(ctx.lane, {"router_queue": ctx.dispatched - ctx.arrival, **bd})
-            self._signals.finished(now, s.token_times[-17:], len(s.token_times),
-                                   s.first_token_time - ctx.dispatched if measured else None,
-                                   bd.get("prefill_queue", 0.0), bd.get("prefill_compute", 0.0))
+            if to_first is not None and dispatched is not None:
+                self._metrics.ttft_breakdown(ctx.lane, {"router_queue": dispatched - ctx.arrival, **bd})
+            self._signals.finished(
+                now,
+                s.token_times[-17:],
+                len(s.token_times),
+                to_first,
+                bd.get("prefill_queue", 0.0),
+                bd.get("prefill_compute", 0.0),
+            )
         if ctx.idempotency is not None:
             asyncio.get_running_loop().create_task(self._keep_result(*ctx.idempotency, ctx, s.final_output()))

@@ -19,8 +19,9 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from engine.block_hash import hash_blocks
 from engine.kv_events import KVCacheEvent
@@ -35,7 +36,9 @@ from router.classify import classify
 from router.cluster_state import ClusterState
 from router.dispatcher import Dispatcher
 from router.durable_batch import DurableBatch, JobWaitStream, job_payload
+from router.grammar_check import GrammarCheck
 from router.lane_dispatch import LaneDispatcher
+from router.lane_pressure import LanePressure
 from router.lane_queues import LaneQueues, Pending
 from router.lanes import LanePolicy, TenantConfig
 from router.load_signals import LoadSignals
@@ -46,10 +49,12 @@ from router.prompt_input import detokenize, request_fingerprint, token_bytes, to
 from router.request_context import RequestContext
 from router.request_ids import MAX_CHOICE_ID_LEN, names_a_request, scoped_request_id
 from router.request_registry import RequestRegistry
+from router.request_trace import RequestTrace
 from router.router_stream import ReplayStream, RouterStream, with_deadline
 from router.state.connection import StateUnavailable
 from router.stream import RequestStream
 from router.task_stop import stop_tasks
+from router.tracing import Tracing
 from router.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -59,50 +64,95 @@ log = logging.getLogger(__name__)
 class RouterConfig:
     model_name: str
     model_dir: Path
-    lanes: LanePolicy = LanePolicy()
+    lanes: LanePolicy = field(default_factory=LanePolicy)
     slo_rejection: bool = True
     slo_headroom: float = 0.75  # queue-wait estimates are divided by this before the TTFT check
     pace_guard: bool = True  # router.pace_guard: looser lanes wait while tight streams are slow
+    lane_priority: bool = True  # router.lane_pressure: decode workers share slots by lane, preempt for pace
     tenant_cache_isolation: bool = True  # each tenant's prompts hash into its own prefix-cache space
     initial_prefill_tokens_per_s: float = 1000.0
     drain_timeout_s: float = 30.0
 
 
 class Router:
-    def __init__(self, config: RouterConfig, pool: WorkerPool, dispatcher: Dispatcher,
-                 state: ClusterState | None = None) -> None:
+    def __init__(
+        self,
+        config: RouterConfig,
+        pool: WorkerPool,
+        dispatcher: Dispatcher,
+        state: ClusterState | None = None,
+        tracing: Tracing | None = None,
+    ) -> None:
         self.config = config
+        self.tracing = tracing  # None: off (router/tracing.py)
         self.pool = pool
         self.dispatcher = dispatcher
         self.state = state or ClusterState.local(dispatcher.router_id)
         self.policy = config.lanes
-        self.tokenizer = Tokenizer.from_dir(config.model_dir) if (config.model_dir / "tokenizer.json").exists() else None
-        first = next(w for w in pool.all() if w.info is not None)
+        has_tokenizer = (config.model_dir / "tokenizer.json").exists()
+        self.tokenizer = Tokenizer.from_dir(config.model_dir) if has_tokenizer else None
+        first = next(w.info for w in pool.all() if w.info is not None)
         self.max_model_len = min(w.info.max_model_len for w in pool.all() if w.info)
-        self.vocab_size = first.info.vocab_size
-        self.block_size = first.info.block_size
-        self.prom = RouterMetrics(config.model_name, loads=self._loads)
-        self.admission = Admission(self.max_model_len, self.state.rate_limiter, self.prom,
-                                   slo_rejection=config.slo_rejection, slo_headroom=config.slo_headroom)
+        self.vocab_size = first.vocab_size
+        self.grammar_check = GrammarCheck(self.tokenizer, self.vocab_size)  # structured outputs' 400s
+        self.block_size = first.block_size
+        self.prom = RouterMetrics(
+            config.model_name,
+            loads=self._loads,
+            slos={lane.name: (lane.ttft_slo_s, lane.tpot_slo_s) for lane in self.policy.lanes},
+            workers=[(w.role, w.worker_id) for w in pool.all()],
+            lane_names={lane.priority: lane.name for lane in self.policy.lanes},
+        )
+        self.admission = Admission(
+            self.max_model_len,
+            self.state.rate_limiter,
+            self.prom,
+            slo_rejection=config.slo_rejection,
+            slo_headroom=config.slo_headroom,
+        )
         self.prefill_rate = PrefillRate(config.initial_prefill_tokens_per_s)
         self.signals = LoadSignals()
         self.queues = LaneQueues(self.policy.lanes)
-        self.pace_guard = (PaceGuard(self.policy.lanes, hold_at=0.8 * config.slo_headroom) if config.pace_guard
-                           else None)
+        self.pace_guard = PaceGuard(self.policy.lanes, hold_at=0.8 * config.slo_headroom) if config.pace_guard else None
         self.capacity = Capacity(pool, local_prefill_threshold=dispatcher.local_prefill_threshold)
         self.created = int(time.time())
         self.requests = RequestRegistry(self.capacity, self.signals, self.prom, self.state.idempotency_finish)
-        self.lane_dispatch = LaneDispatcher(self.queues, self.capacity, dispatcher, self.requests, self.policy,
-                                            self.prom, self.pace_guard, self.block_size)
+        self.lane_dispatch = LaneDispatcher(
+            self.queues,
+            self.capacity,
+            dispatcher,
+            self.requests,
+            self.policy,
+            self.prom,
+            self.pace_guard,
+            self.block_size,
+        )
+        self.lane_pressure = (
+            LanePressure(
+                self.policy.lanes,
+                self.queues.depth,
+                lambda: [(c.lane, c.stream.token_times) for c in self.requests.running()],
+                self.admission.pace_refusals,
+                hold_at=0.8 * config.slo_headroom,
+            )
+            if config.lane_priority
+            else None
+        )
+        if self.lane_pressure is not None:  # sent to the decode workers with each poll
+            dispatcher.lane_pressure = self.lane_pressure.latest
         self.drain_cut = False  # set (a second Ctrl-C): a drain in progress stops waiting and aborts the rest
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[object]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self.draining = False
         dispatcher.on_kv_events = self._on_kv_events
         dispatcher.on_worker_reset = self._on_worker_reset
-        self.batch = (DurableBatch(self, self.state, self.state.journal, self.dispatcher.router_id,
-                                   idle_ms=self.state.job_idle_ms)
-                      if self.state.journal is not None else None)
+        self.batch = (
+            DurableBatch(
+                self, self.state, self.state.journal, self.dispatcher.router_id, idle_ms=self.state.job_idle_ms
+            )
+            if self.state.journal is not None
+            else None
+        )
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -133,6 +183,8 @@ class Router:
         await stop_tasks(self._tasks, "router")
         await self.state.stop()
         self.lane_dispatch.stop()
+        if self.tracing is not None:
+            self.tracing.shutdown()
 
     async def _housekeeping(self) -> None:
         """The prefill rate admission predicts with, and the lane gauges."""
@@ -146,37 +198,80 @@ class Router:
             for ctx in self.requests.dispatched_contexts():
                 running[ctx.lane] += 1
             self.prom.set_lane_gauges(waiting, running)
+            if self.lane_pressure is not None:
+                self.lane_pressure.report()
 
     # -- RouterAPI ------------------------------------------------------------------------------
     def authenticate(self, api_key: str | None) -> str:
         tenant = self.policy.tenant_for_key(api_key)
         if tenant is None or (self.policy.auth_required and tenant.api_key is None):
             if api_key is None:
-                raise RouterError(ErrorKind.UNAUTHENTICATED, "Missing API key: send 'Authorization: Bearer <key>'.",
-                                  code="missing_api_key")
+                raise RouterError(
+                    ErrorKind.UNAUTHENTICATED,
+                    "Missing API key: send 'Authorization: Bearer <key>'.",
+                    code="missing_api_key",
+                )
             raise RouterError(ErrorKind.UNAUTHENTICATED, "Incorrect API key provided.", code="invalid_api_key")
         return tenant.name
 
     async def generate(self, req: GenerateRequest) -> RouterStream | ReplayStream | JobWaitStream:
-        lane_hint = req.lane if any(lane.name == req.lane for lane in self.policy.lanes) else "none"  # a metrics label
+        if self.tracing is None:
+            return await self._generate(req, None)
+        trace = self.tracing.begin(req.traceparent, req.tracestate)
+        try:
+            return await self._generate(req, trace)
+        except RouterError as err:
+            self.tracing.rejected(trace, err)
+            raise
+
+    async def _generate(
+        self, req: GenerateRequest, trace: RequestTrace | None
+    ) -> RouterStream | ReplayStream | JobWaitStream:
+        known = req.lane is not None and any(lane.name == req.lane for lane in self.policy.lanes)
+        lane_hint = req.lane if known and req.lane is not None else "none"  # a metrics label
         if self.draining:
-            raise self.admission.reject(lane_hint, "draining", RouterError(
-                ErrorKind.OVERLOADED, "The server is shutting down; retry on another replica.", code="draining",
-                retry_after_s=5.0))
+            raise self.admission.reject(
+                lane_hint,
+                "draining",
+                RouterError(
+                    ErrorKind.OVERLOADED,
+                    "The server is shutting down; retry on another replica.",
+                    code="draining",
+                    retry_after_s=5.0,
+                ),
+            )
         tenant = self._tenant(req.tenant)
         ids, prompt_text = await tokenize_off_loop(req, self.tokenizer, self.vocab_size)
+        await self.grammar_check.check(req.sampling, req.tools)
         if not req.max_tokens_given:  # "up to the context length", as OpenAI's chat API means it
             room = self.max_model_len - len(ids)
             if room >= 1 and req.sampling.max_tokens > room:
                 req = replace(req, sampling=replace(req.sampling, max_tokens=room))
-        lane = classify(self.policy, tenant, explicit_lane=req.lane, num_prompt_tokens=len(ids), stream=req.stream,
-                        max_tokens=req.sampling.max_tokens, max_tokens_given=req.max_tokens_given)
-        self.admission.check_context(len(ids), req.sampling.max_tokens, lane, max_tokens_given=req.max_tokens_given,
-                                     prompt_param="messages" if req.messages is not None else "prompt",
-                                     max_tokens_param=req.max_tokens_param)
+        lane = classify(
+            self.policy,
+            tenant,
+            explicit_lane=req.lane,
+            num_prompt_tokens=len(ids),
+            stream=req.stream,
+            max_tokens=req.sampling.max_tokens,
+            max_tokens_given=req.max_tokens_given,
+        )
+        self.admission.check_context(
+            len(ids),
+            req.sampling.max_tokens,
+            lane,
+            max_tokens_given=req.max_tokens_given,
+            prompt_param="messages" if req.messages is not None else "prompt",
+            max_tokens_param=req.max_tokens_param,
+        )
         if not self.pool.live("decode"):
-            raise self.admission.reject(lane, "no_workers", RouterError(
-                ErrorKind.OVERLOADED, "No decode worker is available.", code="no_workers", retry_after_s=5.0))
+            raise self.admission.reject(
+                lane,
+                "no_workers",
+                RouterError(
+                    ErrorKind.OVERLOADED, "No decode worker is available.", code="no_workers", retry_after_s=5.0
+                ),
+            )
 
         shown = req.request_id or f"cmpl-{uuid.uuid4().hex[:24]}"
         rid = scoped_request_id(tenant.name, shown)  # another tenant's id is not this one's
@@ -194,7 +289,7 @@ class Router:
         # rate limits, the journal) let a concurrent request with the same id through otherwise.
         self.requests.hold(rid)
         try:
-            return await self._admit(req, rid, tenant, lane, ids, prompt_text, idem)
+            return await self._admit(req, rid, tenant, lane, ids, prompt_text, idem, trace)
         except BaseException:
             if idem:
                 await self.state.idempotency_release(*idem)
@@ -202,8 +297,17 @@ class Router:
         finally:
             self.requests.unhold(rid)
 
-    async def _admit(self, req: GenerateRequest, rid: str, tenant: TenantConfig, lane: str, ids: list[int],
-                     prompt_text: str | None, idem: tuple[str, str] | None) -> RouterStream | JobWaitStream:
+    async def _admit(
+        self,
+        req: GenerateRequest,
+        rid: str,
+        tenant: TenantConfig,
+        lane: str,
+        ids: list[int],
+        prompt_text: str | None,
+        idem: tuple[str, str] | None,
+        trace: RequestTrace | None = None,
+    ) -> RouterStream | JobWaitStream:
         """Admission, then the lane queue (or the batch journal): the rest of ``generate``."""
         lane_cfg = self.policy.lane(lane)
         if self.pace_guard is not None:
@@ -213,30 +317,62 @@ class Router:
         # lane queue right after it with no await in between: concurrent arrivals then each see
         # the ones admitted before them (an await here let a burst all see an empty queue).
         hint = NO_HINT if durable else await self._placement_hint(ids, self._salt(tenant.name))
-        queued, rate = prefill_queue(self.pool, len(ids), self.dispatcher.local_prefill_threshold,
-                                     self.prefill_rate.tokens_per_s, self.dispatcher.short_prompts_to_idle_prefill)
+        queued, rate = prefill_queue(
+            self.pool,
+            len(ids),
+            self.dispatcher.local_prefill_threshold,
+            self.prefill_rate.tokens_per_s,
+            self.dispatcher.short_prompts_to_idle_prefill,
+        )
         ahead = self.queues.requests_ahead(lane)
         free_slots = self.capacity.free_places(len(ids), req.sampling.max_tokens)  # slots, or KV if fewer
-        predicted = await self.admission.admit(AdmissionInput(
-            lane=lane_cfg, tenant=tenant, prompt_tokens=len(ids), max_tokens=req.sampling.max_tokens,
-            lane_depth=self.queues.admitted_depth(lane), tokens_ahead=self.queues.tokens_ahead(lane),
-            pool_queued_tokens=queued, prefill_tokens_per_s=rate, requests_ahead=ahead, free_seq_slots=free_slots,
-            completions_per_s=self.signals.completion_rate.per_s(),
-            service_s=self.signals.service_s(len(ids), rate), decode_pace_s=self.requests.decode_pace(),
-            running=self.signals.running((len(c.stream.token_times), c.max_tokens) for c in self.requests.running())
-            if ahead + 1 > free_slots else (), num_running=self.requests.num_dispatched,  # (built only when read)
-            expected_output_tokens=self.signals.expected_output(req.sampling.max_tokens),
-            lane_depth_now=lambda: self.queues.admitted_depth(lane), choice_charge=req.charge))
+        predicted = await self.admission.admit(
+            AdmissionInput(
+                lane=lane_cfg,
+                tenant=tenant,
+                prompt_tokens=len(ids),
+                max_tokens=req.sampling.max_tokens,
+                lane_depth=self.queues.admitted_depth(lane),
+                tokens_ahead=self.queues.tokens_ahead(lane),
+                pool_queued_tokens=queued,
+                prefill_tokens_per_s=rate,
+                requests_ahead=ahead,
+                free_seq_slots=free_slots,
+                completions_per_s=self.signals.completion_rate.per_s(),
+                service_s=self.signals.service_s(len(ids), rate),
+                decode_pace_s=(
+                    self.lane_pressure.pace(self.requests.decode_pace)
+                    if self.lane_pressure
+                    else self.requests.decode_pace()
+                ),
+                running=self.signals.running((len(c.stream.token_times), c.max_tokens) for c in self.requests.running())
+                if ahead + 1 > free_slots
+                else (),
+                num_running=self.requests.num_dispatched,  # (built only when read)
+                expected_output_tokens=self.signals.expected_output(req.sampling.max_tokens),
+                freeable_seqs=self.lane_pressure.freeable(lane) if self.lane_pressure is not None else 0,
+                yielding_tokens=(
+                    self.lane_pressure.yielding_tokens(
+                        lane, self.pool, len(ids), self.dispatcher.local_prefill_threshold
+                    )
+                    if self.lane_pressure is not None
+                    else 0
+                ),
+                lane_depth_now=lambda: self.queues.admitted_depth(lane),
+                choice_charge=req.charge,
+            )
+        )
 
-        if durable:
+        if durable and self.batch is not None:  # (durable implies a batch)
             self.queues.hold_place(rid, lane)  # before the journal's await: the bound holds for a burst
             try:  # journaled first: it survives this router; its key gets the result where it ends
-                return await self.batch.submit(job_payload(rid, tenant.name, lane, ids, req.sampling, prompt_text,
-                                                           req.idempotency_key), lane)
+                return await self.batch.submit(
+                    job_payload(rid, tenant.name, lane, ids, req.sampling, prompt_text, req.idempotency_key), lane
+                )
             except StateUnavailable:
                 log.warning("Redis unavailable: batch request %s runs without the journal", rid)
 
-        ctx = self._enqueue(rid, tenant.name, lane, ids, req.sampling, prompt_text, hint, idem)
+        ctx = self._enqueue(rid, tenant.name, lane, ids, req.sampling, prompt_text, hint, idem, trace)
         ctx.predicted_ttft_s = predicted
         out = self._stream(ctx)
         if req.deadline_s is not None:  # cancelled when the request ends (RequestRegistry.finished)
@@ -246,35 +382,68 @@ class Router:
     def _salt(self, tenant: str) -> str | None:
         return tenant if self.config.tenant_cache_isolation else None
 
-    def _enqueue(self, rid: str, tenant: str, lane: str, ids: list[int], sampling: SamplingParams,
-                 prompt_text: str | None, hint: PlacementHint, idem: tuple[str, str] | None = None) -> RequestContext:
+    def _enqueue(
+        self,
+        rid: str,
+        tenant: str,
+        lane: str,
+        ids: list[int],
+        sampling: SamplingParams,
+        prompt_text: str | None,
+        hint: PlacementHint,
+        idem: tuple[str, str] | None = None,
+        trace: RequestTrace | None = None,
+    ) -> RequestContext:
         lane_cfg = self.policy.lane(lane)
         salt = self._salt(tenant)
-        spec = RequestSpec(rid, tuple(ids), sampling, priority=lane_cfg.priority, cache_salt=salt,
-                           origin=self.dispatcher.origin, preemptible=lane_cfg.preemptible)
+        spec = RequestSpec(
+            rid,
+            tuple(ids),
+            sampling,
+            priority=lane_cfg.priority,
+            cache_salt=salt,
+            origin=self.dispatcher.origin,
+            preemptible=lane_cfg.preemptible,
+        )
         stream = RequestStream(rid, len(ids))
         stream.bind(asyncio.get_running_loop())
-        ctx = RequestContext(rid, tenant, lane, len(ids), sampling.max_tokens, stream, spec,
-                             prompt_text=prompt_text, idempotency=idem)
+        ctx = RequestContext(
+            rid, tenant, lane, len(ids), sampling.max_tokens, stream, spec, prompt_text=prompt_text, idempotency=idem
+        )
         ctx.hint = hint
+        ctx.trace = trace
         # Its end is recorded when the stream ends, not when a reader reaches the end: a choice of n
         # whose client left (or whose sibling was refused) was never read to its end, and stayed in
         # flight for good, holding a sequence slot (at ~256 of them dispatch stopped).
-        stream.when_finished(lambda: self.requests.finished(ctx))
+        tracing = self.tracing if trace is not None else None
+        if tracing is None:
+            stream.when_finished(lambda: self.requests.finished(ctx))
+        else:
+
+            def ended() -> None:
+                self.requests.finished(ctx)
+                tracing.finished(ctx)
+
+            stream.when_finished(ended)
         self.requests.add(ctx)
         first_block = hash_blocks(ids[: self.block_size], self.block_size, salt)
-        self.lane_dispatch.enqueue(Pending(rid, lane, len(ids) + min(sampling.max_tokens, 64),
-                                           first_block[0] if first_block else None, payload=ctx))
+        self.lane_dispatch.enqueue(
+            Pending(
+                rid, lane, len(ids) + min(sampling.max_tokens, 64), first_block[0] if first_block else None, payload=ctx
+            )
+        )
         return ctx
 
     def _stream(self, ctx: RequestContext) -> RouterStream:
-        return RouterStream(ctx, on_end=self.requests.finished, abort=self.lane_dispatch.abort,
-                            token_gaps=self.prom.token_gaps)
+        return RouterStream(
+            ctx, on_end=self.requests.finished, abort=self.lane_dispatch.abort, token_gaps=self.prom.token_gaps
+        )
 
-    async def run_durable(self, job_id: str, tenant: str, lane: str, ids: list[int], sampling: SamplingParams,
-                          prompt_text: str | None) -> GenerationResult:
+    async def run_durable(
+        self, job_id: str, tenant: str, lane: str, ids: list[int], sampling: SamplingParams, prompt_text: str | None
+    ) -> GenerationResult:
         """Run a journaled batch job through the lane queues (called by the durable-batch consumer)."""
-        while job_id in self.requests and not self.requests.get(job_id).durable:  # another request's id (another
+        while (other := self.requests.get(job_id)) is not None and not other.durable:  # another request's id (another
             await asyncio.sleep(0.05)  # replica queued the job): it must end first, never share its stream
         ctx = self.requests.get(job_id)  # already running here: a re-claim of our own job
         if ctx is None:
@@ -308,8 +477,13 @@ class Router:
             await self.lane_dispatch.abort(ctx)
 
     def model_info(self) -> ModelInfo:
-        return ModelInfo(self.config.model_name, self.max_model_len, self.vocab_size, self.created,
-                         tuple(lane.name for lane in self.policy.lanes))
+        return ModelInfo(
+            self.config.model_name,
+            self.max_model_len,
+            self.vocab_size,
+            self.created,
+            tuple(lane.name for lane in self.policy.lanes),
+        )
 
     def readiness(self) -> Readiness:
         if self.draining:
@@ -323,7 +497,7 @@ class Router:
     def metrics(self) -> tuple[bytes, str]:
         return self.prom.exposition()
 
-    async def batch_result(self, job_id: str, tenant: str) -> dict:
+    async def batch_result(self, job_id: str, tenant: str) -> dict[str, Any]:
         valid = names_a_request(job_id)
         job = await self.state.batch_get(scoped_request_id(tenant, job_id), tenant) if valid else None
         if job is None:
@@ -355,20 +529,26 @@ class Router:
         blocks = await self.state.prefix_lookup(hashes, workers)
         return PlacementHint({w: n * self.block_size for w, n in blocks.items() if n})
 
-    def heartbeat_payload(self) -> dict:
+    def heartbeat_payload(self) -> dict[str, Any]:
         """What this router publishes in the Redis registry."""
-        return {"in_flight": len(self.requests), "queued": len(self.queues), "draining": self.draining,
-                "lanes": {lane.name: self.queues.depth(lane.name) for lane in self.policy.lanes}}
+        return {
+            "in_flight": len(self.requests),
+            "queued": len(self.queues),
+            "draining": self.draining,
+            "lanes": {lane.name: self.queues.depth(lane.name) for lane in self.policy.lanes},
+        }
 
     def _loads(self) -> list[WorkerLoad]:
         return [w.load for w in self.pool.all() if w.alive and w.load is not None]
 
     def _on_worker_reset(self, worker_id: str) -> None:
         """From a dispatcher thread: a worker died or restarted; its prefix cache is gone."""
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self.state.forget_worker(worker_id)))
+        w = self.pool.get(worker_id)
+        self.prom.worker_reset(w.role if w is not None else "unknown", worker_id)
+        if (loop := self._loop) is not None:
+            loop.call_soon_threadsafe(lambda: loop.create_task(self.state.forget_worker(worker_id)))
 
     def _on_kv_events(self, worker_id: str, events: list[KVCacheEvent]) -> None:
         """From a poller thread: feed the cluster prefix index on the event loop."""
-        if self._loop is not None and events:
-            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self.state.prefix_apply(worker_id, events)))
+        if (loop := self._loop) is not None and events:
+            loop.call_soon_threadsafe(lambda: loop.create_task(self.state.prefix_apply(worker_id, events)))

@@ -21,9 +21,14 @@ from router.stream import RequestFailed
 
 
 class RouterStream:
-    def __init__(self, ctx: RequestContext, *, on_end: Callable[[RequestContext], None],
-                 abort: Callable[[RequestContext], Awaitable[None]],
-                 token_gaps: Callable[[str, list[float]], None]) -> None:
+    def __init__(
+        self,
+        ctx: RequestContext,
+        *,
+        on_end: Callable[[RequestContext], None],
+        abort: Callable[[RequestContext], Awaitable[None]],
+        token_gaps: Callable[[str, list[float]], None],
+    ) -> None:
         self.ctx = ctx
         self.request_id = shown_request_id(ctx.request_id)  # the client's id; ctx's is tenant-scoped
         self.lane = ctx.lane
@@ -41,18 +46,31 @@ class RouterStream:
         try:
             async for out in ctx.stream.aiter():
                 if out.finished and out.finish_reason == FinishReason.ABORT and self.deadline_hit:
-                    yield StreamEvent(self.request_id, out.text_delta, tuple(out.new_token_ids), finished=True,
-                                      finish_reason=FinishReason.ERROR, usage=self._usage(),
-                                      error=RouterError(ErrorKind.DEADLINE_EXCEEDED, "The request's deadline passed."),
-                                      logprobs=_tuple(out.logprobs))
+                    yield StreamEvent(
+                        self.request_id,
+                        out.text_delta,
+                        tuple(out.new_token_ids),
+                        finished=True,
+                        finish_reason=FinishReason.ERROR,
+                        usage=self._usage(),
+                        error=RouterError(ErrorKind.DEADLINE_EXCEEDED, "The request's deadline passed."),
+                        logprobs=_tuple(out.logprobs),
+                    )
                     return
                 self._observe_gaps(len(out.new_token_ids))
                 yield self._event(out)
                 if out.finished:
                     return
         except RequestFailed as e:
-            yield StreamEvent(self.request_id, "", (), finished=True, finish_reason=FinishReason.ERROR,
-                              usage=self._usage(), error=RouterError(ErrorKind.INTERNAL, str(e)))
+            yield StreamEvent(
+                self.request_id,
+                "",
+                (),
+                finished=True,
+                finish_reason=FinishReason.ERROR,
+                usage=self._usage(),
+                error=RouterError(ErrorKind.INTERNAL, str(e)),
+            )
         finally:
             # A consumer that stops early (client gone) leaves the request to ``abort()``.
             if ctx.stream.finished:
@@ -67,10 +85,14 @@ class RouterStream:
 
     def _event(self, out: RequestOutput) -> StreamEvent:
         return StreamEvent(
-            self.request_id, out.text_delta, tuple(out.new_token_ids), finished=out.finished,
+            self.request_id,
+            out.text_delta,
+            tuple(out.new_token_ids),
+            finished=out.finished,
             finish_reason=out.finish_reason if out.finished else None,
             stop_reason=out.stop_reason if out.finished else None,
-            usage=self._usage() if out.finished else None, logprobs=_tuple(out.logprobs),
+            usage=self._usage() if out.finished else None,
+            logprobs=_tuple(out.logprobs),
             prompt_logprobs=_tuple(out.prompt_logprobs),
         )
 
@@ -91,9 +113,17 @@ class RouterStream:
             if ev.finished:
                 reason, usage = ev.finish_reason, ev.usage
         s = self.ctx.stream  # it already keeps the logprobs the caller was sent
-        return GenerationResult(self.request_id, "".join(text), tuple(ids), reason, usage or self._usage(),
-                                self.ctx.lane, prompt_text=self.ctx.prompt_text, logprobs=_tuple(s.logprobs),
-                                prompt_logprobs=_tuple(s.prompt_logprobs))
+        return GenerationResult(
+            self.request_id,
+            "".join(text),
+            tuple(ids),
+            reason,
+            usage or self._usage(),
+            self.ctx.lane,
+            prompt_text=self.ctx.prompt_text,
+            logprobs=_tuple(s.logprobs),
+            prompt_logprobs=_tuple(s.prompt_logprobs),
+        )
 
     async def abort(self) -> None:
         """Its own request, not whatever holds its id now (a choice's id may be past the client id
@@ -117,8 +147,16 @@ class ReplayStream:
 
     async def __aiter__(self) -> AsyncIterator[StreamEvent]:
         r = self._result
-        yield StreamEvent(r.request_id, r.text, r.token_ids, finished=True, finish_reason=r.finish_reason,
-                          usage=r.usage, logprobs=r.logprobs, prompt_logprobs=r.prompt_logprobs)
+        yield StreamEvent(
+            r.request_id,
+            r.text,
+            r.token_ids,
+            finished=True,
+            finish_reason=r.finish_reason,
+            usage=r.usage,
+            logprobs=r.logprobs,
+            prompt_logprobs=r.prompt_logprobs,
+        )
 
     async def result(self) -> GenerationResult:
         return self._result

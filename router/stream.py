@@ -8,7 +8,7 @@ import asyncio
 import queue
 import threading
 import time
-from typing import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from engine.logprobs import TokenLogprob
 from engine.outputs import RequestOutput
@@ -39,7 +39,7 @@ class RequestStream:
         self.prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token, when asked for
         self._queue: queue.SimpleQueue[RequestOutput | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._async: tuple[asyncio.AbstractEventLoop, asyncio.Queue] | None = None
+        self._async: tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | None]] | None = None
         self._on_finish: Callable[[], None] | None = None  # run once on the bound loop when it ends
 
     # -- producer side (poller threads) -------------------------------------------------------
@@ -117,7 +117,7 @@ class RequestStream:
         with self._lock:
             if self._async is not None:
                 return
-            q: asyncio.Queue = asyncio.Queue()
+            q: asyncio.Queue[RequestOutput | None] = asyncio.Queue()
             while True:
                 try:
                     q.put_nowait(self._queue.get_nowait())
@@ -128,6 +128,7 @@ class RequestStream:
     async def aiter(self) -> AsyncIterator[RequestOutput]:
         """Async iteration; call from the event loop that consumes the stream."""
         self.bind(asyncio.get_running_loop())
+        assert self._async is not None  # bind set it
         q = self._async[1]
         while True:
             item = await q.get()
@@ -146,8 +147,17 @@ class RequestStream:
         return self.final_output()
 
     def final_output(self) -> RequestOutput:
-        return RequestOutput(self.request_id, [], "", finished=self.finished, finish_reason=self.finish_reason,
-                             stop_reason=self.stop_reason, num_prompt_tokens=self.num_prompt_tokens,
-                             num_cached_tokens=self.num_cached_tokens, token_ids=list(self.token_ids), text=self.text,
-                             logprobs=None if self.logprobs is None else list(self.logprobs),
-                             prompt_logprobs=self.prompt_logprobs)
+        return RequestOutput(
+            self.request_id,
+            [],
+            "",
+            finished=self.finished,
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_cached_tokens=self.num_cached_tokens,
+            token_ids=list(self.token_ids),
+            text=self.text,
+            logprobs=None if self.logprobs is None else list(self.logprobs),
+            prompt_logprobs=self.prompt_logprobs,
+        )

@@ -14,7 +14,9 @@ from collections.abc import Iterable
 log = logging.getLogger(__name__)
 
 
-async def stop_tasks(tasks: Iterable[asyncio.Task], owner: str, timeout_s: float = 5.0) -> list[asyncio.Task]:
+async def stop_tasks(
+    tasks: Iterable[asyncio.Task[object]], owner: str, timeout_s: float = 5.0
+) -> list[asyncio.Task[object]]:
     """Cancel ``tasks`` and wait up to ``timeout_s`` for them to end; returns the ones still running."""
     pending = [t for t in tasks if not t.done()]
     for t in pending:
@@ -23,6 +25,11 @@ async def stop_tasks(tasks: Iterable[asyncio.Task], owner: str, timeout_s: float
         return []
     _, late = await asyncio.wait(pending, timeout=timeout_s)
     if late:
-        log.warning("%s: %d task(s) still running %.0f s after being cancelled: %s", owner, len(late), timeout_s,
-                    ", ".join(sorted(t.get_name() for t in late)))
+        log.warning(
+            "%s: %d task(s) still running %.0f s after being cancelled: %s",
+            owner,
+            len(late),
+            timeout_s,
+            ", ".join(sorted(t.get_name() for t in late)),
+        )
     return list(late)

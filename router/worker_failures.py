@@ -28,11 +28,22 @@ class WorkerFailures:
     """Shares the dispatcher's table of tracked requests (``tracked``, guarded by ``lock``); places a
     migrated request through ``place`` (on a thread of its own) and gives one up through ``fail``."""
 
-    def __init__(self, pool: WorkerPool, tracked: dict[str, TrackedRequest], lock: threading.RLock,
-                 stop: threading.Event, *, call: Callable[[ObjectRef[Any]], Any],
-                 place: Callable[[TrackedRequest, set[str]], None], fail: Callable[[TrackedRequest, str], None],
-                 on_worker_reset: Callable[[str], None], on_kv_events: Callable[[str, list[KVCacheEvent]], None],
-                 monitor_interval_s: float, call_timeout_s: float, max_migrations: int) -> None:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        tracked: dict[str, TrackedRequest],
+        lock: threading.RLock,
+        stop: threading.Event,
+        *,
+        call: Callable[[ObjectRef[Any]], Any],
+        place: Callable[[TrackedRequest, set[str]], None],
+        fail: Callable[[TrackedRequest, str], None],
+        on_worker_reset: Callable[[str], None],
+        on_kv_events: Callable[[str, list[KVCacheEvent]], None],
+        monitor_interval_s: float,
+        call_timeout_s: float,
+        max_migrations: int,
+    ) -> None:
         self.pool = pool
         self._tracked = tracked
         self._lock = lock
@@ -65,8 +76,9 @@ class WorkerFailures:
                     self.on_restart(w)
                 if w.role == "prefill":
                     try:
-                        load, events = ray.get([w.actor.load.remote(), w.actor.take_kv_events.remote()],
-                                               timeout=self.call_timeout_s)
+                        load, events = ray.get(
+                            [w.actor.load.remote(), w.actor.take_kv_events.remote()], timeout=self.call_timeout_s
+                        )
                     except (RayError, GetTimeoutError) as e:
                         self.mark_dead(w, e)
                         continue
@@ -93,9 +105,10 @@ class WorkerFailures:
         except (RayError, GetTimeoutError) as e:
             self.mark_dead(w, e)
             return
-        restarted = w.info is not None and info.peer.incarnation != w.info.peer.incarnation
-        if restarted:
-            self._announce_gone(w, w.info.peer)
+        old = w.info
+        restarted = old is not None and info.peer.incarnation != old.peer.incarnation
+        if old is not None and restarted:
+            self._announce_gone(w, old.peer)
         w.info = info
         if restarted:
             with self.pool.lock:  # what we sent the old incarnation, and what it said it had, are gone
@@ -163,8 +176,7 @@ class WorkerFailures:
             self.num_migrations += 1
             # Resume after exactly what the caller has received: no gap, no duplicate.
             t.spec = replace(t.spec, resume_token_ids=tuple(t.stream.token_ids), resume_text_chars=len(t.stream.text))
-            log.info("migrating %s from %s after %d tokens", t.spec.request_id, d.worker_id,
-                     len(t.stream.token_ids))
+            log.info("migrating %s from %s after %d tokens", t.spec.request_id, d.worker_id, len(t.stream.token_ids))
             threading.Thread(target=self._place, args=(t, exclude), daemon=True).start()
 
 

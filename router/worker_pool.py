@@ -32,6 +32,13 @@ class WorkerHandle:
     placed_by_router: dict[str, int] = field(default_factory=dict)
 
     @property
+    def reported_info(self) -> WorkerInfo:
+        """``info``, which every live worker has (``WorkerPool.live`` lists only those)."""
+        if self.info is None:
+            raise RuntimeError(f"worker {self.worker_id} has not reported its info yet")
+        return self.info
+
+    @property
     def dispatched_tokens(self) -> int:
         """Prompt tokens dispatched here that its latest load report does not include yet."""
         return _unreported(self.dispatched_by_router, self.load.prompt_tokens_received if self.load else {})

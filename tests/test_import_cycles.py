@@ -136,8 +136,9 @@ def test_the_cycle_finder_finds_a_circle_and_its_path():
 
 def test_imports_inside_type_checking_and_functions_count():
     known = {"p": ROOT, "p.x": ROOT, "p.y": ROOT}
-    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.y import Y\n"
-                     "def f():\n    from . import x\n")
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.y import Y\ndef f():\n    from . import x\n"
+    )
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -149,5 +150,5 @@ def test_the_product_packages_have_no_import_circle():
     graph = import_graph()
     found = [c for c in circles(graph) if frozenset(c) not in KNOWN]
     assert not found, "import circles:\n" + "\n".join(
-        " -> ".join(path_in(graph, c)) + (f"  (all of {sorted(c)} are in circles)" if len(c) > 2 else "")
-        for c in found)
+        " -> ".join(path_in(graph, c)) + (f"  (all of {sorted(c)} are in circles)" if len(c) > 2 else "") for c in found
+    )

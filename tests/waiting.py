@@ -15,8 +15,9 @@ def _timed_out(timeout_s: float, message: Message, condition: object) -> str:
     return f"timed out after {timeout_s:g} s waiting for {said or condition!r}"
 
 
-def wait_until(condition: Callable[[], object], timeout_s: float = 10.0, interval_s: float = 0.01,
-               message: Message = "") -> float:
+def wait_until(
+    condition: Callable[[], object], timeout_s: float = 10.0, interval_s: float = 0.01, message: Message = ""
+) -> float:
     """Poll ``condition`` until it is truthy; return the seconds waited. Fails (AssertionError) after
     ``timeout_s``, naming ``message`` (a callable is asked only then, for what the test last saw)."""
     start = time.monotonic()
@@ -27,8 +28,12 @@ def wait_until(condition: Callable[[], object], timeout_s: float = 10.0, interva
     return time.monotonic() - start
 
 
-async def async_wait_until(condition: Callable[[], object | Awaitable[object]], timeout_s: float = 10.0,
-                           interval_s: float = 0.01, message: Message = "") -> float:
+async def async_wait_until(
+    condition: Callable[[], object | Awaitable[object]],
+    timeout_s: float = 10.0,
+    interval_s: float = 0.01,
+    message: Message = "",
+) -> float:
     """``wait_until`` for an event loop: ``condition`` may be a plain or an async callable."""
     start = time.monotonic()
     while True:

@@ -17,16 +17,41 @@ def add_parser(sub) -> None:
     o.add_argument("--threads", type=int, default=None)
     o.add_argument("--max-num-batched-tokens", type=int, default=2048)
     o.add_argument("--skip-hf", action="store_true", help="only Baton's two modes")
-    o.add_argument("--torch-path-baseline", action="store_true",
-                   help="also run (a) without the compiled CPU kernels (engine/native), as a same-run baseline")
-    o.add_argument("--repeat", type=int, default=1,
-                   help="run every system N times, rounds interleaved, and report each one's median run")
-    o.add_argument("--speculative-tokens", type=int, default=0, metavar="K",
-                   help="also run (a) and (b) with n-gram drafts of up to K tokens, reported beside them")
-    o.add_argument("--greedy-head-baseline", action="store_true",
-                   help="also run (a) and (b) computing every logit for greedy rows (the greedy head off)")
-    o.add_argument("--amx-baseline", action="store_true",
-                   help="also run (a) and (b) with the layers' larger products off AMX (where the CPU has it)")
+    o.add_argument(
+        "--torch-path-baseline",
+        action="store_true",
+        help="also run (a) without the compiled CPU kernels (engine/native), as a same-run baseline",
+    )
+    o.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every system N times, rounds interleaved, and report each one's median run",
+    )
+    o.add_argument(
+        "--speculative-tokens",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also run (a) and (b) with n-gram drafts of up to K tokens, reported beside them",
+    )
+    o.add_argument(
+        "--greedy-head-baseline",
+        action="store_true",
+        help="also run (a) and (b) computing every logit for greedy rows (the greedy head off)",
+    )
+    o.add_argument(
+        "--amx-baseline",
+        action="store_true",
+        help="also run (a) and (b) with the layers' larger products off AMX (where the CPU has it)",
+    )
+    o.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="Baton's engine sharded over N ranks (--threads each)",
+    )
     o.add_argument("--json", action="store_true")
     o.set_defaults(run=_offline)
 
@@ -42,8 +67,12 @@ def add_parser(sub) -> None:
     k.add_argument("--chunk-tokens", type=int, default=2048, help="tokens a transfer chunk carries (default 2048)")
     k.add_argument("--device", default="cpu", help="cpu, or cuda (CUDA IPC on one GPU; NCCL too with two)")
     k.add_argument("--geometry", default="smollm2-135m", help="smollm2-135m, qwen2.5-0.5b or llama-3.2-1b")
-    k.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="KV dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    k.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="KV dtype (default: float32 on CPU, bfloat16 on CUDA)",
+    )
     k.add_argument("--no-ray", action="store_true", help="peers in spawned processes instead of Ray actors")
     k.add_argument("--json", action="store_true")
     k.set_defaults(run=_kv_transfer)
@@ -72,11 +101,21 @@ def _offline(args: argparse.Namespace) -> int:
         raise ValueError(f"--repeat must be at least 1, got {args.repeat}")
     if args.speculative_tokens < 0:
         raise ValueError(f"--speculative-tokens must be 0 (off) or positive, got {args.speculative_tokens}")
-    result = run_offline(args.workload, args.model, args.n, include_hf=not args.skip_hf, threads=args.threads,
-                         max_num_batched_tokens=args.max_num_batched_tokens, repeat=args.repeat,
-                         torch_path_baseline=args.torch_path_baseline, speculative_tokens=args.speculative_tokens,
-                         greedy_head_baseline=args.greedy_head_baseline, amx_baseline=args.amx_baseline,
-                         progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+    result = run_offline(
+        args.workload,
+        args.model,
+        args.n,
+        include_hf=not args.skip_hf,
+        threads=args.threads,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        repeat=args.repeat,
+        torch_path_baseline=args.torch_path_baseline,
+        speculative_tokens=args.speculative_tokens,
+        greedy_head_baseline=args.greedy_head_baseline,
+        amx_baseline=args.amx_baseline,
+        tensor_parallel_size=args.tensor_parallel_size,
+        progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True),
+    )
     print(to_json(result) if args.json else format_table(result))
     return 0
 
@@ -99,9 +138,11 @@ def _interference(args: argparse.Namespace) -> int:
     else:
         for name in r["setups"]:
             x = r[name]
-            print(f"{name:14s} ITL p50 {x['itl_s']['p50'] * 1e3:7.1f} ms  p99 {x['itl_s']['p99'] * 1e3:7.1f} ms  "
-                  f"p99.9 {x['itl_s']['p999'] * 1e3:7.1f} ms   "
-                  f"{x['output_tok_s']:.1f} output tok/s, {x['total_tok_s']:.1f} total tok/s")
+            print(
+                f"{name:14s} ITL p50 {x['itl_s']['p50'] * 1e3:7.1f} ms  p99 {x['itl_s']['p99'] * 1e3:7.1f} ms  "
+                f"p99.9 {x['itl_s']['p999'] * 1e3:7.1f} ms   "
+                f"{x['output_tok_s']:.1f} output tok/s, {x['total_tok_s']:.1f} total tok/s"
+            )
     return 0
 
 
@@ -110,10 +151,23 @@ def _kv_transfer(args: argparse.Namespace) -> int:
 
     # Here, so that a bad flag is a `baton: error:` line (main's own parser would print its usage).
     check_args(args.lengths, args.repeats, args.chunk_tokens, args.device, args.geometry, args.dtype)
-    return main(["--lengths", args.lengths, "--repeats", str(args.repeats), "--chunk-tokens", str(args.chunk_tokens),
-                 "--device", args.device, "--geometry", args.geometry]
-                + (["--dtype", args.dtype] if args.dtype else [])
-                + (["--no-ray"] if args.no_ray else []) + (["--json"] if args.json else []))
+    return main(
+        [
+            "--lengths",
+            args.lengths,
+            "--repeats",
+            str(args.repeats),
+            "--chunk-tokens",
+            str(args.chunk_tokens),
+            "--device",
+            args.device,
+            "--geometry",
+            args.geometry,
+        ]
+        + (["--dtype", args.dtype] if args.dtype else [])
+        + (["--no-ray"] if args.no_ray else [])
+        + (["--json"] if args.json else [])
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -35,8 +35,10 @@ def run(args: argparse.Namespace) -> int:
     engine = LLMEngine(engine_config_from_args(args), progress=progress_printer(False))
     tok = require_chat_template(engine.tokenizer, engine.model_dir, "baton chat")
     if params.max_tokens >= engine.max_model_len:  # (a turn's reply is cut to what its history leaves)
-        raise ValueError(f"--max-tokens {params.max_tokens}: this model's context length is {engine.max_model_len} "
-                         "tokens, prompt included")
+        raise ValueError(
+            f"--max-tokens {params.max_tokens}: this model's context length is {engine.max_model_len} "
+            "tokens, prompt included"
+        )
     system = [{"role": "system", "content": args.system}] if args.system else []
     # Render once before the first input, so a template that cannot be used at all (several
     # templates and no default, a syntax error) ends the session now, not on every turn.

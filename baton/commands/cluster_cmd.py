@@ -23,8 +23,15 @@ def run(args: argparse.Namespace) -> int:
     from baton.config import load_config
     from baton.supervisor import run_cluster
 
-    cfg = load_config(args.config, {"cluster.ray_address": args.ray_address, "model.path": args.model,
-                                    "router.http_port": args.http_port, "router.grpc_port": args.grpc_port})
+    cfg = load_config(
+        args.config,
+        {
+            "cluster.ray_address": args.ray_address,
+            "model.path": args.model,
+            "router.http_port": args.http_port,
+            "router.grpc_port": args.grpc_port,
+        },
+    )
 
     def say(msg: str) -> None:
         print(f"[baton cluster] {msg}", file=sys.stderr, flush=True)

@@ -19,10 +19,20 @@ def add_parser(sub) -> None:
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     add_sampling_args(p)
     p.add_argument("--json", action="store_true", help="one JSON object per prompt")
-    p.add_argument("--logprobs", type=int, default=None, metavar="N",
-                   help="with --json: each token's logprob and its N most likely alternatives (0-20)")
-    p.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
-                   help="with --json: the same for the prompt's tokens (0-20)")
+    p.add_argument(
+        "--logprobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --json: each token's logprob and its N most likely alternatives (0-20)",
+    )
+    p.add_argument(
+        "--prompt-logprobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --json: the same for the prompt's tokens (0-20)",
+    )
     g = p.add_argument_group("disaggregated serving (runs through a local Ray cluster when either is set)")
     g.add_argument("--prefill-workers", type=int, default=None, help="prefill pool size")
     g.add_argument("--decode-workers", type=int, default=None, help="decode pool size")
@@ -46,13 +56,21 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                          top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop),
-                          ignore_eos=args.ignore_eos,
-                          logprobs=getattr(args, "logprobs", None),
-                          prompt_logprobs=getattr(args, "prompt_logprobs", None),
-                          presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-                          repetition_penalty=args.repetition_penalty)
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
+        stop=tuple(args.stop),
+        ignore_eos=args.ignore_eos,
+        logprobs=getattr(args, "logprobs", None),
+        prompt_logprobs=getattr(args, "prompt_logprobs", None),
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,7 +83,10 @@ def run(args: argparse.Namespace) -> int:
         from engine.engine import LLMEngine
 
         engine = LLMEngine(engine_config_from_args(args), progress=progress_printer(args.json))
-        outputs = engine.generate(_encode(engine.tokenizer, args), params)
+        try:
+            outputs = engine.generate(_encode(engine.tokenizer, args), params)
+        finally:
+            engine.close()  # (its tensor-parallel ranks, if any)
     for text, out in zip(args.prompt, outputs):
         if args.json:
             record = {
@@ -78,8 +99,10 @@ def run(args: argparse.Namespace) -> int:
             for key in ("logprobs", "prompt_logprobs"):
                 values = getattr(out, key)
                 if values is not None:
-                    record[key] = [{"token_id": lp.token_id, "logprob": lp.logprob, "top": [[t, v] for t, v in lp.top]}
-                                   for lp in values]
+                    record[key] = [
+                        {"token_id": lp.token_id, "logprob": lp.logprob, "top": [[t, v] for t, v in lp.top]}
+                        for lp in values
+                    ]
             print(json.dumps(record), flush=True)
         else:
             print(f"=== {text}\n{out.text}\n", flush=True)
@@ -95,8 +118,10 @@ def require_chat_template(tok: Tokenizer | None, model: object, command: str) ->
     if tok is None:
         raise ValueError(f"{command}: model {str(model)!r} has no tokenizer (tokenizer.json); it needs one")
     if not tok.has_chat_template:
-        raise ValueError(f"{command}: model {str(model)!r} has no chat template (none in tokenizer_config.json "
-                         "or chat_template.jinja); use `baton generate --prompt TEXT` without --chat for raw text")
+        raise ValueError(
+            f"{command}: model {str(model)!r} has no chat template (none in tokenizer_config.json "
+            "or chat_template.jinja); use `baton generate --prompt TEXT` without --chat for raw text"
+        )
     return tok
 
 
@@ -115,8 +140,13 @@ def _generate_on_cluster(args: argparse.Namespace, params):
     d = 1 if args.decode_workers is None else args.decode_workers
     if p < 0 or d < 1:
         raise ValueError("--prefill-workers must be >= 0 and --decode-workers >= 1")
-    threads = {} if args.threads is None else dict(  # per worker (the pools' own default is 1)
-        torch_threads_per_worker=args.threads, cpus_per_worker=float(args.threads))
+    threads = (
+        {}
+        if args.threads is None
+        else dict(  # per worker (the pools' own default is 1)
+            torch_threads_per_worker=args.threads, cpus_per_worker=float(args.threads)
+        )
+    )
     cfg = ClusterConfig(prefill_workers=p, decode_workers=d, engine=engine_config_from_args(args), **threads)
     with LocalCluster(cfg, progress=progress_printer(args.json)) as cluster:
         return cluster.generate(_encode(cluster.tokenizer, args), params)

@@ -25,8 +25,9 @@ def parse_slo(text: str) -> tuple[float, float]:
         key, eq, value = part.partition("=")
         key = key.strip().lower()
         if not eq or key not in ("ttft", "tpot"):
-            raise ValueError(f"--slo must be ttft=MS,tpot=MS, got {text!r} ({part.strip()!r} is not KEY=MS "
-                             "with KEY ttft or tpot)")
+            raise ValueError(
+                f"--slo must be ttft=MS,tpot=MS, got {text!r} ({part.strip()!r} is not KEY=MS with KEY ttft or tpot)"
+            )
         if key in got:
             raise ValueError(f"--slo gives {key} twice: {text!r}")
         try:
@@ -55,23 +56,38 @@ def parse_budgets(text: str, flag: str) -> tuple[int, ...]:
 def add_parser(sub) -> None:
     from baton.perf.sim.cli import add_sim_args
 
-    p = sub.add_parser("plan", help="the cheapest cluster meeting an SLO, from the simulator",
-                       description=__doc__.split("\n\n")[0])
+    p = sub.add_parser(
+        "plan", help="the cheapest cluster meeting an SLO, from the simulator", description=__doc__.split("\n\n")[0]
+    )
     add_sim_args(p, budgets=False)
     p.add_argument("--rate", required=True, help="offered requests/s")
     p.add_argument("--slo", required=True, metavar="ttft=MS,tpot=MS", help="objectives every request is scored on")
     p.add_argument("--max-workers", type=int, default=4, metavar="N", help="the most workers to consider (default 4)")
     hw = p.add_mutually_exclusive_group()
-    hw.add_argument("--gpu", dest="hardware", action="store_const", const="cuda",
-                    help="plan GPU workers (the cost model must come from a GPU)")
-    hw.add_argument("--cpu", dest="hardware", action="store_const", const="cpu",
-                    help="plan CPU workers (default: the cost model's device)")
+    hw.add_argument(
+        "--gpu",
+        dest="hardware",
+        action="store_const",
+        const="cuda",
+        help="plan GPU workers (the cost model must come from a GPU)",
+    )
+    hw.add_argument(
+        "--cpu",
+        dest="hardware",
+        action="store_const",
+        const="cpu",
+        help="plan CPU workers (default: the cost model's device)",
+    )
     p.add_argument("--target", type=float, default=0.9, help="share of requests that must meet the SLO (default 0.9)")
-    p.add_argument("--duration", type=float, default=None,
-                   help="simulated seconds of arrivals per configuration (default: enough for ~300 requests, "
-                        "60 to 600 s)")
-    p.add_argument("--prefill-chunks", default=None,
-                   help="prefill chunk sizes to try (default 512,2048; GPU 2048,8192)")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="simulated seconds of arrivals per configuration (default: enough for ~300 requests, 60 to 600 s)",
+    )
+    p.add_argument(
+        "--prefill-chunks", default=None, help="prefill chunk sizes to try (default 512,2048; GPU 2048,8192)"
+    )
     p.add_argument("--decode-budgets", default=None, help="decode token budgets to try (default as the chunks)")
     p.add_argument("--verbose", action="store_true", help="print every configuration tried")
     p.add_argument("--json", default=None, metavar="OUT", help="write every configuration's prediction here")
@@ -86,17 +102,22 @@ def _describe(e, unit: str) -> list[str]:
         return "/".join("-" if v is None else f"{v * 1e3:.0f}" for v in vals) + " ms"
 
     if c.colocated:
-        what = f"{c.decode_workers} decode {unit}{'s' if c.decode_workers > 1 else ''} (colocated), " \
-               f"token budget {c.decode_max_num_batched_tokens}"
+        what = (
+            f"{c.decode_workers} decode {unit}{'s' if c.decode_workers > 1 else ''} (colocated), "
+            f"token budget {c.decode_max_num_batched_tokens}"
+        )
     else:
-        what = (f"{c.prefill_workers} prefill + {c.decode_workers} decode {unit}s, prefill chunk "
-                f"{c.prefill_max_num_batched_tokens}, decode token budget {c.decode_max_num_batched_tokens}")
+        what = (
+            f"{c.prefill_workers} prefill + {c.decode_workers} decode {unit}s, prefill chunk "
+            f"{c.prefill_max_num_batched_tokens}, decode token budget {c.decode_max_num_batched_tokens}"
+        )
     verdict = "meets the SLO" if e.meets else "MISSES the SLO"
-    lines = [f"{c.num_workers} worker{'s' if c.num_workers > 1 else ''}: {what}",
-             f"    predicted goodput {e.goodput_rps:.3g} req/s, {e.attainment:.1%} of requests within the SLO "
-             f"({verdict})",
-             f"    TTFT p50/p90/p99 {trio(s['ttft_s'])}, TPOT {trio(s['tpot_s'])}, ITL {trio(s['itl_s'])}, "
-             f"{s['rejected']} rejected"]
+    lines = [
+        f"{c.num_workers} worker{'s' if c.num_workers > 1 else ''}: {what}",
+        f"    predicted goodput {e.goodput_rps:.3g} req/s, {e.attainment:.1%} of requests within the SLO ({verdict})",
+        f"    TTFT p50/p90/p99 {trio(s['ttft_s'])}, TPOT {trio(s['tpot_s'])}, ITL {trio(s['itl_s'])}, "
+        f"{s['rejected']} rejected",
+    ]
     return lines + ([f"    {e.extrapolation}"] if e.extrapolation else [])
 
 
@@ -126,8 +147,10 @@ def run(args: argparse.Namespace) -> int:
     hardware = args.hardware or cost.device
     if hardware != cost.device:
         flag = "--gpu" if hardware == "cuda" else "--cpu"
-        raise ValueError(f"{flag}: the cost model {args.cost_model} was profiled on {cost.device}; run `baton profile` "
-                         "on the target hardware first")
+        raise ValueError(
+            f"{flag}: the cost model {args.cost_model} was profiled on {cost.device}; run `baton profile` "
+            "on the target hardware first"
+        )
     default = GPU_BUDGETS if hardware == "cuda" else CPU_BUDGETS
     chunks = parse_budgets(args.prefill_chunks, "--prefill-chunks") if args.prefill_chunks else default
     budgets = parse_budgets(args.decode_budgets, "--decode-budgets") if args.decode_budgets else chunks
@@ -141,19 +164,38 @@ def run(args: argparse.Namespace) -> int:
 
     def progress(e) -> None:
         if args.verbose:
-            print(f"  {e.config.label():45s} {e.attainment:5.0%} within SLO, goodput {e.goodput_rps:.3g} req/s "
-                  f"({e.wall_s:.1f} s)", file=sys.stderr, flush=True)
+            print(
+                f"  {e.config.label():45s} {e.attainment:5.0%} within SLO, goodput {e.goodput_rps:.3g} req/s "
+                f"({e.wall_s:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
-    result = search(cost, requests, base=base, space=space, slo=slo,
-                    duration_s=args.duration, target=args.target, seed=args.seed, lanes=list(spec.lanes),
-                    progress=progress)
-    print(f"baton plan: workload {spec.name} at {rate:g} req/s ({len(requests)} requests over {args.duration:g} s "
-          f"simulated), SLO TTFT <= {ttft * 1e3:g} ms and TPOT <= {tpot * 1e3:g} ms for >= {args.target * 100:g}% "
-          f"of requests")
-    print(f"cost model: {cost.model.name} on {cost.device}, {args.cost_model}; a worker is what was profiled: "
-          f"{'one GPU' if hardware == 'cuda' else f'one CPU core running {cost.threads or 1} torch thread(s)'}")
-    print(f"searched {len(result.evaluated)} configurations (up to {args.max_workers} workers, prefill chunk in "
-          f"{list(chunks)}, decode budget in {list(budgets)}) in {result.wall_s:.1f} s\n")
+    result = search(
+        cost,
+        requests,
+        base=base,
+        space=space,
+        slo=slo,
+        duration_s=args.duration,
+        target=args.target,
+        seed=args.seed,
+        lanes=list(spec.lanes),
+        progress=progress,
+    )
+    print(
+        f"baton plan: workload {spec.name} at {rate:g} req/s ({len(requests)} requests over {args.duration:g} s "
+        f"simulated), SLO TTFT <= {ttft * 1e3:g} ms and TPOT <= {tpot * 1e3:g} ms for >= {args.target * 100:g}% "
+        f"of requests"
+    )
+    print(
+        f"cost model: {cost.model.name} on {cost.device}, {args.cost_model}; a worker is what was profiled: "
+        f"{'one GPU' if hardware == 'cuda' else f'one CPU core running {cost.threads or 1} torch thread(s)'}"
+    )
+    print(
+        f"searched {len(result.evaluated)} configurations (up to {args.max_workers} workers, prefill chunk in "
+        f"{list(chunks)}, decode budget in {list(budgets)}) in {result.wall_s:.1f} s\n"
+    )
     if result.best is not None:
         print("cheapest configuration meeting the SLO:")
         print("\n".join(_describe(result.best, unit)))
@@ -170,19 +212,32 @@ def run(args: argparse.Namespace) -> int:
         print("\nbest colocated configuration (no prefill pool):")
         print("\n".join(_describe(result.best_colocated, unit)) if result.best_colocated else "  none evaluated")
     if args.json:
-        out = {"schema": "baton.plan/1", "workload": spec.to_dict(), "rate": rate,
-               "slo": {"ttft_s": ttft, "tpot_s": tpot}, "target": args.target, "duration_s": args.duration,
-               "cost_model": str(args.cost_model),
-               "best": result.best.config.label() if result.best else None,
-               "best_colocated": result.best_colocated.config.label() if result.best_colocated else None,
-               "best_disaggregated": (result.best_disaggregated.config.label()
-                                      if result.best_disaggregated else None),
-               "evaluated": [{"label": e.config.label(), "prefill_workers": e.config.prefill_workers,
-                              "decode_workers": e.config.decode_workers,
-                              "prefill_chunk": e.config.prefill_max_num_batched_tokens,
-                              "decode_budget": e.config.decode_max_num_batched_tokens,
-                              "meets": e.meets, "slo_attainment": e.attainment, "goodput_rps": e.goodput_rps,
-                              "summary": e.summary} for e in result.evaluated]}
+        out = {
+            "schema": "baton.plan/1",
+            "workload": spec.to_dict(),
+            "rate": rate,
+            "slo": {"ttft_s": ttft, "tpot_s": tpot},
+            "target": args.target,
+            "duration_s": args.duration,
+            "cost_model": str(args.cost_model),
+            "best": result.best.config.label() if result.best else None,
+            "best_colocated": result.best_colocated.config.label() if result.best_colocated else None,
+            "best_disaggregated": (result.best_disaggregated.config.label() if result.best_disaggregated else None),
+            "evaluated": [
+                {
+                    "label": e.config.label(),
+                    "prefill_workers": e.config.prefill_workers,
+                    "decode_workers": e.config.decode_workers,
+                    "prefill_chunk": e.config.prefill_max_num_batched_tokens,
+                    "decode_budget": e.config.decode_max_num_batched_tokens,
+                    "meets": e.meets,
+                    "slo_attainment": e.attainment,
+                    "goodput_rps": e.goodput_rps,
+                    "summary": e.summary,
+                }
+                for e in result.evaluated
+            ],
+        }
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0 if result.best is not None else 1
 
@@ -194,12 +249,18 @@ def _why_none(evaluated: list) -> str:
     if near is None:
         return "(raise --max-workers, lower the rate, or relax the SLO)"
     s = near.summary
-    line = (f"closest: {near.config.label()}, {near.attainment:.1%} of requests within the SLO, "
-            f"{s['rejected']} of {s['requests']} rejected\n")
+    line = (
+        f"closest: {near.config.label()}, {near.attainment:.1%} of requests within the SLO, "
+        f"{s['rejected']} of {s['requests']} rejected\n"
+    )
     if s["requests"] and s["rejected"] == s["requests"]:
-        return line + ("every request was rejected in every configuration: check that the workload's lanes "
-                       "exist and that its prompts and outputs fit the model's context")
+        return line + (
+            "every request was rejected in every configuration: check that the workload's lanes "
+            "exist and that its prompts and outputs fit the model's context"
+        )
     if near.attainment == 0:
-        return line + ("no request met the SLO in any configuration, loaded or not: the objectives may be "
-                       "below what one request takes on an idle worker (its TTFT and TPOT are below)")
+        return line + (
+            "no request met the SLO in any configuration, loaded or not: the objectives may be "
+            "below what one request takes on an idle worker (its TTFT and TPOT are below)"
+        )
     return line + "(raise --max-workers, lower the rate, or relax the SLO)"

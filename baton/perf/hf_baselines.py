@@ -181,8 +181,12 @@ def run_hf_static(
             outputs.extend(generated[row, : r.max_tokens].tolist() for row, r in enumerate(batch))
         other_load, threads = load.cpus(), torch.get_num_threads()
     useful = total_output_tokens(requests)
-    details = {"batch_size": batch_size, "computed_output_tokens": computed, "threads": threads,
-               "other_load_cpus": other_load}
+    details = {
+        "batch_size": batch_size,
+        "computed_output_tokens": computed,
+        "threads": threads,
+        "other_load_cpus": other_load,
+    }
     return BaselineResult("hf-static", useful, seconds, useful / seconds if seconds > 0 else 0.0, outputs, details)
 
 

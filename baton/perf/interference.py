@@ -22,6 +22,7 @@ and throughput (output tokens/s and total prompt+output tokens/s) over the measu
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -29,6 +30,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from typing import Any
 
 from baton.cluster import ClusterConfig, LocalCluster
 from baton.perf.interference_workload import InterferenceWorkload, add_arguments, workload_from_args
@@ -45,8 +47,15 @@ def _quantiles(xs: list[float]) -> dict:
     if len(xs) < 2:
         return {"p50": None, "p90": None, "p99": None, "p999": None, "max": max(xs, default=None), "n": len(xs)}
     q = statistics.quantiles(xs, n=1000, method="inclusive")  # q[k - 1]: the k-per-mille point
-    return {"p50": statistics.median(xs), "p90": q[899], "p99": q[989], "p999": q[998], "max": max(xs),
-            "mean": statistics.fmean(xs), "n": len(xs)}
+    return {
+        "p50": statistics.median(xs),
+        "p90": q[899],
+        "p99": q[989],
+        "p999": q[998],
+        "max": max(xs),
+        "mean": statistics.fmean(xs),
+        "n": len(xs),
+    }
 
 
 def _stalls(gaps: list[float], threshold_s: float) -> dict:
@@ -55,16 +64,21 @@ def _stalls(gaps: list[float], threshold_s: float) -> dict:
     reader sees: one 1.5 s stall among a hundred 15 ms gaps is 1% of the gaps but half the time)."""
     stalled = [g for g in gaps if g >= threshold_s]
     total = sum(gaps)
-    return {"threshold_s": threshold_s, "n": len(stalled),
-            "gap_share": len(stalled) / len(gaps) if gaps else None,
-            "time_share": sum(stalled) / total if total else None}
+    return {
+        "threshold_s": threshold_s,
+        "n": len(stalled),
+        "gap_share": len(stalled) / len(gaps) if gaps else None,
+        "time_share": sum(stalled) / total if total else None,
+    }
 
 
 def drive(cluster: LocalCluster, w: InterferenceWorkload, vocab: int) -> dict:
     need = w.long_len + w.long_max_tokens
     if need > cluster.max_model_len:  # else the long prompts fail in their thread and nothing interferes
-        raise ValueError(f"--long-len {w.long_len} + {w.long_max_tokens} output tokens exceed the model's context "
-                         f"length ({cluster.max_model_len})")
+        raise ValueError(
+            f"--long-len {w.long_len} + {w.long_max_tokens} output tokens exceed the model's context "
+            f"length ({cluster.max_model_len})"
+        )
     rng = random.Random(w.seed)
     lock = threading.Lock()
     finished: list = []  # (kind, stream, submit time)
@@ -76,8 +90,10 @@ def drive(cluster: LocalCluster, w: InterferenceWorkload, vocab: int) -> dict:
         while not stop.is_set():
             prompt = [r.randrange(3, vocab) for _ in range(r.randint(*w.interactive_prompt))]
             t0 = time.monotonic()
-            s = cluster.submit(prompt, SamplingParams(max_tokens=r.randint(*w.interactive_max_tokens),
-                                                      ignore_eos=True, detokenize=False))
+            s = cluster.submit(
+                prompt,
+                SamplingParams(max_tokens=r.randint(*w.interactive_max_tokens), ignore_eos=True, detokenize=False),
+            )
             try:
                 s.result(600)
             except RequestFailed:  # the cluster shut down under it: the run is over
@@ -90,8 +106,7 @@ def drive(cluster: LocalCluster, w: InterferenceWorkload, vocab: int) -> dict:
         while not stop.wait(w.long_every_s if n else w.warmup_s / 2):
             prompt = [rng.randrange(3, vocab) for _ in range(w.long_len)]
             t0 = time.monotonic()
-            s = cluster.submit(prompt, SamplingParams(max_tokens=w.long_max_tokens, ignore_eos=True,
-                                                      detokenize=False))
+            s = cluster.submit(prompt, SamplingParams(max_tokens=w.long_max_tokens, ignore_eos=True, detokenize=False))
             n += 1
             threading.Thread(target=_await_long, args=(s, t0), daemon=True).start()
 
@@ -114,7 +129,9 @@ def drive(cluster: LocalCluster, w: InterferenceWorkload, vocab: int) -> dict:
         t.join(timeout=120)
     time.sleep(1.0)
 
-    itl, ttft_i, ttft_long = [], [], []
+    itl: list[float] = []
+    ttft_i: list[float] = []
+    ttft_long: list[float] = []
     out_tokens = prompt_tokens = 0
     with lock:
         done = list(finished)
@@ -126,7 +143,7 @@ def drive(cluster: LocalCluster, w: InterferenceWorkload, vocab: int) -> dict:
             prompt_tokens += s.num_prompt_tokens
             (ttft_i if kind == "interactive" else ttft_long).append(s.first_token_time - t0)
         if kind == "interactive":
-            itl += [b - a for a, b in zip(times, times[1:]) if window[0] <= a and b <= window[1]]
+            itl += [b - a for a, b in itertools.pairwise(times) if window[0] <= a and b <= window[1]]
     return {
         "itl_s": _quantiles(itl),
         "itl_stalls": _stalls(itl, STALL_S),
@@ -138,29 +155,56 @@ def drive(cluster: LocalCluster, w: InterferenceWorkload, vocab: int) -> dict:
     }
 
 
-def run(model: str = "default", threads: int = 1, workload: InterferenceWorkload = InterferenceWorkload(),
-        max_num_batched_tokens: int = 2048, local_prefill_threshold: int = 256, small_chunk_baseline: int = 0,
-        kv_shared_memory: bool = False, decode_prefill_token_budget: int | None = 256,
-        short_prompts_to_idle_prefill: bool = True, progress=lambda m: None) -> dict:
-    engine = EngineConfig(model=model, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens),
-                          cache=CacheConfig(kv_cache_memory_gb=1.0, shared_memory=kv_shared_memory))
+def run(
+    model: str = "default",
+    threads: int = 1,
+    workload: InterferenceWorkload = InterferenceWorkload(),  # noqa: B008 - frozen
+    max_num_batched_tokens: int = 2048,
+    local_prefill_threshold: int = 256,
+    small_chunk_baseline: int = 0,
+    kv_shared_memory: bool = False,
+    decode_prefill_token_budget: int | None = 256,
+    short_prompts_to_idle_prefill: bool = True,
+    progress=lambda m: None,
+) -> dict:
+    engine = EngineConfig(
+        model=model,
+        scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens),
+        cache=CacheConfig(kv_cache_memory_gb=1.0, shared_memory=kv_shared_memory),
+    )
     setups = {
-        "colocated": ClusterConfig(prefill_workers=0, decode_workers=1, engine=engine,
-                                   torch_threads_per_worker=2 * threads, cpus_per_worker=2 * threads),
+        "colocated": ClusterConfig(
+            prefill_workers=0,
+            decode_workers=1,
+            engine=engine,
+            torch_threads_per_worker=2 * threads,
+            cpus_per_worker=2 * threads,
+        ),
         # Short (interactive) prompts prefill on the decode worker: conditional disaggregation.
-        "disaggregated": ClusterConfig(prefill_workers=1, decode_workers=1, engine=engine,
-                                       torch_threads_per_worker=threads, cpus_per_worker=threads,
-                                       local_prefill_threshold=local_prefill_threshold,
-                                       short_prompts_to_idle_prefill=short_prompts_to_idle_prefill,
-                                       decode_prefill_token_budget=decode_prefill_token_budget),
+        "disaggregated": ClusterConfig(
+            prefill_workers=1,
+            decode_workers=1,
+            engine=engine,
+            torch_threads_per_worker=threads,
+            cpus_per_worker=threads,
+            local_prefill_threshold=local_prefill_threshold,
+            short_prompts_to_idle_prefill=short_prompts_to_idle_prefill,
+            decode_prefill_token_budget=decode_prefill_token_budget,
+        ),
     }
     if small_chunk_baseline:  # the other colocated remedy: smaller prefill chunks
         small = replace(engine, scheduler=SchedulerConfig(max_num_batched_tokens=small_chunk_baseline))
         setups[f"colocated_chunk{small_chunk_baseline}"] = replace(setups["colocated"], engine=small)
-    out = {"workload": workload.__dict__, "max_num_batched_tokens": max_num_batched_tokens, "model": model,
-           "local_prefill_threshold": local_prefill_threshold, "kv_shared_memory": kv_shared_memory,
-           "decode_prefill_token_budget": decode_prefill_token_budget,
-           "short_prompts_to_idle_prefill": short_prompts_to_idle_prefill, "setups": list(setups)}
+    out: dict[str, Any] = {
+        "workload": workload.__dict__,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "model": model,
+        "local_prefill_threshold": local_prefill_threshold,
+        "kv_shared_memory": kv_shared_memory,
+        "decode_prefill_token_budget": decode_prefill_token_budget,
+        "short_prompts_to_idle_prefill": short_prompts_to_idle_prefill,
+        "setups": list(setups),
+    }
     for name, cfg in setups.items():
         progress(f"{name}: starting")
         cluster = LocalCluster(cfg)
@@ -174,16 +218,25 @@ def run(model: str = "default", threads: int = 1, workload: InterferenceWorkload
     if c["itl_s"]["p99"] and d["itl_s"]["p99"]:
         out["p99_itl_ratio_colocated_over_disaggregated"] = c["itl_s"]["p99"] / d["itl_s"]["p99"]
         out["p999_itl_ratio_colocated_over_disaggregated"] = c["itl_s"]["p999"] / d["itl_s"]["p999"]
-    out["throughput_ratio_disaggregated_over_colocated"] = d["total_tok_s"] / c["total_tok_s"] if c["total_tok_s"] else None
+    out["throughput_ratio_disaggregated_over_colocated"] = (
+        d["total_tok_s"] / c["total_tok_s"] if c["total_tok_s"] else None
+    )
     return out
 
 
 def run_from_args(a: argparse.Namespace) -> dict:
-    return run(a.model, threads=1, workload=workload_from_args(a), max_num_batched_tokens=a.max_num_batched_tokens,
-               local_prefill_threshold=a.local_prefill_threshold, small_chunk_baseline=a.small_chunk_baseline,
-               kv_shared_memory=a.kv_shared_memory, decode_prefill_token_budget=a.decode_prefill_budget or None,
-               short_prompts_to_idle_prefill=a.short_prompts_to_idle_prefill == "on",
-               progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+    return run(
+        a.model,
+        threads=1,
+        workload=workload_from_args(a),
+        max_num_batched_tokens=a.max_num_batched_tokens,
+        local_prefill_threshold=a.local_prefill_threshold,
+        small_chunk_baseline=a.small_chunk_baseline,
+        kv_shared_memory=a.kv_shared_memory,
+        decode_prefill_token_budget=a.decode_prefill_budget or None,
+        short_prompts_to_idle_prefill=a.short_prompts_to_idle_prefill == "on",
+        progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,7 @@ import shutil
 import statistics
 import threading
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,15 +36,16 @@ from baton.perf.random_model import PUBLISHED
 from engine.host_memory import available_bytes as _available_memory  # (a module global: tests patch it)
 from kv_transfer.agent import TransferAgent
 from kv_transfer.local_kv import locality
-from kv_transfer.pair_group import connect_store, form_pair_group
+from kv_transfer.pair_group import PairGroup, connect_store, form_pair_group
 from kv_transfer.peer import PeerInfo, StoreAddress
 
 
 def _kv_geometry(cfg: dict, block_size: int = 16) -> dict:
     """A model configuration's KV cache shape per token (what a transfer moves)."""
     head_dim = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
-    return dict(layers=cfg["num_hidden_layers"], kv_heads=cfg["num_key_value_heads"], head_dim=head_dim,
-                block_size=block_size)
+    return dict(
+        layers=cfg["num_hidden_layers"], kv_heads=cfg["num_key_value_heads"], head_dim=head_dim, block_size=block_size
+    )
 
 
 GEOMETRIES = {
@@ -70,8 +72,9 @@ def run_bytes(lengths: list[int], geometry: dict, dtype: str) -> int:
     return _block_bytes(geometry, dtype) * blocks
 
 
-def check_args(lengths: str, repeats: int, chunk_tokens: int, device: str, geometry: str,
-               dtype: str | None) -> list[int]:
+def check_args(
+    lengths: str, repeats: int, chunk_tokens: int, device: str, geometry: str, dtype: str | None
+) -> list[int]:
     """The prompt lengths; ValueError naming the flag that is not valid, before any peer starts."""
     try:
         out = [int(x) for x in str(lengths).split(",")]
@@ -80,8 +83,10 @@ def check_args(lengths: str, repeats: int, chunk_tokens: int, device: str, geome
     if not out or min(out) <= 0:
         raise ValueError(f"--lengths must be positive token counts, got {lengths!r}")
     if max(out) > MAX_LENGTH:
-        raise ValueError(f"--lengths must be at most {MAX_LENGTH} tokens (the longest context of the "
-                         f"geometries' models), got {max(out)}")
+        raise ValueError(
+            f"--lengths must be at most {MAX_LENGTH} tokens (the longest context of the "
+            f"geometries' models), got {max(out)}"
+        )
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
     if chunk_tokens < 1:
@@ -99,23 +104,35 @@ def check_args(lengths: str, repeats: int, chunk_tokens: int, device: str, geome
         need = run_bytes(out, g, dt)
         have = _available_memory()
         if have is not None and need > have:
-            raise ValueError(f"--lengths {lengths}: the run needs about {need / 2**30:.1f} GiB of memory "
-                             f"({geometry}, {dt}) but {have / 2**30:.1f} GiB is available: "
-                             "shorter lengths, or fewer of them")
+            raise ValueError(
+                f"--lengths {lengths}: the run needs about {need / 2**30:.1f} GiB of memory "
+                f"({geometry}, {dt}) but {have / 2**30:.1f} GiB is available: "
+                "shorter lengths, or fewer of them"
+            )
         shm = 2 * (max(out) // g["block_size"] + 1) * _block_bytes(g, dt)  # the local pair's caches live there
         try:
             shm_free = shutil.disk_usage("/dev/shm").free
         except OSError:
             shm_free = None
         if shm_free is not None and shm > shm_free:
-            raise ValueError(f"--lengths {lengths}: the local path's caches need about {shm / 2**30:.1f} GiB of "
-                             f"/dev/shm but {shm_free / 2**30:.1f} GiB is free: shorter lengths")
+            raise ValueError(
+                f"--lengths {lengths}: the local path's caches need about {shm / 2**30:.1f} GiB of "
+                f"/dev/shm but {shm_free / 2**30:.1f} GiB is free: shorter lengths"
+            )
     return out
 
 
 class BenchPeer:
-    def __init__(self, role: str, store: StoreAddress, num_blocks: int, geometry: dict, shared: bool = False,
-                 device: str = "cpu", dtype: str = "float32") -> None:
+    def __init__(
+        self,
+        role: str,
+        store: StoreAddress,
+        num_blocks: int,
+        geometry: dict,
+        shared: bool = False,
+        device: str = "cpu",
+        dtype: str = "float32",
+    ) -> None:
         torch.set_num_threads(1)
         g = geometry
         shape = (num_blocks, g["layers"], 2, g["block_size"], g["kv_heads"], g["head_dim"])
@@ -141,9 +158,15 @@ class BenchPeer:
         self.store = store
         self.done = threading.Condition()
         self.acked: dict[str, float] = {}
-        self.agent = TransferAgent(self.peer, store, self.kv, on_received=self._received,
-                                   on_acked=self._acked, kv_segment_name=self.segment.name if self.segment else None)
-        self.raw_group = None
+        self.agent = TransferAgent(
+            self.peer,
+            store,
+            self.kv,
+            on_received=self._received,
+            on_acked=self._acked,
+            kv_segment_name=self.segment.name if self.segment else None,
+        )
+        self.raw_group: PairGroup | None = None
         self._raw_buffers: dict[int, torch.Tensor] = {}
 
     def info(self) -> PeerInfo:
@@ -192,13 +215,15 @@ class BenchPeer:
         t = self._raw_buffers.get(num_bytes)
         if t is None:
             t = self._raw_buffers[num_bytes] = torch.zeros(num_bytes // 4, dtype=torch.float32, device=dev)
+        group = self.raw_group
+        assert group is not None, "connect_raw first"
         t0 = time.perf_counter()
         if send:
-            self.raw_group.send([t], self.raw_peer, 1).wait()
-            self.raw_group.recv([torch.empty(1, device=dev)], self.raw_peer, 2).wait()  # round trip, like the ack
+            group.send([t], self.raw_peer, 1).wait()
+            group.recv([torch.empty(1, device=dev)], self.raw_peer, 2).wait()  # round trip, like the ack
         else:
-            self.raw_group.recv([t], self.raw_peer, 1).wait()
-            self.raw_group.send([torch.ones(1, device=dev)], self.raw_peer, 2).wait()
+            group.recv([t], self.raw_peer, 1).wait()
+            group.send([torch.ones(1, device=dev)], self.raw_peer, 2).wait()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)  # NCCL's wait() only orders streams
         return time.perf_counter() - t0
@@ -209,7 +234,8 @@ class _Actors:
     installed (baton/perf/proc_actor.py). Calls in one ``get`` run at the same time."""
 
     def __init__(self, use_ray: bool) -> None:
-        self.use_ray, self._own_ray, self._started = use_ray, False, []
+        self.use_ray, self._own_ray = use_ray, False
+        self._started: list[Any] = []  # Any: Ray actor handles or ProcActors, both called by their methods' names
         if use_ray:
             import ray
 
@@ -257,8 +283,15 @@ def _copy_seconds(src: torch.Tensor, dst: torch.Tensor, copies: int = 10) -> flo
     return start.elapsed_time(end) / 1e3 / copies
 
 
-def run(lengths: list[int], repeats: int = 5, chunk_tokens: int = 2048, geometry: dict | None = None,
-        device: str = "cpu", dtype: str | None = None, use_ray: bool = True) -> dict:
+def run(
+    lengths: list[int],
+    repeats: int = 5,
+    chunk_tokens: int = 2048,
+    geometry: dict | None = None,
+    device: str = "cpu",
+    dtype: str | None = None,
+    use_ray: bool = True,
+) -> dict:
     """The wire path (gloo on CPU; NCCL between two GPUs) against a raw send/recv, and the local
     path (shared memory on CPU; CUDA IPC on one GPU) against a copy on the device."""
     g = geometry or GEOMETRIES["smollm2-135m"]  # fp32: 46 KB of KV a token
@@ -273,8 +306,9 @@ def run(lengths: list[int], repeats: int = 5, chunk_tokens: int = 2048, geometry
         local_device = "cuda:0"
     else:
         wire_devices, local_device = ("cpu", "cpu"), "cpu"
-    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                           timeout=datetime.timedelta(seconds=60))
+    master = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+    )
     store = StoreAddress("127.0.0.1", master.port)
     actors = _Actors(use_ray)
     # This process works on one thread, as the peers do: a parallel copy or randn here would leave
@@ -319,33 +353,44 @@ def run(lengths: list[int], repeats: int = 5, chunk_tokens: int = 2048, geometry
                         lat.append(t)
                         raw.append(rs)
             ms, lms, cs = (statistics.median(lat) if lat else None), statistics.median(local), statistics.median(copy)
-            results.append({
-                "prompt_tokens": length,
-                "blocks": n,
-                "bytes": nbytes,
-                "latency_ms_median": ms * 1e3 if ms else None,
-                "throughput_gb_s": nbytes / ms / 1e9 if ms else None,
-                "raw_send_recv_ms_median": statistics.median(raw) * 1e3 if raw else None,
-                "raw_send_recv_gb_s": nbytes / statistics.median(raw) / 1e9 if raw else None,
-                "memcpy_gb_s": nbytes / cs / 1e9,  # bytes copied a second (a D2D copy on CUDA)
-                "fraction_of_raw": statistics.median(raw) / ms if ms else None,
-                "local_latency_ms_median": lms * 1e3,
-                "local_throughput_gb_s": nbytes / lms / 1e9,
-                "local_fraction_of_copy": cs / lms,
-                "local_speedup": ms / lms if ms else None,
-            })
+            results.append(
+                {
+                    "prompt_tokens": length,
+                    "blocks": n,
+                    "bytes": nbytes,
+                    "latency_ms_median": ms * 1e3 if ms else None,
+                    "throughput_gb_s": nbytes / ms / 1e9 if ms else None,
+                    "raw_send_recv_ms_median": statistics.median(raw) * 1e3 if raw else None,
+                    "raw_send_recv_gb_s": nbytes / statistics.median(raw) / 1e9 if raw else None,
+                    "memcpy_gb_s": nbytes / cs / 1e9,  # bytes copied a second (a D2D copy on CUDA)
+                    "fraction_of_raw": statistics.median(raw) / ms if ms else None,
+                    "local_latency_ms_median": lms * 1e3,
+                    "local_throughput_gb_s": nbytes / lms / 1e9,
+                    "local_fraction_of_copy": cs / lms,
+                    "local_speedup": ms / lms if ms else None,
+                }
+            )
         pairs = [lp, ld] + ([p, d] if wire_devices else [])
         actors.get([actors.call(a, "release") for a in pairs])
     finally:
         actors.stop()
         torch.set_num_threads(threads)
     if dev.type == "cuda":
-        backend = "NCCL between two GPUs, CUDA IPC on one" if wire_devices else "CUDA IPC on one GPU (one GPU: no NCCL pair)"
+        backend = (
+            "NCCL between two GPUs, CUDA IPC on one" if wire_devices else "CUDA IPC on one GPU (one GPU: no NCCL pair)"
+        )
         name = torch.cuda.get_device_name(0)
     else:
         backend, name = "gloo (CPU)", "cpu"
-    return {"backend": backend, "device": name, "dtype": dtype, "geometry": g, "chunk_tokens": chunk_tokens,
-            "repeats": repeats, "results": results}
+    return {
+        "backend": backend,
+        "device": name,
+        "dtype": dtype,
+        "geometry": g,
+        "chunk_tokens": chunk_tokens,
+        "repeats": repeats,
+        "results": results,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,8 +400,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-tokens", type=int, default=2048)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (CUDA IPC on one GPU; NCCL too with two)")
     ap.add_argument("--geometry", default="smollm2-135m", choices=sorted(GEOMETRIES))
-    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                    help="KV dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    ap.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="KV dtype (default: float32 on CPU, bfloat16 on CUDA)",
+    )
     ap.add_argument("--no-ray", action="store_true", help="peers in spawned processes instead of Ray actors")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -369,12 +418,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(r, indent=2))
     else:
         for x in r["results"]:
-            wire = (f"{x['latency_ms_median']:7.1f} ms, {x['throughput_gb_s']:.2f} GB/s; raw send/recv "
-                    f"{x['raw_send_recv_gb_s']:.2f} GB/s ({x['fraction_of_raw'] * 100:.0f}% of it)"
-                    if x["latency_ms_median"] else "no wire path")
-            print(f"{x['prompt_tokens']:5d} tokens ({x['bytes'] / 2**20:6.1f} MiB): {wire}; copy "
-                  f"{x['memcpy_gb_s']:.1f} GB/s; local path {x['local_latency_ms_median']:.1f} ms, "
-                  f"{x['local_throughput_gb_s']:.2f} GB/s ({x['local_fraction_of_copy'] * 100:.0f}% of the copy)")
+            wire = (
+                f"{x['latency_ms_median']:7.1f} ms, {x['throughput_gb_s']:.2f} GB/s; raw send/recv "
+                f"{x['raw_send_recv_gb_s']:.2f} GB/s ({x['fraction_of_raw'] * 100:.0f}% of it)"
+                if x["latency_ms_median"]
+                else "no wire path"
+            )
+            print(
+                f"{x['prompt_tokens']:5d} tokens ({x['bytes'] / 2**20:6.1f} MiB): {wire}; copy "
+                f"{x['memcpy_gb_s']:.1f} GB/s; local path {x['local_latency_ms_median']:.1f} ms, "
+                f"{x['local_throughput_gb_s']:.2f} GB/s ({x['local_fraction_of_copy'] * 100:.0f}% of the copy)"
+            )
     return 0
 
 

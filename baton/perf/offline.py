@@ -16,8 +16,9 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any
 
 from baton.perf.offline_workloads import OfflineRequest, anyscale_cpu, total_output_tokens
 from baton.perf.work import RowCost, WorkCounter
@@ -42,8 +43,15 @@ def build_workload(name: str, vocab_size: int, avoid_ids: frozenset[int], n: int
     if name == "anyscale-cpu":
         return anyscale_cpu(vocab_size, n=64 if n is None else n, seed=seed, avoid_ids=avoid_ids)
     if name == "anyscale-cpu-small":  # the suite's quick version
-        return anyscale_cpu(vocab_size, n=8 if n is None else n, seed=seed, avoid_ids=avoid_ids,
-                            prompt_len=(8, 32), mean_output=8, output_clip=(2, 16))
+        return anyscale_cpu(
+            vocab_size,
+            n=8 if n is None else n,
+            seed=seed,
+            avoid_ids=avoid_ids,
+            prompt_len=(8, 32),
+            mean_output=8,
+            output_clip=(2, 16),
+        )
     raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")
 
 
@@ -58,15 +66,16 @@ def model_and_workload(model: str, workload: str, n: int | None):
     return model_dir, build_workload(workload, cfg.vocab_size, frozenset(specials), n)
 
 
-def run_baton(engine_config: EngineConfig, requests: list[OfflineRequest], name: str,
-              greedy_head: bool = True, amx: bool = True) -> SystemResult:
+def run_baton(
+    engine_config: EngineConfig, requests: list[OfflineRequest], name: str, greedy_head: bool = True, amx: bool = True
+) -> SystemResult:
     """``greedy_head=False``: greedy rows compute every logit (engine/native/greedy_head.py off: A/B runs);
     ``amx=False``: the layers' larger products keep the mode's own path (engine/native/amx_linear.py off)."""
     from engine.engine import LLMEngine
 
     engine = LLMEngine(engine_config)
     # An A/B arm: the same model with a kernel left out of its set (engine/kernels.py).
-    left_out = {name: None for name, keep in (("greedy_head", greedy_head), ("amx", amx)) if not keep}
+    left_out: dict[str, Any] = {name: None for name, keep in (("greedy_head", greedy_head), ("amx", amx)) if not keep}
     if left_out:
         engine.runner.model.use_kernels(dataclasses.replace(engine.runner.model.kernels, **left_out))
     _warmup(engine)
@@ -85,7 +94,7 @@ def run_baton(engine_config: EngineConfig, requests: list[OfflineRequest], name:
         sampled[0] += 0 if tokens is None else hidden.shape[0]
         return tokens
 
-    model.compute_logits, model.greedy_tokens = counted_logits, counted_greedy
+    model.compute_logits, model.greedy_tokens = counted_logits, counted_greedy  # type: ignore[method-assign]  # counted
     candidates_before = model.greedy_head_candidates
     drafts_before = (engine.scheduler.num_draft_tokens, engine.scheduler.num_accepted_tokens)  # (the warmup's)
     t0 = time.perf_counter()
@@ -97,7 +106,9 @@ def run_baton(engine_config: EngineConfig, requests: list[OfflineRequest], name:
             if out.finished:
                 done[out.request_id] = out.token_ids
         steps += 1
-        work.add_step(engine.last_scheduler_output.total_num_scheduled_tokens, sampled[0])
+        scheduled = engine.last_scheduler_output
+        assert scheduled is not None  # (set by the step)
+        work.add_step(scheduled.total_num_scheduled_tokens, sampled[0])
         sampled[0] = 0
         used, allocated = engine.kv_slot_usage()
         if allocated:
@@ -106,12 +117,17 @@ def run_baton(engine_config: EngineConfig, requests: list[OfflineRequest], name:
     useful = total_output_tokens(requests)
     outputs = [done[i] for i in ids]
     assert all(len(o) == r.max_tokens for o, r in zip(outputs, requests)), "a request produced the wrong length"
-    details = {"steps": steps, "kv_waste": sum(waste) / len(waste) if waste else 0.0,
-               "preemptions": engine.scheduler.num_preemptions, "work": work.report(seconds),
-               "drafts": engine.scheduler.num_draft_tokens - drafts_before[0],
-               "drafts_kept": engine.scheduler.num_accepted_tokens - drafts_before[1],
-               # exact logits the greedy head computed (engine/native/greedy_head.c; 0 where it is not used)
-               "greedy_head_candidates": model.greedy_head_candidates - candidates_before}
+    details = {
+        "steps": steps,
+        "kv_waste": sum(waste) / len(waste) if waste else 0.0,
+        "preemptions": engine.scheduler.num_preemptions,
+        "work": work.report(seconds),
+        "drafts": engine.scheduler.num_draft_tokens - drafts_before[0],
+        "drafts_kept": engine.scheduler.num_accepted_tokens - drafts_before[1],
+        # exact logits the greedy head computed (engine/native/greedy_head.c; 0 where it is not used)
+        "greedy_head_candidates": model.greedy_head_candidates - candidates_before,
+    }
+    engine.close()  # (its tensor-parallel ranks, if any)
     del engine
     gc.collect()
     _release_device_memory()
@@ -155,6 +171,7 @@ def run_offline(
     speculative_tokens: int = 0,
     greedy_head_baseline: bool = False,
     amx_baseline: bool = False,
+    tensor_parallel_size: int = 1,
 ) -> dict:
     """Each system ``repeat`` times (rounds interleaved); each reports its median run.
 
@@ -170,32 +187,57 @@ def run_offline(
         raise ValueError(f"repeat must be at least 1, got {repeat}")
     model_dir, requests = model_and_workload(model, workload, n)
     useful = total_output_tokens(requests)
-    cb_config, static_config = engine_configs(model_dir, threads, max_num_batched_tokens, device, dtype)
+    cb_config, static_config = engine_configs(
+        model_dir, threads, max_num_batched_tokens, device, dtype, tensor_parallel_size
+    )
     runners: list[tuple[str, str, Callable[[], SystemResult]]] = [
         ("baton-cb", "(a) Baton continuous batching", lambda: run_baton(cb_config, requests, "baton-cb")),
-        ("baton-static", "(b) Baton static batching (batches of 16)",
-         lambda: run_baton(static_config, requests, "baton-static")),
+        (
+            "baton-static",
+            "(b) Baton static batching (batches of 16)",
+            lambda: run_baton(static_config, requests, "baton-static"),
+        ),
     ]
     if torch_path_baseline:
-        runners.append(("baton-cb-torch-path", "(a0) Baton continuous batching, torch CPU path (no native kernels)",
-                        lambda: _without_native_kernels(lambda: run_baton(cb_config, requests, "baton-cb-torch-path"))))
+        runners.append(
+            (
+                "baton-cb-torch-path",
+                "(a0) Baton continuous batching, torch CPU path (no native kernels)",
+                lambda: _without_native_kernels(lambda: run_baton(cb_config, requests, "baton-cb-torch-path")),
+            )
+        )
     if speculative_tokens:
         spec = SpeculativeConfig(num_tokens=speculative_tokens)
-        spec_cb, spec_static = (dataclasses.replace(c, scheduler=dataclasses.replace(c.scheduler, speculative=spec))
-                                for c in (cb_config, static_config))
+        spec_cb, spec_static = (
+            dataclasses.replace(c, scheduler=dataclasses.replace(c.scheduler, speculative=spec))
+            for c in (cb_config, static_config)
+        )
         runners += [
-            ("baton-cb-spec", f"(a+s) Baton continuous batching, n-gram drafts of {speculative_tokens}",
-             lambda: run_baton(spec_cb, requests, "baton-cb-spec")),
-            ("baton-static-spec", f"(b+s) Baton static batching, n-gram drafts of {speculative_tokens}",
-             lambda: run_baton(spec_static, requests, "baton-static-spec")),
+            (
+                "baton-cb-spec",
+                f"(a+s) Baton continuous batching, n-gram drafts of {speculative_tokens}",
+                lambda: run_baton(spec_cb, requests, "baton-cb-spec"),
+            ),
+            (
+                "baton-static-spec",
+                f"(b+s) Baton static batching, n-gram drafts of {speculative_tokens}",
+                lambda: run_baton(spec_static, requests, "baton-static-spec"),
+            ),
         ]
 
     def part_off(tag: str, arm: str, what: str, **switch: bool) -> list:
         """(a) and (b) again with one of Baton's parts switched off (``run_baton``'s flags)."""
-        return [(f"baton-{kind}-{arm}", f"({letter}-{tag}) Baton {label}, {what}",
-                 lambda config=config, name=f"baton-{kind}-{arm}": run_baton(config, requests, name, **switch))
-                for kind, letter, label, config in (("cb", "a", "continuous batching", cb_config),
-                                                    ("static", "b", "static batching", static_config))]
+        return [
+            (
+                f"baton-{kind}-{arm}",
+                f"({letter}-{tag}) Baton {label}, {what}",
+                lambda config=config, name=f"baton-{kind}-{arm}": run_baton(config, requests, name, **switch),
+            )
+            for kind, letter, label, config in (
+                ("cb", "a", "continuous batching", cb_config),
+                ("static", "b", "static batching", static_config),
+            )
+        ]
 
     if greedy_head_baseline:
         runners += part_off("g", "every-logit", "every logit (greedy head off)", greedy_head=False)
@@ -203,8 +245,13 @@ def run_offline(
         runners += part_off("x", "no-amx", "larger products off AMX", amx=False)
     if cuda_graphs_baseline:
         eager_config = dataclasses.replace(cb_config, cuda_graphs=False)
-        runners.append(("baton-cb-eager", "(a') Baton continuous batching, CUDA graphs off",
-                        lambda: run_baton(eager_config, requests, "baton-cb-eager")))
+        runners.append(
+            (
+                "baton-cb-eager",
+                "(a') Baton continuous batching, CUDA graphs off",
+                lambda: run_baton(eager_config, requests, "baton-cb-eager"),
+            )
+        )
     hf_model = None
     if include_hf:
         from baton.perf.hf_baselines import load_hf_model, run_hf_continuous, run_hf_static
@@ -215,20 +262,29 @@ def run_offline(
             def go() -> SystemResult:
                 r = run()
                 return SystemResult(name, r.seconds, r.tok_s, r.outputs or [], r.details)
+
             return go
 
         runners += [
-            ("hf-cb", "(c) transformers continuous batching",
-             hf("hf-cb", lambda: run_hf_continuous(hf_model, requests, num_threads=threads))),
-            ("hf-static", "(d) transformers static generate (batches of 16)",
-             hf("hf-static", lambda: run_hf_static(hf_model, requests, batch_size=16, num_threads=threads))),
+            (
+                "hf-cb",
+                "(c) transformers continuous batching",
+                hf("hf-cb", lambda: run_hf_continuous(hf_model, requests, num_threads=threads)),
+            ),
+            (
+                "hf-static",
+                "(d) transformers static generate (batches of 16)",
+                hf("hf-static", lambda: run_hf_static(hf_model, requests, batch_size=16, num_threads=threads)),
+            ),
         ]
     # Rounds interleave the systems, so a slow spell of a shared machine falls on all of them.
     runs: dict[str, list[SystemResult]] = {name: [] for name, _, _ in runners}
     for round_no in range(repeat):
         for name, label, run in runners:
-            progress(f"{label}: {len(requests)} requests, {useful} output tokens"
-                     + (f" (round {round_no + 1} of {repeat})" if repeat > 1 else ""))
+            progress(
+                f"{label}: {len(requests)} requests, {useful} output tokens"
+                + (f" (round {round_no + 1} of {repeat})" if repeat > 1 else "")
+            )
             runs[name].append(run())
             progress(f"    {runs[name][-1].tok_s:.1f} tok/s")
     systems = [_median_run(runs[name]) for name, _, _ in runners]
@@ -250,35 +306,53 @@ def run_offline(
         "baton_cb_over_static": cb.tok_s / static.tok_s,
         # that ratio = static's work over CB's (the workload's) x CB's rate over static's (the engine's)
         "static_over_cb_work": static.details["work"]["projection_tflop"] / cb.details["work"]["projection_tflop"],
-        "cb_over_static_gflop_s": cb.details["work"]["projection_gflop_s"] / static.details["work"]["projection_gflop_s"],
+        "cb_over_static_gflop_s": cb.details["work"]["projection_gflop_s"]
+        / static.details["work"]["projection_gflop_s"],
         "requests_identical_across_systems": agree,
         "details": {s.name: s.details for s in systems},
         "repeat": repeat,
         "runs_tok_s": {name: [r.tok_s for r in rs] for name, rs in runs.items()},
-        "machine": {**machine_info(threads), "baton_device": cb_config.device, "baton_dtype": cb_config.dtype,
-                    **hf_device_dtype(hf_model)},
+        "machine": {
+            **machine_info(threads),
+            "baton_device": cb_config.device,
+            "baton_dtype": cb_config.dtype,
+            **hf_device_dtype(hf_model),
+        },
     }
     if torch_path_baseline:
         result["baton_cb_torch_path_tok_s"] = by["baton-cb-torch-path"].tok_s
         result["baton_cb_over_torch_path"] = cb.tok_s / by["baton-cb-torch-path"].tok_s
     if speculative_tokens:
-        spec_cb, spec_static = by["baton-cb-spec"], by["baton-static-spec"]
-        result.update(speculative_tokens=speculative_tokens, baton_cb_spec_tok_s=spec_cb.tok_s,
-                      baton_static_spec_tok_s=spec_static.tok_s, baton_cb_spec_over_cb=spec_cb.tok_s / cb.tok_s,
-                      baton_cb_spec_over_static_spec=spec_cb.tok_s / spec_static.tok_s,
-                      spec_kept_fraction={n: by[n].details["drafts_kept"] / max(1, by[n].details["drafts"])
-                                          for n in ("baton-cb-spec", "baton-static-spec")})
+        cb_spec, static_spec = by["baton-cb-spec"], by["baton-static-spec"]
+        result.update(
+            speculative_tokens=speculative_tokens,
+            baton_cb_spec_tok_s=cb_spec.tok_s,
+            baton_static_spec_tok_s=static_spec.tok_s,
+            baton_cb_spec_over_cb=cb_spec.tok_s / cb.tok_s,
+            baton_cb_spec_over_static_spec=cb_spec.tok_s / static_spec.tok_s,
+            spec_kept_fraction={
+                n: by[n].details["drafts_kept"] / max(1, by[n].details["drafts"])
+                for n in ("baton-cb-spec", "baton-static-spec")
+            },
+        )
     if greedy_head_baseline:
         cb_all, static_all = by["baton-cb-every-logit"], by["baton-static-every-logit"]
-        result.update(baton_cb_every_logit_tok_s=cb_all.tok_s, baton_static_every_logit_tok_s=static_all.tok_s,
-                      baton_cb_over_every_logit=cb.tok_s / cb_all.tok_s,
-                      baton_static_over_every_logit=static.tok_s / static_all.tok_s,
-                      baton_cb_over_static_every_logit=cb_all.tok_s / static_all.tok_s)
+        result.update(
+            baton_cb_every_logit_tok_s=cb_all.tok_s,
+            baton_static_every_logit_tok_s=static_all.tok_s,
+            baton_cb_over_every_logit=cb.tok_s / cb_all.tok_s,
+            baton_static_over_every_logit=static.tok_s / static_all.tok_s,
+            baton_cb_over_static_every_logit=cb_all.tok_s / static_all.tok_s,
+        )
     if amx_baseline:
         cb_x, static_x = by["baton-cb-no-amx"], by["baton-static-no-amx"]
-        result.update(baton_cb_no_amx_tok_s=cb_x.tok_s, baton_static_no_amx_tok_s=static_x.tok_s,
-                      baton_cb_over_no_amx=cb.tok_s / cb_x.tok_s, baton_static_over_no_amx=static.tok_s / static_x.tok_s,
-                      baton_cb_over_static_no_amx=cb_x.tok_s / static_x.tok_s)
+        result.update(
+            baton_cb_no_amx_tok_s=cb_x.tok_s,
+            baton_static_no_amx_tok_s=static_x.tok_s,
+            baton_cb_over_no_amx=cb.tok_s / cb_x.tok_s,
+            baton_static_over_no_amx=static.tok_s / static_x.tok_s,
+            baton_cb_over_static_no_amx=cb_x.tok_s / static_x.tok_s,
+        )
     if cuda_graphs_baseline:
         result["baton_cb_eager_tok_s"] = by["baton-cb-eager"].tok_s
         result["baton_cb_over_eager"] = cb.tok_s / by["baton-cb-eager"].tok_s
@@ -288,13 +362,30 @@ def run_offline(
     return result
 
 
-def engine_configs(model_dir, threads: int | None, max_num_batched_tokens: int, device: str = BATON_DEVICE,
-                   dtype: str = BATON_DTYPE) -> tuple[EngineConfig, EngineConfig]:
-    """Baton's continuous-batching and static-batching configs (by default on the baselines' device and dtype)."""
-    base = dict(model=str(model_dir), num_threads=threads, cache=CacheConfig(), device=device, dtype=dtype)
+def engine_configs(
+    model_dir,
+    threads: int | None,
+    max_num_batched_tokens: int,
+    device: str = BATON_DEVICE,
+    dtype: str = BATON_DTYPE,
+    tensor_parallel_size: int = 1,
+) -> tuple[EngineConfig, EngineConfig]:
+    """Baton's continuous-batching and static-batching configs (by default on the baselines' device and dtype;
+    ``threads`` per rank at ``tensor_parallel_size`` > 1)."""
+    # Any: EngineConfig's fields, of their several types
+    base: dict[str, Any] = dict(
+        model=str(model_dir),
+        num_threads=threads,
+        cache=CacheConfig(),
+        device=device,
+        dtype=dtype,
+        tensor_parallel_size=tensor_parallel_size,
+    )
     cb = EngineConfig(**base, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens))
-    static = EngineConfig(**base, scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
-                                                            policy="static", static_batch_size=16))
+    static = EngineConfig(
+        **base,
+        scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, policy="static", static_batch_size=16),
+    )
     return cb, static
 
 
@@ -344,20 +435,28 @@ def _cpu_model() -> str:
 
 
 def format_table(r: dict) -> str:
-    rows = [("Baton continuous batching", r["baton_cb_tok_s"]), ("Baton static batching (16)", r["baton_static_tok_s"]),
-            ("Baton CB, torch CPU path", r.get("baton_cb_torch_path_tok_s")),
-            ("Baton CB, n-gram drafts", r.get("baton_cb_spec_tok_s")),
-            ("Baton static, n-gram drafts", r.get("baton_static_spec_tok_s")),
-            ("Baton CB, larger products off AMX", r.get("baton_cb_no_amx_tok_s")),
-            ("Baton static, larger products off AMX", r.get("baton_static_no_amx_tok_s")),
-            ("transformers continuous batching", r["hf_cb_tok_s"]), ("transformers static generate (16)", r["hf_static_tok_s"])]
-    lines = [f"{r['workload']} on {r['model']}: {r['num_requests']} requests, {r['useful_output_tokens']} output tokens"]
+    rows = [
+        ("Baton continuous batching", r["baton_cb_tok_s"]),
+        ("Baton static batching (16)", r["baton_static_tok_s"]),
+        ("Baton CB, torch CPU path", r.get("baton_cb_torch_path_tok_s")),
+        ("Baton CB, n-gram drafts", r.get("baton_cb_spec_tok_s")),
+        ("Baton static, n-gram drafts", r.get("baton_static_spec_tok_s")),
+        ("Baton CB, larger products off AMX", r.get("baton_cb_no_amx_tok_s")),
+        ("Baton static, larger products off AMX", r.get("baton_static_no_amx_tok_s")),
+        ("transformers continuous batching", r["hf_cb_tok_s"]),
+        ("transformers static generate (16)", r["hf_static_tok_s"]),
+    ]
+    lines = [
+        f"{r['workload']} on {r['model']}: {r['num_requests']} requests, {r['useful_output_tokens']} output tokens"
+    ]
     for name, v in rows:
         if v is not None:
             lines.append(f"  {name:36s} {v:8.1f} tok/s   (Baton CB is {r['baton_cb_tok_s'] / v:.2f}x)")
     lines.append(f"  KV waste (Baton CB): {r['kv_waste'] * 100:.2f}%")
-    lines.append(f"  CB over static = {r['static_over_cb_work']:.2f}x the projection work (static's over CB's)"
-                 f" x {r['cb_over_static_gflop_s']:.2f}x the rate (CB's GFLOP/s over static's)")
+    lines.append(
+        f"  CB over static = {r['static_over_cb_work']:.2f}x the projection work (static's over CB's)"
+        f" x {r['cb_over_static_gflop_s']:.2f}x the rate (CB's GFLOP/s over static's)"
+    )
     lines.append(f"  requests with identical tokens in every system: {r['requests_identical_across_systems']}")
     return "\n".join(lines)
 

@@ -72,7 +72,7 @@ def anyscale_cpu(
         length = rng.randint(lo_p, hi_p)
         prompt = tuple(allowed[rng.randrange(len(allowed))] for _ in range(length))
         out = rng.expovariate(1.0 / mean_output)
-        max_tokens = min(max(int(round(out)), lo_o), hi_o)
+        max_tokens = min(max(round(out), lo_o), hi_o)
         requests.append(OfflineRequest(prompt_token_ids=prompt, max_tokens=max_tokens))
     return requests
 

@@ -15,24 +15,53 @@ import torch
 
 PUBLISHED = {
     "qwen2.5-0.5b": dict(
-        architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=896, intermediate_size=4864,
-        num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-        max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-        hidden_act="silu", bos_token_id=151643, eos_token_id=151643,
+        architectures=["Qwen2ForCausalLM"],
+        model_type="qwen2",
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        hidden_act="silu",
+        bos_token_id=151643,
+        eos_token_id=151643,
     ),
     "llama-3.2-1b": dict(
-        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=2048, intermediate_size=8192,
-        num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
-        max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
-        hidden_act="silu", bos_token_id=128000, eos_token_id=128001,
-        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 8192},
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        hidden_act="silu",
+        bos_token_id=128000,
+        eos_token_id=128001,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
     ),
 }
 
 
-def build_random_model(name: str, out_dir: Path, *, device: str = "cpu", dtype: str = "bfloat16", seed: int = 0,
-                       **overrides) -> Path:
+def build_random_model(
+    name: str, out_dir: Path, *, device: str = "cpu", dtype: str = "bfloat16", seed: int = 0, **overrides
+) -> Path:
     """Write ``name``'s configuration with seeded random weights to ``out_dir``; ``overrides``
     replace configuration fields (the tests shrink the model with them)."""
     import transformers
@@ -40,12 +69,17 @@ def build_random_model(name: str, out_dir: Path, *, device: str = "cpu", dtype: 
     if name not in PUBLISHED:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(PUBLISHED)}")
     fields = {**PUBLISHED[name], **overrides}
-    cfg_cls = transformers.Qwen2Config if fields["model_type"] == "qwen2" else transformers.LlamaConfig
-    model_cls = transformers.Qwen2ForCausalLM if fields["model_type"] == "qwen2" else transformers.LlamaForCausalLM
-    cfg = cfg_cls(**{k: v for k, v in fields.items() if k not in ("architectures", "model_type")})
+    kwargs = {k: v for k, v in fields.items() if k not in ("architectures", "model_type")}
+    qwen = fields["model_type"] == "qwen2"
+    cfg = transformers.Qwen2Config(**kwargs) if qwen else transformers.LlamaConfig(**kwargs)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = model_cls(cfg).to(getattr(torch, dtype)).eval()
+        untrained = (
+            transformers.Qwen2ForCausalLM(cfg)
+            if isinstance(cfg, transformers.Qwen2Config)
+            else transformers.LlamaForCausalLM(cfg)
+        )
+        model = untrained.to(getattr(torch, dtype)).eval()
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir

@@ -34,14 +34,15 @@ def check_args(num_seqs: int, steps: int, prompt_len: int = 128, block_size: int
     if isinstance(num_seqs, bool) or not 1 <= num_seqs <= MAX_NUM_SEQS:
         raise ValueError(f"--num-seqs must be between 1 and {MAX_NUM_SEQS}, got {num_seqs}")
     if isinstance(steps, bool) or not 2 <= steps <= MAX_STEPS:
-        raise ValueError(f"--steps must be between 2 and {MAX_STEPS} (a median and a p90 need at least 2), "
-                         f"got {steps}")
+        raise ValueError(f"--steps must be between 2 and {MAX_STEPS} (a median and a p90 need at least 2), got {steps}")
     max_len = _max_len(num_seqs, steps, prompt_len, block_size)
     if num_seqs * (max_len + 1) > MAX_TOKEN_SLOTS:
         most = MAX_TOKEN_SLOTS // num_seqs - 1 - (max_len - steps)
-        raise ValueError(f"--steps must be at most {most} with --num-seqs {num_seqs} (memory grows with "
-                         f"num_seqs x steps; the bench stays under ~{MAX_TOKEN_SLOTS * _BYTES_PER_SLOT / 1e9:.0f} GB), "
-                         f"got {steps}")
+        raise ValueError(
+            f"--steps must be at most {most} with --num-seqs {num_seqs} (memory grows with "
+            f"num_seqs x steps; the bench stays under ~{MAX_TOKEN_SLOTS * _BYTES_PER_SLOT / 1e9:.0f} GB), "
+            f"got {steps}"
+        )
 
 
 def _budget(num_seqs: int) -> int:
@@ -66,8 +67,11 @@ def measure(num_seqs: int = 256, prompt_len: int = 128, steps: int = 400, block_
     warmup = _warmup_steps(num_seqs, prompt_len, block_size)
     max_len = _max_len(num_seqs, steps, prompt_len, block_size)
     blocks = num_seqs * (-(-max_len // block_size)) + 16
-    sched = Scheduler(SchedulerConfig(max_num_seqs=num_seqs, max_num_batched_tokens=_budget(num_seqs)),
-                      BlockManager(blocks, block_size), max_len)
+    sched = Scheduler(
+        SchedulerConfig(max_num_seqs=num_seqs, max_num_batched_tokens=_budget(num_seqs)),
+        BlockManager(blocks, block_size),
+        max_len,
+    )
     runner = FakeModelRunner(max_num_seqs=num_seqs, max_model_len=max_len, block_size=block_size)
     params = SamplingParams(max_tokens=warmup + steps + 32, ignore_eos=True, detokenize=False)
     for i in range(num_seqs):
@@ -83,8 +87,10 @@ def measure(num_seqs: int = 256, prompt_len: int = 128, steps: int = 400, block_
             break
         sched.update_from_output(runner.execute(sched.schedule()))
     if prefilling() or len(sched.running) != num_seqs:  # a bug here, not bad input
-        raise AssertionError(f"after {warmup} prefill steps {len(sched.running)} of {num_seqs} sequences run "
-                             f"and {sched.num_waiting} wait")
+        raise AssertionError(
+            f"after {warmup} prefill steps {len(sched.running)} of {num_seqs} sequences run "
+            f"and {sched.num_waiting} wait"
+        )
 
     sched_prep, update = [], []
     batch = runner.batch
@@ -121,7 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     r = measure(a.num_seqs, steps=a.steps)
-    print(json.dumps(r) if a.json else "\n".join(f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}" for k, v in r.items()))
+    print(
+        json.dumps(r)
+        if a.json
+        else "\n".join(f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}" for k, v in r.items())
+    )
     return 0
 
 

@@ -25,8 +25,12 @@ class RowCost:
 
     @classmethod
     def of(cls, cfg) -> RowCost:
-        h, i, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads * cfg.head_dim, \
-            cfg.num_key_value_heads * cfg.head_dim
+        h, i, q, kv = (
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.num_attention_heads * cfg.head_dim,
+            cfg.num_key_value_heads * cfg.head_dim,
+        )
         qkv, o, mlp = h * (q + 2 * kv), q * h, 3 * h * i
         return cls(2.0 * cfg.num_hidden_layers * (qkv + o + mlp), 2.0 * (o + mlp), 2.0 * cfg.vocab_size * h)
 
@@ -44,8 +48,16 @@ class WorkCounter:
     @property
     def flop(self) -> float:
         c = self.cost
-        return self.rows * c.layers - (self.rows - self.sampled_rows) * c.skipped_if_not_sampled + self.sampled_rows * c.head
+        return (
+            self.rows * c.layers
+            - (self.rows - self.sampled_rows) * c.skipped_if_not_sampled
+            + self.sampled_rows * c.head
+        )
 
     def report(self, seconds: float) -> dict:
-        return {"layer_rows": self.rows, "head_rows": self.sampled_rows, "projection_tflop": self.flop / 1e12,
-                "projection_gflop_s": self.flop / 1e9 / seconds if seconds > 0 else None}
+        return {
+            "layer_rows": self.rows,
+            "head_rows": self.sampled_rows,
+            "projection_tflop": self.flop / 1e12,
+            "projection_gflop_s": self.flop / 1e9 / seconds if seconds > 0 else None,
+        }

@@ -47,8 +47,16 @@ NAME = "admission"
 
 def _record(d: dict[str, Any]) -> RequestRecord:
     """A report's request back as a record (enough of it to score against an SLO)."""
-    rec = RequestRecord(d["index"], d["lane"], d["prompt_len"], d["output_len"], d["arrival_s"], d["send_s"],
-                        status=d["status"], output_tokens=d["output_tokens"])
+    rec = RequestRecord(
+        d["index"],
+        d["lane"],
+        d["prompt_len"],
+        d["output_len"],
+        d["arrival_s"],
+        d["send_s"],
+        status=d["status"],
+        output_tokens=d["output_tokens"],
+    )
     if d["ttft_s"] is not None:
         rec.first_token_s = d["send_s"] + d["ttft_s"]
     if d["e2e_s"] is not None:
@@ -71,7 +79,9 @@ def admission_stats(report: dict[str, Any], lane: str = "interactive") -> dict[s
             reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
     ttft = [r["ttft_s"] for r in admitted if r["status"] == "ok" and r["ttft_s"] is not None]
     return {
-        "requests": len(mine), "admitted": len(admitted), "rejected": len(mine) - len(admitted),
+        "requests": len(mine),
+        "admitted": len(admitted),
+        "rejected": len(mine) - len(admitted),
         "rejected_share": (len(mine) - len(admitted)) / len(mine) if mine else None,
         "admitted_meeting_slo": len(met),
         "admitted_slo_share": len(met) / len(admitted) if admitted else None,
@@ -79,7 +89,8 @@ def admission_stats(report: dict[str, Any], lane: str = "interactive") -> dict[s
         "goodput_rps": len(met) / (w1 - w0),
         "rejections": reasons,
         "admitted_not_finished": sum(1 for r in admitted if r["status"] != "ok"),
-        "admitted_ttft_p50_s": percentile(ttft, 50), "admitted_ttft_p99_s": percentile(ttft, 99),
+        "admitted_ttft_p50_s": percentile(ttft, 50),
+        "admitted_ttft_p99_s": percentile(ttft, 99),
     }
 
 
@@ -90,28 +101,61 @@ def main(argv: list[str] | None = None) -> int:
     rates = parse_rates(args.rates)
     spec = workload(args)
     base = common_overrides(args)
-    setups = [ServerSetup("admission_on", {**base, "router.slo_rejection": True}),
-              ServerSetup("admission_off", {**base, "router.slo_rejection": False})]
+    setups = [
+        ServerSetup("admission_on", {**base, "router.slo_rejection": True}),
+        ServerSetup("admission_off", {**base, "router.slo_rejection": False}),
+    ]
     runs = [run_setup(s, spec, rates, args) for s in setups]
 
-    rows, results = [], {}
+    rows: list[list[str]] = []
+    results: dict[str, Any] = {}
     for s in runs:
         results[s.setup.name] = []
         for report in s.reports:
             a = admission_stats(report, args.lane)
             results[s.setup.name].append({"rate": report["config"]["rate"], **a})
             reasons = ", ".join(f"{k}: {v}" for k, v in sorted(a["rejections"].items())) or "-"
-            rows.append([s.setup.name, f"{report['config']['rate']:g}", str(a["requests"]),
-                         f"{a['rejected']} ({fmt_pct(a['rejected_share'])})", fmt_pct(a["admitted_slo_share"]),
-                         f"{a['goodput_rps']:.2f}",
-                         f"{fmt_ms(a['admitted_ttft_p50_s'])} / {fmt_ms(a['admitted_ttft_p99_s'])}",
-                         str(a["admitted_not_finished"]), reasons])
-    table = markdown_table(["setup", "offered req/s", f"{args.lane} sent", "rejected", "admitted meeting SLO",
-                            "goodput req/s", "admitted TTFT p50 / p99 ms", "admitted, not finished",
-                            "rejection reasons"], rows)
-    write_experiment(NAME, args, {"rates": rates, "duration_s": args.duration, "workload": spec.to_dict(),
-                                  "model": args.model, "lane": args.lane}, runs,
-                     {"admission": results, "by_setup": summaries(runs)}, table)
+            rows.append(
+                [
+                    s.setup.name,
+                    f"{report['config']['rate']:g}",
+                    str(a["requests"]),
+                    f"{a['rejected']} ({fmt_pct(a['rejected_share'])})",
+                    fmt_pct(a["admitted_slo_share"]),
+                    f"{a['goodput_rps']:.2f}",
+                    f"{fmt_ms(a['admitted_ttft_p50_s'])} / {fmt_ms(a['admitted_ttft_p99_s'])}",
+                    str(a["admitted_not_finished"]),
+                    reasons,
+                ]
+            )
+    table = markdown_table(
+        [
+            "setup",
+            "offered req/s",
+            f"{args.lane} sent",
+            "rejected",
+            "admitted meeting SLO",
+            "goodput req/s",
+            "admitted TTFT p50 / p99 ms",
+            "admitted, not finished",
+            "rejection reasons",
+        ],
+        rows,
+    )
+    write_experiment(
+        NAME,
+        args,
+        {
+            "rates": rates,
+            "duration_s": args.duration,
+            "workload": spec.to_dict(),
+            "model": args.model,
+            "lane": args.lane,
+        },
+        runs,
+        {"admission": results, "by_setup": summaries(runs)},
+        table,
+    )
     write_rate_plots(runs, plots_dir(args))
     print(table)
     return 0

@@ -15,8 +15,13 @@ Reported:
   (and, when ``/metrics`` is scraped, the router's total queue depth) is back to its pre-burst
   level (p90 over the steady window before the burst) and stays there for ``HOLD_S`` seconds.
 
+``--lane-priority-baseline`` runs the same load a second time with ``router.lane_priority: false``
+(the decode workers do not share their slots by lane nor preempt batch for the interactive pace),
+the same-run baseline of issue 50's policy.
+
     python -m bench.experiments.burst --json results/exp3.json
-    python -m bench.experiments.burst --json /tmp/exp3.json --model tiny --rates 3 --duration 30 --burst-start 10 --burst-length 5
+    python -m bench.experiments.burst --json /tmp/exp3.json --model tiny --rates 3 --duration 30 \\
+        --burst-start 10 --burst-length 5
 """
 
 from __future__ import annotations
@@ -49,8 +54,13 @@ def _ttft(requests: list[dict], lane: str, t0: float, t1: float) -> dict[str, An
     """TTFT percentiles of ``lane``'s requests arriving in [t0, t1); failures are counted, not timed."""
     mine = [r for r in requests if r["lane"] == lane and t0 <= r["arrival_s"] < t1]
     ttft = [r["ttft_s"] for r in mine if r["status"] == "ok" and r["ttft_s"] is not None]
-    return {"requests": len(mine), "ok": len(ttft), "p50": percentile(ttft, 50), "p99": percentile(ttft, 99),
-            "not_ok": len(mine) - len(ttft)}
+    return {
+        "requests": len(mine),
+        "ok": len(ttft),
+        "p50": percentile(ttft, 50),
+        "p99": percentile(ttft, 99),
+        "not_ok": len(mine) - len(ttft),
+    }
 
 
 def _drain_time(ts: list[dict], key, steady: tuple[float, float], burst_end: float) -> dict[str, Any]:
@@ -58,7 +68,9 @@ def _drain_time(ts: list[dict], key, steady: tuple[float, float], burst_end: flo
     values = [key(s) for s in ts if steady[0] <= s["t"] < steady[1] and key(s) is not None]
     if not values:
         return {"steady_level": None, "peak": None, "drain_s": None}
-    level = max(percentile(values, 90), 1.0)  # one request in flight is steady, not a backlog
+    level = max(
+        percentile(values, 90) or 0.0, 1.0
+    )  # one request in flight is steady, not a backlog (values: not empty)
     after = [s for s in ts if s["t"] >= burst_end and key(s) is not None]
     peak = max((key(s) for s in ts if s["t"] >= steady[1] and key(s) is not None), default=None)
     for i, s in enumerate(after):
@@ -85,8 +97,9 @@ def analyze_burst(report: dict[str, Any]) -> dict[str, Any]:
     if scraped:
         out["drain"]["router_queue"] = _drain_time(scraped, lambda s: sum(s["waiting"].values()), (w0, start), end)
         for lane in sorted({lane for s in scraped for lane in s["waiting"]}):
-            out["drain"][f"router_queue:{lane}"] = _drain_time(scraped, lambda s, l=lane: s["waiting"].get(l),
-                                                               (w0, start), end)
+            out["drain"][f"router_queue:{lane}"] = _drain_time(
+                scraped, lambda s, name=lane: s["waiting"].get(name), (w0, start), end
+            )
     return out
 
 
@@ -96,29 +109,50 @@ def burst_table(setup: str, rate: float, a: dict[str, Any], slo_attainment: dict
         row = [setup, f"{rate:g}", lane]
         for name in ("before", "during", "after"):
             w = wins[name]
-            row.append(f"{fmt_ms(w['p50'])} / {fmt_ms(w['p99'])}" + (f" ({w['not_ok']} rejected/failed)" if w["not_ok"] else ""))
+            row.append(
+                f"{fmt_ms(w['p50'])} / {fmt_ms(w['p99'])}"
+                + (f" ({w['not_ok']} rejected/failed)" if w["not_ok"] else "")
+            )
         row.append(fmt_pct(slo_attainment.get(lane)))
         q = a["drain"].get(f"router_queue:{lane}")
         row.append("-" if q is None or q["peak"] is None else f"{q['peak']:g}")
         rows.append(row)
-    table = markdown_table(["setup", "base req/s", "lane", "TTFT p50 / p99 ms before", "during burst", "after",
-                            "SLO met (run)", "peak router queue"], rows)
+    table = markdown_table(
+        [
+            "setup",
+            "base req/s",
+            "lane",
+            "TTFT p50 / p99 ms before",
+            "during burst",
+            "after",
+            "SLO met (run)",
+            "peak router queue",
+        ],
+        rows,
+    )
     drains = []
     for what, d in a["drain"].items():
         if ":" in what:
             continue
-        drains.append(f"{what}: steady <= {d['steady_level']:g}, peak {d['peak']:g}, back "
-                      + ("never (within the run)" if d["drain_s"] is None else f"{d['drain_s']:.1f} s after the burst")
-                      if d["steady_level"] is not None else f"{what}: no samples")
+        drains.append(
+            f"{what}: steady <= {d['steady_level']:g}, peak {d['peak']:g}, back "
+            + ("never (within the run)" if d["drain_s"] is None else f"{d['drain_s']:.1f} s after the burst")
+            if d["steady_level"] is not None
+            else f"{what}: no samples"
+        )
     return table + "\n\ndrain to steady state: " + "; ".join(drains)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = base_parser(__doc__.split("\n\n")[0], rates="0.25", duration=90.0, workload="mixed", drain=60.0,
-                    admission=True)
+    p = base_parser(__doc__.split("\n\n")[0], rates="0.25", duration=90.0, workload="mixed", drain=60.0, admission=True)
     p.add_argument("--burst-factor", type=float, default=2.0)
     p.add_argument("--burst-start", type=float, default=30.0)
     p.add_argument("--burst-length", type=float, default=10.0)
+    p.add_argument(
+        "--lane-priority-baseline",
+        action="store_true",
+        help="also run with router.lane_priority off (the baseline), in the same run",
+    )
     p.set_defaults(warmup=10.0)
     args = p.parse_args(argv)
     rates = parse_rates(args.rates)
@@ -126,24 +160,46 @@ def main(argv: list[str] | None = None) -> int:
     if not args.warmup < burst.start_s < burst.start_s + burst.length_s < args.duration:
         raise SystemExit("need warmup < burst start < burst end < duration")
     spec = workload(args)
-    setup = ServerSetup("default", common_overrides(args))
-    runs = run_setup(setup, spec, rates, args, burst=burst)
+    setups = [ServerSetup("default", common_overrides(args))]
+    if args.lane_priority_baseline:
+        setups.append(ServerSetup("lane_priority_off", {**common_overrides(args), "router.lane_priority": False}))
+    all_runs = [run_setup(setup, spec, rates, args, burst=burst) for setup in setups]
     analyses, tables = [], []
-    for report in runs.reports:
-        a = analyze_burst(report)
-        analyses.append({"rate": report["config"]["rate"], **a})
-        tables.append(burst_table(setup.name, report["config"]["rate"], a,
-                                  {lane: s["slo_attainment"] for lane, s in report["lanes"].items()}))
+    for runs in all_runs:
+        for report in runs.reports:
+            a = analyze_burst(report)
+            analyses.append({"setup": runs.setup.name, "rate": report["config"]["rate"], **a})
+            tables.append(
+                burst_table(
+                    runs.setup.name,
+                    report["config"]["rate"],
+                    a,
+                    {lane: s["slo_attainment"] for lane, s in report["lanes"].items()},
+                )
+            )
     table = "\n\n".join(tables)
-    write_experiment(NAME, args, {"rates": rates, "duration_s": args.duration, "workload": spec.to_dict(),
-                                  "model": args.model, "burst": analyses[0]["burst"] if analyses else None},
-                     [runs], {"analyses": analyses}, table)
+    write_experiment(
+        NAME,
+        args,
+        {
+            "rates": rates,
+            "duration_s": args.duration,
+            "workload": spec.to_dict(),
+            "model": args.model,
+            "burst": analyses[0]["burst"] if analyses else None,
+        },
+        all_runs,
+        {"analyses": analyses},
+        table,
+    )
     try:
         from baton.perf.loadgen.plots import PlotsUnavailable, write_plots
 
-        for report in runs.reports:
-            for path in write_plots(report, plots_dir(args) / f"rate_{report['config']['rate']:g}"):
-                say(f"plot: {path}")
+        for runs in all_runs:
+            suffix = "" if runs.setup.name == "default" else f"_{runs.setup.name}"
+            for report in runs.reports:
+                for path in write_plots(report, plots_dir(args) / f"rate_{report['config']['rate']:g}{suffix}"):
+                    say(f"plot: {path}")
     except PlotsUnavailable as e:
         say(f"no plots: {e}")
     print(table)

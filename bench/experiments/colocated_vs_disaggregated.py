@@ -52,11 +52,13 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = base_parser(__doc__.split("\n\n")[0], rates="0.2,0.4,0.6", duration=50.0, workload="sharegpt",
-                    admission=False)
-    p.add_argument("--local-prefill-threshold", type=int, default=None,
-                   help="disaggregated setup: prompts shorter than this prefill on the decode worker "
-                        "(default: the config's, 256)")
+    p = base_parser(__doc__.split("\n\n")[0], rates="0.2,0.4,0.6", duration=50.0, workload="sharegpt", admission=False)
+    p.add_argument(
+        "--local-prefill-threshold",
+        type=int,
+        default=None,
+        help="disaggregated setup: prompts shorter than this prefill on the decode worker (default: the config's, 256)",
+    )
     args = p.parse_args(argv)
     rates = parse_rates(args.rates)
     spec = workload(args)
@@ -64,30 +66,58 @@ def main(argv: list[str] | None = None) -> int:
     disagg = {**base, "pools.prefill.workers": 1, "pools.decode.workers": 1}
     if args.local_prefill_threshold is not None:
         disagg["pools.local_prefill_threshold"] = args.local_prefill_threshold
-    setups = [ServerSetup("colocated", {**base, "pools.prefill.workers": 0, "pools.decode.workers": 2}),
-              ServerSetup("disaggregated", disagg)]
+    setups = [
+        ServerSetup("colocated", {**base, "pools.prefill.workers": 0, "pools.decode.workers": 2}),
+        ServerSetup("disaggregated", disagg),
+    ]
     runs = [run_setup(s, spec, rates, args) for s in setups]
 
     colo, dis = runs
     ratios, rows = [], []
     for rc, rd in zip(colo.reports, dis.reports):
         c, d = rc["summary"], rd["summary"]
-        r = {"rate": rc["config"]["rate"],
-             "tpot_p99_colocated_over_disaggregated": _ratio(c["tpot_s"]["p99"], d["tpot_s"]["p99"]),
-             "itl_p99_colocated_over_disaggregated": _ratio(c["itl_s"]["p99"], d["itl_s"]["p99"]),
-             "goodput_disaggregated_over_colocated": _ratio(d["goodput_rps"], c["goodput_rps"]),
-             "output_tok_s_disaggregated_over_colocated": _ratio(d["output_token_throughput"],
-                                                                 c["output_token_throughput"])}
+        r = {
+            "rate": rc["config"]["rate"],
+            "tpot_p99_colocated_over_disaggregated": _ratio(c["tpot_s"]["p99"], d["tpot_s"]["p99"]),
+            "itl_p99_colocated_over_disaggregated": _ratio(c["itl_s"]["p99"], d["itl_s"]["p99"]),
+            "goodput_disaggregated_over_colocated": _ratio(d["goodput_rps"], c["goodput_rps"]),
+            "output_tok_s_disaggregated_over_colocated": _ratio(
+                d["output_token_throughput"], c["output_token_throughput"]
+            ),
+        }
         ratios.append(r)
         fmt = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
-        rows.append([f"{r['rate']:g}", fmt(r["tpot_p99_colocated_over_disaggregated"]),
-                     fmt(r["itl_p99_colocated_over_disaggregated"]), fmt(r["goodput_disaggregated_over_colocated"]),
-                     fmt(r["output_tok_s_disaggregated_over_colocated"])])
-    table = (markdown_table(RATE_HEADER, rate_rows(runs)) + "\n\n"
-             + markdown_table(["offered req/s", "p99 TPOT, colocated / disagg.", "p99 ITL, colocated / disagg.",
-                               "goodput, disagg. / colocated", "output tok/s, disagg. / colocated"], rows))
-    write_experiment(NAME, args, {"rates": rates, "duration_s": args.duration, "workload": spec.to_dict(),
-                                  "model": args.model}, runs, {"by_setup": summaries(runs), "ratios": ratios}, table)
+        rows.append(
+            [
+                f"{r['rate']:g}",
+                fmt(r["tpot_p99_colocated_over_disaggregated"]),
+                fmt(r["itl_p99_colocated_over_disaggregated"]),
+                fmt(r["goodput_disaggregated_over_colocated"]),
+                fmt(r["output_tok_s_disaggregated_over_colocated"]),
+            ]
+        )
+    table = (
+        markdown_table(RATE_HEADER, rate_rows(runs))
+        + "\n\n"
+        + markdown_table(
+            [
+                "offered req/s",
+                "p99 TPOT, colocated / disagg.",
+                "p99 ITL, colocated / disagg.",
+                "goodput, disagg. / colocated",
+                "output tok/s, disagg. / colocated",
+            ],
+            rows,
+        )
+    )
+    write_experiment(
+        NAME,
+        args,
+        {"rates": rates, "duration_s": args.duration, "workload": spec.to_dict(), "model": args.model},
+        runs,
+        {"by_setup": summaries(runs), "ratios": ratios},
+        table,
+    )
     write_rate_plots(runs, plots_dir(args))
     print(table)
     return 0

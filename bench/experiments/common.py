@@ -18,9 +18,10 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from baton.perf.loadgen.report import run_report, write_json
 from baton.perf.loadgen.runner import RunConfig, run_load_sync
@@ -35,8 +36,9 @@ def say(msg: str) -> None:
     print(f"[experiment] {msg}", file=sys.stderr, flush=True)
 
 
-def base_parser(description: str, *, rates: str, duration: float, workload: str, drain: float = 20.0,
-                admission: bool | None = None) -> argparse.ArgumentParser:
+def base_parser(
+    description: str, *, rates: str, duration: float, workload: str, drain: float = 20.0, admission: bool | None = None
+) -> argparse.ArgumentParser:
     """``admission``: the default of ``--admission/--no-admission`` (``router.slo_rejection``);
     None: the experiment sets it itself and offers no option."""
     p = argparse.ArgumentParser(description=description)
@@ -44,22 +46,41 @@ def base_parser(description: str, *, rates: str, duration: float, workload: str,
     p.add_argument("--model", default="default", help="default (SmolLM2-135M-Instruct), tiny (smoke tests), a path")
     p.add_argument("--workload", default=workload, help=f"load generator workload (default {workload})")
     p.add_argument("--rates", default=rates, help=f"comma-separated offered rates, req/s (default {rates})")
-    p.add_argument("--duration", type=float, default=duration, help=f"seconds of arrivals per rate (default {duration})")
+    p.add_argument(
+        "--duration", type=float, default=duration, help=f"seconds of arrivals per rate (default {duration})"
+    )
     p.add_argument("--warmup", type=float, default=5.0, help="seconds left out of the statistics at each rate")
-    p.add_argument("--drain", type=float, default=drain,
-                   help="seconds to wait for in-flight requests after the last arrival (the rest count as timeouts)")
+    p.add_argument(
+        "--drain",
+        type=float,
+        default=drain,
+        help="seconds to wait for in-flight requests after the last arrival (the rest count as timeouts)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plots", default=None, metavar="DIR", help="PNG plots (default: OUT's name + '_plots')")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--speed-probe", default=None, metavar="COST_MODEL",
-                   help="time a few fixed steps before each run and after the last (baton.perf.profile.speed) "
-                        "against this cost model, so the simulator can replay each run on the machine it had")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra config override for every setup, e.g. engine.max_num_seqs=64 (YAML value)")
+    p.add_argument(
+        "--speed-probe",
+        default=None,
+        metavar="COST_MODEL",
+        help="time a few fixed steps before each run and after the last (baton.perf.profile.speed) "
+        "against this cost model, so the simulator can replay each run on the machine it had",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra config override for every setup, e.g. engine.max_num_seqs=64 (YAML value)",
+    )
     if admission is not None:
-        p.add_argument("--admission", action=argparse.BooleanOptionalAction, default=admission,
-                       help="SLO-predictive early rejection in the router (router.slo_rejection; "
-                            f"default here: {'on' if admission else 'off'})")
+        p.add_argument(
+            "--admission",
+            action=argparse.BooleanOptionalAction,
+            default=admission,
+            help="SLO-predictive early rejection in the router (router.slo_rejection; "
+            f"default here: {'on' if admission else 'off'})",
+        )
     return p
 
 
@@ -96,9 +117,15 @@ def machine() -> dict[str, Any]:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError, AttributeError):
         pass
-    return {"cpus": os.cpu_count(), "cpu": cpu, "memory_gib": None if mem is None else round(mem, 1),
-            "python": platform.python_version(), "platform": platform.platform(), "hostname": platform.node(),
-            "load_avg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None}
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "memory_gib": None if mem is None else round(mem, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+        "load_avg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
 
 
 @dataclass
@@ -119,8 +146,22 @@ def probe_speed(cost_model: str, model: str) -> dict[str, Any] | None:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "speed.json"
-        r = subprocess.run([sys.executable, "-m", "baton.perf.profile.speed", "--cost-model", cost_model,
-                            "--model", model, "--json", str(out)], capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "baton.perf.profile.speed",
+                "--cost-model",
+                cost_model,
+                "--model",
+                model,
+                "--json",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if r.returncode != 0 or not out.exists():
             last_line = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
             say(f"speed probe failed: {last_line}")
@@ -130,9 +171,16 @@ def probe_speed(cost_model: str, model: str) -> dict[str, Any] | None:
     return probe
 
 
-def run_setup(setup: ServerSetup, spec: WorkloadSpec, rates: list[float], args: argparse.Namespace, *,
-              burst: Burst | None = None, slos: dict | None = None,
-              after_run: Callable[[dict[str, Any]], None] | None = None) -> SetupRuns:
+def run_setup(
+    setup: ServerSetup,
+    spec: WorkloadSpec,
+    rates: list[float],
+    args: argparse.Namespace,
+    *,
+    burst: Burst | None = None,
+    slos: dict | None = None,
+    after_run: Callable[[dict[str, Any]], None] | None = None,
+) -> SetupRuns:
     """Start ``setup``'s cluster, drive it at each rate in turn (open loop, over HTTP), stop it."""
     out = SetupRuns(setup)
     server = ExperimentServer(setup)
@@ -144,10 +192,19 @@ def run_setup(setup: ServerSetup, spec: WorkloadSpec, rates: list[float], args: 
         before = probe_speed(cost_model, args.model) if cost_model else None
         for rate in rates:
             say(f"{setup.name}: {rate:g} req/s for {args.duration:g} s ({spec.name})")
-            cfg = RunConfig(url=ep.http_url, spec=spec, duration_s=args.duration, rate=rate, burst=burst,
-                            seed=args.seed, warmup_s=min(args.warmup, args.duration / 2), drain_s=args.drain,
-                            timeout_s=max(600.0, args.duration + args.drain), slos=slos or {},
-                            progress=not args.no_progress)
+            cfg = RunConfig(
+                url=ep.http_url,
+                spec=spec,
+                duration_s=args.duration,
+                rate=rate,
+                burst=burst,
+                seed=args.seed,
+                warmup_s=min(args.warmup, args.duration / 2),
+                drain_s=args.drain,
+                timeout_s=max(600.0, args.duration + args.drain),
+                slos=slos or {},
+                progress=not args.no_progress,
+            )
             meter = CpuMeter(server.pid) if server.pid is not None and CpuMeter.available() else None
             if meter is not None:
                 meter.start()
@@ -156,8 +213,10 @@ def run_setup(setup: ServerSetup, spec: WorkloadSpec, rates: list[float], args: 
             report["setup"] = setup.name
             if meter is not None:  # the whole run: arrivals and drain, all processes of the cluster
                 report["cpu"] = meter.stop()
-                say(f"{setup.name}: cores used — workers {report['cpu']['workers_cores']:.2f}, "
-                    f"router/Ray/Redis/client {report['cpu']['host_cores']:.2f}")
+                say(
+                    f"{setup.name}: cores used — workers {report['cpu']['workers_cores']:.2f}, "
+                    f"router/Ray/Redis/client {report['cpu']['host_cores']:.2f}"
+                )
             if cost_model:  # the probe after this run is the one before the next
                 after = probe_speed(cost_model, args.model)
                 report["speed"] = {"before": before, "after": after}
@@ -187,13 +246,24 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def write_experiment(name: str, args: argparse.Namespace, params: dict[str, Any], setups: list[SetupRuns],
-                     results: dict[str, Any], table: str) -> Path:
+def write_experiment(
+    name: str,
+    args: argparse.Namespace,
+    params: dict[str, Any],
+    setups: list[SetupRuns],
+    results: dict[str, Any],
+    table: str,
+) -> Path:
     doc = {
-        "schema": SCHEMA, "experiment": name,
+        "schema": SCHEMA,
+        "experiment": name,
         "command": "python -m bench.experiments." + name + " " + " ".join(sys.argv[1:]),
-        "created_unix": round(time.time(), 3), "machine": machine(), "params": params, "results": results,
-        "setups": {s.setup.name: s.to_dict() for s in setups}, "table": table,
+        "created_unix": round(time.time(), 3),
+        "machine": machine(),
+        "params": params,
+        "results": results,
+        "setups": {s.setup.name: s.to_dict() for s in setups},
+        "table": table,
     }
     path = write_json(doc, args.json)
     say(f"report: {path}")
@@ -212,8 +282,11 @@ def write_rate_plots(setups: list[SetupRuns], out_dir: Path) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         for s in setups:
             if len(s.reports) >= 2:
-                plot_latency_vs_rate(points_from_reports(s.reports), out_dir / f"{s.setup.name}_latency_vs_rate.png",
-                                     title=f"{s.setup.name}: latency vs offered rate")
+                plot_latency_vs_rate(
+                    points_from_reports(s.reports),
+                    out_dir / f"{s.setup.name}_latency_vs_rate.png",
+                    title=f"{s.setup.name}: latency vs offered rate",
+                )
             if s.reports:
                 for p in write_plots(s.reports[-1], out_dir / f"{s.setup.name}_highest_rate"):
                     say(f"plot: {p}")
@@ -233,23 +306,45 @@ def rate_rows(setups: list[SetupRuns], lane: str | None = None) -> list[list[str
             st = r["summary"] if lane is None else r["lanes"].get(lane)
             if st is None:
                 continue
-            rows.append([s.setup.name, f"{r['config']['rate']:g}", f"{st['request_throughput']:.2f}",
-                         f"{st['output_token_throughput']:.1f}",
-                         f"{fmt_ms(st['ttft_s']['p50'])} / {fmt_ms(st['ttft_s']['p99'])}",
-                         f"{fmt_ms(st['tpot_s']['p50'])} / {fmt_ms(st['tpot_s']['p99'])}",
-                         fmt_ms(st["itl_s"]["p99"]),
-                         f"{fmt_ms(st['e2e_s']['p50'])} / {fmt_ms(st['e2e_s']['p99'])}",
-                         fmt_pct(st["slo_attainment"]), f"{st['goodput_rps']:.2f}",
-                         f"{st['rejected'] + st['errors']}"])
+            rows.append(
+                [
+                    s.setup.name,
+                    f"{r['config']['rate']:g}",
+                    f"{st['request_throughput']:.2f}",
+                    f"{st['output_token_throughput']:.1f}",
+                    f"{fmt_ms(st['ttft_s']['p50'])} / {fmt_ms(st['ttft_s']['p99'])}",
+                    f"{fmt_ms(st['tpot_s']['p50'])} / {fmt_ms(st['tpot_s']['p99'])}",
+                    fmt_ms(st["itl_s"]["p99"]),
+                    f"{fmt_ms(st['e2e_s']['p50'])} / {fmt_ms(st['e2e_s']['p99'])}",
+                    fmt_pct(st["slo_attainment"]),
+                    f"{st['goodput_rps']:.2f}",
+                    f"{st['rejected'] + st['errors']}",
+                ]
+            )
     return rows
 
 
-RATE_HEADER = ["setup", "offered req/s", "done req/s", "output tok/s", "TTFT p50 / p99 ms", "TPOT p50 / p99 ms",
-               "ITL p99 ms", "e2e p50 / p99 ms", "SLO met", "goodput req/s", "rejected+failed"]
+RATE_HEADER = [
+    "setup",
+    "offered req/s",
+    "done req/s",
+    "output tok/s",
+    "TTFT p50 / p99 ms",
+    "TPOT p50 / p99 ms",
+    "ITL p99 ms",
+    "e2e p50 / p99 ms",
+    "SLO met",
+    "goodput req/s",
+    "rejected+failed",
+]
 
 
 def summaries(setups: list[SetupRuns], lane: str | None = None) -> dict[str, list[dict[str, Any]]]:
     """setup -> [{rate, stats}] for the experiment's ``results``."""
-    return {s.setup.name: [{"rate": r["config"]["rate"],
-                            "stats": r["summary"] if lane is None else r["lanes"].get(lane)} for r in s.reports]
-            for s in setups}
+    return {
+        s.setup.name: [
+            {"rate": r["config"]["rate"], "stats": r["summary"] if lane is None else r["lanes"].get(lane)}
+            for r in s.reports
+        ]
+        for s in setups
+    }

@@ -45,8 +45,7 @@ NAME = "continuous_vs_static"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = base_parser(__doc__.split("\n\n")[0], rates="0.2,0.4,0.6", duration=50.0, workload="sharegpt",
-                    admission=False)
+    p = base_parser(__doc__.split("\n\n")[0], rates="0.2,0.4,0.6", duration=50.0, workload="sharegpt", admission=False)
     p.add_argument("--static-batch-size", type=int, default=16)
     args = p.parse_args(argv)
     rates = parse_rates(args.rates)
@@ -62,14 +61,34 @@ def main(argv: list[str] | None = None) -> int:
         tok = c["output_token_throughput"] / s["output_token_throughput"] if s["output_token_throughput"] else None
         good = c["goodput_rps"] / s["goodput_rps"] if s["goodput_rps"] else None
         ratios.append({"rate": rc["config"]["rate"], "output_tok_s_ratio": tok, "goodput_ratio": good})
-        ratio_rows.append([f"{rc['config']['rate']:g}", "-" if tok is None else f"{tok:.2f}x",
-                           "-" if good is None else f"{good:.2f}x (static: {s['goodput_rps']:.2f} req/s)"])
-    table = (markdown_table(RATE_HEADER, rate_rows(runs)) + "\n\n"
-             + markdown_table(["offered req/s", "output tok/s, continuous / static", "goodput, continuous / static"],
-                              ratio_rows))
-    write_experiment(NAME, args, {"rates": rates, "duration_s": args.duration, "workload": spec.to_dict(),
-                                  "model": args.model, "static_batch_size": args.static_batch_size},
-                     runs, {"by_setup": summaries(runs), "ratios": ratios}, table)
+        ratio_rows.append(
+            [
+                f"{rc['config']['rate']:g}",
+                "-" if tok is None else f"{tok:.2f}x",
+                "-" if good is None else f"{good:.2f}x (static: {s['goodput_rps']:.2f} req/s)",
+            ]
+        )
+    table = (
+        markdown_table(RATE_HEADER, rate_rows(runs))
+        + "\n\n"
+        + markdown_table(
+            ["offered req/s", "output tok/s, continuous / static", "goodput, continuous / static"], ratio_rows
+        )
+    )
+    write_experiment(
+        NAME,
+        args,
+        {
+            "rates": rates,
+            "duration_s": args.duration,
+            "workload": spec.to_dict(),
+            "model": args.model,
+            "static_batch_size": args.static_batch_size,
+        },
+        runs,
+        {"by_setup": summaries(runs), "ratios": ratios},
+        table,
+    )
     write_rate_plots(runs, plots_dir(args))
     print(table)
     return 0

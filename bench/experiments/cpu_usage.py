@@ -122,6 +122,11 @@ class CpuMeter:
         wall = time.monotonic() - (self._t0 or time.monotonic())
         cpu = {g: round(self._seconds.get(g, 0.0), 3) for g in GROUPS}
         cores = {g: round(s / wall, 4) if wall > 0 else None for g, s in cpu.items()}
-        return {"wall_s": round(wall, 3), "cpu_s": cpu, "cores": cores, "cpu_count": os.cpu_count(),
-                "workers_cores": round(sum(cores[g] or 0 for g in ("prefill_worker", "decode_worker")), 4),
-                "host_cores": round(sum(cores[g] or 0 for g in ("router", "redis", "ray", "client")), 4)}
+        return {
+            "wall_s": round(wall, 3),
+            "cpu_s": cpu,
+            "cores": cores,
+            "cpu_count": os.cpu_count(),
+            "workers_cores": round(sum(cores[g] or 0 for g in ("prefill_worker", "decode_worker")), 4),
+            "host_cores": round(sum(cores[g] or 0 for g in ("router", "redis", "ray", "client")), 4),
+        }

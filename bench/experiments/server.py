@@ -13,8 +13,11 @@ import asyncio
 import multiprocessing as mp
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
 
 from baton.config import BatonConfig, load_config
 
@@ -87,13 +90,17 @@ def _child(setup: ServerSetup, conn) -> None:
 class ExperimentServer:
     """``with ExperimentServer(setup) as ep: ...`` — a running cluster for the block's duration."""
 
-    def __init__(self, setup: ServerSetup, start_timeout_s: float = 900.0,
-                 say: Callable[[str], None] = lambda m: print(f"[experiment] {m}", file=sys.stderr, flush=True)):
+    def __init__(
+        self,
+        setup: ServerSetup,
+        start_timeout_s: float = 900.0,
+        say: Callable[[str], None] = lambda m: print(f"[experiment] {m}", file=sys.stderr, flush=True),
+    ):
         self.setup = setup
         self.start_timeout_s = start_timeout_s
         self.say = say
-        self._proc: mp.Process | None = None
-        self._conn = None
+        self._proc: BaseProcess | None = None
+        self._conn: Connection | None = None
         self.endpoints: Endpoints | None = None
         self.startup_s: float | None = None
 
@@ -101,20 +108,23 @@ class ExperimentServer:
         setup = self.setup
         setup.config()  # validate here: a bad override fails before a process is spawned
         ctx = mp.get_context("spawn")
-        self._conn, child_conn = ctx.Pipe()
+        conn, child_conn = ctx.Pipe()
+        self._conn = conn
         t0 = time.monotonic()
-        self._proc = ctx.Process(target=_child, args=(setup, child_conn), name=f"baton-{setup.name}")
-        self._proc.start()
+        self._proc = proc = ctx.Process(target=_child, args=(setup, child_conn), name=f"baton-{setup.name}")
+        proc.start()
         child_conn.close()
-        self.say(f"starting server '{setup.name}' ({setup.overrides or 'defaults'}"
-                 f"{', static batching' if setup.static_batch_size else ''})")
-        if not self._conn.poll(self.start_timeout_s):
+        self.say(
+            f"starting server '{setup.name}' ({setup.overrides or 'defaults'}"
+            f"{', static batching' if setup.static_batch_size else ''})"
+        )
+        if not conn.poll(self.start_timeout_s):
             self._stop()
             raise TimeoutError(f"server '{setup.name}' did not start within {self.start_timeout_s:.0f} s")
         try:
-            msg = self._conn.recv()
+            msg = conn.recv()
         except EOFError:
-            msg = ("error", f"the server process exited (code {self._proc.exitcode})")
+            msg = ("error", f"the server process exited (code {proc.exitcode})")
         if msg[0] != "ready":
             self._stop()
             raise RuntimeError(f"server '{setup.name}' failed to start: {msg[1]}")

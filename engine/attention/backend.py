@@ -5,9 +5,8 @@ reused buffers; the plain reference elsewhere)."""
 from __future__ import annotations
 
 import os
-
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -16,13 +15,21 @@ from engine.attention.cpu import CpuPagedAttention
 from engine.native.paged_decode import NativePagedDecode
 from engine.native.paged_prefill import NativePagedPrefill
 
+T = torch.Tensor
+# (k_cache, v_cache, k, v, slot_block, slot_offset)
+WriteKv = Callable[[T, T, T, T, T, T], None]
+# (q, k_cache, v_cache, block_tables, seq_lens, scale) -> out
+Decode = Callable[[T, T, T, T, T, float], T]
+# (q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale) -> out
+Prefill = Callable[[T, T, T, T, T, T, float], T]
+
 
 @dataclass(frozen=True)
 class AttentionBackend:
     name: str
-    write_kv: Callable
-    decode: Callable
-    prefill: Callable
+    write_kv: WriteKv
+    decode: Decode
+    prefill: Prefill
     # The compiled decode kernel ``decode`` uses now (CPU), for callers that run it themselves
     # (engine/native/decode_layers.py); None where there is none.
     decode_kernel: Callable[[], NativePagedDecode | None] = lambda: None
@@ -32,12 +39,18 @@ def select_backend(device: torch.device, requested: str = "auto") -> AttentionBa
     use_triton = requested == "triton" or (requested == "auto" and device.type == "cuda")
     if not use_triton:
         if device.type == "cpu":
-            cpu = CpuPagedAttention(NativePagedDecode.load(), NativePagedPrefill.load())  # owns reused buffers: one per runner
+            cpu = CpuPagedAttention(
+                NativePagedDecode.load(), NativePagedPrefill.load()
+            )  # owns reused buffers: one per runner
             return AttentionBackend("torch", cpu.write_kv, cpu.decode, cpu.prefill, lambda: cpu.native_decode)
-        return AttentionBackend("torch", reference.write_kv, reference.paged_decode_attention, reference.paged_prefill_attention)
+        return AttentionBackend(
+            "torch", reference.write_kv, reference.paged_decode_attention, reference.paged_prefill_attention
+        )
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":  # triton's own error: "0 active drivers"
-        raise ValueError("attention_backend=triton runs on CUDA; on a CPU only under TRITON_INTERPRET=1 (the "
-                         "interpreter, for tests): use auto or torch here")
+        raise ValueError(
+            "attention_backend=triton runs on CUDA; on a CPU only under TRITON_INTERPRET=1 (the "
+            "interpreter, for tests): use auto or torch here"
+        )
     try:
         from engine.attention import triton_decode, triton_prefill
     except ImportError as e:  # triton missing: say so rather than silently running the slow path
@@ -49,4 +62,6 @@ def select_backend(device: torch.device, requested: str = "auto") -> AttentionBa
         write_kv = triton_kv_write.write_kv
     except ImportError:
         pass
-    return AttentionBackend("triton", write_kv, triton_decode.paged_decode_attention, triton_prefill.paged_prefill_attention)
+    return AttentionBackend(
+        "triton", write_kv, triton_decode.paged_decode_attention, triton_prefill.paged_prefill_attention
+    )

@@ -29,8 +29,9 @@ from engine.native.paged_prefill import NativePagedPrefill
 
 
 class CpuPagedAttention:
-    def __init__(self, native_decode: NativePagedDecode | None = None,
-                 native_prefill: NativePagedPrefill | None = None) -> None:
+    def __init__(
+        self, native_decode: NativePagedDecode | None = None, native_prefill: NativePagedPrefill | None = None
+    ) -> None:
         """``native_decode``, ``native_prefill``: the compiled kernels, used for every call they support."""
         self.native_decode = native_decode
         self.native_prefill = native_prefill
@@ -41,11 +42,26 @@ class CpuPagedAttention:
 
     # -- the shared signatures (engine/attention/__init__.py) ----------------------------------
     @staticmethod
-    def write_kv(k_cache, v_cache, k, v, slot_block, slot_offset) -> None:
+    def write_kv(
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slot_block: torch.Tensor,
+        slot_offset: torch.Tensor,
+    ) -> None:
         k_cache[slot_block, slot_offset] = k
         v_cache[slot_block, slot_offset] = v
 
-    def decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.Tensor:
+    def decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
         native = self.native_decode
         if native is not None and native.supports(q, k_cache, v_cache, block_tables, seq_lens):
             return native(q, k_cache, v_cache, block_tables, seq_lens, scale)
@@ -54,10 +70,20 @@ class CpuPagedAttention:
             return self._decode_group(q, k_cache, v_cache, block_tables, groups[0].mask, scale)
         out = torch.empty_like(q)
         for g in groups:
-            out[g.rows] = self._decode_group(q[g.rows], k_cache, v_cache, block_tables[g.rows, : g.num_blocks], g.mask, scale)
+            out[g.rows] = self._decode_group(
+                q[g.rows], k_cache, v_cache, block_tables[g.rows, : g.num_blocks], g.mask, scale
+            )
         return out
 
-    def _decode_group(self, q, k_cache, v_cache, block_tables, mask, scale) -> torch.Tensor:
+    def _decode_group(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        mask: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
         num_seqs, num_heads, head_dim = q.shape
         kv_heads, max_len = k_cache.shape[2], block_tables.shape[1] * k_cache.shape[1]
         k, v = self._gather(k_cache, v_cache, block_tables.reshape(-1))
@@ -66,7 +92,16 @@ class CpuPagedAttention:
         out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         return out.view(num_seqs, num_heads, head_dim)
 
-    def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale) -> torch.Tensor:
+    def prefill(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
         native = self.native_prefill
         if native is not None and native.supports(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens):
             return native(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale)
@@ -95,7 +130,9 @@ class CpuPagedAttention:
         return out
 
     # -- internals -------------------------------------------------------------------------------
-    def _gather(self, k_cache, v_cache, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _gather(
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of ``blocks`` (1-D ids) as two dense ``[n, block_size, kv_heads, head_dim]`` views."""
         shape = (blocks.numel(), *k_cache.shape[1:])
         n = shape[0] * k_cache[0].numel()
@@ -106,11 +143,19 @@ class CpuPagedAttention:
         v = torch.index_select(v_cache, 0, blocks, out=buf[n : 2 * n].view(shape))
         return k, v
 
-    def _decode_plan(self, seq_lens: torch.Tensor, max_blocks: int, block_size: int, dtype: torch.dtype) -> list[DecodeGroup]:
+    def _decode_plan(
+        self, seq_lens: torch.Tensor, max_blocks: int, block_size: int, dtype: torch.dtype
+    ) -> list[DecodeGroup]:
         """The step's groups (same for every layer: built on the first, reused while seq_lens holds)."""
         plan, known = self._plan, self._plan_seq_lens
-        if (plan is None or plan[0].mask.dtype != dtype or self._plan_key != (max_blocks, block_size)
-                or known.shape != seq_lens.shape or not torch.equal(known, seq_lens)):
+        if (
+            plan is None
+            or known is None
+            or plan[0].mask.dtype != dtype
+            or self._plan_key != (max_blocks, block_size)
+            or known.shape != seq_lens.shape
+            or not torch.equal(known, seq_lens)
+        ):
             lens = seq_lens.tolist()
             cuts = length_groups([-(-n // block_size) for n in lens], max_blocks)
             plan = []
@@ -129,15 +174,18 @@ class CpuPagedAttention:
 _FLASH_WITH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def _prefix_then_chunk(q, k, v, prefix: int, scale: float) -> torch.Tensor:
+def _prefix_then_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, scale: float) -> torch.Tensor:
     """A chunk's queries over [cached prefix, the chunk itself]: the prefix unmasked and the chunk
     causally, as two flash calls merged by their log-sum-exps, instead of one SDPA call with a
-    [q_len, ctx_len] mask, which torch runs at a lower rate. q: [1, heads, q_len, D]; k, v: [1, kv_heads, ctx_len, D]."""
+    [q_len, ctx_len] mask, which torch runs at a lower rate.
+    q: [1, heads, q_len, D]; k, v: [1, kv_heads, ctx_len, D]."""
+    assert _FLASH_WITH_LSE is not None  # (callers check)
     o1, lse1 = _FLASH_WITH_LSE(q, k[:, :, :prefix], v[:, :, :prefix], 0.0, False, scale=scale)
     o2, lse2 = _FLASH_WITH_LSE(q, k[:, :, prefix:], v[:, :, prefix:], 0.0, True, scale=scale)
     top = torch.maximum(lse1, lse2)
     w1, w2 = torch.exp(lse1 - top).unsqueeze(-1), torch.exp(lse2 - top).unsqueeze(-1)
-    return (o1 * w1 + o2 * w2) / (w1 + w2)
+    out: torch.Tensor = (o1 * w1 + o2 * w2) / (w1 + w2)  # (the flash op is typed at run time only)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

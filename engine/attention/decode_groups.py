@@ -8,6 +8,8 @@ each padded to its own longest row, where the padding a cut saves exceeds a grou
 
 from __future__ import annotations
 
+import itertools
+
 # A group's fixed cost (a gather and an SDPA call per layer, ~80 us) in rows x blocks of padding it
 # must save: one row-block of SmolLM2's KV costs ~2.4 us to gather and attend on the 2-core CPU.
 GROUP_OVERHEAD_BLOCKS = 32
@@ -26,7 +28,7 @@ def length_groups(blocks: list[int], max_blocks: int) -> list[tuple[list[int], i
     bounds = [0, len(sizes)]  # group g is sorted rows [bounds[g], bounds[g + 1])
     while len(bounds) - 1 < MAX_GROUPS:
         best, best_cut = GROUP_OVERHEAD_BLOCKS, None
-        for start, end in zip(bounds, bounds[1:]):
+        for start, end in itertools.pairwise(bounds):
             width = sizes[end - 1]
             for cut in range(start + 1, end):  # rows [start, cut) padded to sizes[cut - 1] instead
                 saving = (cut - start) * (width - sizes[cut - 1])
@@ -37,4 +39,4 @@ def length_groups(blocks: list[int], max_blocks: int) -> list[tuple[list[int], i
         bounds = sorted([*bounds, best_cut])
     if len(bounds) == 2:
         return [(list(range(len(blocks))), max_blocks)]
-    return [(order[s:e], sizes[e - 1]) for s, e in zip(bounds, bounds[1:])]
+    return [(order[s:e], sizes[e - 1]) for s, e in itertools.pairwise(bounds)]

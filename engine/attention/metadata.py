@@ -23,3 +23,17 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor | None
     prefill_cu_seqlens_q: torch.Tensor | None
     prefill_seq_lens: torch.Tensor | None
+
+    def decode_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(decode_block_tables, decode_seq_lens): a step with decode rows has them."""
+        assert self.decode_block_tables is not None and self.decode_seq_lens is not None, "no decode rows"
+        return self.decode_block_tables, self.decode_seq_lens
+
+    def prefill_tables(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(prefill_block_tables, prefill_cu_seqlens_q, prefill_seq_lens): a step with prefill rows has them."""
+        assert (
+            self.prefill_block_tables is not None
+            and self.prefill_cu_seqlens_q is not None
+            and self.prefill_seq_lens is not None
+        ), "no prefill rows"
+        return self.prefill_block_tables, self.prefill_cu_seqlens_q, self.prefill_seq_lens

@@ -84,3 +84,49 @@ def paged_prefill_attention(
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
         out[q_start:q_end] = o[0].transpose(0, 1)
     return out
+
+
+def paged_windowed_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Decode or prefill rows (decode: ``cu_seqlens_q`` = 0, 1, ..., D) attending within a sliding
+    ``window`` (query i sees key j when 0 <= i - j < window) with scores soft-capped to
+    ``softcap * tanh(s / softcap)``, in transformers' eager arithmetic (SDPA has no soft-capping).
+    Only the blocks the window reaches are read."""
+    heads, head_dim = q.shape[1], q.shape[2]
+    kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    out = torch.empty_like(q)
+    cu = cu_seqlens_q.tolist()
+    for s, ctx_len in enumerate(seq_lens.tolist()):
+        q_start, q_end = cu[s], cu[s + 1]
+        q_len = q_end - q_start
+        if q_len == 0:
+            continue
+        first = 0 if window is None else max(0, ctx_len - q_len - window + 1) // block_size  # first block in reach
+        idx = block_tables[s, first : -(-ctx_len // block_size)].long()
+        base = first * block_size
+        k = k_cache[idx].reshape(-1, kv_heads, head_dim)[: ctx_len - base].transpose(0, 1)  # [H, L, D]
+        v = v_cache[idx].reshape(-1, kv_heads, head_dim)[: ctx_len - base].transpose(0, 1)
+        k = k.repeat_interleave(heads // kv_heads, dim=0)
+        v = v.repeat_interleave(heads // kv_heads, dim=0)
+        qs = q[q_start:q_end].transpose(0, 1)  # [nh, q_len, D]
+        scores = torch.matmul(qs, k.transpose(1, 2)) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        qpos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)[:, None]
+        kpos = torch.arange(base, ctx_len, device=q.device)[None, :]
+        seen = kpos <= qpos
+        if window is not None:
+            seen &= kpos > qpos - window
+        scores = scores.masked_fill(~seen, float("-inf"))
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out[q_start:q_end] = torch.matmul(probs, v).transpose(0, 1)
+    return out

@@ -1,9 +1,12 @@
 """Triton paged decode attention: one query token per sequence against its paged KV context.
 
 Decode is memory-bound, so each program loads a KV tile once and uses it for every query head
-that shares that KV head (GQA): the group's query heads are the rows of a small matmul. Long
-contexts can be split into partitions (split-K) so that a small batch still fills the GPU; a second
-kernel merges the partitions' partial softmax states.
+that shares that KV head (GQA): the group's query heads are the rows of a small matmul. A small
+batch is split along its contexts (split-K) so that it still fills the GPU: a fixed number of
+splits per sequence, chosen from the batch size and the SM count, each covering
+``cdiv(seq_len, splits)`` of that sequence's own context (read on the device). Nothing depends on
+the block-table width (the model's whole context inside CUDA graphs) or on the longest context, so
+no variant is compiled as contexts grow. A second kernel merges the splits' partial softmax states.
 
 Semantics are exactly those of ``engine.attention.reference.paged_decode_attention``.
 """
@@ -18,9 +21,17 @@ import triton.language as tl
 
 _LOG2E = 1.4426950408889634
 
-# Split a sequence into partitions only when the grid (seqs x kv heads) would leave SMs idle.
-_MIN_PROGRAMS_WITHOUT_SPLIT = 256
-_DEFAULT_PARTITION = 512
+# Split the contexts only when the grid (seqs x kv heads) gives fewer than this many programs per SM.
+_PROGRAMS_PER_SM = 2
+# At most this many splits per sequence (each one's partial state is a row the reduce kernel reads).
+_MAX_SPLITS = 32
+# The SM count the interpreter (CPU tests) is sized for: small, so that small batches split.
+_INTERPRETER_SMS = 4
+# Shared memory a block may use on the smallest GPUs in use (A10, L4, consumer Ampere/Ada: 99 KiB
+# opt-in); where the device's own limit is unknown (the interpreter), tiles are chosen for it.
+SMALL_GPU_SHARED_MEMORY = 99 * 1024
+# Triton's default pipeline depth for these loops on NVIDIA GPUs.
+_DEFAULT_STAGES = 3
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,8 @@ DEFAULT_DECODE_TILES = DecodeTiles()
 # Wider tiles where they fit: faster than DEFAULT_DECODE_TILES on every shape bench/kernel_sweep.py
 # measured (docs/BENCHMARKS.md).
 _WIDE_DECODE_TILES = DecodeTiles(block_n=128, num_warps=4)
+# Most preferred first: the first whose K/V buffers fit in the device's shared memory is used.
+_DECODE_TILE_PREFERENCE = (_WIDE_DECODE_TILES, DEFAULT_DECODE_TILES)
 # A K or V row of D_PAD elements up to this many bytes keeps the wide tiles' pipelined K/V buffers
 # well inside shared memory (bf16 up to head dim 64, fp32 up to 32); wider rows keep the old tiles.
 _WIDE_TILE_ROW_BYTES = 128
@@ -51,8 +64,14 @@ def wide_tiles_fit(head_dim: int, dtype: torch.dtype) -> bool:
     return dot_pad(head_dim) * dtype.itemsize <= _WIDE_TILE_ROW_BYTES
 
 
-def check_attention_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor, num_seqs: int) -> None:
+def check_attention_inputs(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_seqs: int,
+) -> None:
     """What the kernels assume of their inputs, checked on the host without reading device memory
     (ValueError naming the mismatch: a wrong shape or dtype computed garbage, or read out of bounds)."""
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -61,22 +80,67 @@ def check_attention_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         (num_heads % kv_heads != 0, f"{num_heads} query heads are not a multiple of {kv_heads} KV heads"),
         (k_cache.shape != v_cache.shape, f"K cache {tuple(k_cache.shape)} and V cache {tuple(v_cache.shape)} differ"),
         (k_cache.shape[3] != head_dim, f"head size {head_dim} of q, {k_cache.shape[3]} of the cache"),
-        (q.dtype != k_cache.dtype or k_cache.dtype != v_cache.dtype,
-         f"dtypes differ: q {q.dtype}, K cache {k_cache.dtype}, V cache {v_cache.dtype}"),
-        (seq_lens.dtype != torch.int32 or block_tables.dtype != torch.int32,
-         f"seq_lens and block_tables must be int32, got {seq_lens.dtype} and {block_tables.dtype}"),
+        (
+            q.dtype != k_cache.dtype or k_cache.dtype != v_cache.dtype,
+            f"dtypes differ: q {q.dtype}, K cache {k_cache.dtype}, V cache {v_cache.dtype}",
+        ),
+        (
+            seq_lens.dtype != torch.int32 or block_tables.dtype != torch.int32,
+            f"seq_lens and block_tables must be int32, got {seq_lens.dtype} and {block_tables.dtype}",
+        ),
         (tuple(seq_lens.shape) != (num_seqs,), f"seq_lens has shape {tuple(seq_lens.shape)}, want ({num_seqs},)"),
-        (block_tables.dim() != 2 or block_tables.shape[0] != num_seqs,
-         f"block_tables has shape {tuple(block_tables.shape)}, want ({num_seqs}, blocks per sequence)"),
+        (
+            block_tables.dim() != 2 or block_tables.shape[0] != num_seqs,
+            f"block_tables has shape {tuple(block_tables.shape)}, want ({num_seqs}, blocks per sequence)",
+        ),
     ]
     for bad, what in problems:
         if bad:
             raise ValueError(f"attention inputs: {what}")
 
 
-def default_decode_tiles(head_dim: int, dtype: torch.dtype) -> DecodeTiles:
-    """The fastest measured tiles where they fit in shared memory; the smaller original ones elsewhere."""
-    return _WIDE_DECODE_TILES if wide_tiles_fit(head_dim, dtype) else DEFAULT_DECODE_TILES
+def decode_tile_shared_memory(tiles: DecodeTiles, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes of shared memory the pipelined K and V tiles of one program take (an estimate: the
+    buffers of every stage; Q, the scores and the accumulators live in registers)."""
+    stages = _DEFAULT_STAGES if tiles.num_stages is None else tiles.num_stages
+    return stages * 2 * dot_pad(head_dim) * tiles.block_n * dtype.itemsize
+
+
+def default_decode_tiles(head_dim: int, dtype: torch.dtype, shared_memory: int | None = None) -> DecodeTiles:
+    """The fastest measured tiles whose K/V buffers fit in ``shared_memory`` bytes (a block's limit,
+    as the device reports it; None: ``SMALL_GPU_SHARED_MEMORY``); the smallest ones where none fits.
+
+    Head dim 128 in bf16 gets the wide tiles on an H100/H200 (227 KiB) and the narrower original
+    ones on a 99 KiB GPU, where the wide ones would fail to compile."""
+    limit = SMALL_GPU_SHARED_MEMORY if shared_memory is None else shared_memory
+    for tiles in _DECODE_TILE_PREFERENCE:
+        if decode_tile_shared_memory(tiles, head_dim, dtype) <= limit:
+            return tiles
+    return _DECODE_TILE_PREFERENCE[-1]
+
+
+def device_shared_memory(device: torch.device) -> int | None:
+    """The most shared memory one block may use on ``device`` (opt-in), or None off CUDA."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return int(getattr(props, "shared_memory_per_block_optin", 0)) or None
+
+
+def decode_num_splits(num_seqs: int, kv_heads: int, sm_count: int) -> int:
+    """KV splits per sequence: enough programs for ``_PROGRAMS_PER_SM`` on every SM, at most
+    ``_MAX_SPLITS``; 1 (no split) where the (seqs x kv heads) grid already gives that. Depends on
+    the batch's shape only, never on its contexts."""
+    programs = max(num_seqs * kv_heads, 1)
+    target = sm_count * _PROGRAMS_PER_SM
+    return 1 if programs >= target else min(_MAX_SPLITS, -(-target // programs))
+
+
+def device_sm_count(device: torch.device) -> int:
+    """The SMs decode's splits are sized for: the device's count on CUDA, a nominal few under the interpreter."""
+    if device.type != "cuda":
+        return _INTERPRETER_SMS
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 # tl.dot on NVIDIA GPUs needs every operand dimension >= 16 (the interpreter does not check).
@@ -90,28 +154,62 @@ def launch_options(num_warps: int, num_stages: int | None) -> dict[str, int]:
 
 def dot_pad(n: int) -> int:
     """The padded size of a tl.dot operand dimension of real size ``n``: a power of two, >= 16."""
-    return max(_MIN_DOT_DIM, triton.next_power_of_2(n))
+    return max(_MIN_DOT_DIM, int(triton.next_power_of_2(n)))
+
+
+@triton.jit
+def _part_len(seq_len, fixed_part_len, num_parts, BLOCK_N: tl.constexpr, BY_LENGTH: tl.constexpr):
+    """Keys per split of this sequence: ``cdiv(seq_len, num_parts)`` rounded up to the key tile (at
+    least one tile, so a padding row of length 0 divides by nothing), or the fixed length given."""
+    if BY_LENGTH:
+        return tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_parts), BLOCK_N), 1) * BLOCK_N
+    else:
+        return fixed_part_len
 
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr,
-    part_acc_ptr, part_ml_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bt_ptr,
+    lens_ptr,
+    out_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
     qk_scale,
-    stride_qb, stride_qh, stride_qd,
-    stride_kb, stride_kt, stride_kh, stride_kd,
-    stride_vb, stride_vt, stride_vh, stride_vd,
-    stride_btb, stride_btn,
-    stride_ob, stride_oh, stride_od,
-    part_len, num_parts,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    stride_qb,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_btb,
+    stride_btn,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    fixed_part_len,
+    num_parts,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BY_LENGTH: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     part = tl.program_id(2)
     seq_len = tl.load(lens_ptr + seq)
+    part_len = _part_len(seq_len, fixed_part_len, num_parts, BLOCK_N, BY_LENGTH)
     start = part * part_len
     if start < seq_len:
         end = tl.minimum(start + part_len, seq_len)
@@ -123,7 +221,8 @@ def _decode_kernel(
 
         q = tl.load(
             q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
-            mask=row_ok[:, None] & dim_ok[None, :], other=0.0,
+            mask=row_ok[:, None] & dim_ok[None, :],
+            other=0.0,
         )
 
         m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
@@ -136,9 +235,13 @@ def _decode_kernel(
             block = tl.load(bt_row + (pos // BLOCK_SIZE) * stride_btn, mask=key_ok, other=0).to(tl.int64)
             slot = pos % BLOCK_SIZE
             k = tl.load(
-                k_ptr + block[None, :] * stride_kb + slot[None, :] * stride_kt + kvh * stride_kh
+                k_ptr
+                + block[None, :] * stride_kb
+                + slot[None, :] * stride_kt
+                + kvh * stride_kh
                 + dims[:, None] * stride_kd,
-                mask=key_ok[None, :] & dim_ok[:, None], other=0.0,
+                mask=key_ok[None, :] & dim_ok[:, None],
+                other=0.0,
             )  # [D_PAD, BLOCK_N]
             # qk_scale folds in log2(e) so that the softmax uses exp2.
             s = tl.dot(q, k, input_precision="ieee") * qk_scale
@@ -147,9 +250,13 @@ def _decode_kernel(
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             v = tl.load(
-                v_ptr + block[:, None] * stride_vb + slot[:, None] * stride_vt + kvh * stride_vh
+                v_ptr
+                + block[:, None] * stride_vb
+                + slot[:, None] * stride_vt
+                + kvh * stride_vh
                 + dims[None, :] * stride_vd,
-                mask=key_ok[:, None] & dim_ok[None, :], other=0.0,
+                mask=key_ok[:, None] & dim_ok[None, :],
+                other=0.0,
             )  # [BLOCK_N, D_PAD]
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             l_i = l_i * alpha + tl.sum(p, 1)
@@ -165,43 +272,47 @@ def _decode_kernel(
             out = acc / l_i[:, None]
             tl.store(
                 out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :] * stride_od,
-                out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :],
+                out.to(out_ptr.dtype.element_ty),
+                mask=row_ok[:, None] & dim_ok[None, :],
             )
 
 
 @triton.jit
 def _reduce_kernel(
-    part_acc_ptr, part_ml_ptr, lens_ptr, out_ptr,
-    stride_ob, stride_oh, stride_od,
-    part_len, num_parts,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, PARTS_PAD: tl.constexpr,
+    part_acc_ptr,
+    part_ml_ptr,
+    lens_ptr,
+    out_ptr,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    fixed_part_len,
+    num_parts,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    PARTS_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BY_LENGTH: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(lens_ptr + seq)
+    part_len = _part_len(seq_len, fixed_part_len, num_parts, BLOCK_N, BY_LENGTH)
     used = tl.cdiv(seq_len, part_len)  # partitions past the end were never written
     parts = tl.arange(0, PARTS_PAD)
     dims = tl.arange(0, D_PAD)
     part_ok = parts < used
     base = (seq * tl.num_programs(1) + head) * num_parts + parts
     m = tl.load(part_ml_ptr + base * 2, mask=part_ok, other=float("-inf"))
-    l = tl.load(part_ml_ptr + base * 2 + 1, mask=part_ok, other=0.0)
+    l = tl.load(part_ml_ptr + base * 2 + 1, mask=part_ok, other=0.0)  # noqa: E741 - the softmax's (m, l), as in the papers
     acc = tl.load(part_acc_ptr + base[:, None] * D_PAD + dims[None, :], mask=part_ok[:, None], other=0.0)
     w = tl.where(part_ok, tl.exp2(m - tl.max(m, 0)), 0.0)
     out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
     tl.store(
         out_ptr + seq * stride_ob + head * stride_oh + dims * stride_od,
-        out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM,
+        out.to(out_ptr.dtype.element_ty),
+        mask=dims < HEAD_DIM,
     )
-
-
-def _partition_len(num_seqs: int, kv_heads: int, max_len: int, partition_size: int | None, block_n: int) -> int:
-    """Keys per partition, a multiple of the key tile. Without an explicit size, split only when
-    the (seqs x kv heads) grid alone would leave the GPU underused."""
-    if partition_size is None:
-        small_grid = num_seqs * kv_heads < _MIN_PROGRAMS_WITHOUT_SPLIT
-        partition_size = _DEFAULT_PARTITION if small_grid and max_len > _DEFAULT_PARTITION else max_len
-    return triton.cdiv(max(partition_size, 1), block_n) * block_n
 
 
 def paged_decode_attention(
@@ -212,16 +323,21 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     *,
+    num_splits: int | None = None,
     partition_size: int | None = None,
     tiles: DecodeTiles | None = None,
 ) -> torch.Tensor:
     """Decode attention over a paged, possibly strided (block-major) KV cache.
 
-    ``partition_size`` forces split-K with about that many keys per partition (rounded up to the
-    key tile); ``None`` picks it from the grid size. A ``seq_lens`` entry of 0 (a CUDA graph's
+    ``num_splits``: splits per sequence, each over ``cdiv(seq_len, num_splits)`` of its own context
+    (None: ``decode_num_splits`` for this batch and the device's SM count). ``partition_size``
+    instead splits the block table's whole width into fixed partitions of about that many keys
+    (rounded up to the key tile): the layout before splits followed the lengths, kept for
+    comparison (bench/gpu_check_decode_split.py). A ``seq_lens`` entry of 0 (a CUDA graph's
     padding row, engine/cuda_graphs.py) computes nothing, and its output row is undefined (NaN
-    after a split). The host never reads device tensors, so the call does not synchronise. ``tiles``: the launch shape
-    (None: ``default_decode_tiles``; bench/kernel_sweep.py measures the choices).
+    after a split). The host never reads device tensors, so the call does not synchronise. ``tiles``:
+    the launch shape (None: ``default_decode_tiles`` for the device's shared memory;
+    bench/kernel_sweep.py measures the choices).
     """
     num_seqs, num_heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -231,11 +347,19 @@ def paged_decode_attention(
     out = torch.empty_like(q)
     if num_seqs == 0:
         return out
-    tiles = tiles or default_decode_tiles(head_dim, q.dtype)
+    tiles = tiles or default_decode_tiles(head_dim, q.dtype, device_shared_memory(q.device))
 
-    max_len = block_tables.shape[1] * block_size
-    part_len = _partition_len(num_seqs, kv_heads, max_len, partition_size, tiles.block_n)
-    num_parts = triton.cdiv(max_len, part_len)
+    by_length = partition_size is None
+    if partition_size is None:
+        fixed_part_len = 0
+        num_parts = (
+            num_splits if num_splits is not None else decode_num_splits(num_seqs, kv_heads, device_sm_count(q.device))
+        )
+        if num_parts < 1:
+            raise ValueError(f"num_splits must be at least 1, got {num_parts}")
+    else:
+        fixed_part_len = triton.cdiv(max(partition_size, 1), tiles.block_n) * tiles.block_n
+        num_parts = triton.cdiv(block_tables.shape[1] * block_size, fixed_part_len)
     split = num_parts > 1
     d_pad = dot_pad(head_dim)
     group_pad = dot_pad(group)
@@ -246,20 +370,45 @@ def paged_decode_attention(
     else:
         part_acc = part_ml = out  # unused
     _decode_kernel[(num_seqs, kv_heads, num_parts)](
-        q, k_cache, v_cache, block_tables, seq_lens, out,
-        part_acc, part_ml,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        out,
+        part_acc,
+        part_ml,
         scale * _LOG2E,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
-        part_len, num_parts,
-        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, D_PAD=d_pad,
-        BLOCK_SIZE=block_size, BLOCK_N=tiles.block_n, SPLIT=split,
+        *q.stride(),
+        *k_cache.stride(),
+        *v_cache.stride(),
+        *block_tables.stride(),
+        *out.stride(),
+        fixed_part_len,
+        num_parts,
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        HEAD_DIM=head_dim,
+        D_PAD=d_pad,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=tiles.block_n,
+        SPLIT=split,
+        BY_LENGTH=by_length,
         **launch_options(tiles.num_warps, tiles.num_stages),
     )
     if split:
         _reduce_kernel[(num_seqs, num_heads)](
-            part_acc, part_ml, seq_lens, out,
+            part_acc,
+            part_ml,
+            seq_lens,
+            out,
             *out.stride(),
-            part_len, num_parts,
-            HEAD_DIM=head_dim, D_PAD=d_pad, PARTS_PAD=triton.next_power_of_2(num_parts),
+            fixed_part_len,
+            num_parts,
+            HEAD_DIM=head_dim,
+            D_PAD=d_pad,
+            PARTS_PAD=triton.next_power_of_2(num_parts),
+            BLOCK_N=tiles.block_n,
+            BY_LENGTH=by_length,
         )
     return out

@@ -55,12 +55,32 @@ def default_prefill_tiles(head_dim: int, dtype: torch.dtype) -> PrefillTiles:
 
 @triton.jit
 def _attend_tile(
-    q, acc, m_i, l_i, n0,
-    k_ptr, v_ptr, bt_row, kvh, qpos, dims, dim_ok, kv_end, qk_scale,
-    stride_kb, stride_kt, stride_kh, stride_kd,
-    stride_vb, stride_vt, stride_vh, stride_vd,
+    q,
+    acc,
+    m_i,
+    l_i,
+    n0,
+    k_ptr,
+    v_ptr,
+    bt_row,
+    kvh,
+    qpos,
+    dims,
+    dim_ok,
+    kv_end,
+    qk_scale,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_vd,
     stride_btn,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
 ):
     """One online-softmax step over keys [n0, n0 + BLOCK_N); MASKED applies bounds + causality."""
     pos = n0 + tl.arange(0, BLOCK_N)
@@ -68,9 +88,9 @@ def _attend_tile(
     block = tl.load(bt_row + (pos // BLOCK_SIZE) * stride_btn, mask=key_ok, other=0).to(tl.int64)
     slot = pos % BLOCK_SIZE
     k = tl.load(
-        k_ptr + block[None, :] * stride_kb + slot[None, :] * stride_kt + kvh * stride_kh
-        + dims[:, None] * stride_kd,
-        mask=key_ok[None, :] & dim_ok[:, None], other=0.0,
+        k_ptr + block[None, :] * stride_kb + slot[None, :] * stride_kt + kvh * stride_kh + dims[:, None] * stride_kd,
+        mask=key_ok[None, :] & dim_ok[:, None],
+        other=0.0,
     )  # [D_PAD, BLOCK_N]
     s = tl.dot(q, k, input_precision="ieee") * qk_scale
     if MASKED:
@@ -79,9 +99,9 @@ def _attend_tile(
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     v = tl.load(
-        v_ptr + block[:, None] * stride_vb + slot[:, None] * stride_vt + kvh * stride_vh
-        + dims[None, :] * stride_vd,
-        mask=key_ok[:, None] & dim_ok[None, :], other=0.0,
+        v_ptr + block[:, None] * stride_vb + slot[:, None] * stride_vt + kvh * stride_vh + dims[None, :] * stride_vd,
+        mask=key_ok[:, None] & dim_ok[None, :],
+        other=0.0,
     )  # [BLOCK_N, D_PAD]
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     l_i = l_i * alpha + tl.sum(p, 1)
@@ -90,16 +110,39 @@ def _attend_tile(
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, lens_ptr, tiles_ptr, out_ptr,
-    qk_scale, num_seqs,
-    stride_qt, stride_qh, stride_qd,
-    stride_kb, stride_kt, stride_kh, stride_kd,
-    stride_vb, stride_vt, stride_vh, stride_vd,
-    stride_btb, stride_btn,
-    stride_ot, stride_oh, stride_od,
-    GROUP: tl.constexpr, TOKENS: tl.constexpr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bt_ptr,
+    cu_ptr,
+    lens_ptr,
+    tiles_ptr,
+    out_ptr,
+    qk_scale,
+    num_seqs,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_btb,
+    stride_btn,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    GROUP: tl.constexpr,
+    TOKENS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     seq = tl.load(tiles_ptr + tl.program_id(0) * 2)
     if seq < num_seqs:  # the grid is an upper bound on the tile count
@@ -122,7 +165,8 @@ def _prefill_kernel(
         row_off = (q_start + tok).to(tl.int64)
         q = tl.load(
             q_ptr + row_off[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
-            mask=row_ok[:, None] & dim_ok[None, :], other=0.0,
+            mask=row_ok[:, None] & dim_ok[None, :],
+            other=0.0,
         )
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -135,21 +179,68 @@ def _prefill_kernel(
         full_end = (tile_first // BLOCK_N) * BLOCK_N
         for n0 in range(0, full_end, BLOCK_N):
             acc, m_i, l_i = _attend_tile(
-                q, acc, m_i, l_i, n0, k_ptr, v_ptr, bt_row, kvh, qpos, dims, dim_ok, kv_end, qk_scale,
-                stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd,
-                stride_btn, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N, MASKED=False,
+                q,
+                acc,
+                m_i,
+                l_i,
+                n0,
+                k_ptr,
+                v_ptr,
+                bt_row,
+                kvh,
+                qpos,
+                dims,
+                dim_ok,
+                kv_end,
+                qk_scale,
+                stride_kb,
+                stride_kt,
+                stride_kh,
+                stride_kd,
+                stride_vb,
+                stride_vt,
+                stride_vh,
+                stride_vd,
+                stride_btn,
+                BLOCK_SIZE=BLOCK_SIZE,
+                BLOCK_N=BLOCK_N,
+                MASKED=False,
             )
         for n0 in range(full_end, kv_end, BLOCK_N):
             acc, m_i, l_i = _attend_tile(
-                q, acc, m_i, l_i, n0, k_ptr, v_ptr, bt_row, kvh, qpos, dims, dim_ok, kv_end, qk_scale,
-                stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd,
-                stride_btn, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N, MASKED=True,
+                q,
+                acc,
+                m_i,
+                l_i,
+                n0,
+                k_ptr,
+                v_ptr,
+                bt_row,
+                kvh,
+                qpos,
+                dims,
+                dim_ok,
+                kv_end,
+                qk_scale,
+                stride_kb,
+                stride_kt,
+                stride_kh,
+                stride_kd,
+                stride_vb,
+                stride_vt,
+                stride_vh,
+                stride_vd,
+                stride_btn,
+                BLOCK_SIZE=BLOCK_SIZE,
+                BLOCK_N=BLOCK_N,
+                MASKED=True,
             )
 
         out = acc / l_i[:, None]
         tl.store(
             out_ptr + row_off[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :] * stride_od,
-            out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & dim_ok[None, :],
         )
 
 
@@ -192,7 +283,9 @@ def paged_prefill_attention(
     num_seqs = seq_lens.shape[0]
     check_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens, num_seqs)
     if tuple(cu_seqlens_q.shape) != (num_seqs + 1,):
-        raise ValueError(f"attention inputs: cu_seqlens_q has shape {tuple(cu_seqlens_q.shape)}, want ({num_seqs + 1},)")
+        raise ValueError(
+            f"attention inputs: cu_seqlens_q has shape {tuple(cu_seqlens_q.shape)}, want ({num_seqs + 1},)"
+        )
     # The kernel indexes these as plain arrays (strided views read garbage or out of bounds).
     seq_lens, cu_seqlens_q = seq_lens.contiguous(), cu_seqlens_q.contiguous()
     out = torch.empty_like(q)
@@ -205,11 +298,28 @@ def paged_prefill_attention(
     bound = triton.cdiv(total, tokens) + num_seqs  # >= sum of per-sequence tile counts
     tile_table = _tile_table(cu_seqlens_q, tokens, bound)
     _prefill_kernel[(bound, kv_heads)](
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, tile_table, out,
-        scale * _LOG2E, num_seqs,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
-        GROUP=group, TOKENS=tokens, HEAD_DIM=head_dim, D_PAD=dot_pad(head_dim),
-        BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=tiles.block_n,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        cu_seqlens_q,
+        seq_lens,
+        tile_table,
+        out,
+        scale * _LOG2E,
+        num_seqs,
+        *q.stride(),
+        *k_cache.stride(),
+        *v_cache.stride(),
+        *block_tables.stride(),
+        *out.stride(),
+        GROUP=group,
+        TOKENS=tokens,
+        HEAD_DIM=head_dim,
+        D_PAD=dot_pad(head_dim),
+        BLOCK_SIZE=block_size,
+        BLOCK_M=block_m,
+        BLOCK_N=tiles.block_n,
         **launch_options(tiles.num_warps, tiles.num_stages),
     )
     return out

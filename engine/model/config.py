@@ -1,24 +1,28 @@
 """The model architecture, parsed from a Hugging Face ``config.json`` (pure Python, no torch).
 
 Supported: Llama 2/3 (including ``llama3`` rope scaling), Qwen2/2.5 (qkv bias), Mistral and
-SmolLM2 (a Llama). Transformers 4.x (``rope_theta`` + ``rope_scaling``) and 5.x
+SmolLM2 (a Llama), and the families ``family.py`` describes (Qwen3, Phi-3, Gemma 2/3, Mixtral,
+Qwen2-MoE, Qwen3-MoE). Transformers 4.x (``rope_theta`` + ``rope_scaling``) and 5.x
 (``rope_parameters``) spellings are both accepted.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from engine.errors import ModelLoadError
+from engine.model.family import FAMILY_ARCHITECTURES, Family, activation_of, family_from_hf, with_window
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    **FAMILY_ARCHITECTURES,
 }
-_SUPPORTED_ROPE = ("default", "llama3", "linear")
+_SUPPORTED_ROPE = ("default", "llama3", "linear", "longrope", "su")
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,10 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # longrope (Phi-3's "su"): per-frequency divisors below and from original_max_position_embeddings on
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0  # cos/sin multiplied by it (longrope)
 
 
 @dataclass(frozen=True)
@@ -49,10 +57,19 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     sliding_window: int | None = None
+    family: Family = field(default_factory=Family)  # what else sets the architecture apart (family.py)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"model config: {name} must be a positive integer, got {v!r}")
@@ -71,13 +88,12 @@ class ModelConfig:
 
     @property
     def max_context_len(self) -> int:
-        """Usable context: a sliding window (which Baton does not implement) caps it."""
-        if self.sliding_window:
-            return min(self.max_position_embeddings, self.sliding_window)
+        """Usable context (a sliding window is attention's: ``Family.window``; an attention backend
+        without windows serves the model within it, family_forward.serving_context)."""
         return self.max_position_embeddings
 
     @classmethod
-    def from_hf_dict(cls, cfg: dict, source: str = "config.json") -> ModelConfig:
+    def from_hf_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> ModelConfig:
         archs = cfg.get("architectures") or []
         if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
             raise ModelLoadError(f"{source}: architectures must be a list of strings, got {archs!r}")
@@ -85,22 +101,22 @@ class ModelConfig:
         if arch is None:
             model_type = cfg.get("model_type")
             by_type = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
-            arch = by_type.get(model_type)
+            arch = by_type.get(model_type) if isinstance(model_type, str) else None
             if arch is None:
                 raise ModelLoadError(
                     f"{source}: unsupported architecture {archs or model_type!r}; "
                     f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
                 )
-        act = cfg.get("hidden_act", "silu")
-        if act != "silu":
-            raise ModelLoadError(f"{source}: unsupported hidden_act {act!r} (only silu)")
+        activation = activation_of(arch, cfg, source)
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
-            rope_theta, scaling = _parse_rope(cfg, source)
+            rope_theta, scaling = _parse_rope(_global_rope(cfg), source)
             eos = cfg.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
-            use_sw = cfg.get("use_sliding_window", arch == "MistralForCausalLM")
+            use_sw = cfg.get("use_sliding_window", arch in ("MistralForCausalLM", "MixtralForCausalLM"))
+            # transformers' Mixtral has no window unless config.json names one
+            default_window = None if arch == "MixtralForCausalLM" else 4096
             return cls(
                 architecture=arch,
                 vocab_size=int(cfg["vocab_size"]),
@@ -115,11 +131,20 @@ class ModelConfig:
                 rope_theta=rope_theta,
                 rope_scaling=scaling,
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+                attention_bias=bool(
+                    cfg.get("attention_bias", cfg.get("qkv_bias", arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")))
+                ),
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=eos_ids,
                 # transformers' default window is 4096 (Mistral, Qwen2) when the key is absent; null: none
-                sliding_window=(cfg.get("sliding_window", 4096) or None) if use_sw else None,
+                sliding_window=(cfg.get("sliding_window", default_window) or None) if use_sw else None,
+                family=with_window(
+                    replace(family_from_hf(arch, cfg, int(cfg["num_hidden_layers"]), source), activation=activation),
+                    (cfg.get("sliding_window", default_window) or None) if use_sw else None,
+                    cfg.get("layer_types"),
+                    int(cfg["num_hidden_layers"]),
+                    source,
+                ),
             )
         except KeyError as e:
             raise ModelLoadError(f"{source}: missing required field {e.args[0]!r}") from None
@@ -142,18 +167,69 @@ class ModelConfig:
         return cls.from_hf_dict(cfg, str(path))
 
 
-def _parse_rope(cfg: dict, source: str) -> tuple[float, RopeScaling]:
+def _global_rope(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3 (transformers 5.x) keeps a rope setting per layer type: the global layers' is the model's
+    (the sliding layers' base is in its Family)."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        return {**cfg, "rope_parameters": params["full_attention"]}
+    return cfg
+
+
+def _parse_rope(cfg: dict[str, Any], source: str) -> tuple[float, RopeScaling]:
     params = cfg.get("rope_parameters") or {}
     scaling = cfg.get("rope_scaling") or {}
     theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     merged = {**scaling, **params}
     rope_type = merged.get("rope_type", merged.get("type", "default")) or "default"
     if rope_type not in _SUPPORTED_ROPE:
-        raise ModelLoadError(f"{source}: unsupported rope scaling {rope_type!r}; supported: {', '.join(_SUPPORTED_ROPE)}")
+        raise ModelLoadError(
+            f"{source}: unsupported rope scaling {rope_type!r}; supported: {', '.join(_SUPPORTED_ROPE)}"
+        )
+    if float(merged.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))) != 1.0:
+        raise ModelLoadError(
+            f"{source}: partial_rotary_factor {merged.get('partial_rotary_factor')!r} is not "
+            "supported (only 1.0: the rotary embedding over the whole head)"
+        )
+    if rope_type in ("longrope", "su"):
+        return theta, _longrope(cfg, merged, source)
     return theta, RopeScaling(
         rope_type=rope_type,
         factor=float(merged.get("factor", 1.0)),
         low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
         high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
         original_max_position_embeddings=int(merged.get("original_max_position_embeddings", 8192)),
+    )
+
+
+def _longrope(cfg: dict[str, Any], merged: dict[str, Any], source: str) -> RopeScaling:
+    """Phi-3's longrope as transformers computes it: the attention factor from max / original length."""
+    import math
+
+    original = int(
+        merged.get("original_max_position_embeddings")
+        or cfg.get("original_max_position_embeddings")
+        or cfg.get("max_position_embeddings", 4096)
+    )
+    factor = merged.get("factor")
+    factor = float(factor) if factor is not None else int(cfg.get("max_position_embeddings", 2048)) / original
+    attention = merged.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
+    factors = {}
+    for name in ("short_factor", "long_factor"):
+        f = merged.get(name)
+        if not isinstance(f, list) or len(f) != head_dim // 2:
+            raise ModelLoadError(
+                f"{source}: rope scaling {name} must be a list of head_dim/2 ({head_dim // 2}) numbers, got {f!r}"
+            )
+        factors[name] = tuple(float(x) for x in f)
+    return RopeScaling(
+        rope_type="longrope",
+        factor=factor,
+        original_max_position_embeddings=original,
+        short_factor=factors["short_factor"],
+        long_factor=factors["long_factor"],
+        attention_factor=float(attention),
     )

@@ -11,6 +11,7 @@ class Decoder(Protocol):
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
+
 # Prompt tokens kept as left context for the first decoded token (vLLM uses the same 5): enough
 # for decoders that treat the first token specially (sentencepiece's leading-space strip).
 _DETOKENIZER_CONTEXT = 5
@@ -79,8 +80,12 @@ class IncrementalDetokenizer:
         last = len(self._ids) - _KEEP_HELD_TOKENS
         for cut in range(last, max(self._read, last - _KEEP_HELD_TOKENS), -1):  # a few tries: bounded cost
             head, tail = self._decode(self._ids[self._prefix : cut]), self._decode(self._ids[cut:])
-            if (len(head) > len(prefix_text) and len(tail) >= 3 and head.startswith(prefix_text)
-                    and head + tail == new_text):
+            if (
+                len(head) > len(prefix_text)
+                and len(tail) >= 3
+                and head.startswith(prefix_text)
+                and head + tail == new_text
+            ):
                 out.append(head[len(prefix_text) :])
                 self._ids = self._ids[self._read :]
                 self._prefix, self._read = 0, cut - self._read

@@ -3,7 +3,8 @@
 The engine and transformers (the tests' oracle) both load HF directories, so a GGUF is converted
 once: weights dequantized to fp32 safetensors, metadata to ``config.json``, and the vocabulary to a
 ``tokenizer.json``. The blocks of the quantized types the CPU decode kernel multiplies directly
-(Q4_1, Q8_0: engine/native/quant_linear.c) are also kept as they were stored, in ``BLOCKS_FILE``. Everything mirrors transformers' own GGUF loader (integrations/ggml.py,
+(Q4_1, Q8_0: engine/native/quant_linear.c) are also kept as they were stored, in ``BLOCKS_FILE``.
+Everything mirrors transformers' own GGUF loader (integrations/ggml.py,
 integrations/gguf/gguf_tokenizer_mapping.py, modeling_gguf_pytorch_utils.py) so that our directory
 yields the same tensors and token ids as ``from_pretrained(..., gguf_file=...)``; it is
 re-implemented here because transformers is only a test dependency.
@@ -48,6 +49,7 @@ _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm"
 # attn_rot_embd is llama.cpp's own.
 _IGNORED = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd\.weight)$")
 
+
 def import_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None] | None = None) -> Path:
     """Convert ``gguf_path`` into an HF directory at ``out_dir`` (replaced atomically if present)."""
     gguf_path = Path(gguf_path)
@@ -73,8 +75,11 @@ def import_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None] 
         say(f"dequantizing {len(plan)} tensors from {gguf_path.name}")
         specs = [(hf_name, torch.float32, shape) for _, hf_name, shape, _ in plan]
         write_safetensors(tmp / SINGLE_FILE, specs, _dequantized(plan, gguf_path, say), metadata={"format": "pt"})
-        kept = [(t, hf_name, shape, heads) for t, hf_name, shape, heads in plan
-                if t.tensor_type.name in GGML_TYPES and len(shape) == 2]
+        kept: _Plan = [
+            (t, hf_name, shape, heads)
+            for t, hf_name, shape, heads in plan
+            if t.tensor_type.name in GGML_TYPES and len(shape) == 2
+        ]
         block_specs = [(hf_name, torch.uint8, (shape[0], t.data.nbytes // shape[0])) for t, hf_name, shape, _ in kept]
         types = json.dumps({hf_name: t.tensor_type.name for t, hf_name, _, _ in kept})
         write_safetensors(tmp / BLOCKS_FILE, block_specs, _blocks(kept), metadata={"format": "pt", "ggml_types": types})
@@ -95,7 +100,7 @@ class _Metadata:
             return default
         try:
             return field.contents()
-        except Exception as e:  # a malformed field (wrong type / bad UTF-8)
+        except Exception as e:  # noqa: BLE001 - a malformed field (wrong type / bad UTF-8)
             raise ModelLoadError(f"{self.path}: cannot read metadata {key!r} ({e})") from None
 
     def require(self, key: str) -> Any:
@@ -113,7 +118,7 @@ def _open(path: Path) -> Any:
         raise ModelLoadError(f"{path}: GGUF file not found")
     try:
         reader = gguf.GGUFReader(path)
-    except Exception as e:  # bad magic, truncated header, unknown value type...
+    except Exception as e:  # noqa: BLE001 - bad magic, truncated header, unknown value type...
         raise ModelLoadError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
     size = path.stat().st_size
     for t in reader.tensors:
@@ -124,7 +129,10 @@ def _open(path: Path) -> Any:
 
 def _hf_config(meta: _Metadata, arch: str, tensors: dict[str, Any]) -> dict[str, Any]:
     """config.json from the GGUF metadata (keys as transformers' GGUF_CONFIG_MAPPING reads them)."""
-    key = lambda name, default=None: meta.get(f"{arch}.{name}", default)  # noqa: E731
+
+    def key(name: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{name}", default)
+
     embed = tensors.get("token_embd.weight")
     if embed is None:
         raise ModelLoadError(f"{meta.path}: missing tensor 'token_embd.weight'")
@@ -156,13 +164,21 @@ def _hf_config(meta: _Metadata, arch: str, tensors: dict[str, Any]) -> dict[str,
     else:
         config["use_sliding_window"] = False
     freqs = tensors.get("rope_freqs.weight")
-    scaling = rope_scaling(key("rope.scaling.type"), key("rope.scaling.factor"),
-                           None if freqs is None else freqs.data.reshape(-1).tolist(), config["rope_theta"],
-                           config.get("head_dim") or hidden // heads, str(meta.path))
+    scaling = rope_scaling(
+        key("rope.scaling.type"),
+        key("rope.scaling.factor"),
+        None if freqs is None else freqs.data.reshape(-1).tolist(),
+        config["rope_theta"],
+        config.get("head_dim") or hidden // heads,
+        str(meta.path),
+    )
     if scaling is not None:
         config["rope_scaling"] = scaling
-    for name, gguf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                           ("pad_token_id", "padding_token_id")):
+    for name, gguf_key in (
+        ("bos_token_id", "bos_token_id"),
+        ("eos_token_id", "eos_token_id"),
+        ("pad_token_id", "padding_token_id"),
+    ):
         value = meta.get(f"tokenizer.ggml.{gguf_key}")
         if value is not None:
             config[name] = int(value)

@@ -11,7 +11,7 @@ other scaling type named in the metadata is refused rather than ignored.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from engine.errors import ModelLoadError
 
@@ -36,12 +36,16 @@ def llama3_divisors(theta: float, head_dim: int, factor: float, low_wavelen: flo
     return out
 
 
-def llama3_from_divisors(divisors: Sequence[float], theta: float, head_dim: int, source: str) -> dict | None:
+def llama3_from_divisors(
+    divisors: Sequence[float], theta: float, head_dim: int, source: str
+) -> dict[str, float | str] | None:
     """transformers' ``rope_scaling`` for ``rope_freqs.weight``'s divisors (None: all 1, no scaling)."""
     divisors = [float(d) for d in divisors]
     if len(divisors) != head_dim // 2:
-        raise ModelLoadError(f"{source}: rope_freqs.weight has {len(divisors)} values, expected {head_dim // 2} "
-                             f"(one per rotary frequency of head_dim {head_dim})")
+        raise ModelLoadError(
+            f"{source}: rope_freqs.weight has {len(divisors)} values, expected {head_dim // 2} "
+            f"(one per rotary frequency of head_dim {head_dim})"
+        )
     if all(abs(d - 1.0) <= _REL_TOL for d in divisors):
         return None
     factor = max(divisors)
@@ -50,8 +54,11 @@ def llama3_from_divisors(divisors: Sequence[float], theta: float, head_dim: int,
     xs = [1.0 / theta ** (2 * i / head_dim) / (2 * math.pi) for i in range(head_dim // 2)]
     high = [x for x, d in zip(xs, divisors) if abs(d - 1.0) <= _REL_TOL * factor]
     low = [x for x, d in zip(xs, divisors) if abs(d - factor) <= _REL_TOL * factor]
-    ramp = [(x, (1 / d - 1 / factor) / (1 - 1 / factor)) for x, d in zip(xs, divisors)
-            if abs(d - 1.0) > _REL_TOL * factor and abs(d - factor) > _REL_TOL * factor]
+    ramp = [
+        (x, (1 / d - 1 / factor) / (1 - 1 / factor))
+        for x, d in zip(xs, divisors)
+        if abs(d - 1.0) > _REL_TOL * factor and abs(d - factor) > _REL_TOL * factor
+    ]
     try:
         if len(ramp) >= 2:  # the ramp's two ends fix the line
             (x1, s1), (x2, s2) = ramp[0], ramp[-1]
@@ -59,7 +66,7 @@ def llama3_from_divisors(divisors: Sequence[float], theta: float, head_dim: int,
             lo_x = x1 - s1 * span
             hi_x = lo_x + span
         elif len(ramp) == 1:  # one point on the line: any edges that keep the neighbours in their bands
-            (x1, s1), = ramp
+            ((x1, s1),) = ramp
             # lo_x = (x1 - s1 * hi_x) / (1 - s1) falls as hi_x rises; it must stay above the low band.
             upper = (x1 - (1 - s1) * max(low)) / s1 if low else float("inf")
             hi_x = (x1 + min(min(high) if high else float("inf"), upper, 2 * x1)) / 2
@@ -75,18 +82,31 @@ def llama3_from_divisors(divisors: Sequence[float], theta: float, head_dim: int,
         back = llama3_divisors(theta, head_dim, factor, low_wavelen, high_wavelen)
         ok = all(abs(a - b) <= _REL_TOL * max(a, b) for a, b in zip(back, divisors))
     if not ok:
-        raise ModelLoadError(f"{source}: rope_freqs.weight holds per-frequency rope divisors that are not Llama 3's "
-                             "llama3 scaling; this rope scaling is not supported")
+        raise ModelLoadError(
+            f"{source}: rope_freqs.weight holds per-frequency rope divisors that are not Llama 3's "
+            "llama3 scaling; this rope scaling is not supported"
+        )
     # transformers' parameters: low_wavelen = original / low_freq_factor, high_wavelen = original /
     # high_freq_factor. Any original context gives the same divisors; the nearest whole one keeps
     # the published values (8192, 1, 4) where they apply.
     original = max(1, round(low_wavelen))
-    return {"rope_type": "llama3", "factor": factor, "original_max_position_embeddings": original,
-            "low_freq_factor": original / low_wavelen, "high_freq_factor": original / high_wavelen}
+    return {
+        "rope_type": "llama3",
+        "factor": factor,
+        "original_max_position_embeddings": original,
+        "low_freq_factor": original / low_wavelen,
+        "high_freq_factor": original / high_wavelen,
+    }
 
 
-def rope_scaling(scaling_type: str | None, factor: float | None, divisors: Sequence[float] | None, theta: float,
-                 head_dim: int, source: str) -> dict | None:
+def rope_scaling(
+    scaling_type: str | None,
+    factor: float | None,
+    divisors: Sequence[float] | None,
+    theta: float,
+    head_dim: int,
+    source: str,
+) -> dict[str, float | str] | None:
     """``rope_scaling`` for config.json from a GGUF's ``rope.scaling.*`` keys and ``rope_freqs``."""
     if divisors is not None:
         return llama3_from_divisors(divisors, theta, head_dim, source)
@@ -94,5 +114,6 @@ def rope_scaling(scaling_type: str | None, factor: float | None, divisors: Seque
         return None
     if scaling_type == "linear":
         return {"rope_type": "linear", "factor": float(factor)} if factor else None
-    raise ModelLoadError(f"{source}: rope.scaling.type {scaling_type!r} is not supported (only linear and "
-                         "Llama 3's rope_freqs)")
+    raise ModelLoadError(
+        f"{source}: rope.scaling.type {scaling_type!r} is not supported (only linear and Llama 3's rope_freqs)"
+    )

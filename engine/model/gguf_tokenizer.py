@@ -38,13 +38,23 @@ _QWEN2_SPLIT = (
 )
 _PRE_TOKENIZER_SPLITS = {
     **dict.fromkeys(
-        ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-         "jina-v5-nano", "dbrx", "smaug-bpe"),
+        (
+            "llama3",
+            "llama-v3",
+            "llama-bpe",
+            "falcon3",
+            "falcon-h1",
+            "pixtral",
+            "midm-2.0",
+            "lfm2",
+            "jina-v5-nano",
+            "dbrx",
+            "smaug-bpe",
+        ),
         _LLAMA3_SPLIT,
     ),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"), _QWEN2_SPLIT),
 }
-
 
 
 def tokenizer_files(meta: GGUFMetadata, config: dict[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]:
@@ -67,18 +77,25 @@ def tokenizer_files(meta: GGUFMetadata, config: dict[str, Any]) -> tuple[HFToken
     # Control tokens become special added tokens (matched whole, skipped on decode). In a byte-level
     # vocabulary one spelled outside the byte alphabet is a llama.cpp mislabel: skip it.
     typed = list(zip(tokens, token_types, strict=False))  # older files may lack token types
-    tok.add_special_tokens([
-        AddedToken(t, normalized=False, special=True)
-        for t, ty in typed if ty == _CONTROL and (alphabet is None or set(t) <= alphabet)
-    ])
+    tok.add_special_tokens(
+        [
+            AddedToken(t, normalized=False, special=True)
+            for t, ty in typed
+            if ty == _CONTROL and (alphabet is None or set(t) <= alphabet)
+        ]
+    )
     current = tok.get_vocab(with_added_tokens=True)
     user = [AddedToken(t, normalized=False, special=False) for t, ty in typed if ty == _USER_DEFINED and t in current]
     if user:
         tok.add_tokens(user)
 
     special = {}
-    for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
-                      ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
+    for name, key in (
+        ("bos_token", "bos_token_id"),
+        ("eos_token", "eos_token_id"),
+        ("unk_token", "unknown_token_id"),
+        ("pad_token", "padding_token_id"),
+    ):
         token_id = meta.get(f"tokenizer.ggml.{key}")
         special[name] = tokens[int(token_id)] if token_id is not None and int(token_id) < len(tokens) else None
     added = {t.content for t in tok.get_added_tokens_decoder().values()}
@@ -110,7 +127,7 @@ def _merges(meta: GGUFMetadata) -> list[tuple[str, str]] | None:
     merges = [tuple(m.split(" ")) for m in raw]
     if any(len(m) != 2 for m in merges):
         raise ModelLoadError(f"{meta.path}: malformed tokenizer.ggml.merges entry")
-    return merges  # type: ignore[return-value]
+    return merges
 
 
 def _byte_level_bpe(meta: GGUFMetadata, tokens: list[str]) -> HFTokenizer:
@@ -121,16 +138,26 @@ def _byte_level_bpe(meta: GGUFMetadata, tokens: list[str]) -> HFTokenizer:
     vocab = {
         t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")): i for i, t in enumerate(tokens)
     }
-    tok = HFTokenizer(BPE(vocab=vocab, merges=_merges(meta) or [], dropout=None, continuing_subword_prefix="",
-                          end_of_word_suffix="", fuse_unk=False))
+    tok = HFTokenizer(
+        BPE(
+            vocab=vocab,
+            merges=_merges(meta) or [],
+            dropout=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+        )
+    )
     split = _PRE_TOKENIZER_SPLITS.get(meta.get("tokenizer.ggml.pre"))
     if split is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(split), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     tok.decoder = decoders.ByteLevel()
     return tok
 
@@ -147,9 +174,9 @@ def _sentencepiece_bpe(meta: GGUFMetadata, tokens: list[str]) -> HFTokenizer:
         merges = _merges_from_scores(vocab, dict(zip(tokens, scores, strict=True)))
     tok = HFTokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
-    tok.decoder = decoders.Sequence([
-        decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(content=" ", left=1),
-    ])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(content=" ", left=1)]
+    )
     return tok
 
 

@@ -64,7 +64,7 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     return (
         device.type == "cpu"
         and dtype == torch.float32
-        and torch.backends.mkldnn.is_available()
+        and torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]  # (torch leaves it unannotated)
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     )
@@ -77,8 +77,13 @@ def default_projections(device: torch.device, dtype: torch.dtype, skinny: Native
     skinny decode with packed prefill would hold two fp32 copies of every weight. (GGUF models get
     the skinny kernel's decode speed on those CPUs from their blocks, the compact second copy, in
     the quantized mode.)"""
-    if (device.type == "cpu" and dtype == torch.float32 and skinny is not None and skinny.lanes == 16
-            and cpu_vendor() == "GenuineIntel"):
+    if (
+        device.type == "cpu"
+        and dtype == torch.float32
+        and skinny is not None
+        and skinny.lanes == 16
+        and cpu_vendor() == "GenuineIntel"
+    ):
         return ProjectionMode.SKINNY
     return ProjectionMode.PACKED if can_pack(device, dtype) else ProjectionMode.DENSE
 
@@ -93,7 +98,7 @@ def packs_large_products(device: torch.device, dtype: torch.dtype) -> bool:
 class Linear:
     """``y = x @ weight.T + bias`` for x ``[rows, in]``, weight ``[out, in]``."""
 
-    __slots__ = ("weight", "bias", "packed", "skinny", "quantized", "quant", "amx", "amx_weight")
+    __slots__ = ("amx", "amx_weight", "bias", "packed", "quant", "quantized", "skinny", "weight")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False) -> None:
         self.bias = bias
@@ -107,8 +112,13 @@ class Linear:
         if pack:
             self.pack()
 
-    def use(self, mode: ProjectionMode | str, skinny: NativeSkinnyLinear | None = None,
-            quant: NativeQuantLinear | None = None, pack_large: bool = False) -> None:
+    def use(
+        self,
+        mode: ProjectionMode | str,
+        skinny: NativeSkinnyLinear | None = None,
+        quant: NativeQuantLinear | None = None,
+        pack_large: bool = False,
+    ) -> None:
         """Switch to ``mode``; same products, another kernel. A weight the skinny kernel does not take
         (in-features not a multiple of 16) stays with MKL; in the quantized mode, one without blocks
         goes the skinny way (so a decode step's layers can still run in C), and with ``pack_large``
@@ -120,13 +130,15 @@ class Linear:
             raise ValueError(f"{mode.value} projections need the compiled kernel (engine/native/skinny_linear.c)")
         if mode is ProjectionMode.QUANTIZED and quant is None:
             raise ValueError("quantized projections need the compiled kernel (engine/native/quant_linear.c)")
-        blocks = (mode is ProjectionMode.QUANTIZED and self.quantized is not None
-                  and bias_fits(self.bias, self.out_features))
+        blocks = (
+            mode is ProjectionMode.QUANTIZED and self.quantized is not None and bias_fits(self.bias, self.out_features)
+        )
         self.pack() if mode is ProjectionMode.PACKED or (blocks and pack_large) else self.unpack()
         if blocks:  # decode-sized products multiply the blocks, whatever form the weight is in
             self.skinny, self.quant = skinny, quant
         else:
-            self.skinny = skinny if takes and skinny.supports_weight(self.weight, self.bias) else None
+            fits = takes and skinny is not None and skinny.supports_weight(self.weight, self.bias)
+            self.skinny = skinny if fits else None
             self.quant = None
 
     def use_amx(self, amx: NativeAmxLinear | None) -> None:
@@ -160,11 +172,14 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         small = 0 < x.shape[0] <= SKINNY_MAX_ROWS and x.dim() == 2 and x.stride(1) == 1
         if small and self.quant is not None:
+            assert self.quantized is not None  # (use sets quant only with blocks)
             return self.quant(x, self.quantized, self.bias)
         if self.amx is not None and x.shape[0] > SKINNY_MAX_ROWS and x.dim() == 2 and x.stride(1) == 1:
+            assert self.amx_weight is not None  # (use_amx sets amx only with the pieces)
             return self.amx(x, self.amx_weight, self.bias)
         if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            return out
         if small and self.skinny is not None:
             return self.skinny(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)

@@ -20,11 +20,19 @@ from engine.model.rope import RotaryEmbedding
 
 
 class LayerOps(Protocol):
-    def add_rms_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                     eps: float) -> torch.Tensor: ...
+    def add_rms_norm(
+        self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor: ...
 
-    def rotate_qkv(self, qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, heads: int,
-                   kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+    def rotate_qkv(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
 
@@ -41,10 +49,11 @@ class TorchLayerOps:
         return weight * xf.to(h.dtype)
 
     @staticmethod
-    def rotate_qkv(qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, heads: int, kv_heads: int,
-                   head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def rotate_qkv(
+        qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, heads: int, kv_heads: int, head_dim: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         t = qkv.shape[0]
-        q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+        q, k, v = torch.split(qkv, [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
         q = rope.apply(q.view(t, heads, head_dim), positions)
         k = rope.apply(k.view(t, kv_heads, head_dim), positions)
         return q, k, v.view(t, kv_heads, head_dim)

@@ -48,15 +48,21 @@ def resolve_model(spec: str, cache_dir: Path | None = None, progress: Progress |
     say = progress or (lambda _msg: None)
     if spec == "default":
         gguf = default_gguf_path()
-        return _cached(cache, f"smollm2-135m-instruct-{_gguf_key(gguf)}", lambda out: import_gguf(gguf, out, say), say,
-                       _GGUF_ENTRY_FILES)
+        return _cached(
+            cache,
+            f"smollm2-135m-instruct-{_gguf_key(gguf)}",
+            lambda out: import_gguf(gguf, out, say),
+            say,
+            _GGUF_ENTRY_FILES,
+        )
     if spec == "tiny":
         return _cached(cache, "tiny-seed0", lambda out: build_tiny_model(out, seed=0), say)
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).lower()
-        return _cached(cache, f"{name}-{_gguf_key(path)}", lambda out: import_gguf(path, out, say), say,
-                       _GGUF_ENTRY_FILES)
+        return _cached(
+            cache, f"{name}-{_gguf_key(path)}", lambda out: import_gguf(path, out, say), say, _GGUF_ENTRY_FILES
+        )
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path}: not a model directory (no config.json)")
@@ -106,8 +112,9 @@ def _complete(entry: Path, files: tuple[str, ...] = _ENTRY_FILES) -> bool:
     return all((entry / name).is_file() for name in files)
 
 
-def _cached(cache: Path, name: str, build: Callable[[Path], object], say: Progress,
-            files: tuple[str, ...] = _ENTRY_FILES) -> Path:
+def _cached(
+    cache: Path, name: str, build: Callable[[Path], object], say: Progress, files: tuple[str, ...] = _ENTRY_FILES
+) -> Path:
     """The cache entry ``name`` (complete when it has ``files``), built by ``build(path)`` under a
     lock if it is not there yet."""
     entry = cache / name

@@ -13,10 +13,14 @@ import torch
 from engine.model.config import ModelConfig
 
 
-def inv_frequencies(cfg: ModelConfig) -> torch.Tensor:
+def inv_frequencies(cfg: ModelConfig, long: bool = False) -> torch.Tensor:
+    """The rotary frequencies; for longrope, its short factors' (or with ``long``, its long ones')."""
     dim = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     rs = cfg.rope_scaling
+    if rs.rope_type == "longrope":  # transformers' arithmetic: 1 / (factor * base ** (i / dim))
+        ext = torch.tensor(rs.long_factor if long else rs.short_factor, dtype=torch.float32)
+        return 1.0 / (ext * cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     if rs.rope_type == "linear":
         inv_freq = inv_freq / rs.factor
     elif rs.rope_type == "llama3":
@@ -38,8 +42,19 @@ class RotaryEmbedding:
         inv_freq = inv_frequencies(cfg)
         pos = torch.arange(max_positions, dtype=torch.float32)
         freqs = pos[:, None] * inv_freq[None, :]  # [P, D/2]
-        self.cos = freqs.cos().to(device=device, dtype=dtype)
-        self.sin = freqs.sin().to(device=device, dtype=dtype)
+        rs = cfg.rope_scaling
+        if rs.rope_type == "longrope":
+            # transformers switches to the long factors once a forward pass reaches past the original
+            # length: here a token from that position on (the same for a prompt within it and every
+            # token generated after it; a longer prompt's first tokens get the long factors there).
+            start = min(rs.original_max_position_embeddings, max_positions)
+            freqs[start:] = pos[start:, None] * inv_frequencies(cfg, long=True)[None, :]
+        self.cos = freqs.cos()
+        self.sin = freqs.sin()
+        if rs.rope_type == "longrope" and rs.attention_factor != 1.0:
+            self.cos, self.sin = self.cos * rs.attention_factor, self.sin * rs.attention_factor
+        self.cos = self.cos.to(device=device, dtype=dtype)
+        self.sin = self.sin.to(device=device, dtype=dtype)
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [T, heads, head_dim] -> rotated copy."""

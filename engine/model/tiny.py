@@ -89,18 +89,24 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
+def _int(key: str) -> int:
+    """One of CONFIG's sizes (CONFIG is config.json's JSON, whose values vary in type)."""
+    value = CONFIG[key]
+    assert isinstance(value, int), key
+    return value
+
+
 def _weights(seed: int) -> dict[str, torch.Tensor]:
     """Normal(0, 0.02) matrices and all-ones norms, drawn in a fixed order from one generator."""
-    c = CONFIG
-    hidden, inter, head_dim = c["hidden_size"], c["intermediate_size"], c["head_dim"]
-    q_dim, kv_dim = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
+    hidden, inter, head_dim = _int("hidden_size"), _int("intermediate_size"), _int("head_dim")
+    q_dim, kv_dim = _int("num_attention_heads") * head_dim, _int("num_key_value_heads") * head_dim
     gen = torch.Generator().manual_seed(seed)
 
     def normal(*shape: int) -> torch.Tensor:
         return torch.empty(shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen)
 
-    tensors = {"model.embed_tokens.weight": normal(c["vocab_size"], hidden)}
-    for i in range(c["num_hidden_layers"]):
+    tensors = {"model.embed_tokens.weight": normal(_int("vocab_size"), hidden)}
+    for i in range(_int("num_hidden_layers")):
         p = f"model.layers.{i}."
         tensors[p + "self_attn.q_proj.weight"] = normal(q_dim, hidden)
         tensors[p + "self_attn.k_proj.weight"] = normal(kv_dim, hidden)
@@ -112,7 +118,7 @@ def _weights(seed: int) -> dict[str, torch.Tensor]:
         tensors[p + "input_layernorm.weight"] = torch.ones(hidden)
         tensors[p + "post_attention_layernorm.weight"] = torch.ones(hidden)
     tensors["model.norm.weight"] = torch.ones(hidden)
-    tensors["lm_head.weight"] = normal(c["vocab_size"], hidden)
+    tensors["lm_head.weight"] = normal(_int("vocab_size"), hidden)
     return tensors
 
 
@@ -137,7 +143,7 @@ def _tokenizer() -> HFTokenizer:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=CONFIG["vocab_size"],
+        vocab_size=_int("vocab_size"),
         min_frequency=0,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),

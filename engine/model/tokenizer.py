@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -68,7 +68,7 @@ class Tokenizer:
             raise ModelLoadError(f"{tok_file}: not found (a model directory needs {TOKENIZER_FILE})")
         try:
             backend = _Backend.from_file(str(tok_file))
-        except Exception as e:  # tokenizers raises a bare Exception for every parse problem
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for every parse problem
             raise ModelLoadError(f"{tok_file}: invalid tokenizer file ({e})") from None
         cfg = _read_json(path / TOKENIZER_CONFIG_FILE)
         gen = _read_json(path / GENERATION_CONFIG_FILE)
@@ -164,8 +164,9 @@ class Tokenizer:
             return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         except TypeError:
             if isinstance(text, str) and not _is_unicode(text):
-                raise InvalidParameterError("prompt", "the text is not valid Unicode (it holds a lone surrogate, "
-                                                      "such as \\ud800)") from None
+                raise InvalidParameterError(
+                    "prompt", "the text is not valid Unicode (it holds a lone surrogate, such as \\ud800)"
+                ) from None
             raise
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -227,7 +228,7 @@ class Tokenizer:
 class _GenerationTag(jinja2.ext.Extension):
     """``{% generation %}...{% endgeneration %}`` (assistant-mask markers some templates use): render the body."""
 
-    tags: ClassVar[set[str]] = {"generation"}
+    tags = {"generation"}  # noqa: RUF012  (jinja2's Extension declares it an instance attribute)
 
     def parse(self, parser: Any) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
@@ -235,7 +236,8 @@ class _GenerationTag(jinja2.ext.Extension):
         return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
 
     def _render(self, caller: Any) -> str:
-        return caller()
+        body: str = caller()
+        return body
 
 
 def _raise_exception(message: str) -> None:
@@ -271,6 +273,7 @@ def bos_eos_post_processor(backend: _Backend, special: Mapping[str, str | None],
     eos_id = backend.token_to_id(eos) if eos else None
     add_bos = add_bos and bos_id is not None
     add_eos = add_eos and eos_id is not None
+    bos, eos = bos or "", eos or ""  # (each is there where it is added: its id is)
     single = f"{(bos + ':0 ') if add_bos else ''}$A:0{(' ' + eos + ':0') if add_eos else ''}"
     pair = f"{single}{(' ' + bos + ':1') if add_bos else ''} $B:1{(' ' + eos + ':1') if add_eos else ''}"
     tokens = ([(bos, bos_id)] if add_bos else []) + ([(eos, eos_id)] if add_eos else [])
@@ -293,11 +296,13 @@ def _chat_template(value: object, source: Path) -> str | dict[str, str] | None:
         isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str) for t in value
     ):
         return {t["name"]: t["template"] for t in value}
-    raise ModelLoadError(f"{source}: chat_template must be a string or a list of {{name, template}} objects "
-                         f"with string values, got {value!r:.80}")
+    raise ModelLoadError(
+        f"{source}: chat_template must be a string or a list of {{name, template}} objects "
+        f"with string values, got {value!r:.80}"
+    )
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     """An optional JSON object file: {} when absent, ModelLoadError when unreadable."""
     if not path.is_file():
         return {}

@@ -33,8 +33,7 @@ log = logging.getLogger(__name__)
 
 
 @triton.jit
-def _add_rms_norm_kernel(h_ptr, delta_ptr, w_ptr, out_ptr, n_cols, eps,
-                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(h_ptr, delta_ptr, w_ptr, out_ptr, n_cols, eps, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
@@ -47,13 +46,22 @@ def _add_rms_norm_kernel(h_ptr, delta_ptr, w_ptr, out_ptr, n_cols, eps,
     var = tl.sum(x * x, 0) / n_cols
     y = (x * tl.rsqrt(var + eps)).to(out_ptr.dtype.element_ty)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0)
-    tl.store(out_ptr + row * n_cols + cols, (w.to(tl.float32) * y.to(tl.float32)).to(out_ptr.dtype.element_ty),
-             mask=ok)
+    tl.store(out_ptr + row * n_cols + cols, (w.to(tl.float32) * y.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
-def _rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, row_stride, cos_stride,
-                 ROT_HEADS: tl.constexpr, H_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+def _rope_kernel(
+    qkv_ptr,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    row_stride,
+    cos_stride,
+    ROT_HEADS: tl.constexpr,
+    H_PAD: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+):
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     heads = tl.arange(0, H_PAD)[:, None]
@@ -89,37 +97,74 @@ class TritonLayerOps:
 
     @staticmethod
     def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        if not (_rows(h) and (delta is None or (_rows(delta) and delta.shape == h.shape and delta.dtype == h.dtype
-                                                and delta.device == h.device))
-                and weight.is_contiguous() and weight.shape == h.shape[1:] and weight.device == h.device):
+        if not (
+            _rows(h)
+            and (
+                delta is None
+                or (_rows(delta) and delta.shape == h.shape and delta.dtype == h.dtype and delta.device == h.device)
+            )
+            and weight.is_contiguous()
+            and weight.shape == h.shape[1:]
+            and weight.device == h.device
+        ):
             return TorchLayerOps.add_rms_norm(h, delta, weight, eps)
         out = torch.empty_like(h)
         if h.shape[0]:
             block = triton.next_power_of_2(h.shape[1])
-            _add_rms_norm_kernel[(h.shape[0],)](h, h if delta is None else delta, weight, out, h.shape[1], eps,
-                                                HAS_DELTA=delta is not None, BLOCK=block,
-                                                num_warps=min(16, max(4, block // 512)))  # <= 16 values a thread
+            _add_rms_norm_kernel[(h.shape[0],)](
+                h,
+                h if delta is None else delta,
+                weight,
+                out,
+                h.shape[1],
+                eps,
+                HAS_DELTA=delta is not None,
+                BLOCK=block,
+                num_warps=min(16, max(4, block // 512)),
+            )  # <= 16 values a thread
         return out
 
     @staticmethod
-    def rotate_qkv(qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, heads: int, kv_heads: int,
-                   head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def rotate_qkv(
+        qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, heads: int, kv_heads: int, head_dim: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cos, sin = rope.cos, rope.sin
         width = (heads + 2 * kv_heads) * head_dim
-        if not (qkv.dim() == 2 and qkv.stride(1) == 1 and qkv.shape[1] == width and head_dim % 2 == 0
-                and positions.shape == (qkv.shape[0],) and positions.is_contiguous()
-                and cos.is_contiguous() and sin.is_contiguous() and cos.shape[1] == head_dim // 2
-                and cos.dtype == sin.dtype == qkv.dtype and qkv.device == positions.device == cos.device == sin.device):
+        if not (
+            qkv.dim() == 2
+            and qkv.stride(1) == 1
+            and qkv.shape[1] == width
+            and head_dim % 2 == 0
+            and positions.shape == (qkv.shape[0],)
+            and positions.is_contiguous()
+            and cos.is_contiguous()
+            and sin.is_contiguous()
+            and cos.shape[1] == head_dim // 2
+            and cos.dtype == sin.dtype == qkv.dtype
+            and qkv.device == positions.device == cos.device == sin.device
+        ):
             return TorchLayerOps.rotate_qkv(qkv, positions, rope, heads, kv_heads, head_dim)
         t = qkv.shape[0]
         if t:
             half = head_dim // 2
-            _rope_kernel[(t,)](qkv, positions, cos, sin, qkv.stride(0), cos.stride(0),
-                               ROT_HEADS=heads + kv_heads, H_PAD=triton.next_power_of_2(heads + kv_heads),
-                               HALF=half, HALF_PAD=triton.next_power_of_2(half))
+            _rope_kernel[(t,)](
+                qkv,
+                positions,
+                cos,
+                sin,
+                qkv.stride(0),
+                cos.stride(0),
+                ROT_HEADS=heads + kv_heads,
+                H_PAD=triton.next_power_of_2(heads + kv_heads),
+                HALF=half,
+                HALF_PAD=triton.next_power_of_2(half),
+            )
         q_size, kv_size = heads * head_dim, kv_heads * head_dim
-        return (qkv[:, :q_size].view(t, heads, head_dim), qkv[:, q_size : q_size + kv_size].view(t, kv_heads, head_dim),
-                qkv[:, q_size + kv_size :].view(t, kv_heads, head_dim))
+        return (
+            qkv[:, :q_size].view(t, heads, head_dim),
+            qkv[:, q_size : q_size + kv_size].view(t, kv_heads, head_dim),
+            qkv[:, q_size + kv_size :].view(t, kv_heads, head_dim),
+        )
 
     @staticmethod
     def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -142,7 +187,7 @@ def checked_triton_layer_ops(device: torch.device, dtype: torch.dtype) -> Triton
     elsewhere."""
     try:
         problem = _self_check(TritonLayerOps(), device, dtype)
-    except Exception as e:  # a compile or launch failure: any Triton or driver error type
+    except Exception as e:  # noqa: BLE001 - a compile or launch failure: any Triton or driver error type
         problem = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     if problem:
         log.warning("the Triton layer kernels are not used on %s (%s): the torch ops run instead", device, problem)
@@ -154,25 +199,25 @@ def _self_check(ops: TritonLayerOps, device: torch.device, dtype: torch.dtype) -
     gen = torch.Generator(device="cpu").manual_seed(0)
     rows, heads, kv_heads, head_dim, hidden = 5, 4, 2, 64, 256
 
-    def rand(*shape):
+    def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
 
-    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
     h, delta, weight = rand(rows, hidden), rand(rows, hidden), rand(hidden)
     h_ref = h.clone()
     want = TorchLayerOps.add_rms_norm(h_ref, delta, weight, 1e-5)
     got = ops.add_rms_norm(h, delta, weight, 1e-5)
-    if not (torch.allclose(h, h_ref, **tol) and torch.allclose(got, want, **tol)):
+    if not (torch.allclose(h, h_ref, atol=tol, rtol=tol) and torch.allclose(got, want, atol=tol, rtol=tol)):
         return "add_rms_norm disagrees with the torch ops"
     gate_up = rand(rows, 2 * hidden)
-    if not torch.allclose(ops.silu_mul(gate_up), TorchLayerOps.silu_mul(gate_up), **tol):
+    if not torch.allclose(ops.silu_mul(gate_up), TorchLayerOps.silu_mul(gate_up), atol=tol, rtol=tol):
         return "silu_mul disagrees with the torch ops"
     rope = _SmallRope(head_dim, 64, device, dtype)
     qkv = rand(rows, (heads + 2 * kv_heads) * head_dim)
     positions = torch.tensor([0, 1, 7, 30, 63], device=device)
-    want = TorchLayerOps.rotate_qkv(qkv.clone(), positions, rope, heads, kv_heads, head_dim)
-    got = ops.rotate_qkv(qkv, positions, rope, heads, kv_heads, head_dim)
-    if not all(torch.allclose(g, w, **tol) for g, w in zip(got, want)):
+    want_qkv = TorchLayerOps.rotate_qkv(qkv.clone(), positions, rope, heads, kv_heads, head_dim)
+    got_qkv = ops.rotate_qkv(qkv, positions, rope, heads, kv_heads, head_dim)
+    if not all(torch.allclose(g, w, atol=tol, rtol=tol) for g, w in zip(got_qkv, want_qkv)):
         return "rotate_qkv disagrees with the torch ops"
     return None
 

@@ -16,7 +16,7 @@ import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -61,7 +61,7 @@ def weight_files(model_dir: Path) -> list[tuple[Path, set[str] | None]]:
         expected: dict[str, set[str]] = {}
         for name, file_name in weight_map.items():
             expected.setdefault(str(file_name), set()).add(name)
-        files = []
+        files: list[tuple[Path, set[str] | None]] = []
         for file_name in sorted(expected):
             path = model_dir / file_name
             if not path.is_file():
@@ -79,8 +79,12 @@ def weight_files(model_dir: Path) -> list[tuple[Path, set[str] | None]]:
     return [(p, None) for p in found]
 
 
-def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor, str]]:
+def iter_safetensors(
+    model_dir: Path, part: Callable[[str], tuple[int, int, int] | None] | None = None
+) -> Iterator[tuple[str, torch.Tensor, str]]:
     """Yield ``(tensor name, tensor, file name)`` for every tensor of the model, one at a time.
+    ``part(name)``: (dimension, start, stop) of the tensor to read, None for all of it; only that
+    part is read from the file (a tensor-parallel rank's shard: engine/parallel/layout.py).
 
     Files are validated before the first tensor is yielded for that file (header readable, every
     tensor the index assigns to it present), so a broken download fails early with a useful message.
@@ -102,7 +106,12 @@ def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor, str]]
                     )
             for name in names:
                 try:
-                    tensor = f.get_tensor(name)
+                    where = part(name) if part is not None else None
+                    if where is None:
+                        tensor = f.get_tensor(name)
+                    else:
+                        dim, lo, hi = where
+                        tensor = f.get_slice(name)[(slice(None),) * dim + (slice(lo, hi),)]
                 except (SafetensorError, OSError, RuntimeError) as e:
                     raise ModelLoadError(f"{path}: cannot read tensor {name!r} ({e})") from None
                 yield name, tensor, path.name
@@ -120,7 +129,7 @@ def read_ggml_blocks(model_dir: Path) -> dict[str, tuple[torch.Tensor, str]]:
             types = json.loads((f.metadata() or {}).get("ggml_types", "{}"))
             if not isinstance(types, dict) or set(types) != set(f.keys()):
                 raise ModelLoadError(f"{path}: the ggml_types metadata does not list the file's tensors")
-            return {name: (f.get_tensor(name), str(types[name])) for name in f.keys()}
+            return {name: (f.get_tensor(name), str(types[name])) for name in f.keys()}  # noqa: SIM118 - a safetensors file, not a dict
     except (SafetensorError, OSError, RuntimeError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"{path}: cannot read GGUF blocks ({e})") from None
 
@@ -174,10 +183,15 @@ def _entry_end(path: Path, name: str, entry: object) -> int:
     if not isinstance(shape, list) or not all(is_index(d) for d in shape):
         raise bad(f"shape must be a list of non-negative integers, got {shape!r}")
     offsets = entry.get("data_offsets")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_index(o) for o in offsets)
-            and offsets[0] <= offsets[1]):
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(is_index(o) for o in offsets)
+        and offsets[0] <= offsets[1]
+    ):
         raise bad(f"data_offsets must be [begin, end] with integers 0 <= begin <= end, got {offsets!r}")
-    return offsets[1]
+    end: int = offsets[1]
+    return end
 
 
 def write_safetensors(
@@ -215,7 +229,7 @@ def write_safetensors(
                 )
             data = tensor.detach().cpu().contiguous().reshape(-1)
             if data.numel():
-                fh.write(data.view(torch.uint8).numpy())
+                fh.write(data.view(torch.uint8).numpy())  # type: ignore[arg-type]  # (numpy's stubs omit its buffer protocol)
 
 
 @contextlib.contextmanager

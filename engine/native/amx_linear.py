@@ -49,15 +49,23 @@ class NativeAmxLinear:
 
     @staticmethod
     def supports_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-        return (weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu"
-                and weight.layout == torch.strided and weight.stride(1) == 1 and min(weight.shape) > 0
-                and bias_fits(bias, weight.shape[0]))
+        return (
+            weight.dim() == 2
+            and weight.dtype == torch.float32
+            and weight.device.type == "cpu"
+            and weight.layout == torch.strided
+            and weight.stride(1) == 1
+            and min(weight.shape) > 0
+            and bias_fits(bias, weight.shape[0])
+        )
 
     def pack(self, weight: torch.Tensor) -> AmxWeight:
         """``weight`` split and laid out for the tiles (a new tensor; the weight itself is untouched)."""
         if not self.supports_weight(weight, None):
-            raise ValueError(f"AMX projections take a 2-D fp32 CPU weight with unit column stride, got "
-                             f"{weight.dtype} {tuple(weight.shape)} on {weight.device}")
+            raise ValueError(
+                f"AMX projections take a 2-D fp32 CPU weight with unit column stride, got "
+                f"{weight.dtype} {tuple(weight.shape)} on {weight.device}"
+            )
         n, k = weight.shape
         tiles = torch.empty(self._packed_elems(n, k), dtype=torch.uint16)
         if self._pack(weight.data_ptr(), weight.stride(0), n, k, tiles.data_ptr(), torch.get_num_threads()):
@@ -69,12 +77,24 @@ class NativeAmxLinear:
         rows, k = x.shape
         n, k_w = weight.shape
         if k != k_w or x.dtype != torch.float32 or x.stride(1) != 1:
-            raise ValueError(f"AMX linear takes fp32 x [rows, {k_w}] with unit column stride, got "
-                             f"{x.dtype} {tuple(x.shape)}")
+            raise ValueError(
+                f"AMX linear takes fp32 x [rows, {k_w}] with unit column stride, got {x.dtype} {tuple(x.shape)}"
+            )
         out = torch.empty((rows, n), dtype=torch.float32)
         scratch = torch.empty(self._scratch_elems(rows, k), dtype=torch.uint16)
-        failed = self._fn(x.data_ptr(), x.stride(0), weight.tiles.data_ptr(), None if bias is None else bias.data_ptr(),
-                          out.data_ptr(), n, rows, n, k, scratch.data_ptr(), torch.get_num_threads())
+        failed = self._fn(
+            x.data_ptr(),
+            x.stride(0),
+            weight.tiles.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            out.data_ptr(),
+            n,
+            rows,
+            n,
+            k,
+            scratch.data_ptr(),
+            torch.get_num_threads(),
+        )
         if failed == 2:
             raise MemoryError(f"AMX linear: no memory for the sums of x {tuple(x.shape)} against weight {weight.shape}")
         if failed:

@@ -22,8 +22,9 @@ class NativeArgmax:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Row indices of x [rows, cols]; inputs the kernel does not take (not CPU fp32 rows with unit
         column stride, or no columns) go to torch."""
-        if not (x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and x.stride(1) == 1
-                and x.shape[1] > 0):
+        if not (
+            x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and x.stride(1) == 1 and x.shape[1] > 0
+        ):
             return x.argmax(dim=-1)
         out = torch.empty(x.shape[0], dtype=torch.int64)
         self._fn(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), out.data_ptr(), torch.get_num_threads())

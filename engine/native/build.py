@@ -26,6 +26,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.cpu_info import cpuinfo_field
 
@@ -50,7 +51,8 @@ class NativeLibrary:
     error: str | None  # why ``lib`` is None
 
 
-def bind(lib: ctypes.CDLL, symbol: str, argtypes: str, restype=None):
+# Any: a C function of ``lib``, whose Python signature ctypes takes from argtypes and restype at run time.
+def bind(lib: ctypes.CDLL, symbol: str, argtypes: str, restype: type | None = None) -> Any:
     """``lib.symbol`` with its C signature; ``argtypes`` spells it one letter an argument:
     p pointer, l int64, i int, f float."""
     kinds = {"p": ctypes.c_void_p, "l": ctypes.c_int64, "i": ctypes.c_int, "f": ctypes.c_float}
@@ -70,8 +72,9 @@ def native_kernels_enabled() -> bool:
     return os.environ.get(DISABLE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def build_and_load(source_name: str, cache_dir: Path | None = None, compiler: str | None = None,
-                   extra_flags: tuple[str, ...] = ()) -> NativeLibrary:
+def build_and_load(
+    source_name: str, cache_dir: Path | None = None, compiler: str | None = None, extra_flags: tuple[str, ...] = ()
+) -> NativeLibrary:
     """Compile ``SOURCE_DIR/source_name`` with ``FLAGS + extra_flags`` (or reuse its cached build) and load it."""
     import torch  # noqa: F401  (loads torch's libgomp first: see the module docstring)
 
@@ -89,8 +92,9 @@ def _build_and_load(source_name: str, cache_dir: Path | None, cc: str, extra_fla
     # The key covers the source and every header it may include (they live beside it).
     sources = [(SOURCE_DIR / source_name).read_bytes(), *(h.read_bytes() for h in sorted(SOURCE_DIR.glob("*.h")))]
     flags = (*FLAGS, *extra_flags)
-    key = hashlib.sha256(b"\0".join([*sources, _compiler_version(cc).encode(), " ".join(flags).encode(),
-                                     _cpu_flags().encode()])).hexdigest()[:16]
+    key = hashlib.sha256(
+        b"\0".join([*sources, _compiler_version(cc).encode(), " ".join(flags).encode(), _cpu_flags().encode()])
+    ).hexdigest()[:16]
     cache = Path(cache_dir) if cache_dir is not None else kernel_cache_dir()
     target = cache / f"{Path(source_name).stem}-{key}.so"
     if not target.is_file():

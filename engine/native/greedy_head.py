@@ -40,7 +40,10 @@ class GreedyHeadWeights:
         q = b[..., 2:].contiguous().view(torch.int8)
         wu8 = (q.to(torch.int16) + 128).to(torch.uint8).view(n // 16, 16, k // 4, 4).transpose(1, 2).contiguous()
         abs_sums = d.double().abs() * q.to(torch.int32).abs().sum(dim=-1).double()
-        by_vector = lambda t: t.float().view(n // 16, 16, k // QK).transpose(1, 2).contiguous()  # noqa: E731
+
+        def by_vector(t: torch.Tensor) -> torch.Tensor:
+            return t.float().view(n // 16, 16, k // QK).transpose(1, 2).contiguous()
+
         return cls(wu8, by_vector(d), by_vector(abs_sums), abs_sums.sum(dim=-1).float(), weight.blocks, (n, k))
 
 
@@ -63,14 +66,29 @@ class NativeGreedyHead:
         computed; None where a row is not finite (the caller then computes every logit)."""
         rows, k = x.shape
         if not 0 < rows <= MAX_ROWS or k != head.shape[1] or x.dtype != torch.float32 or x.stride(1) != 1:
-            raise ValueError(f"the greedy head takes 1 to {MAX_ROWS} fp32 rows of {head.shape[1]}, got {tuple(x.shape)} {x.dtype}")
+            raise ValueError(
+                f"the greedy head takes 1 to {MAX_ROWS} fp32 rows of {head.shape[1]}, got {tuple(x.shape)} {x.dtype}"
+            )
         tokens = torch.empty(rows, dtype=torch.int64)
         if self._bounds.numel() < rows * head.shape[0]:
             self._bounds = torch.empty(MAX_ROWS * head.shape[0])
         candidates = ctypes.c_int64(0)
-        status = self._fn(x.data_ptr(), x.stride(0), rows, head.shape[0], k, head.wu8.data_ptr(), head.scales.data_ptr(),
-                          head.abs_sums.data_ptr(), head.abs_total.data_ptr(), head.blocks.data_ptr(), self._bounds.data_ptr(), tokens.data_ptr(),
-                          ctypes.addressof(candidates), torch.get_num_threads())
+        status = self._fn(
+            x.data_ptr(),
+            x.stride(0),
+            rows,
+            head.shape[0],
+            k,
+            head.wu8.data_ptr(),
+            head.scales.data_ptr(),
+            head.abs_sums.data_ptr(),
+            head.abs_total.data_ptr(),
+            head.blocks.data_ptr(),
+            self._bounds.data_ptr(),
+            tokens.data_ptr(),
+            ctypes.addressof(candidates),
+            torch.get_num_threads(),
+        )
         if status == 2:
             return None
         if status:

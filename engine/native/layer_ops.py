@@ -27,27 +27,68 @@ class NativeLayerOps:
         library = build_and_load("layer_ops.c", extra_flags=("-ffp-contract=off",))
         return cls(library.lib) if library.lib is not None else None
 
-    def add_rms_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        if not (_f32_rows(h) and (delta is None or (_f32_rows(delta) and delta.shape == h.shape))
-                and weight.dtype == torch.float32 and weight.is_contiguous() and weight.shape == h.shape[1:]):
+    def add_rms_norm(
+        self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        if not (
+            _f32_rows(h)
+            and (delta is None or (_f32_rows(delta) and delta.shape == h.shape))
+            and weight.dtype == torch.float32
+            and weight.is_contiguous()
+            and weight.shape == h.shape[1:]
+        ):
             return TorchLayerOps.add_rms_norm(h, delta, weight, eps)
         out = torch.empty_like(h)
-        self._norm(h.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(), out.data_ptr(),
-                   h.shape[0], h.shape[1], eps, torch.get_num_threads())
+        self._norm(
+            h.data_ptr(),
+            None if delta is None else delta.data_ptr(),
+            weight.data_ptr(),
+            out.data_ptr(),
+            h.shape[0],
+            h.shape[1],
+            eps,
+            torch.get_num_threads(),
+        )
         return out
 
-    def rotate_qkv(self, qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, heads: int, kv_heads: int,
-                   head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def rotate_qkv(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cos, sin = rope.cos, rope.sin
-        if not (_f32_rows(qkv) and positions.dtype == torch.int64 and positions.is_contiguous()
-                and cos.dtype == torch.float32 and cos.is_contiguous() and sin.is_contiguous() and head_dim % 2 == 0):
+        if not (
+            _f32_rows(qkv)
+            and positions.dtype == torch.int64
+            and positions.is_contiguous()
+            and cos.dtype == torch.float32
+            and cos.is_contiguous()
+            and sin.is_contiguous()
+            and head_dim % 2 == 0
+        ):
             return TorchLayerOps.rotate_qkv(qkv, positions, rope, heads, kv_heads, head_dim)
         t = qkv.shape[0]
-        self._rope(qkv.data_ptr(), qkv.stride(0), positions.data_ptr(), t, cos.data_ptr(), sin.data_ptr(),
-                   heads + kv_heads, head_dim, torch.get_num_threads())
+        self._rope(
+            qkv.data_ptr(),
+            qkv.stride(0),
+            positions.data_ptr(),
+            t,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            heads + kv_heads,
+            head_dim,
+            torch.get_num_threads(),
+        )
         q_size, kv_size = heads * head_dim, kv_heads * head_dim
-        return (qkv[:, :q_size].view(t, heads, head_dim), qkv[:, q_size : q_size + kv_size].view(t, kv_heads, head_dim),
-                qkv[:, q_size + kv_size :].view(t, kv_heads, head_dim))
+        return (
+            qkv[:, :q_size].view(t, heads, head_dim),
+            qkv[:, q_size : q_size + kv_size].view(t, kv_heads, head_dim),
+            qkv[:, q_size + kv_size :].view(t, kv_heads, head_dim),
+        )
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if not (_f32_rows(gate_up) and gate_up.shape[1] % 2 == 0):

@@ -27,27 +27,58 @@ class NativePagedDecode:
         """The kernel, compiled or taken from the cache; None (with nothing raised) when it cannot be had.
         ``split_tokens`` overrides the length past which a context is attended in pieces, and
         ``read_ahead=False`` turns off the reading of a piece's rows ahead."""
-        flags = () if split_tokens is None else (f"-DSPLIT_TOKENS={int(split_tokens)}",)
+        flags: tuple[str, ...] = () if split_tokens is None else (f"-DSPLIT_TOKENS={int(split_tokens)}",)
         flags += () if read_ahead else ("-DTOUCH_BYTES=0",)
         library = build_and_load("paged_decode.c", extra_flags=flags)
         return cls(library) if library.lib is not None else None
 
     @staticmethod
-    def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 seq_lens: torch.Tensor) -> bool:
-        return kernel_takes(q, k_cache, v_cache, block_tables) and seq_lens.dtype == torch.int32 and seq_lens.is_contiguous()
+    def supports(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> bool:
+        return (
+            kernel_takes(q, k_cache, v_cache, block_tables)
+            and seq_lens.dtype == torch.int32
+            and seq_lens.is_contiguous()
+        )
 
-    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
         num_seqs, num_heads, head_dim = q.shape
         block_size = k_cache.shape[1]
         out = torch.empty((num_seqs, num_heads, head_dim), dtype=q.dtype)
         if num_seqs == 0:
             return out
-        failed = self._fn(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
-                          block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(), num_seqs, num_heads,
-                          k_cache.shape[2], head_dim, block_size, scale, out.data_ptr(),
-                          torch.get_num_threads())
+        failed = self._fn(
+            q.data_ptr(),
+            q.stride(0),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            block_tables.data_ptr(),
+            block_tables.stride(0),
+            seq_lens.data_ptr(),
+            num_seqs,
+            num_heads,
+            k_cache.shape[2],
+            head_dim,
+            block_size,
+            scale,
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
         if failed:  # supports() admits only the shapes the kernel takes: a mismatch is a bug here
             raise ValueError(f"native paged decode refused q {tuple(q.shape)}, cache {tuple(k_cache.shape)}")
         return out
@@ -59,10 +90,19 @@ def kernel_takes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     at most 8 query heads per KV head, heads contiguous within a row, int32 tables."""
     head_dim, heads, kv_heads, block_size = q.shape[-1], q.shape[1], k_cache.shape[2], k_cache.shape[1]
     return (
-        q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
-        and head_dim % 16 == 0 and head_dim <= 128 and block_size <= 64
-        and heads % kv_heads == 0 and heads // kv_heads <= 8
-        and q.stride(2) == 1 and q.stride(1) == head_dim and k_cache.stride() == v_cache.stride()
-        and k_cache.stride(3) == 1 and k_cache.stride(2) == head_dim
-        and block_tables.dtype == torch.int32 and block_tables.stride(-1) == 1
+        q.device.type == "cpu"
+        and q.dtype == torch.float32
+        and k_cache.dtype == torch.float32
+        and head_dim % 16 == 0
+        and head_dim <= 128
+        and block_size <= 64
+        and heads % kv_heads == 0
+        and heads // kv_heads <= 8
+        and q.stride(2) == 1
+        and q.stride(1) == head_dim
+        and k_cache.stride() == v_cache.stride()
+        and k_cache.stride(3) == 1
+        and k_cache.stride(2) == head_dim
+        and block_tables.dtype == torch.int32
+        and block_tables.stride(-1) == 1
     )

@@ -37,26 +37,61 @@ class NativePagedPrefill:
         return cls(library)
 
     @staticmethod
-    def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor) -> bool:
-        return (kernel_takes(q, k_cache, v_cache, block_tables)
-                and cu_seqlens_q.dtype == torch.int32 and cu_seqlens_q.is_contiguous()
-                and seq_lens.dtype == torch.int32 and seq_lens.is_contiguous())
+    def supports(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> bool:
+        return (
+            kernel_takes(q, k_cache, v_cache, block_tables)
+            and cu_seqlens_q.dtype == torch.int32
+            and cu_seqlens_q.is_contiguous()
+            and seq_lens.dtype == torch.int32
+            and seq_lens.is_contiguous()
+        )
 
-    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
         num_tokens, num_heads, head_dim = q.shape
         out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype)
         num_seqs = seq_lens.shape[0]
         if num_tokens == 0 or num_seqs == 0:
             return out
-        failed = self._fn(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0),
-                          k_cache.stride(1), block_tables.data_ptr(), block_tables.stride(0), cu_seqlens_q.data_ptr(),
-                          seq_lens.data_ptr(), num_seqs, num_heads, k_cache.shape[2], head_dim, k_cache.shape[1],
-                          scale, out.data_ptr(), torch.get_num_threads())
+        failed = self._fn(
+            q.data_ptr(),
+            q.stride(0),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            block_tables.data_ptr(),
+            block_tables.stride(0),
+            cu_seqlens_q.data_ptr(),
+            seq_lens.data_ptr(),
+            num_seqs,
+            num_heads,
+            k_cache.shape[2],
+            head_dim,
+            k_cache.shape[1],
+            scale,
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
         if failed == 3:
             raise ValueError("prefill chunks longer than their contexts (cu_seqlens_q against seq_lens)")
         if failed:  # supports() admits only the shapes the kernel takes: a mismatch is a bug here
-            raise ValueError(f"native paged prefill refused q {tuple(q.shape)}, cache {tuple(k_cache.shape)} "
-                             f"(code {failed})")
+            raise ValueError(
+                f"native paged prefill refused q {tuple(q.shape)}, cache {tuple(k_cache.shape)} (code {failed})"
+            )
         return out

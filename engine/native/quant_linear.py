@@ -38,8 +38,10 @@ class QuantizedWeight:
             raise ValueError(f"quantized weights must be one of {', '.join(STORED_TYPES)}, got {self.qtype!r}")
         b, size = self.blocks, STORED_TYPES[self.qtype][1]
         if b.dtype != torch.uint8 or b.dim() != 2 or b.shape[1] % size or not b.is_contiguous():
-            raise ValueError(f"{self.qtype} blocks must be a contiguous uint8 [rows, blocks * "
-                             f"{size}] tensor, got {b.dtype} {tuple(b.shape)}")
+            raise ValueError(
+                f"{self.qtype} blocks must be a contiguous uint8 [rows, blocks * "
+                f"{size}] tensor, got {b.dtype} {tuple(b.shape)}"
+            )
         if self.qtype == "Q4_1x8" and b.shape[0] % GROUP_ROWS:
             raise ValueError(f"Q4_1x8 blocks come in groups of {GROUP_ROWS} rows, got {b.shape[0]} rows")
 
@@ -100,9 +102,19 @@ class NativeQuantLinear:
         if k != k_w:
             raise ValueError(f"x has {k} features but the {weight.qtype} weight takes {k_w}")
         out = torch.empty((rows, n), dtype=torch.float32)
-        failed = self._fn(x.data_ptr(), x.stride(0), weight.blocks.data_ptr(), STORED_TYPES[weight.qtype][0],
-                          None if bias is None else bias.data_ptr(), out.data_ptr(), n, rows, n, k,
-                          torch.get_num_threads())
+        failed = self._fn(
+            x.data_ptr(),
+            x.stride(0),
+            weight.blocks.data_ptr(),
+            STORED_TYPES[weight.qtype][0],
+            None if bias is None else bias.data_ptr(),
+            out.data_ptr(),
+            n,
+            rows,
+            n,
+            k,
+            torch.get_num_threads(),
+        )
         if failed:
             raise ValueError(f"native quantized linear refused x {tuple(x.shape)}, {weight.qtype} weight {(n, k)}")
         return out

@@ -7,7 +7,7 @@
  * in L1, accumulating dot products along K in vector registers (an MB x NB tile of 16-float partial
  * sums, added across lanes once at the end). MKL's sgemm re-reads the weight once per row at 1-2
  * rows and repacks it on every call beyond; oneDNN's packed kernel streams it but reaches only
- * half the machine's multiply rate at 16-64 rows (docs/BENCHMARKS.md, "skinny projections").
+ * half the machine's multiply rate at 16-64 rows.
  *
  * Threads: the caller's OpenMP runtime (torch's libgomp, loaded first: build.py), num_threads at most.
  * Limits (the caller checks them: linear.py): K a multiple of 16.

@@ -15,7 +15,7 @@ import torch
 from engine.native.build import bind, build_and_load
 
 # Past ~64 rows the product is bound by multiplies, not by the weight stream, and MKL's sgemm catches
-# up (docs/BENCHMARKS.md, "skinny projections").
+# up.
 MAX_ROWS = 64
 
 
@@ -33,15 +33,20 @@ class NativeSkinnyLinear:
     def load(cls) -> NativeSkinnyLinear | None:
         """The kernel where it builds and has its tuned tile; None (nothing raised) elsewhere."""
         library = build_and_load("skinny_linear.c")
-        lanes = 0 if library.lib is None else bind(library.lib, "baton_skinny_linear_tuned", "", ctypes.c_int)()
-        return cls(library.lib, lanes) if lanes else None
+        lib = library.lib
+        lanes = 0 if lib is None else int(bind(lib, "baton_skinny_linear_tuned", "", ctypes.c_int)())
+        return cls(lib, lanes) if lib is not None and lanes else None
 
     @staticmethod
     def supports_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
         """Checked once when a projection takes the kernel; per call only the rows are checked."""
         return (
-            weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu"
-            and weight.layout == torch.strided and weight.is_contiguous() and weight.shape[1] % 16 == 0
+            weight.dim() == 2
+            and weight.dtype == torch.float32
+            and weight.device.type == "cpu"
+            and weight.layout == torch.strided
+            and weight.is_contiguous()
+            and weight.shape[1] % 16 == 0
             and bias_fits(bias, weight.shape[0])
         )
 
@@ -50,8 +55,18 @@ class NativeSkinnyLinear:
         rows, k = x.shape
         n = weight.shape[0]
         out = torch.empty((rows, n), dtype=torch.float32)
-        failed = self._fn(x.data_ptr(), x.stride(0), weight.data_ptr(), None if bias is None else bias.data_ptr(),
-                          out.data_ptr(), n, rows, n, k, torch.get_num_threads())
+        failed = self._fn(
+            x.data_ptr(),
+            x.stride(0),
+            weight.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            out.data_ptr(),
+            n,
+            rows,
+            n,
+            k,
+            torch.get_num_threads(),
+        )
         if failed:  # supports() admits only the shapes the kernel takes: a mismatch is a bug here
             raise ValueError(f"native skinny linear refused x {tuple(x.shape)}, weight {tuple(weight.shape)}")
         return out

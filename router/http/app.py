@@ -39,7 +39,9 @@ import functools
 import logging
 import math
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -53,15 +55,12 @@ from router.api import ErrorKind, GenerateRequest, RouterAPI, RouterError, inval
 from router.choices import Choices
 from router.http.body import MAX_BODY_BYTES, BodyTooLarge, read_and_parse
 from router.http.logprobs import LogprobsFormatter
-from router.request_ids import MAX_CHOICE_ID_LEN, REQUEST_ID_RULE, is_valid_request_id
 from router.http.responses import ChunkBuilder, chat_completion, dumps, internal_error, prompt_only, text_completion
-from router.http.schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    TokenizeRequest,
-)
+from router.http.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from router.http.streaming import SSEResponse, sse_events, unless_disconnected
+from router.request_ids import MAX_CHOICE_ID_LEN, REQUEST_ID_RULE, is_valid_request_id
+from router.tool_calls.constraint import tool_call_constraint
+from router.tool_calls.parsers import ToolFormat, format_for_tokenizer
 
 log = logging.getLogger(__name__)
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -115,11 +114,15 @@ def guarded(fn: Endpoint) -> Endpoint:
 def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
     """404/405 and friends as OpenAI error objects (FastAPI's default is ``{"detail": ...}``)."""
     where = f"{request.method} {request.url.path}"
+    body: dict[str, str | None]
     if exc.status_code == 404:
         body = {"message": f"Invalid URL ({where})", "type": ErrorKind.NOT_FOUND.type, "code": "unknown_url"}
     elif exc.status_code == 405:
-        body = {"message": f"Method not allowed ({where})", "type": ErrorKind.INVALID_REQUEST.type,
-                "code": "method_not_allowed"}
+        body = {
+            "message": f"Method not allowed ({where})",
+            "type": ErrorKind.INVALID_REQUEST.type,
+            "code": "method_not_allowed",
+        }
     else:
         kind = ErrorKind.INTERNAL if exc.status_code >= 500 else ErrorKind.INVALID_REQUEST
         body = {"message": str(exc.detail), "type": kind.type, "code": None}
@@ -166,8 +169,15 @@ def client_request_id(request: Request) -> str | None:
     return rid
 
 
-def create_app(router: RouterAPI, *, served_model_name: str, default_temperature: float = 1.0,
-               default_max_tokens: int | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+def create_app(
+    router: RouterAPI,
+    *,
+    served_model_name: str,
+    default_temperature: float = 1.0,
+    default_max_tokens: int | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    tool_format: ToolFormat | None = None,
+) -> FastAPI:
     """The HTTP frontend of ``router``. ``served_model_name`` is the model id clients send and
     ``/v1/models`` lists (the router's own ``ModelInfo.id`` is accepted too). ``default_temperature``
     applies when a request omits ``temperature`` (OpenAI's default is 1.0). ``default_max_tokens``
@@ -180,16 +190,26 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
     def tenant_of(request: Request) -> str:
         return router.authenticate(_api_key(request))
 
+    @functools.cache
+    def tools_format() -> ToolFormat:
+        """The tool-call format: the configured one, else the one the model's chat template teaches."""
+        if tool_format is not None:
+            return tool_format
+        return format_for_tokenizer(getattr(router, "tokenizer", None), router.model_info().id)
+
     def check_model(model: str | None) -> None:
         if model is not None and model not in (served_model_name, router.model_info().id):
-            raise RouterError(ErrorKind.NOT_FOUND, f"The model '{model}' does not exist.", param="model",
-                              code="model_not_found")
+            raise RouterError(
+                ErrorKind.NOT_FOUND, f"The model '{model}' does not exist.", param="model", code="model_not_found"
+            )
 
     def pick_lane(body_lane: str | None, request: Request) -> str | None:
         header_lane = request.headers.get("x-baton-lane") or None
         if body_lane is not None and header_lane is not None and body_lane != header_lane:
-            raise invalid(f"The 'lane' field ({body_lane!r}) and the X-Baton-Lane header ({header_lane!r}) "
-                          "disagree.", param="lane")
+            raise invalid(
+                f"The 'lane' field ({body_lane!r}) and the X-Baton-Lane header ({header_lane!r}) disagree.",
+                param="lane",
+            )
         return body_lane if body_lane is not None else header_lane
 
     async def authenticated_body(request: Request, schema: type) -> tuple[str, Any]:
@@ -204,10 +224,26 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
         tenant, body = await authenticated_body(request, ChatCompletionRequest if chat else CompletionRequest)
         echo_text = None
         if chat:
-            sampling = body.sampling_params(default_temperature=default_temperature,
-                                            default_max_tokens=default_max_tokens or router.model_info().max_model_len)
-            inputs: dict[str, Any] = {"messages": body.router_messages(),
-                                      "add_generation_prompt": body.add_generation_prompt}
+            sampling = body.sampling_params(
+                default_temperature=default_temperature,
+                default_max_tokens=default_max_tokens or router.model_info().max_model_len,
+            )
+            inputs: dict[str, Any] = {
+                "messages": body.router_messages(),
+                "add_generation_prompt": body.add_generation_prompt,
+                "tools": body.tools or (),
+            }
+            forced = body.forced_tools()
+            if forced:  # required / a named function: the output is a call, by grammar
+                if sampling.structured is not None:
+                    raise invalid(
+                        f"'tool_choice' {body.tool_choice!r} cannot be combined with "
+                        f"'{sampling.structured.field.split('.')[0]}'.",
+                        param="tool_choice",
+                    )
+                sampling = replace(
+                    sampling, structured=tool_call_constraint(tools_format(), forced, body.parallel_tool_calls)
+                )
         else:
             sampling = body.sampling_params(default_temperature=default_temperature)
             prompt_is_text = isinstance(body.prompt, str)
@@ -221,9 +257,12 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
             idempotency_key=request.headers.get("idempotency-key") or None,
             request_id=client_request_id(request),
             max_tokens_given=body.max_tokens_given,
-            max_tokens_param="max_completion_tokens" if chat and body.max_completion_tokens is not None
+            max_tokens_param="max_completion_tokens"
+            if chat and body.max_completion_tokens is not None
             else "max_tokens",
             endpoint="chat" if chat else "completions",
+            traceparent=request.headers.get("traceparent"),
+            tracestate=request.headers.get("tracestate"),
             **inputs,
         )
         created = int(time.time())
@@ -239,8 +278,15 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
             return functools.partial(LogprobsFormatter, router.token_bytes, chat=chat, echo_text=echoed)
 
         if body.wants_stream:
-            chunks = ChunkBuilder(choices.streams[0].request_id, model, created, chat=chat,
-                                  include_usage=body.include_usage, logprobs=logprobs_for(echo_text))
+            chunks = ChunkBuilder(
+                choices.streams[0].request_id,
+                model,
+                created,
+                chat=chat,
+                include_usage=body.include_usage,
+                logprobs=logprobs_for(echo_text),
+                tool_format=tools_format() if chat and body.parses_tools else None,
+            )
             return SSEResponse(sse_events(choices, chunks, echo_text), choices, headers)
         try:
             done, results = await unless_disconnected(choices.results(), request.receive)
@@ -254,14 +300,26 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
             await choices.abort()
             return Response(status_code=CLIENT_CLOSED, headers=headers)
         if chat:
-            return json_response(chat_completion(results, model=model, created=created, logprobs=logprobs_for(None)),
-                                 headers=headers)
+            return json_response(
+                chat_completion(
+                    results,
+                    model=model,
+                    created=created,
+                    logprobs=logprobs_for(None),
+                    tool_format=tools_format() if body.parses_tools else None,
+                ),
+                headers=headers,
+            )
         if body.echo and results[0].prompt_text is not None:
             echo_text = results[0].prompt_text
         if body.echo_only:  # the one token it ran for is not part of the answer
             results = [prompt_only(r) for r in results]
-        return json_response(text_completion(results, model=model, created=created, echo_text=echo_text,
-                                             logprobs=logprobs_for(echo_text)), headers=headers)
+        return json_response(
+            text_completion(
+                results, model=model, created=created, echo_text=echo_text, logprobs=logprobs_for(echo_text)
+            ),
+            headers=headers,
+        )
 
     @app.post("/v1/completions", include_in_schema=False)
     @guarded
@@ -273,10 +331,16 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
     async def chat_completions(request: Request) -> Response:
         return await generate(request, chat=True)
 
-    def model_card() -> dict:
+    def model_card() -> dict[str, Any]:
         info = router.model_info()
-        return {"id": served_model_name, "object": "model", "created": info.created, "owned_by": info.owned_by,
-                "max_model_len": info.max_model_len, "lanes": list(info.lanes)}
+        return {
+            "id": served_model_name,
+            "object": "model",
+            "created": info.created,
+            "owned_by": info.owned_by,
+            "max_model_len": info.max_model_len,
+            "lanes": list(info.lanes),
+        }
 
     @app.post("/tokenize", include_in_schema=False)
     @guarded
@@ -285,8 +349,12 @@ def create_app(router: RouterAPI, *, served_model_name: str, default_temperature
         if (body.prompt is None) == (body.messages is None):
             raise invalid("Send exactly one of 'prompt' and 'messages'.", param="prompt")
         messages = tuple(m.to_router() for m in body.messages) if body.messages is not None else None
-        gen = GenerateRequest(sampling=SamplingParams(), prompt=body.prompt, messages=messages,
-                              add_generation_prompt=body.add_generation_prompt)
+        gen = GenerateRequest(
+            sampling=SamplingParams(),
+            prompt=body.prompt,
+            messages=messages,
+            add_generation_prompt=body.add_generation_prompt,
+        )
         max_model_len = router.model_info().max_model_len
 
         def answer() -> Response:

@@ -36,11 +36,17 @@ class BodyTooLarge(Exception):
         super().__init__(f"request body over {limit} bytes")
         self.limit = limit
 
-    def to_openai(self) -> dict:
+    def to_openai(self) -> dict[str, Any]:
         size = f"{self.limit // (1024 * 1024)} MiB" if self.limit % (1024 * 1024) == 0 else f"{self.limit} bytes"
         message = f"The request body is too large: the limit is {size} ({self.limit} bytes)."
-        return {"error": {"message": message, "type": ErrorKind.INVALID_REQUEST.type, "param": None,
-                          "code": "request_too_large"}}
+        return {
+            "error": {
+                "message": message,
+                "type": ErrorKind.INVALID_REQUEST.type,
+                "param": None,
+                "code": "request_too_large",
+            }
+        }
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -73,9 +79,17 @@ async def read_and_parse(request: Request, schema: type, limit: int) -> Any:
 
 # -- parsing and error mapping ------------------------------------------------------------------
 _EXPECTED = {
-    "int_type": "an integer", "int_from_float": "an integer", "int_parsing": "an integer",
-    "float_type": "a number", "float_parsing": "a number", "string_type": "a string", "bool_type": "a boolean",
-    "list_type": "an array", "tuple_type": "an array", "dict_type": "an object", "model_type": "an object",
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "int_parsing": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "string_type": "a string",
+    "bool_type": "a boolean",
+    "list_type": "an array",
+    "tuple_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
     "model_attributes_type": "an object",
 }
 
@@ -94,7 +108,7 @@ def _json_kind(x: object) -> str:
     return "an object"
 
 
-def _param(loc: tuple) -> str:
+def _param(loc: tuple[int | str, ...]) -> str:
     """OpenAI spells nested params as ``messages.[0].content``."""
     return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc) or "body"
 
@@ -106,8 +120,11 @@ def validation_error(e: ValidationError) -> RouterError:
     if kind == "missing":
         return invalid(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
     if kind in _EXPECTED:
-        return invalid(f"Invalid type for '{param}': expected {_EXPECTED[kind]}, but got {_json_kind(err['input'])} "
-                       "instead.", param=param, code="invalid_type")
+        return invalid(
+            f"Invalid type for '{param}': expected {_EXPECTED[kind]}, but got {_json_kind(err['input'])} instead.",
+            param=param,
+            code="invalid_type",
+        )
     if kind in ("invalid_type", "invalid_value", "unsupported_parameter"):  # ours: the message is complete
         return invalid(err["msg"], param=param, code=kind)
     return invalid(f"Invalid value for '{param}': {err['msg']}.", param=param, code="invalid_value")
@@ -122,24 +139,30 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
     try:
         data = json.loads(raw, parse_constant=_reject_constant)  # NaN/Infinity are not JSON
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        raise invalid("We could not parse the JSON body of your request. The body must be a JSON object "
-                      "(Content-Type: application/json).", code="invalid_json") from None
+        raise invalid(
+            "We could not parse the JSON body of your request. The body must be a JSON object "
+            "(Content-Type: application/json).",
+            code="invalid_json",
+        ) from None
     if not isinstance(data, dict):
         raise invalid(f"The request body must be a JSON object, got {_json_kind(data)}.", code="invalid_json")
     where = _lone_surrogate_at(data, ())
     if where is not None:  # JSON may escape one ("\ud800"); no tokenizer or response can hold it
-        raise invalid("The text is not valid Unicode: it holds a lone surrogate (such as \\ud800).",
-                      param=_param(where), code="invalid_value")
+        raise invalid(
+            "The text is not valid Unicode: it holds a lone surrogate (such as \\ud800).",
+            param=_param(where),
+            code="invalid_value",
+        )
     try:
         return model.model_validate(data)
     except ValidationError as e:
         raise validation_error(e) from None
 
 
-def _lone_surrogate_at(data: Any, root: tuple) -> tuple | None:
+def _lone_surrogate_at(data: Any, root: tuple[int | str, ...]) -> tuple[int | str, ...] | None:
     """The path of the first string (key or value) in parsed JSON that UTF-8 cannot encode, or None.
     Iterative: a body nested as deep as the JSON parser allows must not exhaust the stack here."""
-    stack: list[tuple[Any, tuple]] = [(data, root)]
+    stack: list[tuple[Any, tuple[int | str, ...]]] = [(data, root)]
     while stack:
         value, path = stack.pop()
         if isinstance(value, str):

@@ -19,7 +19,8 @@ clamped at -9999.0 (vLLM's floor) so that JSON never carries -Infinity.
 from __future__ import annotations
 
 import codecs
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from engine.logprobs import TokenLogprob
 
@@ -41,8 +42,9 @@ class LogprobsFormatter:
     """Formats one request's logprobs, in order, chunk by chunk (it keeps the completions text
     offset between chunks)."""
 
-    def __init__(self, token_bytes: Callable[[Sequence[int]], list[bytes]], *, chat: bool,
-                 echo_text: str | None = None) -> None:
+    def __init__(
+        self, token_bytes: Callable[[Sequence[int]], list[bytes]], *, chat: bool, echo_text: str | None = None
+    ) -> None:
         """echo_text: the prompt's text as the completion returns it (``echo``), which the prompt's
         tokens are aligned to."""
         self._token_bytes = token_bytes
@@ -51,7 +53,7 @@ class LogprobsFormatter:
         self._offset = 0  # characters of text before the next token (completions)
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # across split characters
 
-    def format(self, logprobs: Sequence[TokenLogprob], prompt: Sequence[TokenLogprob] = ()) -> dict:
+    def format(self, logprobs: Sequence[TokenLogprob], prompt: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
         """The next tokens' logprobs; ``prompt``: the prompt's tokens (``echo``), which come first."""
         entries = (*prompt, *logprobs)
         ids = [lp.token_id for lp in entries]
@@ -84,17 +86,22 @@ class LogprobsFormatter:
             self._offset += len(self._utf8.decode(raw[lp.token_id]))
         return offsets
 
-    def _chat(self, logprobs: Sequence[TokenLogprob], raw: dict[int, bytes]) -> dict:
-        def entry(token_id: int, value: float) -> dict:
+    def _chat(self, logprobs: Sequence[TokenLogprob], raw: dict[int, bytes]) -> dict[str, Any]:
+        def entry(token_id: int, value: float) -> dict[str, Any]:
             return {"token": token_name(raw[token_id]), "logprob": _lp(value), "bytes": list(raw[token_id])}
 
-        content = [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
-                   for lp in logprobs if lp.logprob is not None]
+        content = [
+            {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+            for lp in logprobs
+            if lp.logprob is not None
+        ]
         return {"content": content, "refusal": None}
 
     @staticmethod
-    def _completion(logprobs: Sequence[TokenLogprob], raw: dict[int, bytes], offsets: list[int]) -> dict:
-        tokens, values, tops = [], [], []
+    def _completion(logprobs: Sequence[TokenLogprob], raw: dict[int, bytes], offsets: list[int]) -> dict[str, Any]:
+        tokens: list[str] = []
+        values: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
         for lp in logprobs:
             name = token_name(raw[lp.token_id])
             tokens.append(name)

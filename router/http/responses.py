@@ -9,11 +9,14 @@ request id is the ``X-Request-Id`` header (what ``/v1/abort/{request_id}`` takes
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Any
 
 from router.api import ErrorKind, GenerationResult, RouterError, StreamEvent, Usage
 from router.http.logprobs import LogprobsFormatter
+from router.http.tool_output import ToolDeltas, tool_message
+from router.tool_calls.parsers import ToolFormat
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -36,7 +39,7 @@ def response_id(request_id: str, *, chat: bool) -> str:
     return f"chat{base}" if chat else base
 
 
-def usage_dict(usage: Usage) -> dict:
+def usage_dict(usage: Usage) -> dict[str, Any]:
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
@@ -49,7 +52,7 @@ def _finish(reason: str | None) -> str:
     return reason or "stop"
 
 
-def _logprobs(result: GenerationResult, formatter: Callable[[], LogprobsFormatter] | None) -> dict | None:
+def _logprobs(result: GenerationResult, formatter: Callable[[], LogprobsFormatter] | None) -> dict[str, Any] | None:
     if formatter is None or result.logprobs is None:
         return None
     return formatter().format(result.logprobs, prompt=result.prompt_logprobs or ())
@@ -62,39 +65,67 @@ def total_usage(usages: Sequence[Usage]) -> Usage:
 
 def prompt_only(r: GenerationResult) -> GenerationResult:
     """A completion with ``echo`` and ``max_tokens`` 0: the token it ran for taken out."""
-    return replace(r, text="", token_ids=(), finish_reason="length", usage=replace(r.usage, completion_tokens=0),
-                   logprobs=None if r.logprobs is None else ())
+    return replace(
+        r,
+        text="",
+        token_ids=(),
+        finish_reason="length",
+        usage=replace(r.usage, completion_tokens=0),
+        logprobs=None if r.logprobs is None else (),
+    )
 
 
-def text_completion(results: Sequence[GenerationResult], *, model: str, created: int, echo_text: str | None = None,
-                    logprobs: Callable[[], LogprobsFormatter] | None = None) -> dict:
+def text_completion(
+    results: Sequence[GenerationResult],
+    *,
+    model: str,
+    created: int,
+    echo_text: str | None = None,
+    logprobs: Callable[[], LogprobsFormatter] | None = None,
+) -> dict[str, Any]:
     """The ``text_completion`` object of a non-streaming /v1/completions call (one choice per result)."""
     return {
         "id": response_id(results[0].request_id, chat=False),
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": i, "text": (echo_text or "") + r.text, "logprobs": _logprobs(r, logprobs),
-                     "finish_reason": _finish(r.finish_reason)} for i, r in enumerate(results)],
+        "choices": [
+            {
+                "index": i,
+                "text": (echo_text or "") + r.text,
+                "logprobs": _logprobs(r, logprobs),
+                "finish_reason": _finish(r.finish_reason),
+            }
+            for i, r in enumerate(results)
+        ],
         "usage": usage_dict(total_usage([r.usage for r in results])),
         "system_fingerprint": None,
     }
 
 
-def chat_completion(results: Sequence[GenerationResult], *, model: str, created: int,
-                    logprobs: Callable[[], LogprobsFormatter] | None = None) -> dict:
-    """The ``chat.completion`` object of a non-streaming /v1/chat/completions call (one choice per result)."""
+def chat_completion(
+    results: Sequence[GenerationResult],
+    *,
+    model: str,
+    created: int,
+    logprobs: Callable[[], LogprobsFormatter] | None = None,
+    tool_format: ToolFormat | None = None,
+) -> dict[str, Any]:
+    """The ``chat.completion`` object of a non-streaming /v1/chat/completions call (one choice per
+    result); with ``tool_format``, each output is read for tool calls in that format."""
+    if tool_format is not None:
+        messages = [tool_message(tool_format, r.text, _finish(r.finish_reason)) for r in results]
+    else:
+        messages = [({"role": "assistant", "content": r.text}, _finish(r.finish_reason)) for r in results]
     return {
         "id": response_id(results[0].request_id, chat=True),
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [{
-            "index": i,
-            "message": {"role": "assistant", "content": r.text},
-            "logprobs": _logprobs(r, logprobs),
-            "finish_reason": _finish(r.finish_reason),
-        } for i, r in enumerate(results)],
+        "choices": [
+            {"index": i, "message": messages[i][0], "logprobs": _logprobs(r, logprobs), "finish_reason": messages[i][1]}
+            for i, r in enumerate(results)
+        ],
         "usage": usage_dict(total_usage([r.usage for r in results])),
         "system_fingerprint": None,
     }
@@ -112,10 +143,12 @@ class ChunkBuilder:
     chat: bool
     include_usage: bool = False
     logprobs: Callable[[], LogprobsFormatter] | None = None  # set when the request asked for logprobs
+    tool_format: ToolFormat | None = None  # set when the output is read for tool calls
     _formatters: dict[int, LogprobsFormatter] = field(default_factory=dict)  # one per choice
+    _tools: dict[int, ToolDeltas] = field(default_factory=dict)  # one per choice
 
-    def _chunk(self, choice: dict | None) -> dict:
-        chunk = {
+    def _chunk(self, choice: dict[str, Any] | None) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
             "id": response_id(self.request_id, chat=self.chat),
             "object": "chat.completion.chunk" if self.chat else "text_completion",
             "created": self.created,
@@ -126,14 +159,21 @@ class ChunkBuilder:
             chunk["usage"] = None
         return chunk
 
-    def _choice(self, index: int, text: str, finish_reason: str | None, *, role: bool = False,
-                logprobs: dict | None = None) -> dict:
+    def _choice(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        *,
+        role: bool = False,
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         if not self.chat:
             return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        delta: dict = {"role": "assistant", "content": text} if role else ({"content": text} if text else {})
+        delta: dict[str, Any] = {"role": "assistant", "content": text} if role else ({"content": text} if text else {})
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def opening(self, echo_text: str | None = None, index: int = 0) -> dict | None:
+    def opening(self, echo_text: str | None = None, index: int = 0) -> dict[str, Any] | None:
         """The chunk sent for a choice before any token: the assistant role for chat, the echoed
         prompt for completions with ``echo`` (nothing otherwise)."""
         if self.chat:
@@ -142,7 +182,7 @@ class ChunkBuilder:
             return self._chunk(self._choice(index, echo_text, None))
         return None
 
-    def delta(self, ev: StreamEvent, index: int = 0) -> dict | None:
+    def delta(self, ev: StreamEvent, index: int = 0) -> dict[str, Any] | None:
         """The chunk for one event of choice ``index``; None for an empty non-final event (nothing
         to say). Logprobs go with the chunk of the event that carried their tokens, even if its text
         is held back (a possible stop string)."""
@@ -152,12 +192,26 @@ class ChunkBuilder:
             if formatter is None:
                 formatter = self._formatters[index] = self.logprobs()
             logprobs = formatter.format(ev.logprobs or (), prompt=ev.prompt_logprobs or ())
+        if self.tool_format is not None:
+            return self._tool_delta(ev, index, logprobs)
         if not ev.text and not ev.finished and logprobs is None:
             return None
-        return self._chunk(self._choice(index, ev.text, _finish(ev.finish_reason) if ev.finished else None,
-                                        logprobs=logprobs))
+        return self._chunk(
+            self._choice(index, ev.text, _finish(ev.finish_reason) if ev.finished else None, logprobs=logprobs)
+        )
 
-    def usage(self, usage: Usage) -> dict:
+    def _tool_delta(self, ev: StreamEvent, index: int, logprobs: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A chat delta whose text is read for tool calls (markup held back, calls as ``tool_calls``)."""
+        tools = self._tools.get(index)
+        if tools is None:
+            tools = self._tools[index] = ToolDeltas(self.tool_format)  # type: ignore[arg-type]
+        delta = tools.delta(ev.text, ev.finished)
+        if not delta and not ev.finished and logprobs is None:
+            return None
+        finish = tools.finish_reason(_finish(ev.finish_reason)) if ev.finished else None
+        return self._chunk({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+
+    def usage(self, usage: Usage) -> dict[str, Any]:
         chunk = self._chunk(None)
         chunk["usage"] = usage_dict(usage)
         return chunk

@@ -3,9 +3,11 @@ with them and maps their validation errors onto OpenAI error objects).
 
 Models validate in *strict* mode: OpenAI rejects ``"max_tokens": "10"`` and so do we, instead of
 silently coercing. Unknown fields are ignored (clients send many we have no use for), but fields
-that would change the output in ways Baton cannot honour (``best_of``, ``suffix``, tools, JSON
-mode) are rejected with a 400 rather than ignored, so that a client never gets an answer to a different question than the one it asked. Range checks of sampling values are
-left to ``SamplingParams`` so there is a single source of truth for them.
+that would change the output in ways Baton cannot honour (``best_of``, ``suffix``, vLLM's
+``structured_outputs``, ``chat_template_kwargs``, ... : ``REFUSED_FIELDS``) are rejected with a 400
+naming the field rather than ignored, so that a client never gets an answer to a different question
+than the one it asked. Range checks of sampling values are left to ``SamplingParams`` so there is a
+single source of truth for them.
 """
 
 from __future__ import annotations
@@ -13,14 +15,19 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 from engine.errors import InvalidParameterError
 from engine.logprobs import MAX_TOP_LOGPROBS
 from engine.sampling_params import MAX_STOP_TOKEN_IDS, SamplingParams
+from engine.structured.constraint import StructuredOutput
 from router.api import CHAT_ROLES, ChatMessage
 from router.choices import MAX_CHOICES
+from router.http.structured_fields import GUIDED_FIELDS, REFUSED_FIELDS, structured_output
+from router.http.tool_fields import check_tool_choice, forced_tools, function_tools, message_tool_call
+from router.tool_calls.constraint import FunctionTool
+from router.tool_calls.parsers import ToolCall
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 # List bounds, checked here so that a long list is refused before the router walks it (the body
@@ -54,6 +61,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
 
+def _refuse_unknown(model: type[BaseModel], data: Any) -> Any:
+    """A 400 naming the first field of ``REFUSED_FIELDS`` in ``data`` that ``model`` does not
+    implement (other unknown fields are ignored)."""
+    if isinstance(data, dict):
+        for name in REFUSED_FIELDS:
+            if name in data and name not in model.model_fields:
+                raise ValidationError.from_exception_data(
+                    model.__name__, [InitErrorDetails(type=_unsupported(f"'{name}'"), loc=(name,), input=data[name])]
+                )
+    return data
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
 
@@ -83,6 +102,21 @@ class _SamplingFields(_Strict):
     ignore_eos: bool = False  # extension
     min_tokens: int = 0  # extension
     lane: str | None = None  # Baton extension: explicit traffic-class lane
+    # Structured outputs (engine/structured/): OpenAI's response_format, vLLM's guided fields.
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refused(cls, data: Any) -> Any:
+        return _refuse_unknown(cls, data)
+
+    def structured_output(self) -> StructuredOutput | None:
+        """The constraint the request's fields ask for (InvalidParameterError naming a bad one)."""
+        return structured_output({name: getattr(self, name) for name in GUIDED_FIELDS})
 
     @field_validator("n")
     @classmethod
@@ -93,14 +127,16 @@ class _SamplingFields(_Strict):
 
     @field_validator("logit_bias")
     @classmethod
-    def _token_ids(cls, v: dict | None) -> dict | None:
+    def _token_ids(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is None:
             return v
         if len(v) > MAX_LOGIT_BIAS:
             raise _bad_value(f"logit_bias may bias at most {MAX_LOGIT_BIAS} tokens, got {len(v)}.")
         if not all(k.isascii() and k.isdigit() and len(k) <= MAX_TOKEN_ID_DIGITS for k in v):
-            raise _bad_value(f"logit_bias keys must be token ids (non-negative integers of at most "
-                             f"{MAX_TOKEN_ID_DIGITS} digits, as strings).")
+            raise _bad_value(
+                f"logit_bias keys must be token ids (non-negative integers of at most "
+                f"{MAX_TOKEN_ID_DIGITS} digits, as strings)."
+            )
         return v
 
     @field_validator("stop_token_ids")
@@ -123,7 +159,7 @@ class _SamplingFields(_Strict):
 
     @field_validator("stream_options")
     @classmethod
-    def _streaming_only(cls, v: StreamOptions | None, info) -> StreamOptions | None:
+    def _streaming_only(cls, v: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
         if v is not None and not info.data.get("stream"):  # as OpenAI and vLLM answer it
             raise _bad_value("'stream_options' is only allowed when 'stream' is true.")
         return v
@@ -147,7 +183,7 @@ class _SamplingFields(_Strict):
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=0 if top_k is None else top_k,
             seed=self.seed,
-            stop=self.stop or (),
+            stop=(self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()),
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
@@ -158,7 +194,8 @@ class _SamplingFields(_Strict):
             min_p=self.min_p or 0.0,
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
-            logit_bias={int(k): b for k, b in (self.logit_bias or {}).items()},
+            logit_bias=tuple((int(k), b) for k, b in (self.logit_bias or {}).items()),
+            structured=self.structured_output(),
         )
 
 
@@ -187,8 +224,10 @@ class CompletionRequest(_SamplingFields):
                 raise _bad_value("'prompt' must not be empty.")
             if all(_is_int(t) and t >= 0 for t in v):
                 return tuple(v)
-        raise _bad_type("Invalid type for 'prompt': expected a string, an array of token ids (non-negative "
-                        "integers), or an array holding one of those.")
+        raise _bad_type(
+            "Invalid type for 'prompt': expected a string, an array of token ids (non-negative "
+            "integers), or an array holding one of those."
+        )
 
     @field_validator("best_of")
     @classmethod
@@ -220,8 +259,10 @@ class CompletionRequest(_SamplingFields):
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
         if self.echo_only:
             if self.stream:
-                raise InvalidParameterError("max_tokens", "max_tokens 0 with echo (the prompt alone) is served "
-                                                          "without streaming; set 'stream' to false.")
+                raise InvalidParameterError(
+                    "max_tokens",
+                    "max_tokens 0 with echo (the prompt alone) is served without streaming; set 'stream' to false.",
+                )
             max_tokens = 1
         sp = self._sampling(max_tokens, default_temperature, self.logprobs)
         return replace(sp, prompt_logprobs=self.logprobs) if self.echo and self.logprobs is not None else sp
@@ -233,17 +274,29 @@ class InputMessage(_Strict):
     role: Literal[CHAT_ROLES]  # type: ignore[valid-type]
     content: str | None = Field(default=None, validate_default=True)  # required but for the assistant's
     name: str | None = None
+    tool_calls: tuple[ToolCall, ...] | None = None  # an assistant turn's calls (rendered by the chat template)
+    tool_call_id: str | None = None  # a tool turn: the call it answers
     # Refused, not dropped: the chat template would render the assistant turn empty, and the model
     # would answer a different conversation than the client sent.
-    tool_calls: list | None = None
-    function_call: dict | None = None
+    function_call: dict[str, Any] | None = None
 
-    @field_validator("tool_calls", "function_call")
+    @field_validator("function_call")
     @classmethod
-    def _no_calls(cls, v: Any, info) -> Any:
+    def _no_calls(cls, v: Any, info: ValidationInfo) -> Any:
         if v:
-            raise _unsupported(f"An assistant message's '{info.field_name}' (tool calling)")
+            raise _unsupported(
+                f"An assistant message's '{info.field_name}' (the legacy function calling; use 'tool_calls')"
+            )
         return v
+
+    @field_validator("tool_calls", mode="plain")
+    @classmethod
+    def _calls(cls, v: Any) -> tuple[ToolCall, ...] | None:
+        if v is None:
+            return v
+        if not isinstance(v, list):
+            raise _bad_type("Invalid type for 'tool_calls': expected an array.")
+        return tuple(message_tool_call(c) for c in v)
 
     @field_validator("content", mode="plain")
     @classmethod
@@ -270,7 +323,7 @@ class InputMessage(_Strict):
         raise _bad_type("Invalid type for 'content': expected a string or an array of text content parts.")
 
     def to_router(self) -> ChatMessage:
-        return ChatMessage.from_client(self.role, self.content or "")
+        return ChatMessage.from_client(self.role, self.content or "", self.tool_calls or (), self.tool_call_id)
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -280,15 +333,15 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list | None = None
-    functions: list | None = None
-    tool_choice: str | dict | None = None
-    function_call: str | dict | None = None
-    response_format: dict | None = None
+    tools: tuple[FunctionTool, ...] | None = None
+    functions: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    function_call: str | dict[str, Any] | None = None
     # Output this server cannot produce: refused, as fields ignored would change the answer's kind.
-    audio: dict | None = None
+    audio: dict[str, Any] | None = None
     modalities: list[str] | None = None
-    web_search_options: dict | None = None
+    web_search_options: dict[str, Any] | None = None
     add_generation_prompt: bool = True  # extension
 
     @field_validator("messages")
@@ -298,24 +351,44 @@ class ChatCompletionRequest(_SamplingFields):
             raise _bad_value("'messages' must contain at least one message.")
         return v
 
-    @field_validator("tools", "functions")
+    @field_validator("functions")
     @classmethod
-    def _no_tools(cls, v: list | None, info) -> list | None:
+    def _no_functions(cls, v: list[Any] | None) -> list[Any] | None:
         if v:
-            raise _unsupported(f"Tool calling ('{info.field_name}')")
+            raise _unsupported("The legacy 'functions' (use 'tools')")
         return v
 
-    @field_validator("tool_choice", "function_call")
+    @field_validator("tools", mode="plain")
     @classmethod
-    def _no_tool_choice(cls, v: str | dict | None, info) -> str | dict | None:
-        if v is not None and v != "none":
-            raise _bad_value(f"'{info.field_name}' is only allowed when tools are specified (this server "
-                             "supports no tool calling).")
+    def _tools(cls, v: Any) -> tuple[FunctionTool, ...] | None:
+        return None if v is None else function_tools(v)
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, v: str | dict[str, Any] | None, info: ValidationInfo) -> str | dict[str, Any] | None:
+        if v is not None:
+            check_tool_choice(v, info.data.get("tools") or ())
         return v
+
+    @field_validator("function_call")
+    @classmethod
+    def _no_function_call(cls, v: str | dict[str, Any] | None, info: ValidationInfo) -> str | dict[str, Any] | None:
+        if v is not None and v != "none":
+            raise _unsupported("The legacy 'function_call' (use 'tool_choice')")
+        return v
+
+    def forced_tools(self) -> list[FunctionTool] | None:
+        """The tools one of which the output must call (``required``: any; a named one: it), or None."""
+        return forced_tools(self.tool_choice, self.tools or ())
+
+    @property
+    def parses_tools(self) -> bool:
+        """Whether the output is read for tool calls (tools given, ``tool_choice`` not ``none``)."""
+        return bool(self.tools) and self.tool_choice != "none"
 
     @field_validator("audio", "web_search_options")
     @classmethod
-    def _no_audio_or_search(cls, v: dict | None, info) -> dict | None:
+    def _no_audio_or_search(cls, v: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
         if v is not None:
             raise _unsupported(f"'{info.field_name}'")
         return v
@@ -325,13 +398,6 @@ class ChatCompletionRequest(_SamplingFields):
     def _text_modality(cls, v: list[str] | None) -> list[str] | None:
         if v is not None and set(v) - {"text"}:
             raise _unsupported(f"Output modalities {sorted(set(v) - {'text'})}")
-        return v
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, v: dict | None) -> dict | None:
-        if v is not None and v.get("type", "text") != "text":
-            raise _unsupported(f"response_format {v.get('type')!r}")
         return v
 
     @property
@@ -351,11 +417,14 @@ class ChatCompletionRequest(_SamplingFields):
             return self._sampling(max_tokens, default_temperature, logprobs)
         except InvalidParameterError as e:  # name the fields the client actually sent
             if e.param == "max_tokens" and self.max_completion_tokens is not None:
-                raise InvalidParameterError("max_completion_tokens",
-                                            e.message.replace("max_tokens", "max_completion_tokens")) from e
+                raise InvalidParameterError(
+                    "max_completion_tokens", e.message.replace("max_tokens", "max_completion_tokens")
+                ) from e
             if e.param == "logprobs":
-                raise InvalidParameterError("top_logprobs", f"top_logprobs must be an integer in "
-                                                            f"[0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}") from e
+                raise InvalidParameterError(
+                    "top_logprobs",
+                    f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}",
+                ) from e
             raise
 
     def router_messages(self) -> tuple[ChatMessage, ...]:

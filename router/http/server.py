@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 import socket
 import threading
-from typing import Any, Coroutine, Iterator, TypeVar
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -32,8 +33,9 @@ def _bind(host: str, port: int) -> socket.socket:
     """Bind here rather than in uvicorn: a bind failure is then an ``OSError`` from ``start()``
     (uvicorn would ``sys.exit`` inside our loop), and with ``port=0`` the port is known at once."""
     try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                          flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+            0
+        ]
     except socket.gaierror as e:
         raise OSError(f"cannot bind the HTTP server to {host!r}:{port}: {e.strerror}") from None
     sock = socket.socket(family, kind, proto)
@@ -58,8 +60,16 @@ class HttpServer:
     ``graceful_timeout_s``, then cancels them (which aborts their generations).
     """
 
-    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
-                 access_log: bool = False, graceful_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        log_level: str = "warning",
+        access_log: bool = False,
+        graceful_timeout_s: float = 5.0,
+    ) -> None:
         self.app = app
         self.host = host
         self._requested_port = port
@@ -88,8 +98,14 @@ class HttpServer:
         sock = _bind(self.host, self._requested_port)
         self._port = sock.getsockname()[1]
         config = uvicorn.Config(
-            self.app, host=self.host, port=self._port, log_level=self._log_level, access_log=self._access_log,
-            lifespan="off", timeout_graceful_shutdown=self._graceful_timeout_s,
+            self.app,
+            host=self.host,
+            port=self._port,
+            log_level=self._log_level,
+            access_log=self._access_log,
+            lifespan="off",
+            # uvicorn annotates an int, and hands the value to asyncio.wait_for, which takes seconds as a float
+            timeout_graceful_shutdown=self._graceful_timeout_s,  # type: ignore[arg-type]
         )
         self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name=f"http-server:{self._port}")
@@ -106,7 +122,7 @@ class HttpServer:
         self._server.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(self._task), self._graceful_timeout_s + 5.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._server.force_exit = True
             await self._task
         finally:
@@ -149,7 +165,7 @@ class ThreadedHttpServer:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         try:
             await self.server.start()
-        except BaseException as e:  # reported by start()
+        except BaseException as e:  # noqa: BLE001 - reported by start()
             self._error = e
             return
         finally:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator, Awaitable, TypeVar
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -26,7 +27,7 @@ async def _until_disconnect(receive: Receive) -> None:
         pass
 
 
-async def _cancel(*tasks: asyncio.Future) -> None:
+async def _cancel(*tasks: asyncio.Future[Any]) -> None:
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

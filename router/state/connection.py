@@ -10,8 +10,8 @@ Redis has to cost a caller at most about one timeout, never a hang and never a r
   at once with :class:`StateUnavailable` without touching the network, so a dead Redis is
   probed at most about once per backoff window per router;
 * idle pooled connections are dropped on failure, and checked for EOF when taken from the pool
-  (RESP2, see below), so the first call after Redis returns does not fail on a stale socket; :meth:`RedisState.ping` probes even
-  inside the backoff window and clears it on success (for health loops).
+  (RESP2, see below), so the first call after Redis returns does not fail on a stale socket;
+  :meth:`RedisState.ping` probes even inside the backoff window and clears it on success (for health loops).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis

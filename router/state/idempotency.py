@@ -21,8 +21,11 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
+
+from redis.typing import EncodableT
 
 from router.state.connection import RedisState
 
@@ -90,7 +93,8 @@ class IdempotencyStore:
         """Claim ``key`` for this attempt, or report what a previous attempt left."""
         ttl_ms = max(1, int((ttl_s if ttl_s is not None else self.ttl_s) * 1000))
         lease_ms = max(1, int((lease_s if lease_s is not None else self.lease_s) * 1000))
-        keys, args = [self._key(tenant, key)], [fingerprint, min(lease_ms, ttl_ms), ttl_ms]
+        keys = [self._key(tenant, key)]
+        args: list[EncodableT] = [fingerprint, min(lease_ms, ttl_ms), ttl_ms]
         res = await self.state.run(lambda r: self._begin(keys=keys, args=args, client=r))
         state = res[0].decode()
         if state == "done":
@@ -126,8 +130,14 @@ class LocalIdempotencyStore:
     claim behaves like an expired lease: a retry runs again, and completing it stores nothing.
     """
 
-    def __init__(self, *, ttl_s: float = TTL_S, lease_s: float = LEASE_S, max_entries: int = 4096,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        ttl_s: float = TTL_S,
+        lease_s: float = LEASE_S,
+        max_entries: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.ttl_s = ttl_s
         self.lease_s = lease_s
         self.max_entries = max_entries
@@ -149,8 +159,9 @@ class LocalIdempotencyStore:
         e = self._get(k)
         if e is None:
             now = self._clock()
-            while self._entries and (len(self._entries) >= self.max_entries
-                                     or next(iter(self._entries.values())).expires_at <= now):
+            while self._entries and (
+                len(self._entries) >= self.max_entries or next(iter(self._entries.values())).expires_at <= now
+            ):
                 self._entries.popitem(last=False)  # least recently used, or expired
             self._entries[k] = _LocalEntry(fingerprint, "in_progress", None, now + min(self.lease_s, self.ttl_s))
             return Begin("new")

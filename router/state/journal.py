@@ -28,10 +28,12 @@ import hashlib
 import json
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import redis.exceptions as rexc
+from redis.typing import EncodableT
 
 from router.state.connection import RedisState
 
@@ -166,7 +168,8 @@ class BatchJournal:
         job_id, now = job_id or uuid.uuid4().hex, time.time()
         body = json.dumps(job, sort_keys=True)
         fingerprint = hashlib.sha256(body.encode()).hexdigest()
-        keys, args = [self._job_key(job_id), self.stream], [tenant, fingerprint, now, job_id, body]
+        keys = [self._job_key(job_id), self.stream]
+        args: list[EncodableT] = [tenant, fingerprint, now, job_id, body]
         got = await self.state.run(lambda r: self._submit(keys=keys, args=args, client=r))
         if _s(got) == "conflict":
             raise JobIdConflict(job_id)
@@ -222,7 +225,8 @@ class BatchJournal:
 
     async def set_running(self, job_id: str, consumer: str = "") -> bool:
         """Mark the job running under ``consumer``; False if it was cancelled meanwhile (skip it)."""
-        keys, args = [self._job_key(job_id)], [time.time(), consumer]
+        keys = [self._job_key(job_id)]
+        args: list[EncodableT] = [time.time(), consumer]
         return bool(await self.state.run(lambda r: self._set_running(keys=keys, args=args, client=r)))
 
     def forget(self, entry_id: str) -> None:
@@ -235,7 +239,8 @@ class BatchJournal:
         """Cancel ``tenant``'s job ``job_id`` if it is queued or running (it becomes ``cancelled``
         and leaves the stream). Returns the status it had, or None if unknown to this tenant."""
         ttl_ms = max(1, int((ttl_s if ttl_s is not None else self.ttl_s) * 1000))
-        keys, args = [self._job_key(job_id), self.stream], [tenant, self.group, time.time(), ttl_ms]
+        keys = [self._job_key(job_id), self.stream]
+        args: list[EncodableT] = [tenant, self.group, time.time(), ttl_ms]
         had = _s(await self.state.run(lambda r: self._cancel(keys=keys, args=args, client=r)))
         return had or None  # type: ignore[return-value]
 
@@ -248,7 +253,8 @@ class BatchJournal:
             async with r.pipeline(transaction=False) as p:
                 for job_id in job_ids:
                     p.hget(self._job_key(job_id), "status")
-                return await p.execute()
+                replies: list[Any] = await p.execute()  # one status (bytes or None) per job
+                return replies
 
         got = await self.state.run(op)
         return {job_id: (_s(v) if v is not None else None) for job_id, v in zip(job_ids, got)}
@@ -274,11 +280,16 @@ class BatchJournal:
         """Store the result (kept ``ttl_s``), mark the job done and acknowledge its entry."""
         await self._finish(job_id, entry_id, {"status": "done", "result": json.dumps(result)}, ttl_s)
 
-    async def finish_cancelled(self, job_id: str, entry_id: str, result: dict[str, Any],
-                               ttl_s: float | None = None) -> None:
+    async def finish_cancelled(
+        self, job_id: str, entry_id: str, result: dict[str, Any], ttl_s: float | None = None
+    ) -> None:
         """A cancelled job's run ended: keep what it had produced, and acknowledge its entry."""
-        await self._finish(job_id, entry_id, {"status": "cancelled", "error": "cancelled by the client",
-                                              "result": json.dumps(result)}, ttl_s)
+        await self._finish(
+            job_id,
+            entry_id,
+            {"status": "cancelled", "error": "cancelled by the client", "result": json.dumps(result)},
+            ttl_s,
+        )
 
     async def fail(self, job_id: str, entry_id: str, error: str, ttl_s: float | None = None) -> None:
         """Mark the job failed (no retry) and acknowledge its entry."""

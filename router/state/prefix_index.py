@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from redis.typing import EncodableT
+
 from engine.kv_events import AllBlocksCleared, BlocksRemoved, BlocksStored, KVCacheEvent
 from router.state.connection import RedisState
 
@@ -154,7 +156,7 @@ class RedisPrefixIndex:
             return {c: 0 for c in candidates}
         cands = list(candidates)
         keys = [self._wkey(c) for c in cands] + [self._blk_prefix + h.hex() for h in hashes]
-        args = [len(cands), self.ttl_ms, *cands]
+        args: list[EncodableT] = [len(cands), self.ttl_ms, *cands]
         counts = await self.state.run(lambda r: self._lookup(keys=keys, args=args, client=r))
         return {c: int(n) for c, n in zip(cands, counts)}
 

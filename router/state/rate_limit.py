@@ -1,6 +1,6 @@
 """Per-tenant rate limits: requests/min and tokens/min token buckets shared by all routers.
 
-Each limited dimension is a token bucket holding up to ``rate × burst_s`` units that refills
+Each limited dimension is a token bucket holding up to ``rate * burst_s`` units that refills
 continuously at ``rate`` units/s. A request takes ``n_requests`` from the request bucket and
 ``n_tokens`` from the token bucket atomically: both or neither, so a request refused for tokens
 does not burn a request slot. A request larger than a bucket's capacity can never pass and gets
@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from router.state.connection import RedisState, StateUnavailable
 
@@ -252,8 +253,9 @@ class RateLimiter:
             return ALLOWED
         return Decision(False, retry_after, _REASONS[reason - 1])
 
-    async def refund(self, tenant: str, n_requests: float = 1, n_tokens: float = 0, *, limits: TenantLimits,
-                     degraded: bool = False) -> None:
+    async def refund(
+        self, tenant: str, n_requests: float = 1, n_tokens: float = 0, *, limits: TenantLimits, degraded: bool = False
+    ) -> None:
         """Give back what an allowed :meth:`acquire` took, to the buckets it took it from
         (``degraded``: its Decision's flag). With Redis away the refund is dropped: the shared
         buckets refill anyway, and crediting the local ones would not undo the shared charge."""
@@ -269,8 +271,9 @@ class RateLimiter:
         except StateUnavailable:
             pass
 
-    def _keys_args(self, tenant: str, n_requests: float, n_tokens: float,
-                   limits: TenantLimits) -> tuple[list[str], list[str]]:
+    def _keys_args(
+        self, tenant: str, n_requests: float, n_tokens: float, limits: TenantLimits
+    ) -> tuple[list[str], list[str]]:
         (rr, rc), (tr, tc) = limits.buckets()
         keys = [self.state.key("rl", "req", tenant), self.state.key("rl", "tok", tenant)]
         return keys, [repr(float(x)) for x in (rr, rc, n_requests, tr, tc, n_tokens)]

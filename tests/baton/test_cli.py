@@ -14,27 +14,65 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def baton(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "baton", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "baton", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def test_generate_json_on_tiny(tiny_model_dir):
-    r = baton("generate", "--model", str(tiny_model_dir), "--prompt", "hello", "--prompt", "second prompt here",
-              "--max-tokens", "6", "--ignore-eos", "--json")
+    r = baton(
+        "generate",
+        "--model",
+        str(tiny_model_dir),
+        "--prompt",
+        "hello",
+        "--prompt",
+        "second prompt here",
+        "--max-tokens",
+        "6",
+        "--ignore-eos",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     assert [x["prompt"] for x in lines] == ["hello", "second prompt here"]
     for x in lines:
         assert len(x["token_ids"]) == 6 and isinstance(x["text"], str)
         assert "logprobs" not in x
-    r = baton("generate", "--model", str(tiny_model_dir), "--prompt", "hello", "--max-tokens", "3", "--ignore-eos",
-              "--logprobs", "2", "--json")
+    r = baton(
+        "generate",
+        "--model",
+        str(tiny_model_dir),
+        "--prompt",
+        "hello",
+        "--max-tokens",
+        "3",
+        "--ignore-eos",
+        "--logprobs",
+        "2",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert [lp["token_id"] for lp in out["logprobs"]] == out["token_ids"]
     assert all(len(lp["top"]) == 2 and lp["top"][0] == [lp["token_id"], lp["logprob"]] for lp in out["logprobs"])
-    r = baton("generate", "--model", str(tiny_model_dir), "--prompt", "hello", "--max-tokens", "1",
-              "--prompt-logprobs", "0", "--json")
+    r = baton(
+        "generate",
+        "--model",
+        str(tiny_model_dir),
+        "--prompt",
+        "hello",
+        "--max-tokens",
+        "1",
+        "--prompt-logprobs",
+        "0",
+        "--json",
+    )
     out = json.loads(r.stdout)
     assert len(out["prompt_logprobs"]) == out["num_prompt_tokens"] and out["prompt_logprobs"][0]["logprob"] is None
 
@@ -42,8 +80,21 @@ def test_generate_json_on_tiny(tiny_model_dir):
 def test_generate_with_ngram_drafts_gives_the_same_tokens(tiny_model_dir):
     outs = []
     for k in ("0", "4"):
-        r = baton("generate", "--model", str(tiny_model_dir), "--prompt", "one two three one two three one",
-                  "--prompt", "hello", "--max-tokens", "24", "--ignore-eos", "--speculative-tokens", k, "--json")
+        r = baton(
+            "generate",
+            "--model",
+            str(tiny_model_dir),
+            "--prompt",
+            "one two three one two three one",
+            "--prompt",
+            "hello",
+            "--max-tokens",
+            "24",
+            "--ignore-eos",
+            "--speculative-tokens",
+            k,
+            "--json",
+        )
         assert r.returncode == 0, r.stderr
         outs.append([json.loads(x)["token_ids"] for x in r.stdout.splitlines()])
     assert outs[0] == outs[1] and all(len(t) == 24 for t in outs[1])
@@ -51,8 +102,17 @@ def test_generate_with_ngram_drafts_gives_the_same_tokens(tiny_model_dir):
 
 @pytest.mark.slow
 def test_generate_chat_on_default_model(default_model_dir):
-    r = baton("generate", "--model", str(default_model_dir), "--chat", "--prompt", "What is the capital of France?",
-              "--max-tokens", "12", "--json")
+    r = baton(
+        "generate",
+        "--model",
+        str(default_model_dir),
+        "--chat",
+        "--prompt",
+        "What is the capital of France?",
+        "--max-tokens",
+        "12",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert "Paris" in out["text"]
@@ -97,17 +157,35 @@ def test_missing_model_is_named(tmp_path):
 def test_generate_through_the_pools_matches_the_engine(tiny_model_dir):
     # Seeded sampling: a seeded request's tokens are the same wherever its positions are sampled
     # (the prefill worker samples the first), with or without drafts.
-    common = ["generate", "--model", str(tiny_model_dir), "--prompt", "hello there, how are you today? " * 3,
-              "--prompt", "short", "--max-tokens", "8", "--ignore-eos", "--json", "--max-num-batched-tokens", "16",
-              "--temperature", "0.8", "--seed", "3"]
+    common = [
+        "generate",
+        "--model",
+        str(tiny_model_dir),
+        "--prompt",
+        "hello there, how are you today? " * 3,
+        "--prompt",
+        "short",
+        "--max-tokens",
+        "8",
+        "--ignore-eos",
+        "--json",
+        "--max-num-batched-tokens",
+        "16",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "3",
+    ]
     local = baton(*common)
     pooled = baton(*common, "--prefill-workers", "1", "--decode-workers", "1", timeout=600)
     assert local.returncode == 0 and pooled.returncode == 0, pooled.stderr[-2000:]
-    assert [json.loads(x)["token_ids"] for x in pooled.stdout.splitlines()] == \
-        [json.loads(x)["token_ids"] for x in local.stdout.splitlines()]
+    assert [json.loads(x)["token_ids"] for x in pooled.stdout.splitlines()] == [
+        json.loads(x)["token_ids"] for x in local.stdout.splitlines()
+    ]
     # The decode workers' engines take the drafts setting too; the tokens stay the same.
-    drafted = baton(*common, "--prefill-workers", "1", "--decode-workers", "1", "--speculative-tokens", "3",
-                    timeout=600)
+    drafted = baton(
+        *common, "--prefill-workers", "1", "--decode-workers", "1", "--speculative-tokens", "3", timeout=600
+    )
     assert drafted.returncode == 0, drafted.stderr[-2000:]
     assert drafted.stdout == pooled.stdout
 
@@ -116,9 +194,14 @@ def test_generate_through_the_pools_matches_the_engine(tiny_model_dir):
 
 
 def chat(model_dir, stdin: bytes, *args, env=None):
-    return subprocess.run([sys.executable, "-m", "baton", "chat", "--model", str(model_dir), *args], input=stdin,
-                          capture_output=True, timeout=300, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "baton", "chat", "--model", str(model_dir), *args],
+        input=stdin,
+        capture_output=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
 
 
 def _copy_model(src: Path, dst: Path, drop: str | None = None) -> Path:
@@ -146,8 +229,9 @@ def test_chat_skips_a_message_longer_than_the_context_and_goes_on(tiny_model_dir
 
 @pytest.mark.parametrize("stdin_errors", ["surrogateescape", "strict"])  # C.UTF-8 and other UTF-8 locales
 def test_chat_skips_a_line_that_is_not_utf8(tiny_model_dir, stdin_errors):
-    r = chat(tiny_model_dir, b"\xffhi\nsecond\n", "--max-tokens", "4",
-             env={"PYTHONIOENCODING": f"utf-8:{stdin_errors}"})
+    r = chat(
+        tiny_model_dir, b"\xffhi\nsecond\n", "--max-tokens", "4", env={"PYTHONIOENCODING": f"utf-8:{stdin_errors}"}
+    )
     err = r.stderr.decode()
     assert r.returncode == 0 and "not valid UTF-8 text; not sent" in err and "surrogate" not in err, err
     assert r.stdout.decode().count("model> ") == 1
@@ -157,7 +241,8 @@ def test_chat_skips_a_message_the_template_rejects(tiny_model_dir, tmp_path):
     model = _copy_model(tiny_model_dir, tmp_path / "m")
     (model / "chat_template.jinja").write_text(
         "{% for m in messages %}{% if m['content'] == 'bad' %}{{ raise_exception('no bad words') }}{% endif %}"
-        "{{ m['content'] }}{% endfor %}")
+        "{{ m['content'] }}{% endfor %}"
+    )
     r = chat(model, b"bad\nfine\n", "--max-tokens", "4")
     err = r.stderr.decode()
     assert r.returncode == 0 and "messages: chat template error: no bad words; not sent" in err, err
@@ -180,8 +265,23 @@ def test_chat_keeps_the_system_message_when_starting_over(tiny_model_dir, monkey
 
     monkeypatch.setattr(Tokenizer, "encode_chat", record)
     monkeypatch.setattr("sys.stdin", io.StringIO("one two three four\nfive six seven eight nine\n"))
-    assert main(["chat", "--model", str(tiny_model_dir), "--system", "be brief", "--max-tokens", "8",
-                 "--max-model-len", "48", "--ignore-eos"]) == 0
+    assert (
+        main(
+            [
+                "chat",
+                "--model",
+                str(tiny_model_dir),
+                "--system",
+                "be brief",
+                "--max-tokens",
+                "8",
+                "--max-model-len",
+                "48",
+                "--ignore-eos",
+            ]
+        )
+        == 0
+    )
     # the second turn does not fit with the history, so it starts over: with the system message
     assert sent[-2][0] == ["system", "user", "assistant", "user"] and sent[-2][1] >= 48
     assert sent[-1][0] == ["system", "user"]
@@ -193,9 +293,15 @@ def test_ctrl_c_stops_the_reply_not_the_chat(tiny_model_dir):
     import signal
 
     master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-m", "baton", "chat", "--model", str(tiny_model_dir), "--ignore-eos",
-                          "--max-tokens", "4000"], stdin=slave, stdout=slave, stderr=slave, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "baton", "chat", "--model", str(tiny_model_dir), "--ignore-eos", "--max-tokens", "4000"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        start_new_session=True,
+    )
     os.close(slave)
     seen = b""
 
@@ -285,21 +391,46 @@ def test_chat_without_a_tokenizer_or_a_template_says_so_before_reading_input(tin
 
 @pytest.mark.parametrize("value, rc", [("debug", 0), ("Info", 0), ("CRITICAL", 0), ("", 0), ("verbose", 2)])
 def test_log_level_from_the_environment(value, rc):
-    r = subprocess.run([sys.executable, "-m", "baton", "config", "--print-defaults"], capture_output=True,
-                       text=True, timeout=60, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), "BATON_LOG_LEVEL": value})
+    r = subprocess.run(
+        [sys.executable, "-m", "baton", "config", "--print-defaults"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "BATON_LOG_LEVEL": value},
+    )
     assert r.returncode == rc and "Traceback" not in r.stderr, r.stderr
     if rc:
-        assert r.stderr.strip() == ("baton: error: BATON_LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, "
-                                    "CRITICAL (any case), got 'verbose'")
+        assert r.stderr.strip() == (
+            "baton: error: BATON_LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, "
+            "CRITICAL (any case), got 'verbose'"
+        )
     r = baton("--log-level", "debug", "config", "--print-defaults")
     assert r.returncode == 0, r.stderr
 
 
 def test_a_closed_output_pipe_ends_quietly(tiny_model_dir):
-    p = subprocess.Popen([sys.executable, "-m", "baton", "generate", "--model", str(tiny_model_dir), "--prompt", "a",
-                          "--prompt", "b", "--max-tokens", "2", "--json"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "baton",
+            "generate",
+            "--model",
+            str(tiny_model_dir),
+            "--prompt",
+            "a",
+            "--prompt",
+            "b",
+            "--max-tokens",
+            "2",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     p.stdout.close()  # like `| true`: the reader is gone before the first line
     err = p.stderr.read().decode()
     assert p.wait(timeout=300) == 141 and err == "", err  # was: "baton: error: [Errno 32] Broken pipe", rc 2

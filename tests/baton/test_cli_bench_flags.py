@@ -34,11 +34,22 @@ def cost_model(tmp_path) -> str:
 
 
 def _plan(cost_model: str, *flags: str) -> list[str]:
-    return ["plan", "--workload", "sharegpt", "--slo", "ttft=2000,tpot=250", "--cost-model", cost_model,
-            "--max-workers", "1", *flags]
+    return [
+        "plan",
+        "--workload",
+        "sharegpt",
+        "--slo",
+        "ttft=2000,tpot=250",
+        "--cost-model",
+        cost_model,
+        "--max-workers",
+        "1",
+        *flags,
+    ]
 
 
 # -- 1, 2: bench scheduler ------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("steps", ["10001", "100000000000"])
@@ -63,6 +74,7 @@ def test_scheduler_runs_with_more_sequences_than_the_first_steps_prefill():
 
 # -- 3: rate x duration -----------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize("flags", [["--rate", "0.4", "--duration", "1e12"], ["--rate", "1e9"]])
 def test_plan_bounds_the_requests_a_workload_plans(capsys, cost_model, flags):
@@ -86,6 +98,7 @@ def test_plan_requests_refuses_a_plan_too_big_to_hold():
 
 # -- 4: bench interference --------------------------------------------------------------------------
 
+
 def _interference_args(*argv: str) -> argparse.Namespace:
     from baton.perf.interference_workload import add_arguments
 
@@ -94,14 +107,17 @@ def _interference_args(*argv: str) -> argparse.Namespace:
     return ap.parse_args(list(argv))
 
 
-@pytest.mark.parametrize("argv, words", [
-    (("--duration", "inf"), "--duration must be a number of seconds in (0, 86400]"),
-    (("--duration", "nan"), "--duration must be a number of seconds"),
-    (("--long-every", "inf", "--duration", "1"), "--long-every must be a number of seconds"),
-    (("--local-prefill-threshold", "-5"), "--local-prefill-threshold must be >= 0"),
-    (("--max-num-batched-tokens", "0"), "--max-num-batched-tokens must be >= 1"),
-    (("--interactive", "100000"), "--interactive must be between 1 and 4096"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (("--duration", "inf"), "--duration must be a number of seconds in (0, 86400]"),
+        (("--duration", "nan"), "--duration must be a number of seconds"),
+        (("--long-every", "inf", "--duration", "1"), "--long-every must be a number of seconds"),
+        (("--local-prefill-threshold", "-5"), "--local-prefill-threshold must be >= 0"),
+        (("--max-num-batched-tokens", "0"), "--max-num-batched-tokens must be >= 1"),
+        (("--interactive", "100000"), "--interactive must be between 1 and 4096"),
+    ],
+)
 def test_interference_flags_are_checked_before_the_cluster_starts(argv, words):
     # run_from_args builds the workload (these checks) before run() starts a cluster
     from baton.perf.interference_workload import workload_from_args
@@ -112,6 +128,7 @@ def test_interference_flags_are_checked_before_the_cluster_starts(argv, words):
 
 
 # -- 5: bench kv-transfer ---------------------------------------------------------------------------
+
 
 def test_kv_transfer_refuses_lengths_beyond_its_bound(capsys):
     line = _error(capsys, ["bench", "kv-transfer", "--lengths", "10000000", "--no-ray", "--repeats", "1"])
@@ -139,6 +156,7 @@ def test_kv_transfer_takes_the_flags_its_messages_name(capsys):
 
 # -- 6, 7: bench serve ------------------------------------------------------------------------------
 
+
 def test_serve_checks_plots_before_the_run(capsys, tmp_path):
     a_file = tmp_path / "f"
     a_file.write_text("")
@@ -153,30 +171,51 @@ def test_serve_checks_plots_before_the_run(capsys, tmp_path):
     assert "--plots and --no-plots" in line
 
 
-@pytest.mark.parametrize("flags, words", [
-    (["--search", "--search-tolerance", "-1"], "--search-tolerance must be in (0, 1)"),
-    (["--search", "--search-tolerance", "nan"], "--search-tolerance must be in (0, 1)"),
-    (["--search", "--search-max-rate", "0.5"], "--search-max-rate 0.5 is below the starting --rate 1"),
-    (["--search", "--search-max-rate", "1e9"], "--search-max-rate 1e+09 req/s over --duration 60 s"),
-    (["--search", "--search-target", "0"], "--search-target must be in (0, 1]"),
-    (["--search-runs", "3"], "--search-runs only applies with --search"),
-    (["--gamma-shape", "2"], "--gamma-shape is for gamma arrivals"),
-    (["--arrival", "gamma", "--gamma-shape", "0"], "--gamma-shape must be a finite number > 0"),
-    (["--warmup", "nan"], "--warmup must be in [0, --duration)"),
-    (["--timeout", "inf"], "--timeout must be a finite number > 0"),
-])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--search", "--search-tolerance", "-1"], "--search-tolerance must be in (0, 1)"),
+        (["--search", "--search-tolerance", "nan"], "--search-tolerance must be in (0, 1)"),
+        (["--search", "--search-max-rate", "0.5"], "--search-max-rate 0.5 is below the starting --rate 1"),
+        (["--search", "--search-max-rate", "1e9"], "--search-max-rate 1e+09 req/s over --duration 60 s"),
+        (["--search", "--search-target", "0"], "--search-target must be in (0, 1]"),
+        (["--search-runs", "3"], "--search-runs only applies with --search"),
+        (["--gamma-shape", "2"], "--gamma-shape is for gamma arrivals"),
+        (["--arrival", "gamma", "--gamma-shape", "0"], "--gamma-shape must be a finite number > 0"),
+        (["--warmup", "nan"], "--warmup must be in [0, --duration)"),
+        (["--timeout", "inf"], "--timeout must be a finite number > 0"),
+    ],
+)
 def test_serve_refuses_settings_it_would_ignore_or_misuse(capsys, flags, words):
     assert words in _error(capsys, ["bench", "serve", *URL, "--rate", "1", *flags])
 
 
 # -- 8: profile --refit -----------------------------------------------------------------------------
 
+
 def test_profile_refit_refuses_the_measuring_flags(capsys, tmp_path):
     cm = tmp_path / "cost_model.json"  # refused before it is read: any existing file will do
     cm.write_text("{}")
     cm = str(cm)
-    line = _error(capsys, ["profile", "--refit", cm, "--out", str(tmp_path / "x.json"), "--threads", "0",
-                           "--model", "/nonexistent", "--kv-cache-gb", "-5", "--device", "gpu", "--quick"])
+    line = _error(
+        capsys,
+        [
+            "profile",
+            "--refit",
+            cm,
+            "--out",
+            str(tmp_path / "x.json"),
+            "--threads",
+            "0",
+            "--model",
+            "/nonexistent",
+            "--kv-cache-gb",
+            "-5",
+            "--device",
+            "gpu",
+            "--quick",
+        ],
+    )
     assert "--refit measures nothing: --model, --threads, --device, --quick, --kv-cache-gb" in line
     line = _error(capsys, ["profile", "--refit", cm, "--out", str(tmp_path / "x.json"), "--no-neighbour"])
     assert "--no-neighbour would be ignored" in line
@@ -185,11 +224,14 @@ def test_profile_refit_refuses_the_measuring_flags(capsys, tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
-@pytest.mark.parametrize("flags, words", [
-    (["--device", "gpu"], "--device must be auto, cpu, cuda or cuda:N"),
-    (["--threads", "100000"], "--threads must be at most"),
-    (["--kv-cache-gb", "-5"], "--kv-cache-gb must be a finite number > 0"),
-])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--device", "gpu"], "--device must be auto, cpu, cuda or cuda:N"),
+        (["--threads", "100000"], "--threads must be at most"),
+        (["--kv-cache-gb", "-5"], "--kv-cache-gb must be a finite number > 0"),
+    ],
+)
 def test_profile_checks_flags_before_loading_the_model(capsys, tmp_path, flags, words):
     line = _error(capsys, ["profile", "--model", "/nonexistent", "--out", str(tmp_path / "x.json"), *flags])
     assert words in line
@@ -197,11 +239,15 @@ def test_profile_checks_flags_before_loading_the_model(capsys, tmp_path, flags, 
 
 # -- 9: plan --kv-blocks ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("blocks, words", [
-    ("1", "--kv-blocks 1 is too small for the workload"),
-    ("0", "--kv-blocks must be >= 1"),
-    ("100000000", "--kv-blocks must be at most"),
-])
+
+@pytest.mark.parametrize(
+    "blocks, words",
+    [
+        ("1", "--kv-blocks 1 is too small for the workload"),
+        ("0", "--kv-blocks must be >= 1"),
+        ("100000000", "--kv-blocks must be at most"),
+    ],
+)
 def test_plan_names_kv_blocks(capsys, cost_model, blocks, words):
     line = _error(capsys, _plan(cost_model, "--rate", "0.4", "--kv-blocks", blocks))
     assert words in line

@@ -27,8 +27,6 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -45,26 +43,52 @@ def ray_head():
     """A Ray head offering one unit of each Baton resource; stopped by terminating ``--block``."""
     temp_dir = tempfile.mkdtemp(prefix="brt-", dir="/tmp")  # short: Ray's socket paths have a limit
     gcs_port, dashboard_port = _free_port(), _free_port()
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-           # Token authentication, as a production head has it, with a token of the test's own.
-           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
-           # ray job stop: SIGTERM, then this long to drain before SIGKILL.
-           "RAY_JOB_STOP_WAIT_TIME_S": "60", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        # Token authentication, as a production head has it, with a token of the test's own.
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+        # ray job stop: SIGTERM, then this long to drain before SIGKILL.
+        "RAY_JOB_STOP_WAIT_TIME_S": "60",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     env.pop("RAY_ADDRESS", None)
     head = subprocess.Popen(
-        [_ray_cli(), "start", "--head", "--block", f"--port={gcs_port}", "--node-ip-address=127.0.0.1",
-         "--num-cpus=4", "--resources=" + json.dumps({"baton_router": 1, "baton_prefill": 1, "baton_decode": 1}),
-         f"--temp-dir={temp_dir}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={dashboard_port}", f"--dashboard-agent-listen-port={_free_port()}",
-         f"--ray-client-server-port={_free_port()}", "--disable-usage-stats"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        [
+            _ray_cli(),
+            "start",
+            "--head",
+            "--block",
+            f"--port={gcs_port}",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=4",
+            "--resources=" + json.dumps({"baton_router": 1, "baton_prefill": 1, "baton_decode": 1}),
+            f"--temp-dir={temp_dir}",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard_port}",
+            f"--dashboard-agent-listen-port={_free_port()}",
+            f"--ray-client-server-port={_free_port()}",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     dashboard = f"http://127.0.0.1:{dashboard_port}"
 
     def dashboard_up() -> bool:
         assert head.poll() is None, f"ray start failed:\n{head.stdout.read()}"
         try:
-            return httpx.get(f"{dashboard}/api/version", timeout=2,
-                             headers={"Authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"}).status_code == 200
+            return (
+                httpx.get(
+                    f"{dashboard}/api/version", timeout=2, headers={"Authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"}
+                ).status_code
+                == 200
+            )
         except httpx.HTTPError:
             return False
 
@@ -81,8 +105,9 @@ def ray_head():
 
 
 def _ray(head: dict, *args: str, timeout: float = 180) -> str:
-    out = subprocess.run([_ray_cli(), *args], env=head["env"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=timeout)
+    out = subprocess.run(
+        [_ray_cli(), *args], env=head["env"], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
     assert out.returncode == 0, f"ray {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}"
     return out.stdout + out.stderr
 
@@ -96,16 +121,34 @@ def _submit(head: dict, job_id: str, *entrypoint: str, attempts: int = 3) -> Non
     """``ray job submit --no-wait`` of ``job_id`` from the repository, as a user runs it. A submission
     the job agent dropped (a 500 naming one of ``_AGENT_DROPPED``) is made again, once ``ray job
     status`` says the job does not exist; any other failure fails the test."""
-    args = ("job", "submit", "--address", head["dashboard"], "--submission-id", job_id, "--no-wait",
-            "--working-dir", ".", "--", *entrypoint)
+    args = (
+        "job",
+        "submit",
+        "--address",
+        head["dashboard"],
+        "--submission-id",
+        job_id,
+        "--no-wait",
+        "--working-dir",
+        ".",
+        "--",
+        *entrypoint,
+    )
     for attempt in range(attempts):
-        out = subprocess.run([_ray_cli(), *args], env=head["env"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=180)
+        out = subprocess.run(
+            [_ray_cli(), *args], env=head["env"], cwd=ROOT, capture_output=True, text=True, timeout=180
+        )
         if out.returncode == 0:
             return
         said = out.stdout + out.stderr
-        status = subprocess.run([_ray_cli(), "job", "status", "--address", head["dashboard"], job_id],
-                                env=head["env"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        status = subprocess.run(
+            [_ray_cli(), "job", "status", "--address", head["dashboard"], job_id],
+            env=head["env"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if status.returncode == 0:  # the agent took it after all
             return
         dropped = "status code 500" in said and any(s in said for s in _AGENT_DROPPED)
@@ -131,8 +174,11 @@ def _wait_for_log(head: dict, job_id: str, text: str, timeout: float) -> str:
 
 
 def _complete(base: str, prompt: str) -> dict:
-    r = httpx.post(f"{base}/v1/completions", timeout=120,
-                   json={"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True})
+    r = httpx.post(
+        f"{base}/v1/completions",
+        timeout=120,
+        json={"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True},
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -141,8 +187,22 @@ def _complete(base: str, prompt: str) -> dict:
 def test_ray_job_submit_serves_supervises_and_stops(ray_head):
     http_port, grpc_port = _free_port(), _free_port()
     job_id = f"baton-test-{secrets.token_hex(4)}"
-    _submit(ray_head, job_id, "python", "-m", "baton", "cluster", "--config", "deploy/ray/cluster-cpu.yaml",
-            "--model", "tiny", "--http-port", str(http_port), "--grpc-port", str(grpc_port))
+    _submit(
+        ray_head,
+        job_id,
+        "python",
+        "-m",
+        "baton",
+        "cluster",
+        "--config",
+        "deploy/ray/cluster-cpu.yaml",
+        "--model",
+        "tiny",
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+    )
     try:
         logs = _wait_for_log(ray_head, job_id, "ready:", timeout=240)
         assert "1 prefill + 1 decode workers" in logs
@@ -153,18 +213,29 @@ def test_ray_job_submit_serves_supervises_and_stops(ray_head):
 
         # Kill the decode worker for good (no Ray restart): the supervisor replaces it.
         kill = subprocess.run(
-            [sys.executable, "-c",
-             f"import ray; ray.init(address={ray_head['gcs']!r}, namespace='baton', configure_logging=False, "
-             "log_to_driver=False); ray.kill(ray.get_actor('baton-decode-0'), no_restart=True)"],
-            env=ray_head["env"], capture_output=True, text=True, timeout=120)
+            [
+                sys.executable,
+                "-c",
+                f"import ray; ray.init(address={ray_head['gcs']!r}, namespace='baton', configure_logging=False, "
+                "log_to_driver=False); ray.kill(ray.get_actor('baton-decode-0'), no_restart=True)",
+            ],
+            env=ray_head["env"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert kill.returncode == 0, kill.stderr
         _wait_for_log(ray_head, job_id, "worker decode-0 replaced", timeout=180)
         answers: list[httpx.Response] = []
 
         def answered() -> bool:
-            answers.append(httpx.post(f"{base}/v1/completions", timeout=120,
-                                      json={"prompt": "The cluster answers", "max_tokens": 6, "temperature": 0,
-                                            "ignore_eos": True}))
+            answers.append(
+                httpx.post(
+                    f"{base}/v1/completions",
+                    timeout=120,
+                    json={"prompt": "The cluster answers", "max_tokens": 6, "temperature": 0, "ignore_eos": True},
+                )
+            )
             return answers[-1].status_code == 200
 
         # the replica's dispatcher picks up the new actor within a poll interval
@@ -181,16 +252,25 @@ def test_ray_job_submit_serves_supervises_and_stops(ray_head):
         httpx.get(f"http://127.0.0.1:{http_port}/health", timeout=5)
 
 
-@pytest.mark.parametrize("bad, field", [
-    ("cluster: {router_cpus: -1}", "cluster.router_cpus"),
-    ("cluster: {namespace: 'has space'}", "cluster.namespace"),
-    ("pools: {decode: {workers: 0}}", "pools.decode"),
-])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ("cluster: {router_cpus: -1}", "cluster.router_cpus"),
+        ("cluster: {namespace: 'has space'}", "cluster.namespace"),
+        ("pools: {decode: {workers: 0}}", "pools.decode"),
+    ],
+)
 def test_cluster_rejects_a_bad_config_naming_the_field(tmp_path, bad, field):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(bad + "\n")
-    out = subprocess.run([sys.executable, "-m", "baton", "cluster", "--config", str(cfg)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "RAY_ADDRESS": ""})
+    out = subprocess.run(
+        [sys.executable, "-m", "baton", "cluster", "--config", str(cfg)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )
     assert out.returncode == 2
     assert out.stderr.startswith("baton: error:") and field in out.stderr, out.stderr
     assert "Traceback" not in out.stderr

@@ -20,23 +20,31 @@ def _config(tmp_path, text: bytes | str, overrides=None):
     return load_config(path, overrides)
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("router: {http_port: 1}\nrouter: {grpc_port: 2}\n", "the key 'router' is given twice"),
-    ("router: {http_port: 18213, grpc_port: 18213}\n", "they need a port each"),
-    ("tenants:\n  - {name: x, api_key: {value: k1}}\n  - {name: x, api_key: {value: k2}}\n",
-     "tenants[1]: the name 'x' is taken"),
-    ("tenants: [{name: y, allowed_lanes: [batch], default_lane: interactive}]\n", "is not in its allowed_lanes"),
-    ("auth: {api_key: {value: a}}\ntenants: [{name: default, api_key: {value: t}}]\n", "a tenant named 'default'"),
-    ("tenants: [{name: x, allowed_lanes: []}]\n", "allowed_lanes"),
-    ("engine: {kv_cache_memory_gb: .inf}\n", "engine.kv_cache_memory_gb: Input should be a finite number"),
-    ("redis: {url: notaurl}\n", "redis.url: must start with redis://"),
-    (b"\xff\xfe", "not UTF-8 text"),
-    ("model: {path: ''}\n", "model.path: String should have at least 1 character"),
-    ("engine: {speculative_tokens: -1}\n", "engine.speculative_tokens: Input should be greater than or equal to 0"),
-    ("engine: {speculative_tokens: 64}\n", "engine.speculative_tokens: Input should be less than or equal to 32"),
-    ("engine: {speculative_min_keep_chance: 1}\n", "engine.speculative_min_keep_chance: Input should be less than 1"),
-    ("redis: {url: 'redis://127.0.0.1:abc/0'}\n", "redis.url: Port could not be cast to integer value as 'abc'"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("router: {http_port: 1}\nrouter: {grpc_port: 2}\n", "the key 'router' is given twice"),
+        ("router: {http_port: 18213, grpc_port: 18213}\n", "they need a port each"),
+        (
+            "tenants:\n  - {name: x, api_key: {value: k1}}\n  - {name: x, api_key: {value: k2}}\n",
+            "tenants[1]: the name 'x' is taken",
+        ),
+        ("tenants: [{name: y, allowed_lanes: [batch], default_lane: interactive}]\n", "is not in its allowed_lanes"),
+        ("auth: {api_key: {value: a}}\ntenants: [{name: default, api_key: {value: t}}]\n", "a tenant named 'default'"),
+        ("tenants: [{name: x, allowed_lanes: []}]\n", "allowed_lanes"),
+        ("engine: {kv_cache_memory_gb: .inf}\n", "engine.kv_cache_memory_gb: Input should be a finite number"),
+        ("redis: {url: notaurl}\n", "redis.url: must start with redis://"),
+        (b"\xff\xfe", "not UTF-8 text"),
+        ("model: {path: ''}\n", "model.path: String should have at least 1 character"),
+        ("engine: {speculative_tokens: -1}\n", "engine.speculative_tokens: Input should be greater than or equal to 0"),
+        ("engine: {speculative_tokens: 64}\n", "engine.speculative_tokens: Input should be less than or equal to 32"),
+        (
+            "engine: {speculative_min_keep_chance: 1}\n",
+            "engine.speculative_min_keep_chance: Input should be less than 1",
+        ),
+        ("redis: {url: 'redis://127.0.0.1:abc/0'}\n", "redis.url: Port could not be cast to integer value as 'abc'"),
+    ],
+)
 def test_a_bad_config_names_the_problem(tmp_path, text, needle):
     with pytest.raises(ConfigError) as e:
         _config(tmp_path, text)
@@ -63,8 +71,9 @@ def test_preflight_finds_a_taken_port_and_missing_gpus_before_anything_starts(tm
 
     gpus = torch.cuda.device_count()
     with pytest.raises(ValueError, match=rf"ask for {gpus + 1} GPUs .* has {gpus}"):
-        preflight(_config(tmp_path, "router: {http_port: 0, grpc_port: 0}\n"
-                                    f"pools: {{decode: {{gpus: {gpus + 1}}}}}\n"))
+        preflight(
+            _config(tmp_path, f"router: {{http_port: 0, grpc_port: 0}}\npools: {{decode: {{gpus: {gpus + 1}}}}}\n")
+        )
 
 
 def test_preflight_checks_an_ipv6_host_as_ipv6(tmp_path):
@@ -95,22 +104,31 @@ def test_a_worker_that_failed_to_start_is_named_by_its_own_error():
     from baton.cli import user_error
     from baton.fleet import _raised_in
 
-    ray_text = ("The actor died because of an error raised in its creation task, ray::DecodeWorker.__init__() "
-                "(pid=1)\n  File \"engine/model/config.py\", line 124, in from_hf_dict\n"
-                "engine.errors.ModelLoadError: /m/config.json: model config: hidden_size must be a positive integer")
-    assert _raised_in(RuntimeError(ray_text)) == ("/m/config.json: model config: hidden_size must be a positive "
-                                                  "integer (ModelLoadError)")
+    ray_text = (
+        "The actor died because of an error raised in its creation task, ray::DecodeWorker.__init__() "
+        '(pid=1)\n  File "engine/model/config.py", line 124, in from_hf_dict\n'
+        "engine.errors.ModelLoadError: /m/config.json: model config: hidden_size must be a positive integer"
+    )
+    assert _raised_in(RuntimeError(ray_text)) == (
+        "/m/config.json: model config: hidden_size must be a positive integer (ModelLoadError)"
+    )
     listen = "router.http_port 8000: cannot listen"
     assert user_error(OSError(listen), (OSError,)) == listen
     assert user_error(KeyError("a bug"), (OSError, ValueError)) is None  # a bug keeps its traceback
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["profile", "--quick", "--no-ray", "--model", "tiny", "--rpc-ms", "nan"], "--rpc-ms must be a finite number"),
-    (["profile", "--quick", "--no-ray", "--model", "tiny", "--out", "/nonexistent-dir/cm.json"], "does not exist"),
-    (["generate", "--model", "tiny", "--prompt", "hi", "--kv-cache-gb", "inf"], "kv_cache_memory_gb must be a finite"),
-    (["bench", "scheduler", "--steps", "1"], "--steps must be between 2 and"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["profile", "--quick", "--no-ray", "--model", "tiny", "--rpc-ms", "nan"], "--rpc-ms must be a finite number"),
+        (["profile", "--quick", "--no-ray", "--model", "tiny", "--out", "/nonexistent-dir/cm.json"], "does not exist"),
+        (
+            ["generate", "--model", "tiny", "--prompt", "hi", "--kv-cache-gb", "inf"],
+            "kv_cache_memory_gb must be a finite",
+        ),
+        (["bench", "scheduler", "--steps", "1"], "--steps must be between 2 and"),
+    ],
+)
 def test_cli_values_that_used_to_pass_or_crash(capsys, argv, needle):
     from baton.cli import main
 
@@ -121,8 +139,22 @@ def test_cli_values_that_used_to_pass_or_crash(capsys, argv, needle):
 def test_plan_refuses_an_infinite_duration(tmp_path, capsys):
     from baton.cli import main
 
-    assert main(["plan", "--cost-model", str(tmp_path / "missing.json"), "--slo", "ttft=2000,tpot=250",
-                 "--rate", "1", "--duration", str(math.inf)]) == 2
+    assert (
+        main(
+            [
+                "plan",
+                "--cost-model",
+                str(tmp_path / "missing.json"),
+                "--slo",
+                "ttft=2000,tpot=250",
+                "--rate",
+                "1",
+                "--duration",
+                str(math.inf),
+            ]
+        )
+        == 2
+    )
     assert "--duration must be a finite number" in capsys.readouterr().err
 
 
@@ -177,8 +209,9 @@ def test_baton_up_says_which_settings_it_does_not_apply_as_written(tmp_path):
     anyway, both without a word."""
     import os
 
-    cfg = _config(tmp_path, "router: {replicas: 3}\n"
-                            f"pools: {{decode: {{workers: 1, cpus: {(os.cpu_count() or 1) + 1}}}}}\n")
+    cfg = _config(
+        tmp_path, f"router: {{replicas: 3}}\npools: {{decode: {{workers: 1, cpus: {(os.cpu_count() or 1) + 1}}}}}\n"
+    )
     notes = local_notes(cfg)
     assert any("router.replicas is 3; baton up runs one router" in n for n in notes)
     assert any("the workers will share them" in n for n in notes)
@@ -199,8 +232,10 @@ def test_secrets_can_be_read_from_files(tmp_path):
     (tmp_path / "redis-password").write_text("s3cret\n")  # as `kubectl create secret --from-file` leaves it
     (tmp_path / "acme").write_text("sk-acme")
     path = tmp_path / "baton.yaml"
-    path.write_text(f"redis: {{password: {{file: {tmp_path / 'redis-password'}}}}}\n"
-                    f"tenants: [{{name: acme, api_key: {{file: {tmp_path / 'acme'}}}}}]\n")
+    path.write_text(
+        f"redis: {{password: {{file: {tmp_path / 'redis-password'}}}}}\n"
+        f"tenants: [{{name: acme, api_key: {{file: {tmp_path / 'acme'}}}}}]\n"
+    )
     cfg = load_config(path)
     assert cfg.redis_password() == "s3cret"
     cfg.lane_policy()  # resolves the tenants' keys

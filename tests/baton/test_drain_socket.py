@@ -112,7 +112,7 @@ def test_a_pod_stop_drains_and_sends_grpc_goaway(drain_timeout_s):
     timeout, and the HTTP side drains (503 + Retry-After, /ready 503) at the same time."""
     replica = RouterReplica.__new__(RouterReplica)  # no Ray: only the drain path
     replica.cfg = BatonConfig.model_validate({"router": {"drain_timeout_s": drain_timeout_s}})
-    log = []
+    log: list[tuple[object, ...]] = []
     replica.frontend = _FakeFrontend(log)
     assert asyncio.run(replica.drain_for_pod_stop()) == 3
     assert sorted(log) == [("drain",), ("goaway", drain_timeout_s)]

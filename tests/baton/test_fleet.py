@@ -9,8 +9,12 @@ from engine.config import EngineConfig, SchedulerConfig
 
 def fleet(prefill_workers: int, budget: int | None) -> WorkerFleet:
     engine = EngineConfig(model="tiny", scheduler=SchedulerConfig(max_num_batched_tokens=2048))
-    return WorkerFleet(engine, PoolSpec("prefill", prefill_workers, threads=1), PoolSpec("decode", 1, threads=1),
-                       FleetOptions(decode_prefill_token_budget=budget))
+    return WorkerFleet(
+        engine,
+        PoolSpec("prefill", prefill_workers, threads=1),
+        PoolSpec("decode", 1, threads=1),
+        FleetOptions(decode_prefill_token_budget=budget),
+    )
 
 
 def test_a_disaggregated_decode_worker_caps_its_local_prefills_and_the_prefill_worker_does_not():
@@ -46,8 +50,9 @@ def test_workers_given_gpus_must_run_on_cuda_and_say_so_where_it_is_missing():
 
     f = WorkerFleet(EngineConfig(model="tiny"), PoolSpec("prefill", 1, gpus=1), PoolSpec("decode", 1, threads=1))
     assert f._engine_for("prefill").device == "cuda" and f._engine_for("decode").device == "auto"
-    pinned = WorkerFleet(EngineConfig(model="tiny", device="cuda:1"), PoolSpec("prefill", 0),
-                         PoolSpec("decode", 1, gpus=1))
+    pinned = WorkerFleet(
+        EngineConfig(model="tiny", device="cuda:1"), PoolSpec("prefill", 0), PoolSpec("decode", 1, gpus=1)
+    )
     assert pinned._engine_for("decode").device == "cuda:1"  # an explicit choice is kept
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match=r"CUDA is not available: .*torch"):
@@ -71,8 +76,21 @@ def test_generate_through_the_pools_keeps_its_threads_flag(monkeypatch):
         raise Captured
 
     monkeypatch.setattr(baton.cluster, "LocalCluster", fake_cluster)
-    args = build_parser().parse_args(["generate", "--model", "tiny", "--prompt", "hi", "--threads", "2",
-                                      "--decode-workers", "1", "--prefill-workers", "0"])
+    args = build_parser().parse_args(
+        [
+            "generate",
+            "--model",
+            "tiny",
+            "--prompt",
+            "hi",
+            "--threads",
+            "2",
+            "--decode-workers",
+            "1",
+            "--prefill-workers",
+            "0",
+        ]
+    )
     with pytest.raises(Captured):
         generate.run(args)
     assert seen["cfg"].torch_threads_per_worker == 2 and seen["cfg"].cpus_per_worker == 2.0

@@ -13,6 +13,7 @@ PRODUCT = ("baton", "engine", "router", "kv_transfer", "prefill_worker", "decode
 
 def imports_under(source: str, package: str) -> list[str]:
     """The modules under ``package`` (dotted) that ``source`` imports: absolute imports, anywhere in the file."""
+
     def under(name: str) -> bool:
         return name == package or name.startswith(package + ".")
 
@@ -39,7 +40,9 @@ def test_the_checker_sees_every_form_of_import():
     assert bench_imports("from bench import gpu_check") == ["bench"]
     assert bench_imports("import benchmark\nfrom baton.perf import offline\nfrom .bench import x") == []
     assert imports_under("from baton import perf\nfrom baton.perf.sim import cli", "baton.perf") == [
-        "baton.perf", "baton.perf.sim"]
+        "baton.perf",
+        "baton.perf.sim",
+    ]
     assert imports_under("from baton import config\nimport baton.performance", "baton.perf") == []
 
 

@@ -36,9 +36,26 @@ def _free_port() -> int:
 def test_baton_up_serves_then_drains_on_sigterm(tiny_model_dir):
     http_port, grpc_port = _free_port(), _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "baton", "up", "--model", str(tiny_model_dir), "--http-port", str(http_port),
-         "--grpc-port", str(grpc_port), "--decode-workers", "1", "--prefill-workers", "1"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "baton",
+            "up",
+            "--model",
+            str(tiny_model_dir),
+            "--http-port",
+            str(http_port),
+            "--grpc-port",
+            str(grpc_port),
+            "--decode-workers",
+            "1",
+            "--prefill-workers",
+            "1",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
         text=True,
     )
     base = f"http://127.0.0.1:{http_port}"
@@ -55,13 +72,21 @@ def test_baton_up_serves_then_drains_on_sigterm(tiny_model_dir):
         assert httpx.get(f"{base}/ready").status_code == 200
 
         got: list[str] = []
-        with httpx.stream("POST", f"{base}/v1/completions", timeout=120,
-                          json={"prompt": "drain me", "max_tokens": 300, "ignore_eos": True, "stream": True}) as r:
+        with httpx.stream(
+            "POST",
+            f"{base}/v1/completions",
+            timeout=120,
+            json={"prompt": "drain me", "max_tokens": 300, "ignore_eos": True, "stream": True},
+        ) as r:
             it = r.iter_lines()
             got += [next(it) for _ in range(3)]
             proc.send_signal(signal.SIGTERM)
-            wait_until(lambda: httpx.get(f"{base}/ready").status_code == 503, timeout_s=10, interval_s=0.05,
-                       message="/ready to answer 503 once draining")
+            wait_until(
+                lambda: httpx.get(f"{base}/ready").status_code == 503,
+                timeout_s=10,
+                interval_s=0.05,
+                message="/ready to answer 503 once draining",
+            )
             refused = httpx.post(f"{base}/v1/completions", json={"prompt": "late", "max_tokens": 2})
             assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
             got += list(it)

@@ -13,8 +13,10 @@ pytestmark = pytest.mark.skipif(not CpuMeter.available(), reason="psutil not ins
 
 def test_the_server_process_counts_as_router_and_this_one_as_client():
     # Both sides burn CPU time, not wall time: on a loaded host a wall-clock loop gets less CPU.
-    burn = ("import sys, time\nsys.stdin.readline()\nt = time.process_time()\n"
-            "while time.process_time() - t < 0.8:\n    pass\nprint('done', flush=True)\ntime.sleep(60)\n")
+    burn = (
+        "import sys, time\nsys.stdin.readline()\nt = time.process_time()\n"
+        "while time.process_time() - t < 0.8:\n    pass\nprint('done', flush=True)\ntime.sleep(60)\n"
+    )
     server = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         meter = CpuMeter(server.pid, interval_s=0.1)
@@ -32,6 +34,7 @@ def test_the_server_process_counts_as_router_and_this_one_as_client():
     assert out["cpu_s"]["router"] > 0.7
     assert out["cpu_s"]["client"] > 0.25
     assert out["workers_cores"] == 0
-    assert out["host_cores"] == pytest.approx(sum(out["cores"][g] for g in ("router", "redis", "ray", "client")),
-                                              abs=1e-3)
+    assert out["host_cores"] == pytest.approx(
+        sum(out["cores"][g] for g in ("router", "redis", "ray", "client")), abs=1e-3
+    )
     assert 0.8 <= out["wall_s"] < 60.0

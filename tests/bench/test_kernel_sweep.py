@@ -16,8 +16,13 @@ def test_the_sweep_checks_every_launch_shape_against_the_reference(tmp_path):
     pytest.importorskip("triton")
     out = tmp_path / "sweep.json"
     # A child process: the interpreter must be on before Triton is imported.
-    p = subprocess.run([sys.executable, "-m", "bench.kernel_sweep", "--allow-cpu", "--out", str(out)], cwd=_ROOT,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "bench.kernel_sweep", "--allow-cpu", "--out", str(out)],
+        cwd=_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     report = json.loads(out.read_text())
     assert [s["kind"] for s in report["shapes"]] == ["decode", "prefill"]

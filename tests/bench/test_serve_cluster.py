@@ -33,13 +33,24 @@ def test_http_and_grpc_against_a_tiny_cluster(tiny_model_dir: Path) -> None:
     # and this checks the load generator's two protocols, not admission
     setup = ServerSetup("tiny", {"model.path": str(tiny_model_dir), "router.slo_rejection": False})
     with ExperimentServer(setup, say=lambda m: None) as ep:
-        http = run_load_sync(RunConfig(url=ep.http_url, spec=spec, rate=3.0, duration_s=3.0, progress=False,
-                                       metrics_interval_s=0.25))
-        grpc = run_load_sync(RunConfig(url=ep.grpc_target, protocol="grpc", metrics_url=f"{ep.http_url}/metrics",
-                                       spec=spec, rate=3.0, duration_s=2.0, progress=False))
+        http = run_load_sync(
+            RunConfig(url=ep.http_url, spec=spec, rate=3.0, duration_s=3.0, progress=False, metrics_interval_s=0.25)
+        )
+        grpc = run_load_sync(
+            RunConfig(
+                url=ep.grpc_target,
+                protocol="grpc",
+                metrics_url=f"{ep.http_url}/metrics",
+                spec=spec,
+                rate=3.0,
+                duration_s=2.0,
+                progress=False,
+            )
+        )
     for result in (http, grpc):
-        assert result.records and all(r.status == "ok" for r in result.records), \
-            [r.to_dict() for r in result.records if r.status != "ok"]
+        assert result.records and all(r.status == "ok" for r in result.records), [
+            r.to_dict() for r in result.records if r.status != "ok"
+        ]
         assert all(r.output_tokens == r.output_len for r in result.records)  # ignore_eos + max_tokens honoured
         assert {r.served_lane for r in result.records} <= {"interactive", "batch"}
         assert result.summary().ttft_s.n == len(result.records)

@@ -13,11 +13,30 @@ from tests.router.fake_router import FakeRouter
 
 
 def test_it_reports_every_prompt_s_time_to_first_token(tmp_path, capsys) -> None:
-    srv = ThreadedHttpServer(create_app(FakeRouter(max_model_len=1000, token_delay_s=0.002), served_model_name="fake"), "127.0.0.1", 0).start()
+    srv = ThreadedHttpServer(
+        create_app(FakeRouter(max_model_len=1000, token_delay_s=0.002), served_model_name="fake"), "127.0.0.1", 0
+    ).start()
     try:
         out = tmp_path / "r.json"
-        assert main(["--url", srv.url, "--long", "0,3", "--short", "2", "--long-tokens", "20", "--delay", "0.05",
-                     "--json", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "--url",
+                    srv.url,
+                    "--long",
+                    "0,3",
+                    "--short",
+                    "2",
+                    "--long-tokens",
+                    "20",
+                    "--delay",
+                    "0.05",
+                    "--json",
+                    str(out),
+                ]
+            )
+            == 0
+        )
     finally:
         srv.stop()
     runs = json.loads(out.read_text())["runs"]

@@ -5,10 +5,11 @@ import time
 
 from decode_worker.outbox import Outbox
 from engine.outputs import RequestOutput
+from engine.request import FinishReason
 
 
 def out(rid: str, finished: bool = False) -> RequestOutput:
-    return RequestOutput(rid, [1], "x", finished=finished, finish_reason="length" if finished else None)
+    return RequestOutput(rid, [1], "x", finished=finished, finish_reason=FinishReason.LENGTH if finished else None)
 
 
 def test_outputs_go_to_the_sending_router():
@@ -25,7 +26,7 @@ def test_a_request_re_sent_by_another_router_moves_to_it():
     box.register("job-1", "router-0")
     assert box.register("job-1", "router-0") is None  # the same router again: nothing taken over
     assert box.register("job-1", "router-1") == "router-0"
-    box.put_for("router-0", RequestOutput("job-1", [], "", finished=True, finish_reason="abort"))
+    box.put_for("router-0", RequestOutput("job-1", [], "", finished=True, finish_reason=FinishReason.ABORT))
     box.put([out("job-1")])
     assert [o.finish_reason for o in box.poll("router-0", 0)] == ["abort"]
     assert [o.new_token_ids for o in box.poll("router-1", 0)] == [[1]]

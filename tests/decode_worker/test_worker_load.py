@@ -30,10 +30,14 @@ def test_the_load_report_counts_placed_prompt_tokens_by_router(worker) -> None: 
 
 @pytest.fixture
 def drafting_worker(tiny_model_dir):
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=20))
-    config = EngineConfig(model=str(tiny_model_dir), cache=CacheConfig(num_blocks=64),
-                          scheduler=SchedulerConfig(speculative=SpeculativeConfig(num_tokens=3)))
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=20)
+    )
+    config = EngineConfig(
+        model=str(tiny_model_dir),
+        cache=CacheConfig(num_blocks=64),
+        scheduler=SchedulerConfig(speculative=SpeculativeConfig(num_tokens=3)),
+    )
     w = DecodeWorker("decode-s", config, StoreAddress("127.0.0.1", store.port))
     yield w
     w.shutdown()
@@ -49,5 +53,7 @@ def test_the_load_report_counts_drafted_and_kept_tokens(drafting_worker) -> None
     outputs_until_finished(w, "r", timeout_s=30)
     load = w.loop.call(w._load)
     assert load.draft_tokens > 0 and 0 <= load.accepted_draft_tokens <= load.draft_tokens
-    assert (load.draft_tokens, load.accepted_draft_tokens) == (w.engine.scheduler.num_draft_tokens,
-                                                               w.engine.scheduler.num_accepted_tokens)
+    assert (load.draft_tokens, load.accepted_draft_tokens) == (
+        w.engine.scheduler.num_draft_tokens,
+        w.engine.scheduler.num_accepted_tokens,
+    )

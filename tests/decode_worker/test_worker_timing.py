@@ -20,10 +20,14 @@ from tests.decode_worker.polling import outputs_until_finished
 
 @pytest.fixture
 def worker(tiny_model_dir):
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=20))
-    w = DecodeWorker("decode-t", EngineConfig(model=str(tiny_model_dir), cache=CacheConfig(num_blocks=64)),
-                     StoreAddress("127.0.0.1", store.port))
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=20)
+    )
+    w = DecodeWorker(
+        "decode-t",
+        EngineConfig(model=str(tiny_model_dir), cache=CacheConfig(num_blocks=64)),
+        StoreAddress("127.0.0.1", store.port),
+    )
     yield w
     w.shutdown()
 

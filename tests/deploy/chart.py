@@ -28,15 +28,15 @@ RENDER_BAD_VALUES = {
     "gpus_on_the_cpu_image": "decode.gpusPerWorker is 1 but the image is the CPU build: set image.variant: gpu",
     # a pod's CPU requests/limits against what Ray is told and the torch threads it runs
     "four_workers_on_one_cpu": "prefill.resources.requests.cpu (1) is less than the 4 CPUs the pod's workers "
-                               "take from Ray (prefill.workersPerPod 4 x prefill.cpusPerWorker 1)",
+    "take from Ray (prefill.workersPerPod 4 x prefill.cpusPerWorker 1)",
     "millicore_request_below_ray_cpus": "decode.resources.requests.cpu (1500m) is less than the 2 CPUs the pod's "
-                                        "workers take from Ray",
+    "workers take from Ray",
     "cpu_limit_below_ray_cpus": "prefill.resources.limits.cpu (1.5) is less than the 2 CPUs the pod's workers "
-                                "take from Ray",
+    "take from Ray",
     "torch_threads_over_cpu_limit": "decode.resources.limits.cpu (2) is less than the 4 torch threads the pod's "
-                                    "CPU workers run (decode.workersPerPod 1 x decode.threadsPerWorker 4)",
+    "CPU workers run (decode.workersPerPod 1 x decode.threadsPerWorker 4)",
     "router_request_below_cpus_per_replica": "router.resources.requests.cpu (500m) is less than "
-                                             "router.cpusPerReplica (2)",
+    "router.cpusPerReplica (2)",
     "load_balancer_head": "head.serviceType is LoadBalancer, which would expose the Ray head",
 }
 
@@ -63,6 +63,7 @@ CRD_SCHEMAS = {
     ("ray.io/v1", "RayCluster"): "raycluster-ray-v1.json",
     ("ray.io/v1", "RayJob"): "rayjob-ray-v1.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring-v1.json",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-monitoring-v1.json",
 }
 
 
@@ -85,9 +86,18 @@ requires_helm = pytest.mark.skipif(
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([helm_binary(), *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "HELM_CACHE_HOME": "/tmp/helm-cache",
-                               "HELM_CONFIG_HOME": "/tmp/helm-config", "HELM_DATA_HOME": "/tmp/helm-data"})
+    proc = subprocess.run(
+        [helm_binary(), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **os.environ,
+            "HELM_CACHE_HOME": "/tmp/helm-cache",
+            "HELM_CONFIG_HOME": "/tmp/helm-config",
+            "HELM_DATA_HOME": "/tmp/helm-data",
+        },
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stderr}")
     return proc
@@ -150,8 +160,9 @@ def values_schema() -> dict:
 def values_errors(values: dict) -> list[str]:
     """Schema violations as 'path: message' lines, sorted."""
     validator = jsonschema.Draft7Validator(values_schema())
-    return sorted(f"{'.'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}"
-                  for e in validator.iter_errors(values))
+    return sorted(
+        f"{'.'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}" for e in validator.iter_errors(values)
+    )
 
 
 # -- manifest validation ---------------------------------------------------------------------------
@@ -162,8 +173,12 @@ def _k8s_definitions() -> dict:
     import kubernetes_validate
 
     version = [v for v in kubernetes_validate.utils.all_versions() if v.startswith(K8S_VERSION + ".")][-1]
-    path = (importlib.resources.files("kubernetes_validate") / "kubernetes-json-schema"
-            / f"v{version}-local-strict" / "_definitions.json")
+    path = (
+        importlib.resources.files("kubernetes_validate")
+        / "kubernetes-json-schema"
+        / f"v{version}-local-strict"
+        / "_definitions.json"
+    )
     return json.loads(path.read_text())
 
 
@@ -172,8 +187,9 @@ def _crd_validator(schema_file: str) -> jsonschema.Draft202012Validator:
     from referencing import Registry, Resource
 
     schema = json.loads((SCHEMAS / schema_file).read_text())
-    registry = Registry().with_resource("https://kubernetes.io/api/_definitions.json",
-                                        Resource.from_contents(_k8s_definitions()))
+    registry = Registry().with_resource(
+        "https://kubernetes.io/api/_definitions.json", Resource.from_contents(_k8s_definitions())
+    )
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema, registry=registry)
 
@@ -185,8 +201,9 @@ def manifest_errors(doc: dict) -> list[str]:
     where = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
     if key in CRD_SCHEMAS:
         validator = _crd_validator(CRD_SCHEMAS[key])
-        return [f"{where}: {'.'.join(str(p) for p in e.absolute_path)}: {e.message}"
-                for e in validator.iter_errors(doc)] + kuberay_errors(doc)
+        return [
+            f"{where}: {'.'.join(str(p) for p in e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)
+        ] + kuberay_errors(doc)
     import kubernetes_validate
 
     try:
@@ -213,10 +230,15 @@ def kuberay_errors(doc: dict) -> list[str]:
     head_pod = ((spec.get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}
     head_containers = head_pod.get("containers") or [{}]
     head_env = {e.get("name"): e.get("value") for e in head_containers[0].get("env") or []}
-    v2 = ((spec.get("autoscalerOptions") or {}).get("version") == "v2"
-          or head_env.get("RAY_ENABLE_AUTOSCALER_V2") in ("1", "true"))
-    return [f"{where}: worker group {g.get('groupName')}: idleTimeoutSeconds is set, but autoscaler v2 is not enabled"
-            for g in spec.get("workerGroupSpecs") or [] if g.get("idleTimeoutSeconds") is not None and not v2]
+    v2 = (spec.get("autoscalerOptions") or {}).get("version") == "v2" or head_env.get("RAY_ENABLE_AUTOSCALER_V2") in (
+        "1",
+        "true",
+    )
+    return [
+        f"{where}: worker group {g.get('groupName')}: idleTimeoutSeconds is set, but autoscaler v2 is not enabled"
+        for g in spec.get("workerGroupSpecs") or []
+        if g.get("idleTimeoutSeconds") is not None and not v2
+    ]
 
 
 # -- selecting rendered objects --------------------------------------------------------------------

@@ -40,13 +40,21 @@ pytestmark = requires_helm
 
 FULLNAME = f"{RELEASE}-baton"
 # emptyDirs every Baton container writes to under its read-only root filesystem
-SCRATCH_MOUNTS = {"tmp": "/tmp", "ray-tmp": "/tmp/ray", "kernel-cache": "/var/cache/baton-kernels",
-                  "home": "/home/baton"}
+SCRATCH_MOUNTS = {
+    "tmp": "/tmp",
+    "ray-tmp": "/tmp/ray",
+    "kernel-cache": "/var/cache/baton-kernels",
+    "home": "/home/baton",
+}
 CPU, GPU = VALUES_FILES["cpu"], VALUES_FILES["gpu"]
 # launcher.mode rayjob: KubeRay's operator cannot pass the chart's Ray token (test_rayjob_mode_refuses_ray_auth)
 RAYJOB = ("launcher.mode=rayjob", "rayAuth.enabled=false")
-EXTERNAL_REDIS = ("redis.mode=external", "redis.url=redis://redis.shared.svc:6379/3",
-                  "redis.auth.existingSecret=shared-redis", "redis.auth.secretKey=password")
+EXTERNAL_REDIS = (
+    "redis.mode=external",
+    "redis.url=redis://redis.shared.svc:6379/3",
+    "redis.auth.existingSecret=shared-redis",
+    "redis.auth.secretKey=password",
+)
 
 # name -> (values files, --set values): every variant is rendered and validated.
 VARIANTS = {
@@ -57,8 +65,15 @@ VARIANTS = {
     "gpu-rayjob-autoscaling": (GPU, RAYJOB + ("autoscaling.enabled=true",)),
     "cpu-autoscaling": (CPU, ("autoscaling.enabled=true", "router.minReplicas=1", "router.maxReplicas=3")),
     "external-redis": (CPU, EXTERNAL_REDIS),
-    "ingress-servicemonitor": ([], ("ingress.enabled=true", "ingress.className=nginx",
-                                    "serviceMonitor.enabled=true", "serviceMonitor.labels.release=prom")),
+    "ingress-servicemonitor": (
+        [],
+        (
+            "ingress.enabled=true",
+            "ingress.className=nginx",
+            "serviceMonitor.enabled=true",
+            "serviceMonitor.labels.release=prom",
+        ),
+    ),
     "no-redis-auth": (CPU, ("redis.auth.enabled=false",)),
 }
 
@@ -211,11 +226,14 @@ def test_groups_offer_their_baton_resources():
             assert all(isinstance(v, str) for v in group["rayStartParams"].values()), (role, group["rayStartParams"])
 
 
-@pytest.mark.parametrize("variant,expected", [
-    ("default", {"router": (2, 2, 2), "prefill": (1, 1, 1), "decode": (1, 1, 1)}),
-    ("cpu", {"router": (1, 1, 1), "prefill": (1, 1, 1), "decode": (1, 1, 1)}),
-    ("gpu", {"router": (2, 2, 4), "prefill": (2, 2, 2), "decode": (2, 2, 2)}),
-])
+@pytest.mark.parametrize(
+    "variant,expected",
+    [
+        ("default", {"router": (2, 2, 2), "prefill": (1, 1, 1), "decode": (1, 1, 1)}),
+        ("cpu", {"router": (1, 1, 1), "prefill": (1, 1, 1), "decode": (1, 1, 1)}),
+        ("gpu", {"router": (2, 2, 4), "prefill": (2, 2, 2), "decode": (2, 2, 2)}),
+    ],
+)
 def test_group_replicas_and_bounds_follow_values(variant, expected):
     g = groups(docs_for(variant))
     got = {role: (g[role]["replicas"], g[role]["minReplicas"], g[role]["maxReplicas"]) for role in expected}
@@ -223,8 +241,17 @@ def test_group_replicas_and_bounds_follow_values(variant, expected):
 
 
 def test_replicas_and_bounds_from_set_values():
-    docs = render([], ("router.replicas=3", "router.minReplicas=1", "router.maxReplicas=5",
-                       "decode.replicas=4", "decode.workersPerPod=2", "decode.resources.requests.cpu=2"))
+    docs = render(
+        [],
+        (
+            "router.replicas=3",
+            "router.minReplicas=1",
+            "router.maxReplicas=5",
+            "decode.replicas=4",
+            "decode.workersPerPod=2",
+            "decode.resources.requests.cpu=2",
+        ),
+    )
     g = groups(docs)
     assert (g["router"]["replicas"], g["router"]["minReplicas"], g["router"]["maxReplicas"]) == (3, 1, 5)
     cfg = baton_config(docs)
@@ -272,7 +299,8 @@ def test_model_from_a_pvc_is_mounted_read_only_in_every_ray_pod():
     assert cfg["model"]["path"] == "/models/Llama-3.1-8B-Instruct"
     rc = raycluster(docs)
     templates = [("head", rc["spec"]["headGroupSpec"]["template"])] + [
-        (g["groupName"], g["template"]) for g in rc["spec"]["workerGroupSpecs"]]
+        (g["groupName"], g["template"]) for g in rc["spec"]["workerGroupSpecs"]
+    ]
     for role, tpl in templates:
         volumes = {v["name"]: v for v in tpl["spec"]["volumes"]}
         assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}, role
@@ -285,7 +313,10 @@ def test_model_baked_into_the_image_needs_no_volume():
         rc = raycluster(docs_for(variant))
         for g in rc["spec"]["workerGroupSpecs"]:
             assert [v["name"] for v in g["template"]["spec"]["volumes"]] == [
-                "baton-config", "baton-cache", *SCRATCH_MOUNTS]
+                "baton-config",
+                "baton-cache",
+                *SCRATCH_MOUNTS,
+            ]
             assert all("persistentVolumeClaim" not in v for v in g["template"]["spec"]["volumes"])
     cfg = baton_config(render([], ("model.path=/opt/models/qwen2.5-0.5b",)))
     assert cfg["model"]["path"] == "/opt/models/qwen2.5-0.5b"
@@ -382,8 +413,11 @@ def test_disruption_budgets_are_integer_min_available_where_replicas_exceed_one(
     docs = render([], ("prefill.replicas=3", "prefill.pdb.maxUnavailable=2", "decode.replicas=2"))
     pdbs = {p["metadata"]["name"]: p for p in by_kind(docs, "PodDisruptionBudget")}
     assert set(pdbs) == {f"{FULLNAME}-router", f"{FULLNAME}-prefill", f"{FULLNAME}-decode"}
-    assert {name: p["spec"] .get("minAvailable") for name, p in pdbs.items()} == {
-        f"{FULLNAME}-router": 1, f"{FULLNAME}-prefill": 1, f"{FULLNAME}-decode": 1}
+    assert {name: p["spec"].get("minAvailable") for name, p in pdbs.items()} == {
+        f"{FULLNAME}-router": 1,
+        f"{FULLNAME}-prefill": 1,
+        f"{FULLNAME}-decode": 1,
+    }
     assert all("maxUnavailable" not in p["spec"] for p in pdbs.values())
     g = groups(docs)
     for role in g:
@@ -422,8 +456,11 @@ def test_router_anti_affinity_selects_only_this_releases_routers():
         affinity = groups(docs_for(variant))["router"]["template"]["spec"]["affinity"]
         terms = affinity["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
         selector = terms[0]["podAffinityTerm"]["labelSelector"]["matchLabels"]
-        assert selector == {"app.kubernetes.io/name": "baton", "app.kubernetes.io/instance": RELEASE,
-                            "app.kubernetes.io/component": "router"}, variant
+        assert selector == {
+            "app.kubernetes.io/name": "baton",
+            "app.kubernetes.io/instance": RELEASE,
+            "app.kubernetes.io/component": "router",
+        }, variant
     spec = groups(render([], ("router.spreadOverNodes=false",)))["router"]["template"]["spec"]
     assert "affinity" not in spec
     for role in ("prefill", "decode"):
@@ -440,9 +477,15 @@ def test_ingress_and_servicemonitor_are_optional():
     assert ing["spec"]["ingressClassName"] == "nginx"
     sm = one(docs, "ServiceMonitor")
     # every router exports every worker's series: `replica` tells the copies apart (README)
-    assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s",
-                                        "relabelings": [{"sourceLabels": ["__meta_kubernetes_pod_name"],
-                                                         "targetLabel": "replica"}]}]
+    assert sm["spec"]["endpoints"] == [
+        {
+            "port": "http",
+            "path": "/metrics",
+            "interval": "15s",
+            "scrapeTimeout": "10s",
+            "relabelings": [{"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "replica"}],
+        }
+    ]
     assert sm["metadata"]["labels"]["release"] == "prom"
     svc_labels = one(docs, "Service", FULLNAME)["metadata"]["labels"]
     assert all(svc_labels.get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
@@ -554,22 +597,32 @@ def test_tenant_keys_come_from_the_users_secret():
 # bad values file -> a regex the error must match (Helm 3.17's wording | Helm 3.18+'s wording)
 HELM_BAD_CASES = {
     "negative_replicas": r"router[./]replicas'?: (Must be greater than or equal to 1|minimum: got -1, want 1)",
-    "replicas_as_string": (r"decode[./]replicas'?: "
-                           r"(Invalid type\. Expected: integer, given: string|got string, want integer)"),
+    "replicas_as_string": (
+        r"decode[./]replicas'?: "
+        r"(Invalid type\. Expected: integer, given: string|got string, want integer)"
+    ),
     "unknown_key": r"(Additional property prefil is not allowed|additional properties 'prefil' not allowed)",
     "inline_secret": r"(api_key: Additional property value is not allowed|additional properties 'value' not allowed)",
-    "chart_owned_key": (r"(baton\.router: Additional property replicas is not allowed"
-                        r"|additional properties 'replicas' not allowed)"),
+    "chart_owned_key": (
+        r"(baton\.router: Additional property replicas is not allowed"
+        r"|additional properties 'replicas' not allowed)"
+    ),
     "bad_launcher_mode": r"launcher[./]mode",
-    "block_size_not_power_of_two": (r"baton[./]engine[./]block_size'?: "
-                                    r".*(must be one of the following|value must be one of)"),
+    "block_size_not_power_of_two": (
+        r"baton[./]engine[./]block_size'?: "
+        r".*(must be one of the following|value must be one of)"
+    ),
     "numeric_image_tag": r"image[./]tag'?: (Invalid type\. Expected: string, given: number|got number, want string)",
-    "numeric_redis_tag": (r"redis[./]image[./]tag'?: "
-                          r"(Invalid type\. Expected: string, given: number|got number, want string)"),
+    "numeric_redis_tag": (
+        r"redis[./]image[./]tag'?: "
+        r"(Invalid type\. Expected: string, given: number|got number, want string)"
+    ),
     "grpc_liveness_probe": r"router[./]probes[./]grpc'?: .*(must be one of the following|value must be one of)",
     "job_dependent_startup_probe": r"router[./]probes[./]grpc'?: .*(must be one of the following|value must be one of)",
-    "percentage_disruption_budget": (r"prefill[./]pdb[./]maxUnavailable'?: "
-                                     r"(Invalid type\. Expected: integer, given: string|got string, want integer)"),
+    "percentage_disruption_budget": (
+        r"prefill[./]pdb[./]maxUnavailable'?: "
+        r"(Invalid type\. Expected: integer, given: string|got string, want integer)"
+    ),
 }
 
 
@@ -599,21 +652,26 @@ def test_numeric_tags_never_render_as_go_format_errors():
     assert proc.returncode != 0 and "image" in proc.stderr and "tag" in proc.stderr
 
 
-@pytest.mark.parametrize("sets,message", [
-    (("router.ports.grpc=8000",), "router.ports.http and router.ports.grpc are both 8000"),
-    (("router.ports.http=9000", "router.ports.grpc=9000"), "router.ports.http and router.ports.grpc are both 9000"),
-    (("router.minReplicas=3",), "router.minReplicas (3) is larger than router.replicas (2)"),
-    (("decode.maxReplicas=0",), "decode.maxReplicas (0) is smaller than decode.replicas (1)"),
-    (("model.source=pvc",), "model.source is pvc but model.pvc.claimName is empty"),
-    (("redis.mode=external",), "redis.mode is external but redis.url is empty"),
-    (("redis.mode=external", "redis.url=redis://r:6379/0"),
-     "name the Secret holding the password in redis.auth.existingSecret"),
-    (("prefill.resources.limits.nvidia\\.com/gpu=1",), "prefill.resources.limits sets nvidia.com/gpu"),
-    (("router.rayStartParams.num-cpus=8",), "router.rayStartParams.num-cpus is set by the chart"),
-    # The head takes no Baton actor: a GPU or a custom resource there would let one land on it.
-    (("head.rayStartParams.num-gpus=1",), "head.rayStartParams.num-gpus is set by the chart"),
-    (("head.rayStartParams.resources=x",), "head.rayStartParams.resources is set by the chart"),
-])
+@pytest.mark.parametrize(
+    "sets,message",
+    [
+        (("router.ports.grpc=8000",), "router.ports.http and router.ports.grpc are both 8000"),
+        (("router.ports.http=9000", "router.ports.grpc=9000"), "router.ports.http and router.ports.grpc are both 9000"),
+        (("router.minReplicas=3",), "router.minReplicas (3) is larger than router.replicas (2)"),
+        (("decode.maxReplicas=0",), "decode.maxReplicas (0) is smaller than decode.replicas (1)"),
+        (("model.source=pvc",), "model.source is pvc but model.pvc.claimName is empty"),
+        (("redis.mode=external",), "redis.mode is external but redis.url is empty"),
+        (
+            ("redis.mode=external", "redis.url=redis://r:6379/0"),
+            "name the Secret holding the password in redis.auth.existingSecret",
+        ),
+        (("prefill.resources.limits.nvidia\\.com/gpu=1",), "prefill.resources.limits sets nvidia.com/gpu"),
+        (("router.rayStartParams.num-cpus=8",), "router.rayStartParams.num-cpus is set by the chart"),
+        # The head takes no Baton actor: a GPU or a custom resource there would let one land on it.
+        (("head.rayStartParams.num-gpus=1",), "head.rayStartParams.num-gpus is set by the chart"),
+        (("head.rayStartParams.resources=x",), "head.rayStartParams.resources is set by the chart"),
+    ],
+)
 def test_chart_rejects_inconsistent_values_with_a_readable_message(sets, message):
     proc = helm(*template_args(sets=sets), check=False)
     assert proc.returncode != 0
@@ -653,16 +711,21 @@ def test_cpu_quantities_below_the_pods_ray_cpus_fail(quantity, as_json, kind):
     assert want in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("sets,set_jsons", [
-    # no CPU request or limit at all: nothing to compare
-    (("prefill.workersPerPod=4", "prefill.resources.requests.cpu=null", "prefill.resources.limits.cpu=null"), ()),
-    # fractional Ray CPUs: 3 x 0.5 against 1500m, 3 threads against a limit of 3
-    (("prefill.workersPerPod=3", "prefill.resources.requests.cpu=1500m", "prefill.resources.limits.cpu=3"),
-     ("prefill.cpusPerWorker=0.5",)),
-    # torch threads count on CPU only: a GPU worker's threadsPerWorker is not held against the limit
-    (("image.variant=gpu", "decode.threadsPerWorker=8"), ("decode.gpusPerWorker=1",)),
-    (("router.resources.requests.cpu=1500m", "router.resources.limits.cpu=2"), ("router.cpusPerReplica=1.5",)),
-])
+@pytest.mark.parametrize(
+    "sets,set_jsons",
+    [
+        # no CPU request or limit at all: nothing to compare
+        (("prefill.workersPerPod=4", "prefill.resources.requests.cpu=null", "prefill.resources.limits.cpu=null"), ()),
+        # fractional Ray CPUs: 3 x 0.5 against 1500m, 3 threads against a limit of 3
+        (
+            ("prefill.workersPerPod=3", "prefill.resources.requests.cpu=1500m", "prefill.resources.limits.cpu=3"),
+            ("prefill.cpusPerWorker=0.5",),
+        ),
+        # torch threads count on CPU only: a GPU worker's threadsPerWorker is not held against the limit
+        (("image.variant=gpu", "decode.threadsPerWorker=8"), ("decode.gpusPerWorker=1",)),
+        (("router.resources.requests.cpu=1500m", "router.resources.limits.cpu=2"), ("router.cpusPerReplica=1.5",)),
+    ],
+)
 def test_consistent_cpu_values_render(sets, set_jsons):
     assert render([], sets, set_jsons)
 
@@ -680,9 +743,19 @@ def render_notes(tmp_path, sets=()) -> str:
     (chart / "templates" / "_notes_preview.tpl").write_text(preview)
     (chart / "templates" / "notes-preview.yaml").write_text(
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n"
-        "  notes: {{ include \"notes.preview\" . | toJson }}\n")
-    args = ["template", RELEASE, str(chart), "--namespace", "baton", "--kube-version", "1.30.0",
-            "--show-only", "templates/notes-preview.yaml"]
+        '  notes: {{ include "notes.preview" . | toJson }}\n'
+    )
+    args = [
+        "template",
+        RELEASE,
+        str(chart),
+        "--namespace",
+        "baton",
+        "--kube-version",
+        "1.30.0",
+        "--show-only",
+        "templates/notes-preview.yaml",
+    ]
     for s in SECRET_SETS + tuple(sets):
         args += ["--set", s]
     return yaml.safe_load(helm(*args).stdout)["data"]["notes"]

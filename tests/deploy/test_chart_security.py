@@ -12,17 +12,7 @@ import json
 import pytest
 import yaml
 
-from tests.deploy.chart import (
-    RELEASE,
-    VALUES_FILES,
-    by_kind,
-    env_of,
-    helm,
-    one,
-    render,
-    requires_helm,
-    template_args,
-)
+from tests.deploy.chart import RELEASE, VALUES_FILES, by_kind, env_of, helm, one, render, requires_helm, template_args
 
 pytestmark = requires_helm
 
@@ -64,8 +54,12 @@ def pod_labels(docs) -> dict[str, dict]:
 def ingress_rules(docs, component: str) -> list[dict]:
     """The ingress rules of every NetworkPolicy that selects the pods of ``component``."""
     labels = pod_labels(docs)[component]
-    return [rule for np in by_kind(docs, "NetworkPolicy") if selects(np["spec"]["podSelector"], labels)
-            for rule in np["spec"].get("ingress", [])]
+    return [
+        rule
+        for np in by_kind(docs, "NetworkPolicy")
+        if selects(np["spec"]["podSelector"], labels)
+        for rule in np["spec"].get("ingress", [])
+    ]
 
 
 def admitted(docs, component: str, peer_labels: dict, port: int) -> bool:
@@ -76,8 +70,10 @@ def admitted(docs, component: str, peer_labels: dict, port: int) -> bool:
         if ports and port not in ports:
             continue
         peers = rule.get("from")
-        if not peers or any("podSelector" in p and "namespaceSelector" not in p
-                            and selects(p["podSelector"], peer_labels) for p in peers):
+        if not peers or any(
+            "podSelector" in p and "namespaceSelector" not in p and selects(p["podSelector"], peer_labels)
+            for p in peers
+        ):
             return True
     return False
 
@@ -127,11 +123,16 @@ def test_rayjob_mode_lets_the_kuberay_operator_read_the_dashboard():
     docs = render([], RAYJOB)
     operator = {"app.kubernetes.io/name": "kuberay-operator"}
     rules = ingress_rules(docs, "head")
-    assert any({"port": 8265, "protocol": "TCP"} in r.get("ports", []) and
-               {"namespaceSelector": {}, "podSelector": {"matchLabels": operator}} in r.get("from", [])
-               for r in rules)
-    assert not any(operator == (p.get("podSelector") or {}).get("matchLabels")
-                   for r in ingress_rules(render([]), "head") for p in r.get("from", []))
+    assert any(
+        {"port": 8265, "protocol": "TCP"} in r.get("ports", [])
+        and {"namespaceSelector": {}, "podSelector": {"matchLabels": operator}} in r.get("from", [])
+        for r in rules
+    )
+    assert not any(
+        operator == (p.get("podSelector") or {}).get("matchLabels")
+        for r in ingress_rules(render([]), "head")
+        for p in r.get("from", [])
+    )
 
 
 # -- Ray token authentication ------------------------------------------------------------------------
@@ -148,9 +149,22 @@ def test_ray_token_authentication_reaches_every_ray_process():
     autoscaler = {e["name"]: e for e in one(docs, "RayCluster")["spec"]["autoscalerOptions"]["env"]}
     assert autoscaler["RAY_AUTH_MODE"]["value"] == "token"
     assert autoscaler["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == ref
-    mine = [d for d in yaml.safe_load_all(helm(*template_args(
-        sets=("rayAuth.existingSecret=my-ray-token", "rayAuth.secretKey=token",
-              "redis.auth.password=test-redis-password"), secrets=False)).stdout) if d]
+    mine = [
+        d
+        for d in yaml.safe_load_all(
+            helm(
+                *template_args(
+                    sets=(
+                        "rayAuth.existingSecret=my-ray-token",
+                        "rayAuth.secretKey=token",
+                        "redis.auth.password=test-redis-password",
+                    ),
+                    secrets=False,
+                )
+            ).stdout
+        )
+        if d
+    ]
     assert not [s for s in by_kind(mine, "Secret") if s["metadata"]["name"].endswith("ray-auth")]
     head = ray_pod_templates(mine)["head"]["spec"]["containers"][0]
     assert env_of(head)["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "my-ray-token", "key": "token"}
@@ -158,10 +172,13 @@ def test_ray_token_authentication_reaches_every_ray_process():
     assert "RAY_AUTH" not in json.dumps(off)
 
 
-@pytest.mark.parametrize("sets,message", [
-    (("launcher.mode=rayjob",), "launcher.mode rayjob with rayAuth.enabled"),
-    (("rayVersion=2.46.0",), "rayAuth.enabled needs Ray 2.52 or newer"),
-])
+@pytest.mark.parametrize(
+    "sets,message",
+    [
+        (("launcher.mode=rayjob",), "launcher.mode rayjob with rayAuth.enabled"),
+        (("rayVersion=2.46.0",), "rayAuth.enabled needs Ray 2.52 or newer"),
+    ],
+)
 def test_ray_auth_is_refused_where_it_cannot_work(sets, message):
     proc = helm(*template_args(sets=sets), check=False)
     assert proc.returncode != 0
@@ -173,8 +190,11 @@ def test_ray_auth_is_refused_where_it_cannot_work(sets, message):
 def test_a_render_without_the_secret_fails_and_says_what_to_set(missing, field):
     """`helm template` (GitOps) cannot see the live Secret: a generated value would differ on every
     render and break authentication at the next pod restart. The chart asks for one instead."""
-    given = [s for s in ("redis.auth.password=test-redis-password", "rayAuth.token=test-ray-token-0123456789")
-             if not s.startswith(missing + "=")]
+    given = [
+        s
+        for s in ("redis.auth.password=test-redis-password", "rayAuth.token=test-ray-token-0123456789")
+        if not s.startswith(missing + "=")
+    ]
     proc = helm(*template_args(sets=given, secrets=False), check=False)
     assert proc.returncode != 0
     assert f"{field}.existingSecret" in proc.stderr and f"{missing}" in proc.stderr, proc.stderr

@@ -63,8 +63,13 @@ def _runtime_env_vars(command: str, env: dict[str, str]) -> dict[str, str]:
     arguments, and return the env_vars of its --runtime-env-json."""
     echo_args = '-c "import json, sys; print(json.dumps(sys.argv[1:]))"'
     script = f'ray() {{ {shlex.quote(sys.executable)} {echo_args} "$@"; }}\n' + command
-    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30,
-                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env})
+    proc = subprocess.run(
+        ["bash", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
+    )
     assert proc.returncode == 0, proc.stderr
     argv = json.loads(proc.stdout)
     if "--runtime-env-json" not in argv:

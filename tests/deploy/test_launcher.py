@@ -81,14 +81,20 @@ class FakeClient:
 def test_live_jobs_are_this_releases_unfinished_ones(monkeypatch):
     launcher = load_launcher(monkeypatch)
     mine = {"baton.release": "demo-baton"}
-    client = FakeClient([Job("a", Status.RUNNING, mine), Job("b", Status.FAILED, mine),
-                         Job("c", Status.RUNNING, {"baton.release": "other"}), Job("d", Status.PENDING, mine)])
+    client = FakeClient(
+        [
+            Job("a", Status.RUNNING, mine),
+            Job("b", Status.FAILED, mine),
+            Job("c", Status.RUNNING, {"baton.release": "other"}),
+            Job("d", Status.PENDING, mine),
+        ]
+    )
     assert launcher.live_jobs(client) == ["a", "d"]
 
 
 def test_run_submits_baton_cluster_and_resubmits_when_it_ends(monkeypatch, capsys):
     launcher = load_launcher(monkeypatch)
-    pauses = []
+    pauses: list[float] = []
     monkeypatch.setattr(launcher.time, "sleep", pauses.append)
 
     async def end(client, sid):
@@ -142,8 +148,12 @@ def test_sigterm_stops_the_job_and_exits_0(monkeypatch):
 
 def test_stop_stops_live_jobs_and_waits(monkeypatch):
     launcher = load_launcher(monkeypatch)
-    client = FakeClient([Job("x", Status.RUNNING, {"baton.release": "demo-baton"}),
-                         Job("y", Status.RUNNING, {"baton.release": "other"})])
+    client = FakeClient(
+        [
+            Job("x", Status.RUNNING, {"baton.release": "demo-baton"}),
+            Job("y", Status.RUNNING, {"baton.release": "other"}),
+        ]
+    )
     monkeypatch.setattr(launcher, "connect", lambda wait=True: client)
     assert launcher.stop() == 0
     assert client.stopped == ["x"]

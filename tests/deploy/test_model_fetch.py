@@ -24,8 +24,12 @@ from tests.deploy.chart import (
 )
 
 FULLNAME = f"{RELEASE}-baton"
-HF = ("model.source=hf://Qwen/Qwen2.5-0.5B-Instruct@main", "model.path=qwen", "model.pvc.claimName=models",
-      "model.hf.tokenSecret.name=hf-token")
+HF = (
+    "model.source=hf://Qwen/Qwen2.5-0.5B-Instruct@main",
+    "model.path=qwen",
+    "model.pvc.claimName=models",
+    "model.hf.tokenSecret.name=hf-token",
+)
 
 
 @pytest.fixture
@@ -48,26 +52,32 @@ def _model_dir(path, weights=b"weights"):
 
 
 # -- the script --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("text,kind,location,revision,claim", [
-    ("hf://Qwen/Qwen2.5-0.5B-Instruct", "hf", "Qwen/Qwen2.5-0.5B-Instruct", None, None),
-    ("hf://meta-llama/Llama-3.1-8B-Instruct@0e9e39f", "hf", "meta-llama/Llama-3.1-8B-Instruct", "0e9e39f", None),
-    ("pvc://weights/llama/8b/", "pvc", "llama/8b", None, "weights"),
-    ("pvc://weights", "pvc", "", None, "weights"),
-])
+@pytest.mark.parametrize(
+    "text,kind,location,revision,claim",
+    [
+        ("hf://Qwen/Qwen2.5-0.5B-Instruct", "hf", "Qwen/Qwen2.5-0.5B-Instruct", None, None),
+        ("hf://meta-llama/Llama-3.1-8B-Instruct@0e9e39f", "hf", "meta-llama/Llama-3.1-8B-Instruct", "0e9e39f", None),
+        ("pvc://weights/llama/8b/", "pvc", "llama/8b", None, "weights"),
+        ("pvc://weights", "pvc", "", None, "weights"),
+    ],
+)
 def test_sources_parse(fetch_model, text, kind, location, revision, claim):
     src = fetch_model.parse_source(text)
     assert (src.kind.value, src.location, src.revision, src.claim) == (kind, location, revision, claim)
     assert fetch_model.parse_source(src.describe()) == src
 
 
-@pytest.mark.parametrize("text,words", [
-    ("hf://just-a-name", "hf://org/name"),
-    ("hf://org/name/extra", "hf://org/name"),
-    ("hf://org/name@", "empty revision"),
-    ("pvc://", "pvc://claim"),
-    ("pvc://weights/../../etc", "'..'"),
-    ("s3://bucket/model", "hf://org/name[@revision] or pvc://claim/dir"),
-])
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("hf://just-a-name", "hf://org/name"),
+        ("hf://org/name/extra", "hf://org/name"),
+        ("hf://org/name@", "empty revision"),
+        ("pvc://", "pvc://claim"),
+        ("pvc://weights/../../etc", "'..'"),
+        ("s3://bucket/model", "hf://org/name[@revision] or pvc://claim/dir"),
+    ],
+)
 def test_bad_sources_are_named(fetch_model, text, words):
     with pytest.raises(ValueError, match=None) as e:
         fetch_model.parse_source(text)
@@ -79,7 +89,7 @@ def test_a_claim_directory_is_copied_once_and_replaced_when_the_source_changes(f
     _model_dir(root / "llama" / "8b")
     dest = tmp_path / "models" / "llama"
     src = fetch_model.parse_source("pvc://weights/llama/8b")
-    said = []
+    said: list[str] = []
     assert fetch_model.fetch(src, dest, log=said.append) is True
     assert (dest / "model.safetensors").read_bytes() == b"weights"
     assert (dest / "sub" / "tokenizer.json").exists()
@@ -160,8 +170,12 @@ def test_hf_source_fills_the_claim_from_the_head_pod_before_the_job():
     rc = one(docs, "RayCluster", FULLNAME)
     head = rc["spec"]["headGroupSpec"]["template"]["spec"]
     [init] = head["initContainers"]
-    assert init["command"] == ["python", "/etc/baton/fetch_model.py", "hf://Qwen/Qwen2.5-0.5B-Instruct@main",
-                               "/models/qwen"]
+    assert init["command"] == [
+        "python",
+        "/etc/baton/fetch_model.py",
+        "hf://Qwen/Qwen2.5-0.5B-Instruct@main",
+        "/models/qwen",
+    ]
     assert env_of(init)["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
     mounts = {m["name"]: m for m in init["volumeMounts"]}
     assert mounts["model-fill"]["mountPath"] == "/models" and not mounts["model-fill"].get("readOnly")
@@ -185,9 +199,14 @@ def test_pvc_source_mounts_the_source_claim_read_only():
     [init] = head["initContainers"]
     assert init["command"][2:] == ["pvc://weights/llama/8b", "/models/llama"]
     assert {m["name"]: m for m in init["volumeMounts"]}["model-source"] == {
-        "name": "model-source", "mountPath": "/model-source", "readOnly": True}
+        "name": "model-source",
+        "mountPath": "/model-source",
+        "readOnly": True,
+    }
     assert {v["name"]: v for v in head["volumes"]}["model-source"]["persistentVolumeClaim"] == {
-        "claimName": "weights", "readOnly": True}
+        "claimName": "weights",
+        "readOnly": True,
+    }
     assert "HF_TOKEN" not in str(init)
 
 
@@ -201,13 +220,20 @@ def test_image_and_pvc_sources_fetch_nothing():
 
 
 @requires_helm
-@pytest.mark.parametrize("sets,message", [
-    (("model.source=hf://org/name",), "model.source is hf://org/name but model.pvc.claimName is empty"),
-    (("model.source=hf://org/name", "model.pvc.claimName=models", "model.path=/"),
-     "set model.path to the directory on the claim to fill"),
-    (("model.source=pvc://models/x", "model.pvc.claimName=models", "model.path=m"),
-     "copies from model.pvc.claimName itself"),
-])
+@pytest.mark.parametrize(
+    "sets,message",
+    [
+        (("model.source=hf://org/name",), "model.source is hf://org/name but model.pvc.claimName is empty"),
+        (
+            ("model.source=hf://org/name", "model.pvc.claimName=models", "model.path=/"),
+            "set model.path to the directory on the claim to fill",
+        ),
+        (
+            ("model.source=pvc://models/x", "model.pvc.claimName=models", "model.path=m"),
+            "copies from model.pvc.claimName itself",
+        ),
+    ],
+)
 def test_inconsistent_fetch_values_fail_readably(sets, message):
     proc = helm(*template_args(sets=sets), check=False)
     assert proc.returncode != 0

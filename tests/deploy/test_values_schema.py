@@ -98,8 +98,10 @@ def test_block_size_enum_is_what_baton_accepts():
 
 def test_image_tags_are_strings():
     """A tag YAML reads as a number would render as `repo:%!s(float64=1.1)`; quoted, it passes."""
-    for path, override in (("image.tag", {"image": {"tag": 1.1}}),
-                           ("redis.image.tag", {"redis": {"image": {"tag": 7}}})):
+    for path, override in (
+        ("image.tag", {"image": {"tag": 1.1}}),
+        ("redis.image.tag", {"redis": {"image": {"tag": 7}}}),
+    ):
         errors = values_errors(merge_values(values_for([]), override))
         assert errors and all(e.startswith(f"{path}: ") for e in errors), errors
     values = values_for([])
@@ -134,7 +136,8 @@ def test_schema_baton_section_tracks_baton_config():
         chart_keys = set(schema["properties"]) | CHART_OWNED.get(name, set())
         assert chart_keys == set(model.model_fields), (
             f"baton.{name}: schema+chart keys {sorted(chart_keys)} != {model.__name__} fields "
-            f"{sorted(model.model_fields)}")
+            f"{sorted(model.model_fields)}"
+        )
         assert not set(schema["properties"]) & CHART_OWNED.get(name, set()), f"baton.{name}: chart-owned key in schema"
 
 
@@ -180,8 +183,13 @@ def test_install_helm_without_npm_warns_and_succeeds(tmp_path):
         found = subprocess.run(["bash", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
         if found:
             (bindir / tool).symlink_to(found)
-    proc = subprocess.run([shutil.which("bash"), str(ROOT / "tools" / "install_helm.sh"), str(tmp_path / "venv")],
-                          capture_output=True, text=True, timeout=30, env={**os.environ, "PATH": str(bindir)})
+    proc = subprocess.run(
+        [shutil.which("bash"), str(ROOT / "tools" / "install_helm.sh"), str(tmp_path / "venv")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PATH": str(bindir)},
+    )
     assert proc.returncode == 0, proc.stderr
     assert "WARNING" in proc.stderr and "render tests will be skipped" in proc.stderr
     assert not (tmp_path / "venv" / "bin" / "helm").exists()

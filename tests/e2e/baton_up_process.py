@@ -50,8 +50,11 @@ def baton_up(*args: str, ready_timeout_s: float = 240.0, env: dict[str, str] | N
     http_port, grpc_port = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "baton", "up", *args, "--http-port", str(http_port), "--grpc-port", str(grpc_port)],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL, text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
     )
     up = BatonUp(proc, http_port, grpc_port)
     try:

@@ -11,8 +11,11 @@ from engine.sampling_params import SamplingParams
 
 
 def engine_config(model_dir, *, budget=32, blocks=512, block_size=16) -> EngineConfig:
-    return EngineConfig(model=str(model_dir), scheduler=SchedulerConfig(max_num_batched_tokens=budget),
-                        cache=CacheConfig(block_size=block_size, num_blocks=blocks))
+    return EngineConfig(
+        model=str(model_dir),
+        scheduler=SchedulerConfig(max_num_batched_tokens=budget),
+        cache=CacheConfig(block_size=block_size, num_blocks=blocks),
+    )
 
 
 def start_cluster(model_dir, prefill, decode, **kw) -> LocalCluster:

@@ -15,8 +15,9 @@ import time
 async def _one(client, url: str, key: str, i: int):
     t0 = time.monotonic()
     body = {"model": "tiny", "prompt": f"load {i} " * 20, "max_tokens": 48, "ignore_eos": True, "stream": True}
-    async with client.stream("POST", f"{url}/v1/completions", headers={"Authorization": f"Bearer {key}"},
-                             json=body) as r:
+    async with client.stream(
+        "POST", f"{url}/v1/completions", headers={"Authorization": f"Bearer {key}"}, json=body
+    ) as r:
         if r.status_code != 200:
             await r.aread()
             return r.status_code, r.headers.get("retry-after"), None
@@ -33,6 +34,7 @@ async def _run(url: str, key: str, n: int, concurrency: int):
     todo = iter(range(n))
     out: list = [None] * n
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency)) as client:
+
         async def worker():
             for i in todo:
                 out[i] = await _one(client, url, key, i)

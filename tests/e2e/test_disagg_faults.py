@@ -21,8 +21,9 @@ DEADLINE = 2.0
 
 @pytest.fixture(scope="module")
 def cluster(ray_session, tiny_model_dir):
-    c = start_cluster(tiny_model_dir, 1, 2, transfer_timeout_s=DEADLINE, max_restarts=1,
-                      kv_data_plane=NcclSemantics())  # the payloads' data plane under NCCL's rules
+    c = start_cluster(
+        tiny_model_dir, 1, 2, transfer_timeout_s=DEADLINE, max_restarts=1, kv_data_plane=NcclSemantics()
+    )  # the payloads' data plane under NCCL's rules
     yield c
     violations = nccl_violations(c)
     c.shutdown()
@@ -40,8 +41,9 @@ def _first_token_latency(cluster, prompt, n=6):
     return stream.first_token_time - t0, out
 
 
-@pytest.mark.parametrize("fault", [FaultSpec(drop_next=1), FaultSpec(delay_s=DEADLINE + 5.0, delay_next=1)],
-                         ids=["drop", "delay"])
+@pytest.mark.parametrize(
+    "fault", [FaultSpec(drop_next=1), FaultSpec(delay_s=DEADLINE + 5.0, delay_next=1)], ids=["drop", "delay"]
+)
 def test_lost_or_late_transfer_falls_back_within_deadline(cluster, tiny_model_dir, fault):
     failed_before = _failed_transfers(cluster)
     cluster.actor("prefill-0").set_faults.remote(fault)
@@ -58,9 +60,13 @@ def test_lost_or_late_transfer_falls_back_within_deadline(cluster, tiny_model_di
 def test_a_channel_severed_between_live_workers_heals(cluster, tiny_model_dir):
     """A send error with both workers alive fails the transfer in flight (it is prefilled locally),
     and the pair forms again: later transfers between the same two workers go through."""
+
     def decode_counts():
-        return {w: (load.transfers_completed, load.transfers_failed) for w, load in cluster.loads().items()
-                if w.startswith("decode")}
+        return {
+            w: (load.transfers_completed, load.transfers_failed)
+            for w, load in cluster.loads().items()
+            if w.startswith("decode")
+        }
 
     before = decode_counts()
     cluster.actor("prefill-0").set_faults.remote(FaultSpec(sever_after_chunks=0))
@@ -88,6 +94,7 @@ def test_prefill_worker_dying_mid_transfer_costs_only_time(cluster, tiny_model_d
     p = prompts(11, 1, VOCAB, lo=120, hi=120)[0]  # 4 chunks of 32 tokens
     out = cluster.submit(p, greedy(10)).result(60)
     assert out.token_ids == colocated(tiny_model_dir, [p], [10])[0]
+
     # Ray restarts it (max_restarts=1); the router sees the new incarnation.
     def restarted():
         w = cluster.pool.get("prefill-0")
@@ -113,8 +120,11 @@ def test_prefill_worker_killed_mid_prefill(cluster, tiny_model_dir):
     p_actor.set_faults.remote(FaultSpec(delay_s=30.0, delay_next=1))  # hold the KV back until the kill
     p = prompts(13, 1, VOCAB, lo=1500, hi=1500)[0]  # 47 chunks of 32 tokens
     stream = cluster.submit(p, greedy(6))
-    wait_until(lambda: any(load.num_reserved for w, load in cluster.loads().items() if w.startswith("decode")),
-               timeout_s=30, message="a decode worker reserving blocks for the prompt")
+    wait_until(
+        lambda: any(load.num_reserved for w, load in cluster.loads().items() if w.startswith("decode")),
+        timeout_s=30,
+        message="a decode worker reserving blocks for the prompt",
+    )
     ray.kill(p_actor, no_restart=True)
     out = stream.result(60)
     assert out.token_ids == colocated(tiny_model_dir, [p], [6])[0]

@@ -18,8 +18,9 @@ DATA_PLANE = NcclSemantics()
 @pytest.fixture(scope="module")
 def c11(ray_session, tiny_model_dir):
     # Short prompts always local here (the threshold rule); the idle-prefill rule is tested on its own.
-    c = start_cluster(tiny_model_dir, 1, 1, local_prefill_threshold=24, short_prompts_to_idle_prefill=False,
-                      kv_data_plane=DATA_PLANE)
+    c = start_cluster(
+        tiny_model_dir, 1, 1, local_prefill_threshold=24, short_prompts_to_idle_prefill=False, kv_data_plane=DATA_PLANE
+    )
     yield c
     violations = nccl_violations(c)
     c.shutdown()
@@ -81,8 +82,9 @@ def test_penalties_and_bias_across_the_transfer(c11, tiny_model_dir):
 
     ps = prompts(14, 3, VOCAB, lo=40, hi=80)
     plain = [o.token_ids for o in c11.generate(ps, SamplingParams(max_tokens=12, ignore_eos=True))]
-    params = SamplingParams(max_tokens=12, ignore_eos=True, repetition_penalty=1.4, frequency_penalty=0.3,
-                            logit_bias={plain[0][0]: -100.0})
+    params = SamplingParams(
+        max_tokens=12, ignore_eos=True, repetition_penalty=1.4, frequency_penalty=0.3, logit_bias={plain[0][0]: -100.0}
+    )
     disagg = c11.dispatcher.num_disaggregated
     got = [o.token_ids for o in c11.generate(ps, params)]
     assert c11.dispatcher.num_disaggregated == disagg + 3
@@ -173,15 +175,15 @@ def test_2p2d_equals_colocated(c22, tiny_model_dir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("num_prefill, num_decode", [(1, 1), (2, 2)])
-def test_smollm2_disaggregated_equals_colocated_and_transformers(ray_session, default_model_dir, num_prefill,
-                                                                   num_decode):
+def test_smollm2_disaggregated_equals_colocated_and_transformers(
+    ray_session, default_model_dir, num_prefill, num_decode
+):
     from engine.model.tokenizer import Tokenizer
     from tests.engine.test_golden_smollm2 import MAX_NEW, QUESTIONS
 
     tok = Tokenizer.from_dir(default_model_dir)
     ps = [tok.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
-    cluster = start_cluster(default_model_dir, num_prefill, num_decode, budget=32, blocks=256,
-                            kv_data_plane=DATA_PLANE)
+    cluster = start_cluster(default_model_dir, num_prefill, num_decode, budget=32, blocks=256, kv_data_plane=DATA_PLANE)
     try:
         got = [o.token_ids for o in cluster.generate(ps, [greedy(n) for n in MAX_NEW])]
         assert cluster.dispatcher.num_disaggregated == len(ps)
@@ -250,8 +252,9 @@ def test_a_refused_request_fails_alone_and_the_worker_stays_up(c11):
     [p] = prompts(8, 1, VOCAB, lo=60, hi=60)
     first = c11.submit(p, greedy(3000), request_id="dup-id")
     next(iter(first))
-    twin = Dispatcher(c11.pool, router_id=c11.dispatcher.router_id, origin=c11.dispatcher.origin,
-                      local_prefill_threshold=24)
+    twin = Dispatcher(
+        c11.pool, router_id=c11.dispatcher.router_id, origin=c11.dispatcher.origin, local_prefill_threshold=24
+    )
     with pytest.raises(RequestFailed, match="refused the request: ValueError: duplicate request id"):
         twin.submit(RequestSpec("dup-id", tuple(p), greedy(5))).result(60)
     assert all(w.alive for w in c11.pool.all()) and c11.dispatcher.num_migrations == 0

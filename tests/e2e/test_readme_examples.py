@@ -49,15 +49,20 @@ def baton_args(words: list[str]) -> list[str] | None:
 def submitted_baton(words: list[str]) -> list[str] | None:
     """What ``ray job submit ... -- python -m baton ...`` runs."""
     if words[:3] == ["ray", "job", "submit"] and "--" in words:
-        return baton_args(words[words.index("--") + 1:])
+        return baton_args(words[words.index("--") + 1 :])
     return None
 
 
 def test_every_readme_example_is_covered():
-    assert len(PYTHON) == 2 and "openai.OpenAI(" in PYTHON[0] and "LLMEngine(" in PYTHON[1], PYTHON
+    assert len(PYTHON) == 3 and "openai.OpenAI(" in PYTHON[0] and "LLMEngine(" in PYTHON[2], PYTHON
+    assert "response_format" in PYTHON[1] and "tool_choice" in PYTHON[1], PYTHON
     for words in shell_commands():
-        known = (baton_args(words) is not None or submitted_baton(words) is not None
-                 or words[0] in ("make", "ray") or words[:3] == ["python3", "-m", "bench.gpu_check"])
+        known = (
+            baton_args(words) is not None
+            or submitted_baton(words) is not None
+            or words[0] in ("make", "ray")
+            or words[:3] == ["python3", "-m", "bench.gpu_check"]
+        )
         assert known, f"README example with no test: {shlex.join(words)}"
 
 
@@ -88,8 +93,9 @@ def test_the_cluster_configs_the_readme_submits_load():
 def test_the_gpu_check_command_in_the_readme_parses(tmp_path):
     from bench import gpu_check
 
-    out = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--help"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_check", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0 and "--out" in out.stdout, out.stderr
     assert callable(gpu_check.main)
 
@@ -112,9 +118,46 @@ def test_the_readme_openai_client_example_against_baton_up():
 
 
 @pytest.mark.slow
+def test_the_readme_structured_output_and_tool_call_example_against_baton_up():
+    """The README's structured-output and tool-calling example against ``baton up``: a JSON object
+    valid against its schema and a call of the named function with valid arguments, then the same
+    call through the client's streaming helper, assembled from the streamed deltas."""
+    import jsonschema
+    import openai
+
+    example = PYTHON[1]
+    assert README_URL in example
+    with baton_up() as up:
+        namespace: dict[str, object] = {}
+        exec(compile(example.replace(README_URL, f"{up.base}/v1"), "README.md", "exec"), namespace)
+        jsonschema.validate(namespace["city"], namespace["schema"])
+        t = namespace["t"]
+        assert t.choices[0].finish_reason == "tool_calls"  # type: ignore[attr-defined]
+        call = namespace["call"]
+        assert call.function.name == "get_weather" and call.id  # type: ignore[attr-defined]
+        weather = namespace["weather"]
+        jsonschema.validate(namespace["args"], weather["function"]["parameters"])  # type: ignore[index]
+        client = openai.OpenAI(base_url=f"{up.base}/v1", api_key="unused", max_retries=0)
+        with client.chat.completions.stream(
+            model="SmolLM2-135M-Instruct",
+            max_tokens=64,
+            tools=[weather],
+            tool_choice="required",
+            parallel_tool_calls=False,  # (one call: the grammar allows no second)
+            messages=[{"role": "user", "content": "What is the weather in Rome?"}],
+        ) as stream:
+            for _ in stream:
+                pass
+            final = stream.get_final_completion()
+        [streamed] = final.choices[0].message.tool_calls
+        assert streamed.function.name == "get_weather" and final.choices[0].finish_reason == "tool_calls"
+        jsonschema.validate(json.loads(streamed.function.arguments), weather["function"]["parameters"])
+
+
+@pytest.mark.slow
 def test_the_readme_engine_example_runs():
     namespace: dict[str, object] = {}
-    exec(compile(PYTHON[1], "README.md", "exec"), namespace)
+    exec(compile(PYTHON[2], "README.md", "exec"), namespace)
     out = namespace["out"]
     assert out.finished and 1 <= len(out.token_ids) <= 16 and out.text  # type: ignore[attr-defined]
 
@@ -122,12 +165,18 @@ def test_the_readme_engine_example_runs():
 @pytest.mark.slow
 def test_the_readme_generate_and_config_commands_run():
     generate = next(a for w in shell_commands() if (a := baton_args(w)) and a[0] == "generate" and "--json" in a)
-    out = subprocess.run([sys.executable, "-m", "baton", *generate], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "baton", *generate], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr
     [result] = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
     assert result["text"].strip() and result["finish_reason"] in ("stop", "length") and result["token_ids"]
 
-    defaults = subprocess.run([sys.executable, "-m", "baton", "config", "--print-defaults"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=120)
+    defaults = subprocess.run(
+        [sys.executable, "-m", "baton", "config", "--print-defaults"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert defaults.returncode == 0 and "pools" in defaults.stdout, defaults.stderr

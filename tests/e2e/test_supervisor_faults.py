@@ -2,32 +2,40 @@
 Ray (which offers Baton's custom resources): a dead replica and a dead worker in one round, a
 replacement that loads slowly, and a drain with one replica dead. Each once stopped the cluster
 or its routers (the audit's repros: the round raised, the replacement was never handed over, the
-live replicas were killed mid-request)."""
+live replicas were killed mid-request). Then: a stop signal in the middle of a round held up by two
+frozen workers (the round waited 30 s per unanswered probe, past Ray's stop wait), an actor that no
+node can take named in the job log, and a replica restarted while a worker cannot answer."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import threading
+import time
 
 import httpx
 import pytest
 
 from baton.config import load_config
-from baton.supervisor import ClusterSupervisor
+from baton.router_replica import RouterReplica, WorkerRef
+from baton.supervisor import ClusterSupervisor, run_cluster
+from decode_worker.worker import DecodeWorker
 from tests.waiting import wait_until
+
+# What deploy/ray's examples and the chart give ``ray job stop`` by default (Ray's own is 3 s).
+RAY_JOB_STOP_WAIT_TIME_S = 60
 
 
 @pytest.fixture
 def supervisor(ray_session):
     made: list[ClusterSupervisor] = []
 
-    def start(replicas: int = 1, **overrides) -> ClusterSupervisor:
-        ov = {"model.path": "tiny", "pools.prefill.workers": 0, "pools.decode.workers": 1, "pools.max_restarts": 0,
-              "router.replicas": replicas, "router.http_port": 0, "router.grpc_port": 0, "cluster.router_cpus": 0.5,
-              "pools.decode.cpus": 0.5, "router.drain_timeout_s": 20, "redis.cluster_name": f"sup{len(made)}",
-              **overrides}
-        sup = ClusterSupervisor(load_config(None, ov), lambda m: None)
+    def start(replicas: int = 1, progress=lambda m: None, begin: bool = True, **overrides) -> ClusterSupervisor:
+        sup = ClusterSupervisor(load_config(None, _overrides(replicas, f"sup{len(made)}", **overrides)), progress)
         made.append(sup)
-        sup.start()
+        if begin:
+            sup.start()
         return sup
 
     yield start
@@ -35,10 +43,28 @@ def supervisor(ray_session):
         sup.drain_and_stop()
 
 
+def _overrides(replicas: int, cluster_name: str, **overrides) -> dict:
+    return {
+        "model.path": "tiny",
+        "pools.prefill.workers": 0,
+        "pools.decode.workers": 1,
+        "pools.max_restarts": 0,
+        "router.replicas": replicas,
+        "router.http_port": 0,
+        "router.grpc_port": 0,
+        "cluster.router_cpus": 0.5,
+        "pools.decode.cpus": 0.5,
+        "router.drain_timeout_s": 20,
+        "redis.cluster_name": cluster_name,
+        **overrides,
+    }
+
+
 def _complete(url: str, timeout: float = 30) -> int | None:
     try:
-        return httpx.post(f"{url}/v1/completions", timeout=timeout,
-                          json={"prompt": "hello", "max_tokens": 4, "temperature": 0}).status_code
+        return httpx.post(
+            f"{url}/v1/completions", timeout=timeout, json={"prompt": "hello", "max_tokens": 4, "temperature": 0}
+        ).status_code
     except httpx.HTTPError:
         return None
 
@@ -48,13 +74,18 @@ def _serve_after_rounds(sup: ClusterSupervisor, url: str, within_s: float) -> No
         sup.supervise_once()  # never raises
         return _complete(url, timeout=10) == 200
 
-    wait_until(served, timeout_s=within_s, interval_s=0.5,
-               message=lambda: f"a completion from {url} (replacements pending: {sorted(sup._pending)})")
+    wait_until(
+        served,
+        timeout_s=within_s,
+        interval_s=0.5,
+        message=lambda: f"a completion from {url} (replacements pending: {sorted(sup._pending)})",
+    )
 
 
 def _wait_dead(ray, actor) -> None:
     """Until Ray reports a killed actor dead: ``ray.kill`` returns before the actor is gone, and a
     round that still found it alive would not replace it."""
+
     def dead() -> bool:
         try:
             ray.get(actor.__ray_ready__.remote(), timeout=10)
@@ -98,8 +129,12 @@ def test_a_dead_replica_does_not_cut_the_others_drain_short(ray_session, supervi
     lines: list[str] = []
 
     def stream() -> None:
-        with httpx.stream("POST", f"{sup.endpoints['router-0']}/v1/completions", timeout=120,
-                          json={"prompt": "drain me", "max_tokens": 1500, "ignore_eos": True, "stream": True}) as r:
+        with httpx.stream(
+            "POST",
+            f"{sup.endpoints['router-0']}/v1/completions",
+            timeout=120,
+            json={"prompt": "drain me", "max_tokens": 1500, "ignore_eos": True, "stream": True},
+        ) as r:
             lines.extend(line for line in r.iter_lines() if line)
 
     reader = threading.Thread(target=stream)
@@ -108,3 +143,138 @@ def test_a_dead_replica_does_not_cut_the_others_drain_short(ray_session, supervi
     assert sup.drain_and_stop() == 0
     reader.join(120)
     assert any('"finish_reason":"length"' in line for line in lines), lines[-2:]
+
+
+def _actor_pid(name: str) -> int:
+    from ray._private.state import actors
+
+    [pid] = [a["Pid"] for a in actors().values() if a.get("Name") == name and a.get("State") == "ALIVE"]
+    return pid
+
+
+def test_a_stop_in_the_middle_of_a_round_with_two_frozen_workers_drains_within_rays_stop_wait(ray_session, monkeypatch):
+    """``run_cluster`` as ``ray job submit`` runs it, its SIGTERM sent by the test: both decode
+    workers frozen (SIGSTOP: their pings never answer), a round waiting on them, then the stop."""
+    rounds: list[tuple[float, float]] = []  # (start, end) of each round
+    in_round = threading.Event()
+    original = ClusterSupervisor.supervise_once
+
+    def timed_round(self: ClusterSupervisor) -> None:
+        start = time.monotonic()
+        in_round.set()
+        try:
+            original(self)
+        finally:
+            rounds.append((start, time.monotonic()))
+
+    monkeypatch.setattr(ClusterSupervisor, "supervise_once", timed_round)
+    cfg = load_config(
+        None,
+        _overrides(
+            1,
+            "supstop",
+            **{"pools.decode.workers": 2, "cluster.supervise_interval_s": 0.2, "cluster.round_timeout_s": 300},
+        ),
+    )  # longer than any stop wait: only the stop may end this round
+    said: list[str] = []
+    frozen: list[int] = []
+    signalled: list[float] = []
+
+    def freeze_then_stop() -> None:
+        wait_until(
+            lambda: any(m.startswith("ready:") for m in said),
+            timeout_s=300,
+            interval_s=0.1,
+            message="the cluster to be ready",
+        )
+        frozen.extend(_actor_pid(f"supstop-decode-{i}") for i in range(2))
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        in_round.clear()
+        in_round.wait(30)  # a round that started with both workers frozen: it waits on their pings
+        signalled.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    helper = threading.Thread(target=freeze_then_stop, daemon=True)
+    helper.start()
+    try:
+        assert run_cluster(cfg, said.append) == 0
+        stopped = time.monotonic()
+    finally:
+        for pid in frozen:  # (killed with their actors; a survivor must not stay frozen)
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    helper.join(5)
+    assert signalled, said
+    last_start, last_end = rounds[-1]
+    assert last_start < signalled[0] and last_end - signalled[0] < 2.0, (rounds, signalled)
+    assert stopped - signalled[0] < RAY_JOB_STOP_WAIT_TIME_S, said
+    assert said[-1] == "stopped"
+
+
+def test_an_actor_no_node_can_take_is_named_with_what_it_lacks(ray_session, supervisor):
+    """The session's Ray offers no ``baton_router_absent``: router-0 waits for a node, and the job
+    log says so (and what it needs) within ~30 s, as does the supervisor's Redis record."""
+    said: list[str] = []
+    sup = supervisor(
+        progress=said.append,
+        begin=False,
+        **{"cluster.router_resource": "baton_router_absent", "cluster.start_timeout_s": 60},
+    )
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            sup.start()
+        except RuntimeError as e:  # the replica never starts: start_timeout_s ends it
+            failed.append(e)
+
+    starting = threading.Thread(target=start, daemon=True)
+    starting.start()
+    wait_until(
+        lambda: any("router-0" in m and "still waiting for a node" in m for m in said),
+        timeout_s=40,
+        interval_s=0.2,
+        message=lambda: f"router-0 named in the job log (said: {said})",
+    )
+    [line] = [m for m in said if "still waiting for a node" in m]
+    assert "needs {CPU: 0.5, baton_router_absent: 1}" in line and "no node offers baton_router_absent: 1" in line
+    assert not any("decode-0" in m and "waiting for a node" in m for m in said)  # it was placed
+
+    async def record() -> dict:
+        await sup.heartbeat()
+        return (await sup._registry.live_workers("supervisor"))["supervisor"].payload
+
+    payload = asyncio.run(record())
+    assert "baton_router_absent" in payload["unplaced"]["router-0"]
+    starting.join(90)
+    assert failed and "did not start" in str(failed[0])
+
+
+def test_a_restarted_replica_serves_with_the_workers_that_answer(ray_session, supervisor):
+    """A worker that cannot answer ``info()`` (one Ray never places, as after its node went away)
+    no longer holds a (re)starting replica forever: it serves with the others after the timeout."""
+    ray = ray_session
+    sup = supervisor()
+    never_placed = (
+        ray.remote(DecodeWorker).options(num_cpus=0, resources={"baton_absent": 1}).remote("decode-9", None, None)
+    )
+    cc = sup.cfg.cluster
+    replica = (
+        ray.remote(RouterReplica)
+        .options(num_cpus=cc.router_cpus, resources={cc.router_resource: 1.0}, max_concurrency=32)
+        .remote("router-9", sup.cfg, sup.redis_url, info_timeout_s=3.0)
+    )
+    try:
+        t0 = time.monotonic()
+        endpoints = ray.get(
+            replica.start.remote([*sup.worker_refs(), WorkerRef("decode-9", "decode", never_placed)]), timeout=120
+        )
+        assert time.monotonic() - t0 < 60
+        assert _complete(endpoints.http_url) == 200
+    finally:
+        ray.get(replica.stop.remote(), timeout=60)
+        ray.kill(replica)
+        ray.kill(never_placed)

@@ -7,8 +7,13 @@ from pathlib import Path
 import torch
 
 
-def build_tiny_hf_model(out_dir: Path, arch: str = "llama", seed: int = 0,
-                        max_position_embeddings: int = 512, initializer_range: float = 0.3) -> Path:
+def build_tiny_hf_model(
+    out_dir: Path,
+    arch: str = "llama",
+    seed: int = 0,
+    max_position_embeddings: int = 512,
+    initializer_range: float = 0.3,
+) -> Path:
     """A seeded random Llama, Llama 3 (rope scaling), Qwen2 or Mistral saved as a HF directory
     (safetensors). ``max_position_embeddings`` sets the context length Baton serves it at (the
     outputs do not depend on it, except through Llama 3's rope scaling and Mistral's window).
@@ -17,18 +22,33 @@ def build_tiny_hf_model(out_dir: Path, arch: str = "llama", seed: int = 0,
     import transformers
 
     common = dict(
-        vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=8,
-        num_key_value_heads=2, max_position_embeddings=max_position_embeddings, initializer_range=initializer_range,
-        rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2,
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=max_position_embeddings,
+        initializer_range=initializer_range,
+        rms_norm_eps=1e-6,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     if arch == "llama":
         cfg = transformers.LlamaConfig(**common, rope_theta=10000.0, tie_word_embeddings=False)
         cls = transformers.LlamaForCausalLM
     elif arch == "llama3":
         cfg = transformers.LlamaConfig(
-            **common, rope_theta=500000.0, tie_word_embeddings=True,
-            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                          "original_max_position_embeddings": 64},
+            **common,
+            rope_theta=500000.0,
+            tie_word_embeddings=True,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
         )
         cls = transformers.LlamaForCausalLM
     elif arch == "qwen2":
@@ -51,9 +71,15 @@ def hf_greedy(model, prompts: list[list[int]], max_new_tokens: list[int]) -> lis
     with torch.inference_mode():
         for p, n in zip(prompts, max_new_tokens):
             ids = torch.tensor([p])
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                                 do_sample=False, eos_token_id=None, pad_token_id=0)
-            outs.append(gen[0, len(p):].tolist())
+            gen = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+            outs.append(gen[0, len(p) :].tolist())
     return outs
 
 

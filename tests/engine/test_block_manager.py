@@ -67,8 +67,12 @@ def test_hashes_are_process_independent_and_salted():
     code = "from engine.block_hash import hash_blocks; print(hash_blocks(list(range(8)), 4, 's')[1].hex())"
     outs = {
         subprocess.run(
-            [sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True,
-            check=True, cwd=Path(__file__).resolve().parents[2],
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[2],
         ).stdout.strip()
         for seed in ("1", "2")
     }
@@ -202,15 +206,17 @@ def test_registering_the_blocks_decodes_filled_in_one_call_is_registering_each()
     caches, request by request: same hashes, same blocks, same events; and it falls back to it for a
     request in any other state (its first block, several blocks at once, hashes computed ahead)."""
     managers = [BlockManager(64, BS, record_events=True) for _ in range(2)]
-    reqs = [[_req(f"r{i}", list(range(10 * i, 10 * i + 2 + 3 * i)), salt="s" if i == 2 else None) for i in range(4)]
-            for _ in managers]
+    reqs = [
+        [_req(f"r{i}", list(range(10 * i, 10 * i + 2 + 3 * i)), salt="s" if i == 2 else None) for i in range(4)]
+        for _ in managers
+    ]
     for bm, rs in zip(managers, reqs):
         for r in rs:
             _compute(bm, r, r.num_tokens)
         rs[3].all_token_ids += [7, 8, 9, 10, 11]  # two more blocks known at once: the fallback
         bm.update_block_hashes(rs[3])  # hashes computed ahead of registration: the fallback too
     for step in range(12):
-        filled = [[], []]
+        filled: list[list[Request]] = [[], []]
         for k, (bm, rs) in enumerate(zip(managers, reqs)):
             for r in rs:
                 if not (r is rs[3] and step == 0):  # (r3 computes its 5 known tokens at once)
@@ -228,8 +234,9 @@ def test_registering_the_blocks_decodes_filled_in_one_call_is_registering_each()
         assert a.block_hashes == b.block_hashes and a.block_ids == b.block_ids
         assert a.num_registered_blocks == b.num_registered_blocks == a.num_computed_tokens // BS
     assert managers[0].pool.cached == managers[1].pool.cached and len(managers[0].pool.cached) > 10
-    stored = [sorted(h for e in bm.take_events() if isinstance(e, BlocksStored) for h in e.block_hashes)
-              for bm in managers]
+    stored = [
+        sorted(h for e in bm.take_events() if isinstance(e, BlocksStored) for h in e.block_hashes) for bm in managers
+    ]
     assert stored[0] == stored[1]
 
 

@@ -38,9 +38,21 @@ def _uncaptured(max_num_seqs: int) -> DecodeGraphs:
 def _step(counts: list[int], scored: bool = False) -> StepInputs:
     total = sum(counts)
     ids = np.zeros(total, dtype=np.int64)
-    return StepInputs(ids, ids, ids, ids, sum(1 for c in counts if c == 1), np.zeros((0, 1), np.int32),
-                      np.zeros(0, np.int32), np.zeros((0, 1), np.int32), np.zeros(1, np.int32), np.zeros(0, np.int32),
-                      ids, ids, [(0, 1, ids, ids)] if scored else [])
+    return StepInputs(
+        ids,
+        ids,
+        ids,
+        ids,
+        sum(1 for c in counts if c == 1),
+        np.zeros((0, 1), np.int32),
+        np.zeros(0, np.int32),
+        np.zeros((0, 1), np.int32),
+        np.zeros(1, np.int32),
+        np.zeros(0, np.int32),
+        ids,
+        ids,
+        [(0, 1, ids, ids)] if scored else [],
+    )
 
 
 def test_graphs_take_decode_steps_only():
@@ -55,8 +67,14 @@ def test_graphs_take_decode_steps_only():
 
 def test_graphs_refuse_the_torch_attention_path():
     with pytest.raises(ValueError, match="Triton"):
-        DecodeGraphs(None, torch.zeros(1, 1, 2, 16, 1, 8), select_backend(torch.device("cpu"), "torch"),
-                     max_num_seqs=4, max_blocks=4, capture=False)
+        DecodeGraphs(
+            None,
+            torch.zeros(1, 1, 2, 16, 1, 8),
+            select_backend(torch.device("cpu"), "torch"),
+            max_num_seqs=4,
+            max_blocks=4,
+            capture=False,
+        )
 
 
 def test_config_validates_cuda_graphs():
@@ -73,12 +91,21 @@ def test_cpu_engine_captures_nothing(tiny_model_dir):
 
 # -- on a GPU ---------------------------------------------------------------------------------
 
+
 def _gpu_engine(model_dir, graphs: bool, dtype: str = "float32", **kw):
     from engine.config import SchedulerConfig
     from engine.engine import LLMEngine
 
-    return LLMEngine(EngineConfig(model=str(model_dir), device="cuda", dtype=dtype, cuda_graphs=graphs,
-                                  scheduler=SchedulerConfig(max_num_seqs=kw.pop("max_num_seqs", 48)), **kw))
+    return LLMEngine(
+        EngineConfig(
+            model=str(model_dir),
+            device="cuda",
+            dtype=dtype,
+            cuda_graphs=graphs,
+            scheduler=SchedulerConfig(max_num_seqs=kw.pop("max_num_seqs", 48)),
+            **kw,
+        )
+    )
 
 
 def _prompts(n: int, seed: int = 0):

@@ -48,8 +48,9 @@ def test_seeded_sampling_is_reproducible_regardless_of_batch(engine):
     others = [SamplingParams(max_tokens=n, temperature=0.8, ignore_eos=True) for n in (5, 9, 30)]
     batched = engine.generate(["x y z", "seeded prompt", "more", "stuff here"], [others[0], sp, others[1], others[2]])
     assert batched[1].token_ids == alone
-    different_seed = engine.generate(["seeded prompt"], SamplingParams(max_tokens=16, temperature=1.0, seed=99,
-                                                                       ignore_eos=True))[0].token_ids
+    different_seed = engine.generate(
+        ["seeded prompt"], SamplingParams(max_tokens=16, temperature=1.0, seed=99, ignore_eos=True)
+    )[0].token_ids
     assert different_seed != alone
 
 
@@ -74,8 +75,9 @@ def test_stop_token_ids_and_eos(engine):
     assert out.token_ids == ref[: first + 1] and out.finish_reason is FinishReason.STOP and out.stop_reason == stop_at
     # vLLM's text: the stop token is in token_ids, its text only with include_stop_str_in_output
     assert out.text == engine.tokenizer.decode(ref[:first])
-    kept = engine.generate(["count with me"], SamplingParams(max_tokens=10, stop_token_ids=[stop_at],
-                                                             include_stop_str_in_output=True))[0]
+    kept = engine.generate(
+        ["count with me"], SamplingParams(max_tokens=10, stop_token_ids=[stop_at], include_stop_str_in_output=True)
+    )[0]
     assert kept.token_ids == out.token_ids and kept.text == engine.tokenizer.decode(ref[: first + 1])
     # With the stop token among the model's EOS ids the same happens unless ignore_eos.
     eng_eos = engine.eos_token_ids
@@ -89,8 +91,9 @@ def test_stop_string_is_cut_from_text(engine):
     out = engine.generate(["tell a story"], SamplingParams(max_tokens=24, ignore_eos=True, stop=[stop]))[0]
     assert out.finish_reason is FinishReason.STOP and out.stop_reason == stop
     assert out.text == full.text[: full.text.index(stop)]
-    kept = engine.generate(["tell a story"], SamplingParams(max_tokens=24, ignore_eos=True, stop=[stop],
-                                                           include_stop_str_in_output=True))[0]
+    kept = engine.generate(
+        ["tell a story"], SamplingParams(max_tokens=24, ignore_eos=True, stop=[stop], include_stop_str_in_output=True)
+    )[0]
     assert kept.text == full.text[: full.text.index(stop) + len(stop)]
 
 
@@ -108,7 +111,6 @@ def test_abort_mid_generation_frees_blocks(engine):
             done[o.request_id] = o
     assert rid not in done and done[keep].finished
     _drain(engine)
-
 
 
 def test_the_engines_own_ids_step_over_ids_a_caller_chose(engine):
@@ -140,8 +142,9 @@ def test_samples_of_one_prompt_submitted_together_compute_it_once(engine):
     it; the others wait for its blocks and hit them (all but the block holding the last token)."""
     prompt = list(range(5, 305))  # 300 tokens: 18 full blocks of 16, then 12 tokens
     before = engine.scheduler.prompt_tokens_computed
-    outs = engine.generate([prompt] * 4, [SamplingParams(max_tokens=3, temperature=1.0, seed=i, ignore_eos=True)
-                                          for i in range(4)])
+    outs = engine.generate(
+        [prompt] * 4, [SamplingParams(max_tokens=3, temperature=1.0, seed=i, ignore_eos=True) for i in range(4)]
+    )
     assert sorted(o.num_cached_tokens for o in outs) == [0, 288, 288, 288]
     assert engine.scheduler.prompt_tokens_computed - before == 300 + 3 * 12
     assert engine.num_free_blocks == engine.num_total_blocks
@@ -176,13 +179,17 @@ def test_a_stop_string_in_the_last_allowed_token_is_a_stop_not_a_length(engine):
     for prompt in PROMPTS + ["the cat sat on the mat", "numbers one two three"]:
         full = engine.generate([prompt], SamplingParams(max_tokens=3, ignore_eos=True))[0]
         before = engine.tokenizer.decode(full.token_ids[:2])
-        last = full.text[len(before):]
-        stop = next((last[i : i + 2] for i in range(len(last) - 1) if last[i : i + 2] not in full.text[: len(before) + i + 1]),
-                    None)
+        last = full.text[len(before) :]
+        stop = next(
+            (last[i : i + 2] for i in range(len(last) - 1) if last[i : i + 2] not in full.text[: len(before) + i + 1]),
+            None,
+        )
         if stop is None:
             continue
         out = engine.generate([prompt], SamplingParams(max_tokens=3, ignore_eos=True, stop=[stop]))[0]
-        assert out.finish_reason is FinishReason.STOP and out.stop_reason == stop  # was "length": max_tokens ended it too
+        assert (
+            out.finish_reason is FinishReason.STOP and out.stop_reason == stop
+        )  # was "length": max_tokens ended it too
         assert out.text == full.text[: full.text.index(stop)]
         return
     pytest.fail("no prompt's last token held a new two-character string")
@@ -194,8 +201,12 @@ def test_min_tokens_masks_eos_and_stop_tokens_until_reached(engine):
     out = engine.generate(["hello"], SamplingParams(max_tokens=8, min_tokens=4, logit_bias={eos: 50.0}))[0]
     assert eos not in out.token_ids[:4] and out.token_ids[4] == eos and out.finish_reason is FinishReason.STOP
     stop_id = 7
-    out = engine.generate(["hello"], SamplingParams(max_tokens=8, min_tokens=3, stop_token_ids=[stop_id],
-                                                    logit_bias={stop_id: 50.0}, ignore_eos=True))[0]
+    out = engine.generate(
+        ["hello"],
+        SamplingParams(
+            max_tokens=8, min_tokens=3, stop_token_ids=[stop_id], logit_bias={stop_id: 50.0}, ignore_eos=True
+        ),
+    )[0]
     assert out.token_ids[:3].count(stop_id) == 0 and out.token_ids[3] == stop_id and out.stop_reason == stop_id
     _drain(engine)
 
@@ -252,7 +263,8 @@ def test_a_resumed_request_sends_the_text_its_first_worker_held_back(engine):
     sp = SamplingParams(max_tokens=16, ignore_eos=True, stop=["\x00never\x00"])  # holds back 6 characters
     full = engine.generate([prompt], sp)[0]
     rid = engine.add_request(None, prompt, sp)
-    tokens, delivered = [], ""
+    tokens: list[int] = []
+    delivered = ""
     while len(tokens) < 6:
         for o in engine.step():
             if o.request_id == rid:
@@ -275,6 +287,7 @@ def test_a_resumed_request_sends_the_text_its_first_worker_held_back(engine):
 def test_a_request_whose_output_stream_fails_to_start_is_not_left_queued(engine, monkeypatch):
     """It was queued before its detokenizer failed: it then ran to its end unseen, holding blocks and
     its id, and the caller never got the id to abort it."""
+
     def broken(*args, **kwargs):
         raise RuntimeError("detokenizer failed")
 
@@ -292,8 +305,9 @@ def test_each_delta_says_where_its_tokens_start_resumed_ones_counted(engine):
     """RequestOutput.first_index: the router drops a delta that does not continue what it has
     delivered (a stale copy's, on a worker it had taken for dead)."""
     fresh = engine.add_request(None, [5, 6, 7], SamplingParams(max_tokens=6, ignore_eos=True))
-    resumed = engine.add_request(None, [5, 6, 7], SamplingParams(max_tokens=6, ignore_eos=True),
-                                 resume_token_ids=[9, 9])
+    resumed = engine.add_request(
+        None, [5, 6, 7], SamplingParams(max_tokens=6, ignore_eos=True), resume_token_ids=[9, 9]
+    )
     seen = {fresh: [], resumed: [9, 9]}
     while engine.has_unfinished_requests():
         for o in engine.step():
@@ -382,9 +396,21 @@ def _plain_stream(engine, params):
     ids = [engine.add_request(None, p, sp) for p, sp in zip([[5, 6, 7], [8, 9], [10, 11, 12, 13]], params)]
     outs = []
     while engine.has_unfinished_requests():
-        outs += [(o.request_id, o.new_token_ids, o.text_delta, o.first_index, o.finished, o.finish_reason,
-                  o.token_ids, o.logprobs is not None, o.ttft_breakdown is not None, o.metrics is not None)
-                 for o in engine.step()]
+        outs += [
+            (
+                o.request_id,
+                o.new_token_ids,
+                o.text_delta,
+                o.first_index,
+                o.finished,
+                o.finish_reason,
+                o.token_ids,
+                o.logprobs is not None,
+                o.ttft_breakdown is not None,
+                o.metrics is not None,
+            )
+            for o in engine.step()
+        ]
     rename = {rid: i for i, rid in enumerate(ids)}
     return [(rename[o[0]], *o[1:]) for o in outs]
 
@@ -392,14 +418,16 @@ def _plain_stream(engine, params):
 def test_plain_decoding_deltas_equal_the_general_paths(engine, monkeypatch):
     """The output processor builds a decoding request's plain delta (no text, no logprobs) in its
     loop: the same outputs as the general path gives, first, middle and last."""
-    params = [SamplingParams(max_tokens=5, ignore_eos=True, detokenize=False),
-              SamplingParams(max_tokens=7, ignore_eos=True, detokenize=False, logprobs=1),
-              SamplingParams(max_tokens=3, ignore_eos=True)]
+    params = [
+        SamplingParams(max_tokens=5, ignore_eos=True, detokenize=False),
+        SamplingParams(max_tokens=7, ignore_eos=True, detokenize=False, logprobs=1),
+        SamplingParams(max_tokens=3, ignore_eos=True),
+    ]
     fast = _plain_stream(engine, params)
     import engine.output_processor as op
 
     monkeypatch.setattr(op, "_DECODING", object())  # no request matches: every delta takes the general path
     general = _plain_stream(engine, params)
     assert fast == general
-    assert [o for o in fast if o[0] == 0][0][8] and [o for o in fast if o[0] == 0][-1][9]  # first, last
+    assert next(o for o in fast if o[0] == 0)[8] and [o for o in fast if o[0] == 0][-1][9]  # first, last
     assert sum(len(o[1]) for o in fast if o[0] == 0) == 5 and _drain(engine) is None

@@ -49,8 +49,14 @@ def _chat(tok, q, system=None):
 
 
 def _engine(model_dir, **kw):
-    return LLMEngine(EngineConfig(model=str(model_dir), scheduler=SchedulerConfig(**kw.pop("scheduler", {})),
-                                  cache=CacheConfig(**kw.pop("cache", {})), **kw))
+    return LLMEngine(
+        EngineConfig(
+            model=str(model_dir),
+            scheduler=SchedulerConfig(**kw.pop("scheduler", {})),
+            cache=CacheConfig(**kw.pop("cache", {})),
+            **kw,
+        )
+    )
 
 
 def _generate(engine, prompts, max_new):
@@ -88,8 +94,11 @@ def test_prefix_cache_chunked_and_preempted_equal_transformers(default_model_dir
 
     # A 32-token budget splits every prompt into several chunks; 30 blocks of 16 tokens cannot hold
     # all eight requests at once, so the scheduler must preempt and recompute.
-    tight = _engine(default_model_dir, scheduler={"max_num_batched_tokens": 32, "admission_watermark": 0.0},
-                    cache={"num_blocks": 30, "enable_prefix_caching": False})
+    tight = _engine(
+        default_model_dir,
+        scheduler={"max_num_batched_tokens": 32, "admission_watermark": 0.0},
+        cache={"num_blocks": 30, "enable_prefix_caching": False},
+    )
     got, _ = _generate(tight, prompts, MAX_NEW)
     assert tight.scheduler.num_preemptions > 0
     assert got == expected
@@ -100,8 +109,9 @@ def test_greedy_with_ngram_drafts_equals_transformers(default_model_dir, oracle,
     import random
 
     rng = random.Random(0)
-    prompts = [_chat(tokenizer, q) for q in QUESTIONS[:4]] + [[rng.randrange(100, 40000) for _ in range(rng.randint(20, 80))]
-                                                              for _ in range(4)]
+    prompts = [_chat(tokenizer, q) for q in QUESTIONS[:4]] + [
+        [rng.randrange(100, 40000) for _ in range(rng.randint(20, 80))] for _ in range(4)
+    ]
     max_new = [24, 32, 40, 16, 48, 48, 40, 32]
     engine = _engine(default_model_dir, scheduler={"speculative": SpeculativeConfig(num_tokens=4)})
     got, _ = _generate(engine, prompts, max_new)
@@ -158,12 +168,14 @@ def test_a_step_mixing_greedy_and_sampled_rows_screens_the_greedy_ones(default_m
     prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(16, 64))] for _ in range(6)]
     for i in (1, 2, 4):  # a phrase over and over: the n-grams propose drafts for these rows too
         prompts[i] = [rng.randrange(100, 40000) for _ in range(6)] * 8
-    params = [SamplingParams(max_tokens=24, ignore_eos=True),
-              SamplingParams(max_tokens=20, ignore_eos=True, temperature=1.0, seed=5),
-              SamplingParams(max_tokens=24, ignore_eos=True, repetition_penalty=1.3),
-              SamplingParams(max_tokens=16, ignore_eos=True),
-              SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.9, top_p=0.95, seed=7),
-              SamplingParams(max_tokens=12, ignore_eos=True)]
+    params = [
+        SamplingParams(max_tokens=24, ignore_eos=True),
+        SamplingParams(max_tokens=20, ignore_eos=True, temperature=1.0, seed=5),
+        SamplingParams(max_tokens=24, ignore_eos=True, repetition_penalty=1.3),
+        SamplingParams(max_tokens=16, ignore_eos=True),
+        SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.9, top_p=0.95, seed=7),
+        SamplingParams(max_tokens=12, ignore_eos=True),
+    ]
     outputs = {}
     for on in (True, False):
         _use_greedy_head(model, kernels, on)
@@ -173,7 +185,9 @@ def test_a_step_mixing_greedy_and_sampled_rows_screens_the_greedy_ones(default_m
     assert outputs[True] == outputs[False]
     assert engine.num_free_blocks == engine.num_total_blocks
     # With drafts: a sampled position's seed index and penalty history follow the drafts before it.
-    drafted = _engine(default_model_dir, scheduler={"speculative": SpeculativeConfig(num_tokens=4, min_keep_chance=0.0)})
+    drafted = _engine(
+        default_model_dir, scheduler={"speculative": SpeculativeConfig(num_tokens=4, min_keep_chance=0.0)}
+    )
     before = drafted.runner.model.greedy_head_candidates
     assert [o.token_ids for o in drafted.generate(prompts, params)] == outputs[False]
     assert drafted.runner.model.greedy_head_candidates > before and drafted.scheduler.num_draft_tokens > 0
@@ -190,11 +204,13 @@ def test_greedy_rows_are_screened_beside_rows_that_want_logprobs(default_model_d
     kernels = model.kernels
     rng = random.Random(3)
     prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(16, 64))] for _ in range(5)]
-    params = [SamplingParams(max_tokens=20, ignore_eos=True),
-              SamplingParams(max_tokens=16, ignore_eos=True, logprobs=3),  # greedy, with logprobs
-              SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.8, seed=11, logprobs=0),
-              SamplingParams(max_tokens=12, ignore_eos=True),
-              SamplingParams(max_tokens=18, ignore_eos=True, repetition_penalty=1.2, logprobs=1)]
+    params = [
+        SamplingParams(max_tokens=20, ignore_eos=True),
+        SamplingParams(max_tokens=16, ignore_eos=True, logprobs=3),  # greedy, with logprobs
+        SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.8, seed=11, logprobs=0),
+        SamplingParams(max_tokens=12, ignore_eos=True),
+        SamplingParams(max_tokens=18, ignore_eos=True, repetition_penalty=1.2, logprobs=1),
+    ]
     outputs = {}
     for on in (True, False):
         _use_greedy_head(model, kernels, on)
@@ -215,7 +231,9 @@ def test_greedy_rows_are_screened_beside_rows_that_want_logprobs(default_model_d
     # With drafts: a drafted row's positions that ask for logprobs are among the rows computed alone.
     for i in (1, 4):
         prompts[i] = prompts[i][:6] * 8  # a phrase over and over: the n-grams propose drafts
-    drafted = _engine(default_model_dir, scheduler={"speculative": SpeculativeConfig(num_tokens=4, min_keep_chance=0.0)})
+    drafted = _engine(
+        default_model_dir, scheduler={"speculative": SpeculativeConfig(num_tokens=4, min_keep_chance=0.0)}
+    )
     if drafted.runner.model.greedy_head is None:
         return
     _use_greedy_head(model, kernels, False)

@@ -32,8 +32,11 @@ def _engine(model_dir, **kw):
     cache = kw.pop("cache", {})
     # fp32 on every device, like the oracle: on a GPU machine this checks the CUDA path (Triton
     # attention) token for token instead of comparing bf16 against fp32.
-    return LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", scheduler=SchedulerConfig(**sched),
-                                  cache=CacheConfig(**cache), **kw))
+    return LLMEngine(
+        EngineConfig(
+            model=str(model_dir), dtype="float32", scheduler=SchedulerConfig(**sched), cache=CacheConfig(**cache), **kw
+        )
+    )
 
 
 def _run(engine, prompts, max_new):

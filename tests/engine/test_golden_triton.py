@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 _MARKER = "GOLDEN-TRITON:"
 
 # name -> (prompts seed, shared prefix, engine options, max new tokens for every prompt or None)
-SCENARIOS = {
+SCENARIOS: dict[str, tuple[int, int, dict[str, dict[str, Any]], int | None]] = {
     "batched": (0, 0, {}, None),
     "chunked_mixed_steps": (1, 0, {"scheduler": {"max_num_batched_tokens": 16}, "cache": {"block_size": 8}}, None),
     "prefix_hits": (2, 24, {"cache": {"block_size": 8}}, None),
@@ -56,11 +57,15 @@ def _child_main(arch: str, work_dir: str) -> None:
         max_new = [fixed_new or rng.randint(1, 12) for _ in prompts]
         want = hf_greedy(hf, prompts, max_new)
         for graphs in (False, True):
-            engine = LLMEngine(EngineConfig(
-                model=str(model_dir), dtype="float32", attention_backend="triton",
-                scheduler=SchedulerConfig(**options.get("scheduler", {})),
-                cache=CacheConfig(**options.get("cache", {})),
-            ))
+            engine = LLMEngine(
+                EngineConfig(
+                    model=str(model_dir),
+                    dtype="float32",
+                    attention_backend="triton",
+                    scheduler=SchedulerConfig(**options.get("scheduler", {})),
+                    cache=CacheConfig(**options.get("cache", {})),
+                )
+            )
             if graphs:
                 engine.runner.capture_decode_graphs(capture=False)
             params = [SamplingParams(max_tokens=n, ignore_eos=True, detokenize=False) for n in max_new]
@@ -88,12 +93,18 @@ def golden(request, tmp_path_factory) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
     code = "import sys; from tests.engine.test_golden_triton import _child_main; _child_main(sys.argv[1], sys.argv[2])"
     work_dir = tmp_path_factory.mktemp(f"triton-{request.param}")
-    proc = subprocess.run([sys.executable, "-c", code, request.param, str(work_dir)], cwd=_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, request.param, str(work_dir)],
+        cwd=_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_MARKER)]
     if proc.returncode != 0 or not lines:
         pytest.fail(f"child failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len(_MARKER):])
+    return json.loads(lines[-1][len(_MARKER) :])
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])

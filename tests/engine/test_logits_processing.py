@@ -33,7 +33,7 @@ class OpenAIFormula(LogitsProcessor):
         scores = scores.clone()
         for t, b in self.bias:
             scores[:, t] += b
-        out = input_ids[0, self.prompt_len:]
+        out = input_ids[0, self.prompt_len :]
         if len(out):
             counts = torch.bincount(out, minlength=scores.shape[1]).to(scores.dtype)
             scores[0] -= self.frequency * counts + self.presence * (counts > 0).to(scores.dtype)
@@ -43,9 +43,16 @@ class OpenAIFormula(LogitsProcessor):
 def _hf(hf, prompt, **kw):
     ids = torch.tensor([prompt])
     with torch.inference_mode():
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False,
-                          eos_token_id=None, pad_token_id=0, **kw)
-    return out[0, len(prompt):].tolist()
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=MAX_NEW,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            **kw,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def _engine(d, chunked):
@@ -59,7 +66,7 @@ def _ours(eng, **kw):
     # every shaped request next to an unshaped copy of itself: the shaping stays on its own rows
     outs = eng.generate(PROMPTS + PROMPTS, [shaped] * len(PROMPTS) + [plain] * len(PROMPTS))
     assert eng.num_free_blocks == eng.num_total_blocks
-    return [o.token_ids for o in outs[: len(PROMPTS)]], [o.token_ids for o in outs[len(PROMPTS):]]
+    return [o.token_ids for o in outs[: len(PROMPTS)]], [o.token_ids for o in outs[len(PROMPTS) :]]
 
 
 @pytest.mark.parametrize("chunked", [False, True])
@@ -84,10 +91,13 @@ SHAPES = {  # each alone, so that a wrong sign or a swapped pair shows
 def test_presence_frequency_and_bias_equal_the_openai_formula(tiny, chunked, shape):
     d, hf = tiny
     presence, frequency, bias = SHAPES[shape]
-    shaped, plain = _ours(_engine(d, chunked), presence_penalty=presence, frequency_penalty=frequency,
-                          logit_bias=dict(bias))
-    want = [_hf(hf, p, logits_processor=LogitsProcessorList([OpenAIFormula(len(p), presence, frequency, bias)]))
-            for p in PROMPTS]
+    shaped, plain = _ours(
+        _engine(d, chunked), presence_penalty=presence, frequency_penalty=frequency, logit_bias=dict(bias)
+    )
+    want = [
+        _hf(hf, p, logits_processor=LogitsProcessorList([OpenAIFormula(len(p), presence, frequency, bias)]))
+        for p in PROMPTS
+    ]
     assert shaped == want and plain == [_hf(hf, p) for p in PROMPTS]
     assert shaped != plain
 
@@ -95,8 +105,12 @@ def test_presence_frequency_and_bias_equal_the_openai_formula(tiny, chunked, sha
 def test_a_large_bias_forces_a_token_and_logprobs_stay_the_models(tiny):
     d, hf = tiny
     eng = _engine(d, False)
-    out = eng.generate([PROMPTS[1]], SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False,
-                                                    logit_bias={321: 100}, logprobs=0, temperature=0.8, seed=1))[0]
+    out = eng.generate(
+        [PROMPTS[1]],
+        SamplingParams(
+            max_tokens=4, ignore_eos=True, detokenize=False, logit_bias={321: 100}, logprobs=0, temperature=0.8, seed=1
+        ),
+    )[0]
     assert out.token_ids == [321] * 4
     with torch.inference_mode():
         ref = torch.log_softmax(hf(torch.tensor([PROMPTS[1] + out.token_ids])).logits[0].float(), -1)

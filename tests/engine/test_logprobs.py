@@ -2,6 +2,8 @@
 raw distribution, whatever the sampling settings), with the top alternatives in order; one per
 token through chunked prefill and preemption; none unless asked for."""
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -42,10 +44,12 @@ def _check(hf, prompts, outs, k):
 @pytest.mark.parametrize("setup", ["batched", "chunked_and_preempted"])
 def test_greedy_logprobs_equal_hf(tiny, setup):
     d, hf = tiny
-    kw = {}
+    kw: dict[str, Any] = {}
     if setup == "chunked_and_preempted":  # 8-token chunks, and a pool too small for all three at once
-        kw = {"scheduler": SchedulerConfig(max_num_batched_tokens=8, admission_watermark=0.0),
-              "cache": CacheConfig(block_size=4, num_blocks=24)}
+        kw = {
+            "scheduler": SchedulerConfig(max_num_batched_tokens=8, admission_watermark=0.0),
+            "cache": CacheConfig(block_size=4, num_blocks=24),
+        }
     eng = LLMEngine(EngineConfig(model=str(d), dtype="float32", **kw))
     params = SamplingParams(max_tokens=16, ignore_eos=True, detokenize=False, logprobs=4)
     outs = eng.generate(PROMPTS, params)
@@ -60,8 +64,9 @@ def test_greedy_logprobs_equal_hf(tiny, setup):
 def test_sampled_tokens_report_the_raw_distribution(tiny):
     d, hf = tiny
     eng = LLMEngine(EngineConfig(model=str(d), dtype="float32"))
-    params = SamplingParams(max_tokens=10, temperature=1.7, top_k=5, seed=11, ignore_eos=True, detokenize=False,
-                            logprobs=0)
+    params = SamplingParams(
+        max_tokens=10, temperature=1.7, top_k=5, seed=11, ignore_eos=True, detokenize=False, logprobs=0
+    )
     outs = eng.generate(PROMPTS[:2], params)
     _check(hf, PROMPTS[:2], outs, 0)  # not the temperature- or top-k-shaped one
 
@@ -73,7 +78,7 @@ def test_no_logprobs_unless_asked_and_mixed_batches(tiny):
     plain = SamplingParams(max_tokens=5, ignore_eos=True, detokenize=False)
     outs = eng.generate(PROMPTS, [plain, asked, plain])
     assert outs[0].logprobs is None and outs[2].logprobs is None
-    assert len(outs[1].logprobs) == 5
+    assert outs[1].logprobs is not None and len(outs[1].logprobs) == 5
     eng.add_request("s", PROMPTS[0], asked)
     deltas = []
     while eng.has_unfinished_requests():
@@ -85,8 +90,9 @@ def test_compute_logprobs_counts_per_row():
     logits = torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]])
     out = compute_logprobs(logits, torch.tensor([0, 0]), [2, 0])
     ref = torch.log_softmax(logits, dim=-1)
-    assert out[0] == TokenLogprob(0, pytest.approx(ref[0, 0].item()),
-                                  ((2, pytest.approx(ref[0, 2].item())), (1, pytest.approx(ref[0, 1].item()))))
+    assert out[0] == TokenLogprob(
+        0, pytest.approx(ref[0, 0].item()), ((2, pytest.approx(ref[0, 2].item())), (1, pytest.approx(ref[0, 1].item())))
+    )
     assert out[1].top == () and out[1].logprob == pytest.approx(ref[1, 0].item())
 
 
@@ -105,10 +111,12 @@ def _check_prompt(hf, prompts, outs, k):
 @pytest.mark.parametrize("setup", ["batched", "chunked_and_preempted"])
 def test_prompt_logprobs_equal_hf_even_with_the_prefix_cached(tiny, setup):
     d, hf = tiny
-    kw = {}
+    kw: dict[str, Any] = {}
     if setup == "chunked_and_preempted":
-        kw = {"scheduler": SchedulerConfig(max_num_batched_tokens=8, admission_watermark=0.0),
-              "cache": CacheConfig(block_size=4, num_blocks=24)}
+        kw = {
+            "scheduler": SchedulerConfig(max_num_batched_tokens=8, admission_watermark=0.0),
+            "cache": CacheConfig(block_size=4, num_blocks=24),
+        }
     eng = LLMEngine(EngineConfig(model=str(d), dtype="float32", **kw))
     # The prompts' blocks are cached first: prompt logprobs must still cover every position.
     eng.generate(PROMPTS, SamplingParams(max_tokens=1, ignore_eos=True, detokenize=False))

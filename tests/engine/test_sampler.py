@@ -70,11 +70,19 @@ def test_sampled_tokens_follow_the_distribution():
     n = 40_000
     _assert_close_to(_frequencies(SamplingParams(temperature=1.0), range(n)), [0.4, 0.3, 0.15, 0.1, 0.05], n)
     _assert_close_to(_frequencies(SamplingParams(temperature=1.0, seed=7), range(n)), [0.4, 0.3, 0.15, 0.1, 0.05], n)
-    _assert_close_to(_frequencies(SamplingParams(temperature=1.0, top_p=0.71), range(n)),
-                     [0.4 / 0.85, 0.3 / 0.85, 0.15 / 0.85, 0, 0], n)
-    _assert_close_to(_frequencies(SamplingParams(temperature=1.0, top_k=2, seed=3), range(n)), [4 / 7, 3 / 7, 0, 0, 0], n)
-    _assert_close_to(_frequencies(SamplingParams(temperature=1.0, min_p=0.3), range(n)),
-                     [0.4 / 0.85, 0.3 / 0.85, 0.15 / 0.85, 0, 0], n)
+    _assert_close_to(
+        _frequencies(SamplingParams(temperature=1.0, top_p=0.71), range(n)),
+        [0.4 / 0.85, 0.3 / 0.85, 0.15 / 0.85, 0, 0],
+        n,
+    )
+    _assert_close_to(
+        _frequencies(SamplingParams(temperature=1.0, top_k=2, seed=3), range(n)), [4 / 7, 3 / 7, 0, 0, 0], n
+    )
+    _assert_close_to(
+        _frequencies(SamplingParams(temperature=1.0, min_p=0.3), range(n)),
+        [0.4 / 0.85, 0.3 / 0.85, 0.15 / 0.85, 0, 0],
+        n,
+    )
     t2 = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05], dtype=torch.float64) ** 0.5  # temperature 2
     _assert_close_to(_frequencies(SamplingParams(temperature=2.0), range(n)), (t2 / t2.sum()).tolist(), n)
 

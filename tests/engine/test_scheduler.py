@@ -12,6 +12,7 @@ from engine.fake_runner import FakeModelRunner, fake_next_token
 from engine.request import FinishReason, Request, RequestState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.scheduler_output import SchedulerOutput
 from engine.scheduler_policies import WaitingQueue
 
 BS = 4
@@ -20,25 +21,30 @@ VOCAB = 1000
 
 def make(num_blocks=64, max_model_len=256, **cfg):
     sched = Scheduler(SchedulerConfig(**cfg), BlockManager(num_blocks, BS), max_model_len)
-    runner = FakeModelRunner(max_num_seqs=sched.config.max_num_seqs, max_model_len=max_model_len, block_size=BS,
-                             vocab_size=VOCAB)
+    runner = FakeModelRunner(
+        max_num_seqs=sched.config.max_num_seqs, max_model_len=max_model_len, block_size=BS, vocab_size=VOCAB
+    )
     return sched, runner
 
 
 def req(rid, n_prompt, max_tokens, priority=0, start=10):
-    return Request(rid, list(range(start, start + n_prompt)), SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                   priority=priority)
+    return Request(
+        rid,
+        list(range(start, start + n_prompt)),
+        SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        priority=priority,
+    )
 
 
 def expected_output(prompt, max_tokens):
     toks = list(prompt)
     for _ in range(max_tokens):
         toks.append(fake_next_token(toks[-1], len(toks), VOCAB))
-    return toks[len(prompt):]
+    return toks[len(prompt) :]
 
 
 def run(sched, runner, max_steps=10_000):
-    steps = []
+    steps: list[SchedulerOutput] = []
     for _ in range(max_steps):
         if not sched.has_unfinished():
             return steps
@@ -79,7 +85,7 @@ def test_token_budget_chunked_prefill_and_decode_first():
 
 
 def test_max_num_seqs():
-    sched, runner = make(max_num_seqs=2)
+    sched, _runner = make(max_num_seqs=2)
     for i in range(4):
         sched.add_request(req(f"r{i}", 4, 3))
     so = sched.schedule()
@@ -87,7 +93,7 @@ def test_max_num_seqs():
 
 
 def test_priority_orders_admission():
-    sched, runner = make(max_num_seqs=1)
+    sched, _runner = make(max_num_seqs=1)
     sched.add_request(req("low", 4, 1, priority=5))
     sched.add_request(req("high", 4, 1, priority=0))
     so = sched.schedule()
@@ -147,7 +153,6 @@ def test_an_id_reused_after_its_queued_request_was_aborted_names_only_the_new_re
     for r in (again, other):
         assert r.output_token_ids == expected_output(r.prompt_token_ids, r.sampling_params.max_tokens)
     assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
-
 
 
 def test_aborted_queued_requests_do_not_stay_in_the_queue():
@@ -281,7 +286,6 @@ def test_prefix_cache_hit_skips_computed_tokens():
     assert b.output_token_ids == a.output_token_ids
 
 
-
 def test_a_prefill_token_budget_caps_the_prompt_tokens_of_a_step_but_never_the_decodes():
     """A disaggregated decode worker's local prefills ride in its decode steps: the cap keeps them short."""
     sched, runner = make(max_num_batched_tokens=64, prefill_token_budget=8)
@@ -312,7 +316,7 @@ def test_a_prefill_token_budget_caps_the_prompt_tokens_of_a_step_but_never_the_d
 
 
 def test_without_a_prefill_token_budget_prompts_take_the_whole_step_budget():
-    sched, runner = make(max_num_batched_tokens=16)
+    sched, _runner = make(max_num_batched_tokens=16)
     sched.add_request(req("a", 40, 2))
     assert sched.schedule().num_scheduled_tokens == {"a": 16}
 
@@ -344,7 +348,9 @@ def test_a_burst_sharing_a_prefix_computes_it_once(defer):
     computed = sched.prompt_tokens_computed
     if defer:
         assert first == {"a": 24}  # a takes the whole budget
-        assert "other" in steps[1].num_scheduled_tokens  # b and c pass over (a's blocks 6-7 in flight); it does not wait
+        assert (
+            "other" in steps[1].num_scheduled_tokens
+        )  # b and c pass over (a's blocks 6-7 in flight); it does not wait
         assert b.num_cached_tokens == c.num_cached_tokens == 32
         assert computed == 35 + 3 + 3 + 6
     else:  # b and c start while a's second chunk is in flight, and compute it again
@@ -375,13 +381,17 @@ def test_a_static_batch_takes_no_newcomer_into_a_place_freed_mid_batch(how: str)
     """A member's place freed before the batch's longest request ends (an abort; a finished row's
     padding released under KV pressure) went to the next waiting request."""
     bs = 4
-    sched = Scheduler(SchedulerConfig(policy="static", static_batch_size=2, admission_watermark=0.0),
-                      BlockManager(6 if how == "padding released" else 64, bs), 64)
+    sched = Scheduler(
+        SchedulerConfig(policy="static", static_batch_size=2, admission_watermark=0.0),
+        BlockManager(6 if how == "padding released" else 64, bs),
+        64,
+    )
     runner = FakeModelRunner(max_num_seqs=256, max_model_len=64, block_size=bs, vocab_size=1000)
 
     def req(rid: str, start: int, max_tokens: int) -> Request:
-        return Request(rid, list(range(start, start + 4)), SamplingParams(max_tokens=max_tokens, ignore_eos=True,
-                                                                          detokenize=False))
+        return Request(
+            rid, list(range(start, start + 4)), SamplingParams(max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+        )
 
     longest, short, newcomer = req("a", 10, 12), req("b", 5, 1 if how == "padding released" else 8), req("c", 50, 2)
     for r in (longest, short, newcomer):
@@ -459,19 +469,33 @@ def test_a_decode_that_finds_its_block_in_a_short_pool_leaves_the_rest_of_the_bu
 
 
 PURE_PYTHON_MODULES = [
-    "engine.scheduler", "engine.scheduler_lifecycle", "engine.scheduler_admission", "engine.scheduler_disagg",
-    "engine.scheduler_spec", "engine.scheduler_step", "engine.scheduler_policies", "engine.scheduler_output",
-    "engine.spec_decode", "engine.block_manager", "engine.block_hash", "engine.request", "engine.sampling_params",
-    "engine.kv_events", "engine.config", "engine.outputs",
+    "engine.scheduler",
+    "engine.scheduler_lifecycle",
+    "engine.scheduler_admission",
+    "engine.scheduler_disagg",
+    "engine.scheduler_spec",
+    "engine.scheduler_step",
+    "engine.scheduler_policies",
+    "engine.scheduler_output",
+    "engine.spec_decode",
+    "engine.block_manager",
+    "engine.block_hash",
+    "engine.request",
+    "engine.sampling_params",
+    "engine.kv_events",
+    "engine.config",
+    "engine.outputs",
 ]
 
 
 def test_the_scheduler_and_its_parts_import_no_torch():
     """The router imports these; DESIGN keeps them pure Python (a torch import would cost the router
     seconds and hundreds of MB)."""
-    code = ("import sys; sys.modules['torch'] = None\n"
-            f"for m in {PURE_PYTHON_MODULES!r}: __import__(m)\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' and sys.modules[m] is not None))")
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        f"for m in {PURE_PYTHON_MODULES!r}: __import__(m)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' and sys.modules[m] is not None))"
+    )
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], check=True, cwd=root, capture_output=True, text=True)
     assert out.stdout.strip() == "[]"

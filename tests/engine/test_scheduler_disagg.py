@@ -88,8 +88,9 @@ def test_the_cached_prefix_a_waiting_request_shares_with_running_ones_is_not_cou
     sched = Scheduler(SchedulerConfig(), BlockManager(16, BS), 128)
     runner = FakeModelRunner(max_num_seqs=256, max_model_len=128, block_size=BS, vocab_size=1000)
     system = list(range(100, 128))  # 7 full blocks, shared
-    sched.add_request(Request("run", system + [1, 2, 3, 4], SamplingParams(max_tokens=20, ignore_eos=True,
-                                                                           detokenize=False)))
+    sched.add_request(
+        Request("run", system + [1, 2, 3, 4], SamplingParams(max_tokens=20, ignore_eos=True, detokenize=False))
+    )
     sched.update_from_output(runner.execute(sched.schedule()))
     queries = sched.block_manager.num_prefix_queries
     sched.add_request(Request("urgent", system + [5, 6, 7, 8], PARAMS, priority=0))  # needs 1 new block

@@ -52,7 +52,9 @@ class ShadowKVRunner(FakeModelRunner):
         if so.is_empty:
             return RunnerOutput([], [])
         inputs = batch.prepare(so)
-        for block, offset, tok in zip(inputs.slot_block.tolist(), inputs.slot_offset.tolist(), inputs.input_ids.tolist()):
+        for block, offset, tok in zip(
+            inputs.slot_block.tolist(), inputs.slot_offset.tolist(), inputs.input_ids.tolist()
+        ):
             self.kv[block, offset] = tok
         # prepare's row order: single-token rows first, each group in the step's order
         rows = [s for s, c in zip(so.slots, so.counts) if c == 1] + [s for s, c in zip(so.slots, so.counts) if c != 1]
@@ -72,21 +74,34 @@ def expected_output(prompt: list[int], max_tokens: int) -> list[int]:
     toks = list(prompt)
     for _ in range(max_tokens):
         toks.append(fake_next_token(toks[-1], len(toks), VOCAB))
-    return toks[len(prompt):]
+    return toks[len(prompt) :]
 
 
 @settings(max_examples=150, deadline=None)
-@given(specs=request_specs, budget=st.sampled_from([3, 8, 32, 256]), prefill_budget=st.sampled_from([0, 2, 5]),
-       spare_blocks=st.sampled_from([0, 2, 8, 64]), max_num_seqs=st.sampled_from([2, 4, 16]))
+@given(
+    specs=request_specs,
+    budget=st.sampled_from([3, 8, 32, 256]),
+    prefill_budget=st.sampled_from([0, 2, 5]),
+    spare_blocks=st.sampled_from([0, 2, 8, 64]),
+    max_num_seqs=st.sampled_from([2, 4, 16]),
+)
 def test_random_workloads_get_their_own_tokens_within_budget_and_leak_nothing(
-        specs, budget, prefill_budget, spare_blocks, max_num_seqs):
+    specs, budget, prefill_budget, spare_blocks, max_num_seqs
+):
     prefixes = {0: [], 1: list(range(100, 110)), 2: list(range(200, 217))}
     # The pool always holds the largest request whole (else it is refused up front), often little more.
     need = max(-(-min(len(prefixes[p]) + n + m, MAX_LEN) // BS) for p, n, m, _, _, _ in specs)
     num_blocks = need + spare_blocks
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, prefill_token_budget=prefill_budget or None,
-                                      max_num_seqs=max_num_seqs, admission_watermark=0.0),
-                      BlockManager(num_blocks, BS), MAX_LEN)
+    sched = Scheduler(
+        SchedulerConfig(
+            max_num_batched_tokens=budget,
+            prefill_token_budget=prefill_budget or None,
+            max_num_seqs=max_num_seqs,
+            admission_watermark=0.0,
+        ),
+        BlockManager(num_blocks, BS),
+        MAX_LEN,
+    )
     runner = ShadowKVRunner(max_num_seqs=max_num_seqs, max_model_len=MAX_LEN, block_size=BS, vocab_size=VOCAB)
     reqs = []
     for i, (p, n, m, priority, _, _) in enumerate(specs):
@@ -114,7 +129,11 @@ def test_random_workloads_get_their_own_tokens_within_budget_and_leak_nothing(
         if not prefill_budget and not so.num_preempted:
             # A chunk is cut short only by the budget, which it then used up. (A preemption after the
             # cut may give tokens back: a victim scheduled earlier in the step.)
-            cut = [rid for rid in so.request_ids if sched.requests[rid].num_computed_tokens < sched.requests[rid].num_tokens]
+            cut = [
+                rid
+                for rid in so.request_ids
+                if sched.requests[rid].num_computed_tokens < sched.requests[rid].num_tokens
+            ]
             assert not cut or so.total_num_scheduled_tokens == budget, f"{cut} cut with budget left"
         sched.update_from_output(runner.execute(so))
     else:

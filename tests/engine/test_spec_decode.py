@@ -5,6 +5,7 @@ in the same batch, chunked prefill, preemption, prefix caching, static batching)
 leaked."""
 
 import random
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from engine.block_manager import BlockManager
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
+from engine.draft_state import INITIAL_KEEP_RATE, DraftState
 from engine.engine import LLMEngine
 from engine.input_batch import InputBatch
 from engine.output_processor import OutputProcessor
@@ -20,7 +22,7 @@ from engine.request import FinishReason, Request, RequestState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.scheduler_output import NewRequestData, RunnerOutput, SchedulerOutput
-from engine.spec_decode import INITIAL_KEEP_RATE, PROBE_EVERY, DraftState, NgramProposer
+from engine.spec_decode import PROBE_EVERY, NgramProposer
 from tests.engine.hf_oracle import build_tiny_hf_model, hf_greedy, load_hf
 
 
@@ -36,12 +38,18 @@ def _brute_force(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> l
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 4), min_size=1, max_size=60), st.integers(1, 6), st.integers(1, 4),
-       st.integers(0, 3), st.integers(1, 8))
+@given(
+    st.lists(st.integers(0, 4), min_size=1, max_size=60),
+    st.integers(1, 6),
+    st.integers(1, 4),
+    st.integers(0, 3),
+    st.integers(1, 8),
+)
 def test_proposals_equal_a_brute_force_search_as_the_sequence_grows(tokens, k, max_ngram, min_gap, steps):
     min_ngram = max(1, max_ngram - min_gap)
-    proposer = NgramProposer(SpeculativeConfig(num_tokens=k, max_ngram=max_ngram, min_ngram=min_ngram,
-                                               min_keep_chance=0))
+    proposer = NgramProposer(
+        SpeculativeConfig(num_tokens=k, max_ngram=max_ngram, min_ngram=min_ngram, min_keep_chance=0)
+    )
     req = Request("r", tokens[:1], SamplingParams())
     rng = random.Random(len(tokens))
     # Grow the sequence by uneven amounts between proposals, as kept drafts do.
@@ -69,25 +77,35 @@ def test_the_draft_length_follows_the_keep_rate():
     state = DraftState(3)
     assert state.keep_rate == INITIAL_KEEP_RATE == 0.8 and proposer.draft_length(state) == 3  # 0.8^3 >= 0.5 > 0.8^4
     proposer.record(state, 3, 3)  # all kept: 1 - 0.2 * 0.8^3
-    assert state.keep_rate == pytest.approx(1 - 0.2 * 0.8 ** 3) and proposer.draft_length(state) == 6
+    assert state.keep_rate == pytest.approx(1 - 0.2 * 0.8**3) and proposer.draft_length(state) == 6
     proposer.record(state, 6, 0)  # missed at once: one miss judged
-    assert state.keep_rate == pytest.approx((1 - 0.2 * 0.8 ** 3) * 0.8)
+    assert state.keep_rate == pytest.approx((1 - 0.2 * 0.8**3) * 0.8)
     before = state.keep_rate
     proposer.record(state, 4, 2)  # two kept, then the first miss; the fourth never judged
-    assert state.keep_rate == pytest.approx((1 - (1 - before) * 0.8 ** 2) * 0.8)
+    assert state.keep_rate == pytest.approx((1 - (1 - before) * 0.8**2) * 0.8)
     state.keep_rate = 0.45  # below the chance: nothing, then a probe of one token
     lengths = [proposer.draft_length(state) for _ in range(2 * PROBE_EVERY)]
     assert lengths == ([0] * (PROBE_EVERY - 1) + [1]) * 2
     for _ in range(10_000):  # misses without end never reach a rate of 0
         proposer.record(state, 1, 0)
-    assert 0 < state.keep_rate and proposer.draft_length(state) == 0
+    assert state.keep_rate > 0 and proposer.draft_length(state) == 0
     fixed = NgramProposer(SpeculativeConfig(num_tokens=5, min_keep_chance=0))
     assert fixed.draft_length(state) == 5  # no adaptation: always num_tokens
 
 
-@pytest.mark.parametrize("bad", [{"num_tokens": 0}, {"num_tokens": 33}, {"max_ngram": 0},
-                                 {"max_ngram": 2, "min_ngram": 3}, {"num_tokens": 2.5}, {"min_keep_chance": 1.0},
-                                 {"min_keep_chance": -0.1}, {"min_keep_chance": True}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"num_tokens": 0},
+        {"num_tokens": 33},
+        {"max_ngram": 0},
+        {"max_ngram": 2, "min_ngram": 3},
+        {"num_tokens": 2.5},
+        {"min_keep_chance": 1.0},
+        {"min_keep_chance": -0.1},
+        {"min_keep_chance": True},
+    ],
+)
 def test_bad_speculative_settings_are_refused(bad):
     with pytest.raises(ValueError, match="speculative"):
         SpeculativeConfig(**bad)
@@ -109,8 +127,10 @@ def test_the_scheduler_config_takes_only_a_speculative_config():
 
 def test_a_row_with_drafts_computes_them_as_decode_tokens_and_samples_every_one():
     batch = InputBatch(max_num_seqs=4, max_model_len=64, block_size=4)
-    new = [NewRequestData("a", 0, [5, 6, 7, 8, 9], [10, 11], 4, 3, SamplingParams()),
-           NewRequestData("b", 1, [1, 2, 3], [20], 0, 3, SamplingParams())]
+    new = [
+        NewRequestData("a", 0, [5, 6, 7, 8, 9], [10, 11], 4, 3, SamplingParams()),
+        NewRequestData("b", 1, [1, 2, 3], [20], 0, 3, SamplingParams()),
+    ]
     so = SchedulerOutput(new, {}, ["a", "b"], [0, 1], [3, 3], 6, set(), spec_token_ids={0: [40, 41]})
     batch.apply(so)
     x = batch.prepare(so)
@@ -139,8 +159,9 @@ def _decoding(max_tokens=20, budget=64, stop=(), num_blocks=16):
     """A scheduler with drafts on, and one request decoding (prompt 10..15, first token 50)."""
     config = SchedulerConfig(max_num_batched_tokens=budget, speculative=SPEC)
     sched = Scheduler(config, BlockManager(num_blocks, 4), 128)
-    r = Request("r", list(range(10, 16)), SamplingParams(max_tokens=max_tokens, ignore_eos=True,
-                                                          stop_token_ids=list(stop)))
+    r = Request(
+        "r", list(range(10, 16)), SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=list(stop))
+    )
     sched.add_request(r)
     while r.state is not RequestState.DECODING:  # the prompt, in chunks of at most the budget
         sched.schedule()
@@ -220,8 +241,15 @@ def _prompts(seed, n=8, shared_prefix=0, vocab=40):
 
 def _engine(model_dir, spec=SPEC, **kw):
     sched = dict(kw.pop("scheduler", {}), speculative=spec)
-    return LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", scheduler=SchedulerConfig(**sched),
-                                  cache=CacheConfig(**kw.pop("cache", {})), **kw))
+    return LLMEngine(
+        EngineConfig(
+            model=str(model_dir),
+            dtype="float32",
+            scheduler=SchedulerConfig(**sched),
+            cache=CacheConfig(**kw.pop("cache", {})),
+            **kw,
+        )
+    )
 
 
 def _run(engine, prompts, params):
@@ -244,9 +272,11 @@ def test_greedy_with_drafts_equals_transformers(tiny, case):
     d, hf = tiny
     prompts = _prompts({"batched": 0, "chunked": 1, "preempted": 2}[case])
     max_new = [random.Random(i).randint(8, 40) for i in range(len(prompts))]
-    kw = {"chunked": {"scheduler": {"max_num_batched_tokens": 12}, "cache": {"block_size": 8}},
-          "preempted": {"scheduler": {"admission_watermark": 0.0}, "cache": {"block_size": 4, "num_blocks": 48}},
-          "batched": {}}[case]
+    kw = {
+        "chunked": {"scheduler": {"max_num_batched_tokens": 12}, "cache": {"block_size": 8}},
+        "preempted": {"scheduler": {"admission_watermark": 0.0}, "cache": {"block_size": 4, "num_blocks": 48}},
+        "batched": {},
+    }[case]
     eng = _engine(d, **kw)
     got = [o.token_ids for o in _run(eng, prompts, _greedy(max_new))]
     assert got == hf_greedy(hf, prompts, max_new)
@@ -283,8 +313,10 @@ def test_stops_inside_a_run_of_drafts_end_where_plain_decoding_ends(tiny):
     plain = _run(_engine(d, spec=None), prompts, _greedy([40] * len(prompts)))
     # Stop at a token each plain output reaches midway: the drafted engine must stop at its first
     # occurrence too, even when a kept draft is that token and more drafts follow it.
-    params = [SamplingParams(max_tokens=40, ignore_eos=True, detokenize=False, stop_token_ids=[o.token_ids[12]])
-              for o in plain]
+    params = [
+        SamplingParams(max_tokens=40, ignore_eos=True, detokenize=False, stop_token_ids=[o.token_ids[12]])
+        for o in plain
+    ]
     want = _run(_engine(d, spec=None), prompts, params)
     eng = _engine(d)
     got = _run(eng, prompts, params)
@@ -296,27 +328,35 @@ def test_stops_inside_a_run_of_drafts_end_where_plain_decoding_ends(tiny):
 def test_sampled_and_logprob_requests_share_the_batch_with_drafted_ones(tiny):
     d, _ = tiny
     prompts = _prompts(5, n=6)
-    params = [SamplingParams(max_tokens=30, ignore_eos=True, detokenize=False),
-              SamplingParams(max_tokens=30, ignore_eos=True, detokenize=False, temperature=0.9, seed=7),
-              SamplingParams(max_tokens=30, ignore_eos=True, detokenize=False, logprobs=2),
-              SamplingParams(max_tokens=30, ignore_eos=True, detokenize=False, repetition_penalty=1.3),
-              SamplingParams(max_tokens=30, ignore_eos=True, detokenize=False),
-              SamplingParams(max_tokens=30, ignore_eos=True, detokenize=False, temperature=0.5, top_k=5, seed=3)]
+    params = [
+        SamplingParams(max_tokens=30, ignore_eos=True, detokenize=False),
+        SamplingParams(max_tokens=30, ignore_eos=True, detokenize=False, temperature=0.9, seed=7),
+        SamplingParams(max_tokens=30, ignore_eos=True, detokenize=False, logprobs=2),
+        SamplingParams(max_tokens=30, ignore_eos=True, detokenize=False, repetition_penalty=1.3),
+        SamplingParams(max_tokens=30, ignore_eos=True, detokenize=False),
+        SamplingParams(max_tokens=30, ignore_eos=True, detokenize=False, temperature=0.5, top_k=5, seed=3),
+    ]
     want = _run(_engine(d, spec=None), prompts, params)
     eng = _engine(d)
     got = _run(eng, prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert [t.token_id for t in got[2].logprobs] == want[2].token_ids
-    np.testing.assert_allclose([t.logprob for t in got[2].logprobs], [t.logprob for t in want[2].logprobs],
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        [t.logprob for t in got[2].logprobs], [t.logprob for t in want[2].logprobs], rtol=1e-4, atol=1e-5
+    )
     assert _drafted(eng)[1] > 0
 
 
-SAMPLED = [dict(temperature=0.8, seed=11), dict(temperature=1.0, top_k=8, seed=12),
-           dict(temperature=0.7, top_p=0.9, seed=13), dict(temperature=0.9, min_p=0.05, seed=14),
-           dict(temperature=0.6, repetition_penalty=1.1, seed=15), dict(frequency_penalty=0.3, presence_penalty=0.2),
-           dict(temperature=0.8, min_tokens=20, stop_token_ids=[5, 6, 7], seed=16),
-           dict(logit_bias=((9, 2.0), (10, -3.0)), temperature=0.5, seed=17)]
+SAMPLED: list[dict[str, Any]] = [
+    dict(temperature=0.8, seed=11),
+    dict(temperature=1.0, top_k=8, seed=12),
+    dict(temperature=0.7, top_p=0.9, seed=13),
+    dict(temperature=0.9, min_p=0.05, seed=14),
+    dict(temperature=0.6, repetition_penalty=1.1, seed=15),
+    dict(frequency_penalty=0.3, presence_penalty=0.2),
+    dict(temperature=0.8, min_tokens=20, stop_token_ids=[5, 6, 7], seed=16),
+    dict(logit_bias=((9, 2.0), (10, -3.0)), temperature=0.5, seed=17),
+]
 
 
 def test_sampled_and_processed_requests_are_drafted_and_get_plain_decodings_tokens(tiny):
@@ -340,8 +380,11 @@ def test_penalties_at_a_drafted_position_count_the_drafts_before_it(tiny):
     output, as plain decoding would have generated them: greedy requests, drafts or not, the same."""
     d, _ = tiny
     prompts = _prompts(10, n=12)
-    params = [SamplingParams(max_tokens=40, ignore_eos=True, detokenize=False, frequency_penalty=f, presence_penalty=p)
-              for f in (0.05, 0.1, 0.2, -0.1) for p in (0.0, 0.1, -0.05)]
+    params = [
+        SamplingParams(max_tokens=40, ignore_eos=True, detokenize=False, frequency_penalty=f, presence_penalty=p)
+        for f in (0.05, 0.1, 0.2, -0.1)
+        for p in (0.0, 0.1, -0.05)
+    ]
     want = _run(_engine(d, spec=None), prompts, params)
     eng = _engine(d)
     got = _run(eng, prompts, params)
@@ -366,7 +409,7 @@ def test_requests_whose_drafts_miss_draft_less_and_keep_their_tokens(tiny):
             assert [o.token_ids for o in _run(eng, prompts, params)] == want
             counts[name, spec.min_keep_chance] = _drafted(eng)
     (g_fixed, g_kept_fixed), (g_adapt, g_kept_adapt) = counts["greedy", 0], counts["greedy", 0.5]
-    (h_fixed, h_kept_fixed), (h_adapt, h_kept_adapt) = counts["hot", 0], counts["hot", 0.5]
+    (h_fixed, h_kept_fixed), (h_adapt, _) = counts["hot", 0], counts["hot", 0.5]
     assert g_kept_adapt > 0 and g_kept_adapt / g_adapt > g_kept_fixed / g_fixed  # fewer misses per draft
     assert h_kept_fixed / h_fixed < 0.5  # hot drafts mostly miss ...
     assert h_adapt < 0.5 * h_fixed  # ... and are mostly not drafted
@@ -375,8 +418,12 @@ def test_requests_whose_drafts_miss_draft_less_and_keep_their_tokens(tiny):
 def test_logprobs_of_kept_drafts_are_plain_decodings(tiny):
     d, _ = tiny
     prompts = _prompts(9, n=4)
-    params = [SamplingParams(max_tokens=30, ignore_eos=True, detokenize=False, logprobs=k, seed=3,
-                             temperature=0.0 if k != 2 else 0.7) for k in (0, 1, 2, 5)]
+    params = [
+        SamplingParams(
+            max_tokens=30, ignore_eos=True, detokenize=False, logprobs=k, seed=3, temperature=0.0 if k != 2 else 0.7
+        )
+        for k in (0, 1, 2, 5)
+    ]
     want = _run(_engine(d, spec=None), prompts, params)
     eng = _engine(d)
     got = _run(eng, prompts, params)
@@ -384,8 +431,9 @@ def test_logprobs_of_kept_drafts_are_plain_decodings(tiny):
     for g, w in zip(got, want):
         assert g.token_ids == w.token_ids
         assert [t.token_id for t in g.logprobs] == g.token_ids  # one per token, in order
-        np.testing.assert_allclose([t.logprob for t in g.logprobs], [t.logprob for t in w.logprobs],
-                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            [t.logprob for t in g.logprobs], [t.logprob for t in w.logprobs], rtol=1e-4, atol=1e-5
+        )
         assert [[a for a, _ in t.top] for t in g.logprobs] == [[a for a, _ in t.top] for t in w.logprobs]
 
 
@@ -393,9 +441,12 @@ def test_a_stop_string_inside_a_run_of_drafts_ends_the_output_at_its_token(tiny_
     """A step that keeps drafts appends several tokens; a stop string completed by one of them ends
     the output at that token (the ones after it taken back, with their logprobs), as plain
     decoding would have stopped there."""
-    prompts = [p for p in ("the cat sat on the mat and the cat sat on the", "a b c a b c a b",
-                           "once upon a time once upon") for _ in range(3)]
-    base = dict(max_tokens=60, ignore_eos=True, logprobs=1)
+    prompts = [
+        p
+        for p in ("the cat sat on the mat and the cat sat on the", "a b c a b c a b", "once upon a time once upon")
+        for _ in range(3)
+    ]
+    base: dict[str, Any] = dict(max_tokens=60, ignore_eos=True, logprobs=1)
     plain = _run(_engine(tiny_model_dir, spec=None), prompts, SamplingParams(**base))
     # 12 characters ending late in each output, where it repeats itself and drafts are kept.
     stops = [o.text[int(len(o.text) * f) - 12 : int(len(o.text) * f)] for o, f in zip(plain, [0.6, 0.75, 0.9] * 3)]
@@ -403,13 +454,18 @@ def test_a_stop_string_inside_a_run_of_drafts_ends_the_output_at_its_token(tiny_
     want = _run(_engine(tiny_model_dir, spec=None), prompts, params)
     taken_back = []
     take_back = OutputProcessor._take_back
-    monkeypatch.setattr(OutputProcessor, "_take_back",
-                        staticmethod(lambda req, st, n: (taken_back.append(n), take_back(req, st, n))))
+    monkeypatch.setattr(
+        OutputProcessor, "_take_back", staticmethod(lambda req, st, n: (taken_back.append(n), take_back(req, st, n)))
+    )
     got = _run(_engine(tiny_model_dir), prompts, params)
     assert taken_back  # some stop string was completed before the end of a run of kept drafts
     for g, w in zip(got, want):
-        assert (g.token_ids, g.text, g.finish_reason, g.stop_reason) == (w.token_ids, w.text, w.finish_reason,
-                                                                          w.stop_reason)
+        assert (g.token_ids, g.text, g.finish_reason, g.stop_reason) == (
+            w.token_ids,
+            w.text,
+            w.finish_reason,
+            w.stop_reason,
+        )
         assert [t.token_id for t in g.logprobs] == g.token_ids
     assert all(o.finish_reason is FinishReason.STOP for o in got)
 

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 _MARKER = "TRITON_LAYER_OPS_JSON:"
 
 # name -> (op, shape arguments, dtype)
-CASES = {
+CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     "norm_smollm2_fp32": ("norm", dict(rows=7, hidden=576, delta=True), "float32"),
     "norm_no_delta_fp32": ("norm", dict(rows=3, hidden=64, delta=False), "float32"),
     "norm_qwen_bf16": ("norm", dict(rows=5, hidden=896, delta=True), "bfloat16"),
@@ -72,17 +73,18 @@ def _child_cases() -> dict:
             rope.cos, rope.sin = (f.to(device=device, dtype=getattr(torch, dtype)) for f in (freqs.cos(), freqs.sin()))
             qkv = rand(rows, (heads + 2 * kv) * d, dtype=dtype)
             positions = torch.randint(0, 512, (rows,), generator=gen).to(device)
-            want = TorchLayerOps.rotate_qkv(qkv.clone(), positions, rope, heads, kv, d)
-            got = TritonLayerOps.rotate_qkv(qkv, positions, rope, heads, kv, d)
-            out[name] = max(err(g, w) for g, w in zip(got, want))
+            want_qkv = TorchLayerOps.rotate_qkv(qkv.clone(), positions, rope, heads, kv, d)
+            got_qkv = TritonLayerOps.rotate_qkv(qkv, positions, rope, heads, kv, d)
+            out[name] = max(err(g, w) for g, w in zip(got_qkv, want_qkv))
         else:
             gate_up = rand(a["rows"], 2 * a["dim"], dtype=dtype)
             out[name] = err(TritonLayerOps.silu_mul(gate_up), TorchLayerOps.silu_mul(gate_up))
     # Inputs the kernels do not take go to the torch ops (a strided row view, here).
     h = rand(4, 128, dtype="float32")[:, :64]
     w = rand(64, dtype="float32")
-    out["strided_falls_back"] = err(TritonLayerOps.add_rms_norm(h, None, w, 1e-6),
-                                    TorchLayerOps.add_rms_norm(h, None, w, 1e-6))
+    out["strided_falls_back"] = err(
+        TritonLayerOps.add_rms_norm(h, None, w, 1e-6), TorchLayerOps.add_rms_norm(h, None, w, 1e-6)
+    )
     out["_self_check_passes"] = checked_triton_layer_ops(device, torch.float32) is not None
     out["_engine"] = _engine_case(device)
     return out
@@ -110,17 +112,23 @@ def _engine_case(device) -> dict:
             rng = random.Random(0)
             prompts = [[rng.randrange(3, 512) for _ in range(rng.randint(1, 30))] for _ in range(4)]
             max_new = [rng.randint(1, 8) for _ in prompts]
-            engine = LLMEngine(EngineConfig(model=str(d), dtype="float32", device=str(device),
-                                            attention_backend="triton"))
+            engine = LLMEngine(
+                EngineConfig(model=str(d), dtype="float32", device=str(device), attention_backend="triton")
+            )
             chosen = type(engine.runner.model.ops).__name__  # on CUDA the engine picks the kernels itself
             if device.type == "cpu":
                 model = engine.runner.model
                 model.use_kernels(replace(model.kernels, layer_ops=TritonLayerOps()))
-            outs = engine.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True, detokenize=False)
-                                             for n in max_new])
-            result[arch] = {"got": [o.token_ids for o in outs], "want": hf_greedy(load_hf(d), prompts, max_new),
-                            "chosen": chosen, "device": device.type,
-                            "graph_steps": engine.runner.graphs.replays if engine.runner.graphs else None}
+            outs = engine.generate(
+                prompts, [SamplingParams(max_tokens=n, ignore_eos=True, detokenize=False) for n in max_new]
+            )
+            result[arch] = {
+                "got": [o.token_ids for o in outs],
+                "want": hf_greedy(load_hf(d), prompts, max_new),
+                "chosen": chosen,
+                "device": device.type,
+                "graph_steps": engine.runner.graphs.replays if engine.runner.graphs else None,
+            }
     return result
 
 
@@ -133,13 +141,15 @@ def results() -> dict:
     if not torch.cuda.is_available():  # natively on a GPU (the interpreter of some Triton releases fails there)
         env["TRITON_INTERPRET"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
-    code = ("import json; from tests.engine.test_triton_layer_ops import _child_cases, _MARKER; "
-            "print(_MARKER + json.dumps(_child_cases()), flush=True)")
+    code = (
+        "import json; from tests.engine.test_triton_layer_ops import _child_cases, _MARKER; "
+        "print(_MARKER + json.dumps(_child_cases()), flush=True)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_MARKER)]
     if proc.returncode != 0 or not lines:
         pytest.fail(f"child failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len(_MARKER):])
+    return json.loads(lines[-1][len(_MARKER) :])
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -57,8 +57,13 @@ def make_pair(store, inc="a"):
     p_peer, d_peer = PeerInfo("p0", inc, "prefill"), PeerInfo("d0", inc, "decode")
     received, failed, acked = Events(), Events(), Events()
     p = new_agent(p_peer, store, torch.randn(SHAPE), on_acked=lambda rid, ok: acked.add(rid, ok))
-    d = new_agent(d_peer, store, torch.zeros(SHAPE), on_received=lambda rid, tok, timing, logprob: received.add(rid, tok),
-                      on_receive_failed=lambda rid, why: failed.add(rid, why))
+    d = new_agent(
+        d_peer,
+        store,
+        torch.zeros(SHAPE),
+        on_received=lambda rid, tok, timing, logprob: received.add(rid, tok),
+        on_receive_failed=lambda rid, why: failed.add(rid, why),
+    )
     return p, d, p_peer, d_peer, received, failed, acked
 
 
@@ -78,7 +83,7 @@ def test_chunks_land_in_reserved_blocks_and_are_acknowledged(store):
 def test_staging_buffers_are_reused_and_their_reuse_never_corrupts_a_chunk(store):
     """On CPU the sender gathers into kept buffers and the receiver into one per channel; many
     back-to-back transfers of different blocks and sizes must each land exactly."""
-    p, d, pp, dp, received, failed, acked = make_pair(store, inc="reuse")
+    p, d, pp, dp, _received, failed, acked = make_pair(store, inc="reuse")
     for tid in range(1, 13):
         n = 1 + tid % 4
         src, dst = [(tid * 5 + i) % 32 for i in range(n)], [(tid * 3 + 7 * i) % 32 for i in range(n)]
@@ -98,7 +103,7 @@ def test_staging_buffers_are_reused_and_their_reuse_never_corrupts_a_chunk(store
 
 
 def test_a_cancelled_transfer_is_drained_not_written_and_nacked(store):
-    p, d, pp, dp, received, failed, acked = make_pair(store)
+    p, d, pp, dp, received, _failed, acked = make_pair(store)
     d.expect(pp, 1, "late", [1, 2])
     assert d.cancel(1) and not d.cancel(1)
     p.send_blocks(dp, 1, "late", 0, [5, 6], chunk_index=0, last=True, first_token=3)
@@ -111,7 +116,7 @@ def test_a_cancelled_transfer_is_drained_not_written_and_nacked(store):
 
 
 def test_dropped_transfer_sends_nothing_and_releases_the_sender(store):
-    p, d, pp, dp, received, failed, acked = make_pair(store)
+    p, d, pp, dp, received, _failed, acked = make_pair(store)
     p.faults.set(FaultSpec(drop_next=1))
     d.expect(pp, 5, "dropped", [1])
     p.send_blocks(dp, 5, "dropped", 0, [2], chunk_index=0, last=True, first_token=1)
@@ -121,7 +126,7 @@ def test_dropped_transfer_sends_nothing_and_releases_the_sender(store):
 
 
 def test_abort_message_fails_the_receiver(store):
-    p, d, pp, dp, received, failed, acked = make_pair(store)
+    p, d, pp, dp, received, failed, _acked = make_pair(store)
     d.expect(pp, 3, "ab", [1, 2])
     p.send_blocks(dp, 3, "ab", 0, [4], chunk_index=0, last=False)
     p.send_abort(dp, 3)
@@ -136,6 +141,7 @@ def test_header_round_trip_and_bad_magic():
 
 
 # -- the local path: the receiver reads the sender's shared-memory cache directly ---------------
+
 
 def make_local_pair(store, inc="l"):
     """Two agents whose caches live in POSIX shared memory on this host (as with
@@ -155,15 +161,22 @@ def make_local_pair(store, inc="l"):
     p_peer = PeerInfo("p0", inc, "prefill", locality=where)
     d_peer = PeerInfo("d0", inc, "decode", locality=where)
     received, failed, acked = Events(), Events(), Events()
-    p = new_agent(p_peer, store, caches[0], on_acked=lambda rid, ok: acked.add(rid, ok),
-                      kv_segment_name=segments[0].name)
-    d = new_agent(d_peer, store, caches[1], on_received=lambda rid, tok, timing, logprob: received.add(rid, tok),
-                      on_receive_failed=lambda rid, why: failed.add(rid, why), kv_segment_name=segments[1].name)
+    p = new_agent(
+        p_peer, store, caches[0], on_acked=lambda rid, ok: acked.add(rid, ok), kv_segment_name=segments[0].name
+    )
+    d = new_agent(
+        d_peer,
+        store,
+        caches[1],
+        on_received=lambda rid, tok, timing, logprob: received.add(rid, tok),
+        on_receive_failed=lambda rid, why: failed.add(rid, why),
+        kv_segment_name=segments[1].name,
+    )
     return p, d, p_peer, d_peer, received, failed, acked, segments
 
 
 def test_local_path_copies_from_the_peer_cache_and_sends_only_ids(store):
-    p, d, pp, dp, received, failed, acked, segments = make_local_pair(store)
+    p, d, pp, dp, received, _failed, acked, segments = make_local_pair(store)
     try:
         assert pp.locality.startswith("shm:") and p.channel(dp).local and d.channel(pp).local
         d.expect(pp, 3, "r", [20, 21, 22])
@@ -201,7 +214,7 @@ def test_only_peers_sharing_a_locality_use_the_local_path():
 def test_local_path_copies_runs_of_blocks_into_exactly_their_places(store):
     """On CPU the rows go straight from the peer's mapping into our blocks, a slice per run of
     consecutive ids on both sides: runs that break on either side must land block by block."""
-    p, d, pp, dp, received, failed, acked, segments = make_local_pair(store, inc="runs")
+    p, d, pp, dp, received, _failed, acked, segments = make_local_pair(store, inc="runs")
     try:
         src, dst = [8, 9, 10, 3, 4, 30], [12, 13, 20, 21, 22, 2]
         d.expect(pp, 1, "r", dst)
@@ -232,10 +245,15 @@ def test_a_failed_incarnation_is_never_dialled_again_and_its_transfers_fail_at_o
     wait on gloo's connect for its whole op timeout (24 h), holding the transfers queued behind it
     and their blocks (a leak seen after a decode worker was killed mid-load)."""
     acked, failed = Events(), Events()
-    p = new_agent(PeerInfo("p0", "a", "prefill"), store, torch.randn(SHAPE),
-                      on_acked=lambda rid, ok: acked.add(rid, ok))
-    d = new_agent(PeerInfo("d0", "a", "decode"), store, torch.zeros(SHAPE),
-                      on_receive_failed=lambda rid, why: failed.add(rid, why))
+    p = new_agent(
+        PeerInfo("p0", "a", "prefill"), store, torch.randn(SHAPE), on_acked=lambda rid, ok: acked.add(rid, ok)
+    )
+    d = new_agent(
+        PeerInfo("d0", "a", "decode"),
+        store,
+        torch.zeros(SHAPE),
+        on_receive_failed=lambda rid, why: failed.add(rid, why),
+    )
     dead_decode, dead_prefill = PeerInfo("d0", "dead", "decode"), PeerInfo("p0", "dead", "prefill")
     try:
         p.channel(dead_decode).fail("receive from d0@dead failed: connection reset")  # it died
@@ -255,8 +273,9 @@ def test_a_failed_incarnation_is_never_dialled_again_and_its_transfers_fail_at_o
 
 def test_a_restarted_peer_fails_what_was_in_flight_with_its_old_process(store):
     acked = Events()
-    p = new_agent(PeerInfo("p0", "a", "prefill"), store, torch.randn(SHAPE),
-                      on_acked=lambda rid, ok: acked.add(rid, ok))
+    p = new_agent(
+        PeerInfo("p0", "a", "prefill"), store, torch.randn(SHAPE), on_acked=lambda rid, ok: acked.add(rid, ok)
+    )
     old, new = PeerInfo("d0", "old", "decode"), PeerInfo("d0", "new", "decode")
     try:
         assert p.send_blocks(old, 1, "r1", 0, [1], chunk_index=0, last=True)  # queued: d0@old never answers
@@ -272,7 +291,7 @@ def test_a_peer_that_dials_long_after_the_connect_timeout_still_forms_the_pair(s
     prefill worker dials only with its first task for it, much later. A side that gave up waiting
     could never form that pair again (it forms once per pair of incarnations): the wait for the
     other side is not bounded by the connect timeout (pair_group.py)."""
-    p, d, pp, dp, received, failed, acked = make_pair(store, inc="late")
+    p, d, pp, dp, received, _failed, acked = make_pair(store, inc="late")
     d.connect_timeout_s = p.connect_timeout_s = 0.5
     d.connect(pp)  # the decode side alone, as at a reservation
     time.sleep(1.5)
@@ -282,19 +301,32 @@ def test_a_peer_that_dials_long_after_the_connect_timeout_still_forms_the_pair(s
     assert not d.is_gone(pp) and not p.is_gone(dp)
 
 
-@pytest.mark.parametrize("decode_shape, dtype", [
-    ((32, 2, 2, 8, 2, 8), torch.float32),  # another block size: the rows are bigger than the sender's
-    ((32, 2, 2, 4, 8, 2), torch.float32),  # heads and head size swapped: the same bytes, another layout
-    (SHAPE, torch.bfloat16),  # another dtype
-])
+@pytest.mark.parametrize(
+    "decode_shape, dtype",
+    [
+        ((32, 2, 2, 8, 2, 8), torch.float32),  # another block size: the rows are bigger than the sender's
+        ((32, 2, 2, 4, 8, 2), torch.float32),  # heads and head size swapped: the same bytes, another layout
+        (SHAPE, torch.bfloat16),  # another dtype
+    ],
+)
 def test_workers_whose_kv_rows_differ_refuse_the_pair_naming_both(store, decode_shape, dtype):
     """Before, a bigger row aborted the decode process inside gloo (a payload longer than the
     buffer), and a smaller or same-size one was written and acknowledged as wrong KV."""
     acked, failed = Events(), Events()
-    p = new_agent(PeerInfo("p0", "g", "prefill"), store, torch.randn(SHAPE), connect_timeout_s=5.0,
-                      on_acked=lambda rid, ok: acked.add(rid, ok))
-    d = new_agent(PeerInfo("d0", "g", "decode"), store, torch.zeros(decode_shape, dtype=dtype),
-                      connect_timeout_s=5.0, on_receive_failed=lambda rid, why: failed.add(rid, why))
+    p = new_agent(
+        PeerInfo("p0", "g", "prefill"),
+        store,
+        torch.randn(SHAPE),
+        connect_timeout_s=5.0,
+        on_acked=lambda rid, ok: acked.add(rid, ok),
+    )
+    d = new_agent(
+        PeerInfo("d0", "g", "decode"),
+        store,
+        torch.zeros(decode_shape, dtype=dtype),
+        connect_timeout_s=5.0,
+        on_receive_failed=lambda rid, why: failed.add(rid, why),
+    )
     pp, dp = p.me, d.me
     try:
         d.expect(pp, 1, "r1", [1, 2])
@@ -311,10 +343,14 @@ def test_workers_whose_kv_rows_differ_refuse_the_pair_naming_both(store, decode_
 def test_a_dropped_transfer_id_is_dropped_to_one_peer_only(store):
     """Each decode worker numbers its transfers from 1: fault injection keyed by the id alone dropped
     id 1 to every other decode worker too, for good."""
-    p, d, pp, dp, received, failed, acked = make_pair(store, inc="drop")
+    p, d, pp, dp, _received, _failed, acked = make_pair(store, inc="drop")
     d1_received = Events()
-    d1 = new_agent(PeerInfo("d1", "drop", "decode"), store, torch.zeros(SHAPE),
-                       on_received=lambda rid, tok, timing, logprob: d1_received.add(rid, tok))
+    d1 = new_agent(
+        PeerInfo("d1", "drop", "decode"),
+        store,
+        torch.zeros(SHAPE),
+        on_received=lambda rid, tok, timing, logprob: d1_received.add(rid, tok),
+    )
     try:
         p.faults.set(FaultSpec(drop_next=1))
         d.expect(pp, 1, "to-d0", [1])
@@ -330,7 +366,7 @@ def test_a_dropped_transfer_id_is_dropped_to_one_peer_only(store):
 def test_a_chunk_with_a_negative_block_offset_is_refused_not_written(store):
     """A negative offset sliced the reserved blocks from their end: the chunk landed in another of
     the transfer's blocks and was acknowledged."""
-    p, d, pp, dp, received, failed, acked = make_pair(store, inc="neg")
+    p, d, pp, dp, received, _failed, acked = make_pair(store, inc="neg")
     d.expect(pp, 4, "r4", [10, 11, 12, 13])
     p.send_blocks(dp, 4, "r4", -2, [3], chunk_index=0, last=True, first_token=1)
     assert acked.wait(1) == [("r4", False)]
@@ -344,8 +380,12 @@ def test_a_peer_that_never_dials_does_not_hold_up_the_pairs_with_others(store):
     decode worker could form no pair with any other prefill worker: their transfers missed their
     deadlines and fell back to local prefill."""
     received = Events()
-    d = new_agent(PeerInfo("d0", "w", "decode"), store, torch.zeros(SHAPE),
-                      on_received=lambda rid, tok, timing, logprob: received.add(rid, tok))
+    d = new_agent(
+        PeerInfo("d0", "w", "decode"),
+        store,
+        torch.zeros(SHAPE),
+        on_received=lambda rid, tok, timing, logprob: received.add(rid, tok),
+    )
     p1 = new_agent(PeerInfo("p1", "w", "prefill"), store, torch.randn(SHAPE))
     silent = PeerInfo("p0", "w", "prefill")  # never dials
     try:
@@ -366,8 +406,9 @@ def test_a_peer_known_dead_before_it_paired_releases_the_transfers_and_buffers_q
     chunk of SmolLM2), and the wait lasted its 24 h op timeout. The router's word that the peer
     is dead ends the wait, fails the transfers, returns the buffers and ends the channel's thread."""
     acked = Events()
-    p = new_agent(PeerInfo("p0", "x", "prefill"), store, torch.randn(SHAPE),
-                      on_acked=lambda rid, ok: acked.add(rid, ok))
+    p = new_agent(
+        PeerInfo("p0", "x", "prefill"), store, torch.randn(SHAPE), on_acked=lambda rid, ok: acked.add(rid, ok)
+    )
     dead = PeerInfo("d0", "x", "decode")
     try:
         assert p.send_blocks(dead, 1, "r1", 0, [1, 2], chunk_index=0, last=False)
@@ -389,8 +430,12 @@ def test_a_peer_known_dead_before_it_paired_releases_the_transfers_and_buffers_q
 
 def test_forgetting_a_peer_with_no_channel_fails_its_reservations_and_refuses_it(store):
     failed = Events()
-    d = new_agent(PeerInfo("d0", "y", "decode"), store, torch.zeros(SHAPE),
-                      on_receive_failed=lambda rid, why: failed.add(rid, why))
+    d = new_agent(
+        PeerInfo("d0", "y", "decode"),
+        store,
+        torch.zeros(SHAPE),
+        on_receive_failed=lambda rid, why: failed.add(rid, why),
+    )
     dead = PeerInfo("p0", "y", "prefill")
     try:
         d.forget_peer(dead)
@@ -423,8 +468,9 @@ def test_a_peer_forgotten_while_a_send_to_it_is_stuck_releases_the_chunks_queued
     returned (its op timeout is 24 h)."""
     shape = (64, 2, 2, 16, 8, 64)  # 32 blocks are 4 MiB: more than the socket buffers hold
     acked = Events()
-    p = new_agent(PeerInfo("p0", "h", "prefill"), store, torch.randn(shape),
-                      on_acked=lambda rid, ok: acked.add(rid, ok))
+    p = new_agent(
+        PeerInfo("p0", "h", "prefill"), store, torch.randn(shape), on_acked=lambda rid, ok: acked.add(rid, ok)
+    )
     d = new_agent(PeerInfo("d0", "h", "decode"), store, torch.zeros(shape))
     try:
         d.expect(p.me, 0, "warm", [0])
@@ -447,7 +493,7 @@ def test_a_peer_forgotten_while_a_send_to_it_is_stuck_releases_the_chunks_queued
 def test_a_pair_group_idle_longer_than_the_connect_timeout_still_carries_transfers(store):
     """The gloo group is built with the connect timeout (its rendezvous must not wait 24 h for a
     peer that died after writing its rows) and then waits for messages without one."""
-    p, d, pp, dp, received, failed, acked = make_pair(store, inc="idle")
+    p, d, pp, dp, received, failed, _acked = make_pair(store, inc="idle")
     p.connect_timeout_s = d.connect_timeout_s = 0.5
     d.expect(pp, 1, "r1", [1])
     p.send_blocks(dp, 1, "r1", 0, [2], chunk_index=0, last=True, first_token=4)
@@ -466,8 +512,13 @@ def test_a_peer_that_died_after_writing_its_rows_is_let_go_when_it_is_known_dead
     from kv_transfer.peer import pair_key
 
     acked = Events()
-    p = new_agent(PeerInfo("p0", "w2", "prefill"), store, torch.randn(SHAPE), connect_timeout_s=1.0,
-                      on_acked=lambda rid, ok: acked.add(rid, ok))
+    p = new_agent(
+        PeerInfo("p0", "w2", "prefill"),
+        store,
+        torch.randn(SHAPE),
+        connect_timeout_s=1.0,
+        on_acked=lambda rid, ok: acked.add(rid, ok),
+    )
     dead = PeerInfo("d0", "w2", "decode")
     rows = f"{list(SHAPE[1:])} {torch.float32}"
     dist.PrefixStore(pair_key(p.me, dead), connect_store(store, 5)).set("rows/1", rows)
@@ -488,7 +539,7 @@ def test_a_peer_that_died_after_writing_its_rows_is_let_go_when_it_is_known_dead
 def test_a_side_that_stalled_after_dialing_still_forms_the_pair(store):
     """The first side dialed, then stalled; the other arrived and waited longer than the connect
     timeout. Giving up then took a live peer for gone, for good."""
-    p, d, pp, dp, received, failed, acked = make_pair(store, inc="stall")
+    p, d, pp, dp, received, _failed, acked = make_pair(store, inc="stall")
     p.connect_timeout_s = d.connect_timeout_s = 0.5
     from kv_transfer import pair_group
 
@@ -575,7 +626,7 @@ def test_a_failure_the_peers_group_did_not_see_reaches_it_through_the_store(stor
 
 
 def test_a_peer_that_does_not_come_back_after_a_failure_is_gone(store):
-    p, d, pp, dp, received, failed, acked = make_pair(store, inc="noreturn")
+    p, d, pp, dp, received, _failed, acked = make_pair(store, inc="noreturn")
     try:
         _transfer(p, d, pp, dp, 1, received, acked)
         p.connect_timeout_s = 1.0  # how long the next epoch waits for the peer
@@ -591,7 +642,7 @@ def test_a_peer_that_does_not_come_back_after_a_failure_is_gone(store):
 def test_a_pair_that_keeps_failing_before_carrying_anything_is_given_up(store):
     from kv_transfer.agent import MAX_IDLE_REFORMS
 
-    p, d, pp, dp, received, failed, acked = make_pair(store, inc="flap")
+    p, d, pp, dp, received, _failed, acked = make_pair(store, inc="flap")
     try:
         _transfer(p, d, pp, dp, 1, received, acked)
         for i in range(1 + MAX_IDLE_REFORMS):  # the first failure follows a transfer; then none gets through
@@ -621,9 +672,10 @@ def test_both_sides_of_a_re_formed_pair_agree_to_give_up(store):
 
     def join(me, peer):
         try:
-            results[me.role] = form_pair_group(connect_store(store, 5), me, peer, torch.device("cpu"), 5.0, "rows",
-                                               epoch=2, join_timeout_s=5.0)[1]
-        except Exception as e:
+            results[me.role] = form_pair_group(
+                connect_store(store, 5), me, peer, torch.device("cpu"), 5.0, "rows", epoch=2, join_timeout_s=5.0
+            )[1]
+        except Exception as e:  # noqa: BLE001 - what each side got is the test's subject
             results[me.role] = e
 
     threads = [threading.Thread(target=join, args=(pp, dp)), threading.Thread(target=join, args=(dp, pp))]

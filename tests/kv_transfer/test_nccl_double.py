@@ -26,15 +26,18 @@ def master():
 
 
 def _client(master):
-    return dist.TCPStore("127.0.0.1", master.port, is_master=False, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=20))
+    return dist.TCPStore(
+        "127.0.0.1", master.port, is_master=False, wait_for_workers=False, timeout=datetime.timedelta(seconds=20)
+    )
 
 
 def _pair(master, factory, prefix="pair") -> tuple[DataPlane, DataPlane]:
     """Both ranks of one data plane (gloo's rendezvous needs both at once: two threads)."""
     planes: dict[int, DataPlane] = {}
-    threads = [threading.Thread(target=lambda r=r: planes.__setitem__(r, factory(_client(master), prefix, r, CPU)))
-               for r in (0, 1)]
+    threads = [
+        threading.Thread(target=lambda r=r: planes.__setitem__(r, factory(_client(master), prefix, r, CPU)))
+        for r in (0, 1)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -114,6 +117,7 @@ def test_an_operation_whose_peer_never_commits_fails_within_the_bound(master):
 
 # -- the old design: one full-duplex group, a receive always posted, header and payload FIFO ----
 
+
 def _old_design_transfer(prefill: DataPlane, decode: DataPlane) -> dict:
     """One KV chunk and its ACK over ONE group per pair, as the channel did before the control and
     data planes were split: each side's receive thread keeps a header receive posted, the
@@ -149,8 +153,11 @@ def _old_design_transfer(prefill: DataPlane, decode: DataPlane) -> dict:
         ev.wait(5)
     prefill.group.send([Header(Kind.KV, 1, num_blocks=3).to_tensor(CPU)], 1, 0).wait()
     prefill.group.send([rows], 1, 0).wait()
-    wait_until(lambda: "acked" in out or any(k.endswith("error") for k in out), timeout_s=15,
-               message="the old design's transfer to end")
+    wait_until(
+        lambda: "acked" in out or any(k.endswith("error") for k in out),
+        timeout_s=15,
+        message="the old design's transfer to end",
+    )
     return out
 
 
@@ -178,16 +185,27 @@ def test_the_old_single_group_design_works_on_gloo_but_deadlocks_under_nccl_sema
 
 # -- the two-plane design under the double -------------------------------------------------------
 
+
 def test_an_idle_pair_holds_no_data_plane_operation(master):
     """Past the double's bound with nothing to send: no payload operation is pending on either
     side (NCCL's watchdog would have nothing to time out) and none was flagged."""
     store = StoreAddress("127.0.0.1", master.port)
     plane = NcclSemantics(bound_s=0.5)
     received, acked = [], []
-    p = TransferAgent(PeerInfo("p0", "i", "prefill"), store, torch.randn(16, 2, 2, 4, 2, 8), data_plane=plane,
-                      on_acked=lambda rid, ok: acked.append((rid, ok)))
-    d = TransferAgent(PeerInfo("d0", "i", "decode"), store, torch.zeros(16, 2, 2, 4, 2, 8), data_plane=plane,
-                      on_received=lambda rid, tok, timing, lp: received.append(rid))
+    p = TransferAgent(
+        PeerInfo("p0", "i", "prefill"),
+        store,
+        torch.randn(16, 2, 2, 4, 2, 8),
+        data_plane=plane,
+        on_acked=lambda rid, ok: acked.append((rid, ok)),
+    )
+    d = TransferAgent(
+        PeerInfo("d0", "i", "decode"),
+        store,
+        torch.zeros(16, 2, 2, 4, 2, 8),
+        data_plane=plane,
+        on_received=lambda rid, tok, timing, lp: received.append(rid),
+    )
     try:
         for tid in (1, 2):
             d.expect(p.me, tid, f"r{tid}", [tid, tid + 4])

@@ -63,8 +63,9 @@ class _LoggedStreams:
 
 
 def test_payload_work_runs_on_the_pair_streams_and_the_last_scatters_event_reaches_the_decode_step():
-    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                           timeout=datetime.timedelta(seconds=20))
+    master = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=20)
+    )
     logs: dict[int, list[str]] = {0: [], 1: []}  # rank 0: prefill, 1: decode
     double = NcclSemantics(bound_s=5.0)
 
@@ -74,10 +75,20 @@ def test_payload_work_runs_on_the_pair_streams_and_the_last_scatters_event_reach
 
     store = StoreAddress("127.0.0.1", master.port)
     ready, done = [], threading.Event()
-    p = TransferAgent(PeerInfo("p0", "ev", "prefill"), store, torch.randn(SHAPE), data_plane=logged,
-                      on_acked=lambda rid, ok: done.set())
-    d = TransferAgent(PeerInfo("d0", "ev", "decode"), store, torch.zeros(SHAPE), data_plane=logged,
-                      on_received=lambda rid, tok, timing, lp: ready.append(timing.kv_ready))
+    p = TransferAgent(
+        PeerInfo("p0", "ev", "prefill"),
+        store,
+        torch.randn(SHAPE),
+        data_plane=logged,
+        on_acked=lambda rid, ok: done.set(),
+    )
+    d = TransferAgent(
+        PeerInfo("d0", "ev", "decode"),
+        store,
+        torch.zeros(SHAPE),
+        data_plane=logged,
+        on_received=lambda rid, tok, timing, lp: ready.append(timing.kv_ready),
+    )
     try:
         d.expect(p.me, 1, "r1", [3, 4, 5])
         p.send_blocks(d.me, 1, "r1", 0, [7, 8], chunk_index=0, last=False)
@@ -91,9 +102,23 @@ def test_payload_work_runs_on_the_pair_streams_and_the_last_scatters_event_reach
         # Each chunk on the decode side: the receive is posted and its event recorded on the receive
         # stream; the scatter waits on that event, on the receive stream, and records its own. (The
         # CPU receive buffer is reused only once the previous payload it held has arrived.)
-        assert logs[1] == ["on recv", "record e0", "off recv", "on recv", "wait e0", "record e1", "off recv",
-                           "on recv", "synchronize e0", "record e2", "off recv",
-                           "on recv", "wait e2", "record e3", "off recv"]
+        assert logs[1] == [
+            "on recv",
+            "record e0",
+            "off recv",
+            "on recv",
+            "wait e0",
+            "record e1",
+            "off recv",
+            "on recv",
+            "synchronize e0",
+            "record e2",
+            "off recv",
+            "on recv",
+            "wait e2",
+            "record e3",
+            "off recv",
+        ]
         [kv_ready] = ready
         assert kv_ready.name == "e3"  # the last scatter's: what the decode step waits on
     finally:

@@ -24,8 +24,9 @@ class ScriptedAgent:
 
 
 def test_a_re_sent_prefill_supersedes_the_earlier_copy(tiny_model_dir):
-    engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), max_model_len=512,
-                                    cache=CacheConfig(num_blocks=64, block_size=16)))
+    engine = LLMEngine(
+        EngineConfig(model=str(tiny_model_dir), max_model_len=512, cache=CacheConfig(num_blocks=64, block_size=16))
+    )
     w = object.__new__(PrefillWorker)  # the prefill path's state only: no transfer mesh
     w.worker_id, w._shipping, w._received, w.agent = "prefill-0", {}, {}, ScriptedAgent()
     w.loop = SimpleNamespace(call=lambda fn: fn(engine))

@@ -46,8 +46,14 @@ class FakeStream:
             if self.aborted:
                 return
             if self.router.fail_after_tokens is not None and i == self.router.fail_after_tokens:
-                yield StreamEvent(self.request_id, "", (), finished=True, finish_reason="error",
-                                  error=RouterError(ErrorKind.INTERNAL, "the decode worker failed"))
+                yield StreamEvent(
+                    self.request_id,
+                    "",
+                    (),
+                    finished=True,
+                    finish_reason="error",
+                    error=RouterError(ErrorKind.INTERNAL, "the decode worker failed"),
+                )
                 return
             word = WORDS[i % len(WORDS)]
             text_so_far += word
@@ -55,10 +61,14 @@ class FakeStream:
             stop_hit = any(s in text_so_far for s in self.request.sampling.stop)
             finished = last or stop_hit
             yield StreamEvent(
-                self.request_id, word, (100 + i,), finished=finished,
+                self.request_id,
+                word,
+                (100 + i,),
+                finished=finished,
                 finish_reason=("stop" if stop_hit else "length") if finished else None,
                 usage=Usage(self.prompt_tokens, i + 1) if finished else None,
-                logprobs=self._logprobs(i), prompt_logprobs=self._prompt_logprobs() if i == 0 else None,
+                logprobs=self._logprobs(i),
+                prompt_logprobs=self._prompt_logprobs() if i == 0 else None,
             )
             if finished:
                 self.router.completed.append(self.request_id)
@@ -80,7 +90,8 @@ class FakeStream:
         if n is None:
             return None
         return (TokenLogprob(500, None),) + tuple(
-            TokenLogprob(500 + j, -j / 8, ((500 + j, -j / 8),)[:n]) for j in range(1, self.prompt_tokens))
+            TokenLogprob(500 + j, -j / 8, ((500 + j, -j / 8),)[:n]) for j in range(1, self.prompt_tokens)
+        )
 
     async def result(self) -> GenerationResult:
         text, ids, reason, usage, logprobs, prompt_logprobs = "", [], None, None, None, None
@@ -93,9 +104,17 @@ class FakeStream:
                 logprobs = (logprobs or ()) + ev.logprobs
             prompt_logprobs = ev.prompt_logprobs or prompt_logprobs
             reason, usage = ev.finish_reason, ev.usage or usage
-        return GenerationResult(self.request_id, text, tuple(ids), reason, usage or Usage(self.prompt_tokens, len(ids)),
-                                self.lane, prompt_text=self.request.prompt if self.request.echo_prompt else None,
-                                logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+        return GenerationResult(
+            self.request_id,
+            text,
+            tuple(ids),
+            reason,
+            usage or Usage(self.prompt_tokens, len(ids)),
+            self.lane,
+            prompt_text=self.request.prompt if self.request.echo_prompt else None,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+        )
 
     async def cancel(self) -> None:
         await self.abort()
@@ -111,8 +130,14 @@ class FakeRouter:
     ``max_model_len`` words (or ids) plus max_tokens is rejected like the real router does, unless
     the client gave no max_tokens: then max_tokens is clamped to what the prompt leaves."""
 
-    def __init__(self, *, require_auth: bool = False, token_delay_s: float = 0.0, max_model_len: int = 64,
-                 check_vocab: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        require_auth: bool = False,
+        token_delay_s: float = 0.0,
+        max_model_len: int = 64,
+        check_vocab: bool = False,
+    ) -> None:
         self.require_auth = require_auth
         self.check_vocab = check_vocab  # refuse prompt token ids >= 1000 (the model card's vocabulary), as the router
         self.keys = {"sk-test": "acme"}
@@ -147,7 +172,11 @@ class FakeRouter:
             raise self.fail_calls.pop(len(self.requests))
         if request.lane is not None and request.lane not in ("interactive", "batch", "long_context"):
             raise invalid(f"unknown lane {request.lane!r}", param="lane")
-        if self.check_vocab and request.prompt_token_ids is not None and any(t >= 1000 for t in request.prompt_token_ids):
+        if (
+            self.check_vocab
+            and request.prompt_token_ids is not None
+            and any(t >= 1000 for t in request.prompt_token_ids)
+        ):
             raise invalid("token id outside the vocabulary [0, 1000)", param="prompt")  # the router's name for it
         if request.prompt is not None:
             n_prompt = len(request.prompt.split())
@@ -162,7 +191,10 @@ class FakeRouter:
         if n_prompt + request.sampling.max_tokens > self.max_model_len:
             raise invalid(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{n_prompt + request.sampling.max_tokens} tokens.", param="max_tokens", code="context_length_exceeded")
+                f"{n_prompt + request.sampling.max_tokens} tokens.",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
         rid = request.request_id or f"fake-{next(self._ids)}"
         return FakeStream(rid, request.lane or "interactive", request, self, n_prompt)
 
@@ -186,6 +218,7 @@ class FakeRouter:
     def token_bytes(self, token_ids) -> list[bytes]:
         """100 + i: the i-th word of the script; 300 + i: the first byte of "é" (half a character);
         500 + j: prompt token j (b"p<j>"); any other id: b"alt<id>"."""
+
         def one(t: int) -> bytes:
             if 100 <= t < 200:
                 return WORDS[(t - 100) % len(WORDS)].encode()
@@ -201,8 +234,10 @@ class FakeRouter:
         return self.ready
 
     def metrics(self) -> tuple[bytes, str]:
-        return b"# HELP baton_fake_total a fake counter\n# TYPE baton_fake_total counter\nbaton_fake_total 1.0\n", \
-            "text/plain; version=0.0.4; charset=utf-8"
+        return (
+            b"# HELP baton_fake_total a fake counter\n# TYPE baton_fake_total counter\nbaton_fake_total 1.0\n",
+            "text/plain; version=0.0.4; charset=utf-8",
+        )
 
     async def batch_result(self, job_id: str, tenant: str) -> dict:
         job = self.batch_jobs.get(job_id)

@@ -20,8 +20,16 @@ TENANT = TenantConfig("default")
 
 
 def _input(**kw) -> AdmissionInput:
-    base = dict(lane=LANE, tenant=TENANT, prompt_tokens=100, max_tokens=16, lane_depth=0, tokens_ahead=0,
-                pool_queued_tokens=0, prefill_tokens_per_s=1000.0)
+    base = dict(
+        lane=LANE,
+        tenant=TENANT,
+        prompt_tokens=100,
+        max_tokens=16,
+        lane_depth=0,
+        tokens_ahead=0,
+        pool_queued_tokens=0,
+        prefill_tokens_per_s=1000.0,
+    )
     return AdmissionInput(**{**base, **kw})
 
 
@@ -68,13 +76,16 @@ def test_context_length_and_queue_bound():
     assert e.value.code == "queue_full"
 
 
-@pytest.mark.parametrize("prompt, max_tokens, given, bound_name, param, words", [
-    (120, 16, True, "max_tokens", "max_tokens", "120 in the messages, 16 in the completion"),
-    (120, 16, True, "max_completion_tokens", "max_completion_tokens", "or max_completion_tokens"),
-    # a bound the client did not set (the server's default) is never named as the client's fault
-    (120, 4096, False, "max_tokens", "messages", "the messages resulted in 120 tokens"),
-    (128, 1, True, "max_tokens", "messages", "leaves no room"),  # the prompt alone fills the context
-])
+@pytest.mark.parametrize(
+    "prompt, max_tokens, given, bound_name, param, words",
+    [
+        (120, 16, True, "max_tokens", "max_tokens", "120 in the messages, 16 in the completion"),
+        (120, 16, True, "max_completion_tokens", "max_completion_tokens", "or max_completion_tokens"),
+        # a bound the client did not set (the server's default) is never named as the client's fault
+        (120, 4096, False, "max_tokens", "messages", "the messages resulted in 120 tokens"),
+        (128, 1, True, "max_tokens", "messages", "leaves no room"),  # the prompt alone fills the context
+    ],
+)
 def test_a_context_length_error_names_the_field_at_fault(prompt, max_tokens, given, bound_name, param, words):
     """It always named max_tokens, with the server's default counted as what 'you requested'."""
     with pytest.raises(RouterError) as e:
@@ -145,16 +156,41 @@ def test_live_decode_pace_is_the_median_stream_pace_and_sees_stalls():
 def test_slots_free_when_running_requests_finish_not_at_an_average_rate():
     # 8 requests started together, 40 of 48 tokens left at 50 ms/token: no slot frees for 2 s.
     running = tuple((8, 48) for _ in range(8))
-    p = predict_ttft(_input(requests_ahead=0, free_seq_slots=0, running=running, decode_pace_s=0.05,
-                            completions_per_s=4.0, service_s=0.1, expected_output_tokens=48))
+    p = predict_ttft(
+        _input(
+            requests_ahead=0,
+            free_seq_slots=0,
+            running=running,
+            decode_pace_s=0.05,
+            completions_per_s=4.0,
+            service_s=0.1,
+            expected_output_tokens=48,
+        )
+    )
     assert p.wait_s == pytest.approx(2.0)
     # Seven ahead of us take seven of the wave's slots; we get the eighth.
-    p = predict_ttft(_input(requests_ahead=7, free_seq_slots=0, running=running, decode_pace_s=0.05,
-                            service_s=0.1, expected_output_tokens=48))
+    p = predict_ttft(
+        _input(
+            requests_ahead=7,
+            free_seq_slots=0,
+            running=running,
+            decode_pace_s=0.05,
+            service_s=0.1,
+            expected_output_tokens=48,
+        )
+    )
     assert p.wait_s == pytest.approx(2.0)
     # Eight ahead: the whole wave goes to them; we wait for one of them to finish.
-    p = predict_ttft(_input(requests_ahead=8, free_seq_slots=0, running=running, decode_pace_s=0.05,
-                            service_s=0.1, expected_output_tokens=48))
+    p = predict_ttft(
+        _input(
+            requests_ahead=8,
+            free_seq_slots=0,
+            running=running,
+            decode_pace_s=0.05,
+            service_s=0.1,
+            expected_output_tokens=48,
+        )
+    )
     assert p.wait_s == pytest.approx(2.0 + 0.1 + 48 * 0.05)
     # Staggered finishes: the earliest one frees our slot.
     staggered = tuple((48 - k, 48) for k in range(1, 9))
@@ -222,9 +258,11 @@ def test_a_request_refused_after_the_rate_limiter_gets_its_charge_back():
     budget: four requests/min, three 503s, one served, and the next was a 429."""
     lim = RecordingLimiter()
     adm = Admission(4096, lim)
-    for x, code in ((_input(lane_depth=4), "queue_full"),
-                    (_input(tokens_ahead=1300, service_s=0.4), "slo_predicted_violation"),
-                    (_input(service_s=0.2, decode_pace_s=0.4, running=((5, 20),)), "slo_predicted_violation")):
+    for x, code in (
+        (_input(lane_depth=4), "queue_full"),
+        (_input(tokens_ahead=1300, service_s=0.4), "slo_predicted_violation"),
+        (_input(service_s=0.2, decode_pace_s=0.4, running=((5, 20),)), "slo_predicted_violation"),
+    ):
         with pytest.raises(RouterError) as e:
             _admit(adm, x)
         assert e.value.code == code

@@ -16,16 +16,35 @@ class Clock:
 
 
 def _handle(wid: str, role: str, max_num_seqs: int = 8, num_blocks: int = 1000) -> WorkerHandle:
-    info = WorkerInfo(PeerInfo(wid, "i0", role), num_blocks=num_blocks, block_size=16, max_model_len=4096,
-                      vocab_size=100, model="m", max_num_seqs=max_num_seqs, max_num_batched_tokens=256)
+    info = WorkerInfo(
+        PeerInfo(wid, "i0", role),
+        num_blocks=num_blocks,
+        block_size=16,
+        max_model_len=4096,
+        vocab_size=100,
+        model="m",
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=256,
+    )
     return WorkerHandle(wid, role, actor=None, info=info, alive=True)
 
 
-def _load(h: WorkerHandle, running: int = 0, waiting: int = 0, queued_prefill: int = 0,
-          received: dict[str, int] | None = None) -> None:
-    h.update_load(WorkerLoad(h.worker_id, "i0", h.role, num_running=running, num_waiting=waiting,
-                             num_free_blocks=h.info.num_blocks, num_total_blocks=h.info.num_blocks,
-                             queued_prefill_tokens=queued_prefill, prompt_tokens_received=received or {}))
+def _load(
+    h: WorkerHandle, running: int = 0, waiting: int = 0, queued_prefill: int = 0, received: dict[str, int] | None = None
+) -> None:
+    h.update_load(
+        WorkerLoad(
+            h.worker_id,
+            "i0",
+            h.role,
+            num_running=running,
+            num_waiting=waiting,
+            num_free_blocks=h.info.num_blocks,
+            num_total_blocks=h.info.num_blocks,
+            queued_prefill_tokens=queued_prefill,
+            prompt_tokens_received=received or {},
+        )
+    )
 
 
 def test_a_burst_in_one_round_takes_no_more_than_the_free_slots():
@@ -106,14 +125,34 @@ def test_free_places_are_the_slots_or_what_the_free_kv_holds_if_fewer():
     """With a 65-block pool the blocks, not the 64 slots, bound how many run: admission's wait for a
     place read the slots alone and admitted requests that then waited seconds for blocks."""
     decode = _handle("d0", "decode", max_num_seqs=64, num_blocks=65)
-    decode.update_load(WorkerLoad("d0", "i0", "decode", num_running=3, num_waiting=0, num_free_blocks=20,
-                                  num_total_blocks=65, queued_prefill_tokens=0))
+    decode.update_load(
+        WorkerLoad(
+            "d0",
+            "i0",
+            "decode",
+            num_running=3,
+            num_waiting=0,
+            num_free_blocks=20,
+            num_total_blocks=65,
+            queued_prefill_tokens=0,
+        )
+    )
     cap = Capacity(WorkerPool([], [decode]), clock=Clock())
     assert cap.free_seq_slots() == 61
     assert cap.free_places(40, 200) == (20 - 3) // 7  # 7 blocks a request (40 + 64 tokens), 3 held in reserve
     assert cap.free_places(2000, 16) == 0
-    decode.update_load(WorkerLoad("d0", "i0", "decode", num_running=0, num_waiting=0, num_free_blocks=65,
-                                  num_total_blocks=65, queued_prefill_tokens=0))
+    decode.update_load(
+        WorkerLoad(
+            "d0",
+            "i0",
+            "decode",
+            num_running=0,
+            num_waiting=0,
+            num_free_blocks=65,
+            num_total_blocks=65,
+            queued_prefill_tokens=0,
+        )
+    )
     assert cap.free_places(2000, 16) == 1  # past the reserve, but an empty pool takes a lone request now
     big = _handle("d1", "decode", max_num_seqs=4, num_blocks=100_000)
     _load(big)

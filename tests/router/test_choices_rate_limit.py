@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.outputs import RequestOutput
+from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from kv_transfer.peer import PeerInfo, WorkerInfo
 from router.api import ErrorKind, GenerateRequest, RouterError
@@ -31,21 +32,27 @@ class InProcessDispatcher:
 
     def submit(self, spec, stream, hint) -> None:
         self.submitted.append(spec.request_id)
-        stream.put(RequestOutput(spec.request_id, [7, 8], "xy", finished=True, finish_reason="length"))
+        stream.put(RequestOutput(spec.request_id, [7, 8], "xy", finished=True, finish_reason=FinishReason.LENGTH))
 
     def abort(self, request_id: str) -> None:
         pass
 
 
 def _router(requests_per_min: float, queue_bound: int = 128) -> tuple[Router, InProcessDispatcher]:
-    info = WorkerInfo(PeerInfo("d0", "inc", "decode"), num_blocks=1000, block_size=16, max_model_len=2048,
-                      vocab_size=1000, model="m")
+    info = WorkerInfo(
+        PeerInfo("d0", "inc", "decode"), num_blocks=1000, block_size=16, max_model_len=2048, vocab_size=1000, model="m"
+    )
     pool = WorkerPool([], [WorkerHandle("d0", "decode", None, info=info, alive=True)])
     dispatcher = InProcessDispatcher(pool)
     lanes = (LaneConfig("interactive", ttft_slo_s=60.0, tpot_slo_s=1.0, queue_bound=queue_bound),)
     tenants = (TenantConfig("alice", api_key="ka", requests_per_min=requests_per_min),)
-    config = RouterConfig(model_name="m", model_dir=Path(tempfile.mkdtemp()), slo_rejection=False, pace_guard=False,
-                          lanes=LanePolicy(lanes=lanes, tenants=tenants))
+    config = RouterConfig(
+        model_name="m",
+        model_dir=Path(tempfile.mkdtemp()),
+        slo_rejection=False,
+        pace_guard=False,
+        lanes=LanePolicy(lanes=lanes, tenants=tenants),
+    )
     return Router(config, pool, dispatcher), dispatcher
 
 
@@ -64,7 +71,10 @@ def test_more_choices_than_the_bucket_is_a_400_and_starts_nothing() -> None:
                 with pytest.raises(RouterError) as e:
                     await Choices.start(router, _request(), 16)
                 assert (e.value.kind, e.value.code, e.value.param) == (
-                    ErrorKind.INVALID_REQUEST, "rate_limit_too_large", "n")
+                    ErrorKind.INVALID_REQUEST,
+                    "rate_limit_too_large",
+                    "n",
+                )
                 assert dispatcher.submitted == []
             choices = await Choices.start(router, _request(), 12)  # the budget is whole: all 12 at once
             assert [r.text for r in await choices.results()] == ["xy"] * 12
@@ -79,7 +89,7 @@ def test_more_choices_than_the_bucket_is_a_400_and_starts_nothing() -> None:
 
 def test_a_choice_refused_after_the_charge_gives_the_whole_charge_back() -> None:
     async def main() -> None:
-        router, dispatcher = _router(requests_per_min=4, queue_bound=2)  # not started: requests stay queued
+        router, _dispatcher = _router(requests_per_min=4, queue_bound=2)  # not started: requests stay queued
         with pytest.raises(RouterError) as e:
             await Choices.start(router, _request(), 3)  # the third choice finds the lane full
         assert e.value.code == "queue_full"

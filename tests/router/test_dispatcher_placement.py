@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 from ray.exceptions import RayError
 
+from engine.request import FinishReason
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
 from router.dispatcher import Dispatcher
@@ -28,6 +29,7 @@ class _Method:
 
             def failed():
                 raise error
+
             return failed
         return lambda: result
 
@@ -129,8 +131,9 @@ def test_a_migration_calls_off_the_prefill_still_shipping_to_the_dead_worker():
     d0, d1 = _handle("decode-0", a0), _handle("decode-1", a1)
     p0 = WorkerHandle("prefill-0", "prefill", prefill, info=SimpleNamespace(num_blocks=100, block_size=16), alive=True)
     d1.requests.add("another request")
-    disp = ScriptedDispatcher(WorkerPool([p0], [d0, d1]), router_id="r", local_prefill_threshold=100,
-                              short_prompts_to_idle_prefill=False)  # placed on decode-0 alone, for the script
+    disp = ScriptedDispatcher(
+        WorkerPool([p0], [d0, d1]), router_id="r", local_prefill_threshold=100, short_prompts_to_idle_prefill=False
+    )  # placed on decode-0 alone, for the script
     stream = disp.submit(_spec())
     disp._tracked["req-1"].prefill_id = "prefill-0"  # as _disaggregate leaves it
     disp.failures.mark_dead(d0, RayError("gone"))
@@ -160,12 +163,15 @@ def test_a_dead_worker_is_announced_to_the_other_pool_once_and_a_slow_one_never(
     router, which sees the death, tells it (forget_peer), alive or only slow itself. A worker that
     only timed out may be slow, and a death reported by a call to an actor since replaced is stale:
     announcing either would cut a live worker off from its pairs for good."""
-    from kv_transfer.peer import PeerInfo
     from ray.exceptions import GetTimeoutError
 
+    from kv_transfer.peer import PeerInfo
+
     prefills = [ScriptedPrefill(), ScriptedPrefill()]
-    handles = [WorkerHandle(f"prefill-{i}", "prefill", a, info=SimpleNamespace(num_blocks=100, block_size=16),
-                            alive=True) for i, a in enumerate(prefills)]
+    handles = [
+        WorkerHandle(f"prefill-{i}", "prefill", a, info=SimpleNamespace(num_blocks=100, block_size=16), alive=True)
+        for i, a in enumerate(prefills)
+    ]
     handles[1].alive = False  # only slow: a timeout marked it down, and it must hear of the death too
     peer0, peer1 = PeerInfo("decode-0", "inc-a", "decode"), PeerInfo("decode-1", "inc-b", "decode")
     a0, a1 = ScriptedDecode(), ScriptedDecode()
@@ -220,8 +226,12 @@ def test_a_request_waits_for_a_decode_worker_that_ray_is_restarting():
     from kv_transfer.peer import PeerInfo
 
     a0 = ScriptedDecode()
-    d0 = WorkerHandle("decode-0", "decode", a0, info=SimpleNamespace(num_blocks=100, block_size=16,
-                                                                       peer=PeerInfo("decode-0", "old", "decode")))
+    d0 = WorkerHandle(
+        "decode-0",
+        "decode",
+        a0,
+        info=SimpleNamespace(num_blocks=100, block_size=16, peer=PeerInfo("decode-0", "old", "decode")),
+    )
     disp = ScriptedDispatcher(WorkerPool([], [d0]), router_id="r", placement_wait_s=5.0)
     t = threading.Thread(target=disp.submit, args=(_spec(),))
     t.start()
@@ -300,8 +310,9 @@ def test_a_copy_left_on_a_worker_taken_for_dead_is_stopped_when_the_request_ends
         disp._deliver(d0, [RequestOutput("req-1", [5], "x", first_index=0)])  # the stale copy's output
         assert a0.aborted == [] and stream.token_ids == []
         if ending == "finished":
-            disp._deliver(d1, [RequestOutput("req-1", [7], "a", finished=True, finish_reason="length",
-                                             first_index=0)])
+            disp._deliver(
+                d1, [RequestOutput("req-1", [7], "a", finished=True, finish_reason=FinishReason.LENGTH, first_index=0)]
+            )
             assert stream.token_ids == [7]
         elif ending == "aborted":
             assert disp.abort("req-1")

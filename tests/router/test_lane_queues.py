@@ -1,6 +1,9 @@
 """The router's lane queues (pure Python): weighted deficit round robin, batch windows, prefix
 groups, and how much work a new request would wait behind."""
 
+import itertools
+import time
+
 from router.lane_queues import LaneQueues, Pending, Room
 from router.lanes import LaneConfig
 
@@ -116,7 +119,7 @@ def test_a_durable_job_on_its_way_through_the_journal_holds_its_place_for_admiss
     assert q.admitted_depth("batch") == 1 and q.depth("batch") == 1
     q.hold_place("job-2", "batch")  # claimed by another replica: its hold lapses
     assert q.admitted_depth("batch") == 2
-    q._journaled["job-2"] = ("batch", lq.time.monotonic() - lq.JOURNAL_GRACE_S - 1)  # (as if held long ago)
+    q._journaled["job-2"] = ("batch", time.monotonic() - lq.JOURNAL_GRACE_S - 1)  # (as if held long ago)
     assert q.admitted_depth("batch") == 1
 
 
@@ -221,7 +224,7 @@ def test_a_drain_that_cannot_empty_the_pools_is_given_up():
     got = _starving_pool(q, until=200, held_blocks=10)
     assert "big" not in {rid for _, rid in got}  # it cannot fit at all here
     background = [t for t, rid in got if rid.startswith("b")]
-    stalled = max(b - a for a, b in zip(background, background[1:]))
+    stalled = max(b - a for a, b in itertools.pairwise(background))
     assert stalled <= 60 + 3 and max(background) > 150  # a bounded pause, then dispatch goes on
     assert any(rid.startswith("i") and 35 <= t <= 85 for t, rid in got)  # the more important lane never paused
 

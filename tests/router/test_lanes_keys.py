@@ -6,8 +6,12 @@ import hmac
 
 from router.lanes import LanePolicy, TenantConfig
 
-TENANTS = (TenantConfig("open"), TenantConfig("a", api_key="sk-alpha"), TenantConfig("b", api_key="sk-beta"),
-           TenantConfig("c", api_key="sk-clé"))
+TENANTS = (
+    TenantConfig("open"),
+    TenantConfig("a", api_key="sk-alpha"),
+    TenantConfig("b", api_key="sk-beta"),
+    TenantConfig("c", api_key="sk-clé"),
+)
 
 
 def policy(auth_required: bool = True) -> LanePolicy:

@@ -7,8 +7,17 @@ from router.metrics import RouterMetrics
 def _exported(prefix: str, **counters) -> dict[str, str]:
     """The exposition's lines starting with ``prefix``, by metric name, for one decode worker's
     load report with ``counters`` set."""
-    load = WorkerLoad("decode-0", "inc", "decode", num_running=3, num_waiting=2, num_free_blocks=1,
-                      num_total_blocks=65, queued_prefill_tokens=0, **counters)
+    load = WorkerLoad(
+        "decode-0",
+        "inc",
+        "decode",
+        num_running=3,
+        num_waiting=2,
+        num_free_blocks=1,
+        num_total_blocks=65,
+        queued_prefill_tokens=0,
+        **counters,
+    )
     text = RouterMetrics("m", loads=lambda: [load]).exposition()[0].decode()
     return {line.split("{")[0]: line for line in text.splitlines() if line.startswith(prefix)}
 

@@ -96,9 +96,19 @@ def test_a_report_older_than_a_dispatch_does_not_make_a_busy_worker_look_idle():
 def _decode_report(h, free: int, placed: dict[str, int] | None = None) -> None:
     from engine.worker_stats import WorkerLoad
 
-    h.update_load(WorkerLoad(h.worker_id, "i0", "decode", num_running=0, num_waiting=0, num_free_blocks=free,
-                             num_total_blocks=h.info.num_blocks, queued_prefill_tokens=0,
-                             prompt_tokens_placed=placed or {}))
+    h.update_load(
+        WorkerLoad(
+            h.worker_id,
+            "i0",
+            "decode",
+            num_running=0,
+            num_waiting=0,
+            num_free_blocks=free,
+            num_total_blocks=h.info.num_blocks,
+            queued_prefill_tokens=0,
+            prompt_tokens_placed=placed or {},
+        )
+    )
 
 
 def test_a_burst_between_two_reports_is_spread_over_the_decode_workers():

@@ -50,7 +50,6 @@ def test_a_huge_prompt_is_tokenized_while_the_event_loop_keeps_serving(tiny_mode
 
 def test_a_huge_token_id_prompt_is_checked_off_the_event_loop(monkeypatch):
     """Each id is checked against the vocabulary: for millions of ids that took ~0.4 s on the loop."""
-    import router.prompt_input as prompt_input
 
     on_threads: list[int] = []
     real = asyncio.to_thread
@@ -59,7 +58,7 @@ def test_a_huge_token_id_prompt_is_checked_off_the_event_loop(monkeypatch):
         on_threads.append(len(args[0].prompt_token_ids or ()))
         return await real(fn, *args)
 
-    monkeypatch.setattr(prompt_input.asyncio, "to_thread", to_thread)
+    monkeypatch.setattr(asyncio, "to_thread", to_thread)  # (what prompt_input calls)
     small = GenerateRequest(sampling=SamplingParams(), prompt_token_ids=tuple(range(100)))
     huge = GenerateRequest(sampling=SamplingParams(), prompt_token_ids=tuple(i % 1000 for i in range(OFF_LOOP_CHARS)))
     for req in (small, huge):
@@ -70,8 +69,10 @@ def test_a_huge_token_id_prompt_is_checked_off_the_event_loop(monkeypatch):
 def test_token_ids_the_sampling_names_are_checked_against_the_vocabulary():
     from router.api import RouterError
 
-    for sampling, param in ((SamplingParams(stop_token_ids=[5, 1000]), "stop_token_ids"),
-                            (SamplingParams(logit_bias={1000: 1.0}), "logit_bias")):
+    for sampling, param in (
+        (SamplingParams(stop_token_ids=[5, 1000]), "stop_token_ids"),
+        (SamplingParams(logit_bias={1000: 1.0}), "logit_bias"),
+    ):
         req = GenerateRequest(sampling=sampling, prompt_token_ids=(1, 2))
         try:
             tokenize_request(req, None, 1000)

@@ -20,13 +20,28 @@ def test_an_abort_does_not_wait_behind_placements_waiting_for_a_decode_worker():
     d0.alive = False  # the only decode worker is down
     disp = ScriptedDispatcher(WorkerPool([], [d0]), router_id="r", placement_wait_s=5.0)
     # Only what submit and abort use; the request's end (metrics and bookkeeping) is not what this tests.
-    lanes = LaneDispatcher(SimpleNamespace(remove=lambda rid: None), None, disp,
-                           SimpleNamespace(finished=lambda ctx: None), None, None, None, 16)
+    lanes = LaneDispatcher(
+        SimpleNamespace(remove=lambda rid: None),
+        None,
+        disp,
+        SimpleNamespace(finished=lambda ctx: None),
+        None,
+        None,
+        None,
+        16,
+    )
 
     async def scenario() -> float:
         loop = asyncio.get_running_loop()
-        ctxs = [SimpleNamespace(spec=RequestSpec(f"req-{i}", (1, 2, 3), SamplingParams(max_tokens=4)), stream=None,
-                                hint=None, request_id=f"req-{i}") for i in range(9)]
+        ctxs = [
+            SimpleNamespace(
+                spec=RequestSpec(f"req-{i}", (1, 2, 3), SamplingParams(max_tokens=4)),
+                stream=None,
+                hint=None,
+                request_id=f"req-{i}",
+            )
+            for i in range(9)
+        ]
         for ctx in ctxs:
             loop.run_in_executor(lanes._executor, lanes.submit, ctx)  # as the dispatch loop does
         await asyncio.sleep(0.5)

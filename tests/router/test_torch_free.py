@@ -6,10 +6,29 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = [
-    "router.router", "router.dispatcher", "router.stream", "router.worker_pool", "engine.request", "engine.sampling_params",
-    "engine.block_hash", "engine.block_manager", "engine.scheduler", "engine.request_spec", "engine.outputs",
-    "engine.model.config", "engine.model.tokenizer", "engine.worker_stats", "decode_worker.messages",
-    "prefill_worker.messages", "kv_transfer.peer", "kv_transfer.fault",
+    "router.router",
+    "router.dispatcher",
+    "router.stream",
+    "router.worker_pool",
+    "engine.request",
+    "engine.sampling_params",
+    "engine.block_hash",
+    "engine.block_manager",
+    "engine.scheduler",
+    "engine.request_spec",
+    "engine.outputs",
+    "engine.model.config",
+    "engine.model.tokenizer",
+    "engine.worker_stats",
+    "decode_worker.messages",
+    "prefill_worker.messages",
+    "kv_transfer.peer",
+    "kv_transfer.fault",
+    "engine.structured.compiler",
+    "router.grammar_check",
+    "router.http.app",
+    "router.tool_calls.streaming",
+    "router.tool_calls.constraint",
 ]
 
 

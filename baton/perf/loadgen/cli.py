@@ -14,45 +14,88 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", required=True,
-                   help="server: http://HOST:PORT (OpenAI HTTP), or HOST:PORT with --grpc")
+    p.add_argument("--url", required=True, help="server: http://HOST:PORT (OpenAI HTTP), or HOST:PORT with --grpc")
     p.add_argument("--grpc", action="store_true", help="drive the gRPC API instead of HTTP")
-    p.add_argument("--metrics-url", default=None,
-                   help="Prometheus endpoint to sample (default: URL/metrics over HTTP; none with --grpc); '' disables")
-    p.add_argument("--workload", default="sharegpt",
-                   help="builtin (sharegpt, fixed, uniform, mixed, shared-prefix) or a YAML/JSON workload file")
+    p.add_argument(
+        "--metrics-url",
+        default=None,
+        help="Prometheus endpoint to sample (default: URL/metrics over HTTP; none with --grpc); '' disables",
+    )
+    p.add_argument(
+        "--workload",
+        default="sharegpt",
+        help="builtin (sharegpt, fixed, uniform, mixed, shared-prefix) or a YAML/JSON workload file",
+    )
     load = p.add_mutually_exclusive_group(required=True)
     load.add_argument("--rate", type=float, help="open loop: requests/s (with --search: the starting rate)")
     load.add_argument("--concurrency", type=int, help="closed loop: this many clients, each one request at a time")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per run (default 60)")
-    p.add_argument("--warmup", type=float, default=0.0, help="leave requests arriving in the first S seconds "
-                   "out of the statistics")
-    p.add_argument("--burst", default=None, metavar="FACTOR:START:LEN",
-                   help="multiply the rate by FACTOR from START s for LEN s, e.g. 2:30:10")
-    p.add_argument("--lanes", default=None, metavar="LANE=SHARE,...",
-                   help="override the workload's lane mix, e.g. interactive=0.7,batch=0.3")
+    p.add_argument(
+        "--warmup", type=float, default=0.0, help="leave requests arriving in the first S seconds out of the statistics"
+    )
+    p.add_argument(
+        "--burst",
+        default=None,
+        metavar="FACTOR:START:LEN",
+        help="multiply the rate by FACTOR from START s for LEN s, e.g. 2:30:10",
+    )
+    p.add_argument(
+        "--lanes",
+        default=None,
+        metavar="LANE=SHARE,...",
+        help="override the workload's lane mix, e.g. interactive=0.7,batch=0.3",
+    )
     p.add_argument("--arrival", choices=["poisson", "gamma"], default=None, help="override the arrival process")
-    p.add_argument("--gamma-shape", type=float, default=None,
-                   help="gamma arrivals (--arrival gamma, or a gamma workload): shape (<1 burstier)")
-    p.add_argument("--slo", action="append", default=[], metavar="LANE:ttft=MS,tpot=MS",
-                   help="override a lane's SLOs (repeatable); defaults follow baton/default_config.yaml")
-    p.add_argument("--search", action="store_true",
-                   help="search for the highest rate with >= --search-target of requests meeting both SLOs")
-    p.add_argument("--search-target", type=float, default=None,
-                   help="share of requests that must meet their SLOs, in (0, 1] (default 0.9)")
+    p.add_argument(
+        "--gamma-shape",
+        type=float,
+        default=None,
+        help="gamma arrivals (--arrival gamma, or a gamma workload): shape (<1 burstier)",
+    )
+    p.add_argument(
+        "--slo",
+        action="append",
+        default=[],
+        metavar="LANE:ttft=MS,tpot=MS",
+        help="override a lane's SLOs (repeatable); defaults follow baton/default_config.yaml",
+    )
+    p.add_argument(
+        "--search",
+        action="store_true",
+        help="search for the highest rate with >= --search-target of requests meeting both SLOs",
+    )
+    p.add_argument(
+        "--search-target",
+        type=float,
+        default=None,
+        help="share of requests that must meet their SLOs, in (0, 1] (default 0.9)",
+    )
     p.add_argument("--search-runs", type=int, default=None, help="runs at most (each --duration long; default 8)")
-    p.add_argument("--search-tolerance", type=float, default=None,
-                   help="stop when the bracket is this narrow, relative to the failing rate, in (0, 1) (default 0.1)")
-    p.add_argument("--search-max-rate", type=float, default=None,
-                   help="the highest rate to try, >= --rate (default: as many requests a run as a plan may hold)")
+    p.add_argument(
+        "--search-tolerance",
+        type=float,
+        default=None,
+        help="stop when the bracket is this narrow, relative to the failing rate, in (0, 1) (default 0.1)",
+    )
+    p.add_argument(
+        "--search-max-rate",
+        type=float,
+        default=None,
+        help="the highest rate to try, >= --rate (default: as many requests a run as a plan may hold)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
-    p.add_argument("--drain", type=float, default=None,
-                   help="seconds to wait for in-flight requests after the last arrival (default: --timeout)")
+    p.add_argument(
+        "--drain",
+        type=float,
+        default=None,
+        help="seconds to wait for in-flight requests after the last arrival (default: --timeout)",
+    )
     p.add_argument("--api-key", default=None, help="bearer token, if the server requires one")
     p.add_argument("--json", default=None, metavar="OUT", help="write the baton.bench.serve/1 report here")
-    p.add_argument("--plots", default=None, metavar="DIR",
-                   help="write PNG plots here (default with --json: OUT's name + '_plots')")
+    p.add_argument(
+        "--plots", default=None, metavar="DIR", help="write PNG plots here (default with --json: OUT's name + '_plots')"
+    )
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true")
 
@@ -110,14 +153,26 @@ def config_from_args(args: argparse.Namespace):
         changes["gamma_shape"] = args.gamma_shape
     spec = replace(spec, **changes) if changes else spec
     if args.gamma_shape is not None and spec.arrival != "gamma":  # it would be ignored
-        raise ValueError(f"--gamma-shape is for gamma arrivals, but workload {spec.name} arrives {spec.arrival}: "
-                         "add --arrival gamma")
+        raise ValueError(
+            f"--gamma-shape is for gamma arrivals, but workload {spec.name} arrives {spec.arrival}: add --arrival gamma"
+        )
     return RunConfig(
-        url=args.url, spec=spec, duration_s=args.duration, rate=args.rate, concurrency=args.concurrency,
-        protocol="grpc" if args.grpc else "http", metrics_url=args.metrics_url,
-        burst=burst, seed=args.seed, warmup_s=args.warmup,
-        slos=resolve_slos(tuple(spec.lanes), args.slo), timeout_s=args.timeout, drain_s=args.drain,
-        api_key=args.api_key, progress=not args.no_progress)
+        url=args.url,
+        spec=spec,
+        duration_s=args.duration,
+        rate=args.rate,
+        concurrency=args.concurrency,
+        protocol="grpc" if args.grpc else "http",
+        metrics_url=args.metrics_url,
+        burst=burst,
+        seed=args.seed,
+        warmup_s=args.warmup,
+        slos=resolve_slos(tuple(spec.lanes), args.slo),
+        timeout_s=args.timeout,
+        drain_s=args.drain,
+        api_key=args.api_key,
+        progress=not args.no_progress,
+    )
 
 
 SEARCH_DEFAULTS = {"search_target": 0.9, "search_runs": 8, "search_tolerance": 0.1}
@@ -130,8 +185,11 @@ def _check_search_flags(args: argparse.Namespace) -> None:
     from baton.perf.loadgen.run_checks import check_positive, check_request_count
     from baton.perf.loadgen.workload import Burst
 
-    given = [f"--{name.replace('_', '-')}" for name in (*SEARCH_DEFAULTS, "search_max_rate")
-             if getattr(args, name) is not None]
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in (*SEARCH_DEFAULTS, "search_max_rate")
+        if getattr(args, name) is not None
+    ]
     if not args.search:
         if given:
             raise ValueError(f"{', '.join(given)} only appl{'y' if len(given) > 1 else 'ies'} with --search")
@@ -146,14 +204,19 @@ def _check_search_flags(args: argparse.Namespace) -> None:
     if args.search_runs < 1:
         raise ValueError(f"--search-runs must be >= 1, got {args.search_runs}")
     if not 0 < args.search_tolerance < 1:
-        raise ValueError(f"--search-tolerance must be in (0, 1) (relative to the failing rate), got "
-                         f"{args.search_tolerance}")
+        raise ValueError(
+            f"--search-tolerance must be in (0, 1) (relative to the failing rate), got {args.search_tolerance}"
+        )
     if args.search_max_rate is not None:
         check_positive("--search-max-rate", args.search_max_rate)
         if args.search_max_rate < args.rate:
             raise ValueError(f"--search-max-rate {args.search_max_rate:g} is below the starting --rate {args.rate:g}")
-        check_request_count(args.search_max_rate, args.duration, Burst.parse(args.burst) if args.burst else None,
-                            rate_flag="--search-max-rate")
+        check_request_count(
+            args.search_max_rate,
+            args.duration,
+            Burst.parse(args.burst) if args.burst else None,
+            rate_flag="--search-max-rate",
+        )
 
 
 def _search_rate_cap(args: argparse.Namespace) -> float:
@@ -204,12 +267,16 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if args.json:  # before the load run, not after it (its parent directories are created then)
         _check_report_path(args.json)
-    plots_dir = None if args.no_plots else args.plots or (
-        str(Path(args.json).with_suffix("")) + "_plots" if args.json else None)
+    plots_dir = (
+        None
+        if args.no_plots
+        else args.plots or (str(Path(args.json).with_suffix("")) + "_plots" if args.json else None)
+    )
     if plots_dir:
         _check_plots_dir(plots_dir, "--plots" if args.plots else "--plots (by default --json's name + '_plots')")
     search = None
     if args.search:
+
         def evaluate(rate: float):
             _say(f"search: running {cfg.duration_s:.0f} s at {rate:.3g} req/s")
             result = run_load_sync(with_rate(cfg, rate))
@@ -217,8 +284,14 @@ def run(args: argparse.Namespace) -> int:
             _say(f"search: {rate:.3g} req/s -> {'-' if att is None else f'{att:.0%}'} within SLOs")
             return att, result
 
-        search = search_goodput_rate(evaluate, cfg.rate, target=args.search_target, max_runs=args.search_runs,
-                                     rel_tol=args.search_tolerance, max_rate=_search_rate_cap(args))
+        search = search_goodput_rate(
+            evaluate,
+            cfg.rate,
+            target=args.search_target,
+            max_runs=args.search_runs,
+            rel_tol=args.search_tolerance,
+            max_rate=_search_rate_cap(args),
+        )
         shown = search.best or search.points[-1]
         result = shown.result
     else:

@@ -29,15 +29,22 @@ class GrpcClient:
 
     async def server_info(self) -> ServerInfo:
         info = await self._stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=self._metadata, timeout=30.0)
-        return ServerInfo(model=info.id, max_model_len=info.max_model_len or None,
-                          vocab_size=info.vocab_size or None, lanes=tuple(info.lanes))
+        return ServerInfo(
+            model=info.id,
+            max_model_len=info.max_model_len or None,
+            vocab_size=info.vocab_size or None,
+            lanes=tuple(info.lanes),
+        )
 
     async def send(self, req: Outgoing, clock: Clock) -> RequestRecord:
         rec = new_record(req, clock)
         msg = pb.GenerateRequest(
-            token_ids=pb.TokenIds(ids=req.prompt_ids), lane=req.lane,
-            sampling=pb.SamplingParameters(max_tokens=req.max_tokens, min_tokens=req.max_tokens, ignore_eos=True,
-                                           temperature=0.0))
+            token_ids=pb.TokenIds(ids=req.prompt_ids),
+            lane=req.lane,
+            sampling=pb.SamplingParameters(
+                max_tokens=req.max_tokens, min_tokens=req.max_tokens, ignore_eos=True, temperature=0.0
+            ),
+        )
         call = self._stub.Generate(msg, metadata=self._metadata, timeout=self._timeout_s)
         last: float | None = None
         got_any = False

@@ -38,14 +38,17 @@ def _error_fields(rec: RequestRecord, body: bytes | str | dict) -> None:
 
 
 class HttpClient:
-    def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 600.0,
-                 model: str | None = None) -> None:
+    def __init__(
+        self, base_url: str, *, api_key: str | None = None, timeout_s: float = 600.0, model: str | None = None
+    ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # No connection limit: an open-loop client must never queue requests on its own side.
         self._client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), headers=headers,
+            base_url=base_url.rstrip("/"),
+            headers=headers,
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0)),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+        )
         self.model = model
 
     async def server_info(self) -> ServerInfo:
@@ -54,13 +57,22 @@ class HttpClient:
         card = (resp.json().get("data") or [{}])[0]
         if self.model is None:
             self.model = card.get("id")
-        return ServerInfo(model=card.get("id"), max_model_len=card.get("max_model_len"),
-                          vocab_size=card.get("vocab_size"), lanes=tuple(card.get("lanes") or ()))
+        return ServerInfo(
+            model=card.get("id"),
+            max_model_len=card.get("max_model_len"),
+            vocab_size=card.get("vocab_size"),
+            lanes=tuple(card.get("lanes") or ()),
+        )
 
     def _body(self, req: Outgoing) -> dict:
         body: dict[str, Any] = {
-            "prompt": list(req.prompt_ids), "max_tokens": req.max_tokens, "min_tokens": req.max_tokens,
-            "ignore_eos": True, "temperature": 0.0, "stream": req.stream, "lane": req.lane,
+            "prompt": list(req.prompt_ids),
+            "max_tokens": req.max_tokens,
+            "min_tokens": req.max_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": req.stream,
+            "lane": req.lane,
         }
         if req.stream:
             body["stream_options"] = {"include_usage": True}

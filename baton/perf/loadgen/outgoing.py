@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from baton.perf.loadgen.records import RequestRecord
 
@@ -28,8 +29,12 @@ class ServerInfo:
     lanes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "max_model_len": self.max_model_len, "vocab_size": self.vocab_size,
-                "lanes": list(self.lanes)}
+        return {
+            "model": self.model,
+            "max_model_len": self.max_model_len,
+            "vocab_size": self.vocab_size,
+            "lanes": list(self.lanes),
+        }
 
 
 class Client(Protocol):
@@ -44,8 +49,14 @@ class Client(Protocol):
 
 
 def new_record(req: Outgoing, clock: Clock) -> RequestRecord:
-    return RequestRecord(index=req.index, lane=req.lane, prompt_len=len(req.prompt_ids), output_len=req.max_tokens,
-                         arrival_s=req.arrival_s, send_s=clock())
+    return RequestRecord(
+        index=req.index,
+        lane=req.lane,
+        prompt_len=len(req.prompt_ids),
+        output_len=req.max_tokens,
+        arrival_s=req.arrival_s,
+        send_s=clock(),
+    )
 
 
 def short(message: object, limit: int = 200) -> str:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 
 class PlotsUnavailable(RuntimeError):
@@ -32,8 +33,10 @@ def _pyplot():
         matplotlib.use("Agg")  # files only: never needs a display
         import matplotlib.pyplot as plt
     except ImportError:
-        raise PlotsUnavailable("plots need matplotlib, which is not installed: pip install 'baton[bench]' "
-                               "(or pip install 'matplotlib>=3.8,<4')") from None
+        raise PlotsUnavailable(
+            "plots need matplotlib, which is not installed: pip install 'baton[bench]' "
+            "(or pip install 'matplotlib>=3.8,<4')"
+        ) from None
     return plt
 
 
@@ -59,8 +62,12 @@ def _plain(minor: bool = False):
 def _auto_log(ax, axis: str) -> None:
     """A log scale with plain labels when the plotted values span more than 20x; linear otherwise
     (a log axis over a narrow range shows no labelled tick at all)."""
-    values = [v for line in ax.get_lines() for v in (line.get_xdata() if axis == "x" else line.get_ydata())
-              if isinstance(v, (int, float)) and v > 0 and not math.isnan(v)]
+    values = [
+        v
+        for line in ax.get_lines()
+        for v in (line.get_xdata() if axis == "x" else line.get_ydata())
+        if isinstance(v, (int, float)) and v > 0 and not math.isnan(v)
+    ]
     if not values or max(values) / min(values) <= 20:
         return
     getattr(ax, f"set_{axis}scale")("log")
@@ -74,8 +81,14 @@ def points_from_reports(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any
     points = []
     for r in reports:
         rate = r["config"].get("rate") or r["summary"].get("request_throughput")
-        points.append({"rate": rate, "attainment": r["summary"].get("slo_attainment"), "summary": r["summary"],
-                       "lanes": r["lanes"]})
+        points.append(
+            {
+                "rate": rate,
+                "attainment": r["summary"].get("slo_attainment"),
+                "summary": r["summary"],
+                "lanes": r["lanes"],
+            }
+        )
     return sorted(points, key=lambda p: p["rate"])
 
 
@@ -91,8 +104,9 @@ def plot_latency_vs_rate(points: Sequence[dict[str, Any]], path: str | Path, tit
                 xs = [x for x, y in zip(rates, ys) if y is not None]
                 ax.plot(xs, [y * 1e3 for y in ys if y is not None], style, label=f"{lane} {q}")
         att = [(p["lanes"].get(lane) or {}).get("slo_attainment") for p in points]
-        axes[2].plot([x for x, a in zip(rates, att) if a is not None], [a * 100 for a in att if a is not None],
-                     "-o", label=lane)
+        axes[2].plot(
+            [x for x, a in zip(rates, att) if a is not None], [a * 100 for a in att if a is not None], "-o", label=lane
+        )
     axes[2].axhline(90, color="gray", linestyle=":", label="90% target")
     for ax, ylabel in zip(axes, ("TTFT (ms)", "TPOT (ms)", "requests meeting both SLOs (%)")):
         ax.set_xlabel("offered rate (req/s)")

@@ -34,8 +34,10 @@ class Progress:
         frac = min(1.0, t / self.total_s) if self.total_s > 0 else 1.0
         width = 24
         bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
-        line = (f"[{self.label}] [{bar}] {t:6.1f}/{self.total_s:.0f}s  sent {self.sent}  done {self.done}  "
-                f"in-flight {in_flight}  failed {self.failed}")
+        line = (
+            f"[{self.label}] [{bar}] {t:6.1f}/{self.total_s:.0f}s  sent {self.sent}  done {self.done}  "
+            f"in-flight {in_flight}  failed {self.failed}"
+        )
         if self.tty:
             self.stream.write("\r" + line + "\x1b[K")
         else:

@@ -81,13 +81,26 @@ class RequestRecord:
     def to_dict(self) -> dict[str, Any]:
         r = lambda x: None if x is None else round(x, 6)  # noqa: E731 - microseconds are plenty
         return {
-            "index": self.index, "lane": self.lane, "served_lane": self.served_lane, "status": self.status,
-            "reason": self.reason, "arrival_s": r(self.arrival_s), "send_s": r(self.send_s),
-            "prompt_len": self.prompt_len, "output_len": self.output_len, "output_tokens": self.output_tokens,
-            "cached_tokens": self.cached_tokens, "chunks": self.chunks,
-            "ttft_s": r(self.ttft_s), "tpot_s": r(self.tpot_s), "e2e_s": r(self.e2e_s),
-            "http_status": self.http_status, "grpc_code": self.grpc_code,
-            "error_type": self.error_type, "error_code": self.error_code, "error_message": self.error_message,
+            "index": self.index,
+            "lane": self.lane,
+            "served_lane": self.served_lane,
+            "status": self.status,
+            "reason": self.reason,
+            "arrival_s": r(self.arrival_s),
+            "send_s": r(self.send_s),
+            "prompt_len": self.prompt_len,
+            "output_len": self.output_len,
+            "output_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens,
+            "chunks": self.chunks,
+            "ttft_s": r(self.ttft_s),
+            "tpot_s": r(self.tpot_s),
+            "e2e_s": r(self.e2e_s),
+            "http_status": self.http_status,
+            "grpc_code": self.grpc_code,
+            "error_type": self.error_type,
+            "error_code": self.error_code,
+            "error_message": self.error_message,
         }
 
 

@@ -69,10 +69,16 @@ def run_report(result: RunResult, search: SearchResult[RunResult] | None = None)
         report["search"] = {
             "target": search.target,
             "goodput_rate": search.goodput_rate,
-            "points": [{"rate": p.rate, "attainment": round(p.attainment, 6), "passed": p.passed,
-                        "summary": p.result.summary().to_dict(),
-                        "lanes": {lane: s.to_dict() for lane, s in p.result.lanes().items()}}
-                       for p in sorted(search.points, key=lambda p: p.rate)],
+            "points": [
+                {
+                    "rate": p.rate,
+                    "attainment": round(p.attainment, 6),
+                    "passed": p.passed,
+                    "summary": p.result.summary().to_dict(),
+                    "lanes": {lane: s.to_dict() for lane, s in p.result.lanes().items()},
+                }
+                for p in sorted(search.points, key=lambda p: p.rate)
+            ],
         }
     return report
 
@@ -93,14 +99,23 @@ def format_summary(report: dict[str, Any]) -> str:
     """A markdown table per lane (and overall) of a report."""
     cfg = report["config"]
     load = f"rate {cfg['rate']} req/s" if cfg["mode"] == "open" else f"concurrency {cfg['concurrency']}"
-    lines = [f"workload {cfg['workload']['name']} over {cfg['protocol']}, {load}, {cfg['duration_s']} s"
-             + (f", burst x{cfg['burst']['factor']} at {cfg['burst']['start_s']} s for {cfg['burst']['length_s']} s"
-                if cfg.get("burst") else ""), "",
-             "| lane | sent | ok | rejected | req/s | out tok/s | TTFT p50/p90/p99 ms | TPOT p50/p99 ms "
-             "| ITL p99 ms | e2e p50/p99 ms | SLO met | goodput req/s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    rows = [*report["lanes"].items(), ("all", report["summary"])] if len(report["lanes"]) > 1 else \
-        [*report["lanes"].items()]
+    lines = [
+        f"workload {cfg['workload']['name']} over {cfg['protocol']}, {load}, {cfg['duration_s']} s"
+        + (
+            f", burst x{cfg['burst']['factor']} at {cfg['burst']['start_s']} s for {cfg['burst']['length_s']} s"
+            if cfg.get("burst")
+            else ""
+        ),
+        "",
+        "| lane | sent | ok | rejected | req/s | out tok/s | TTFT p50/p90/p99 ms | TPOT p50/p99 ms "
+        "| ITL p99 ms | e2e p50/p99 ms | SLO met | goodput req/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    rows = (
+        [*report["lanes"].items(), ("all", report["summary"])]
+        if len(report["lanes"]) > 1
+        else [*report["lanes"].items()]
+    )
     for lane, s in rows:
         att = s.get("slo_attainment")
         lines.append(
@@ -108,17 +123,24 @@ def format_summary(report: dict[str, Any]) -> str:
             f"{s['output_token_throughput']:.1f} | {_ms(s['ttft_s'], 'p50')}/{_ms(s['ttft_s'], 'p90')}/"
             f"{_ms(s['ttft_s'], 'p99')} | {_ms(s['tpot_s'], 'p50')}/{_ms(s['tpot_s'], 'p99')} | "
             f"{_ms(s['itl_s'], 'p99')} | {_ms(s['e2e_s'], 'p50')}/{_ms(s['e2e_s'], 'p99')} | "
-            f"{'-' if att is None else f'{att:.0%}'} | {s['goodput_rps']:.2f} |")
+            f"{'-' if att is None else f'{att:.0%}'} | {s['goodput_rps']:.2f} |"
+        )
     reasons = report["summary"]["rejections"]
     if reasons:
         lines += ["", "rejections and failures: " + ", ".join(f"{k}: {v}" for k, v in reasons.items())]
     search = report.get("search")
     if search:
-        lines += ["", f"goodput rate (>= {search['target']:.0%} of requests within both SLOs): "
-                      f"{search['goodput_rate']:.3g} req/s",
-                  "tested: " + ", ".join(f"{p['rate']:.3g} ({p['attainment']:.0%})" for p in search["points"])]
+        lines += [
+            "",
+            f"goodput rate (>= {search['target']:.0%} of requests within both SLOs): "
+            f"{search['goodput_rate']:.3g} req/s",
+            "tested: " + ", ".join(f"{p['rate']:.3g} ({p['attainment']:.0%})" for p in search["points"]),
+        ]
     lag = report["summary"].get("client_lag_s") or {}
     if (lag.get("p99") or 0) > 0.05:
-        lines += ["", f"warning: the client sent requests late (lag p99 {lag['p99'] * 1e3:.0f} ms): "
-                      "the machine running the load generator is overloaded"]
+        lines += [
+            "",
+            f"warning: the client sent requests late (lag p99 {lag['p99'] * 1e3:.0f} ms): "
+            "the machine running the load generator is overloaded",
+        ]
     return "\n".join(lines)

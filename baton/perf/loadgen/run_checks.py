@@ -49,12 +49,15 @@ def expected_requests(rate: float, duration_s: float, burst: BurstWindow | None 
     return n
 
 
-def check_request_count(rate: float, duration_s: float, burst: BurstWindow | None = None,
-                        rate_flag: str = "--rate") -> None:
+def check_request_count(
+    rate: float, duration_s: float, burst: BurstWindow | None = None, rate_flag: str = "--rate"
+) -> None:
     """ValueError naming the flags when a plan at ``rate`` over ``duration_s`` would hold more than
     MAX_PLANNED_REQUESTS requests (a few standard deviations above the mean are still accepted)."""
     n = expected_requests(rate, duration_s, burst)
     if n > MAX_PLANNED_REQUESTS:
         with_burst = " (with the --burst)" if burst is not None and burst.factor > 1 else ""
-        raise ValueError(f"{rate_flag} {rate:g} req/s over --duration {duration_s:g} s is about {n:.3g} requests"
-                         f"{with_burst}; at most {MAX_PLANNED_REQUESTS} a run: lower {rate_flag} or --duration")
+        raise ValueError(
+            f"{rate_flag} {rate:g} req/s over --duration {duration_s:g} s is about {n:.3g} requests"
+            f"{with_burst}; at most {MAX_PLANNED_REQUESTS} a run: lower {rate_flag} or --duration"
+        )

@@ -81,12 +81,20 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "url": self.url, "protocol": self.protocol, "metrics_url": self.effective_metrics_url,
-            "mode": "open" if self.rate is not None else "closed", "rate": self.rate,
-            "concurrency": self.concurrency, "duration_s": self.duration_s, "warmup_s": self.warmup_s,
-            "burst": None if self.burst is None else {"factor": self.burst.factor, "start_s": self.burst.start_s,
-                                                      "length_s": self.burst.length_s},
-            "seed": self.seed, "timeout_s": self.timeout_s, "workload": self.spec.to_dict(),
+            "url": self.url,
+            "protocol": self.protocol,
+            "metrics_url": self.effective_metrics_url,
+            "mode": "open" if self.rate is not None else "closed",
+            "rate": self.rate,
+            "concurrency": self.concurrency,
+            "duration_s": self.duration_s,
+            "warmup_s": self.warmup_s,
+            "burst": None
+            if self.burst is None
+            else {"factor": self.burst.factor, "start_s": self.burst.start_s, "length_s": self.burst.length_s},
+            "seed": self.seed,
+            "timeout_s": self.timeout_s,
+            "workload": self.spec.to_dict(),
             "slos": {lane: s.to_dict() for lane, s in sorted(self.resolved_slos().items())},
         }
 
@@ -112,16 +120,21 @@ class RunResult:
     def _offered(self, lane: str | None = None) -> float | None:
         if self.config.rate is None:
             return None
+        return self._arrival_rate(lane)
+
+    def _arrival_rate(self, lane: str | None = None) -> float:
         return sum(1 for r in self.measured() if lane is None or r.lane == lane) / self.window_s
 
     def summary(self) -> LaneStats:
-        return summarize(self.measured(), self.config.resolved_slos(), self.window_s, self.config.warmup_s,
-                         self._offered())
+        return summarize(
+            self.measured(), self.config.resolved_slos(), self.window_s, self.config.warmup_s, self._offered()
+        )
 
     def lanes(self) -> dict[str, LaneStats]:
-        rates = {lane: self._offered(lane) for lane in self.config.spec.lanes} if self.config.rate else None
-        return summarize_by_lane(self.measured(), self.config.resolved_slos(), self.window_s, self.config.warmup_s,
-                                 rates)
+        rates = {lane: self._arrival_rate(lane) for lane in self.config.spec.lanes} if self.config.rate else None
+        return summarize_by_lane(
+            self.measured(), self.config.resolved_slos(), self.window_s, self.config.warmup_s, rates
+        )
 
 
 def make_client(cfg: RunConfig) -> Client:
@@ -167,16 +180,18 @@ async def _run(cfg: RunConfig, client: Client) -> RunResult:
         nonlocal clipped
         n = clip_prompt_len(p, max_len)
         clipped += n != p.prompt_len
-        return Outgoing(p.index, p.lane, tuple(prompts.token_ids(p, n)), p.output_len, p.arrival_s,
-                        cfg.spec.streaming)
+        return Outgoing(p.index, p.lane, tuple(prompts.token_ids(p, n)), p.output_len, p.arrival_s, cfg.spec.streaming)
 
     records: list[RequestRecord] = []
     samples: list[MetricsSample] = []
     in_flight: set[asyncio.Task] = set()
     progress = Progress(cfg.duration_s, enabled=cfg.progress)
     # Open loop: every prompt is built before the clock starts, so building one never delays a send.
-    plan = [] if cfg.rate is None else [
-        outgoing(p) for p in plan_requests(cfg.spec, cfg.rate, cfg.duration_s, cfg.seed, cfg.burst)]
+    plan = (
+        []
+        if cfg.rate is None
+        else [outgoing(p) for p in plan_requests(cfg.spec, cfg.rate, cfg.duration_s, cfg.seed, cfg.burst)]
+    )
     t0 = time.perf_counter()
     clock = lambda: time.perf_counter() - t0  # noqa: E731
 
@@ -185,10 +200,18 @@ async def _run(cfg: RunConfig, client: Client) -> RunResult:
         progress.sent += 1
         try:
             rec = await asyncio.wait_for(client.send(o, clock), timeout=cfg.timeout_s)
-        except (asyncio.TimeoutError, asyncio.CancelledError) as e:  # over time, or cut at the end of the drain
-            rec = RequestRecord(o.index, o.lane, len(o.prompt_ids), o.max_tokens, o.arrival_s, sent,
-                                status="timeout", end_s=clock(),
-                                error_type=UNFINISHED if isinstance(e, asyncio.CancelledError) else REQUEST_TIMEOUT)
+        except (TimeoutError, asyncio.CancelledError) as e:  # over time, or cut at the end of the drain
+            rec = RequestRecord(
+                o.index,
+                o.lane,
+                len(o.prompt_ids),
+                o.max_tokens,
+                o.arrival_s,
+                sent,
+                status="timeout",
+                end_s=clock(),
+                error_type=UNFINISHED if isinstance(e, asyncio.CancelledError) else REQUEST_TIMEOUT,
+            )
         records.append(rec)
         progress.done += 1
         progress.failed += rec.status != "ok"
@@ -201,8 +224,9 @@ async def _run(cfg: RunConfig, client: Client) -> RunResult:
 
     started_at = time.time()
     stop = asyncio.Event()
-    poller = asyncio.create_task(poll(cfg.effective_metrics_url, cfg.metrics_interval_s, clock,
-                                      lambda: len(in_flight), samples, stop))
+    poller = asyncio.create_task(
+        poll(cfg.effective_metrics_url, cfg.metrics_interval_s, clock, lambda: len(in_flight), samples, stop)
+    )
 
     async def ticker() -> None:
         while True:

@@ -14,8 +14,9 @@ search logic is tested without a server.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Generic, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -45,9 +46,16 @@ class SearchResult(Generic[T]):
         return best.rate if best is not None else 0.0
 
 
-def search_goodput_rate(evaluate: Callable[[float], tuple[float | None, T]], start_rate: float, *,
-                        target: float = 0.9, max_runs: int = 8, rel_tol: float = 0.1, min_rate: float = 0.01,
-                        max_rate: float = math.inf) -> SearchResult[T]:
+def search_goodput_rate(
+    evaluate: Callable[[float], tuple[float | None, T]],
+    start_rate: float,
+    *,
+    target: float = 0.9,
+    max_runs: int = 8,
+    rel_tol: float = 0.1,
+    min_rate: float = 0.01,
+    max_rate: float = math.inf,
+) -> SearchResult[T]:
     """``evaluate(rate) -> (attainment in [0, 1] or None, result)``; None (no request was measured)
     counts as a miss, so the search never reports a rate it has no evidence for."""
     if not start_rate > 0:

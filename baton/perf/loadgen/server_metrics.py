@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -45,18 +46,31 @@ class MetricsSample:
     worker_busy_cpu_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"t": round(self.t, 3), "in_flight": self.in_flight, "scraped": self.scraped,
-                "waiting": self.waiting, "running": self.running, "kv_usage": self.kv_usage,
-                "worker_waiting": self.worker_waiting, "worker_running": self.worker_running,
-                "worker_steps": self.worker_steps, "worker_busy_s": self.worker_busy_s,
-                "worker_busy_cpu_s": self.worker_busy_cpu_s}
+        return {
+            "t": round(self.t, 3),
+            "in_flight": self.in_flight,
+            "scraped": self.scraped,
+            "waiting": self.waiting,
+            "running": self.running,
+            "kv_usage": self.kv_usage,
+            "worker_waiting": self.worker_waiting,
+            "worker_running": self.worker_running,
+            "worker_steps": self.worker_steps,
+            "worker_busy_s": self.worker_busy_s,
+            "worker_busy_cpu_s": self.worker_busy_cpu_s,
+        }
 
 
 def parse_metrics(text: str, sample: MetricsSample) -> MetricsSample:
     """Fill ``sample`` from a Prometheus text exposition."""
-    per_worker = {KV_USAGE: sample.kv_usage, WORKER_WAITING: sample.worker_waiting,
-                  WORKER_RUNNING: sample.worker_running, WORKER_STEPS: sample.worker_steps,
-                  WORKER_BUSY: sample.worker_busy_s, WORKER_BUSY_CPU: sample.worker_busy_cpu_s}
+    per_worker = {
+        KV_USAGE: sample.kv_usage,
+        WORKER_WAITING: sample.worker_waiting,
+        WORKER_RUNNING: sample.worker_running,
+        WORKER_STEPS: sample.worker_steps,
+        WORKER_BUSY: sample.worker_busy_s,
+        WORKER_BUSY_CPU: sample.worker_busy_cpu_s,
+    }
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == WAITING and s.labels.get("role", "router") == "router":
@@ -71,15 +85,21 @@ def parse_metrics(text: str, sample: MetricsSample) -> MetricsSample:
     return sample
 
 
-async def poll(url: str | None, interval_s: float, clock: Clock, in_flight: Callable[[], int],
-               out: list[MetricsSample], stop: asyncio.Event) -> None:
+async def poll(
+    url: str | None,
+    interval_s: float,
+    clock: Clock,
+    in_flight: Callable[[], int],
+    out: list[MetricsSample],
+    stop: asyncio.Event,
+) -> None:
     """Append a sample every ``interval_s`` until ``stop`` is set (and one last one then)."""
     client = httpx.AsyncClient(timeout=httpx.Timeout(max(interval_s * 4, 2.0))) if url else None
     warned = False
     try:
         while True:
             sample = MetricsSample(t=clock(), in_flight=in_flight())
-            if client is not None:
+            if client is not None and url is not None:  # (both or neither)
                 try:
                     resp = await client.get(url)
                     resp.raise_for_status()
@@ -93,19 +113,19 @@ async def poll(url: str | None, interval_s: float, clock: Clock, in_flight: Call
                 return
             try:
                 await asyncio.wait_for(stop.wait(), timeout=max(0.0, interval_s - (clock() - sample.t)))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
     finally:
         if client is not None:
             await client.aclose()
 
 
-def worker_utilisation(samples: list[MetricsSample]) -> dict[str, dict[str, float]]:
+def worker_utilisation(samples: list[MetricsSample]) -> dict[str, dict[str, float | None]]:
     """Per worker over the run (first to last scrape that saw it): steps, wall and CPU seconds in
     steps, the mean step, the share of the time it was stepping, and ``cpu_share`` = CPU / wall
     seconds in steps (below 1: its steps waited for a core)."""
     seen = [s for s in samples if s.scraped and s.worker_steps]
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, float | None]] = {}
     if len(seen) < 2:
         return out
     for worker in seen[-1].worker_steps:
@@ -115,8 +135,12 @@ def worker_utilisation(samples: list[MetricsSample]) -> dict[str, dict[str, floa
         busy = b.worker_busy_s.get(worker, 0.0) - a.worker_busy_s.get(worker, 0.0)
         cpu = b.worker_busy_cpu_s.get(worker, 0.0) - a.worker_busy_cpu_s.get(worker, 0.0)
         span = b.t - a.t
-        out[worker] = {"steps": steps, "busy_s": round(busy, 3), "busy_cpu_s": round(cpu, 3),
-                       "mean_step_ms": round(busy / steps * 1e3, 2) if steps else None,
-                       "busy_share": round(busy / span, 4) if span > 0 else None,
-                       "cpu_share": round(cpu / busy, 4) if busy > 0 else None}
+        out[worker] = {
+            "steps": steps,
+            "busy_s": round(busy, 3),
+            "busy_cpu_s": round(cpu, 3),
+            "mean_step_ms": round(busy / steps * 1e3, 2) if steps else None,
+            "busy_share": round(busy / span, 4) if span > 0 else None,
+            "cpu_share": round(cpu / busy, 4) if busy > 0 else None,
+        }
     return out

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from baton.perf.loadgen.records import RequestRecord
 from baton.perf.loadgen.slo import LaneSLO
@@ -58,8 +59,14 @@ class Dist:
 
     def to_dict(self) -> dict[str, Any]:
         r = lambda x: None if x is None else round(x, 6)  # noqa: E731
-        return {"n": self.n, "mean": r(self.mean), "p50": r(self.p50), "p90": r(self.p90), "p99": r(self.p99),
-                "max": r(self.max)}
+        return {
+            "n": self.n,
+            "mean": r(self.mean),
+            "p50": r(self.p50),
+            "p90": r(self.p90),
+            "p99": r(self.p99),
+            "max": r(self.max),
+        }
 
 
 def meets_slo(rec: RequestRecord, slo: LaneSLO) -> bool:
@@ -94,21 +101,35 @@ class LaneStats:
     def to_dict(self) -> dict[str, Any]:
         r = lambda x: None if x is None else round(x, 6)  # noqa: E731
         return {
-            "requests": self.requests, "completed": self.completed, "rejected": self.rejected, "errors": self.errors,
+            "requests": self.requests,
+            "completed": self.completed,
+            "rejected": self.rejected,
+            "errors": self.errors,
             "rejections": dict(sorted(self.rejections.items())),
-            "duration_s": r(self.duration_s), "elapsed_s": r(self.elapsed_s),
+            "duration_s": r(self.duration_s),
+            "elapsed_s": r(self.elapsed_s),
             "offered_rate": r(self.offered_rate),
             "request_throughput": r(self.request_throughput),
             "output_token_throughput": r(self.output_token_throughput),
-            "ttft_s": self.ttft_s.to_dict(), "tpot_s": self.tpot_s.to_dict(), "itl_s": self.itl_s.to_dict(),
-            "e2e_s": self.e2e_s.to_dict(), "client_lag_s": self.lag_s.to_dict(),
+            "ttft_s": self.ttft_s.to_dict(),
+            "tpot_s": self.tpot_s.to_dict(),
+            "itl_s": self.itl_s.to_dict(),
+            "e2e_s": self.e2e_s.to_dict(),
+            "client_lag_s": self.lag_s.to_dict(),
             "slo": None if self.slo is None else self.slo.to_dict(),
-            "slo_met": self.slo_met, "slo_attainment": r(self.slo_attainment), "goodput_rps": r(self.goodput_rps),
+            "slo_met": self.slo_met,
+            "slo_attainment": r(self.slo_attainment),
+            "goodput_rps": r(self.goodput_rps),
         }
 
 
-def summarize(records: Sequence[RequestRecord], slos: dict[str, LaneSLO] | LaneSLO | None, duration_s: float,
-              window_start_s: float = 0.0, offered_rate: float | None = None) -> LaneStats:
+def summarize(
+    records: Sequence[RequestRecord],
+    slos: dict[str, LaneSLO] | LaneSLO | None,
+    duration_s: float,
+    window_start_s: float = 0.0,
+    offered_rate: float | None = None,
+) -> LaneStats:
     """Statistics of ``records`` (already restricted to the measured window). ``slos`` is one SLO,
     or a lane -> SLO map (each request is scored against its own lane's)."""
     ok = [r for r in records if r.status == "ok"]
@@ -146,8 +167,21 @@ def summarize(records: Sequence[RequestRecord], slos: dict[str, LaneSLO] | LaneS
     )
 
 
-def summarize_by_lane(records: Sequence[RequestRecord], slos: dict[str, LaneSLO], duration_s: float,
-                      window_start_s: float = 0.0, lane_rates: dict[str, float] | None = None) -> dict[str, LaneStats]:
+def summarize_by_lane(
+    records: Sequence[RequestRecord],
+    slos: dict[str, LaneSLO],
+    duration_s: float,
+    window_start_s: float = 0.0,
+    lane_rates: dict[str, float] | None = None,
+) -> dict[str, LaneStats]:
     lanes = sorted({r.lane for r in records} | set(lane_rates or {}))
-    return {lane: summarize([r for r in records if r.lane == lane], slos.get(lane), duration_s, window_start_s,
-                            (lane_rates or {}).get(lane)) for lane in lanes}
+    return {
+        lane: summarize(
+            [r for r in records if r.lane == lane],
+            slos.get(lane),
+            duration_s,
+            window_start_s,
+            (lane_rates or {}).get(lane),
+        )
+        for lane in lanes
+    }

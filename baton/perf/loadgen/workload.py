@@ -60,7 +60,9 @@ class LengthDist:
         if self.kind in ("uniform", "sharegpt") and not 1 <= self.low <= self.high:
             raise ValueError(f"a {self.kind} length needs 1 <= low <= high, got low={self.low} high={self.high}")
         if self.kind == "sharegpt" and (self.mean <= 0 or self.sigma < 0):
-            raise ValueError(f"a sharegpt length needs mean > 0 and sigma >= 0, got mean={self.mean} sigma={self.sigma}")
+            raise ValueError(
+                f"a sharegpt length needs mean > 0 and sigma >= 0, got mean={self.mean} sigma={self.sigma}"
+            )
 
     @staticmethod
     def fixed(value: int) -> LengthDist:
@@ -81,7 +83,7 @@ class LengthDist:
             return rng.randint(self.low, self.high)
         # E[lognormal(mu, s)] = exp(mu + s^2/2): choose mu so the unclipped mean is `mean`.
         mu = math.log(self.mean) - self.sigma * self.sigma / 2.0
-        return min(max(int(round(rng.lognormvariate(mu, self.sigma))), self.low), self.high)
+        return min(max(round(rng.lognormvariate(mu, self.sigma)), self.low), self.high)
 
     @property
     def max_value(self) -> int:
@@ -146,14 +148,21 @@ class WorkloadSpec:
 
     def max_total_len(self) -> int:
         """The longest request (prompt + output) this workload can produce."""
-        return max(self.prefix_len + self.input_dist(l).max_value + self.output_dist(l).max_value for l in self.lanes)
+        return max(
+            self.prefix_len + self.input_dist(lane).max_value + self.output_dist(lane).max_value for lane in self.lanes
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "name": self.name, "lanes": dict(self.lanes),
-            "input_len": self.input_len.to_dict(), "output_len": self.output_len.to_dict(),
-            "prefix_groups": self.prefix_groups, "prefix_len": self.prefix_len,
-            "arrival": self.arrival, "gamma_shape": self.gamma_shape, "streaming": self.streaming,
+            "name": self.name,
+            "lanes": dict(self.lanes),
+            "input_len": self.input_len.to_dict(),
+            "output_len": self.output_len.to_dict(),
+            "prefix_groups": self.prefix_groups,
+            "prefix_len": self.prefix_len,
+            "arrival": self.arrival,
+            "gamma_shape": self.gamma_shape,
+            "streaming": self.streaming,
         }
         if self.lane_input_len:
             d["lane_input_len"] = {k: v.to_dict() for k, v in self.lane_input_len.items()}
@@ -176,13 +185,23 @@ def _builtin(name: str) -> WorkloadSpec | None:
     if name == "mixed":
         # Interactive chat turns next to background jobs with longer prompts and answers.
         return WorkloadSpec(
-            name, {"interactive": 0.7, "batch": 0.3}, chat_in, chat_out,
+            name,
+            {"interactive": 0.7, "batch": 0.3},
+            chat_in,
+            chat_out,
             lane_input_len={"batch": LengthDist.sharegpt(mean=400, sigma=0.6, low=64, high=1536)},
-            lane_output_len={"batch": LengthDist.sharegpt(mean=128, sigma=0.5, low=16, high=384)})
+            lane_output_len={"batch": LengthDist.sharegpt(mean=128, sigma=0.5, low=16, high=384)},
+        )
     if name == "shared-prefix":
         # A few long system prompts shared by many short questions: prefix caching's best case.
-        return WorkloadSpec(name, {"interactive": 1.0}, LengthDist.uniform(16, 64), LengthDist.fixed(32),
-                            prefix_groups=4, prefix_len=512)
+        return WorkloadSpec(
+            name,
+            {"interactive": 1.0},
+            LengthDist.uniform(16, 64),
+            LengthDist.fixed(32),
+            prefix_groups=4,
+            prefix_len=512,
+        )
     return None
 
 
@@ -235,14 +254,16 @@ def workload_from_dict(data: Any, default_name: str = "custom") -> WorkloadSpec:
             raise ValueError(f"{key}: required")
     lanes = data["lanes"]
     if isinstance(lanes, list):  # `lanes: [interactive]` = equal shares
-        lanes = {str(l): 1.0 / len(lanes) for l in lanes} if lanes else {}
+        lanes = {str(lane): 1.0 / len(lanes) for lane in lanes} if lanes else {}
     if not isinstance(lanes, dict):
         raise ValueError(f"lanes: expected a mapping lane -> share, got {type(lanes).__name__}")
     ints = {"prefix_groups", "prefix_len"}
     for key in ints:
         if key in data and (not isinstance(data[key], int) or isinstance(data[key], bool)):
             raise ValueError(f"{key}: expected an integer, got {data[key]!r}")
-    if "gamma_shape" in data and (not isinstance(data["gamma_shape"], (int, float)) or isinstance(data["gamma_shape"], bool)):
+    if "gamma_shape" in data and (
+        not isinstance(data["gamma_shape"], (int, float)) or isinstance(data["gamma_shape"], bool)
+    ):
         raise ValueError(f"gamma_shape: expected a number, got {data['gamma_shape']!r}")
     if "streaming" in data and not isinstance(data["streaming"], bool):
         raise ValueError(f"streaming: expected a boolean, got {data['streaming']!r}")
@@ -275,8 +296,9 @@ def load_workload(name_or_path: str) -> WorkloadSpec:
         return spec
     path = Path(name_or_path)
     if not path.is_file():
-        raise ValueError(f"unknown workload {name_or_path!r}: not a builtin ({', '.join(BUILTIN_WORKLOADS)}) "
-                         "and not a file")
+        raise ValueError(
+            f"unknown workload {name_or_path!r}: not a builtin ({', '.join(BUILTIN_WORKLOADS)}) and not a file"
+        )
     text = path.read_text()
     try:
         if path.suffix == ".json":
@@ -369,8 +391,9 @@ def sample_requests(spec: WorkloadSpec, n: int, seed: int = 0) -> list[PlannedRe
     return [sample_request(spec, i, rng) for i in range(n)]
 
 
-def plan_requests(spec: WorkloadSpec, rate: float, duration_s: float, seed: int = 0,
-                  burst: Burst | None = None) -> list[PlannedRequest]:
+def plan_requests(
+    spec: WorkloadSpec, rate: float, duration_s: float, seed: int = 0, burst: Burst | None = None
+) -> list[PlannedRequest]:
     """Every request arriving in ``[0, duration_s)`` at ``rate`` requests/s (open loop), sorted by arrival.
 
     Arrival times and request contents come from two independent seeded streams, so changing the

@@ -39,8 +39,11 @@ SCHEMA = "baton.cost_model/1"
 
 
 def _transfer(t: dict) -> TransferModel:
-    return TransferModel(float(t.get("bandwidth_bytes_per_s", TransferModel.bandwidth_bytes_per_s)),
-                         float(t.get("latency_s", TransferModel.latency_s)), str(t.get("source", "default")))
+    return TransferModel(
+        float(t.get("bandwidth_bytes_per_s", TransferModel.bandwidth_bytes_per_s)),
+        float(t.get("latency_s", TransferModel.latency_s)),
+        str(t.get("source", "default")),
+    )
 
 
 class CostModelError(ValueError):
@@ -116,10 +119,16 @@ class CostModel:
                 raise CostModelError(f"step coefficient {name!r} must be a finite number >= 0, got {c!r}")
         # Finite, or the simulator's clock never passes a NaN time (baton plan hung) or prints NaN.
         for name, t in (("transfer", self.transfer), ("local_transfer", self.local_transfer)):
-            if t is not None and not (_finite(t.bandwidth_bytes_per_s) and t.bandwidth_bytes_per_s > 0
-                                      and _finite(t.latency_s) and t.latency_s >= 0):
-                raise CostModelError(f"{name}: bandwidth must be a finite number > 0 and latency a finite "
-                                     f"number >= 0, got {t.bandwidth_bytes_per_s!r} and {t.latency_s!r}")
+            if t is not None and not (
+                _finite(t.bandwidth_bytes_per_s)
+                and t.bandwidth_bytes_per_s > 0
+                and _finite(t.latency_s)
+                and t.latency_s >= 0
+            ):
+                raise CostModelError(
+                    f"{name}: bandwidth must be a finite number > 0 and latency a finite "
+                    f"number >= 0, got {t.bandwidth_bytes_per_s!r} and {t.latency_s!r}"
+                )
         o = self.overheads
         for name in ("step_s", "rpc_s", "output_s"):
             v = getattr(o, name)
@@ -133,8 +142,9 @@ class CostModel:
             raise CostModelError(f"model.vocab_size must be > 3, got {g.vocab_size!r}")
         if self.device not in ("cpu", "cuda"):
             raise CostModelError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
-        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
-                                         or self.threads < 1):
+        if self.threads is not None and (
+            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
+        ):
             raise CostModelError(f"threads must be a positive integer or null, got {self.threads!r}")
         if not (math.isfinite(self.typical_over_fastest) and self.typical_over_fastest >= 1.0):
             raise CostModelError(f"step.typical_over_fastest must be >= 1, got {self.typical_over_fastest!r}")
@@ -159,8 +169,11 @@ class CostModel:
         for s in self.samples:
             for name, v in s.shape.features().items():
                 measured[name] = max(measured.get(name, 0.0), v)
-        return {name: round(v / measured[name], 2) for name, v in sorted(used_max.items())
-                if measured.get(name, 0.0) > 0 and v > slack * measured[name]}
+        return {
+            name: round(v / measured[name], 2)
+            for name, v in sorted(used_max.items())
+            if measured.get(name, 0.0) > 0 and v > slack * measured[name]
+        }
 
     def transfer_seconds(self, num_tokens: int) -> float:
         return self.transfer.seconds(num_tokens * self.model.kv_bytes_per_token)
@@ -191,8 +204,10 @@ class CostModel:
             "local_transfer": dict(self.local_transfer.__dict__) if self.local_transfer else None,
             "overheads": dict(self.overheads.__dict__),
             "host": self.host.to_json() if self.host else None,
-            "samples": [{"kind": s.kind, "point": s.point, "seconds": s.seconds, "shape": s.shape.to_json()}
-                        for s in self.samples],
+            "samples": [
+                {"kind": s.kind, "point": s.point, "seconds": s.seconds, "shape": s.shape.to_json()}
+                for s in self.samples
+            ],
         }
 
     def save(self, path: str | Path) -> None:
@@ -211,7 +226,7 @@ class CostModel:
             if not isinstance(obj, dict) or key not in obj:
                 raise CostModelError(f"{source}: missing field {where}{key}")
             v = obj[key]
-            if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
+            if not isinstance(v, kind) or (isinstance(v, bool) and kind is not bool):
                 raise CostModelError(f"{source}: field {where}{key} has the wrong type ({type(v).__name__})")
             return v
 
@@ -224,33 +239,52 @@ class CostModel:
         m = need(d, "model", dict, "")
         try:
             geometry = ModelGeometry(
-                spec=str(m.get("spec", "")), name=str(need(m, "name", str, "model.")),
-                architecture=str(m.get("architecture", "")), num_layers=int(need(m, "num_layers", int, "model.")),
+                spec=str(m.get("spec", "")),
+                name=str(need(m, "name", str, "model.")),
+                architecture=str(m.get("architecture", "")),
+                num_layers=int(need(m, "num_layers", int, "model.")),
                 vocab_size=int(need(m, "vocab_size", int, "model.")),
-                max_model_len=int(need(m, "max_model_len", int, "model.")), dtype=str(m.get("dtype", "")),
+                max_model_len=int(need(m, "max_model_len", int, "model.")),
+                dtype=str(m.get("dtype", "")),
                 kv_bytes_per_token=int(need(m, "kv_bytes_per_token", int, "model.")),
-                block_size=int(m.get("block_size", 16)), num_kv_blocks=int(m.get("num_kv_blocks", 0)))
+                block_size=int(m.get("block_size", 16)),
+                num_kv_blocks=int(m.get("num_kv_blocks", 0)),
+            )
             step = need(d, "step", dict, "")
             coefs = need(step, "coefficients", dict, "step.")
             fit = FitReport.from_json(step["fit"]) if step.get("fit") else None
             transfer = _transfer(d.get("transfer") or {})
             local = _transfer(d["local_transfer"]) if d.get("local_transfer") else None
             o = d.get("overheads") or {}
-            overheads = Overheads(float(o.get("step_s", Overheads.step_s)), float(o.get("rpc_s", Overheads.rpc_s)),
-                                  float(o.get("output_s", Overheads.output_s)), str(o.get("source", "default")))
-            samples = tuple(Sample(str(s["kind"]), StepShape.from_json(s["shape"]), float(s["seconds"]),
-                                   int(s.get("point", 0)))
-                            for s in d.get("samples", []))
+            overheads = Overheads(
+                float(o.get("step_s", Overheads.step_s)),
+                float(o.get("rpc_s", Overheads.rpc_s)),
+                float(o.get("output_s", Overheads.output_s)),
+                str(o.get("source", "default")),
+            )
+            samples = tuple(
+                Sample(str(s["kind"]), StepShape.from_json(s["shape"]), float(s["seconds"]), int(s.get("point", 0)))
+                for s in d.get("samples", [])
+            )
             for k, v in coefs.items():
                 if not isinstance(v, num) or isinstance(v, bool):
                     raise CostModelError(f"{source}: step.coefficients.{k} must be a number, got {v!r}")
-            return cls(device=str(need(d, "device", str, "")), threads=d.get("threads"), model=geometry,
-                       coefficients={str(k): float(v) for k, v in coefs.items()}, fit=fit, transfer=transfer,
-                       overheads=overheads, machine=dict(d.get("machine") or {}), samples=samples,
-                       created=str(d.get("created", "")),
-                       neighbour_slowdown=float(step.get("neighbour_slowdown", 0.0)), local_transfer=local,
-                       host=HostModel.from_json(d["host"]) if d.get("host") else None,
-                       typical_over_fastest=float(step.get("typical_over_fastest", 1.0)))
+            return cls(
+                device=str(need(d, "device", str, "")),
+                threads=d.get("threads"),
+                model=geometry,
+                coefficients={str(k): float(v) for k, v in coefs.items()},
+                fit=fit,
+                transfer=transfer,
+                overheads=overheads,
+                machine=dict(d.get("machine") or {}),
+                samples=samples,
+                created=str(d.get("created", "")),
+                neighbour_slowdown=float(step.get("neighbour_slowdown", 0.0)),
+                local_transfer=local,
+                host=HostModel.from_json(d["host"]) if d.get("host") else None,
+                typical_over_fastest=float(step.get("typical_over_fastest", 1.0)),
+            )
         except CostModelError as e:
             if str(e).startswith(source):
                 raise

@@ -10,8 +10,8 @@ Lawson-Hanson NNLS on unit-scaled columns (numpy only).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -26,15 +26,25 @@ class FitReport:
     by_kind: dict[str, float]  # median |relative error| per sample kind
 
     def to_json(self) -> dict:
-        return {"n": self.n, "rms_rel_error": self.rms_rel_error, "median_abs_rel_error": self.median_abs_rel_error,
-                "p90_abs_rel_error": self.p90_abs_rel_error, "max_abs_rel_error": self.max_abs_rel_error,
-                "by_kind": dict(self.by_kind)}
+        return {
+            "n": self.n,
+            "rms_rel_error": self.rms_rel_error,
+            "median_abs_rel_error": self.median_abs_rel_error,
+            "p90_abs_rel_error": self.p90_abs_rel_error,
+            "max_abs_rel_error": self.max_abs_rel_error,
+            "by_kind": dict(self.by_kind),
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> FitReport:
-        return cls(int(d["n"]), float(d["rms_rel_error"]), float(d["median_abs_rel_error"]),
-                   float(d["p90_abs_rel_error"]), float(d["max_abs_rel_error"]),
-                   {str(k): float(v) for k, v in d.get("by_kind", {}).items()})
+        return cls(
+            int(d["n"]),
+            float(d["rms_rel_error"]),
+            float(d["median_abs_rel_error"]),
+            float(d["p90_abs_rel_error"]),
+            float(d["max_abs_rel_error"]),
+            {str(k): float(v) for k, v in d.get("by_kind", {}).items()},
+        )
 
 
 def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
@@ -64,8 +74,9 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarra
     return x
 
 
-def fit_step_model(rows: Sequence[dict[str, float]], seconds: Sequence[float],
-                   names: Sequence[str]) -> dict[str, float]:
+def fit_step_model(
+    rows: Sequence[dict[str, float]], seconds: Sequence[float], names: Sequence[str]
+) -> dict[str, float]:
     """Coefficients (seconds per unit of each feature) minimising the relative squared error."""
     if len(rows) != len(seconds) or not rows:
         raise ValueError("fit_step_model needs one feature row per measured time, and at least one")
@@ -79,8 +90,10 @@ def fit_step_model(rows: Sequence[dict[str, float]], seconds: Sequence[float],
     # One sample (or identical ones) gave {'const': 0.03} and a "perfect" fit. A grid whose features
     # are partly collinear is fine (non-negative least squares picks a solution); one direction is not.
     if used.sum() >= 2 and np.linalg.matrix_rank(xw[:, used]) < 2:
-        raise ValueError(f"{len(rows)} step sample(s) of a single batch shape cannot tell the {int(used.sum())} "
-                         "step features they exercise apart; profile a grid of batch shapes")
+        raise ValueError(
+            f"{len(rows)} step sample(s) of a single batch shape cannot tell the {int(used.sum())} "
+            "step features they exercise apart; profile a grid of batch shapes"
+        )
     coef = np.zeros(len(names))
     if used.any():
         sol = nnls(xw[:, used] / scale[used], np.ones(len(y)))
@@ -92,11 +105,17 @@ def predict(coefficients: dict[str, float], features: dict[str, float]) -> float
     return sum(c * features.get(n, 0.0) for n, c in coefficients.items())
 
 
-def report(coefficients: dict[str, float], rows: Sequence[dict[str, float]], seconds: Sequence[float],
-           kinds: Sequence[str]) -> FitReport:
+def report(
+    coefficients: dict[str, float], rows: Sequence[dict[str, float]], seconds: Sequence[float], kinds: Sequence[str]
+) -> FitReport:
     rel = np.array([(predict(coefficients, r) - s) / s for r, s in zip(rows, seconds)])
     a = np.abs(rel)
     by_kind = {k: float(np.median(a[[i for i, x in enumerate(kinds) if x == k]])) for k in sorted(set(kinds))}
-    return FitReport(n=len(rel), rms_rel_error=float(math.sqrt(float(np.mean(rel ** 2)))),
-                     median_abs_rel_error=float(np.median(a)), p90_abs_rel_error=float(np.quantile(a, 0.9)),
-                     max_abs_rel_error=float(a.max()), by_kind=by_kind)
+    return FitReport(
+        n=len(rel),
+        rms_rel_error=float(math.sqrt(float(np.mean(rel**2)))),
+        median_abs_rel_error=float(np.median(a)),
+        p90_abs_rel_error=float(np.quantile(a, 0.9)),
+        max_abs_rel_error=float(a.max()),
+        by_kind=by_kind,
+    )

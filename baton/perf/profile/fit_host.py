@@ -19,8 +19,14 @@ from baton.perf.profile.host import fit_host, samples_from_experiment
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m baton.perf.profile.fit_host", description=__doc__.split("\n\n")[0])
     p.add_argument("--cost-model", required=True, metavar="FILE", help="the cost model to add the host model to")
-    p.add_argument("--from", dest="sources", action="append", required=True, metavar="REPORT",
-                   help="an experiment report whose runs carry CPU measurements (repeatable)")
+    p.add_argument(
+        "--from",
+        dest="sources",
+        action="append",
+        required=True,
+        metavar="REPORT",
+        help="an experiment report whose runs carry CPU measurements (repeatable)",
+    )
     p.add_argument("--cores", type=int, default=None, help="the host's cores (default: the reports' machine)")
     p.add_argument("--out", default=None, metavar="FILE", help="write here instead of over --cost-model")
     args = p.parse_args(argv)
@@ -44,8 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     for s in samples:
         pred = host.base_cores * s.wall_s + host.cpu_s_per_token * s.tokens
         print(f"  run: {s.wall_s:6.1f} s, {s.tokens:6d} tokens, host CPU {s.host_cpu_s:6.1f} s, model {pred:6.1f} s")
-    print(f"host: {host.cores} cores, base {host.base_cores:.3f} cores + {host.cpu_s_per_token * 1e3:.2f} ms CPU "
-          f"per output token (from {len(samples)} runs) -> {args.out or args.cost_model}")
+    print(
+        f"host: {host.cores} cores, base {host.base_cores:.3f} cores + {host.cpu_s_per_token * 1e3:.2f} ms CPU "
+        f"per output token (from {len(samples)} runs) -> {args.out or args.cost_model}"
+    )
     return 0
 
 

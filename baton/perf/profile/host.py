@@ -51,8 +51,13 @@ class HostModel:
 
     @classmethod
     def from_json(cls, d: dict) -> HostModel:
-        return cls(int(d["cores"]), float(d.get("base_cores", 0.0)), float(d.get("cpu_s_per_token", 0.0)),
-                   float(d.get("cpu_s_per_request", 0.0)), str(d.get("source", "file")))
+        return cls(
+            int(d["cores"]),
+            float(d.get("base_cores", 0.0)),
+            float(d.get("cpu_s_per_token", 0.0)),
+            float(d.get("cpu_s_per_request", 0.0)),
+            str(d.get("source", "file")),
+        )
 
 
 @dataclass(frozen=True)
@@ -94,16 +99,19 @@ def fit_host(samples: list[HostSample], cores: int, source: str = "fit") -> Host
     tokens and the two cannot be told apart; their cost is folded into the per-token one."""
     if not samples:
         raise ValueError("no run with CPU measurements (experiments record them since bench.experiments.cpu_usage)")
-    sww = sum(s.wall_s ** 2 for s in samples)
+    sww = sum(s.wall_s**2 for s in samples)
     swt = sum(s.wall_s * s.tokens for s in samples)
-    stt = sum(s.tokens ** 2 for s in samples)
+    stt = sum(s.tokens**2 for s in samples)
     swy = sum(s.wall_s * s.host_cpu_s for s in samples)
     sty = sum(s.tokens * s.host_cpu_s for s in samples)
     det = sww * stt - swt * swt
-    base = c_tok = None
+    base: float | None = None
+    c_tok: float | None = None
     if len(samples) >= 2 and det > 1e-9 * sww * max(stt, 1.0):
         base, c_tok = (swy * stt - sty * swt) / det, (sww * sty - swt * swy) / det
-    if base is None or base < 0 or c_tok < 0:  # one parameter at a time, whichever explains more
+    if (
+        base is None or c_tok is None or base < 0 or c_tok < 0
+    ):  # (both or neither are None)  # one parameter at a time, whichever explains more
         only_tok = (sty / stt) if stt > 0 else 0.0
         only_base = swy / sww
         rss_tok = sum((s.host_cpu_s - only_tok * s.tokens) ** 2 for s in samples)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import statistics
-from typing import Callable
+from collections.abc import Callable
 
 PROBES = (("decode", 4, 256), ("decode", 16, 64), ("prefill", 256, 0))
 
@@ -25,9 +25,14 @@ def _neighbour(model_dir: str, threads: int | None, ready, stop, batch: int = 8,
     from engine.engine import LLMEngine
     from engine.sampling_params import SamplingParams
 
-    eng = LLMEngine(EngineConfig(model=model_dir, num_threads=threads,
-                                 scheduler=SchedulerConfig(max_num_seqs=batch + 2),
-                                 cache=CacheConfig(num_blocks=batch * (-(-(context + 1100) // 16)) + 16)))
+    eng = LLMEngine(
+        EngineConfig(
+            model=model_dir,
+            num_threads=threads,
+            scheduler=SchedulerConfig(max_num_seqs=batch + 2),
+            cache=CacheConfig(num_blocks=batch * (-(-(context + 1100) // 16)) + 16),
+        )
+    )
     params = SamplingParams(max_tokens=1000, ignore_eos=True)
     n = 0
     ready.set()
@@ -51,8 +56,9 @@ def _probe(timer, repeats: int) -> list[float]:
     return out
 
 
-def neighbour_slowdown(timer, model_dir: str, threads: int | None, repeats: int = 2,
-                       progress: Callable[[str], None] = lambda m: None) -> float:
+def neighbour_slowdown(
+    timer, model_dir: str, threads: int | None, repeats: int = 2, progress: Callable[[str], None] = lambda m: None
+) -> float:
     """Relative slowdown of this engine's steps per busy neighbour (>= 0)."""
     alone = _probe(timer, repeats)
     ctx = mp.get_context("spawn")  # a clean interpreter: no forked torch thread pools
@@ -69,6 +75,7 @@ def neighbour_slowdown(timer, model_dir: str, threads: int | None, repeats: int 
         if proc.is_alive():
             proc.kill()
     ratios = [b / a for a, b in zip(alone, busy)]
-    progress("steps next to a busy worker: " + ", ".join(
-        f"{k} {x}x{y} {r:.2f}x" for (k, x, y), r in zip(PROBES, ratios)))
+    progress(
+        "steps next to a busy worker: " + ", ".join(f"{k} {x}x{y} {r:.2f}x" for (k, x, y), r in zip(PROBES, ratios))
+    )
     return max(0.0, statistics.fmean(ratios) - 1.0)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from baton.perf.profile.cost_model import Sample
 from baton.perf.profile.step_shape import shape_of_rows
@@ -35,16 +35,21 @@ class Grid:
     def fit_to(self, max_model_len: int, steps: int) -> Grid:
         """Drop the points the model's context cannot hold."""
         ok = lambda n: n + steps + 2 <= max_model_len  # noqa: E731
-        return Grid(tuple(p for p in self.decode if ok(p[1])), tuple(p for p in self.ragged if ok(p[2])),
-                    tuple(p for p in self.prefill if ok(p[0] + p[1])),
-                    tuple(p for p in self.mixed if ok(max(p[1], p[2]))),
-                    self.repeats, self.max_point_s)
+        return Grid(
+            tuple(p for p in self.decode if ok(p[1])),
+            tuple(p for p in self.ragged if ok(p[2])),
+            tuple(p for p in self.prefill if ok(p[0] + p[1])),
+            tuple(p for p in self.mixed if ok(max(p[1], p[2]))),
+            self.repeats,
+            self.max_point_s,
+        )
 
 
 def default_grid(max_batch_context: int = 32768) -> Grid:
     # Small batches are where a CPU worker's inter-token latency is decided: sample them densely.
-    decode = tuple((b, n) for b in (1, 2, 3, 4, 6, 8, 16, 32, 64) for n in (64, 256, 1024, 2048)
-                   if b * n <= max_batch_context)
+    decode = tuple(
+        (b, n) for b in (1, 2, 3, 4, 6, 8, 16, 32, 64) for n in (64, 256, 1024, 2048) if b * n <= max_batch_context
+    )
     return Grid(
         decode=decode,
         ragged=((8, 64, 2048), (16, 64, 1024), (32, 128, 512)),
@@ -189,8 +194,15 @@ def typical_over_fastest(samples: list[Sample]) -> float:
     return sum(ratios) / len(ratios) if ratios else 1.0
 
 
-def engine_for_grid(model: str, grid: Grid, threads: int | None, device: str = "auto", dtype: str = "auto",
-                    block_size: int = 16, progress: Callable[[str], None] | None = None):
+def engine_for_grid(
+    model: str,
+    grid: Grid,
+    threads: int | None,
+    device: str = "auto",
+    dtype: str = "auto",
+    block_size: int = 16,
+    progress: Callable[[str], None] | None = None,
+):
     """An engine with room for every grid point (and no more: the KV pool is sized from the grid)."""
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
     from engine.engine import LLMEngine
@@ -206,7 +218,12 @@ def engine_for_grid(model: str, grid: Grid, threads: int | None, device: str = "
     max_b = max([b for b, _ in grid.decode] + [b for b, _, _ in grid.ragged] + [b for b, _, _ in grid.mixed] + [2])
     max_t = max([t for t, _ in grid.prefill] + [t for _, _, t in grid.mixed] + [16])
     num_blocks = -(-need_tokens // block_size) + 2 * max_b + 64
-    cfg = EngineConfig(model=model, device=device, dtype=dtype, num_threads=threads,
-                       scheduler=SchedulerConfig(max_num_seqs=max_b + 4, max_num_batched_tokens=max_t + max_b + 16),
-                       cache=CacheConfig(block_size=block_size, num_blocks=num_blocks))
+    cfg = EngineConfig(
+        model=model,
+        device=device,
+        dtype=dtype,
+        num_threads=threads,
+        scheduler=SchedulerConfig(max_num_seqs=max_b + 4, max_num_batched_tokens=max_t + max_b + 16),
+        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
+    )
     return LLMEngine(cfg, progress=progress)

@@ -13,11 +13,13 @@
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import statistics
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 from baton.perf.profile.cost_model import TransferModel
 
@@ -74,7 +76,7 @@ def _loop_steps(timer, batch: int, context: int, steps: int) -> list[float]:
     outbox.close()
     t.join(1.0)
     timer._clear()
-    return [b - a for a, b in zip(marks, marks[1:])]  # the first step (a new batch) is left out
+    return [b - a for a, b in itertools.pairwise(marks)]  # the first step (a new batch) is left out
 
 
 def loop_overhead_s(timer, batch: int = 8, context: int = 128, steps: int = 10, rounds: int = 2) -> float:
@@ -97,7 +99,8 @@ def ray_rpc_s(calls: int = 40) -> float:
     """Median round trip of a trivial actor call (Ray must be initialized)."""
     import ray
 
-    actor = ray.remote(num_cpus=1)(_Pong).remote()
+    # Any: a Ray actor handle (its remote methods are typed at run time only)
+    actor: Any = ray.remote(num_cpus=1)(_Pong).remote()
     ray.get(actor.ping.remote())
     times = []
     for _ in range(calls):
@@ -121,9 +124,13 @@ def _line(pts: list[tuple[int, float]], source: str) -> TransferModel:
     return TransferModel(bandwidth_bytes_per_s=1.0 / slope, latency_s=max(0.0, ms - slope * mb), source=source)
 
 
-def kv_transfer_models(geometry: dict, lengths: tuple[int, ...] = (256, 512, 1024), repeats: int = 2,
-                       timeout_s: float = 240.0, progress: Callable[[str], None] = lambda m: None
-                       ) -> tuple[TransferModel | None, TransferModel | None]:
+def kv_transfer_models(
+    geometry: dict,
+    lengths: tuple[int, ...] = (256, 512, 1024),
+    repeats: int = 2,
+    timeout_s: float = 240.0,
+    progress: Callable[[str], None] = lambda m: None,
+) -> tuple[TransferModel | None, TransferModel | None]:
     """(gloo pair group, same-host shared-memory path) from ``baton.perf.kv_transfer_bench``, which runs its own
     Ray instance; (None, None) when the measurement fails or takes longer than ``timeout_s``."""
     from baton.perf.kv_transfer_bench import run
@@ -149,7 +156,8 @@ def kv_transfer_models(geometry: dict, lengths: tuple[int, ...] = (256, 512, 102
     local = None
     if all("local_latency_ms_median" in x for x in rows):
         lpts = [(x["bytes"], x["local_latency_ms_median"] / 1e3) for x in rows]
-        progress("KV transfer (shared memory): " + ", ".join(f"{b / 2**20:.1f} MiB in {s * 1e3:.1f} ms"
-                                                            for b, s in lpts))
+        progress(
+            "KV transfer (shared memory): " + ", ".join(f"{b / 2**20:.1f} MiB in {s * 1e3:.1f} ms" for b, s in lpts)
+        )
         local = _line(lpts, "measured")
     return _line(pts, "measured"), local

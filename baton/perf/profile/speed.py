@@ -38,8 +38,11 @@ SCHEMA = "baton.speed_probe/1"
 # (kind, rows or new tokens, context): short steps of the kinds a CPU worker runs most, each of
 # them also on the profile's grid (so the fit is not extrapolating where the ratio is taken).
 PROBES: tuple[tuple[str, int, int], ...] = (
-    ("decode", 1, 64), ("decode", 4, 256), ("decode", 16, 64),
-    ("prefill", 256, 0), ("prefill", 512, 0),
+    ("decode", 1, 64),
+    ("decode", 4, 256),
+    ("decode", 16, 64),
+    ("prefill", 256, 0),
+    ("prefill", 512, 0),
 )
 
 
@@ -77,10 +80,17 @@ class SpeedProbe:
     @classmethod
     def from_json(cls, d: dict) -> SpeedProbe:
         if not isinstance(d, dict) or d.get("schema") != SCHEMA:
-            raise ValueError(f"not a speed probe (schema {d.get('schema') if isinstance(d, dict) else d!r}, "
-                             f"expected {SCHEMA!r})")
-        return cls(float(d["decode"]), float(d["prefill"]), str(d.get("reference", "")), float(d.get("at_unix", 0.0)),
-                   float(d.get("seconds", 0.0)), tuple(ProbePoint(**p) for p in d.get("points", [])))
+            raise ValueError(
+                f"not a speed probe (schema {d.get('schema') if isinstance(d, dict) else d!r}, expected {SCHEMA!r})"
+            )
+        return cls(
+            float(d["decode"]),
+            float(d["prefill"]),
+            str(d.get("reference", "")),
+            float(d.get("at_unix", 0.0)),
+            float(d.get("seconds", 0.0)),
+            tuple(ProbePoint(**p) for p in d.get("points", [])),
+        )
 
 
 def ratios(points: list[ProbePoint]) -> tuple[float, float]:
@@ -101,8 +111,13 @@ def mean_probe(probes: list[SpeedProbe]) -> SpeedProbe | None:
     refs = {p.reference for p in probes}
     if len(refs) > 1:
         raise ValueError(f"speed probes against different cost models: {sorted(refs)}")
-    return SpeedProbe(statistics.fmean(p.decode for p in probes), statistics.fmean(p.prefill for p in probes),
-                      refs.pop(), min(p.at_unix for p in probes), sum(p.seconds for p in probes))
+    return SpeedProbe(
+        statistics.fmean(p.decode for p in probes),
+        statistics.fmean(p.prefill for p in probes),
+        refs.pop(),
+        min(p.at_unix for p in probes),
+        sum(p.seconds for p in probes),
+    )
 
 
 def measure_speed(cost, model: str | None = None, threads: int | None = None, repeats: int = 5) -> SpeedProbe:
@@ -110,13 +125,23 @@ def measure_speed(cost, model: str | None = None, threads: int | None = None, re
     from baton.perf.profile.measure import Grid, StepTimer, engine_for_grid
 
     t0 = time.monotonic()
-    grid = Grid(decode=tuple((b, n) for k, b, n in PROBES if k == "decode"), ragged=(),
-                prefill=tuple((t, c) for k, t, c in PROBES if k == "prefill"), mixed=(),
-                repeats=repeats, max_point_s=3.0)
+    grid = Grid(
+        decode=tuple((b, n) for k, b, n in PROBES if k == "decode"),
+        ragged=(),
+        prefill=tuple((t, c) for k, t, c in PROBES if k == "prefill"),
+        mixed=(),
+        repeats=repeats,
+        max_point_s=3.0,
+    )
     engine = engine_for_grid(model or cost.model.spec, grid, cost.threads if threads is None else threads)
-    if engine.model_config.num_hidden_layers != cost.model.num_layers or engine.model_config.vocab_size != cost.model.vocab_size:
-        raise ValueError(f"speed probe: the engine's model ({engine.model_dir.name}) is not the cost model's "
-                         f"({cost.model.name}); pass --model")
+    if (
+        engine.model_config.num_hidden_layers != cost.model.num_layers
+        or engine.model_config.vocab_size != cost.model.vocab_size
+    ):
+        raise ValueError(
+            f"speed probe: the engine's model ({engine.model_dir.name}) is not the cost model's "
+            f"({cost.model.name}); pass --model"
+        )
     timer = StepTimer(engine, grid.fit_to(engine.max_model_len, repeats + 8))
     timer.prefill(16, 0)  # warm the kernels and the allocator, as the profile does
     timer.decode([64, 64])
@@ -152,10 +177,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"speed probe: {e}", file=sys.stderr)
         return 2
     for pt in probe.points:
-        print(f"  {pt.label:14s} {pt.measured_s * 1e3:8.1f} ms, cost model {pt.predicted_s * 1e3:8.1f} ms "
-              f"({pt.measured_s / pt.predicted_s:.2f}x)", file=sys.stderr)
-    print(f"speed: decode steps {probe.decode:.3f}x, prefill steps {probe.prefill:.3f}x the cost model's "
-          f"({probe.seconds:.1f} s)", file=sys.stderr)
+        print(
+            f"  {pt.label:14s} {pt.measured_s * 1e3:8.1f} ms, cost model {pt.predicted_s * 1e3:8.1f} ms "
+            f"({pt.measured_s / pt.predicted_s:.2f}x)",
+            file=sys.stderr,
+        )
+    print(
+        f"speed: decode steps {probe.decode:.3f}x, prefill steps {probe.prefill:.3f}x the cost model's "
+        f"({probe.seconds:.1f} s)",
+        file=sys.stderr,
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(probe.to_json(), f, indent=1)

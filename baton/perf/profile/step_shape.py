@@ -17,13 +17,20 @@ The features are the candidates the cost model is fitted on:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from engine.attention.decode_groups import length_groups
 
-FEATURES: tuple[str, ...] = ("const", "multi_token", "tokens", "sampled", "decode_ctx_padded", "decode_ctx_sum",
-                             "prefill_pairs")
+FEATURES: tuple[str, ...] = (
+    "const",
+    "multi_token",
+    "tokens",
+    "sampled",
+    "decode_ctx_padded",
+    "decode_ctx_sum",
+    "prefill_pairs",
+)
 
 
 @dataclass(frozen=True)
@@ -58,18 +65,34 @@ class StepShape:
 
     def to_json(self) -> dict:
         return {
-            "num_tokens": self.num_tokens, "num_seqs": self.num_seqs, "num_sampled": self.num_sampled,
-            "num_decode": self.num_decode, "decode_ctx_sum": self.decode_ctx_sum,
-            "decode_ctx_max": self.decode_ctx_max, "prefill_pairs": self.prefill_pairs,
+            "num_tokens": self.num_tokens,
+            "num_seqs": self.num_seqs,
+            "num_sampled": self.num_sampled,
+            "num_decode": self.num_decode,
+            "decode_ctx_sum": self.decode_ctx_sum,
+            "decode_ctx_max": self.decode_ctx_max,
+            "prefill_pairs": self.prefill_pairs,
             "decode_ctx_padded": self.padded_decode_ctx,
         }
 
     @classmethod
     def from_json(cls, d: dict) -> StepShape:
         padded = d.get("decode_ctx_padded")
-        return cls(**{k: int(d[k]) for k in ("num_tokens", "num_seqs", "num_sampled", "num_decode", "decode_ctx_sum",
-                                              "decode_ctx_max", "prefill_pairs")},
-                   decode_ctx_padded=None if padded is None else int(padded))
+        return cls(
+            **{
+                k: int(d[k])
+                for k in (
+                    "num_tokens",
+                    "num_seqs",
+                    "num_sampled",
+                    "num_decode",
+                    "decode_ctx_sum",
+                    "decode_ctx_max",
+                    "prefill_pairs",
+                )
+            },
+            decode_ctx_padded=None if padded is None else int(padded),
+        )
 
 
 EMPTY = StepShape(0, 0, 0, 0, 0, 0, 0)

@@ -25,23 +25,50 @@ SCHEMA = "baton.sim/1"
 def add_sim_args(p: argparse.ArgumentParser, budgets: bool = True) -> None:
     """The flags shared by ``python -m baton.perf.sim`` and ``baton plan`` (which searches the budgets)."""
     p.add_argument("--cost-model", required=True, metavar="FILE", help="from `baton profile`")
-    p.add_argument("--workload", default="sharegpt",
-                   help="a builtin workload (sharegpt, mixed, ...) or a YAML/JSON file")
+    p.add_argument(
+        "--workload", default="sharegpt", help="a builtin workload (sharegpt, mixed, ...) or a YAML/JSON file"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--config", default=None, metavar="FILE",
-                   help="a baton config (pools, engine, lanes, router) to simulate; flags below override it")
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="a baton config (pools, engine, lanes, router) to simulate; flags below override it",
+    )
     if budgets:
-        p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                       help="token budget per step of every worker (the prefill chunk size)")
-        p.add_argument("--prefill-chunk", type=int, default=None,
-                       help="the prefill pool's token budget, when it differs from the decode pool's")
+        p.add_argument(
+            "--max-num-batched-tokens",
+            type=int,
+            default=None,
+            help="token budget per step of every worker (the prefill chunk size)",
+        )
+        p.add_argument(
+            "--prefill-chunk",
+            type=int,
+            default=None,
+            help="the prefill pool's token budget, when it differs from the decode pool's",
+        )
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--kv-blocks", type=int, default=None, help="KV blocks per worker (default: the cost model's pool)")
     p.add_argument("--local-prefill-threshold", type=int, default=None)
-    p.add_argument("--admission", action=argparse.BooleanOptionalAction, default=None,
-                   help="the router's SLO-predictive rejection (default: on, as in baton/default_config.yaml)")
-    p.add_argument("--step-scale", type=float, default=1.0,
-                   help="multiply every predicted step time (e.g. for CPU contention the profile did not see)")
+    p.add_argument(
+        "--admission",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the router's SLO-predictive rejection (default: on, as in baton/default_config.yaml)",
+    )
+    p.add_argument(
+        "--lane-priority",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="decode slots shared by lane weight, preemption for pace (router.lane_priority; default: on)",
+    )
+    p.add_argument(
+        "--step-scale",
+        type=float,
+        default=1.0,
+        help="multiply every predicted step time (e.g. for CPU contention the profile did not see)",
+    )
 
 
 def positive_float(name: str, text: str) -> float:
@@ -62,7 +89,7 @@ def check_output_file(flag: str, path: str) -> None:
         raise ValueError(f"{flag} {path}: is a directory, not a file")
     if not parent.is_dir():
         raise ValueError(f"{flag} {path}: the directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK) or p.exists() and not os.access(p, os.W_OK):
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise ValueError(f"{flag} {path}: not writable")
 
 
@@ -94,16 +121,23 @@ def load_inputs(args: argparse.Namespace):
         changes["prefill_max_num_batched_tokens"] = changes["decode_max_num_batched_tokens"] = budget
     if getattr(args, "prefill_chunk", None) is not None:
         changes["prefill_max_num_batched_tokens"] = args.prefill_chunk
-    for flag, field in (("max_num_seqs", "max_num_seqs"), ("kv_blocks", "num_kv_blocks"),
-                        ("local_prefill_threshold", "local_prefill_threshold"), ("admission", "slo_rejection")):
+    for flag, field in (
+        ("max_num_seqs", "max_num_seqs"),
+        ("kv_blocks", "num_kv_blocks"),
+        ("local_prefill_threshold", "local_prefill_threshold"),
+        ("admission", "slo_rejection"),
+        ("lane_priority", "lane_priority"),
+    ):
         if getattr(args, flag) is not None:
             changes[field] = getattr(args, flag)
     changes["step_scale"] = args.step_scale
     known = {lane.name for lane in base.lanes.lanes}
     unknown = sorted({lane for lane, share in spec.lanes.items() if share > 0} - known)  # (a 0 share sends none)
     if unknown:  # every such request is rejected, and the search blamed capacity
-        raise ValueError(f"workload {spec.name}: lane(s) {', '.join(unknown)} are not lanes of the simulated router "
-                         f"({', '.join(sorted(known))})")
+        raise ValueError(
+            f"workload {spec.name}: lane(s) {', '.join(unknown)} are not lanes of the simulated router "
+            f"({', '.join(sorted(known))})"
+        )
     return cost, spec, replace(base, **changes)
 
 
@@ -111,13 +145,15 @@ def _check_pool_flags(args: argparse.Namespace, cost, base) -> None:
     """The worker flags, named (SimConfig's own errors name its fields, not the flags)."""
     from engine.config import MAX_NUM_SEQS
 
-    for flag, name, lo, hi in (("--max-num-batched-tokens", "max_num_batched_tokens", 1, None),
-                               ("--prefill-chunk", "prefill_chunk", 1, None),
-                               ("--max-num-seqs", "max_num_seqs", 1, MAX_NUM_SEQS),
-                               ("--kv-blocks", "kv_blocks", 1, None),
-                               ("--local-prefill-threshold", "local_prefill_threshold", 0, None)):
+    for flag, name, lo, hi in (
+        ("--max-num-batched-tokens", "max_num_batched_tokens", 1, None),
+        ("--prefill-chunk", "prefill_chunk", 1, None),
+        ("--max-num-seqs", "max_num_seqs", 1, MAX_NUM_SEQS),
+        ("--kv-blocks", "kv_blocks", 1, None),
+        ("--local-prefill-threshold", "local_prefill_threshold", 0, None),
+    ):
         v = getattr(args, name, None)
-        if v is not None and (v < lo or hi is not None and v > hi):
+        if v is not None and (v < lo or (hi is not None and v > hi)):
             raise ValueError(f"{flag} must be {f'between {lo} and {hi}' if hi else f'>= {lo}'}, got {v}")
     if not 0 < args.step_scale < math.inf:
         raise ValueError(f"--step-scale must be a finite number > 0, got {args.step_scale}")
@@ -126,8 +162,10 @@ def _check_pool_flags(args: argparse.Namespace, cost, base) -> None:
         seqs = args.max_num_seqs if args.max_num_seqs is not None else base.max_num_seqs
         useful = seqs * -(-m.max_model_len // m.block_size)  # every sequence at the model's full context
         if args.kv_blocks > max(useful, m.num_kv_blocks):  # (each block is an object per worker: memory)
-            raise ValueError(f"--kv-blocks must be at most {max(useful, m.num_kv_blocks)} ({seqs} sequences of "
-                             f"{m.max_model_len} tokens, in blocks of {m.block_size}), got {args.kv_blocks}")
+            raise ValueError(
+                f"--kv-blocks must be at most {max(useful, m.num_kv_blocks)} ({seqs} sequences of "
+                f"{m.max_model_len} tokens, in blocks of {m.block_size}), got {args.kv_blocks}"
+            )
 
 
 def check_requests_fit(requests, cost, cfg, args: argparse.Namespace) -> None:
@@ -150,9 +188,11 @@ def check_requests_fit(requests, cost, cfg, args: argparse.Namespace) -> None:
             where = f"the KV pool of --config {args.config} ({blocks} blocks)"
         else:
             where = f"the cost model's KV pool ({blocks} blocks)"
-        raise ValueError(f"{where} is too small for the workload: its longest request ({big.prompt_len} prompt + "
-                         f"{big.output_len} output tokens) needs {need} KV blocks of {m.block_size} tokens; "
-                         f"raise --kv-blocks to at least {need}")
+        raise ValueError(
+            f"{where} is too small for the workload: its longest request ({big.prompt_len} prompt + "
+            f"{big.output_len} output tokens) needs {need} KV blocks of {m.block_size} tokens; "
+            f"raise --kv-blocks to at least {need}"
+        )
 
 
 def sim_requests(spec, rate: float, duration_s: float, seed: int, max_model_len: int, burst=None):
@@ -161,9 +201,19 @@ def sim_requests(spec, rate: float, duration_s: float, seed: int, max_model_len:
     from baton.perf.sim.requests import SimRequest
 
     # Clipped as the load generator clips them, so that both send the same requests.
-    return [SimRequest(p.index, p.arrival_s, p.lane, clip_prompt_len(p, max_model_len), p.output_len, p.prefix_group,
-                       spec.prefix_len if p.prefix_group is not None else 0, spec.streaming)
-            for p in plan_requests(spec, rate, duration_s, seed=seed, burst=burst)]
+    return [
+        SimRequest(
+            p.index,
+            p.arrival_s,
+            p.lane,
+            clip_prompt_len(p, max_model_len),
+            p.output_len,
+            p.prefix_group,
+            spec.prefix_len if p.prefix_group is not None else 0,
+            spec.streaming,
+        )
+        for p in plan_requests(spec, rate, duration_s, seed=seed, burst=burst)
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,13 +222,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", required=True, help="offered requests/s; a comma-separated list runs each")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals (default 60)")
     p.add_argument("--warmup", type=float, default=0.0, help="arrivals in the first S seconds are not measured")
-    p.add_argument("--drain", type=float, default=300.0,
-                   help="simulated seconds after the last arrival before unfinished requests count as timeouts")
+    p.add_argument(
+        "--drain",
+        type=float,
+        default=300.0,
+        help="simulated seconds after the last arrival before unfinished requests count as timeouts",
+    )
     p.add_argument("--burst", default=None, metavar="FACTOR:START:LEN")
     p.add_argument("--prefill-workers", type=int, default=None)
     p.add_argument("--decode-workers", type=int, default=None)
-    p.add_argument("--slo", action="append", default=[], metavar="LANE:ttft=MS,tpot=MS",
-                   help="override a lane's objectives for scoring (as `baton bench serve --slo`)")
+    p.add_argument(
+        "--slo",
+        action="append",
+        default=[],
+        metavar="LANE:ttft=MS,tpot=MS",
+        help="override a lane's objectives for scoring (as `baton bench serve --slo`)",
+    )
     p.add_argument("--json", default=None, metavar="OUT")
     p.add_argument("--no-requests", action="store_true", help="leave the per-request records out of the JSON")
     return p
@@ -215,20 +274,35 @@ def run(args: argparse.Namespace) -> int:
     for rate in rates:
         reqs = sim_requests(spec, rate, args.duration, args.seed, cost.model.max_model_len, burst)
         check_requests_fit(reqs, cost, cfg, args)
-        res = Simulation(cost, cfg, seed=args.seed).run(reqs, duration_s=args.duration, rate=rate,
-                                                         drain_s=args.drain, warmup_s=args.warmup,
-                                                         lanes=list(spec.lanes), slo=slos)
+        res = Simulation(cost, cfg, seed=args.seed).run(
+            reqs,
+            duration_s=args.duration,
+            rate=rate,
+            drain_s=args.drain,
+            warmup_s=args.warmup,
+            lanes=list(spec.lanes),
+            slo=slos,
+        )
         busy = ", ".join(f"{w.worker_id} {w.busy_s / max(res.end_s, 1e-9):.0%} busy" for w in res.workers)
-        print(f"\n{cfg.label()}, {spec.name} at {rate:g} req/s for {args.duration:g} s "
-              f"(simulated to {res.end_s:.1f} s; {busy}; {res.num_local} local / {res.num_disaggregated} "
-              f"disaggregated prefills)")
+        print(
+            f"\n{cfg.label()}, {spec.name} at {rate:g} req/s for {args.duration:g} s "
+            f"(simulated to {res.end_s:.1f} s; {busy}; {res.num_local} local / {res.num_disaggregated} "
+            f"disaggregated prefills)"
+        )
         print(format_summary(res.summary))
         if res.extrapolation_note():
             print(res.extrapolation_note())
         runs.append(res.to_json(with_requests=not args.no_requests))
     if args.json:
-        out = {"schema": SCHEMA, "cost_model": str(args.cost_model), "workload": spec.to_dict(),
-               "duration_s": args.duration, "warmup_s": args.warmup, "seed": args.seed, "runs": runs}
+        out = {
+            "schema": SCHEMA,
+            "cost_model": str(args.cost_model),
+            "workload": spec.to_dict(),
+            "duration_s": args.duration,
+            "warmup_s": args.warmup,
+            "seed": args.seed,
+            "runs": runs,
+        }
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
         print(f"\nwrote {args.json}", file=sys.stderr)
     return 0

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class EventLoop:

@@ -35,6 +35,7 @@ class SimConfig:
     lanes: LanePolicy = field(default_factory=LanePolicy)
     slo_rejection: bool = True
     pace_guard: bool = True  # router.pace_guard
+    lane_priority: bool = True  # router.lane_priority: decode slots by lane weight, preemption for pace
     initial_prefill_tokens_per_s: float = 1000.0
     tenant: str = "default"  # requests' tenant: its name salts the prefix cache (tenant isolation)
     dispatch_threads: int = 8  # the router's executor placing requests (blocking Ray calls)
@@ -49,16 +50,24 @@ class SimConfig:
     def __post_init__(self) -> None:
         _check(self.prefill_workers >= 0, "prefill_workers must be >= 0")
         _check(self.decode_workers >= 1, "a cluster needs at least one decode worker")
-        for name in ("prefill_max_num_batched_tokens", "decode_max_num_batched_tokens", "max_num_seqs",
-                     "dispatch_threads"):
+        for name in (
+            "prefill_max_num_batched_tokens",
+            "decode_max_num_batched_tokens",
+            "max_num_seqs",
+            "dispatch_threads",
+        ):
             v = getattr(self, name)
             _check(isinstance(v, int) and v > 0, f"{name} must be a positive integer, got {v!r}")
         _check(self.num_kv_blocks is None or self.num_kv_blocks > 0, "num_kv_blocks must be > 0")
         _check(self.local_prefill_threshold >= 0, "local_prefill_threshold must be >= 0")
-        _check(math.isfinite(self.step_scale) and self.step_scale > 0,
-               f"step_scale must be a finite number > 0, got {self.step_scale!r}")
-        _check(self.prefill_step_scale is None or (math.isfinite(self.prefill_step_scale) and self.prefill_step_scale > 0),
-               f"prefill_step_scale must be a finite number > 0, got {self.prefill_step_scale!r}")
+        _check(
+            math.isfinite(self.step_scale) and self.step_scale > 0,
+            f"step_scale must be a finite number > 0, got {self.step_scale!r}",
+        )
+        _check(
+            self.prefill_step_scale is None or (math.isfinite(self.prefill_step_scale) and self.prefill_step_scale > 0),
+            f"prefill_step_scale must be a finite number > 0, got {self.prefill_step_scale!r}",
+        )
         _check(self.initial_prefill_tokens_per_s > 0, "initial_prefill_tokens_per_s must be > 0")
 
     @property
@@ -72,8 +81,10 @@ class SimConfig:
     def label(self) -> str:
         if self.colocated:
             return f"P=0 D={self.decode_workers} budget={self.decode_max_num_batched_tokens}"
-        return (f"P={self.prefill_workers} D={self.decode_workers} chunk={self.prefill_max_num_batched_tokens} "
-                f"budget={self.decode_max_num_batched_tokens}")
+        return (
+            f"P={self.prefill_workers} D={self.decode_workers} chunk={self.prefill_max_num_batched_tokens} "
+            f"budget={self.decode_max_num_batched_tokens}"
+        )
 
 
 def sim_config_from_baton(cfg, cost) -> SimConfig:
@@ -86,10 +97,19 @@ def sim_config_from_baton(cfg, cost) -> SimConfig:
         useful = e.max_num_seqs * -(-cost.model.max_model_len // cost.model.block_size)
         blocks = max(1, min(int(e.kv_cache_memory_gb * 2**30 // block_bytes), useful))
     return SimConfig(
-        prefill_workers=pools.prefill.workers, decode_workers=pools.decode.workers,
-        prefill_max_num_batched_tokens=e.max_num_batched_tokens, decode_max_num_batched_tokens=e.max_num_batched_tokens,
-        max_num_seqs=e.max_num_seqs, num_kv_blocks=blocks, enable_prefix_caching=e.enable_prefix_caching,
+        prefill_workers=pools.prefill.workers,
+        decode_workers=pools.decode.workers,
+        prefill_max_num_batched_tokens=e.max_num_batched_tokens,
+        decode_max_num_batched_tokens=e.max_num_batched_tokens,
+        max_num_seqs=e.max_num_seqs,
+        num_kv_blocks=blocks,
+        enable_prefix_caching=e.enable_prefix_caching,
         kv_shared_memory=getattr(e, "kv_shared_memory", False),
         local_prefill_threshold=pools.local_prefill_threshold,
-        short_prompts_to_idle_prefill=pools.short_prompts_to_idle_prefill, lanes=cfg.lane_policy(),
-        slo_rejection=router.slo_rejection, pace_guard=router.pace_guard, initial_prefill_tokens_per_s=router.initial_prefill_tokens_per_s)
+        short_prompts_to_idle_prefill=pools.short_prompts_to_idle_prefill,
+        lanes=cfg.lane_policy(),
+        slo_rejection=router.slo_rejection,
+        pace_guard=router.pace_guard,
+        initial_prefill_tokens_per_s=router.initial_prefill_tokens_per_s,
+        lane_priority=router.lane_priority,
+    )

@@ -11,8 +11,8 @@ The outputs and load reports coming back are ``baton.perf.sim.polls``'.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from baton.perf.sim.clock import EventLoop
 from baton.perf.sim.requests import RequestRecord
@@ -40,8 +40,17 @@ class Tracked:
 
 
 class SimDispatcher:
-    def __init__(self, loop: EventLoop, pool: WorkerPool, prefill_hooks: PrefillHooks, *, threshold: int,
-                 threads: int, on_finished: Callable[[Tracked], None], short_to_idle_prefill: bool = True) -> None:
+    def __init__(
+        self,
+        loop: EventLoop,
+        pool: WorkerPool,
+        prefill_hooks: PrefillHooks,
+        *,
+        threshold: int,
+        threads: int,
+        on_finished: Callable[[Tracked], None],
+        short_to_idle_prefill: bool = True,
+    ) -> None:
         self.loop = loop
         self.pool = pool
         self.prefill_hooks = prefill_hooks
@@ -67,14 +76,16 @@ class SimDispatcher:
         self.free_threads -= 1
         spec = t.spec
         d = choose_decode(self.pool)
+        assert d is not None  # the simulated pool's decode workers never die
         t.decode = d
         t.record.decode_worker = d.worker_id
         d.requests.add(spec.request_id)
         d.count_placed(spec.origin, spec.num_prompt_tokens)  # before the calls, as the dispatcher does
         dw: SimWorker = d.actor
         p = None
-        if not prefill_on_decode(self.pool, spec, d, t.hint, self.threshold,
-                                 short_to_idle_prefill=self.short_to_idle_prefill):
+        if not prefill_on_decode(
+            self.pool, spec, d, t.hint, self.threshold, short_to_idle_prefill=self.short_to_idle_prefill
+        ):
             p = choose_prefill(self.pool, spec, t.hint)
         if p is None:
             t.prefill = d
@@ -94,14 +105,16 @@ class SimDispatcher:
         if spec.num_prompt_tokens < self.threshold and not short_prompt_still_fits(p, self.threshold):
             p.count_dispatched(spec.origin, -spec.num_prompt_tokens)  # P got busy: prefill it on D after all
             t.prefill = d
-            d.actor.call(lambda w: w.scheduler.fallback_to_local_prefill(spec.request_id),
-                         lambda _: self._placed(t, "local"))
+            d.actor.call(
+                lambda w: w.scheduler.fallback_to_local_prefill(spec.request_id), lambda _: self._placed(t, "local")
+            )
             return
         t.record.prefill_worker = p.worker_id
         t.prefill = p
         hooks, dw = self.prefill_hooks, d.actor
-        p.actor.call(lambda w: hooks.start(w, spec, dw, res.num_cached_blocks),
-                     lambda _: self._placed(t, "disaggregated"))
+        p.actor.call(
+            lambda w: hooks.start(w, spec, dw, res.num_cached_blocks), lambda _: self._placed(t, "disaggregated")
+        )
 
     def _placed(self, t: Tracked, how: str) -> None:
         t.record.placement = how

@@ -16,8 +16,8 @@ until one meets it or the count runs out.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from baton.perf.loadgen.slo import LaneSLO
 from baton.perf.profile.cost_model import CostModel
@@ -51,8 +51,15 @@ class PlanSpace:
             chunks = self.prefill_chunks if p else (base.prefill_max_num_batched_tokens,)
             for chunk in chunks:
                 for budget in self.decode_budgets:
-                    out.append(replace(base, prefill_workers=p, decode_workers=d,
-                                       prefill_max_num_batched_tokens=chunk, decode_max_num_batched_tokens=budget))
+                    out.append(
+                        replace(
+                            base,
+                            prefill_workers=p,
+                            decode_workers=d,
+                            prefill_max_num_batched_tokens=chunk,
+                            decode_max_num_batched_tokens=budget,
+                        )
+                    )
         return out
 
 
@@ -100,20 +107,46 @@ def with_slo(policy: LanePolicy, slo: LaneSLO) -> LanePolicy:
     return replace(policy, lanes=lanes)
 
 
-def evaluate(cost: CostModel, cfg: SimConfig, requests: list[SimRequest], *, duration_s: float, slo: LaneSLO,
-             target: float, seed: int, lanes: list[str]) -> Evaluated:
+def evaluate(
+    cost: CostModel,
+    cfg: SimConfig,
+    requests: list[SimRequest],
+    *,
+    duration_s: float,
+    slo: LaneSLO,
+    target: float,
+    seed: int,
+    lanes: list[str],
+) -> Evaluated:
     t0 = time.perf_counter()
-    res = Simulation(cost, cfg, seed=seed).run(requests, duration_s=duration_s, drain_s=duration_s, slo=slo,
-                                               lanes=lanes, rate=len(requests) / duration_s if duration_s else None)
+    res = Simulation(cost, cfg, seed=seed).run(
+        requests,
+        duration_s=duration_s,
+        drain_s=duration_s,
+        slo=slo,
+        lanes=lanes,
+        rate=len(requests) / duration_s if duration_s else None,
+    )
     s = res.summary["summary"]
     att = s["slo_attainment"] or 0.0
-    return Evaluated(cfg, att, s["goodput_rps"] or 0.0, att >= target, s, time.perf_counter() - t0,
-                     res.extrapolation_note())
+    return Evaluated(
+        cfg, att, s["goodput_rps"] or 0.0, att >= target, s, time.perf_counter() - t0, res.extrapolation_note()
+    )
 
 
-def search(cost: CostModel, requests: list[SimRequest], *, base: SimConfig, space: PlanSpace, slo: LaneSLO,
-           duration_s: float, target: float = 0.9, seed: int = 0, lanes: list[str] | None = None,
-           progress: Callable[[Evaluated], None] = lambda e: None) -> PlanResult:
+def search(
+    cost: CostModel,
+    requests: list[SimRequest],
+    *,
+    base: SimConfig,
+    space: PlanSpace,
+    slo: LaneSLO,
+    duration_s: float,
+    target: float = 0.9,
+    seed: int = 0,
+    lanes: list[str] | None = None,
+    progress: Callable[[Evaluated], None] = lambda e: None,
+) -> PlanResult:
     if not 0 < target <= 1:
         raise ValueError(f"the SLO target must be in (0, 1], got {target}")
     base = replace(base, lanes=with_slo(base.lanes, slo))
@@ -126,8 +159,11 @@ def search(cost: CostModel, requests: list[SimRequest], *, base: SimConfig, spac
         for cfg in space.configs(base, n):
             if best is not None and not cfg.colocated:
                 continue  # a disaggregated layout this size cannot beat the one found
-            if colocated_met and cfg.colocated and cfg.num_workers > min(
-                    e.config.num_workers for e in evaluated if e.config.colocated and e.meets):
+            if (
+                colocated_met
+                and cfg.colocated
+                and cfg.num_workers > min(e.config.num_workers for e in evaluated if e.config.colocated and e.meets)
+            ):
                 continue
             e = evaluate(cost, cfg, requests, duration_s=duration_s, slo=slo, target=target, seed=seed, lanes=lanes)
             evaluated.append(e)
@@ -142,6 +178,5 @@ def search(cost: CostModel, requests: list[SimRequest], *, base: SimConfig, spac
     best = min(met, key=Evaluated.key) if met else None
     colo = [e for e in evaluated if e.config.colocated]
     colo_met = [e for e in colo if e.meets]
-    best_colo = (min(colo_met, key=Evaluated.key) if colo_met
-                 else max(colo, key=_closeness, default=None))
+    best_colo = min(colo_met, key=Evaluated.key) if colo_met else max(colo, key=_closeness, default=None)
     return PlanResult(best, best_colo, evaluated, time.perf_counter() - t0)

@@ -10,10 +10,11 @@ went idle up to that long afterwards. ``WorkerHooks`` for the decode role.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from baton.perf.sim.clock import EventLoop
 from baton.perf.sim.worker import SimWorker
+from engine.lane_shares import LaneDemand
 from engine.request import Request
 from engine.scheduler_output import SchedulerOutput
 from engine.worker_stats import WorkerLoad
@@ -21,13 +22,21 @@ from router.worker_pool import WorkerHandle, WorkerPool
 
 
 class DecodePolls:
-    def __init__(self, loop: EventLoop, pool: WorkerPool, deliver: Callable[[SimWorker, list[Request]], None],
-                 on_load: Callable[[WorkerHandle, WorkerLoad, list], None], poll_timeout_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        loop: EventLoop,
+        pool: WorkerPool,
+        deliver: Callable[[SimWorker, list[Request]], None],
+        on_load: Callable[[WorkerHandle, WorkerLoad, list], None],
+        poll_timeout_s: float = 0.5,
+        pressure: Callable[[], tuple[LaneDemand, ...]] | None = None,
+    ) -> None:
         self.loop = loop
         self.pool = pool
         self.deliver = deliver  # tokens to the clients
         self.on_load = on_load  # (handle, load, kv events) reaching the router
         self.poll_timeout_s = poll_timeout_s
+        self.pressure = pressure  # the router's lanes' demand, sent with each poll (router.lane_pressure)
         self._snapshot: dict[str, WorkerLoad] = {}
         self._events: dict[str, list] = {}
         self._generation: dict[str, int] = {}  # bumped by every poll answer; stale timeouts are ignored
@@ -71,7 +80,15 @@ class DecodePolls:
         self.loop.after(out, self.on_load, self.pool.get(wid), self._snapshot[wid], events)
         gen = self._generation[wid] = self._generation.get(wid, 0) + 1
         # The router's next poll reaches the worker a round trip later and waits for outputs.
+        if self.pressure is not None:
+            self.loop.after(out + worker.cost.overheads.rpc_s / 2, self._press, worker)
         self.loop.after(out + worker.cost.overheads.rpc_s / 2 + self.poll_timeout_s, self._timeout, worker, gen)
+
+    def _press(self, worker: SimWorker) -> None:
+        """A poll reached the worker: its lanes' pressure with it (``DecodeWorker.poll``)."""
+        shares = worker.scheduler.lane_shares
+        if shares is not None and self.pressure is not None:
+            shares.set_pressure("sim-router", self.pressure())
 
     def _timeout(self, worker: SimWorker, gen: int) -> None:
         if self._generation.get(worker.worker_id) == gen:

@@ -7,9 +7,10 @@ placement see the same structure as with real text. Token values do not affect t
 
 from __future__ import annotations
 
+import itertools
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,19 @@ class SimRequest:
 
 def from_planned(planned: Iterable, prefix_len: int = 0, stream: bool = True) -> list[SimRequest]:
     """``baton.perf.loadgen.workload.PlannedRequest``s (or anything with the same fields) as ``SimRequest``s."""
-    return [SimRequest(p.index, p.arrival_s, p.lane, p.prompt_len, p.output_len, p.prefix_group,
-                       prefix_len if p.prefix_group is not None else 0, stream) for p in planned]
+    return [
+        SimRequest(
+            p.index,
+            p.arrival_s,
+            p.lane,
+            p.prompt_len,
+            p.output_len,
+            p.prefix_group,
+            prefix_len if p.prefix_group is not None else 0,
+            stream,
+        )
+        for p in planned
+    ]
 
 
 def prompt_token_ids(req: SimRequest, vocab_size: int, seed: int = 0) -> list[int]:
@@ -83,7 +95,7 @@ class RequestRecord:
     @property
     def itl_s(self) -> list[float]:
         t = self.token_times
-        return [b - a for a, b in zip(t, t[1:])]
+        return [b - a for a, b in itertools.pairwise(t)]
 
     @property
     def tpot_s(self) -> float | None:
@@ -95,10 +107,20 @@ class RequestRecord:
 
     def to_json(self) -> dict:
         return {
-            "index": self.index, "lane": self.lane, "prompt_len": self.prompt_len, "output_len": self.output_len,
-            "arrival_s": self.arrival_s, "rejected": self.rejected, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
-            "e2e_s": self.e2e_s, "itl_s": self.itl_s, "placement": self.placement,
-            "decode_worker": self.decode_worker, "prefill_worker": self.prefill_worker,
-            "preemptions": self.preemptions, "cached_tokens": self.cached_tokens,
+            "index": self.index,
+            "lane": self.lane,
+            "prompt_len": self.prompt_len,
+            "output_len": self.output_len,
+            "arrival_s": self.arrival_s,
+            "rejected": self.rejected,
+            "ttft_s": self.ttft_s,
+            "tpot_s": self.tpot_s,
+            "e2e_s": self.e2e_s,
+            "itl_s": self.itl_s,
+            "placement": self.placement,
+            "decode_worker": self.decode_worker,
+            "prefill_worker": self.prefill_worker,
+            "preemptions": self.preemptions,
+            "cached_tokens": self.cached_tokens,
             "router_queue_s": None if self.dispatched_s is None else self.dispatched_s - self.arrival_s,
         }

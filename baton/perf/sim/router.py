@@ -4,9 +4,10 @@ prefix index, on simulated time (``router.router.Router`` minus HTTP, Redis and 
 Per arrival: classify (explicit lane) → admit (context length, lane bound, SLO-predictive TTFT
 from the work queued ahead and the measured prefill rate) → placement hint from the cluster prefix
 index → lane queue. The dispatch loop drains the lanes by weighted deficit round robin while the
-capacity credits allow (and the pace guard does not hold the lane), retrying every ``dispatch_retry_s`` while anything is queued. Every
-``housekeeping_s`` the workers' load reports update the prefill rate; every ``monitor_interval_s``
-the prefill workers are asked for their load (answered at their next step boundary).
+capacity credits allow (and the pace guard does not hold the lane), retrying every
+``dispatch_retry_s`` while anything is queued. Every ``housekeeping_s`` the workers' load reports
+update the prefill rate; every ``monitor_interval_s`` the prefill workers are asked for their load
+(answered at their next step boundary).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from router.admission import Admission, AdmissionInput, PrefillRate
 from router.api import RouterError
 from router.capacity import Capacity
 from router.classify import classify
+from router.lane_pressure import LanePressure
 from router.lane_queues import LaneQueues, Pending, Room
 from router.load_signals import LoadSignals
 from router.pace_guard import PaceGuard
@@ -51,12 +53,26 @@ class SimRouter:
         self.policy = cfg.lanes
         self.tenant = next((t for t in self.policy.tenants if t.name == cfg.tenant), self.policy.tenants[0])
         self.block_size = cost.model.block_size
-        self.admission = Admission(cost.model.max_model_len, None, slo_rejection=cfg.slo_rejection)
+        self.admission = Admission(
+            cost.model.max_model_len, None, slo_rejection=cfg.slo_rejection, clock=lambda: loop.now
+        )
         self.prefill_rate = PrefillRate(cfg.initial_prefill_tokens_per_s)
         self.signals = LoadSignals()  # as router.Router
         self.running: dict[str, Tracked] = {}  # dispatched, not finished
         self.queues = LaneQueues(self.policy.lanes)
         self.pace_guard = PaceGuard(self.policy.lanes, hold_at=0.8 * 0.75) if cfg.pace_guard else None  # as Router
+        self.lane_pressure = (
+            LanePressure(
+                self.policy.lanes,
+                self.queues.depth,  # as Router
+                lambda: [(t.lane, t.record.token_times) for t in self.running.values()],
+                self.admission.pace_refusals,
+                hold_at=0.8 * 0.75,
+                clock=lambda: loop.now,
+            )
+            if cfg.lane_priority
+            else None
+        )
         self.capacity = Capacity(pool, local_prefill_threshold=cfg.local_prefill_threshold, clock=lambda: loop.now)
         self.index = LocalPrefixIndex()
         self.dispatcher: SimDispatcher | None = None  # wired by the simulation
@@ -71,35 +87,74 @@ class SimRouter:
         self.records.append(rec)
         ids = prompt_token_ids(req, self.cost.model.vocab_size, self.seed)
         try:
-            lane = classify(self.policy, self.tenant, explicit_lane=req.lane, num_prompt_tokens=len(ids),
-                            stream=req.stream, max_tokens=req.output_len, max_tokens_given=True)
+            lane = classify(
+                self.policy,
+                self.tenant,
+                explicit_lane=req.lane,
+                num_prompt_tokens=len(ids),
+                stream=req.stream,
+                max_tokens=req.output_len,
+                max_tokens_given=True,
+            )
             rec.lane = lane
             lane_cfg = self.policy.lane(lane)
-            queued, rate = prefill_queue(self.pool, len(ids), self.cfg.local_prefill_threshold,
-                                         self.prefill_rate.tokens_per_s, self.cfg.short_prompts_to_idle_prefill)
+            queued, rate = prefill_queue(
+                self.pool,
+                len(ids),
+                self.cfg.local_prefill_threshold,
+                self.prefill_rate.tokens_per_s,
+                self.cfg.short_prompts_to_idle_prefill,
+            )
             if self.pace_guard is not None:
                 self.pace_guard.arrived(lane, now)
-            run_sync(self.admission.admit(AdmissionInput(
-                lane=lane_cfg, tenant=self.tenant, prompt_tokens=len(ids), max_tokens=req.output_len,
-                lane_depth=self.queues.depth(lane), tokens_ahead=self.queues.tokens_ahead(lane),
-                pool_queued_tokens=queued, prefill_tokens_per_s=rate,
-                requests_ahead=self.queues.requests_ahead(lane),
-                free_seq_slots=self.capacity.free_places(len(ids), req.output_len),
-                completions_per_s=self.signals.completion_rate.per_s(now),
-                service_s=self.signals.service_s(len(ids), rate, now),
-                decode_pace_s=self.signals.decode_pace_s([t.record.token_times[-9:] for t in self.running.values()],
-                                                         now),
-                running=self.signals.running((len(t.record.token_times), t.record.output_len)
-                                             for t in self.running.values()),
-                expected_output_tokens=self.signals.expected_output(req.output_len))))
+            run_sync(
+                self.admission.admit(
+                    AdmissionInput(
+                        lane=lane_cfg,
+                        tenant=self.tenant,
+                        prompt_tokens=len(ids),
+                        max_tokens=req.output_len,
+                        lane_depth=self.queues.depth(lane),
+                        tokens_ahead=self.queues.tokens_ahead(lane),
+                        pool_queued_tokens=queued,
+                        prefill_tokens_per_s=rate,
+                        requests_ahead=self.queues.requests_ahead(lane),
+                        free_seq_slots=self.capacity.free_places(len(ids), req.output_len),
+                        completions_per_s=self.signals.completion_rate.per_s(now),
+                        service_s=self.signals.service_s(len(ids), rate, now),
+                        decode_pace_s=(
+                            self.lane_pressure.pace(lambda: self._pace(now)) if self.lane_pressure else self._pace(now)
+                        ),
+                        running=self.signals.running(
+                            (len(t.record.token_times), t.record.output_len) for t in self.running.values()
+                        ),
+                        expected_output_tokens=self.signals.expected_output(req.output_len),
+                        freeable_seqs=self.lane_pressure.freeable(lane) if self.lane_pressure is not None else 0,
+                        yielding_tokens=(
+                            self.lane_pressure.yielding_tokens(
+                                lane, self.pool, len(ids), self.cfg.local_prefill_threshold
+                            )
+                            if self.lane_pressure is not None
+                            else 0
+                        ),
+                    )
+                )
+            )
         except RouterError as e:
             rec.rejected = e.code or e.kind.type
             return
         salt = self.tenant.name
         # Outputs are token ids counted by the client; EOS never ends them early (the workload sets lengths).
         params = SamplingParams(max_tokens=req.output_len, ignore_eos=True, detokenize=False)
-        spec = RequestSpec(f"r{req.index}", tuple(ids), params, priority=lane_cfg.priority, cache_salt=salt,
-                           origin="sim-router", preemptible=lane_cfg.preemptible)
+        spec = RequestSpec(
+            f"r{req.index}",
+            tuple(ids),
+            params,
+            priority=lane_cfg.priority,
+            cache_salt=salt,
+            origin="sim-router",
+            preemptible=lane_cfg.preemptible,
+        )
         hashes = hash_blocks(ids, self.block_size, salt)
         hint = NO_HINT
         if hashes:
@@ -108,8 +163,16 @@ class SimRouter:
             hint = PlacementHint({w: n * self.block_size for w, n in blocks.items() if n})
         t = Tracked(rec, spec, hint, lane)
         self.in_flight += 1
-        self.queues.push(Pending(spec.request_id, lane, len(ids) + min(req.output_len, 64),
-                                 hashes[0] if hashes else None, enqueued=now, payload=t))
+        self.queues.push(
+            Pending(
+                spec.request_id,
+                lane,
+                len(ids) + min(req.output_len, 64),
+                hashes[0] if hashes else None,
+                enqueued=now,
+                payload=t,
+            )
+        )
         self.dispatch()
 
     # -- the dispatch loop -----------------------------------------------------------------------
@@ -122,6 +185,7 @@ class SimRouter:
             t: Tracked = p.payload
             t.dispatched = t.record.dispatched_s = now
             self.running[t.spec.request_id] = t
+            assert self.dispatcher is not None  # wired before the simulation runs
             self.dispatcher.submit(t)
         if len(self.queues):
             nxt = self.queues.next_deadline(now)
@@ -146,6 +210,9 @@ class SimRouter:
         active = {t.lane for t in running} | {n for n, q in self.queues.queues.items() if q}
         return guard.held(pace, active, now)
 
+    def _pace(self, now: float) -> float | None:
+        return self.signals.decode_pace_s([t.record.token_times[-9:] for t in self.running.values()], now)
+
     def _has_room(self, p: Pending) -> Room:
         t: Tracked = p.payload
         return self.capacity.reserve(t.record.prompt_len, t.record.output_len, self.block_size)
@@ -164,16 +231,18 @@ class SimRouter:
         now = self.loop.now
         self.signals.completion_rate.tick(now)
         rec = t.record
-        measured = rec.token_times and t.dispatched is not None
-        self.signals.finished(now, rec.token_times[-17:], len(rec.token_times),
-                              rec.token_times[0] - t.dispatched if measured else None,
-                              t.prefill_queue_s, t.prefill_compute_s)
+        to_first = rec.token_times[0] - t.dispatched if rec.token_times and t.dispatched is not None else None
+        self.signals.finished(
+            now, rec.token_times[-17:], len(rec.token_times), to_first, t.prefill_queue_s, t.prefill_compute_s
+        )
         self.dispatch()
 
     def housekeeping(self) -> None:
         for w in self.pool.all():
             if w.load is not None:
                 self.prefill_rate.observe(w.worker_id, w.load.prompt_tokens_computed, w.load.busy_seconds)
+        if self.lane_pressure is not None:
+            self.lane_pressure.report()
         self.loop.after(self.cfg.housekeeping_s, self.housekeeping)
 
     def monitor(self) -> None:

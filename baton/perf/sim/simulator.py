@@ -17,7 +17,9 @@ from baton.perf.sim.router import SimRouter
 from baton.perf.sim.stats import summarize
 from baton.perf.sim.transfer import Channels, PrefillHooks
 from baton.perf.sim.worker import Host, SimWorker
+from engine.lane_shares import LaneCounters
 from kv_transfer.peer import PeerInfo, WorkerInfo
+from router.lane_pressure import lane_share_configs
 from router.worker_pool import WorkerHandle, WorkerPool
 
 
@@ -33,6 +35,7 @@ class WorkerReport:
     prefix_hit_tokens: int
     free_blocks: int
     total_blocks: int
+    lane_counters: LaneCounters | None = None  # router.lane_priority: decode tokens, preemptions for pace
 
     @property
     def leaked_blocks(self) -> int:
@@ -66,10 +69,16 @@ class SimResult:
         cfg = asdict(self.config)
         cfg.pop("lanes", None)
         out = {
-            "config": cfg, "label": self.config.label(), "rate": self.rate, "duration_s": self.duration_s,
-            "simulated_end_s": self.end_s, "events": self.events, "complete": self.complete,
+            "config": cfg,
+            "label": self.config.label(),
+            "rate": self.rate,
+            "duration_s": self.duration_s,
+            "simulated_end_s": self.end_s,
+            "events": self.events,
+            "complete": self.complete,
             "placements": {"local": self.num_local, "disaggregated": self.num_disaggregated},
-            "transfer_bytes": self.transfer_bytes, "extrapolated": self.extrapolated,
+            "transfer_bytes": self.transfer_bytes,
+            "extrapolated": self.extrapolated,
             "workers": [{**asdict(w), "leaked_blocks": w.leaked_blocks} for w in self.workers],
             **self.summary,
         }
@@ -92,14 +101,34 @@ class Simulation:
         self.host = Host(cost.host)  # baton up: every worker on this one machine
         host = self.host
 
+        shares = lane_share_configs(cfg.lanes.lanes) if cfg.lane_priority else ()  # as baton.config
+
         def make(role: str, i: int, budget: int) -> WorkerHandle:
-            w = SimWorker(f"{role}-{i}", role, self.loop, cost, max_num_seqs=cfg.max_num_seqs,
-                          max_num_batched_tokens=budget, num_blocks=blocks,
-                          enable_prefix_caching=cfg.enable_prefix_caching, step_scale=cfg.step_scale,
-                          prefill_step_scale=cfg.prefill_step_scale, host=host)
+            w = SimWorker(
+                f"{role}-{i}",
+                role,
+                self.loop,
+                cost,
+                max_num_seqs=cfg.max_num_seqs,
+                max_num_batched_tokens=budget,
+                num_blocks=blocks,
+                enable_prefix_caching=cfg.enable_prefix_caching,
+                step_scale=cfg.step_scale,
+                prefill_step_scale=cfg.prefill_step_scale,
+                host=host,
+                lane_shares=shares,
+            )
             self.workers.append(w)
-            info = WorkerInfo(PeerInfo(w.worker_id, "sim", role), blocks, m.block_size, m.max_model_len,
-                              m.vocab_size, m.name, cfg.max_num_seqs, budget)
+            info = WorkerInfo(
+                PeerInfo(w.worker_id, "sim", role),
+                blocks,
+                m.block_size,
+                m.max_model_len,
+                m.vocab_size,
+                m.name,
+                cfg.max_num_seqs,
+                budget,
+            )
             return WorkerHandle(w.worker_id, role, w, info=info, alive=True)
 
         prefill = [make("prefill", i, cfg.prefill_max_num_batched_tokens) for i in range(cfg.prefill_workers)]
@@ -109,12 +138,22 @@ class Simulation:
         self.channels = Channels(self.loop)
         transfer = cost.local_transfer if cfg.kv_shared_memory and cost.local_transfer else cost.transfer
         self.prefill_hooks = PrefillHooks(self.channels, self._kv_landed, transfer)
-        self.dispatcher = SimDispatcher(self.loop, self.pool, self.prefill_hooks,
-                                        threshold=cfg.local_prefill_threshold,
-                                        short_to_idle_prefill=cfg.short_prompts_to_idle_prefill,
-                                        threads=cfg.dispatch_threads,
-                                        on_finished=self.router.on_finished)
-        self.polls = DecodePolls(self.loop, self.pool, self.dispatcher.deliver, self.router.on_load)
+        self.dispatcher = SimDispatcher(
+            self.loop,
+            self.pool,
+            self.prefill_hooks,
+            threshold=cfg.local_prefill_threshold,
+            short_to_idle_prefill=cfg.short_prompts_to_idle_prefill,
+            threads=cfg.dispatch_threads,
+            on_finished=self.router.on_finished,
+        )
+        self.polls = DecodePolls(
+            self.loop,
+            self.pool,
+            self.dispatcher.deliver,
+            self.router.on_load,
+            pressure=self.router.lane_pressure.latest if self.router.lane_pressure else None,
+        )
         self.router.dispatcher = self.dispatcher
         for h in prefill:
             h.actor.hooks = self.prefill_hooks
@@ -129,9 +168,17 @@ class Simulation:
     def _kv_landed(self, decode: SimWorker, request_id: str, first_token: int) -> None:
         self.polls.kv_arrived(decode, request_id, first_token)
 
-    def run(self, requests: list[SimRequest], *, duration_s: float | None = None, rate: float | None = None,
-            drain_s: float = 300.0, slo: LaneSLO | dict[str, LaneSLO] | None = None, warmup_s: float = 0.0,
-            lanes: list[str] | None = None) -> SimResult:
+    def run(
+        self,
+        requests: list[SimRequest],
+        *,
+        duration_s: float | None = None,
+        rate: float | None = None,
+        drain_s: float = 300.0,
+        slo: LaneSLO | dict[str, LaneSLO] | None = None,
+        warmup_s: float = 0.0,
+        lanes: list[str] | None = None,
+    ) -> SimResult:
         """Replay ``requests``; stop when all are done or ``drain_s`` after the window closes."""
         loop, router = self.loop, self.router
         last = max((r.arrival_s for r in requests), default=0.0)
@@ -152,14 +199,36 @@ class Simulation:
         complete = all_done()
         if complete:  # let the last acknowledgements and releases happen
             loop.run(until=loop.now + 60.0, stop=lambda: all(w.idle for w in self.workers))
-        reports = [WorkerReport(w.worker_id, w.role, w.steps, w.busy_seconds, w.max_step_s,
-                                w.scheduler.num_preemptions, w.scheduler.prompt_tokens_computed,
-                                w.block_manager.num_prefix_hits, w.block_manager.num_free_blocks,
-                                w.block_manager.num_blocks) for w in self.workers]
+        reports = [
+            WorkerReport(
+                w.worker_id,
+                w.role,
+                w.steps,
+                w.busy_seconds,
+                w.max_step_s,
+                w.scheduler.num_preemptions,
+                w.scheduler.prompt_tokens_computed,
+                w.block_manager.num_prefix_hits,
+                w.block_manager.num_free_blocks,
+                w.block_manager.num_blocks,
+                w.scheduler.lane_shares.counters() if w.scheduler.lane_shares else None,
+            )
+            for w in self.workers
+        ]
         records = sorted(router.records, key=lambda r: r.index)
-        res = SimResult(self.cfg, rate, duration, records, reports, loop.now, loop.events,
-                        self.channels.bytes_sent, self.dispatcher.num_local, self.dispatcher.num_disaggregated,
-                        complete)
+        res = SimResult(
+            self.cfg,
+            rate,
+            duration,
+            records,
+            reports,
+            loop.now,
+            loop.events,
+            self.channels.bytes_sent,
+            self.dispatcher.num_local,
+            self.dispatcher.num_disaggregated,
+            complete,
+        )
         res.summary = summarize(records, duration_s=duration, warmup_s=warmup_s, slo=slo, lanes=lanes, rate=rate)
         used: dict[str, float] = {}
         for w in self.workers:

@@ -15,13 +15,25 @@ from baton.perf.loadgen.stats import summarize_by_lane
 from baton.perf.sim.requests import RequestRecord
 
 # The router's admission errors, as the HTTP frontend answers them.
-_HTTP_STATUS = {"queue_full": 503, "slo_predicted_violation": 503, "rate_limit_exceeded": 429,
-                "context_length_exceeded": 400}
+_HTTP_STATUS = {
+    "queue_full": 503,
+    "slo_predicted_violation": 503,
+    "rate_limit_exceeded": 429,
+    "context_length_exceeded": 400,
+}
 
 
 def to_serve_record(r: RequestRecord) -> ServeRecord:
-    rec = ServeRecord(index=r.index, lane=r.lane, prompt_len=r.prompt_len, output_len=r.output_len,
-                      arrival_s=r.arrival_s, send_s=r.arrival_s, served_lane=r.lane, cached_tokens=r.cached_tokens)
+    rec = ServeRecord(
+        index=r.index,
+        lane=r.lane,
+        prompt_len=r.prompt_len,
+        output_len=r.output_len,
+        arrival_s=r.arrival_s,
+        send_s=r.arrival_s,
+        served_lane=r.lane,
+        cached_tokens=r.cached_tokens,
+    )
     if r.rejected is not None:
         rec.status, rec.error_code, rec.http_status = "rejected", r.rejected, _HTTP_STATUS.get(r.rejected, 503)
         return rec
@@ -37,9 +49,15 @@ def to_serve_record(r: RequestRecord) -> ServeRecord:
     return rec
 
 
-def summarize(records: list[RequestRecord], *, duration_s: float, warmup_s: float = 0.0,
-              slo: LaneSLO | dict[str, LaneSLO] | None = None, lanes: list[str] | None = None,
-              rate: float | None = None) -> dict:
+def summarize(
+    records: list[RequestRecord],
+    *,
+    duration_s: float,
+    warmup_s: float = 0.0,
+    slo: LaneSLO | dict[str, LaneSLO] | None = None,
+    lanes: list[str] | None = None,
+    rate: float | None = None,
+) -> dict:
     """``{"summary": Stats, "lanes": {lane: Stats}}`` as in a ``baton.bench.serve/1`` report.
     ``slo``: one objective for every request (``baton plan``), or per lane; None: the lanes' defaults
     (``baton.perf.loadgen.slo.DEFAULT_SLOS``, i.e. ``baton/default_config.yaml``)."""
@@ -56,8 +74,9 @@ def summarize(records: list[RequestRecord], *, duration_s: float, warmup_s: floa
     if rate is not None:
         lane_rates = {n: sum(1 for r in measured if r.lane == n) / window for n in names}
     return {
-        "summary": serve_summarize(measured, single, window, warmup_s,
-                                   len(measured) / window if rate is not None else None).to_dict(),
+        "summary": serve_summarize(
+            measured, single, window, warmup_s, len(measured) / window if rate is not None else None
+        ).to_dict(),
         "lanes": {n: s.to_dict() for n, s in summarize_by_lane(measured, slos, window, warmup_s, lane_rates).items()},
     }
 
@@ -70,14 +89,18 @@ def format_summary(s: dict) -> str:
     def trio(d: dict) -> str:
         return f"{ms(d, 'p50')}/{ms(d, 'p90')}/{ms(d, 'p99')}"
 
-    lines = ["| lane | sent | ok | rejected | out tok/s | TTFT p50/p90/p99 ms | TPOT p50/p90/p99 ms "
-             "| ITL p50/p90/p99 ms | e2e p50/p90/p99 ms | SLO met | goodput req/s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| lane | sent | ok | rejected | out tok/s | TTFT p50/p90/p99 ms | TPOT p50/p90/p99 ms "
+        "| ITL p50/p90/p99 ms | e2e p50/p90/p99 ms | SLO met | goodput req/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     rows = list(s["lanes"].items()) + ([("all", s["summary"])] if len(s["lanes"]) != 1 else [])
     for lane, x in rows:
         att = x.get("slo_attainment")
-        lines.append(f"| {lane} | {x['requests']} | {x['completed']} | {x['rejected']} | "
-                     f"{x['output_token_throughput']:.1f} | {trio(x['ttft_s'])} | {trio(x['tpot_s'])} | "
-                     f"{trio(x['itl_s'])} | {trio(x['e2e_s'])} | {'-' if att is None else f'{att:.0%}'} | "
-                     f"{x['goodput_rps']:.2f} |")
+        lines.append(
+            f"| {lane} | {x['requests']} | {x['completed']} | {x['rejected']} | "
+            f"{x['output_token_throughput']:.1f} | {trio(x['ttft_s'])} | {trio(x['tpot_s'])} | "
+            f"{trio(x['itl_s'])} | {trio(x['e2e_s'])} | {'-' if att is None else f'{att:.0%}'} | "
+            f"{x['goodput_rps']:.2f} |"
+        )
     return "\n".join(lines)

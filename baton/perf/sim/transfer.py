@@ -12,8 +12,8 @@ prefill worker free its blocks at its next boundary (they stay in its prefix cac
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from baton.perf.profile.cost_model import TransferModel
 from baton.perf.sim.clock import EventLoop
@@ -55,8 +55,9 @@ class Channels:
 class PrefillHooks:
     """The prefill role: ship KV after each step; report load only when asked (the monitor's call)."""
 
-    def __init__(self, channels: Channels, on_kv_landed: Callable[[SimWorker, str, int], None],
-                 transfer: TransferModel) -> None:
+    def __init__(
+        self, channels: Channels, on_kv_landed: Callable[[SimWorker, str, int], None], transfer: TransferModel
+    ) -> None:
         self.channels = channels
         self.transfer = transfer
         self.on_kv_landed = on_kv_landed  # (decode worker, request id, first token) at landing time
@@ -90,13 +91,17 @@ class PrefillHooks:
                 continue
             n_blocks = max(0, end - ship.next_block)
             num_bytes = n_blocks * bs * cost.model.kv_bytes_per_token
-            landed = self.channels.send(worker.worker_id, ship.decode.worker_id, num_bytes,
-                                        self.transfer.seconds(num_bytes))
+            landed = self.channels.send(
+                worker.worker_id, ship.decode.worker_id, num_bytes, self.transfer.seconds(num_bytes)
+            )
             ship.next_block = max(end, ship.next_block)
             if done:
                 del mine[rid]
                 first = req.all_token_ids[req.num_prompt_tokens]
                 loop.at(landed, self.on_kv_landed, ship.decode, rid, first)
                 # The acknowledgement travels back; the blocks are released at the next boundary.
-                loop.at(landed + self.transfer.latency_s, worker.post,
-                        lambda w, rid=rid: w.scheduler.release_transferred(rid))
+                loop.at(
+                    landed + self.transfer.latency_s,
+                    worker.post,
+                    lambda w, rid=rid: w.scheduler.release_transferred(rid),
+                )

@@ -53,13 +53,23 @@ def run_speed(report: dict, cost):
     sp = report.get("speed") or {}
     speed = mean_probe([SpeedProbe.from_json(p) for p in (sp.get("before"), sp.get("after")) if p])
     if speed is not None and speed.reference != cost.created:
-        raise ValueError(f"the run's speed probes compare with the cost model created {speed.reference!r}, not this "
-                         f"one ({cost.created!r}): pass that cost model, or --no-speed")
+        raise ValueError(
+            f"the run's speed probes compare with the cost model created {speed.reference!r}, not this "
+            f"one ({cost.created!r}): pass that cost model, or --no-speed"
+        )
     return speed
 
 
-def compare(cost, experiment: dict, *, step_scale: float = 1.0, tolerance: float = 0.2, band: float = 0.05,
-            use_speed: bool = True, progress=lambda m: None) -> list[dict]:
+def compare(
+    cost,
+    experiment: dict,
+    *,
+    step_scale: float = 1.0,
+    tolerance: float = 0.2,
+    band: float = 0.05,
+    use_speed: bool = True,
+    progress=lambda m: None,
+) -> list[dict]:
     """One row per (setup, rate). ``band``: also simulate with every step ``band`` faster and slower
     (and half that), and report each statistic's range: with a few dozen requests, percentiles
     can jump between the modes of a bimodal distribution (e.g. ITL between one- and two-sequence
@@ -72,8 +82,9 @@ def compare(cost, experiment: dict, *, step_scale: float = 1.0, tolerance: float
     from baton.perf.sim.simulator import Simulation
 
     if experiment.get("schema") != "baton.bench.experiment/1":
-        raise ValueError(f"not an experiment report (schema {experiment.get('schema')!r}, expected "
-                         "'baton.bench.experiment/1')")
+        raise ValueError(
+            f"not an experiment report (schema {experiment.get('schema')!r}, expected 'baton.bench.experiment/1')"
+        )
     drain = _drain_of(experiment.get("command", ""))
     rows = []
     for name, setup in experiment["setups"].items():
@@ -96,16 +107,28 @@ def compare(cost, experiment: dict, *, step_scale: float = 1.0, tolerance: float
             def simulate(scale: float) -> dict:
                 run_cfg = replace(cfg, step_scale=decode_scale * scale, prefill_step_scale=prefill_scale * scale)
                 res = Simulation(cost, run_cfg, seed=c["seed"]).run(
-                    reqs, duration_s=c["duration_s"], rate=c["rate"], drain_s=drain, warmup_s=c["warmup_s"],
-                    lanes=list(spec.lanes), slo=slos or None)
+                    reqs,
+                    duration_s=c["duration_s"],
+                    rate=c["rate"],
+                    drain_s=drain,
+                    warmup_s=c["warmup_s"],
+                    lanes=list(spec.lanes),
+                    slo=slos or None,
+                )
                 return res.summary["summary"]
 
             pred, meas = simulate(1.0), report["summary"]
             spread = [pred] + [simulate(1.0 + k * band) for k in (-1, -0.5, 0.5, 1)] if band else [pred]
-            row = {"setup": name, "rate": c["rate"], "label": cfg.label(),
-                   "measured": {m: meas[m] for m in METRICS}, "predicted": {m: pred[m] for m in METRICS},
-                   "goodput": {"measured": meas.get("goodput_rps"), "predicted": pred.get("goodput_rps")},
-                   "errors": {}, "speed": None if speed is None else {"decode": speed.decode, "prefill": speed.prefill}}
+            row = {
+                "setup": name,
+                "rate": c["rate"],
+                "label": cfg.label(),
+                "measured": {m: meas[m] for m in METRICS},
+                "predicted": {m: pred[m] for m in METRICS},
+                "goodput": {"measured": meas.get("goodput_rps"), "predicted": pred.get("goodput_rps")},
+                "errors": {},
+                "speed": None if speed is None else {"decode": speed.decode, "prefill": speed.prefill},
+            }
             row["range"] = {}
             for m, q in CHECKED:
                 row["errors"][f"{m}.{q}"] = _rel(pred[m][q], meas[m][q])
@@ -113,9 +136,12 @@ def compare(cost, experiment: dict, *, step_scale: float = 1.0, tolerance: float
                 row["range"][f"{m}.{q}"] = [min(vals), max(vals)] if vals else None
             row["within"] = all(e is not None and abs(e) <= tolerance for e in row["errors"].values())
             rows.append(row)
-            progress(f"{name} at {c['rate']:g} req/s" + (f" (speed: decode {speed.decode:.2f}x, prefill "
-                                                         f"{speed.prefill:.2f}x)" if speed else "") + ": " + ", ".join(
-                f"{k} {'-' if v is None else f'{v:+.0%}'}" for k, v in row["errors"].items()))
+            progress(
+                f"{name} at {c['rate']:g} req/s"
+                + (f" (speed: decode {speed.decode:.2f}x, prefill {speed.prefill:.2f}x)" if speed else "")
+                + ": "
+                + ", ".join(f"{k} {'-' if v is None else f'{v:+.0%}'}" for k, v in row["errors"].items())
+            )
     return rows
 
 
@@ -127,20 +153,25 @@ def repeat_errors(experiment: dict, repeat: dict) -> dict[tuple[str, float], dic
         for run in setup["runs"]:
             rate = run["config"]["rate"]
             if rate in other:
-                out[(name, rate)] = {f"{m}.{q}": _rel(other[rate]["summary"][m][q], run["summary"][m][q])
-                                     for m, q in CHECKED}
+                out[(name, rate)] = {
+                    f"{m}.{q}": _rel(other[rate]["summary"][m][q], run["summary"][m][q]) for m, q in CHECKED
+                }
     return out
 
 
 def format_repeat(rows: list[dict]) -> str:
-    out = ["| setup | req/s | TTFT p50 / p90: repeat vs measured | ITL p50 / p90: repeat vs measured |",
-           "|---|---:|---:|---:|"]
+    out = [
+        "| setup | req/s | TTFT p50 / p90: repeat vs measured | ITL p50 / p90: repeat vs measured |",
+        "|---|---:|---:|---:|",
+    ]
     pct = lambda e: "-" if e is None else f"{e:+.0%}"  # noqa: E731
     for r in rows:
         e = r.get("repeat")
         if e:
-            out.append(f"| {r['setup']} | {r['rate']:g} | {pct(e['ttft_s.p50'])} / {pct(e['ttft_s.p90'])} "
-                       f"| {pct(e['itl_s.p50'])} / {pct(e['itl_s.p90'])} |")
+            out.append(
+                f"| {r['setup']} | {r['rate']:g} | {pct(e['ttft_s.p50'])} / {pct(e['ttft_s.p90'])} "
+                f"| {pct(e['itl_s.p50'])} / {pct(e['itl_s.p90'])} |"
+            )
     return "\n".join(out) if len(out) > 2 else ""
 
 
@@ -148,21 +179,27 @@ def format_rows(rows: list[dict], tolerance: float) -> str:
     def ms(v):
         return "-" if v is None else f"{v * 1e3:.0f}"
 
-    out = ["| setup | req/s | metric | measured p50/p90/p99 ms | simulated p50/p90/p99 ms | error p50 | error p90 |",
-           "|---|---:|---|---:|---:|---:|---:|"]
+    out = [
+        "| setup | req/s | metric | measured p50/p90/p99 ms | simulated p50/p90/p99 ms | error p50 | error p90 |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
     for r in rows:
         for m in METRICS:
             a, b = r["measured"][m], r["predicted"][m]
             e50, e90 = _rel(b["p50"], a["p50"]), _rel(b["p90"], a["p90"])
+
             def fmt(e: float | None) -> str:  # TPOT is shown, not checked
                 return "-" if e is None else f"{e:+.0%}" + ("" if abs(e) <= tolerance or m == "tpot_s" else " !")
 
             trio = lambda d: f"{ms(d['p50'])}/{ms(d['p90'])}/{ms(d['p99'])}"  # noqa: E731
-            out.append(f"| {r['setup']} | {r['rate']:g} | {m[:-2].upper()} | {trio(a)} | {trio(b)} "
-                       f"| {fmt(e50)} | {fmt(e90)} |")
+            out.append(
+                f"| {r['setup']} | {r['rate']:g} | {m[:-2].upper()} | {trio(a)} | {trio(b)} | {fmt(e50)} | {fmt(e90)} |"
+            )
     ok = sum(r["within"] for r in rows)
-    out.append(f"\n{ok} of {len(rows)} runs have p50 and p90 TTFT and ITL within {tolerance:.0%} of the measured values"
-               " (! marks the misses)")
+    out.append(
+        f"\n{ok} of {len(rows)} runs have p50 and p90 TTFT and ITL within {tolerance:.0%} of the measured values"
+        " (! marks the misses)"
+    )
     if any(r.get("range") for r in rows):
         out.append("\nsimulated range with every step time changed by up to the band (p50/p90, ms):")
         for r in rows:
@@ -171,8 +208,10 @@ def format_rows(rows: list[dict], tolerance: float) -> str:
                 if rng:
                     meas = r["measured"][key.split(".")[0]][key.split(".")[1]]
                     inside = meas is not None and rng[0] <= meas <= rng[1]
-                    parts.append(f"{key.replace('_s.', ' ')} {rng[0] * 1e3:.0f}-{rng[1] * 1e3:.0f}"
-                                 f"{' (measured inside)' if inside else ''}")
+                    parts.append(
+                        f"{key.replace('_s.', ' ')} {rng[0] * 1e3:.0f}-{rng[1] * 1e3:.0f}"
+                        f"{' (measured inside)' if inside else ''}"
+                    )
             out.append(f"  {r['setup']} {r['rate']:g} req/s: " + "; ".join(parts))
     return "\n".join(out)
 
@@ -186,12 +225,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--experiment", required=True, metavar="FILE", help="a baton.bench.experiment/1 report")
     p.add_argument("--step-scale", type=float, default=1.0, help="multiply every predicted step time")
     p.add_argument("--tolerance", type=float, default=0.2)
-    p.add_argument("--band", type=float, default=0.05,
-                   help="also simulate with step times this much faster/slower and show the range (0: off)")
-    p.add_argument("--repeat", default=None, metavar="FILE",
-                   help="a second measured run of the same experiment: its difference is the noise floor")
-    p.add_argument("--no-speed", action="store_true",
-                   help="ignore the runs' speed probes (replay every run on the profiled machine)")
+    p.add_argument(
+        "--band",
+        type=float,
+        default=0.05,
+        help="also simulate with step times this much faster/slower and show the range (0: off)",
+    )
+    p.add_argument(
+        "--repeat",
+        default=None,
+        metavar="FILE",
+        help="a second measured run of the same experiment: its difference is the noise floor",
+    )
+    p.add_argument(
+        "--no-speed",
+        action="store_true",
+        help="ignore the runs' speed probes (replay every run on the profiled machine)",
+    )
     p.add_argument("--json", default=None, metavar="OUT")
     args = p.parse_args(argv)
     try:
@@ -209,8 +259,15 @@ def main(argv: list[str] | None = None) -> int:
             experiment = json.loads(Path(args.experiment).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"cannot read {args.experiment}: {e}") from None
-        rows = compare(cost, experiment, step_scale=args.step_scale, tolerance=args.tolerance, band=args.band,
-                       use_speed=not args.no_speed, progress=lambda m: print(f"[validate] {m}", file=sys.stderr, flush=True))
+        rows = compare(
+            cost,
+            experiment,
+            step_scale=args.step_scale,
+            tolerance=args.tolerance,
+            band=args.band,
+            use_speed=not args.no_speed,
+            progress=lambda m: print(f"[validate] {m}", file=sys.stderr, flush=True),
+        )
         if args.repeat:
             try:
                 repeat = json.loads(Path(args.repeat).read_text())
@@ -226,10 +283,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat:
         print(f"\ntwo measurements of the same runs ({args.repeat} vs {args.experiment}):\n" + format_repeat(rows))
     if args.json:
-        Path(args.json).write_text(json.dumps({"schema": "baton.sim.validate/1", "cost_model": args.cost_model,
-                                               "experiment": args.experiment, "repeat": args.repeat,
-                                               "tolerance": args.tolerance,
-                                               "rows": rows}, indent=1) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "schema": "baton.sim.validate/1",
+                    "cost_model": args.cost_model,
+                    "experiment": args.experiment,
+                    "repeat": args.repeat,
+                    "tolerance": args.tolerance,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     return 0 if rows and all(r["within"] for r in rows) else 1
 
 

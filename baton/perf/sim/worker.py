@@ -14,21 +14,22 @@ Role-specific behaviour (a decode worker's outputs, a prefill worker's KV shippi
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from baton.perf.profile.cost_model import CostModel
 from baton.perf.profile.host import HostModel
 from baton.perf.profile.step_shape import shape_of_schedule
 from baton.perf.sim.clock import EventLoop
 from engine.block_manager import BlockManager
-from engine.config import SchedulerConfig
+from engine.config import LaneShareConfig, SchedulerConfig
 from engine.fake_runner import FakeModelRunner
 from engine.request import Request
 from engine.request_spec import RequestSpec
 from engine.scheduler import Scheduler
 from engine.scheduler_output import SchedulerOutput
-from engine.worker_stats import WorkerLoad, queued_prefill_tokens
+from engine.worker_stats import WorkerLoad, queued_prefill_tokens, queued_prefill_tokens_by_priority
 
 
 class WorkerHooks(Protocol):
@@ -75,16 +76,27 @@ class Host:
             self._window_tokens -= self._tokens.popleft()[1]
         while self._requests and self._requests[0] <= horizon:
             self._requests.popleft()
-        demand = self.model.demand_cores(self._window_tokens / self.window_s,
-                                         len(self._requests) / self.window_s)
+        demand = self.model.demand_cores(self._window_tokens / self.window_s, len(self._requests) / self.window_s)
         return self.model.stretch(busy_workers, demand)
 
 
 class SimWorker:
-    def __init__(self, worker_id: str, role: str, loop: EventLoop, cost: CostModel, *, max_num_seqs: int,
-                 max_num_batched_tokens: int, num_blocks: int, enable_prefix_caching: bool = True,
-                 step_scale: float = 1.0, prefill_step_scale: float | None = None,
-                 host: Host | None = None) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        role: str,
+        loop: EventLoop,
+        cost: CostModel,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        num_blocks: int,
+        enable_prefix_caching: bool = True,
+        step_scale: float = 1.0,
+        prefill_step_scale: float | None = None,
+        host: Host | None = None,
+        lane_shares: tuple[LaneShareConfig, ...] = (),
+    ) -> None:
         m = cost.model
         self.worker_id = worker_id
         self.role = role
@@ -93,13 +105,20 @@ class SimWorker:
         self.step_scale = step_scale
         self.prefill_step_scale = step_scale if prefill_step_scale is None else prefill_step_scale
         self.host = host or Host()
-        self.block_manager = BlockManager(num_blocks, m.block_size, enable_prefix_caching=enable_prefix_caching,
-                                          record_events=True)
-        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs,
-                                                   max_num_batched_tokens=max_num_batched_tokens),
-                                   self.block_manager, m.max_model_len)
-        self.runner = FakeModelRunner(max_num_seqs=max_num_seqs, max_model_len=m.max_model_len,
-                                      block_size=m.block_size, vocab_size=m.vocab_size)
+        self.block_manager = BlockManager(
+            num_blocks, m.block_size, enable_prefix_caching=enable_prefix_caching, record_events=True
+        )
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, lane_shares=lane_shares
+            ),
+            self.block_manager,
+            m.max_model_len,
+            clock=lambda: loop.now,
+        )
+        self.runner = FakeModelRunner(
+            max_num_seqs=max_num_seqs, max_model_len=m.max_model_len, block_size=m.block_size, vocab_size=m.vocab_size
+        )
         self.hooks: WorkerHooks | None = None
         self._calls: deque[tuple[Callable[[SimWorker], Any], Callable[[Any], None] | None]] = deque()
         self.busy = False
@@ -169,7 +188,11 @@ class SimWorker:
         for rid in so.request_ids:
             timing = self.prefill_timing.get(rid)
             req = self.scheduler.requests.get(rid)
-            if timing is not None and timing[2] is None and (req is None or req.num_computed_tokens >= req.num_prompt_tokens):
+            if (
+                timing is not None
+                and timing[2] is None
+                and (req is None or req.num_computed_tokens >= req.num_prompt_tokens)
+            ):
                 timing[2] = self.loop.now
         self.steps += 1
         self.busy_seconds += dt
@@ -182,16 +205,24 @@ class SimWorker:
 
     # -- engine API (run on the engine "thread", i.e. between steps) ---------------------------
     def _request(self, spec: RequestSpec, prefill_only: bool = False) -> Request:
-        return Request(spec.request_id, list(spec.prompt_token_ids), spec.sampling_params, priority=spec.priority,
-                       cache_salt=spec.cache_salt, arrival_time=self.loop.now, prefill_only=prefill_only,
-                       preemptible=spec.preemptible)
+        return Request(
+            spec.request_id,
+            list(spec.prompt_token_ids),
+            spec.sampling_params,
+            priority=spec.priority,
+            cache_salt=spec.cache_salt,
+            arrival_time=self.loop.now,
+            prefill_only=prefill_only,
+            preemptible=spec.preemptible,
+        )
 
     def add_request(self, spec: RequestSpec, prefill_only: bool = False) -> Request:
         req = self._request(spec, prefill_only)
         self.scheduler.add_request(req)
         if prefill_only:  # a prefill task: WorkerLoad.prompt_tokens_received
-            self.prompt_tokens_received[spec.origin] = (self.prompt_tokens_received.get(spec.origin, 0)
-                                                        + spec.num_prompt_tokens)
+            self.prompt_tokens_received[spec.origin] = (
+                self.prompt_tokens_received.get(spec.origin, 0) + spec.num_prompt_tokens
+            )
         else:  # placed here to decode: WorkerLoad.prompt_tokens_placed
             self._count_placed(spec)
         self.prefill_timing[spec.request_id] = [self.loop.now, None, None]
@@ -200,9 +231,12 @@ class SimWorker:
     def take_prefill_timing(self, request_id: str) -> tuple[float, float]:
         """(prefill queue, prefill compute) seconds of a request prefilled here; (0, 0) if unknown."""
         timing = self.prefill_timing.pop(request_id, None)
-        if timing is None or timing[1] is None or timing[2] is None:
+        if timing is None:
             return 0.0, 0.0
-        return timing[1] - timing[0], timing[2] - timing[1]
+        arrived, started, computed = timing
+        if arrived is None or started is None or computed is None:
+            return 0.0, 0.0
+        return started - arrived, computed - started
 
     def reserve(self, spec: RequestSpec) -> ReserveResult:
         req = self._request(spec)
@@ -217,13 +251,27 @@ class SimWorker:
     def load(self) -> WorkerLoad:
         s, bm = self.scheduler, self.block_manager
         return WorkerLoad(
-            worker_id=self.worker_id, incarnation="sim", role=self.role, num_running=s.num_running,
-            num_waiting=s.num_waiting, num_free_blocks=bm.num_free_blocks, num_total_blocks=bm.num_blocks,
-            queued_prefill_tokens=queued_prefill_tokens(s), num_reserved=len(s.reserved),
-            num_transferring=len(s.transferring), prefix_queries=bm.num_prefix_queries,
-            prefix_hits=bm.num_prefix_hits, steps=self.steps, busy_seconds=self.busy_seconds,
-            prompt_tokens_computed=s.prompt_tokens_computed, prompt_tokens_received=dict(self.prompt_tokens_received),
-            prompt_tokens_placed=dict(self.prompt_tokens_placed))
+            worker_id=self.worker_id,
+            incarnation="sim",
+            role=self.role,
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            num_free_blocks=bm.num_free_blocks,
+            num_total_blocks=bm.num_blocks,
+            queued_prefill_tokens=queued_prefill_tokens(s),
+            num_reserved=len(s.reserved),
+            num_transferring=len(s.transferring),
+            prefix_queries=bm.num_prefix_queries,
+            prefix_hits=bm.num_prefix_hits,
+            steps=self.steps,
+            busy_seconds=self.busy_seconds,
+            prompt_tokens_computed=s.prompt_tokens_computed,
+            prompt_tokens_received=dict(self.prompt_tokens_received),
+            prompt_tokens_placed=dict(self.prompt_tokens_placed),
+            lane_counters=(
+                s.lane_shares.counters(queued_prefill_tokens_by_priority(s)) if s.lane_shares is not None else None
+            ),
+        )
 
     @property
     def idle(self) -> bool:

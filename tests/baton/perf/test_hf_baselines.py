@@ -20,8 +20,16 @@ SPECIAL = frozenset({0, 1, 2})
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
     )
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("tiny-llama")
@@ -43,8 +51,12 @@ def _reference(model, requests: list[OfflineRequest]) -> list[list[int]]:
         for r in requests:
             ids = torch.tensor([r.prompt_token_ids])
             gen = model.generate(
-                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=r.max_tokens,
-                eos_token_id=None, pad_token_id=0,
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=r.max_tokens,
+                eos_token_id=None,
+                pad_token_id=0,
             )
             outs.append(gen[0, ids.shape[1] :].tolist())
     assert [len(o) for o in outs] == [r.max_tokens for r in requests]

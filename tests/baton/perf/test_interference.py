@@ -44,12 +44,15 @@ def test_interactive_output_lengths_are_a_range_so_the_streams_do_not_restart_in
     assert workload_from_args(_args("--interactive-max-tokens", "128")).interactive_max_tokens == (128, 128)
 
 
-@pytest.mark.parametrize("argv, names", [
-    (("--interactive-max-tokens", "192-64"), "--interactive-max-tokens"),
-    (("--interactive-max-tokens", "lots"), "--interactive-max-tokens"),
-    (("--interactive", "0"), "--interactive"),
-    (("--decode-prefill-budget", "-1"), "--decode-prefill-budget"),
-])
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (("--interactive-max-tokens", "192-64"), "--interactive-max-tokens"),
+        (("--interactive-max-tokens", "lots"), "--interactive-max-tokens"),
+        (("--interactive", "0"), "--interactive"),
+        (("--decode-prefill-budget", "-1"), "--decode-prefill-budget"),
+    ],
+)
 def test_bad_arguments_are_named(argv, names):
     from baton.perf.interference_workload import workload_from_args
 

@@ -53,8 +53,11 @@ def test_the_transfer_bench_runs_without_ray_on_cpu():
 def test_bad_arguments_are_named(capsys):
     from baton.perf.kv_transfer_bench import main
 
-    for argv, name in ((["--lengths", "a,b"], "--lengths"), (["--lengths", "0"], "--lengths"),
-                       (["--device", "tpu"], "--device")):
+    for argv, name in (
+        (["--lengths", "a,b"], "--lengths"),
+        (["--lengths", "0"], "--lengths"),
+        (["--device", "tpu"], "--device"),
+    ):
         with pytest.raises(SystemExit):
             main(argv)
         assert name in capsys.readouterr().err

@@ -7,7 +7,7 @@ KEYS = {"baton_cb_tok_s", "baton_static_tok_s", "hf_cb_tok_s", "hf_static_tok_s"
 
 def test_small_offline_bench_reports_all_systems(tiny_model_dir):
     r = run_offline("anyscale-cpu-small", model=str(tiny_model_dir), n=6)
-    assert KEYS <= r.keys()
+    assert r.keys() >= KEYS
     for k in KEYS - {"kv_waste"}:
         assert r[k] > 0
     assert 0 <= r["kv_waste"] < 1
@@ -16,8 +16,11 @@ def test_small_offline_bench_reports_all_systems(tiny_model_dir):
     assert r["requests_identical_across_systems"] == 6
     assert set(r["seconds"]) == {"baton-cb", "baton-static", "hf-cb", "hf-static"}
     machine = r["machine"]  # both sides on the same device and dtype, and the JSON says which
-    assert (machine["baton_device"], machine["baton_dtype"]) == (machine["hf_device"], machine["hf_dtype"]) \
+    assert (
+        (machine["baton_device"], machine["baton_dtype"])
+        == (machine["hf_device"], machine["hf_dtype"])
         == ("cpu", "float32")
+    )
 
 
 def test_baton_is_pinned_to_the_baselines_cpu_fp32_even_on_a_cuda_host(tiny_model_dir, monkeypatch):
@@ -36,7 +39,11 @@ def test_baton_is_pinned_to_the_baselines_cpu_fp32_even_on_a_cuda_host(tiny_mode
         device = pick_device(seen[0].device)
         assert (device.type, pick_dtype(seen[0].dtype, device)) == ("cpu", torch.float32)
     assert {k: r["machine"][k] for k in ("baton_device", "baton_dtype", "hf_device", "hf_dtype")} == {
-        "baton_device": "cpu", "baton_dtype": "float32", "hf_device": None, "hf_dtype": None}
+        "baton_device": "cpu",
+        "baton_dtype": "float32",
+        "hf_device": None,
+        "hf_dtype": None,
+    }
 
 
 def test_repeated_rounds_report_each_systems_median_run(tiny_model_dir):
@@ -89,10 +96,14 @@ def test_the_greedy_head_baseline_runs_both_modes_with_every_logit(tiny_model_di
 
     enabled: list[bool] = []
     real_step = LLMEngine.step
-    monkeypatch.setattr(LLMEngine, "step",
-                        lambda self: enabled.append(self.runner.model.kernels.greedy_head is not None) or real_step(self))
-    r = offline.run_offline("anyscale-cpu-small", model=str(tiny_model_dir), n=4, include_hf=False,
-                            greedy_head_baseline=True)
+    monkeypatch.setattr(
+        LLMEngine,
+        "step",
+        lambda self: enabled.append(self.runner.model.kernels.greedy_head is not None) or real_step(self),
+    )
+    r = offline.run_offline(
+        "anyscale-cpu-small", model=str(tiny_model_dir), n=4, include_hf=False, greedy_head_baseline=True
+    )
     assert set(r["seconds"]) == {"baton-cb", "baton-static", "baton-cb-every-logit", "baton-static-every-logit"}
     assert r["baton_cb_every_logit_tok_s"] > 0 and r["baton_cb_over_every_logit"] > 0
     assert r["baton_static_over_every_logit"] > 0 and r["baton_cb_over_static_every_logit"] > 0
@@ -106,8 +117,9 @@ def test_the_amx_baseline_runs_both_modes_off_amx(tiny_model_dir, monkeypatch):
 
     enabled: list[bool] = []
     real_step = LLMEngine.step
-    monkeypatch.setattr(LLMEngine, "step",
-                        lambda self: enabled.append(self.runner.model.kernels.amx is not None) or real_step(self))
+    monkeypatch.setattr(
+        LLMEngine, "step", lambda self: enabled.append(self.runner.model.kernels.amx is not None) or real_step(self)
+    )
     r = offline.run_offline("anyscale-cpu-small", model=str(tiny_model_dir), n=4, include_hf=False, amx_baseline=True)
     assert set(r["seconds"]) == {"baton-cb", "baton-static", "baton-cb-no-amx", "baton-static-no-amx"}
     assert r["baton_cb_no_amx_tok_s"] > 0 and r["baton_cb_over_no_amx"] > 0 and r["baton_cb_over_static_no_amx"] > 0

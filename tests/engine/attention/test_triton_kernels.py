@@ -45,10 +45,37 @@ DECODE_CASES: dict[str, dict[str, Any]] = {
     "gqa2_bs8_d8": dict(heads=4, kv_heads=2, head_dim=8, block_size=8, lens=[1, 9, 30]),
     "gqa1_bs16_d80_split": dict(heads=2, kv_heads=2, head_dim=80, block_size=16, lens=[70, 5], partition=32),
     # Other launch shapes (bench/kernel_sweep.py): key tiles wider than a cache block, and narrower.
-    "tiles_n128_split": dict(heads=8, kv_heads=2, head_dim=64, block_size=16, lens=[300, 7, 129], partition=256,
-                             tiles=dict(block_n=128, num_warps=8)),
+    "tiles_n128_split": dict(
+        heads=8,
+        kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        lens=[300, 7, 129],
+        partition=256,
+        tiles=dict(block_n=128, num_warps=8),
+    ),
     "tiles_original_n32": dict(heads=8, kv_heads=2, head_dim=64, block_size=16, lens=[100, 3], tiles=dict(block_n=32)),
-    "tiles_n16": dict(heads=9, kv_heads=3, head_dim=64, block_size=32, lens=[70, 1, 33], tiles=dict(block_n=16, num_warps=2)),
+    "tiles_n16": dict(
+        heads=9, kv_heads=3, head_dim=64, block_size=32, lens=[70, 1, 33], tiles=dict(block_n=16, num_warps=2)
+    ),
+    # Split-K by each sequence's own length: short and long contexts in one batch, a block table
+    # far wider than any context (CUDA graphs pass the model's whole context), a padding row of length 0.
+    "splits_by_length_mixed": dict(
+        heads=8, kv_heads=2, head_dim=64, block_size=16, lens=[1, 700, 17, 129, 300], splits=4, width=256
+    ),
+    "splits_by_length_wide_table_gqa3": dict(
+        heads=9, kv_heads=3, head_dim=64, block_size=16, lens=[5, 1000], splits=8, width=512
+    ),
+    "splits_more_than_keys": dict(heads=4, kv_heads=2, head_dim=64, block_size=8, lens=[3, 1, 40], splits=32, width=64),
+    "splits_auto_wide_table": dict(heads=4, kv_heads=2, head_dim=64, block_size=16, lens=[2, 900], width=1024),
+    # Head dim 128 (Llama-3.1-8B, Qwen2.5-7B class): the interpreter checks fp32; bf16 on CUDA only.
+    "d128_gqa4_splits": dict(heads=8, kv_heads=2, head_dim=128, block_size=16, lens=[1, 333, 70], splits=4, width=128),
+    "bf16_d128_gqa4_splits": dict(
+        heads=8, kv_heads=2, head_dim=128, block_size=16, lens=[1, 333, 70], splits=4, width=128, dtype="bfloat16"
+    ),
+    "bf16_d128_gqa8_auto": dict(
+        heads=32, kv_heads=4, head_dim=128, block_size=16, lens=[2000, 9], width=512, dtype="bfloat16"
+    ),
     # seq_lens as a strided view: the kernel read it as a plain array (error 1.05 before the wrapper
     # made it contiguous; the engine's are contiguous, so it was latent).
     "strided_seq_lens": dict(heads=4, kv_heads=2, head_dim=64, block_size=8, lens=[40, 9, 17], strided=True),
@@ -61,21 +88,35 @@ PREFILL_CASES: dict[str, dict[str, Any]] = {
     "mixed_gqa4_bs32_d128": dict(
         heads=8, kv_heads=2, head_dim=128, block_size=32, q_lens=[32, 1, 0, 70], ctx=[64, 33, 10, 70], layer=0
     ),
-    "gqa8_bs16_multi_tile": dict(
-        heads=8, kv_heads=1, head_dim=64, block_size=16, q_lens=[64, 3, 20], ctx=[64, 96, 39]
-    ),
+    "gqa8_bs16_multi_tile": dict(heads=8, kv_heads=1, head_dim=64, block_size=16, q_lens=[64, 3, 20], ctx=[64, 96, 39]),
     "fp16_gqa4": dict(heads=8, kv_heads=2, head_dim=64, block_size=16, q_lens=[40, 7], ctx=[60, 7], dtype="float16"),
     "bf16_gqa3": dict(heads=9, kv_heads=3, head_dim=64, block_size=16, q_lens=[20, 7], ctx=[60, 7], dtype="bfloat16"),
     "gqa2_bs8_d8": dict(heads=4, kv_heads=2, head_dim=8, block_size=8, q_lens=[9, 1, 30], ctx=[20, 5, 30]),
     "gqa1_bs16_d80": dict(heads=2, kv_heads=2, head_dim=80, block_size=16, q_lens=[33, 4], ctx=[50, 4]),
-    "tiles_m128_n128": dict(heads=8, kv_heads=2, head_dim=64, block_size=16, q_lens=[150, 3, 40], ctx=[300, 3, 170],
-                            tiles=dict(block_m=128, block_n=128, num_warps=8, num_stages=2)),
-    "tiles_original_m64_n32": dict(heads=8, kv_heads=2, head_dim=64, block_size=16, q_lens=[70, 5], ctx=[90, 5],
-                                   tiles=dict(block_m=64, block_n=32)),
-    "tiles_m16_group7": dict(heads=14, kv_heads=2, head_dim=64, block_size=16, q_lens=[20, 9], ctx=[45, 9],
-                             tiles=dict(block_m=16, block_n=64)),
-    "strided_cu_seqlens_and_seq_lens": dict(heads=4, kv_heads=2, head_dim=64, block_size=8, q_lens=[9, 1, 20],
-                                            ctx=[20, 5, 30], strided=True),  # (inf / 3e18 before)
+    "tiles_m128_n128": dict(
+        heads=8,
+        kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        q_lens=[150, 3, 40],
+        ctx=[300, 3, 170],
+        tiles=dict(block_m=128, block_n=128, num_warps=8, num_stages=2),
+    ),
+    "tiles_original_m64_n32": dict(
+        heads=8, kv_heads=2, head_dim=64, block_size=16, q_lens=[70, 5], ctx=[90, 5], tiles=dict(block_m=64, block_n=32)
+    ),
+    "tiles_m16_group7": dict(
+        heads=14,
+        kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        q_lens=[20, 9],
+        ctx=[45, 9],
+        tiles=dict(block_m=16, block_n=64),
+    ),
+    "strided_cu_seqlens_and_seq_lens": dict(
+        heads=4, kv_heads=2, head_dim=64, block_size=8, q_lens=[9, 1, 20], ctx=[20, 5, 30], strided=True
+    ),  # (inf / 3e18 before)
 }
 KV_WRITE_CASES: dict[str, dict[str, Any]] = {
     "kvh3_bs16_d64": dict(kv_heads=3, head_dim=64, block_size=16, tokens=40),
@@ -85,7 +126,12 @@ KV_WRITE_CASES: dict[str, dict[str, Any]] = {
 }
 # The interpreter's tl.dot multiplies bf16 operands as their raw uint16 bits (Triton 3.9), so
 # bf16 attention is only checked on a GPU.
-_CUDA_ONLY = {("decode", "bf16_gqa3"), ("prefill", "bf16_gqa3")}
+_CUDA_ONLY = {
+    ("decode", "bf16_gqa3"),
+    ("prefill", "bf16_gqa3"),
+    ("decode", "bf16_d128_gqa4_splits"),
+    ("decode", "bf16_d128_gqa8_auto"),
+}
 
 
 # ---- inputs (shared by the child process and the reference checks) -------------------------------
@@ -99,9 +145,15 @@ def _paged_cache(
     return kv, kv[:, layer, 0], kv[:, layer, 1]
 
 
-def _block_tables(gen: torch.Generator, lens: list[int], block_size: int, num_blocks: int) -> torch.Tensor:
-    """Each sequence's blocks are a random (non-contiguous) set of ids; unused entries are garbage."""
-    width = max(max(-(-n // block_size) for n in lens), 1)
+def _block_tables(
+    gen: torch.Generator, lens: list[int], block_size: int, num_blocks: int, width: int | None = None
+) -> torch.Tensor:
+    """Each sequence's blocks are a random (non-contiguous) set of ids; unused entries are garbage
+    (``width``: entries per row, at least the longest sequence's blocks)."""
+    needed = max(max(-(-n // block_size) for n in lens), 1)
+    width = max(width or 0, needed)
+    if width > num_blocks:  # a table wider than the cache: its unused entries repeat ids
+        return torch.stack([torch.randint(0, num_blocks, (width,), generator=gen) for _ in lens]).to(torch.int32)
     rows = [torch.randperm(num_blocks, generator=gen)[:width] for _ in lens]
     return torch.stack(rows).to(torch.int32)
 
@@ -113,7 +165,7 @@ def decode_inputs(case: dict[str, Any], device: str = "cpu") -> tuple[Any, ...]:
     num_blocks = sum(-(-n // bs) for n in lens) + 8
     _, kc, vc = _paged_cache(gen, num_blocks, bs, case["kv_heads"], case["head_dim"], dtype, case.get("layer", 1))
     q = torch.randn(len(lens), case["heads"], case["head_dim"], generator=gen).to(dtype)
-    bt = _block_tables(gen, lens, bs, num_blocks)
+    bt = _block_tables(gen, lens, bs, num_blocks, case.get("width"))
     seq_lens = _maybe_strided(torch.tensor(lens, dtype=torch.int32), case)
     to = lambda t: t.to(device)  # noqa: E731
     return to(q), to(kc), to(vc), to(bt), to(seq_lens), case["head_dim"] ** -0.5
@@ -158,7 +210,7 @@ def _run_kv_write(case: dict[str, Any], device: str) -> float:
     dtype = getattr(torch, case.get("dtype", "float32"))
     bs, t = case["block_size"], case["tokens"]
     num_blocks = -(-t // bs) + 4
-    kv, kc, vc = _paged_cache(gen, num_blocks, bs, case["kv_heads"], case["head_dim"], dtype, 1)
+    kv, _kc, _vc = _paged_cache(gen, num_blocks, bs, case["kv_heads"], case["head_dim"], dtype, 1)
     slots = torch.randperm(num_blocks * bs, generator=gen)[:t]  # distinct slots, scattered
     blk, off = _maybe_strided((slots // bs).to(torch.int32), case), _maybe_strided((slots % bs).to(torch.int32), case)
     k = torch.randn(t, case["kv_heads"], case["head_dim"], generator=gen).to(dtype)
@@ -193,7 +245,9 @@ def run_cases(device: str) -> dict[str, dict[str, Any]]:
         def decode(case: dict[str, Any] = case) -> float:
             args = decode_inputs(case, device)
             tiles = DecodeTiles(**case["tiles"]) if "tiles" in case else None  # None: the kernel's choice
-            got = paged_decode_attention(*args, partition_size=case.get("partition"), tiles=tiles)
+            got = paged_decode_attention(
+                *args, partition_size=case.get("partition"), num_splits=case.get("splits"), tiles=tiles
+            )
             return _err(got.cpu(), ref.paged_decode_attention(*(a.cpu() if torch.is_tensor(a) else a for a in args)))
 
         record(f"decode/{name}", decode)
@@ -294,8 +348,9 @@ def test_kv_write_kernel_matches_reference(kernel_results: dict[str, dict[str, A
 
 
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
-def test_inputs_the_kernels_cannot_take_are_refused_naming_the_problem(kernel_results: dict[str, dict[str, Any]],
-                                                                        name: str) -> None:
+def test_inputs_the_kernels_cannot_take_are_refused_naming_the_problem(
+    kernel_results: dict[str, dict[str, Any]], name: str
+) -> None:
     _check(kernel_results, "bad_input", name, {})
 
 
@@ -383,6 +438,42 @@ def test_wide_tiles_only_where_their_buffers_fit_in_shared_memory() -> None:
     assert default_decode_tiles(8, torch.float32).block_n == 128  # padded to 16 fp32: 64-byte rows
     assert default_decode_tiles(128, torch.bfloat16) == DEFAULT_DECODE_TILES
     assert default_prefill_tiles(64, torch.float32) == DEFAULT_PREFILL_TILES
+
+
+def test_tiles_follow_the_devices_shared_memory_limit() -> None:
+    """Head dim 128 in bf16: the wide tiles where an H100/H200's 227 KiB holds their K/V buffers, the
+    narrower ones on a 99 KiB GPU (where the wide ones fail to compile), never more than the limit."""
+    pytest.importorskip("triton")
+    from engine.attention.triton_decode import (
+        DEFAULT_DECODE_TILES,
+        SMALL_GPU_SHARED_MEMORY,
+        decode_tile_shared_memory,
+        default_decode_tiles,
+    )
+
+    small, big = 99 * 1024, 227 * 1024
+    assert small == SMALL_GPU_SHARED_MEMORY
+    assert default_decode_tiles(128, torch.bfloat16, big).block_n == 128
+    assert default_decode_tiles(128, torch.bfloat16, small) == DEFAULT_DECODE_TILES
+    assert default_decode_tiles(128, torch.bfloat16) == DEFAULT_DECODE_TILES  # unknown limit: the small GPU's
+    assert default_decode_tiles(64, torch.bfloat16, small).block_n == 128
+    for limit in (small, big):
+        for head_dim, dtype in ((64, torch.bfloat16), (128, torch.bfloat16), (128, torch.float16), (64, torch.float32)):
+            tiles = default_decode_tiles(head_dim, dtype, limit)
+            assert decode_tile_shared_memory(tiles, head_dim, dtype) <= limit, (head_dim, dtype, limit, tiles)
+
+
+def test_splits_depend_on_the_batch_shape_and_sm_count_only() -> None:
+    """Split-K's shape comes from (seqs, kv heads, SMs): never from a context length or the block
+    table's width, so a growing context never compiles a new variant."""
+    pytest.importorskip("triton")
+    from engine.attention.triton_decode import decode_num_splits
+
+    assert decode_num_splits(1, 8, 132) == 32  # batch 1 on an H100/H200: capped at 32 splits
+    assert decode_num_splits(4, 8, 132) == 9
+    assert decode_num_splits(64, 8, 132) == 1  # 512 programs already fill 132 SMs twice
+    assert decode_num_splits(0, 8, 132) == 32
+    assert decode_num_splits(2, 2, 4) == 2
 
 
 def test_dot_operands_are_padded_to_what_a_gpu_compiles() -> None:

@@ -8,20 +8,24 @@ source without a multi-megabyte download.
 from __future__ import annotations
 
 import json
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-
 _HF_TO_GGUF = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
 }
-
-
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +59,7 @@ def write_gguf(
     tensors: dict[str, np.ndarray],
     tokenizer_json: Path,
     *,
-    q8_names: set[str] = frozenset(),
+    q8_names: AbstractSet[str] = frozenset(),
     pre: str = "gpt-2",
     chat_template: str | None = "{% for m in messages %}{{ m['content'] }}{% endfor %}",
     sentencepiece: bool = False,

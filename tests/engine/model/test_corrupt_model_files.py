@@ -31,16 +31,19 @@ def _with_header_entry(tmp_path: Path, entry: object) -> Path:
     return path
 
 
-@pytest.mark.parametrize("entry, needle", [
-    ({"dtype": "F32", "shape": [2, 2]}, "data_offsets must be [begin, end]"),  # was KeyError('data_offsets')
-    ({"dtype": "F32", "shape": [2, 2], "data_offsets": ["0", "16"]}, "got ['0', '16']"),
-    ({"dtype": "F32", "shape": [2, 2], "data_offsets": [0]}, "data_offsets must be"),
-    ({"dtype": "F32", "shape": [2, 2], "data_offsets": [16, 0]}, "0 <= begin <= end"),
-    ({"dtype": "F32", "shape": [2, 2], "data_offsets": [0, True]}, "data_offsets must be"),
-    ({"shape": [2, 2], "data_offsets": [0, 16]}, "dtype must be a string"),
-    ({"dtype": "F32", "shape": "2x2", "data_offsets": [0, 16]}, "shape must be a list"),
-    ("F32", "not a JSON object"),
-])
+@pytest.mark.parametrize(
+    "entry, needle",
+    [
+        ({"dtype": "F32", "shape": [2, 2]}, "data_offsets must be [begin, end]"),  # was KeyError('data_offsets')
+        ({"dtype": "F32", "shape": [2, 2], "data_offsets": ["0", "16"]}, "got ['0', '16']"),
+        ({"dtype": "F32", "shape": [2, 2], "data_offsets": [0]}, "data_offsets must be"),
+        ({"dtype": "F32", "shape": [2, 2], "data_offsets": [16, 0]}, "0 <= begin <= end"),
+        ({"dtype": "F32", "shape": [2, 2], "data_offsets": [0, True]}, "data_offsets must be"),
+        ({"shape": [2, 2], "data_offsets": [0, 16]}, "dtype must be a string"),
+        ({"dtype": "F32", "shape": "2x2", "data_offsets": [0, 16]}, "shape must be a list"),
+        ("F32", "not a JSON object"),
+    ],
+)
 def test_a_bad_safetensors_header_entry_names_the_file_and_tensor(tmp_path, entry, needle):
     path = _with_header_entry(tmp_path, entry)
     with pytest.raises(ModelLoadError) as e:
@@ -49,8 +52,15 @@ def test_a_bad_safetensors_header_entry_names_the_file_and_tensor(tmp_path, entr
 
 
 def _model_config(**overrides) -> dict:
-    return {"architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 8, "intermediate_size": 16,
-            "num_hidden_layers": 1, "num_attention_heads": 2, **overrides}
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 32,
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        **overrides,
+    }
 
 
 @pytest.mark.parametrize("archs", [5, "LlamaForCausalLM", [5], {"a": 1}])

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from engine.model.tokenizer import Tokenizer
 
 SPLIT_TEXTS = [
-    "😀👍🏽🇫🇷 family: 👨‍👩‍👧‍👦!", "日本語のテキスト、中文文本。한국어 텍스트", "naïve café — “quotes” … €100",
+    "😀👍🏽🇫🇷 family: 👨‍👩‍👧‍👦!",
+    "日本語のテキスト、中文文本。한국어 텍스트",
+    "naïve café — “quotes” … €100",
     "Hello world, this is plain ASCII with  double spaces\nand newlines\n\n",
     "mixed 日本 and emoji🎉end <|im_start|> special",
 ]
@@ -110,8 +112,11 @@ def test_hypothesis_text_tiny(tiny_tok: Tokenizer, text: str) -> None:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ids=st.lists(st.integers(0, 4095), max_size=40), prompt=st.lists(st.integers(0, 4095), max_size=6),
-       chunk=st.integers(1, 5))
+@given(
+    ids=st.lists(st.integers(0, 4095), max_size=40),
+    prompt=st.lists(st.integers(0, 4095), max_size=6),
+    chunk=st.integers(1, 5),
+)
 def test_hypothesis_ids_tiny(tiny_tok: Tokenizer, ids: list[int], prompt: list[int], chunk: int) -> None:
     deltas, tail = _stream(tiny_tok, prompt, ids, [chunk])
     assert "".join(deltas) + tail == tiny_tok.decode(ids)

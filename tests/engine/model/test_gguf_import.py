@@ -20,8 +20,17 @@ from engine.model.weights import iter_safetensors, read_ggml_blocks
 from tests.engine.model.conftest import llama_cpp_permute, write_gguf
 
 CONFIG_FIELDS = (
-    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-    "max_position_embeddings", "rms_norm_eps", "vocab_size", "tie_word_embeddings", "bos_token_id", "eos_token_id",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "vocab_size",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_id",
 )
 
 
@@ -54,7 +63,10 @@ def test_default_model_equals_transformers(default_model_dir: Path) -> None:
     assert ours["head_dim"] == hf.config.head_dim == 64
     cfg = ModelConfig.from_file(default_model_dir / "config.json")
     assert (cfg.architecture, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.tie_word_embeddings) == (
-        "LlamaForCausalLM", 30, 3, True,
+        "LlamaForCausalLM",
+        30,
+        3,
+        True,
     )
     assert cfg.eos_token_ids == (2,) and cfg.max_context_len == 8192
 
@@ -62,8 +74,14 @@ def test_default_model_equals_transformers(default_model_dir: Path) -> None:
 @pytest.mark.slow
 def test_default_model_files(default_model_dir: Path) -> None:
     names = sorted(p.name for p in default_model_dir.iterdir())
-    assert names == ["config.json", "generation_config.json", "ggml-blocks.safetensors", "model.safetensors",
-                     "tokenizer.json", "tokenizer_config.json"]
+    assert names == [
+        "config.json",
+        "generation_config.json",
+        "ggml-blocks.safetensors",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     tok_cfg = json.loads((default_model_dir / "tokenizer_config.json").read_text())
     assert tok_cfg["add_bos_token"] is False and tok_cfg["eos_token"] == "<|im_end|>"
     assert "<|im_start|>assistant" in tok_cfg["chat_template"]
@@ -96,7 +114,7 @@ def test_reverse_permute_inverts_llama_cpp() -> None:
 
 def test_tiny_gguf_roundtrip(tiny_gguf: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     """HF -> (llama.cpp-style) GGUF -> import gives back the original weights and tokenizer."""
-    messages = []
+    messages: list[str] = []
     out = import_gguf(tiny_gguf, tmp_path / "imported", progress=messages.append)
     assert messages and "imported" in messages[-1]
     original = load_file(str(tiny_model_dir / "model.safetensors"))
@@ -129,8 +147,15 @@ def test_qwen2_gguf_equals_transformers(tiny_model_dir: Path, tmp_path: Path) ->
     for i in range(config["num_hidden_layers"]):
         for proj, size in (("q", 256), ("k", 128), ("v", 128)):
             tensors[f"model.layers.{i}.self_attn.{proj}_proj.bias"] = rng.normal(0, 0.02, size).astype(np.float32)
-    path = write_gguf(tmp_path / "tiny-qwen2.gguf", "qwen2", config, tensors, tiny_model_dir / "tokenizer.json",
-                      pre="qwen2", q8_names={"model.layers.2.mlp.gate_proj.weight"})
+    path = write_gguf(
+        tmp_path / "tiny-qwen2.gguf",
+        "qwen2",
+        config,
+        tensors,
+        tiny_model_dir / "tokenizer.json",
+        pre="qwen2",
+        q8_names={"model.layers.2.mlp.gate_proj.weight"},
+    )
     out = import_gguf(path, tmp_path / "imported")
     hf = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32)
     state = hf.state_dict()
@@ -154,8 +179,9 @@ def test_sentencepiece_gguf_tokenizer_equals_transformers(tiny_model_dir: Path, 
 
     config = json.loads((tiny_model_dir / "config.json").read_text())
     tensors = load_file(str(tiny_model_dir / "model.safetensors"))
-    path = write_gguf(tmp_path / "spm.gguf", "llama", config, tensors, tiny_model_dir / "tokenizer.json",
-                      sentencepiece=True)
+    path = write_gguf(
+        tmp_path / "spm.gguf", "llama", config, tensors, tiny_model_dir / "tokenizer.json", sentencepiece=True
+    )
     out = import_gguf(path, tmp_path / "imported")
     hf = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
     hf_dir = AutoTokenizer.from_pretrained(out)
@@ -173,14 +199,14 @@ def test_sentencepiece_gguf_tokenizer_equals_transformers(tiny_model_dir: Path, 
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(ModelLoadError, match="nope.gguf: GGUF file not found"):
+    with pytest.raises(ModelLoadError, match=r"nope.gguf: GGUF file not found"):
         import_gguf(tmp_path / "nope.gguf", tmp_path / "out")
 
 
 def test_corrupt_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"NOT A GGUF FILE" * 100)
-    with pytest.raises(ModelLoadError, match="bad.gguf: not a valid GGUF file"):
+    with pytest.raises(ModelLoadError, match=r"bad.gguf: not a valid GGUF file"):
         import_gguf(bad, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -188,11 +214,11 @@ def test_corrupt_file(tmp_path: Path) -> None:
 def test_truncated_file(tiny_gguf: Path, tmp_path: Path) -> None:
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(tiny_gguf.read_bytes()[: tiny_gguf.stat().st_size // 2])
-    with pytest.raises(ModelLoadError, match="cut.gguf: (truncated|not a valid)"):
+    with pytest.raises(ModelLoadError, match=r"cut.gguf: (truncated|not a valid)"):
         import_gguf(cut, tmp_path / "out")
     header_only = tmp_path / "header.gguf"
     header_only.write_bytes(tiny_gguf.read_bytes()[:64])
-    with pytest.raises(ModelLoadError, match="header.gguf"):
+    with pytest.raises(ModelLoadError, match=r"header.gguf"):
         import_gguf(header_only, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -207,7 +233,7 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ModelLoadError, match="phi.gguf: unsupported GGUF architecture 'phi2'"):
+    with pytest.raises(ModelLoadError, match=r"phi.gguf: unsupported GGUF architecture 'phi2'"):
         import_gguf(path, tmp_path / "out")
 
 

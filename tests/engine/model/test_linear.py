@@ -63,8 +63,13 @@ def _tiny_model(tied: bool = False):
     from engine.model.llama import LlamaModel
     from engine.model.tiny import CONFIG
 
-    model = LlamaModel(ModelConfig.from_hf_dict({**CONFIG, "tie_word_embeddings": tied}), torch.device("cpu"),
-                       torch.float32, 64, kernels_for(torch.device("cpu"), torch.float32))
+    model = LlamaModel(
+        ModelConfig.from_hf_dict({**CONFIG, "tie_word_embeddings": tied}),
+        torch.device("cpu"),
+        torch.float32,
+        64,
+        kernels_for(torch.device("cpu"), torch.float32),
+    )
     g = torch.Generator().manual_seed(0)
     model.load_weights((n, torch.randn(*s, generator=g) * 0.02, "test") for n, s in model.expected_shapes().items())
     return model
@@ -74,6 +79,7 @@ def _tiny_model(tied: bool = False):
 @pytest.mark.parametrize("tied", [False, True])
 def test_the_cpu_model_switches_every_projection_between_modes(tied):
     model = _tiny_model(tied)
+
     def projections():
         return [model.lm_head, *(p for layer in model.layers for p in layer.projections())]
 
@@ -94,8 +100,13 @@ def test_the_cpu_model_switches_every_projection_between_modes(tied):
         from engine.model.llama import LlamaModel
         from engine.model.tiny import CONFIG
 
-        LlamaModel(ModelConfig.from_hf_dict(CONFIG), torch.device("cpu"), torch.bfloat16, 64,
-                   kernels_for(torch.device("cpu"), torch.bfloat16)).set_projections(ProjectionMode.PACKED)
+        LlamaModel(
+            ModelConfig.from_hf_dict(CONFIG),
+            torch.device("cpu"),
+            torch.bfloat16,
+            64,
+            kernels_for(torch.device("cpu"), torch.bfloat16),
+        ).set_projections(ProjectionMode.PACKED)
 
 
 @needs_packing
@@ -140,14 +151,17 @@ def _blocked_model(tied: bool):
     model = _tiny_model(tied)
     if not model.takes_blocks or NativeQuantLinear.load() is None:
         pytest.skip("the quantized mode needs the skinny and quantized kernels (AVX-512)")
-    blocks, floats = {}, {}
+    blocks: dict[str, QuantizedWeight] = {}
+    floats: dict[str, torch.Tensor] = {}
     for name, shape in model.expected_shapes().items():
         if len(shape) == 2 and shape[1] % 32 == 0:  # the tiny down projection (688 in) stays fp32
             qtype = "Q8_0" if "embed" in name else "Q4_1"
             w = np.random.default_rng(len(blocks)).standard_normal(shape).astype(np.float32) * 0.05
             raw = quantize(w, GGMLQuantizationType[qtype])
             blocks[name] = QuantizedWeight(torch.from_numpy(raw.reshape(shape[0], -1).copy()), qtype)
-            floats[name] = torch.from_numpy(np.asarray(dequantize(raw, GGMLQuantizationType[qtype])).reshape(shape).copy())
+            floats[name] = torch.from_numpy(
+                np.asarray(dequantize(raw, GGMLQuantizationType[qtype])).reshape(shape).copy()
+            )
         else:
             floats[name] = torch.randn(shape, generator=torch.Generator().manual_seed(len(floats))) * 0.05
     model.load_weights((n, t, "test") for n, t in floats.items())
@@ -163,7 +177,7 @@ def test_gguf_blocks_give_the_skinny_logits_bit_for_bit(tied):
 
     model, blocks = _blocked_model(tied)
     stale = dict(blocks, **{"model.layers.1.self_attn.o_proj.weight": blocks["model.layers.0.self_attn.o_proj.weight"]})
-    with pytest.raises(ModelLoadError, match="o_proj.weight do not dequantize"):
+    with pytest.raises(ModelLoadError, match=r"o_proj.weight do not dequantize"):
         model.attach_quantized(stale, "blocks.safetensors")
     model.set_projections(ProjectionMode.SKINNY)
     assert model.attach_quantized(blocks, "blocks.safetensors") and model.projection_mode is ProjectionMode.QUANTIZED
@@ -171,7 +185,9 @@ def test_gguf_blocks_give_the_skinny_logits_bit_for_bit(tied):
     downs = [layer.down for layer in model.layers]
     assert all((p.quant is model.kernels.quant) == (p not in downs) for p in projections)
     # Q4_1 is multiplied in the kernel's 8-row layout, the Q8_0 head (the tied embedding) as stored.
-    assert {p.quantized.qtype for p in projections if p.quant is not None} == ({"Q4_1x8", "Q8_0"} if tied else {"Q4_1x8"})
+    assert {p.quantized.qtype for p in projections if p.quant is not None} == (
+        {"Q4_1x8", "Q8_0"} if tied else {"Q4_1x8"}
+    )
     x = torch.randn(64, model.cfg.hidden_size, generator=torch.Generator().manual_seed(2))
     quantized = [model.compute_logits(x[:rows]) for rows in (1, 5, 64)]
     quantized_layer = [model.layers[1].gate_up(x[:rows]) for rows in (1, 5, 64)]
@@ -196,7 +212,7 @@ def test_where_mkl_is_slow_the_quantized_mode_keeps_packed_weights_for_larger_pr
     model.use_kernels(replace(model.kernels, pack_large=True))
     model.set_projections(ProjectionMode.PACKED)
     stale = dict(blocks, **{"model.layers.0.mlp.gate_proj.weight": blocks["model.layers.1.mlp.gate_proj.weight"]})
-    with pytest.raises(ModelLoadError, match="gate_proj.weight do not dequantize"):
+    with pytest.raises(ModelLoadError, match=r"gate_proj.weight do not dequantize"):
         model.attach_quantized(stale, "blocks.safetensors")
     assert model.attach_quantized(blocks, "blocks.safetensors") and model.projection_mode is ProjectionMode.QUANTIZED
     layer_projections = [p for layer in model.layers for p in layer.projections()]
@@ -232,7 +248,9 @@ def test_blocks_that_fit_no_projection_leave_the_mode_alone():
     if not model.takes_blocks or NativeQuantLinear.load() is None:
         pytest.skip("the quantized mode needs the skinny and quantized kernels (AVX-512)")
     default = model.projection_mode
-    only_q = {"model.layers.0.self_attn.q_proj.weight": QuantizedWeight(torch.zeros(256, 160, dtype=torch.uint8), "Q4_1")}
+    only_q = {
+        "model.layers.0.self_attn.q_proj.weight": QuantizedWeight(torch.zeros(256, 160, dtype=torch.uint8), "Q4_1")
+    }
     assert not model.attach_quantized(only_q, "blocks.safetensors")  # k and v missing: the fused qkv cannot take it
     assert not model.attach_quantized({}, "blocks.safetensors")
     assert model.projection_mode == default

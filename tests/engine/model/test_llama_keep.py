@@ -16,8 +16,13 @@ BLOCK = 16
 
 
 def _model() -> LlamaModel:
-    model = LlamaModel(ModelConfig.from_hf_dict(CONFIG), torch.device("cpu"), torch.float32, 256,
-                       kernels_for(torch.device("cpu"), torch.float32))
+    model = LlamaModel(
+        ModelConfig.from_hf_dict(CONFIG),
+        torch.device("cpu"),
+        torch.float32,
+        256,
+        kernels_for(torch.device("cpu"), torch.float32),
+    )
     g = torch.Generator().manual_seed(0)
     model.load_weights((n, torch.randn(*s, generator=g) * 0.05, "test") for n, s in model.expected_shapes().items())
     model.set_projections(ProjectionMode.DENSE)
@@ -38,8 +43,17 @@ def _prefill(model: LlamaModel, lens: list[int], keep: torch.Tensor | None):
         positions += list(range(n))
         first += blocks_per[s]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-    meta = AttentionMetadata(0, sum(lens), torch.tensor(slot_block), torch.tensor(slot_offset), None, None,
-                             tables, cu, torch.tensor(lens, dtype=torch.int32))
+    meta = AttentionMetadata(
+        0,
+        sum(lens),
+        torch.tensor(slot_block),
+        torch.tensor(slot_offset),
+        None,
+        None,
+        tables,
+        cu,
+        torch.tensor(lens, dtype=torch.int32),
+    )
     ids = torch.randint(3, cfg.vocab_size, (sum(lens),), generator=torch.Generator().manual_seed(1))
     hidden = model.forward(ids, torch.tensor(positions), cache, meta, select_backend(torch.device("cpu")), keep=keep)
     return hidden, cache

@@ -33,11 +33,25 @@ def test_config_eos_ids_stop_generation_without_a_generation_config(tiny_model_d
 
 
 def test_a_missing_sliding_window_is_transformers_default() -> None:
-    base = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
-            "vocab_size": 100, "max_position_embeddings": 8192}
+    base = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "vocab_size": 100,
+        "max_position_embeddings": 8192,
+    }
     assert ModelConfig.from_hf_dict({**base, "architectures": ["MistralForCausalLM"]}).sliding_window == 4096
-    assert ModelConfig.from_hf_dict({**base, "architectures": ["MistralForCausalLM"],
-                                     "sliding_window": None}).sliding_window is None  # explicit null: none
+    assert (
+        ModelConfig.from_hf_dict(
+            {**base, "architectures": ["MistralForCausalLM"], "sliding_window": None}
+        ).sliding_window
+        is None
+    )  # explicit null: none
     assert ModelConfig.from_hf_dict({**base, "architectures": ["Qwen2ForCausalLM"]}).sliding_window is None
-    assert ModelConfig.from_hf_dict({**base, "architectures": ["Qwen2ForCausalLM"],
-                                     "use_sliding_window": True}).sliding_window == 4096
+    assert (
+        ModelConfig.from_hf_dict(
+            {**base, "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True}
+        ).sliding_window
+        == 4096
+    )

@@ -26,9 +26,15 @@ def test_deterministic(tiny_model_dir: Path, tmp_path: Path) -> None:
 
 def test_shapes_and_config(tiny_model_dir: Path) -> None:
     cfg = ModelConfig.from_file(tiny_model_dir / "config.json")
-    assert (cfg.architecture, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads,
-            cfg.num_key_value_heads, cfg.vocab_size, cfg.max_position_embeddings) == (
-        "LlamaForCausalLM", 4, 256, 8, 4, 4096, 4096)
+    assert (
+        cfg.architecture,
+        cfg.num_hidden_layers,
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.vocab_size,
+        cfg.max_position_embeddings,
+    ) == ("LlamaForCausalLM", 4, 256, 8, 4, 4096, 4096)
     assert not cfg.tie_word_embeddings and cfg.bos_token_id == 1 and cfg.eos_token_ids == (2,)
     weights = load_file(str(tiny_model_dir / "model.safetensors"))
     assert weights["model.layers.0.self_attn.k_proj.weight"].shape == (128, 256)
@@ -46,8 +52,9 @@ def test_loads_in_transformers(tiny_model_dir: Path) -> None:
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     hf_tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    ids = hf_tok.apply_chat_template([{"role": "user", "content": "Hi there"}], add_generation_prompt=True,
-                                     return_dict=False)
+    ids = hf_tok.apply_chat_template(
+        [{"role": "user", "content": "Hi there"}], add_generation_prompt=True, return_dict=False
+    )
     assert list(ids) == Tokenizer.from_dir(tiny_model_dir).encode_chat([{"role": "user", "content": "Hi there"}])
     with torch.inference_mode():
         logits = model(torch.tensor([ids])).logits

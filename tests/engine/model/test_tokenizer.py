@@ -16,18 +16,36 @@ from engine.model.registry import default_gguf_path
 from engine.model.tokenizer import Tokenizer
 
 TEXTS = [
-    "Hello world", "Hello, world! How are you?", " leading space", "trailing space ", "",
-    " ", "   ", "\n", "\n\n\n", "\t\ttabs\tand  double  spaces", "a  b   c    d     e",
+    "Hello world",
+    "Hello, world! How are you?",
+    " leading space",
+    "trailing space ",
+    "",
+    " ",
+    "   ",
+    "\n",
+    "\n\n\n",
+    "\t\ttabs\tand  double  spaces",
+    "a  b   c    d     e",
     "line one\nline two\r\nline three\n\n  indented",
-    "12345 6789.01 3,141,592 0x1F 1e-10 -42 +7 100%", "x1y22z333 ab12cd",
-    "naïve café résumé façade Ünïcödé", "日本語のテキスト、中文文本。한국어", "Привет мир", "مرحبا بالعالم",
-    "😀 👍🏽 🇫🇷 👨‍👩‍👧‍👦 ❤️ 🚀🚀🚀", "mixed 日本 and emoji🎉end",
+    "12345 6789.01 3,141,592 0x1F 1e-10 -42 +7 100%",
+    "x1y22z333 ab12cd",
+    "naïve café résumé façade Ünïcödé",
+    "日本語のテキスト、中文文本。한국어",
+    "Привет мир",
+    "مرحبا بالعالم",
+    "😀 👍🏽 🇫🇷 👨‍👩‍👧‍👦 ❤️ 🚀🚀🚀",
+    "mixed 日本 and emoji🎉end",
     "def f(x):\n    return x ** 2  # square\n\nclass A:\n    pass\n",
     'print("hello")\nfor (int i = 0; i < n; ++i) { sum += a[i]; }',
     "don't I'm we'll they've she's it'd DON'T",
     "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
-    "text<|endoftext|>more<repo_name>x<file_sep>", "<|im_start|", "<s></s><unk>",
-    "Ġ Ċ âĢ", "\u200b zero width \ufeff bom", "\x00\x01 control \x7f",
+    "text<|endoftext|>more<repo_name>x<file_sep>",
+    "<|im_start|",
+    "<s></s><unk>",
+    "Ġ Ċ âĢ",
+    "\u200b zero width \ufeff bom",
+    "\x00\x01 control \x7f",
 ]
 
 
@@ -199,7 +217,7 @@ def test_template_environment(tok_dir: Path) -> None:
     assert out == '{"role": "user", "content": "<b>é</b>"}  <s>|</s>|X|4\ngen0'
     with pytest.raises(InvalidParameterError, match="roles must alternate"):
         tok.apply_chat_template([{"role": "bad", "content": ""}])
-    with pytest.raises(Exception, match="unsafe|access"):  # sandboxed
+    with pytest.raises(Exception, match=r"unsafe|access"):  # sandboxed
         _write_config(tok_dir, chat_template="{{ messages.__class__.__mro__ }}")
         Tokenizer.from_dir(tok_dir).apply_chat_template([{"role": "user", "content": ""}])
 

@@ -90,7 +90,7 @@ def test_truncated_file(tmp_path: Path, keep: int) -> None:
     save_file(_tensors(), str(tmp_path / "model.safetensors"))
     data = (tmp_path / "model.safetensors").read_bytes()
     (tmp_path / "model.safetensors").write_bytes(data[:keep])
-    with pytest.raises(ModelLoadError, match="model.safetensors") as e:
+    with pytest.raises(ModelLoadError, match=r"model.safetensors") as e:
         list(iter_safetensors(tmp_path))
     assert "truncated" in str(e.value) or "corrupt" in str(e.value)
 
@@ -104,7 +104,7 @@ def test_garbage_header(tmp_path: Path) -> None:
 def test_index_names_missing_shard(tmp_path: Path) -> None:
     model_dir, _ = _sharded(tmp_path)
     (model_dir / "model-00002-of-00002.safetensors").unlink()
-    with pytest.raises(ModelLoadError, match="model-00002-of-00002.safetensors") as e:
+    with pytest.raises(ModelLoadError, match=r"model-00002-of-00002.safetensors") as e:
         list(iter_safetensors(model_dir))
     assert "does not exist" in str(e.value)
 
@@ -115,7 +115,7 @@ def test_index_lists_tensor_missing_from_shard(tmp_path: Path) -> None:
     index = json.loads(index_path.read_text())
     index["weight_map"]["model.layers.7.mlp.up_proj.weight"] = "model-00001-of-00002.safetensors"
     index_path.write_text(json.dumps(index))
-    with pytest.raises(ModelLoadError, match="model.layers.7.mlp.up_proj.weight") as e:
+    with pytest.raises(ModelLoadError, match=r"model.layers.7.mlp.up_proj.weight") as e:
         list(iter_safetensors(model_dir))
     assert "model-00001-of-00002.safetensors" in str(e.value)
 

@@ -60,8 +60,9 @@ def test_bf16_exact_operands_give_exact_sums(amx):
     assert torch.equal(amx(x, amx.pack(w), None), want)
 
 
-@pytest.mark.parametrize("rows,k,n", [(1, 5, 3), (65, 64, 16), (129, 576, 192), (300, 1536, 576), (700, 576, 1536),
-                                      (97, 100, 70)])
+@pytest.mark.parametrize(
+    "rows,k,n", [(1, 5, 3), (65, 64, 16), (129, 576, 192), (300, 1536, 576), (700, 576, 1536), (97, 100, 70)]
+)
 def test_products_are_fp32_class(amx, rows, k, n):
     """Against float64: no larger an error than MKL's fp32 product makes, within a factor."""
     x = _x(rows, k, seed=k)
@@ -73,7 +74,7 @@ def test_products_are_fp32_class(amx, rows, k, n):
     scale = (x.double().abs() @ w.double().abs().T).clamp_min(1e-30)  # the sums' magnitudes
     amx_err = ((got.double() - want).abs() / scale).max().item()
     fp32_err = ((F.linear(x, w, bias).double() - want).abs() / scale).max().item()
-    assert amx_err <= max(4 * fp32_err, 2 * 2.0**-24 * k ** 0.5), (amx_err, fp32_err)
+    assert amx_err <= max(4 * fp32_err, 2 * 2.0**-24 * k**0.5), (amx_err, fp32_err)
 
 
 @pytest.mark.parametrize("rows,k,n", [(300, 4100, 40), (70, 8192, 33)])
@@ -91,7 +92,7 @@ def test_a_long_k_goes_in_blocks_with_the_same_sums(amx, rows, k, n):
     scale = (x.double().abs() @ w.double().abs().T).clamp_min(1e-30)
     amx_err = ((got.double() - want).abs() / scale).max().item()
     fp32_err = ((F.linear(x, w, bias).double() - want).abs() / scale).max().item()
-    assert amx_err <= max(4 * fp32_err, 2 * 2.0**-24 * k ** 0.5), (amx_err, fp32_err)
+    assert amx_err <= max(4 * fp32_err, 2 * 2.0**-24 * k**0.5), (amx_err, fp32_err)
     pick = torch.zeros(n, k)
     pick[torch.arange(n), torch.arange(n) * (k // n)] = 1.0  # output j is x's column j * (k // n): every K block
     assert torch.equal(amx(x, amx.pack(pick), None), x[:, torch.arange(n) * (k // n)])
@@ -103,7 +104,7 @@ def test_strided_rows_and_many_chunks(amx):
     x = base[:, :150]
     w = torch.randn(40, 150, generator=torch.Generator().manual_seed(2))
     got = amx(x, amx.pack(w), None)
-    want = (x.double() @ w.double().T)
+    want = x.double() @ w.double().T
     assert ((got.double() - want).abs() / (x.double().abs() @ w.double().abs().T)).max() < 1e-6
 
 

@@ -27,18 +27,21 @@ def test_random_rows_match_torch(argmax, rows, cols):
     assert torch.equal(argmax(x), x.argmax(dim=-1))
 
 
-@pytest.mark.parametrize("row", [
-    [1.0, 3.0, 3.0, 2.0, 3.0, 0.0, 0.0, 0.0, 3.0],      # ties: the first
-    [0.0, -0.0, 0.0, -1.0, -0.0, -2.0, -3.0, -4.0, -0.0],  # -0.0 equals 0.0: the first of either
-    [-0.0, 0.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0],
-    [-INF] * 9,                                          # nothing larger than -inf: index 0
-    [-INF] * 8 + [-5.0],                                 # the largest in the scalar tail
-    [1.0, INF, 2.0, INF, 0.0, 0.0, 0.0, 0.0, 0.0],
-    [1.0, 2.0, NAN, 3.0, NAN, 0.0, 0.0, 0.0, 9.0],        # a NaN is the largest: the first NaN
-    [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, NAN],        # ... in the tail too
-    [INF, 2.0, 3.0, 4.0, 5.0, 6.0, NAN, 8.0, 9.0],
-    [-1e-45, -1e-38, -3.4e38, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0],
-])
+@pytest.mark.parametrize(
+    "row",
+    [
+        [1.0, 3.0, 3.0, 2.0, 3.0, 0.0, 0.0, 0.0, 3.0],  # ties: the first
+        [0.0, -0.0, 0.0, -1.0, -0.0, -2.0, -3.0, -4.0, -0.0],  # -0.0 equals 0.0: the first of either
+        [-0.0, 0.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0],
+        [-INF] * 9,  # nothing larger than -inf: index 0
+        [-INF] * 8 + [-5.0],  # the largest in the scalar tail
+        [1.0, INF, 2.0, INF, 0.0, 0.0, 0.0, 0.0, 0.0],
+        [1.0, 2.0, NAN, 3.0, NAN, 0.0, 0.0, 0.0, 9.0],  # a NaN is the largest: the first NaN
+        [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, NAN],  # ... in the tail too
+        [INF, 2.0, 3.0, 4.0, 5.0, 6.0, NAN, 8.0, 9.0],
+        [-1e-45, -1e-38, -3.4e38, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0],
+    ],
+)
 def test_edge_rows_match_torch(argmax, row):
     x = torch.tensor([row, row[::-1]])
     assert torch.equal(argmax(x), x.argmax(dim=-1)), row

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_info import cpuinfo_field
 from engine.attention import reference as ref
-from engine.native.build import bind, build_and_load
+from engine.cpu_info import cpuinfo_field
 from engine.model.reference_ops import TorchLayerOps
+from engine.native.build import bind, build_and_load
 from engine.native.layer_ops import NativeLayerOps
 from engine.native.paged_decode import NativePagedDecode
 from engine.native.paged_prefill import NativePagedPrefill

@@ -25,9 +25,18 @@ def native() -> NativeLayerOps:
 
 def _rope(head_dim: int, theta: float = 10000.0) -> RotaryEmbedding:
     heads = 4
-    cfg = ModelConfig(architecture="LlamaForCausalLM", vocab_size=64, hidden_size=heads * head_dim, intermediate_size=64,
-                      num_hidden_layers=1, num_attention_heads=heads, num_key_value_heads=heads, head_dim=head_dim,
-                      max_position_embeddings=4096, rope_theta=theta)
+    cfg = ModelConfig(
+        architecture="LlamaForCausalLM",
+        vocab_size=64,
+        hidden_size=heads * head_dim,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        rope_theta=theta,
+    )
     return RotaryEmbedding(cfg, 4096, torch.device("cpu"), torch.float32)
 
 
@@ -69,8 +78,34 @@ def test_silu_mul_matches_torch_across_the_range(native):
     torch.testing.assert_close(got, expected, rtol=2e-6, atol=1e-6)
 
 
-SPECIAL_GATES = [float("nan"), float("inf"), float("-inf"), -1e4, -100.0, -88.5, -88.0, -87.5, -87.0, -86.9, -20.0,
-                 -1e-38, -0.0, 0.0, 1e-45, 1e-30, 0.5, 20.0, 86.9, 87.0, 87.5, 88.0, 88.5, 100.0, 1e4, 3.4e38]
+SPECIAL_GATES = [
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    -1e4,
+    -100.0,
+    -88.5,
+    -88.0,
+    -87.5,
+    -87.0,
+    -86.9,
+    -20.0,
+    -1e-38,
+    -0.0,
+    0.0,
+    1e-45,
+    1e-30,
+    0.5,
+    20.0,
+    86.9,
+    87.0,
+    87.5,
+    88.0,
+    88.5,
+    100.0,
+    1e4,
+    3.4e38,
+]
 
 
 def test_silu_mul_eight_lanes_equal_the_scalar_tail_bit_for_bit(native):
@@ -93,15 +128,19 @@ def test_inputs_the_kernels_do_not_take_use_the_torch_arithmetic(native):
     weight = torch.randn(64, generator=gen)
     for inp in (h.bfloat16(), strided):
         a, b = inp.clone(), inp.clone()
-        torch.testing.assert_close(native.add_rms_norm(a, None, weight.to(inp.dtype), 1e-6),
-                                   TorchLayerOps.add_rms_norm(b, None, weight.to(inp.dtype), 1e-6))
+        torch.testing.assert_close(
+            native.add_rms_norm(a, None, weight.to(inp.dtype), 1e-6),
+            TorchLayerOps.add_rms_norm(b, None, weight.to(inp.dtype), 1e-6),
+        )
     gate_up = torch.randn(4, 64, generator=gen).bfloat16()
     torch.testing.assert_close(native.silu_mul(gate_up), TorchLayerOps.silu_mul(gate_up))
     rope = _rope(32)
     qkv = torch.randn(5, 6 * 32, generator=gen)
     positions = torch.arange(5, dtype=torch.int32)  # int32 positions: the torch path
-    for e, g in zip(TorchLayerOps.rotate_qkv(qkv.clone(), positions, rope, 4, 1, 32),
-                    native.rotate_qkv(qkv.clone(), positions, rope, 4, 1, 32)):
+    for e, g in zip(
+        TorchLayerOps.rotate_qkv(qkv.clone(), positions, rope, 4, 1, 32),
+        native.rotate_qkv(qkv.clone(), positions, rope, 4, 1, 32),
+    ):
         assert torch.equal(e, g)
 
 

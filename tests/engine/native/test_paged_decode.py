@@ -21,8 +21,9 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compile
 # The shared fp32 cases the compiled kernels take (head dims a multiple of 16: ``kernel_takes``); the
 # Triton-only ones (head dim 8) fall back to the torch path, tested in test_cpu_attention.py.
 # (Strided metadata: ``supports`` refuses it and the caller takes the torch path.)
-FP32_DECODE = {k: v for k, v in DECODE_CASES.items()
-               if "dtype" not in v and v["head_dim"] % 16 == 0 and not v.get("strided")}
+FP32_DECODE = {
+    k: v for k, v in DECODE_CASES.items() if "dtype" not in v and v["head_dim"] % 16 == 0 and not v.get("strided")
+}
 # Shapes beyond the shared cases: the specialised (group, head_dim) pairs of real models and the
 # generic path (group 5, head_dim 48), 64-token blocks, rows of one token, long ragged rows.
 MORE_CASES = {
@@ -108,8 +109,9 @@ def test_reading_pieces_ahead_changes_no_float(kernel):
                     torch.set_num_threads(threads)
                     got = kernel(q, k, v, bt, seq_lens, scale)
                     assert torch.equal(got, off(q, k, v, bt, seq_lens, scale)), (case["lens"], k.stride(), threads)
-                    torch.testing.assert_close(got, ref.paged_decode_attention(q, kc, vc, bt, seq_lens, scale),
-                                               rtol=1e-5, atol=1e-5)
+                    torch.testing.assert_close(
+                        got, ref.paged_decode_attention(q, kc, vc, bt, seq_lens, scale), rtol=1e-5, atol=1e-5
+                    )
     finally:
         torch.set_num_threads(before)
 
@@ -137,7 +139,7 @@ def test_shapes_the_kernel_does_not_take_fall_back_to_the_torch_path(kernel, cha
 def test_the_cpu_backend_uses_the_kernel():
     from engine.attention.backend import select_backend
 
-    assert select_backend(torch.device("cpu")).decode.__self__.native_decode is not None
+    assert select_backend(torch.device("cpu")).decode.__self__.native_decode is not None  # type: ignore[attr-defined]  # the backend's bound method
 
 
 def test_built_once_then_loaded_from_the_cache(tmp_path):
@@ -153,18 +155,18 @@ def test_built_once_then_loaded_from_the_cache(tmp_path):
 
 def test_no_compiler_and_switched_off_give_a_reason_not_an_error(tmp_path, monkeypatch):
     missing = build_and_load("paged_decode.c", cache_dir=tmp_path, compiler="no-such-cc-baton")
-    assert missing.lib is None and "no-such-cc-baton" in missing.error
+    assert missing.lib is None and "no-such-cc-baton" in (missing.error or "")
     broken = build_and_load("paged_decode.c", cache_dir=tmp_path, compiler="false")
-    assert broken.lib is None and "compiling paged_decode.c failed" in broken.error
+    assert broken.lib is None and "compiling paged_decode.c failed" in (broken.error or "")
     assert list(tmp_path.iterdir()) == []
     monkeypatch.setenv("BATON_NATIVE_KERNELS", "0")
     off = build_and_load("paged_decode.c", cache_dir=tmp_path)
-    assert off.lib is None and "BATON_NATIVE_KERNELS" in off.error
+    assert off.lib is None and "BATON_NATIVE_KERNELS" in (off.error or "")
     assert NativePagedDecode.load() is None
     from engine.attention.backend import select_backend
 
     backend = select_backend(torch.device("cpu"))  # the torch path, still correct
-    assert backend.decode.__self__.native_decode is None
+    assert backend.decode.__self__.native_decode is None  # type: ignore[attr-defined]  # the backend's bound method
     args = decode_inputs(FP32_DECODE["gqa3_bs16_d64_smollm2"])
     torch.testing.assert_close(backend.decode(*args), ref.paged_decode_attention(*args), rtol=1e-5, atol=1e-5)
 

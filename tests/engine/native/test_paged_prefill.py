@@ -18,17 +18,20 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compile
 # The shared fp32 cases the compiled kernels take (head dims a multiple of 16: ``kernel_takes``); the
 # Triton-only ones (head dim 8) fall back to the torch path, tested in test_cpu_attention.py.
 # (Strided metadata: ``supports`` refuses it and the caller takes the torch path.)
-FP32_PREFILL = {k: v for k, v in PREFILL_CASES.items()
-                if "dtype" not in v and v["head_dim"] % 16 == 0 and not v.get("strided")}
+FP32_PREFILL = {
+    k: v for k, v in PREFILL_CASES.items() if "dtype" not in v and v["head_dim"] % 16 == 0 and not v.get("strided")
+}
 # Beyond the shared cases: the specialised (group, head_dim) pairs and the generic path, tiles of 16
 # query positions cut in every way (1, 15, 16, 17, 33 queries), chunks after long cached prefixes,
 # blocks of 4 (fewer keys than a register block) and of 64, a zero-length chunk among others.
 MORE_CASES = {
-    "smollm2_step": dict(heads=9, kv_heads=3, head_dim=64, block_size=16, q_lens=[160, 77, 250, 64, 1],
-                         ctx=[160, 77, 250, 64, 1]),
+    "smollm2_step": dict(
+        heads=9, kv_heads=3, head_dim=64, block_size=16, q_lens=[160, 77, 250, 64, 1], ctx=[160, 77, 250, 64, 1]
+    ),
     "tile_edges": dict(heads=9, kv_heads=3, head_dim=64, block_size=16, q_lens=[15, 16, 17, 33], ctx=[15, 16, 17, 33]),
-    "chunks_after_prefixes": dict(heads=9, kv_heads=3, head_dim=64, block_size=16, q_lens=[40, 1, 100, 0],
-                                  ctx=[1064, 513, 117, 30], layer=0),
+    "chunks_after_prefixes": dict(
+        heads=9, kv_heads=3, head_dim=64, block_size=16, q_lens=[40, 1, 100, 0], ctx=[1064, 513, 117, 30], layer=0
+    ),
     "tiny_gqa2_d32_bs4": dict(heads=8, kv_heads=4, head_dim=32, block_size=4, q_lens=[33, 17], ctx=[40, 100]),
     "qwen25_gqa7_bs64": dict(heads=14, kv_heads=2, head_dim=64, block_size=64, q_lens=[100, 17], ctx=[300, 17]),
     "llama8b_gqa4_d128": dict(heads=8, kv_heads=2, head_dim=128, block_size=16, q_lens=[70, 9], ctx=[70, 200]),
@@ -60,8 +63,12 @@ def test_strided_query_rows_as_the_model_passes_them(kernel):
     qkv[:, : heads * d] = q.reshape(t, -1)
     strided = qkv[:, : heads * d].view(t, heads, d)
     assert strided.stride(0) != heads * d and kernel.supports(strided, kc, vc, bt, cu, seq_lens)
-    torch.testing.assert_close(kernel(strided, kc, vc, bt, cu, seq_lens, scale),
-                               ref.paged_prefill_attention(q, kc, vc, bt, cu, seq_lens, scale), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        kernel(strided, kc, vc, bt, cu, seq_lens, scale),
+        ref.paged_prefill_attention(q, kc, vc, bt, cu, seq_lens, scale),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_a_sequence_gets_the_same_floats_in_any_batch_and_with_any_thread_count(kernel):
@@ -74,8 +81,15 @@ def test_a_sequence_gets_the_same_floats_in_any_batch_and_with_any_thread_count(
             torch.set_num_threads(threads)
             for s in range(len(seq_lens)):
                 lo, hi = int(cu[s]), int(cu[s + 1])
-                alone = kernel(q[lo:hi], kc, vc, bt[s : s + 1], torch.tensor([0, hi - lo], dtype=torch.int32),
-                               seq_lens[s : s + 1], scale)
+                alone = kernel(
+                    q[lo:hi],
+                    kc,
+                    vc,
+                    bt[s : s + 1],
+                    torch.tensor([0, hi - lo], dtype=torch.int32),
+                    seq_lens[s : s + 1],
+                    scale,
+                )
                 assert torch.equal(alone, together[lo:hi])
     finally:
         torch.set_num_threads(before)
@@ -88,7 +102,9 @@ def test_peaked_and_flat_softmax_match_the_reference(kernel, q_scale):
     q = q * q_scale
     out = kernel(q, kc, vc, bt, cu, seq_lens, scale)
     assert torch.isfinite(out).all()
-    torch.testing.assert_close(out, ref.paged_prefill_attention(q, kc, vc, bt, cu, seq_lens, scale), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        out, ref.paged_prefill_attention(q, kc, vc, bt, cu, seq_lens, scale), rtol=1e-4, atol=1e-4
+    )
 
 
 def test_a_chunk_longer_than_its_context_is_an_error_not_a_crash(kernel):
@@ -119,14 +135,13 @@ def test_shapes_the_kernel_does_not_take_fall_back_to_the_torch_path(kernel, cha
 
 def test_the_cpu_backend_uses_the_kernel_where_tuned_and_not_when_switched_off(monkeypatch):
     from engine.attention.backend import select_backend
-
     from engine.cpu_info import cpuinfo_field
 
     flags = set(cpuinfo_field("flags").split())
     tuned = "avx512f" in flags or {"avx2", "fma"} <= flags  # (elsewhere the torch path is faster)
-    assert (select_backend(torch.device("cpu")).prefill.__self__.native_prefill is not None) == tuned
+    assert (select_backend(torch.device("cpu")).prefill.__self__.native_prefill is not None) == tuned  # type: ignore[attr-defined]  # the backend's bound method
     monkeypatch.setenv("BATON_NATIVE_KERNELS", "0")
     backend = select_backend(torch.device("cpu"))
-    assert backend.prefill.__self__.native_prefill is None
+    assert backend.prefill.__self__.native_prefill is None  # type: ignore[attr-defined]  # the backend's bound method
     args = prefill_inputs(MORE_CASES["chunks_after_prefixes"])
     torch.testing.assert_close(backend.prefill(*args), ref.paged_prefill_attention(*args), rtol=1e-5, atol=1e-5)

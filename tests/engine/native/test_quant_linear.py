@@ -4,6 +4,8 @@ row counts across tile and thread boundaries, K in one, one and a part, and two 
 multiple of the tile, with bias and strided rows. A projection uses the blocks only where it has them
 and only up to the row limit."""
 
+from typing import cast
+
 import numpy as np
 import pytest
 import torch
@@ -13,10 +15,13 @@ from engine.model.linear import Linear
 from engine.native.quant_linear import MAX_ROWS, NativeQuantLinear, QuantizedWeight
 from engine.native.skinny_linear import NativeSkinnyLinear
 
-kernel = NativeQuantLinear.load()
-skinny = NativeSkinnyLinear.load()
-needs_kernel = pytest.mark.skipif(kernel is None or skinny is None,
-                                  reason="quantized kernel not built here (no AVX-512 or AVX2 with FMA, no F16C, or no compiler)")
+_kernel, _skinny = NativeQuantLinear.load(), NativeSkinnyLinear.load()
+needs_kernel = pytest.mark.skipif(
+    _kernel is None or _skinny is None,
+    reason="quantized kernel not built here (no AVX-512 or AVX2 with FMA, no F16C, or no compiler)",
+)
+# (the tests that call them are skipped where they are None)
+kernel, skinny = cast(NativeQuantLinear, _kernel), cast(NativeSkinnyLinear, _skinny)
 QTYPES = ("Q4_1", "Q8_0")
 
 
@@ -29,7 +34,9 @@ def quantized(out_features: int, in_features: int, qtype: str, seed: int) -> tup
     kind = GGMLQuantizationType[qtype]
     blocks = quantize(w, kind)
     floats = np.asarray(dequantize(blocks, kind), dtype=np.float32).reshape(out_features, in_features)
-    return QuantizedWeight(torch.from_numpy(blocks.reshape(out_features, -1).copy()), qtype), torch.from_numpy(floats.copy())
+    return QuantizedWeight(torch.from_numpy(blocks.reshape(out_features, -1).copy()), qtype), torch.from_numpy(
+        floats.copy()
+    )
 
 
 @needs_kernel

@@ -106,8 +106,13 @@ def test_generate_text_streams_deltas(stub, fake):
     assert {m.request_id for m in msgs} == {last.request_id} and last.request_id
     assert {m.lane for m in msgs} == {"interactive"}
     req = fake.requests[-1]
-    assert (req.prompt, req.endpoint, req.stream, req.tenant, req.max_tokens_given) == \
-        ("hello world", "grpc", True, "default", True)
+    assert (req.prompt, req.endpoint, req.stream, req.tenant, req.max_tokens_given) == (
+        "hello world",
+        "grpc",
+        True,
+        "default",
+        True,
+    )
     assert req.deadline_s is not None  # the sync stub's timeout=10 becomes the router's deadline
     # grpc-timeout is sent in coarse units rounded up (10 s can arrive as 10.1 s), hence the slack
     assert 9 < req.deadline_s - sent <= 10.5 + (done - sent)
@@ -115,21 +120,31 @@ def test_generate_text_streams_deltas(stub, fake):
 
 
 def test_generate_token_ids_with_lane_and_ids(stub, fake):
-    req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 2, 3]), lane="batch", request_id="rid-1",
-                             idempotency_key="idem-1", sampling=pb.SamplingParameters(max_tokens=3, stop=["beta"]))
+    req = pb.GenerateRequest(
+        token_ids=pb.TokenIds(ids=[1, 2, 3]),
+        lane="batch",
+        request_id="rid-1",
+        idempotency_key="idem-1",
+        sampling=pb.SamplingParameters(max_tokens=3, stop=["beta"]),
+    )
     msgs = list(stub.Generate(req))
     assert "".join(m.text for m in msgs) == "alpha beta"
     assert msgs[-1].finish_reason == "stop" and msgs[-1].usage.prompt_tokens == 3
     assert {(m.request_id, m.lane) for m in msgs} == {("rid-1", "batch")}
     got = fake.requests[-1]
-    assert (got.prompt_token_ids, got.lane, got.request_id, got.idempotency_key) == \
-        ((1, 2, 3), "batch", "rid-1", "idem-1")
+    assert (got.prompt_token_ids, got.lane, got.request_id, got.idempotency_key) == (
+        (1, 2, 3),
+        "batch",
+        "rid-1",
+        "idem-1",
+    )
     assert got.deadline_s is None  # no client deadline
 
 
 def test_generate_chat(stub, fake):
-    chat = pb.ChatMessages(messages=[pb.ChatMessage(role="system", content="be brief"),
-                                     pb.ChatMessage(role="user", content="hi there")])
+    chat = pb.ChatMessages(
+        messages=[pb.ChatMessage(role="system", content="be brief"), pb.ChatMessage(role="user", content="hi there")]
+    )
     msgs = list(stub.Generate(pb.GenerateRequest(chat=chat, sampling=pb.SamplingParameters(max_tokens=2))))
     assert "".join(m.text for m in msgs) == "alpha beta"
     got = fake.requests[-1]
@@ -139,36 +154,71 @@ def test_generate_chat(stub, fake):
     list(stub.Generate(pb.GenerateRequest(chat=chat, sampling=pb.SamplingParameters(max_tokens=1))))
     assert fake.requests[-1].add_generation_prompt is False
     # OpenAI's "developer" is the templates' "system", as over HTTP (was rendered as "developer")
-    dev = pb.ChatMessages(messages=[pb.ChatMessage(role="developer", content="be brief"),
-                                    pb.ChatMessage(role="user", content="hi")])
+    dev = pb.ChatMessages(
+        messages=[pb.ChatMessage(role="developer", content="be brief"), pb.ChatMessage(role="user", content="hi")]
+    )
     list(stub.Generate(pb.GenerateRequest(chat=dev, sampling=pb.SamplingParameters(max_tokens=1))))
     assert fake.requests[-1].messages == (ChatMessage("system", "be brief"), ChatMessage("user", "hi"))
     # an assistant turn may leave its content out (OpenAI's rule): it is empty
-    turns = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="hi"), pb.ChatMessage(role="assistant"),
-                                      pb.ChatMessage(role="user", content="")])
+    turns = pb.ChatMessages(
+        messages=[
+            pb.ChatMessage(role="user", content="hi"),
+            pb.ChatMessage(role="assistant"),
+            pb.ChatMessage(role="user", content=""),
+        ]
+    )
     list(stub.Generate(pb.GenerateRequest(chat=turns, sampling=pb.SamplingParameters(max_tokens=1))))
-    assert fake.requests[-1].messages == (ChatMessage("user", "hi"), ChatMessage("assistant", ""), ChatMessage("user", ""))
+    assert fake.requests[-1].messages == (
+        ChatMessage("user", "hi"),
+        ChatMessage("assistant", ""),
+        ChatMessage("user", ""),
+    )
 
 
 def test_sampling_fields_and_defaults(stub, fake):
     list(stub.Generate(pb.GenerateRequest(text="x")))  # no sampling message: engine defaults
     assert fake.requests[-1].sampling == SamplingParams() and fake.requests[-1].max_tokens_given is False
-    sp = pb.SamplingParameters(max_tokens=4, temperature=0.5, top_p=0.9, top_k=7, seed=-3, stop=["zz"],
-                               stop_token_ids=[2], ignore_eos=True, min_tokens=1, include_stop_str_in_output=True,
-                               skip_special_tokens=False)
+    sp = pb.SamplingParameters(
+        max_tokens=4,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=7,
+        seed=-3,
+        stop=["zz"],
+        stop_token_ids=[2],
+        ignore_eos=True,
+        min_tokens=1,
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+    )
     list(stub.Generate(pb.GenerateRequest(text="x", sampling=sp)))
     assert fake.requests[-1].sampling == SamplingParams(
-        max_tokens=4, temperature=0.5, top_p=0.9, top_k=7, seed=-3, stop=("zz",), stop_token_ids=(2,),
-        ignore_eos=True, min_tokens=1, include_stop_str_in_output=True, skip_special_tokens=False)
+        max_tokens=4,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=7,
+        seed=-3,
+        stop=("zz",),
+        stop_token_ids=(2,),
+        ignore_eos=True,
+        min_tokens=1,
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+    )
 
 
 def test_logprobs(stub, fake):
     msgs = list(stub.Generate(pb.GenerateRequest(text="x", sampling=SP(max_tokens=2, logprobs=2))))
     assert fake.requests[-1].sampling.logprobs == 2
     lps = [lp for m in msgs for lp in m.logprobs]
-    assert [(lp.token_id, lp.token, round(lp.logprob, 4)) for lp in lps] == [(100, b"alpha", -0.25), (101, b" beta", -0.5)]
+    assert [(lp.token_id, lp.token, round(lp.logprob, 4)) for lp in lps] == [
+        (100, b"alpha", -0.25),
+        (101, b" beta", -0.5),
+    ]
     assert [(t.token_id, t.token, round(t.logprob, 4)) for t in lps[0].top_logprobs] == [
-        (300, b"\xc3", -0.15), (100, b"alpha", -0.25)]  # most likely first; half a character, exact
+        (300, b"\xc3", -0.15),
+        (100, b"alpha", -0.25),
+    ]  # most likely first; half a character, exact
     assert all(len(m.logprobs) == len(m.token_ids) for m in msgs)
     plain = list(stub.Generate(text_req(max_tokens=2)))  # not asked: none
     assert fake.requests[-1].sampling.logprobs is None and not any(m.logprobs for m in plain)
@@ -180,14 +230,20 @@ def test_penalties_and_logit_bias(stub, fake):
     list(stub.Generate(pb.GenerateRequest(text="x", sampling=sp)))
     got = fake.requests[-1].sampling
     assert (got.presence_penalty, got.frequency_penalty, got.repetition_penalty, got.logit_bias) == (
-        0.5, -0.25, 1.3, ((9, -100.0),))
+        0.5,
+        -0.25,
+        1.3,
+        ((9, -100.0),),
+    )
 
 
 def test_prompt_logprobs(stub, fake):
     msgs = list(stub.Generate(pb.GenerateRequest(text="a b c", sampling=SP(max_tokens=2, prompt_logprobs=1))))
     assert fake.requests[-1].sampling.prompt_logprobs == 1
     assert [(lp.token_id, lp.token, lp.logprob) for lp in msgs[0].prompt_logprobs] == [
-        (501, b"p1", -0.125), (502, b"p2", -0.25)]  # from the second prompt token on
+        (501, b"p1", -0.125),
+        (502, b"p2", -0.25),
+    ]  # from the second prompt token on
     assert all(not m.prompt_logprobs for m in msgs[1:])
 
 
@@ -265,8 +321,13 @@ def test_abort_rpc(stub, fake):
 
 def test_get_model_info(stub):
     info = stub.GetModelInfo(pb.GetModelInfoRequest())
-    assert (info.id, info.max_model_len, info.vocab_size, list(info.lanes), info.owned_by) == \
-        ("fake-model", 1000, 1000, ["interactive", "batch"], "baton")
+    assert (info.id, info.max_model_len, info.vocab_size, list(info.lanes), info.owned_by) == (
+        "fake-model",
+        1000,
+        1000,
+        ["interactive", "batch"],
+        "baton",
+    )
     assert abs(info.created - time.time()) < 60
 
 
@@ -297,8 +358,9 @@ def test_health_watch_sees_periodic_refresh(channel, fake):
 def test_reflection_lists_services(channel, fake):
     fake.require_auth = True  # reflection stays open
     db = ProtoReflectionDescriptorDatabase(channel)
-    assert {"baton.v1.Generation", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= \
-        set(db.get_services())
+    assert {"baton.v1.Generation", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= set(
+        db.get_services()
+    )
     service = DescriptorPool(db).FindServiceByName("baton.v1.Generation")
     assert {m.name for m in service.methods} == {"Generate", "Abort", "GetModelInfo"}
     assert service.methods_by_name["Generate"].server_streaming
@@ -311,13 +373,25 @@ BAD_INPUTS = {
     "empty text": (pb.GenerateRequest(text=""), "text"),
     "empty token ids": (pb.GenerateRequest(token_ids=pb.TokenIds()), "token_ids"),
     "empty chat": (pb.GenerateRequest(chat=pb.ChatMessages()), "chat.messages"),
-    "chat without role": (pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(content="hi")])),
-                          "chat.messages[0].role"),
-    "chat with an unknown role": (pb.GenerateRequest(chat=pb.ChatMessages(messages=[
-        pb.ChatMessage(role="user", content="hi"), pb.ChatMessage(role="bogus", content="hi")])), "chat.messages[1].role"),
+    "chat without role": (
+        pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(content="hi")])),
+        "chat.messages[0].role",
+    ),
+    "chat with an unknown role": (
+        pb.GenerateRequest(
+            chat=pb.ChatMessages(
+                messages=[pb.ChatMessage(role="user", content="hi"), pb.ChatMessage(role="bogus", content="hi")]
+            )
+        ),
+        "chat.messages[1].role",
+    ),
     # absent, as over HTTP (400 "A 'user' message needs 'content'."); an empty string is content
-    "user message without content": (pb.GenerateRequest(chat=pb.ChatMessages(messages=[
-        pb.ChatMessage(role="system", content=""), pb.ChatMessage(role="user")])), "chat.messages[1].content"),
+    "user message without content": (
+        pb.GenerateRequest(
+            chat=pb.ChatMessages(messages=[pb.ChatMessage(role="system", content=""), pb.ChatMessage(role="user")])
+        ),
+        "chat.messages[1].content",
+    ),
     "max_tokens 0": (text_req(max_tokens=0), "sampling.max_tokens"),
     "negative temperature": (pb.GenerateRequest(text="x", sampling=SP(temperature=-1)), "sampling.temperature"),
     "nan temperature": (pb.GenerateRequest(text="x", sampling=SP(temperature=math.nan)), "sampling.temperature"),
@@ -327,13 +401,17 @@ BAD_INPUTS = {
     "min > max tokens": (pb.GenerateRequest(text="x", sampling=SP(max_tokens=2, min_tokens=3)), "sampling.min_tokens"),
     "empty stop string": (pb.GenerateRequest(text="x", sampling=SP(stop=[""])), "sampling.stop"),
     # each is checked against every token: 3,000,000 of them slowed every request on the worker ~40x
-    "too many stop token ids": (pb.GenerateRequest(text="x", sampling=SP(stop_token_ids=[7] * 1025)),
-                                "sampling.stop_token_ids"),
+    "too many stop token ids": (
+        pb.GenerateRequest(text="x", sampling=SP(stop_token_ids=[7] * 1025)),
+        "sampling.stop_token_ids",
+    ),
     "logprobs > 20": (pb.GenerateRequest(text="x", sampling=SP(logprobs=21)), "sampling.logprobs"),
     "negative logprobs": (pb.GenerateRequest(text="x", sampling=SP(logprobs=-1)), "sampling.logprobs"),
-    "prompt_logprobs > 20": (pb.GenerateRequest(text="x", sampling=SP(prompt_logprobs=21)),
-                             "sampling.prompt_logprobs"),
-    "presence_penalty > 2": (pb.GenerateRequest(text="x", sampling=SP(presence_penalty=3)), "sampling.presence_penalty"),
+    "prompt_logprobs > 20": (pb.GenerateRequest(text="x", sampling=SP(prompt_logprobs=21)), "sampling.prompt_logprobs"),
+    "presence_penalty > 2": (
+        pb.GenerateRequest(text="x", sampling=SP(presence_penalty=3)),
+        "sampling.presence_penalty",
+    ),
     "logit_bias > 100": (pb.GenerateRequest(text="x", sampling=SP(logit_bias={1: 200})), "sampling.logit_bias"),
     "min_p > 1": (pb.GenerateRequest(text="x", sampling=SP(min_p=2)), "sampling.min_p"),
     "n 0": (text_req(n=0), "n"),
@@ -344,8 +422,7 @@ BAD_INPUTS = {
     "unknown lane (router)": (text_req(lane="vip"), "lane"),
     "context length (router)": (text_req(max_tokens=999), "sampling.max_tokens"),
     # the router names the prompt "prompt": the path is the input the request used (was always "text")
-    "token id outside the vocabulary (router)": (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 5000])),
-                                                 "token_ids"),
+    "token id outside the vocabulary (router)": (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 5000])), "token_ids"),
 }
 
 
@@ -364,13 +441,16 @@ def test_context_length_carries_error_code(stub):
     assert trailers["baton-error-param"] == "sampling.max_tokens"
 
 
-@pytest.mark.parametrize("kind,retry_after_s,code,retry_after", [
-    (ErrorKind.RATE_LIMITED, 2.5, grpc.StatusCode.RESOURCE_EXHAUSTED, "3"),
-    (ErrorKind.OVERLOADED, 0.2, grpc.StatusCode.UNAVAILABLE, "1"),
-    (ErrorKind.OVERLOADED, None, grpc.StatusCode.UNAVAILABLE, None),
-    (ErrorKind.CONFLICT, None, grpc.StatusCode.ALREADY_EXISTS, None),
-    (ErrorKind.INTERNAL, 5.0, grpc.StatusCode.INTERNAL, None),  # retry-after only where it means "throttled"
-])
+@pytest.mark.parametrize(
+    "kind,retry_after_s,code,retry_after",
+    [
+        (ErrorKind.RATE_LIMITED, 2.5, grpc.StatusCode.RESOURCE_EXHAUSTED, "3"),
+        (ErrorKind.OVERLOADED, 0.2, grpc.StatusCode.UNAVAILABLE, "1"),
+        (ErrorKind.OVERLOADED, None, grpc.StatusCode.UNAVAILABLE, None),
+        (ErrorKind.CONFLICT, None, grpc.StatusCode.ALREADY_EXISTS, None),
+        (ErrorKind.INTERNAL, 5.0, grpc.StatusCode.INTERNAL, None),  # retry-after only where it means "throttled"
+    ],
+)
 def test_router_error_mapping(stub, fake, kind, retry_after_s, code, retry_after):
     fake.fail_next = RouterError(kind, f"scripted {kind.name}", retry_after_s=retry_after_s)
     err = rpc_error(lambda: list(stub.Generate(text_req())))
@@ -379,23 +459,28 @@ def test_router_error_mapping(stub, fake, kind, retry_after_s, code, retry_after
 
 
 def test_http_named_params_get_their_proto_paths(stub, fake):
-    fake.fail_next = RouterError(ErrorKind.CONFLICT, "This Idempotency-Key was already used with a different request.",
-                                 param="Idempotency-Key")
+    fake.fail_next = RouterError(
+        ErrorKind.CONFLICT, "This Idempotency-Key was already used with a different request.", param="Idempotency-Key"
+    )
     err = rpc_error(lambda: list(stub.Generate(text_req(idempotency_key="k1"))))
     assert err.code() == grpc.StatusCode.ALREADY_EXISTS
     assert dict(err.trailing_metadata())["baton-error-param"] == "idempotency_key"
 
 
-@pytest.mark.parametrize("method,raw", [
-    ("Generate", b"\xff\xff\xff\xff"),  # corrupt wire format
-    ("Generate", b"\x0a\x03\xff\xfe\xfd"),  # text (field 1) holding invalid UTF-8
-    ("Abort", b"\x0a\x02\xc3\x28"),  # request_id (field 1) holding invalid UTF-8
-    ("GetModelInfo", b"\xff\xff\xff\xff"),
-])
+@pytest.mark.parametrize(
+    "method,raw",
+    [
+        ("Generate", b"\xff\xff\xff\xff"),  # corrupt wire format
+        ("Generate", b"\x0a\x03\xff\xfe\xfd"),  # text (field 1) holding invalid UTF-8
+        ("Abort", b"\x0a\x02\xc3\x28"),  # request_id (field 1) holding invalid UTF-8
+        ("GetModelInfo", b"\xff\xff\xff\xff"),
+    ],
+)
 def test_bytes_that_are_not_the_request_message_are_invalid_argument(channel, fake, method, raw):
     path = f"/baton.v1.Generation/{method}"
     call = (channel.unary_stream if method == "Generate" else channel.unary_unary)(
-        path, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        path, request_serializer=lambda b: b, response_deserializer=lambda b: b
+    )
     err = rpc_error(lambda: list(call(raw)) if method == "Generate" else call(raw))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err  # was UNKNOWN, naming a Python exception class
     assert "is not a valid baton.v1." in err.details() and fake.requests == []
@@ -406,8 +491,10 @@ def test_authentication(stub, fake):
     for metadata in [(), (("authorization", "Bearer sk-wrong"),), (("authorization", "Basic sk-test"),)]:
         err = rpc_error(lambda: list(stub.Generate(text_req(), metadata=metadata)))
         assert err.code() == grpc.StatusCode.UNAUTHENTICATED, metadata
-    for call in (lambda md: stub.Abort(pb.AbortRequest(request_id="x"), metadata=md),
-                 lambda md: stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=md)):
+    for call in (
+        lambda md: stub.Abort(pb.AbortRequest(request_id="x"), metadata=md),
+        lambda md: stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=md),
+    ):
         assert rpc_error(lambda: call(())).code() == grpc.StatusCode.UNAUTHENTICATED
     assert fake.requests == [] and fake.aborted == []
     good = (("authorization", "Bearer sk-test"),)
@@ -419,8 +506,13 @@ def test_authentication(stub, fake):
 
 # -- stubs ------------------------------------------------------------------------------------------
 def test_committed_stubs_match_regeneration():
-    out = subprocess.run([sys.executable, "-m", "router.grpc_gen.generate", "--check"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "router.grpc_gen.generate", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 

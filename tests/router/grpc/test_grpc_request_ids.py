@@ -56,6 +56,7 @@ def test_a_request_id_within_the_rule_is_kept(stub, fake):
 @pytest.mark.parametrize("rid", [r for r in BAD_IDS if r.isascii() and r.isprintable() and r.strip() == r])
 def test_http_refuses_the_same_ids(fake, rid):
     with ThreadedHttpServer(create_app(fake, served_model_name="m")) as srv:
-        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1},
-                       headers={"X-Request-Id": rid})
+        r = httpx.post(
+            srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}, headers={"X-Request-Id": rid}
+        )
         assert r.status_code == 400 and r.json()["error"]["param"] == "X-Request-Id"

@@ -9,8 +9,8 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import httpx
 import openai
@@ -44,7 +44,7 @@ def sse_payloads(raw: bytes) -> list[str]:
     events = text.split("\n\n")[:-1]
     for ev in events:
         assert ev.startswith("data: ") and "\n" not in ev, repr(ev)
-    return [ev[len("data: "):] for ev in events]
+    return [ev[len("data: ") :] for ev in events]
 
 
 # -- the official client --------------------------------------------------------------------------
@@ -64,9 +64,13 @@ def test_openai_chat_completion(client, fake):
 
 
 def test_openai_chat_without_max_tokens_is_unbounded(client, fake):
-    resp = client.chat.completions.create(model=MODEL, messages=[
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}])
+    resp = client.chat.completions.create(
+        model=MODEL,
+        messages=[
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]},
+        ],
+    )
     assert resp.usage.completion_tokens == fake.max_model_len - 4  # clamped to what the context leaves
     req = fake.requests[-1]
     assert not req.max_tokens_given and req.messages[1].content == "one\ntwo"
@@ -74,8 +78,9 @@ def test_openai_chat_without_max_tokens_is_unbounded(client, fake):
 
 
 def test_openai_completions(client, fake):
-    resp = client.completions.create(model=MODEL, prompt="the quick brown fox", max_tokens=3, temperature=0,
-                                     stop=[" gamma"])
+    resp = client.completions.create(
+        model=MODEL, prompt="the quick brown fox", max_tokens=3, temperature=0, stop=[" gamma"]
+    )
     assert resp.object == "text_completion" and resp.choices[0].text == "alpha beta gamma"
     assert resp.choices[0].finish_reason == "stop" and resp.usage.prompt_tokens == 4
     resp = client.completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=2, extra_body={"top_k": 5})
@@ -94,8 +99,11 @@ def test_openai_completions(client, fake):
 
 
 def test_openai_chat_streaming_with_usage(client):
-    chunks = list(client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=3, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "alpha beta gamma"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -106,8 +114,11 @@ def test_openai_chat_streaming_with_usage(client):
 
 
 def test_openai_completion_streaming(client):
-    chunks = list(client.completions.create(model=MODEL, prompt="hi", max_tokens=4, stream=True,
-                                            stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt="hi", max_tokens=4, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "alpha beta gamma delta"
     assert chunks[-1].usage.completion_tokens == 4
 
@@ -122,8 +133,9 @@ def test_openai_models(client):
 
 # -- framing and errors (raw HTTP) ----------------------------------------------------------------
 def test_sse_framing(url):
-    with httpx.stream("POST", url + CHAT, json={"model": MODEL, "messages": HELLO, "max_tokens": 2,
-                                                 "stream": True}) as r:
+    with httpx.stream(
+        "POST", url + CHAT, json={"model": MODEL, "messages": HELLO, "max_tokens": 2, "stream": True}
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         assert r.headers["x-request-id"]
         payloads = sse_payloads(r.read())
@@ -148,10 +160,18 @@ BAD_INPUTS = [
     (CHAT, {"messages": [{"role": "user", "content": 5}]}, "messages.[0].content", "Invalid type"),
     # taken as empty text before; OpenAI refuses them (only an assistant turn may omit its content)
     (CHAT, {"messages": [{"role": "user"}]}, "messages.[0].content", "Missing required parameter"),
-    (CHAT, {"messages": [{"role": "system", "content": None}, {"role": "user", "content": "x"}]},
-     "messages.[0].content", "Missing required parameter"),
-    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages.[0].content",
-     "not supported"),
+    (
+        CHAT,
+        {"messages": [{"role": "system", "content": None}, {"role": "user", "content": "x"}]},
+        "messages.[0].content",
+        "Missing required parameter",
+    ),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        "messages.[0].content",
+        "not supported",
+    ),
     (CHAT, {"messages": HELLO, "max_tokens": "ten"}, "max_tokens", "expected an integer"),
     (CHAT, {"messages": HELLO, "temperature": "hot"}, "temperature", "expected a number"),
     (CHAT, {"messages": HELLO, "max_tokens": 0}, "max_tokens", "positive"),
@@ -172,10 +192,14 @@ BAD_INPUTS = [
     (CHAT, {"messages": HELLO, "logit_bias": {"5": "x"}}, "logit_bias.5", "expected a number"),
     (CHAT, {"messages": HELLO, "repetition_penalty": 0}, "repetition_penalty", "[0.01, 10]"),
     (CHAT, {"messages": HELLO, "min_p": 1.5}, "min_p", "[0, 1]"),
-    (CHAT, {"messages": HELLO, "tools": [{"type": "function"}]}, "tools", "not supported"),
+    (CHAT, {"messages": HELLO, "tools": [{"type": "function"}]}, "tools", "must be {'type': 'function'"),
+    (
+        CHAT,
+        {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]}]},
+        "messages.[0].tool_calls",
+        "Each of 'tool_calls' must be",
+    ),
     # Refused rather than ignored (an OpenAI-client audit): each would have changed what is answered.
-    (CHAT, {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]}]},
-     "messages.[0].tool_calls", "tool calling"),
     (CHAT, {"messages": HELLO, "tool_choice": "auto"}, "tool_choice", "only allowed when tools"),
     (CHAT, {"messages": HELLO, "tool_choice": "required"}, "tool_choice", "only allowed when tools"),
     (CHAT, {"messages": HELLO, "audio": {"voice": "alloy", "format": "wav"}}, "audio", "not supported"),
@@ -183,8 +207,12 @@ BAD_INPUTS = [
     (CHAT, {"messages": HELLO, "web_search_options": {}}, "web_search_options", "not supported"),
     (CHAT, {"messages": HELLO, "stream_options": {"include_usage": True}}, "stream_options", "only allowed when"),
     (COMPL, {"prompt": "hi", "max_tokens": 0, "echo": True, "stream": True}, "max_tokens", "without streaming"),
-    (CHAT, {"messages": [{"role": "user", "content": "w " * 60}], "max_tokens": 10}, "max_tokens",
-     "maximum context length"),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": "w " * 60}], "max_tokens": 10},
+        "max_tokens",
+        "maximum context length",
+    ),
     (COMPL, {"max_tokens": 4}, "prompt", "Missing required parameter"),
     (COMPL, {"prompt": {"a": 1}}, "prompt", "Invalid type"),
     (COMPL, {"prompt": ["a", "b"]}, "prompt", "not supported"),
@@ -198,18 +226,22 @@ BAD_INPUTS = [
     (COMPL, {"prompt": "word " * 60, "max_tokens": 10}, "max_tokens", "maximum context length"),
     # JSON may escape a lone surrogate; no tokenizer (or response) can hold one: a 400, never a 500
     (COMPL, b'{"prompt": "a\\ud800b"}', "prompt", "not valid Unicode"),
-    (CHAT, b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}',
-     "messages.[0].content.[0].text", "not valid Unicode"),
+    (
+        CHAT,
+        b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}',
+        "messages.[0].content.[0].text",
+        "not valid Unicode",
+    ),
     (COMPL, b'{"model": "m\\ud800", "prompt": "x"}', "model", "not valid Unicode"),
 ]
 
 
-@pytest.mark.parametrize("endpoint,body,param,message", BAD_INPUTS,
-                         ids=[f"{i}-{p or 'body'}" for i, (_, _, p, _) in enumerate(BAD_INPUTS)])
+@pytest.mark.parametrize(
+    "endpoint,body,param,message", BAD_INPUTS, ids=[f"{i}-{p or 'body'}" for i, (_, _, p, _) in enumerate(BAD_INPUTS)]
+)
 def test_bad_input_is_an_openai_400(url, endpoint, body, param, message):
     kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
-    err = assert_openai_error(httpx.post(url + endpoint, headers={"Content-Type": "application/json"}, **kwargs),
-                              400)
+    err = assert_openai_error(httpx.post(url + endpoint, headers={"Content-Type": "application/json"}, **kwargs), 400)
     assert err["type"] == "invalid_request_error" and err["param"] == param
     assert message in err["message"], err
 
@@ -232,8 +264,10 @@ def test_auth(serve):
     fake = FakeRouter(require_auth=True)
     url = serve(fake)
     for headers in ({}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "Basic sk-test"}):
-        assert assert_openai_error(httpx.post(url + CHAT, json={"messages": HELLO}, headers=headers), 401)[
-            "type"] == "authentication_error"
+        assert (
+            assert_openai_error(httpx.post(url + CHAT, json={"messages": HELLO}, headers=headers), 401)["type"]
+            == "authentication_error"
+        )
         assert_openai_error(httpx.get(url + "/v1/models", headers=headers), 401)
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{url}/v1", api_key="sk-wrong", max_retries=0).models.list()
@@ -243,8 +277,9 @@ def test_auth(serve):
     assert httpx.get(url + "/health").json() == {"status": "ok"}
     assert httpx.get(url + "/ready").status_code == 200
     r = httpx.get(url + "/metrics")
-    assert r.status_code == 200 and "baton_fake_total 1.0" in r.text and r.headers["content-type"].startswith(
-        "text/plain")
+    assert (
+        r.status_code == 200 and "baton_fake_total 1.0" in r.text and r.headers["content-type"].startswith("text/plain")
+    )
 
 
 @pytest.mark.parametrize("kind,status", [(ErrorKind.RATE_LIMITED, 429), (ErrorKind.OVERLOADED, 503)])
@@ -289,14 +324,16 @@ def _wait_for(predicate: Callable[[], bool], timeout_s: float) -> float:
 def test_client_disconnect_mid_stream_aborts(serve):
     fake = FakeRouter(token_delay_s=0.05, max_model_len=1000)
     url = serve(fake)
-    with httpx.Client(timeout=5) as c:
-        with c.stream("POST", url + COMPL, json={"prompt": "hi", "max_tokens": 200, "stream": True}) as r:
-            rid = r.headers["x-request-id"]
-            seen = 0
-            for line in r.iter_lines():
-                seen += line.startswith("data: ")
-                if seen == 3:
-                    break
+    with (
+        httpx.Client(timeout=5) as c,
+        c.stream("POST", url + COMPL, json={"prompt": "hi", "max_tokens": 200, "stream": True}) as r,
+    ):
+        rid = r.headers["x-request-id"]
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: ")
+            if seen == 3:
+                break
     assert _wait_for(lambda: rid in fake.aborted, 3.0) < 3.0  # (unaborted, it would run 10 s)
     assert rid not in fake.completed
 
@@ -311,15 +348,19 @@ def test_client_disconnect_while_waiting_for_a_whole_response_aborts(serve):
 
 
 def test_headers_pass_through(url, fake):
-    r = httpx.post(url + CHAT, json={"messages": HELLO, "max_tokens": 1},
-                   headers={"Idempotency-Key": "key-123", "X-Baton-Lane": "batch"})
+    r = httpx.post(
+        url + CHAT,
+        json={"messages": HELLO, "max_tokens": 1},
+        headers={"Idempotency-Key": "key-123", "X-Baton-Lane": "batch"},
+    )
     assert r.status_code == 200 and r.headers["x-baton-lane"] == "batch"
     req = fake.requests[-1]
     assert req.idempotency_key == "key-123" and req.lane == "batch"
     httpx.post(url + COMPL, json={"prompt": "x", "lane": "long_context", "max_tokens": 1})
     assert fake.requests[-1].lane == "long_context" and fake.requests[-1].idempotency_key is None
-    err = assert_openai_error(httpx.post(url + COMPL, json={"prompt": "x", "lane": "batch"},
-                                         headers={"X-Baton-Lane": "interactive"}), 400)
+    err = assert_openai_error(
+        httpx.post(url + COMPL, json={"prompt": "x", "lane": "batch"}, headers={"X-Baton-Lane": "interactive"}), 400
+    )
     assert err["param"] == "lane"
 
 
@@ -357,8 +398,13 @@ def test_http_server_in_a_running_loop():
 
 def test_frontend_does_not_import_torch():
     code = "import sys, router.http.app, router.http.server; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[3])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[3],
+    )
     assert out.stdout.strip() == "False", out.stderr
 
 
@@ -369,10 +415,20 @@ def test_response_ids_do_not_double_the_prefix():
 
 
 def test_penalties_and_logit_bias_reach_the_router(client, fake):
-    client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1, presence_penalty=0.5,
-                                   frequency_penalty=-1, logit_bias={"17": 5, "3": -100},
-                                   extra_body={"repetition_penalty": 1.2, "min_p": 0.1,
-                                               "include_stop_str_in_output": True, "skip_special_tokens": False})
+    client.chat.completions.create(
+        model=MODEL,
+        messages=HELLO,
+        max_tokens=1,
+        presence_penalty=0.5,
+        frequency_penalty=-1,
+        logit_bias={"17": 5, "3": -100},
+        extra_body={
+            "repetition_penalty": 1.2,
+            "min_p": 0.1,
+            "include_stop_str_in_output": True,
+            "skip_special_tokens": False,
+        },
+    )
     sp = fake.requests[-1].sampling
     assert (sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty) == (0.5, -1, 1.2)
     assert (sp.min_p, sp.include_stop_str_in_output, sp.skip_special_tokens) == (0.1, True, False)

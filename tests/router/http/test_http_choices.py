@@ -32,8 +32,11 @@ def test_choice_seeds_wrap_within_64_bits(url, fake):
 
 
 def test_request_ids_and_idempotency_keys_per_choice(url, fake):
-    r = httpx.post(url + COMPL, json={"prompt": "hi", "max_tokens": 1, "n": 2},
-                   headers={"X-Request-Id": "job-1", "Idempotency-Key": "k"})
+    r = httpx.post(
+        url + COMPL,
+        json={"prompt": "hi", "max_tokens": 1, "n": 2},
+        headers={"X-Request-Id": "job-1", "Idempotency-Key": "k"},
+    )
     assert r.status_code == 200
     assert [q.request_id for q in fake.requests] == ["job-1-0", "job-1-1"]
     assert [q.idempotency_key for q in fake.requests] == ["k", "k#1"]  # choice 0 holds the client's key
@@ -44,8 +47,14 @@ def test_request_ids_and_idempotency_keys_per_choice(url, fake):
 
 
 def test_streamed_choices_interleave_and_sum_their_usage(url):
-    body = {"messages": HELLO, "max_tokens": 3, "n": 2, "stream": True, "stream_options": {"include_usage": True},
-            "logprobs": True}
+    body = {
+        "messages": HELLO,
+        "max_tokens": 3,
+        "n": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "logprobs": True,
+    }
     with httpx.stream("POST", url + CHAT, json=body) as r:
         chunks = [json.loads(p) for p in sse_payloads(r.read())[:-1]]
     per_choice: dict[int, list[dict]] = {0: [], 1: []}
@@ -58,7 +67,10 @@ def test_streamed_choices_interleave_and_sum_their_usage(url):
         assert [c["finish_reason"] for c in choices][-1] == "length"
         # each choice's logprobs are its own tokens'
         assert [t["token"] for c in choices if c["logprobs"] for t in c["logprobs"]["content"]] == [
-            "alpha", " beta", " gamma"]
+            "alpha",
+            " beta",
+            " gamma",
+        ]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
 
 
@@ -80,10 +92,12 @@ def test_a_choice_failing_mid_stream_ends_them_all(url, fake):
 def test_a_client_going_away_aborts_every_choice(serve):
     fake = FakeRouter(token_delay_s=0.05, max_model_len=1000)
     url = serve(fake)
-    with httpx.Client(timeout=5) as c:
-        with c.stream("POST", url + COMPL, json={"prompt": "hi", "max_tokens": 200, "n": 2, "stream": True}) as r:
-            assert r.status_code == 200
-            next(r.iter_lines())
+    with (
+        httpx.Client(timeout=5) as c,
+        c.stream("POST", url + COMPL, json={"prompt": "hi", "max_tokens": 200, "n": 2, "stream": True}) as r,
+    ):
+        assert r.status_code == 200
+        next(r.iter_lines())
     with pytest.raises(httpx.ReadTimeout):  # waiting for a whole response, then gone
         httpx.post(url + CHAT, json={"messages": HELLO, "max_tokens": 200, "n": 2}, timeout=0.3)
     deadline = time.monotonic() + 5

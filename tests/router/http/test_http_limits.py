@@ -8,10 +8,11 @@ import threading
 import httpx
 import pytest
 
+from engine.sampling_params import MAX_STOP_TOKEN_IDS
 from router.http import body as body_module
 from router.http.app import create_app
 from router.http.body import MAX_BODY_BYTES, OFF_LOOP_BYTES
-from router.http.schemas import MAX_DETOKENIZE_TOKENS, MAX_LOGIT_BIAS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from router.http.schemas import MAX_DETOKENIZE_TOKENS, MAX_LOGIT_BIAS, MAX_STOP_STRINGS
 from router.http.server import ThreadedHttpServer
 from tests.router.fake_router import FakeRouter
 from tests.router.http.conftest import MODEL
@@ -51,6 +52,7 @@ def test_a_chunked_body_is_cut_off_at_the_limit(small_limit, fake):
         for _ in range(64):
             yield b"1," * 1024
         yield b'1],"max_tokens":1}'
+
     r = httpx.post(small_limit + COMPL, content=chunks(), headers=JSON)
     assert_too_large(r, 64 * 1024)
     assert fake.requests == []
@@ -58,9 +60,11 @@ def test_a_chunked_body_is_cut_off_at_the_limit(small_limit, fake):
 
 def test_every_body_reading_endpoint_is_bounded(small_limit):
     big = b"x" * (65 * 1024)
-    for path, raw in ((CHAT, b'{"messages":[{"role":"user","content":"' + big + b'"}]}'),
-                      ("/tokenize", b'{"prompt":"' + big + b'"}'),
-                      ("/detokenize", b'{"tokens":[' + b"1," * 40_000 + b"1]}")):
+    for path, raw in (
+        (CHAT, b'{"messages":[{"role":"user","content":"' + big + b'"}]}'),
+        ("/tokenize", b'{"prompt":"' + big + b'"}'),
+        ("/detokenize", b'{"tokens":[' + b"1," * 40_000 + b"1]}"),
+    ):
         assert_too_large(httpx.post(small_limit + path, content=raw, headers=JSON), 64 * 1024)
 
 
@@ -72,21 +76,27 @@ def test_a_connection_is_usable_after_a_413(small_limit):
 
 def test_the_default_limit_is_16_mib_and_admits_a_long_context_prompt(url, fake):
     assert MAX_BODY_BYTES == 16 * 1024 * 1024
-    assert_too_large(httpx.post(url + COMPL, content=token_body(MAX_BODY_BYTES // 2), headers=JSON,
-                                timeout=30), MAX_BODY_BYTES)
+    assert_too_large(
+        httpx.post(url + COMPL, content=token_body(MAX_BODY_BYTES // 2), headers=JSON, timeout=30), MAX_BODY_BYTES
+    )
     # 128k token ids and a text of several MB pass the limit (the fake's 64-token context refuses them: 400)
-    for body in ({"prompt": list(range(1000, 1000 + 131_072)), "max_tokens": 1},
-                 {"prompt": "word " * 1_000_000, "max_tokens": 1}):
+    for body in (
+        {"prompt": list(range(1000, 1000 + 131_072)), "max_tokens": 1},
+        {"prompt": "word " * 1_000_000, "max_tokens": 1},
+    ):
         assert_openai_error(httpx.post(url + COMPL, json=body, timeout=30), 400)
     assert len(fake.requests) == 2
 
 
 # -- list bounds and logit_bias keys --------------------------------------------------------------
-@pytest.mark.parametrize("field,value", [
-    ("stop_token_ids", [1] * (MAX_STOP_TOKEN_IDS + 1)),
-    ("logit_bias", {str(i): 1.0 for i in range(MAX_LOGIT_BIAS + 1)}),
-    ("stop", ["s"] * (MAX_STOP_STRINGS + 1)),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("stop_token_ids", [1] * (MAX_STOP_TOKEN_IDS + 1)),
+        ("logit_bias", {str(i): 1.0 for i in range(MAX_LOGIT_BIAS + 1)}),
+        ("stop", ["s"] * (MAX_STOP_STRINGS + 1)),
+    ],
+)
 def test_long_lists_are_refused(url, fake, field, value):
     for path, body in ((COMPL, {"prompt": "hi", "max_tokens": 2}), (CHAT, {"messages": HELLO, "max_tokens": 2})):
         err = assert_openai_error(httpx.post(url + path, json={**body, field: value}), 400)
@@ -95,12 +105,17 @@ def test_long_lists_are_refused(url, fake, field, value):
 
 
 def test_bounded_lists_at_their_limit_pass_the_schema(url, fake):
-    body = {"prompt": "hi", "max_tokens": 2, "stop_token_ids": [7] * MAX_STOP_TOKEN_IDS,
-            "logit_bias": {str(i): 1.0 for i in range(MAX_LOGIT_BIAS)}, "stop": ["s"] * MAX_STOP_STRINGS}
+    body = {
+        "prompt": "hi",
+        "max_tokens": 2,
+        "stop_token_ids": [7] * MAX_STOP_TOKEN_IDS,
+        "logit_bias": {str(i): 1.0 for i in range(MAX_LOGIT_BIAS)},
+        "stop": ["s"] * MAX_STOP_STRINGS,
+    }
     assert httpx.post(url + COMPL, json=body).status_code == 200
 
 
-@pytest.mark.parametrize("key", ["9" * 5000, "9" * 11, "1e3", "-1", "１"])
+@pytest.mark.parametrize("key", ["9" * 5000, "9" * 11, "1e3", "-1", "１"])  # noqa: RUF001 - a fullwidth digit
 def test_a_logit_bias_key_that_is_no_token_id_is_400(url, fake, key):
     for path, body in ((COMPL, {"prompt": [1, 2, 3], "max_tokens": 2}), (CHAT, {"messages": HELLO, "max_tokens": 2})):
         err = assert_openai_error(httpx.post(url + path, json={**body, "logit_bias": {key: 1}}), 400)

@@ -32,8 +32,11 @@ def test_completion_logprobs_zero_reports_the_sampled_token(url):
 
 
 def test_no_logprobs_unless_asked(url, fake):
-    for path, body in ((COMPL, {"prompt": "hi", "max_tokens": 2}), (CHAT, {"messages": HELLO, "max_tokens": 2}),
-                       (CHAT, {"messages": HELLO, "max_tokens": 2, "logprobs": False})):
+    for path, body in (
+        (COMPL, {"prompt": "hi", "max_tokens": 2}),
+        (CHAT, {"messages": HELLO, "max_tokens": 2}),
+        (CHAT, {"messages": HELLO, "max_tokens": 2, "logprobs": False}),
+    ):
         r = httpx.post(url + path, json=body)
         assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None
         assert fake.requests[-1].sampling.logprobs is None
@@ -58,8 +61,10 @@ def test_chat_logprobs_without_top_logprobs(client):
 
 
 def test_streamed_logprobs_ride_with_their_tokens(url):
-    for path, body in ((CHAT, {"messages": HELLO, "logprobs": True, "top_logprobs": 1}),
-                       (COMPL, {"prompt": "hi", "logprobs": 1})):
+    for path, body in (
+        (CHAT, {"messages": HELLO, "logprobs": True, "top_logprobs": 1}),
+        (COMPL, {"prompt": "hi", "logprobs": 1}),
+    ):
         with httpx.stream("POST", url + path, json={**body, "max_tokens": 3, "stream": True}) as r:
             chunks = [json.loads(p) for p in sse_payloads(r.read())[:-1]]
         per_token = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["logprobs"] is not None]
@@ -91,7 +96,7 @@ def test_echo_with_logprobs_scores_the_prompt_too(url, fake):
     # into the returned text: the fake's prompt tokens ("p0p1p2") are shorter than the prompt's text,
     # so they are placed to end where it ends, and "alpha" starts right after the echoed prompt
     assert lp["text_offset"] == [7, 9, 11, 13]
-    assert choice["text"][lp["text_offset"][-1]:] == "alpha"
+    assert choice["text"][lp["text_offset"][-1] :] == "alpha"
     plain = httpx.post(url + COMPL, json={"prompt": "one two", "max_tokens": 1, "logprobs": 1})
     assert plain.json()["choices"][0]["logprobs"]["tokens"] == ["alpha"]  # without echo: none of the prompt
     assert fake.requests[-1].sampling.prompt_logprobs is None

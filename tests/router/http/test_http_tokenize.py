@@ -23,13 +23,14 @@ def test_detokenize(url):
 
 def test_bad_input(url):
     for path, body, param in (
-            ("/tokenize", {}, "prompt"),
-            ("/tokenize", {"prompt": "x", "messages": HELLO}, "prompt"),
-            ("/tokenize", {"prompt": ""}, "prompt"),
-            ("/tokenize", {"prompt": 5}, "prompt"),
-            ("/detokenize", {"tokens": "abc"}, "tokens"),
-            ("/detokenize", {"tokens": [5, 5000]}, "tokens"),
-            ("/detokenize", {}, "tokens")):
+        ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"prompt": "x", "messages": HELLO}, "prompt"),
+        ("/tokenize", {"prompt": ""}, "prompt"),
+        ("/tokenize", {"prompt": 5}, "prompt"),
+        ("/detokenize", {"tokens": "abc"}, "tokens"),
+        ("/detokenize", {"tokens": [5, 5000]}, "tokens"),
+        ("/detokenize", {}, "tokens"),
+    ):
         assert assert_openai_error(httpx.post(url + path, json=body), 400)["param"] == param, (path, body)
     assert assert_openai_error(httpx.post(url + "/tokenize", json={"model": "nope", "prompt": "x"}), 404)
 

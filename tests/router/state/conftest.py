@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -33,7 +34,7 @@ def make_state(redis_server: EmbeddedRedis, cluster: str) -> Callable[..., Redis
     """``make_state()`` -> a RedisState on the shared server for this test's cluster.
     Call it inside the event loop that will use it."""
 
-    def make(url: str | None = None, name: str | None = None, **kw: float) -> RedisState:
+    def make(url: str | None = None, name: str | None = None, **kw: Any) -> RedisState:
         return RedisState(url or redis_server.url, name or cluster, **kw)
 
     return make

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from engine.outputs import RequestOutput
+from engine.request import FinishReason
 from kv_transfer.peer import PeerInfo, WorkerInfo
 from router.cluster_state import ClusterState
 from router.lanes import LanePolicy, TenantConfig, default_lanes
@@ -38,22 +39,28 @@ class InProcessDispatcher:
         if self.hold:
             self.held[spec.request_id] = stream
         else:
-            stream.put(RequestOutput(spec.request_id, [7, 8], "xy", finished=True, finish_reason="length"))
+            stream.put(RequestOutput(spec.request_id, [7, 8], "xy", finished=True, finish_reason=FinishReason.LENGTH))
 
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
         stream = self.held.pop(request_id, None)
         if stream is not None:
-            stream.put(RequestOutput(request_id, [], "", finished=True, finish_reason="abort"))
+            stream.put(RequestOutput(request_id, [], "", finished=True, finish_reason=FinishReason.ABORT))
 
 
 def make_router(url: str, cluster: str, tenants: tuple[TenantConfig, ...]) -> tuple[Router, InProcessDispatcher]:
-    info = WorkerInfo(PeerInfo("d0", "inc", "decode"), num_blocks=1000, block_size=16, max_model_len=2048,
-                      vocab_size=1000, model="m")
+    info = WorkerInfo(
+        PeerInfo("d0", "inc", "decode"), num_blocks=1000, block_size=16, max_model_len=2048, vocab_size=1000, model="m"
+    )
     pool = WorkerPool([], [WorkerHandle("d0", "decode", None, info=info, alive=True)])
     dispatcher = InProcessDispatcher(pool, "router-a")
-    config = RouterConfig(model_name="m", model_dir=Path(tempfile.mkdtemp()), slo_rejection=False, pace_guard=False,
-                          lanes=LanePolicy(lanes=default_lanes(), tenants=tenants))
+    config = RouterConfig(
+        model_name="m",
+        model_dir=Path(tempfile.mkdtemp()),
+        slo_rejection=False,
+        pace_guard=False,
+        lanes=LanePolicy(lanes=default_lanes(), tenants=tenants),
+    )
     router = Router(config, pool, dispatcher, ClusterState("router-a", RedisState(url, cluster)))
     router.batch.poll_s = 0.02
     return router, dispatcher
@@ -62,7 +69,7 @@ def make_router(url: str, cluster: str, tenants: tuple[TenantConfig, ...]) -> tu
 def release(dispatcher: InProcessDispatcher) -> None:
     """Finish every held request with two tokens."""
     for request_id, stream in list(dispatcher.held.items()):
-        stream.put(RequestOutput(request_id, [7, 8], "xy", finished=True, finish_reason="length"))
+        stream.put(RequestOutput(request_id, [7, 8], "xy", finished=True, finish_reason=FinishReason.LENGTH))
     dispatcher.held.clear()
 
 

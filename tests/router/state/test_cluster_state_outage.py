@@ -43,6 +43,7 @@ async def _unreachable_for_a_moment(srv: EmbeddedRedis, state: ClusterState) -> 
 def test_a_worker_emptied_while_redis_was_away_is_emptied_in_it_too(server, cluster, how) -> None:
     """The re-seed wrote only workers holding blocks in the local view: w1 kept its three blocks in
     Redis (for the index's hour-long TTL), and placement sent prompts to it for a cache it lacked."""
+
     async def main() -> None:
         state = ClusterState("router-a", RedisState(server.url, cluster, timeout_s=0.5, backoff_s=1.0))
         try:
@@ -67,6 +68,7 @@ def test_a_worker_emptied_while_redis_was_away_is_emptied_in_it_too(server, clus
 def test_a_redis_restart_between_heartbeats_reseeds_the_prefix_index(server, cluster) -> None:
     """A restart (no persistence) faster than a heartbeat was never noticed: the index stayed empty,
     and blocks that were only hit afterwards were never stored again."""
+
     async def main() -> None:
         state = ClusterState("router-a", RedisState(server.url, cluster))
         await state.start(dict, SimpleNamespace(all=list))
@@ -93,6 +95,7 @@ def test_a_redis_restart_between_heartbeats_reseeds_the_prefix_index(server, clu
 def test_a_keyed_request_finished_while_redis_was_away_is_replayed_after_it_returns(server, cluster) -> None:
     """Its claim and result were in this replica's memory only, and Redis (asked first) said "new":
     the retry ran the request a second time."""
+
     async def main() -> None:
         state = ClusterState("router-a", RedisState(server.url, cluster, timeout_s=0.5, backoff_s=1.0))
         try:

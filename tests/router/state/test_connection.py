@@ -11,7 +11,8 @@ from router.state.idempotency import IdempotencyStore
 
 
 def test_a_burst_beyond_the_pool_waits_for_connections_and_stays_available(
-        make_state: Callable[..., RedisState]) -> None:
+    make_state: Callable[..., RedisState],
+) -> None:
     async def main() -> None:
         st = make_state(max_connections=4)
         idem = IdempotencyStore(st)

@@ -47,8 +47,9 @@ class FakeRouter:
 
     async def run_durable(self, job_id, tenant, lane, ids, sampling, prompt_text) -> GenerationResult:
         self.started.append(job_id)
-        behaviour = self.by_id.get(job_id) or (self.behaviours.pop(0) if len(self.behaviours) > 1
-                                                else self.behaviours[0])
+        behaviour = self.by_id.get(job_id) or (
+            self.behaviours.pop(0) if len(self.behaviours) > 1 else self.behaviours[0]
+        )
         if behaviour == "hang":
             stop = self._stops[job_id] = asyncio.Event()
             await stop.wait()
@@ -64,8 +65,12 @@ class FakeRouter:
 
 
 async def _submit(journal: BatchJournal, n: int) -> list[str]:
-    return [await journal.submit(job_payload(f"job-{i}", "t", "batch", [1, 2, 3], SamplingParams(max_tokens=2), None),
-                                 job_id=f"job-{i}") for i in range(n)]
+    return [
+        await journal.submit(
+            job_payload(f"job-{i}", "t", "batch", [1, 2, 3], SamplingParams(max_tokens=2), None), job_id=f"job-{i}"
+        )
+        for i in range(n)
+    ]
 
 
 async def _until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
@@ -163,7 +168,8 @@ def test_a_job_that_fails_while_the_router_runs_is_recorded_failed(make_state: C
 
 
 def test_a_reused_request_id_with_another_prompt_is_a_409_not_the_earlier_answer(
-        make_state: Callable[..., RedisState]) -> None:
+    make_state: Callable[..., RedisState],
+) -> None:
     async def main() -> None:
         st = make_state()
         batch = DurableBatch(FakeRouter("finish"), FakeState(), BatchJournal(st), "router-a", idle_ms=200, poll_s=0.01)
@@ -185,6 +191,7 @@ def test_a_reused_request_id_with_another_prompt_is_a_409_not_the_earlier_answer
 def test_a_run_aborted_by_nobody_is_left_for_the_next_claim(make_state: Callable[..., RedisState]) -> None:
     """An abort the client did not ask for (a worker gave the id to a replica that re-claimed the
     job) is not the job's result: the entry stays pending and the job runs again."""
+
     async def main() -> None:
         st = make_state()
         journal = BatchJournal(st)
@@ -205,13 +212,15 @@ def test_a_run_aborted_by_nobody_is_left_for_the_next_claim(make_state: Callable
 def test_a_client_cancel_stops_the_job_on_the_replica_running_it(make_state: Callable[..., RedisState]) -> None:
     """The cancel arrives at replica B; replica A runs the job, notices within idle_ms / 3, stops
     it and records it cancelled with what it had produced; B's waiting client gets the abort."""
+
     async def main() -> None:
         st = make_state()
         journal_a, journal_b = BatchJournal(st), BatchJournal(st)
         a = DurableBatch(FakeRouter("hang"), FakeState(), journal_a, "router-a", idle_ms=300, poll_s=0.01)
         b = DurableBatch(FakeRouter("finish"), FakeState(), journal_b, "router-b", idle_ms=300, poll_s=0.01)
-        waiting = await b.submit(job_payload("c-1", "t", "batch", [1, 2, 3], SamplingParams(max_tokens=2), None),
-                                 "batch")
+        waiting = await b.submit(
+            job_payload("c-1", "t", "batch", [1, 2, 3], SamplingParams(max_tokens=2), None), "batch"
+        )
         consumer = asyncio.create_task(a.run())
         await _until(lambda: "c-1" in a._running)
         assert not await b.cancel("c-1", "someone-else")  # another tenant's abort: nothing of theirs
@@ -249,13 +258,15 @@ def test_a_redis_blip_at_a_jobs_start_or_end_loses_nothing(make_state: Callable[
     """Redis fails the ``running`` mark of one job and the first two attempts to record the other's
     result: the first is left pending and re-run (its waiting client is not failed), the second's
     result is recorded once Redis answers; both end done, nothing stays in the stream."""
+
     async def main() -> None:
         st = make_state()
         journal = BatchJournal(st)
         router = FakeRouter("finish")
         batch = DurableBatch(router, router.state, journal, "router-a", idle_ms=200, poll_s=0.01)
-        waiting = await batch.submit(job_payload("job-0", "t", "batch", [1, 2, 3], SamplingParams(max_tokens=2),
-                                                 None), "batch")
+        waiting = await batch.submit(
+            job_payload("job-0", "t", "batch", [1, 2, 3], SamplingParams(max_tokens=2), None), "batch"
+        )
         real_running, real_complete = journal.set_running, journal.complete
         missed = {"running": 1, "complete": 2}
 
@@ -272,8 +283,9 @@ def test_a_redis_blip_at_a_jobs_start_or_end_loses_nothing(make_state: Callable[
             return await real_complete(job_id, *args, **kw)
 
         journal.set_running, journal.complete = set_running, complete
-        await journal.submit(job_payload("job-1", "t", "batch", [1, 2, 3], SamplingParams(max_tokens=2), None),
-                             job_id="job-1")
+        await journal.submit(
+            job_payload("job-1", "t", "batch", [1, 2, 3], SamplingParams(max_tokens=2), None), job_id="job-1"
+        )
         batch._record_retry_s = 0.05
         consumer = asyncio.create_task(batch.run())
         assert (await asyncio.wait_for(waiting.result(), 10)).finish_reason == "length"
@@ -291,10 +303,12 @@ def test_a_waiter_whose_job_redis_lost_gets_an_error_not_a_hang(make_state: Call
     async def main() -> None:
         st = make_state()
         journal = BatchJournal(st)
-        batch = DurableBatch(FakeRouter("finish"), FakeState(), journal, "router-a", idle_ms=200, poll_s=0.01,
-                             lost_after_polls=2)
-        waiting = await batch.submit(job_payload("gone", "t", "batch", [1, 2], SamplingParams(max_tokens=2), None),
-                                     "batch")
+        batch = DurableBatch(
+            FakeRouter("finish"), FakeState(), journal, "router-a", idle_ms=200, poll_s=0.01, lost_after_polls=2
+        )
+        waiting = await batch.submit(
+            job_payload("gone", "t", "batch", [1, 2], SamplingParams(max_tokens=2), None), "batch"
+        )
         await st.run(lambda r: r.delete(journal._job_key("gone"), journal.stream))  # a restart without persistence
         try:
             await asyncio.wait_for(waiting.result(), 20)
@@ -311,8 +325,9 @@ def test_a_client_that_leaves_frees_its_request_id_here(make_state: Callable[...
     async def main() -> None:
         st = make_state()
         batch = DurableBatch(FakeRouter("finish"), FakeState(), BatchJournal(st), "router-a", idle_ms=200, poll_s=0.01)
-        waiting = await batch.submit(job_payload("left", "t", "batch", [1, 2], SamplingParams(max_tokens=2), None),
-                                     "batch")
+        waiting = await batch.submit(
+            job_payload("left", "t", "batch", [1, 2], SamplingParams(max_tokens=2), None), "batch"
+        )
         assert batch.holds("left")
         await waiting.abort()  # the client went away; the job itself stays journaled
         assert not batch.holds("left") and await batch.journal.pending_count() == 1
@@ -328,8 +343,12 @@ def test_an_idempotency_key_gets_the_jobs_result_or_is_released(make_state: Call
         router = FakeRouter("finish", by_id={"k-1": "fail"})
         batch = DurableBatch(router, router.state, journal, "router-a", idle_ms=200, poll_s=0.01)
         for i in range(2):
-            await journal.submit(job_payload(f"k-{i}", "t", "batch", [1, 2], SamplingParams(max_tokens=2), None,
-                                             idempotency_key=f"key-{i}"), job_id=f"k-{i}")
+            await journal.submit(
+                job_payload(
+                    f"k-{i}", "t", "batch", [1, 2], SamplingParams(max_tokens=2), None, idempotency_key=f"key-{i}"
+                ),
+                job_id=f"k-{i}",
+            )
         consumer = asyncio.create_task(batch.run())
         await _status_becomes(journal, "k-0", "done")
         await _status_becomes(journal, "k-1", "failed")

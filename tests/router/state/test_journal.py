@@ -26,7 +26,7 @@ def test_submit_claim_complete_get(make_state: Callable[..., RedisState]) -> Non
         assert c.job == {"tenant": "acme", "prompt": "hello", "max_tokens": 8}
         assert await j.claim("router-b", count=5, min_idle_ms=10_000) == []  # delivered once
         await j.set_running(job_id, "router-a")
-        assert (await j.get(job_id, "acme")).status == "running"  # type: ignore[union-attr]
+        assert (await j.get(job_id, "acme")).status == "running"
         await j.complete(job_id, c.entry_id, {"text": "world"}, ttl_s=60)
         s = await j.get(job_id, "acme")
         assert s is not None and s.status == "done" and s.result == {"text": "world"} and s.error is None
@@ -88,7 +88,7 @@ def test_dead_consumer_jobs_are_reclaimed(make_state: Callable[..., RedisState])
         for c in again + got:
             await j.complete(c.job_id, c.entry_id, {"i": c.job["i"]})
         assert await j.pending_count() == 0
-        assert [(await j.get(i, "t")).result for i in ids] == [{"i": 0}, {"i": 1}, {"i": 2}]  # type: ignore[union-attr]
+        assert [(await j.get(i, "t")).result for i in ids] == [{"i": 0}, {"i": 1}, {"i": 2}]
         await st.close()
 
     asyncio.run(main())
@@ -136,6 +136,7 @@ def test_fail_and_poison_jobs(make_state: Callable[..., RedisState]) -> None:
 
 def test_concurrent_submits_of_one_id_queue_it_once(make_state: Callable[..., RedisState]) -> None:
     """The id check and the writes are one Lua script: no interleaving queues a job twice."""
+
     async def main() -> None:
         st = make_state()
         journals = [BatchJournal(st) for _ in range(8)]
@@ -154,7 +155,7 @@ def test_cancel_a_queued_or_running_job_only_for_its_tenant(make_state: Callable
         j = BatchJournal(st)
         queued = await j.submit({"tenant": "acme", "n": 1}, job_id="q")
         running = await j.submit({"tenant": "acme", "n": 2}, job_id="r")
-        [c_q, c_r] = await j.claim("router-a", count=2, min_idle_ms=10_000)
+        [_c_q, c_r] = await j.claim("router-a", count=2, min_idle_ms=10_000)
         assert await j.set_running(running, "router-a")
         assert await j.cancel(queued, "other") is None  # another tenant's: unknown to this one
         assert await j.cancel(queued, "acme") == "queued"
@@ -165,7 +166,7 @@ def test_cancel_a_queued_or_running_job_only_for_its_tenant(make_state: Callable
         assert await j.cancel(running, "acme") == "cancelled"  # ended: nothing more to cancel
         await j.finish_cancelled(running, c_r.entry_id, {"text": "par"})
         s = await j.get(running, "acme")
-        assert s.status == "cancelled" and s.result == {"text": "par"}  # type: ignore[union-attr]
+        assert s.status == "cancelled" and s.result == {"text": "par"}
         assert 0 < await st.client.pttl(st.key("batch", "job", running)) <= 86_400_000
         await st.close()
 

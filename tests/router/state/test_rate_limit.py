@@ -36,20 +36,31 @@ BOTH = TenantLimits(requests_per_min=600, tokens_per_min=6000, burst_s=1)
 CASES: dict[str, tuple[TenantLimits, list[Step]]] = {
     "burst": (R10, [Step(1, 0, True)] * 10 + [Step(1, 0, False, "requests", 0.1)]),
     "refill": (R10, [Step(10, 0, True), Step(2, 0, True, advance_s=0.25), Step(1, 0, False, "requests", 0.05)]),
-    "token_only": (T100, [
-        Step(1, 60, True), Step(1, 60, False, "tokens", 0.2),
-        *[Step(1, 0, True)] * 20,  # requests are unlimited
-        Step(1, 60, True, advance_s=0.25), Step(0, 10, False, "tokens", 0.05),
-    ]),
+    "token_only": (
+        T100,
+        [
+            Step(1, 60, True),
+            Step(1, 60, False, "tokens", 0.2),
+            *[Step(1, 0, True)] * 20,  # requests are unlimited
+            Step(1, 60, True, advance_s=0.25),
+            Step(0, 10, False, "tokens", 0.05),
+        ],
+    ),
     "unlimited": (TenantLimits(), [Step(1000, 10**9, True)] * 3),
     "larger_than_bucket": (T100, [Step(1, 101, False, "tokens", INF), Step(1, 100, True)]),
-    "both_or_neither": (BOTH, [
-        Step(1, 90, True), Step(1, 20, False, "tokens", 0.1),  # refused: the request slot is not spent
-        Step(9, 0, True), Step(1, 0, False, "requests", 0.1),
-    ]),
-    "binding_bucket_wins": (BOTH, [
-        Step(10, 100, True), Step(1, 50, False, "tokens", 0.5), Step(5, 1, False, "requests", 0.5),
-    ]),
+    "both_or_neither": (
+        BOTH,
+        [
+            Step(1, 90, True),
+            Step(1, 20, False, "tokens", 0.1),  # refused: the request slot is not spent
+            Step(9, 0, True),
+            Step(1, 0, False, "requests", 0.1),
+        ],
+    ),
+    "binding_bucket_wins": (
+        BOTH,
+        [Step(10, 100, True), Step(1, 50, False, "tokens", 0.5), Step(5, 1, False, "requests", 0.5)],
+    ),
     "zero_amounts": (R10, [Step(10, 0, True), Step(0, 0, True), Step(0, 5, True), Step(1, 0, False, "requests", 0.1)]),
 }
 

@@ -34,15 +34,15 @@ def test_shared_server_config(redis_server: EmbeddedRedis) -> None:
 def test_stop_reaps_and_restart_keeps_port(tmp_path: Path) -> None:
     srv = EmbeddedRedis().start()
     try:
-        port, pid, d = srv.port, srv.proc.pid, srv.dir  # type: ignore[union-attr]
+        port, pid, d = srv.port, srv.proc.pid, srv.dir
         assert d is not None and d.is_dir()
         assert _cmd(port, "SET", "k", "v")[0] == b"+OK"  # type: ignore[arg-type]
         srv.restart()
-        assert srv.port == port and srv.proc.pid != pid and _ping(port)  # type: ignore[union-attr]
+        assert srv.port == port and srv.proc.pid != pid and _ping(port)
         assert _cmd(port, "GET", "k")[0] == b"$-1"  # no persistence: data gone  # type: ignore[arg-type]
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # the old server was reaped: no zombie left
-        pid = srv.proc.pid  # type: ignore[union-attr]
+        pid = srv.proc.pid
     finally:
         srv.stop()
     assert not srv.running and not _ping(port)  # type: ignore[arg-type]
@@ -62,14 +62,14 @@ def test_a_server_that_was_killed_is_revived_on_its_port() -> None:
 
     srv = EmbeddedRedis().start()
     try:
-        port, pid = srv.port, srv.proc.pid  # type: ignore[union-attr]
+        port, pid = srv.port, srv.proc.pid
         assert srv.revive() is None  # running: nothing to do
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 5
         while srv.running and time.monotonic() < deadline:
             time.sleep(0.02)
         assert srv.revive() == -signal.SIGKILL  # what `baton up` does every second
-        assert srv.port == port and srv.running and srv.proc.pid != pid and _ping(port)  # type: ignore[union-attr]
+        assert srv.port == port and srv.running and srv.proc.pid != pid and _ping(port)
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # the killed one was reaped
     finally:
@@ -84,8 +84,8 @@ def test_revive_tries_again_after_a_failed_restart() -> None:
     srv = EmbeddedRedis(startup_timeout_s=2.0).start()
     try:
         port = srv.port
-        os.kill(srv.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
-        srv.proc.wait()  # type: ignore[union-attr]
+        os.kill(srv.proc.pid, signal.SIGKILL)
+        srv.proc.wait()
         squatter = socket.socket()
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         squatter.bind(("127.0.0.1", port))

@@ -23,8 +23,9 @@ def _batch_request(**kw) -> GenerateRequest:
 
 def test_the_clients_abort_cancels_its_own_batch_job_only(redis_server, cluster) -> None:
     async def main() -> None:
-        router, dispatcher = make_router(redis_server.url, cluster, (TenantConfig("alice", api_key="ka"),
-                                                                 TenantConfig("bob", api_key="kb")))
+        router, dispatcher = make_router(
+            redis_server.url, cluster, (TenantConfig("alice", api_key="ka"), TenantConfig("bob", api_key="kb"))
+        )
         dispatcher.hold = True
         await router.start()
         try:
@@ -51,6 +52,7 @@ def test_the_clients_abort_cancels_its_own_batch_job_only(redis_server, cluster)
 
 def test_an_idempotency_key_on_a_batch_request_replays_its_result(redis_server, cluster) -> None:
     """The key was claimed and never completed: a retry waited 600 s, then got a 409."""
+
     async def main() -> None:
         router, dispatcher = make_router(redis_server.url, cluster, (TenantConfig("default"),))
         await router.start()

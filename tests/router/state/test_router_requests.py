@@ -25,14 +25,17 @@ def _request(**kw) -> GenerateRequest:
 def test_two_requests_arriving_together_with_one_id_are_one_request_and_a_409(redis_server, cluster) -> None:
     """Both passed the in-flight check (awaits came between it and the queue): the second replaced
     the first in the router's table, the first failed as a duplicate, the second could not be aborted."""
+
     async def main() -> None:
         router, dispatcher = make_router(redis_server.url, cluster, TENANTS)
         dispatcher.hold = True
         await router.start()
         try:
-            got = await asyncio.gather(router.generate(_request(tenant="alice", request_id="shared-1")),
-                                       router.generate(_request(tenant="alice", request_id="shared-1")),
-                                       return_exceptions=True)
+            got = await asyncio.gather(
+                router.generate(_request(tenant="alice", request_id="shared-1")),
+                router.generate(_request(tenant="alice", request_id="shared-1")),
+                return_exceptions=True,
+            )
             errors = [g for g in got if isinstance(g, BaseException)]
             [stream] = [g for g in got if not isinstance(g, BaseException)]
             assert len(errors) == 1 and isinstance(errors[0], RouterError) and errors[0].kind is ErrorKind.CONFLICT
@@ -49,14 +52,16 @@ def test_two_requests_arriving_together_with_one_id_are_one_request_and_a_409(re
 
 def test_a_retry_repeating_its_request_id_and_key_gets_the_first_answer(redis_server, cluster) -> None:
     """It got a 409 for the id (checked before the key) while the first attempt ran."""
+
     async def main() -> None:
         router, dispatcher = make_router(redis_server.url, cluster, TENANTS)
         dispatcher.hold = True
         await router.start()
         try:
             first = await router.generate(_request(tenant="alice", request_id="req-77", idempotency_key="K"))
-            retry = asyncio.create_task(router.generate(_request(tenant="alice", request_id="req-77",
-                                                                 idempotency_key="K")))
+            retry = asyncio.create_task(
+                router.generate(_request(tenant="alice", request_id="req-77", idempotency_key="K"))
+            )
             await until_held(dispatcher)
             await asyncio.sleep(0.3)
             assert not retry.done()  # waiting for the first attempt, not refused
@@ -77,8 +82,9 @@ def test_a_finished_requests_deadline_does_not_abort_a_later_one_with_its_id(red
         router, dispatcher = make_router(redis_server.url, cluster, TENANTS)
         await router.start()
         try:
-            quick = await router.generate(_request(tenant="alice", request_id="job-42",
-                                                   deadline_s=time.monotonic() + 0.5))
+            quick = await router.generate(
+                _request(tenant="alice", request_id="job-42", deadline_s=time.monotonic() + 0.5)
+            )
             assert (await quick.result()).finish_reason == "length"
             dispatcher.hold = True
             later = await router.generate(_request(tenant="alice", request_id="job-42"))  # no deadline
@@ -116,6 +122,7 @@ def test_a_clients_lane_string_is_no_metrics_label(redis_server, cluster) -> Non
 def test_an_id_outside_the_rule_names_nothing_and_is_not_looked_up(redis_server, cluster) -> None:
     """An abort or a batch lookup with an id no request can have (a newline, 10,000 characters) is
     "not found" at once: no Redis lookup with it as a key, and the 404 does not echo all of it."""
+
     async def main() -> None:
         router, _ = make_router(redis_server.url, cluster, TENANTS)
         await router.start()
@@ -142,6 +149,7 @@ def test_an_id_outside_the_rule_names_nothing_and_is_not_looked_up(redis_server,
 def test_request_ids_belong_to_their_tenant(redis_server, cluster) -> None:
     """Two tenants choosing one id run two requests (bob got a 409 for alice's id: he learnt that it
     existed, and could take ids alice would use); each sees its own id, and only its owner aborts it."""
+
     async def main() -> None:
         router, dispatcher = make_router(redis_server.url, cluster, TENANTS)
         dispatcher.hold = True
@@ -151,8 +159,10 @@ def test_request_ids_belong_to_their_tenant(redis_server, cluster) -> None:
             bobs = await router.generate(_request(tenant="bob", request_id="order-1"))
             await until_held(dispatcher, 2)
             assert alices.request_id == bobs.request_id == "order-1"
-            assert set(dispatcher.submitted) == {scoped_request_id("alice", "order-1"),
-                                                 scoped_request_id("bob", "order-1")}
+            assert set(dispatcher.submitted) == {
+                scoped_request_id("alice", "order-1"),
+                scoped_request_id("bob", "order-1"),
+            }
             assert await router.abort("order-1", "bob")
             bob_result = await asyncio.wait_for(bobs.result(), 10)
             assert bob_result.finish_reason == "abort" and bob_result.request_id == "order-1"
@@ -169,6 +179,7 @@ def test_request_ids_belong_to_their_tenant(redis_server, cluster) -> None:
 def test_failed_requests_are_counted_but_not_timed(redis_server, cluster) -> None:
     """A burst of failures (0 tokens each, failing fast) pulled the e2e histogram and admission's
     expected output length towards zero, and admission turned optimistic."""
+
     async def main() -> None:
         router, dispatcher = make_router(redis_server.url, cluster, TENANTS)
         ok_submit = dispatcher.submit
@@ -216,6 +227,7 @@ def test_inter_token_gaps_are_observed_as_the_tokens_arrive(redis_server, cluste
     """All of a request's gaps went into the ITL histogram when it ended, on the event loop: ~9 ms
     for 16,000 tokens, a stall for every other stream. Now each delta's as it is read, aborted
     streams' included (their gaps were real)."""
+
     async def main() -> None:
         router, dispatcher = make_router(redis_server.url, cluster, TENANTS)
         dispatcher.hold = True
@@ -248,7 +260,7 @@ def test_a_request_nobody_reads_to_its_end_still_ends_in_the_router(redis_server
     from router.choices import Choices
 
     async def main() -> None:
-        router, dispatcher = make_router(redis_server.url, cluster, TENANTS)
+        router, _dispatcher = make_router(redis_server.url, cluster, TENANTS)
         await router.start()
         try:
             unread = await router.generate(_request(tenant="alice", request_id="unread"))  # finishes at once

@@ -6,8 +6,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 MODULES = [
-    "router.state", "router.state.connection", "router.state.registry", "router.state.prefix_index",
-    "router.state.rate_limit", "router.state.idempotency", "router.state.journal", "baton.redis_server",
+    "router.state",
+    "router.state.connection",
+    "router.state.registry",
+    "router.state.prefix_index",
+    "router.state.rate_limit",
+    "router.state.idempotency",
+    "router.state.journal",
+    "baton.redis_server",
 ]
 
 

@@ -48,7 +48,7 @@ class Source:
 def parse_source(text: str) -> Source:
     """``hf://org/name[@revision]`` or ``pvc://claim[/dir]``; ValueError naming what is wrong."""
     if text.startswith("hf://"):
-        rest = text[len("hf://"):]
+        rest = text[len("hf://") :]
         repo, _, revision = rest.partition("@")
         parts = repo.split("/")
         if len(parts) != 2 or not all(parts):
@@ -57,7 +57,7 @@ def parse_source(text: str) -> Source:
             raise ValueError(f"{text!r}: an empty revision after '@'")
         return Source(Kind.HF, repo, revision or None)
     if text.startswith("pvc://"):
-        claim, _, directory = text[len("pvc://"):].partition("/")
+        claim, _, directory = text[len("pvc://") :].partition("/")
         if not claim:
             raise ValueError(f"{text!r}: a claim source is pvc://claim or pvc://claim/dir")
         directory = directory.strip("/")

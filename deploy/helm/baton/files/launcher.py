@@ -47,7 +47,7 @@ def connect(wait: bool = True):
             client = JobSubmissionClient(ADDRESS)
             client.list_jobs()
             return client
-        except Exception as e:  # the dashboard is not up yet
+        except Exception as e:  # noqa: BLE001 - the dashboard is not up yet (any error of the client)
             if not wait:
                 say(f"the Ray dashboard at {ADDRESS} is not reachable ({type(e).__name__})")
                 return None
@@ -57,8 +57,11 @@ def connect(wait: bool = True):
 
 def live_jobs(client) -> list[str]:
     """Submission ids of this release's Baton jobs that have not ended."""
-    return [j.submission_id for j in client.list_jobs()
-            if (j.metadata or {}).get(METADATA_KEY) == RELEASE and j.submission_id and not j.status.is_terminal()]
+    return [
+        j.submission_id
+        for j in client.list_jobs()
+        if (j.metadata or {}).get(METADATA_KEY) == RELEASE and j.submission_id and not j.status.is_terminal()
+    ]
 
 
 def stop_and_wait(client, ids: list[str], timeout_s: float) -> bool:
@@ -67,14 +70,14 @@ def stop_and_wait(client, ids: list[str], timeout_s: float) -> bool:
         try:
             client.stop_job(sid)
             say(f"stopping {sid} (Ray sends SIGTERM, then SIGKILL after {STOP_WAIT_S}s)")
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - reported; the others are still stopped
             say(f"could not stop {sid}: {e}")
     deadline = time.monotonic() + timeout_s
     pending = list(ids)
     while pending and time.monotonic() < deadline:
         try:
             pending = [sid for sid in pending if not client.get_job_status(sid).is_terminal()]
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - reported; read again on the next round
             say(f"could not read the job status: {e}")
             return False
         if pending:
@@ -106,7 +109,7 @@ async def follow(client, sid: str) -> int:
             async for chunk in client.tail_job_logs(sid):
                 sys.stdout.write(chunk)
                 sys.stdout.flush()
-        except Exception as e:  # the log stream broke; keep watching the status
+        except Exception as e:  # noqa: BLE001 - the log stream broke; keep watching the status
             say(f"log stream ended: {e}")
         while not (await asyncio.to_thread(client.get_job_status, sid)).is_terminal():
             await asyncio.sleep(5)

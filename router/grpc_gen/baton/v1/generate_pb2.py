@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x62\x61ton/v1/generate.proto\x12\x08\x62\x61ton.v1\"\xb7\x02\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\'\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x12.baton.v1.TokenIdsH\x00\x12&\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x16.baton.v1.ChatMessagesH\x00\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.baton.v1.SamplingParameters\x12\x11\n\x04lane\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x17\n\nrequest_id\x18\x06 \x01(\tH\x02\x88\x01\x01\x12\x1c\n\x0fidempotency_key\x18\x07 \x01(\tH\x03\x88\x01\x01\x12\x0e\n\x01n\x18\x08 \x01(\rH\x04\x88\x01\x01\x42\x07\n\x05inputB\x07\n\x05_laneB\r\n\x0b_request_idB\x12\n\x10_idempotency_keyB\x04\n\x02_n\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"=\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x14\n\x07\x63ontent\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\n\n\x08_content\"u\n\x0c\x43hatMessages\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.baton.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\x87\x06\n\x12SamplingParameters\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x17\n\nmin_tokens\x18\t \x01(\x05H\x05\x88\x01\x01\x12\"\n\x1ainclude_stop_str_in_output\x18\n \x01(\x08\x12 \n\x13skip_special_tokens\x18\x0b \x01(\x08H\x06\x88\x01\x01\x12\x15\n\x08logprobs\x18\x0c \x01(\x05H\x07\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\r \x01(\x05H\x08\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0e \x01(\x01H\t\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0f \x01(\x01H\n\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x10 \x01(\x01H\x0b\x88\x01\x01\x12?\n\nlogit_bias\x18\x11 \x03(\x0b\x32+.baton.v1.SamplingParameters.LogitBiasEntry\x12\x12\n\x05min_p\x18\x12 \x01(\x01H\x0c\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\r\n\x0b_min_tokensB\x16\n\x14_skip_special_tokensB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x08\n\x06_min_p\"\xc7\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x1e\n\x05usage\x18\x06 \x01(\x0b\x32\x0f.baton.v1.Usage\x12\x0c\n\x04lane\x18\x07 \x01(\t\x12\x15\n\x0bstop_string\x18\x08 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\t \x01(\rH\x00\x12(\n\x08logprobs\x18\n \x03(\x0b\x32\x16.baton.v1.TokenLogprob\x12/\n\x0fprompt_logprobs\x18\x0b \x03(\x0b\x32\x16.baton.v1.TokenLogprob\x12\r\n\x05index\x18\x0c \x01(\rB\r\n\x0bstop_reason\"l\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05token\x18\x03 \x01(\x0c\x12*\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x14.baton.v1.TopLogprob\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05token\x18\x03 \x01(\x0c\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x15\n\x13GetModelInfoRequest\"t\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x0f\n\x07\x63reated\x18\x04 \x01(\x03\x12\r\n\x05lanes\x18\x05 \x03(\t\x12\x10\n\x08owned_by\x18\x06 \x01(\t2\xcf\x01\n\nGeneration\x12\x43\n\x08Generate\x12\x19.baton.v1.GenerateRequest\x1a\x1a.baton.v1.GenerateResponse0\x01\x12\x38\n\x05\x41\x62ort\x12\x16.baton.v1.AbortRequest\x1a\x17.baton.v1.AbortResponse\x12\x42\n\x0cGetModelInfo\x12\x1d.baton.v1.GetModelInfoRequest\x1a\x13.baton.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x62\x61ton/v1/generate.proto\x12\x08\x62\x61ton.v1\"\xd0\x03\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\'\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x12.baton.v1.TokenIdsH\x00\x12&\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x16.baton.v1.ChatMessagesH\x00\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.baton.v1.SamplingParameters\x12\x11\n\x04lane\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x17\n\nrequest_id\x18\x06 \x01(\tH\x02\x88\x01\x01\x12\x1c\n\x0fidempotency_key\x18\x07 \x01(\tH\x03\x88\x01\x01\x12\x0e\n\x01n\x18\x08 \x01(\rH\x04\x88\x01\x01\x12\x1d\n\x05tools\x18\t \x03(\x0b\x32\x0e.baton.v1.Tool\x12.\n\x0btool_choice\x18\n \x01(\x0b\x32\x14.baton.v1.ToolChoiceH\x05\x88\x01\x01\x12 \n\x13parallel_tool_calls\x18\x0b \x01(\x08H\x06\x88\x01\x01\x42\x07\n\x05inputB\x07\n\x05_laneB\r\n\x0b_request_idB\x12\n\x10_idempotency_keyB\x04\n\x02_nB\x0e\n\x0c_tool_choiceB\x16\n\x14_parallel_tool_calls\"W\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x0b\x64\x65scription\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x17\n\x0fparameters_json\x18\x03 \x01(\tB\x0e\n\x0c_description\"\x95\x01\n\nToolChoice\x12)\n\x04mode\x18\x01 \x01(\x0e\x32\x19.baton.v1.ToolChoice.ModeH\x00\x12\x12\n\x08\x66unction\x18\x02 \x01(\tH\x00\">\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x08\n\x04NONE\x10\x01\x12\x08\n\x04\x41UTO\x10\x02\x12\x0c\n\x08REQUIRED\x10\x03\x42\x08\n\x06\x63hoice\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\x94\x01\n\x0eResponseFormat\x12\x15\n\x0bjson_object\x18\x01 \x01(\x08H\x00\x12\x15\n\x0bjson_schema\x18\x02 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12&\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x14.baton.v1.ChoiceListH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x42\x08\n\x06\x66ormat\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x91\x01\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x14\n\x07\x63ontent\x18\x02 \x01(\tH\x00\x88\x01\x01\x12&\n\ntool_calls\x18\x03 \x03(\x0b\x32\x12.baton.v1.ToolCall\x12\x19\n\x0ctool_call_id\x18\x04 \x01(\tH\x01\x88\x01\x01\x42\n\n\x08_contentB\x0f\n\r_tool_call_id\"u\n\x0c\x43hatMessages\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.baton.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\xba\x06\n\x12SamplingParameters\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x17\n\nmin_tokens\x18\t \x01(\x05H\x05\x88\x01\x01\x12\"\n\x1ainclude_stop_str_in_output\x18\n \x01(\x08\x12 \n\x13skip_special_tokens\x18\x0b \x01(\x08H\x06\x88\x01\x01\x12\x15\n\x08logprobs\x18\x0c \x01(\x05H\x07\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\r \x01(\x05H\x08\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0e \x01(\x01H\t\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0f \x01(\x01H\n\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x10 \x01(\x01H\x0b\x88\x01\x01\x12?\n\nlogit_bias\x18\x11 \x03(\x0b\x32+.baton.v1.SamplingParameters.LogitBiasEntry\x12\x12\n\x05min_p\x18\x12 \x01(\x01H\x0c\x88\x01\x01\x12\x31\n\x0fresponse_format\x18\x13 \x01(\x0b\x32\x18.baton.v1.ResponseFormat\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\r\n\x0b_min_tokensB\x16\n\x14_skip_special_tokensB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x08\n\x06_min_p\"\xf4\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x1e\n\x05usage\x18\x06 \x01(\x0b\x32\x0f.baton.v1.Usage\x12\x0c\n\x04lane\x18\x07 \x01(\t\x12\x15\n\x0bstop_string\x18\x08 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\t \x01(\rH\x00\x12(\n\x08logprobs\x18\n \x03(\x0b\x32\x16.baton.v1.TokenLogprob\x12/\n\x0fprompt_logprobs\x18\x0b \x03(\x0b\x32\x16.baton.v1.TokenLogprob\x12\r\n\x05index\x18\x0c \x01(\r\x12+\n\ntool_calls\x18\r \x03(\x0b\x32\x17.baton.v1.ToolCallDeltaB\r\n\x0bstop_reason\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"l\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05token\x18\x03 \x01(\x0c\x12*\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x14.baton.v1.TopLogprob\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05token\x18\x03 \x01(\x0c\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x15\n\x13GetModelInfoRequest\"t\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x0f\n\x07\x63reated\x18\x04 \x01(\x03\x12\r\n\x05lanes\x18\x05 \x03(\t\x12\x10\n\x08owned_by\x18\x06 \x01(\t2\xcf\x01\n\nGeneration\x12\x43\n\x08Generate\x12\x19.baton.v1.GenerateRequest\x1a\x1a.baton.v1.GenerateResponse0\x01\x12\x38\n\x05\x41\x62ort\x12\x16.baton.v1.AbortRequest\x1a\x17.baton.v1.AbortResponse\x12\x42\n\x0cGetModelInfo\x12\x1d.baton.v1.GetModelInfoRequest\x1a\x13.baton.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,33 +34,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMETERS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMETERS_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_GENERATEREQUEST']._serialized_start=38
-  _globals['_GENERATEREQUEST']._serialized_end=349
-  _globals['_TOKENIDS']._serialized_start=351
-  _globals['_TOKENIDS']._serialized_end=374
-  _globals['_CHATMESSAGE']._serialized_start=376
-  _globals['_CHATMESSAGE']._serialized_end=437
-  _globals['_CHATMESSAGES']._serialized_start=439
-  _globals['_CHATMESSAGES']._serialized_end=556
-  _globals['_SAMPLINGPARAMETERS']._serialized_start=559
-  _globals['_SAMPLINGPARAMETERS']._serialized_end=1334
-  _globals['_SAMPLINGPARAMETERS_LOGITBIASENTRY']._serialized_start=1078
-  _globals['_SAMPLINGPARAMETERS_LOGITBIASENTRY']._serialized_end=1126
-  _globals['_GENERATERESPONSE']._serialized_start=1337
-  _globals['_GENERATERESPONSE']._serialized_end=1664
-  _globals['_TOKENLOGPROB']._serialized_start=1666
-  _globals['_TOKENLOGPROB']._serialized_end=1774
-  _globals['_TOPLOGPROB']._serialized_start=1776
-  _globals['_TOPLOGPROB']._serialized_end=1838
-  _globals['_USAGE']._serialized_start=1840
-  _globals['_USAGE']._serialized_end=1920
-  _globals['_ABORTREQUEST']._serialized_start=1922
-  _globals['_ABORTREQUEST']._serialized_end=1956
-  _globals['_ABORTRESPONSE']._serialized_start=1958
-  _globals['_ABORTRESPONSE']._serialized_end=1990
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1992
-  _globals['_GETMODELINFOREQUEST']._serialized_end=2013
-  _globals['_MODELINFO']._serialized_start=2015
-  _globals['_MODELINFO']._serialized_end=2131
-  _globals['_GENERATION']._serialized_start=2134
-  _globals['_GENERATION']._serialized_end=2341
+  _globals['_GENERATEREQUEST']._serialized_end=502
+  _globals['_TOOL']._serialized_start=504
+  _globals['_TOOL']._serialized_end=591
+  _globals['_TOOLCHOICE']._serialized_start=594
+  _globals['_TOOLCHOICE']._serialized_end=743
+  _globals['_TOOLCHOICE_MODE']._serialized_start=671
+  _globals['_TOOLCHOICE_MODE']._serialized_end=733
+  _globals['_TOOLCALL']._serialized_start=745
+  _globals['_TOOLCALL']._serialized_end=800
+  _globals['_RESPONSEFORMAT']._serialized_start=803
+  _globals['_RESPONSEFORMAT']._serialized_end=951
+  _globals['_CHOICELIST']._serialized_start=953
+  _globals['_CHOICELIST']._serialized_end=982
+  _globals['_TOKENIDS']._serialized_start=984
+  _globals['_TOKENIDS']._serialized_end=1007
+  _globals['_CHATMESSAGE']._serialized_start=1010
+  _globals['_CHATMESSAGE']._serialized_end=1155
+  _globals['_CHATMESSAGES']._serialized_start=1157
+  _globals['_CHATMESSAGES']._serialized_end=1274
+  _globals['_SAMPLINGPARAMETERS']._serialized_start=1277
+  _globals['_SAMPLINGPARAMETERS']._serialized_end=2103
+  _globals['_SAMPLINGPARAMETERS_LOGITBIASENTRY']._serialized_start=1847
+  _globals['_SAMPLINGPARAMETERS_LOGITBIASENTRY']._serialized_end=1895
+  _globals['_GENERATERESPONSE']._serialized_start=2106
+  _globals['_GENERATERESPONSE']._serialized_end=2478
+  _globals['_TOOLCALLDELTA']._serialized_start=2480
+  _globals['_TOOLCALLDELTA']._serialized_end=2555
+  _globals['_TOKENLOGPROB']._serialized_start=2557
+  _globals['_TOKENLOGPROB']._serialized_end=2665
+  _globals['_TOPLOGPROB']._serialized_start=2667
+  _globals['_TOPLOGPROB']._serialized_end=2729
+  _globals['_USAGE']._serialized_start=2731
+  _globals['_USAGE']._serialized_end=2811
+  _globals['_ABORTREQUEST']._serialized_start=2813
+  _globals['_ABORTREQUEST']._serialized_end=2847
+  _globals['_ABORTRESPONSE']._serialized_start=2849
+  _globals['_ABORTRESPONSE']._serialized_end=2881
+  _globals['_GETMODELINFOREQUEST']._serialized_start=2883
+  _globals['_GETMODELINFOREQUEST']._serialized_end=2904
+  _globals['_MODELINFO']._serialized_start=2906
+  _globals['_MODELINFO']._serialized_end=3022
+  _globals['_GENERATION']._serialized_start=3025
+  _globals['_GENERATION']._serialized_end=3232
 # @@protoc_insertion_point(module_scope)

@@ -9,8 +9,8 @@ import asyncio
 import json
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -59,8 +59,7 @@ def grpc_target(fake: FakeRouter) -> Iterator[str]:
 
 def _run(url: str, protocol: str = "http", spec: WorkloadSpec = SPEC, **kw) -> RunResult:
     kw = {"rate": 20.0, "duration_s": 1.5, **kw}
-    return run_load_sync(RunConfig(url=url, spec=spec, protocol=protocol, progress=False,
-                                   metrics_interval_s=0.2, **kw))
+    return run_load_sync(RunConfig(url=url, spec=spec, protocol=protocol, progress=False, metrics_interval_s=0.2, **kw))
 
 
 def _check_all_ok(result: RunResult, fake: FakeRouter) -> None:
@@ -106,8 +105,9 @@ def test_closed_loop_keeps_c_requests_in_flight(http_url: str, fake: FakeRouter)
 def test_non_streaming_workload(http_url: str, fake: FakeRouter) -> None:
     spec = WorkloadSpec("ns", {"interactive": 1.0}, LengthDist.fixed(8), LengthDist.fixed(4), streaming=False)
     result = _run(http_url, spec=spec, duration_s=0.5)
-    assert result.records and all(r.status == "ok" and r.output_tokens == 4 and r.ttft_s == r.e2e_s
-                                  for r in result.records)
+    assert result.records and all(
+        r.status == "ok" and r.output_tokens == 4 and r.ttft_s == r.e2e_s for r in result.records
+    )
     assert not any(q.stream for q in fake.requests)
 
 
@@ -137,14 +137,15 @@ def test_rejections_failures_and_timeouts_are_recorded(protocol: str, request, f
 
 
 def test_unreachable_server_is_a_clear_error() -> None:
-    with pytest.raises(RuntimeError, match="cannot reach the server at http://127.0.0.1:9"):
+    with pytest.raises(RuntimeError, match=r"cannot reach the server at http://127.0.0.1:9"):
         _run("http://127.0.0.1:9", duration_s=0.2)
 
 
 def test_metrics_parser_reads_the_router_exposition() -> None:
-    loads = [WorkerLoad("decode-0", "i", "decode", 3, 1, 25, 100, 0, steps=40, busy_seconds=2.5,
-                        busy_cpu_seconds=2.0),
-             WorkerLoad("prefill-0", "i", "prefill", 0, 2, 90, 100, 512)]
+    loads = [
+        WorkerLoad("decode-0", "i", "decode", 3, 1, 25, 100, 0, steps=40, busy_seconds=2.5, busy_cpu_seconds=2.0),
+        WorkerLoad("prefill-0", "i", "prefill", 0, 2, 90, 100, 512),
+    ]
     m = RouterMetrics("m", loads=lambda: loads)
     m.set_lane_gauges({"interactive": 4, "batch": 7}, {"interactive": 2, "batch": 1})
     text, _ = m.exposition()
@@ -161,23 +162,74 @@ def test_metrics_parser_reads_the_router_exposition() -> None:
 
 def test_worker_utilisation_is_the_counters_difference_over_the_run() -> None:
     def at(t, steps, busy, cpu):
-        return MetricsSample(t=t, in_flight=0, scraped=True, worker_steps={"decode/d": steps},
-                             worker_busy_s={"decode/d": busy}, worker_busy_cpu_s={"decode/d": cpu})
+        return MetricsSample(
+            t=t,
+            in_flight=0,
+            scraped=True,
+            worker_steps={"decode/d": steps},
+            worker_busy_s={"decode/d": busy},
+            worker_busy_cpu_s={"decode/d": cpu},
+        )
 
     u = worker_utilisation([MetricsSample(t=0.0, in_flight=0), at(1.0, 10, 1.0, 0.9), at(11.0, 110, 6.0, 4.9)])
-    assert u == {"decode/d": {"steps": 100, "busy_s": 5.0, "busy_cpu_s": 4.0, "mean_step_ms": 50.0,
-                              "busy_share": 0.5, "cpu_share": 0.8}}
+    assert u == {
+        "decode/d": {
+            "steps": 100,
+            "busy_s": 5.0,
+            "busy_cpu_s": 4.0,
+            "mean_step_ms": 50.0,
+            "busy_share": 0.5,
+            "cpu_share": 0.8,
+        }
+    }
     assert worker_utilisation([at(1.0, 10, 1.0, 0.9)]) == {}  # one scrape: no interval
 
 
 # -- the command, its JSON and its plots -------------------------------------------------------
-STATS_KEYS = {"requests", "completed", "rejected", "errors", "rejections", "duration_s", "elapsed_s", "offered_rate",
-              "request_throughput", "output_token_throughput", "ttft_s", "tpot_s", "itl_s", "e2e_s", "client_lag_s",
-              "slo", "slo_met", "slo_attainment", "goodput_rps"}
+STATS_KEYS = {
+    "requests",
+    "completed",
+    "rejected",
+    "errors",
+    "rejections",
+    "duration_s",
+    "elapsed_s",
+    "offered_rate",
+    "request_throughput",
+    "output_token_throughput",
+    "ttft_s",
+    "tpot_s",
+    "itl_s",
+    "e2e_s",
+    "client_lag_s",
+    "slo",
+    "slo_met",
+    "slo_attainment",
+    "goodput_rps",
+}
 DIST_KEYS = {"n", "mean", "p50", "p90", "p99", "max"}
-RECORD_KEYS = {"index", "lane", "served_lane", "status", "reason", "arrival_s", "send_s", "prompt_len", "output_len",
-               "output_tokens", "cached_tokens", "chunks", "ttft_s", "tpot_s", "e2e_s", "http_status", "grpc_code",
-               "error_type", "error_code", "error_message"}
+RECORD_KEYS = {
+    "index",
+    "lane",
+    "served_lane",
+    "status",
+    "reason",
+    "arrival_s",
+    "send_s",
+    "prompt_len",
+    "output_len",
+    "output_tokens",
+    "cached_tokens",
+    "chunks",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "http_status",
+    "grpc_code",
+    "error_type",
+    "error_code",
+    "error_message",
+}
 
 
 def _check_stats(s: dict) -> None:
@@ -188,18 +240,51 @@ def _check_stats(s: dict) -> None:
 
 def test_cli_writes_a_versioned_report_and_plots(http_url: str, tmp_path: Path, capsys) -> None:
     out = tmp_path / "run.json"
-    rc = baton_main(["bench", "serve", "--url", http_url, "--workload", "fixed", "--lanes", "interactive=3,batch=1",
-                     "--rate", "15", "--duration", "1.5", "--burst", "2:0.5:0.5", "--slo", "interactive:ttft=900",
-                     "--json", str(out), "--no-progress"])
+    rc = baton_main(
+        [
+            "bench",
+            "serve",
+            "--url",
+            http_url,
+            "--workload",
+            "fixed",
+            "--lanes",
+            "interactive=3,batch=1",
+            "--rate",
+            "15",
+            "--duration",
+            "1.5",
+            "--burst",
+            "2:0.5:0.5",
+            "--slo",
+            "interactive:ttft=900",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     assert "| interactive |" in capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["schema"] == "baton.bench.serve/1"
-    assert set(report) == {"schema", "created_unix", "config", "server", "wall_s", "clipped_prompts", "summary",
-                           "lanes", "timeseries", "workers", "requests", "search"}
+    assert set(report) == {
+        "schema",
+        "created_unix",
+        "config",
+        "server",
+        "wall_s",
+        "clipped_prompts",
+        "summary",
+        "lanes",
+        "timeseries",
+        "workers",
+        "requests",
+        "search",
+    }
     cfg = report["config"]
-    assert cfg["mode"] == "open" and cfg["rate"] == 15 and cfg["burst"] == {"factor": 2.0, "start_s": 0.5,
-                                                                            "length_s": 0.5}
+    assert (
+        cfg["mode"] == "open" and cfg["rate"] == 15 and cfg["burst"] == {"factor": 2.0, "start_s": 0.5, "length_s": 0.5}
+    )
     assert cfg["workload"]["lanes"] == {"interactive": 0.75, "batch": 0.25}
     assert cfg["slos"]["interactive"] == {"ttft_s": 0.9, "tpot_s": 0.25}
     _check_stats(report["summary"])
@@ -218,9 +303,28 @@ def test_cli_search_finds_a_rate_and_plots_latency_vs_rate(http_url: str, fake: 
     # The fake serves any rate within the SLOs, so the search doubles up to its cap (the bisection
     # itself is tested against a scripted capacity in test_serve_stats.py).
     out = tmp_path / "search.json"
-    rc = baton_main(["bench", "serve", "--url", http_url, "--workload", "fixed", "--rate", "4", "--duration", "0.5",
-                     "--search", "--search-runs", "3", "--search-max-rate", "8", "--json", str(out),
-                     "--no-progress"])
+    rc = baton_main(
+        [
+            "bench",
+            "serve",
+            "--url",
+            http_url,
+            "--workload",
+            "fixed",
+            "--rate",
+            "4",
+            "--duration",
+            "0.5",
+            "--search",
+            "--search-runs",
+            "3",
+            "--search-max-rate",
+            "8",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     search = report["search"]
@@ -257,6 +361,8 @@ def test_cli_checks_its_report_path_before_the_run(http_url: str, tmp_path: Path
     import time
 
     t0 = time.monotonic()
-    assert baton_main(["bench", "serve", "--url", http_url, "--rate", "1", "--duration", "30",
-                       "--json", str(tmp_path)]) == 2
+    assert (
+        baton_main(["bench", "serve", "--url", http_url, "--rate", "1", "--duration", "30", "--json", str(tmp_path)])
+        == 2
+    )
     assert "is a directory, not a file" in capsys.readouterr().err and time.monotonic() - t0 < 10

@@ -19,8 +19,17 @@ ROOT = Path(__file__).resolve().parents[4]
 SLO = LaneSLO(ttft_s=1.0, tpot_s=0.1)
 
 
-def rec(i: int = 0, *, lane: str = "interactive", send: float = 0.0, ttft: float | None = 0.5, e2e: float | None = 2.0,
-        tokens: int = 11, status: str = "ok", **kw) -> RequestRecord:
+def rec(
+    i: int = 0,
+    *,
+    lane: str = "interactive",
+    send: float = 0.0,
+    ttft: float | None = 0.5,
+    e2e: float | None = 2.0,
+    tokens: int = 11,
+    status: str = "ok",
+    **kw,
+) -> RequestRecord:
     r = RequestRecord(i, lane, prompt_len=10, output_len=tokens, arrival_s=send, send_s=send, status=status, **kw)
     r.first_token_s = None if ttft is None else send + ttft
     r.end_s = None if e2e is None else send + e2e
@@ -107,8 +116,9 @@ def test_each_lane_is_scored_against_its_own_slo() -> None:
 
 def test_rejection_reasons_name_the_protocol_status_and_code() -> None:
     assert rec(status="rejected", http_status=503, error_type="overloaded_error").reason == "HTTP 503 overloaded_error"
-    assert rec(status="rejected", grpc_code="RESOURCE_EXHAUSTED", error_code="slo").reason == \
-        "gRPC RESOURCE_EXHAUSTED slo"
+    assert (
+        rec(status="rejected", grpc_code="RESOURCE_EXHAUSTED", error_code="slo").reason == "gRPC RESOURCE_EXHAUSTED slo"
+    )
     assert rec(status="rejected", grpc_code="UNAVAILABLE").reason == "gRPC UNAVAILABLE"
     assert rec(status="error", error_type="ConnectError").reason == "error ConnectError"
     assert rec().reason is None
@@ -159,7 +169,7 @@ def test_search_target_is_at_least_not_more_than() -> None:
 # -- SLOs -----------------------------------------------------------------------------------------
 def test_default_slos_match_the_default_config() -> None:
     lanes = yaml.safe_load((ROOT / "baton" / "default_config.yaml").read_text())["lanes"]
-    assert {l["name"]: LaneSLO(l["ttft_slo_s"], l["tpot_slo_s"]) for l in lanes} == DEFAULT_SLOS
+    assert {lane["name"]: LaneSLO(lane["ttft_slo_s"], lane["tpot_slo_s"]) for lane in lanes} == DEFAULT_SLOS
 
 
 def test_slo_overrides() -> None:
@@ -168,8 +178,12 @@ def test_slo_overrides() -> None:
     assert slos["batch"] == LaneSLO(600.0, 0.1)
     assert slos["custom"] == LaneSLO(0.25, DEFAULT_SLOS["interactive"].tpot_s)
     assert slos["interactive"] == DEFAULT_SLOS["interactive"]
-    for bad, match in [("interactive", "LANE:ttft"), ("i:ttft=abc", "number of milliseconds"),
-                       ("i:latency=5", "ttft=MS or tpot=MS"), ("i:ttft=0", "> 0")]:
+    for bad, match in [
+        ("interactive", "LANE:ttft"),
+        ("i:ttft=abc", "number of milliseconds"),
+        ("i:latency=5", "ttft=MS or tpot=MS"),
+        ("i:ttft=0", "> 0"),
+    ]:
         with pytest.raises(ValueError, match=match):
             parse_slo(bad)
 

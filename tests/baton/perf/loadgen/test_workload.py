@@ -3,6 +3,7 @@ prompts, and workload-file parsing (pure Python, milliseconds)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import statistics
@@ -27,7 +28,7 @@ FIXED = WorkloadSpec("t", {"interactive": 1.0}, LengthDist.fixed(10), LengthDist
 
 def _gaps(plan: list[PlannedRequest]) -> list[float]:
     times = [r.arrival_s for r in plan]
-    return [b - a for a, b in zip(times, times[1:])]
+    return [b - a for a, b in itertools.pairwise(times)]
 
 
 # -- arrivals -------------------------------------------------------------------------------------
@@ -43,12 +44,13 @@ def test_poisson_mean_rate_and_cv() -> None:
 
 @pytest.mark.parametrize("shape", [0.25, 4.0])
 def test_gamma_keeps_the_rate_and_sets_the_burstiness(shape: float) -> None:
-    spec = WorkloadSpec("g", {"interactive": 1.0}, LengthDist.fixed(1), LengthDist.fixed(1), arrival="gamma",
-                        gamma_shape=shape)
+    spec = WorkloadSpec(
+        "g", {"interactive": 1.0}, LengthDist.fixed(1), LengthDist.fixed(1), arrival="gamma", gamma_shape=shape
+    )
     plan = plan_requests(spec, rate=4.0, duration_s=5000.0, seed=1)
     assert len(plan) / 5000.0 == pytest.approx(4.0, rel=0.05)
     gaps = _gaps(plan)
-    assert statistics.pstdev(gaps) / statistics.fmean(gaps) == pytest.approx(1 / shape ** 0.5, rel=0.08)
+    assert statistics.pstdev(gaps) / statistics.fmean(gaps) == pytest.approx(1 / shape**0.5, rel=0.08)
 
 
 def test_burst_multiplies_the_rate_only_inside_its_window() -> None:
@@ -95,32 +97,42 @@ def test_burst_parsing() -> None:
         Burst.parse("0:1:2")
 
 
-@pytest.mark.parametrize("rate, duration", [(float("inf"), 10.0), (float("nan"), 10.0), (1.0, float("inf")),
-                                            (1.0, float("nan"))])
+@pytest.mark.parametrize(
+    "rate, duration", [(float("inf"), 10.0), (float("nan"), 10.0), (1.0, float("inf")), (1.0, float("nan"))]
+)
 def test_plan_refuses_infinite_or_nan_rates_and_durations(rate: float, duration: float) -> None:
     with pytest.raises(ValueError, match="must be a finite number"):  # was: looped forever, eating memory
         plan_requests(FIXED, rate, duration)
 
 
-@pytest.mark.parametrize("text, match", [
-    ("inf:1:2", "burst factor must be a finite number > 0"), ("nan:1:2", "burst factor"),
-    ("2:nan:1", "burst start must be a finite number >= 0"), ("2:inf:1", "burst start"),
-    ("2:1:nan", "burst length must be a finite number >= 0"), ("2:1:inf", "burst length"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("inf:1:2", "burst factor must be a finite number > 0"),
+        ("nan:1:2", "burst factor"),
+        ("2:nan:1", "burst start must be a finite number >= 0"),
+        ("2:inf:1", "burst start"),
+        ("2:1:nan", "burst length must be a finite number >= 0"),
+        ("2:1:inf", "burst length"),
+    ],
+)
 def test_bursts_need_finite_values(text: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):  # a NaN start made plan_requests loop forever
         Burst.parse(text)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"rate": float("inf")}, "rate must be a finite number > 0"),
-    ({"rate": float("nan")}, "rate must be a finite number > 0"),
-    ({"duration_s": float("inf")}, "duration must be a finite number > 0"),
-    ({"duration_s": float("nan")}, "duration must be a finite number > 0"),
-    ({"drain_s": -1.0}, "drain must be a finite number >= 0"),
-    ({"drain_s": float("nan")}, "drain must be a finite number >= 0"),
-    ({"drain_s": float("inf")}, "drain must be a finite number >= 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"rate": float("inf")}, "rate must be a finite number > 0"),
+        ({"rate": float("nan")}, "rate must be a finite number > 0"),
+        ({"duration_s": float("inf")}, "duration must be a finite number > 0"),
+        ({"duration_s": float("nan")}, "duration must be a finite number > 0"),
+        ({"drain_s": -1.0}, "drain must be a finite number >= 0"),
+        ({"drain_s": float("nan")}, "drain must be a finite number >= 0"),
+        ({"drain_s": float("inf")}, "drain must be a finite number >= 0"),
+    ],
+)
 def test_serving_run_config_refuses_values_that_hang_or_drop_requests(kwargs: dict, match: str) -> None:
     from baton.perf.loadgen.runner import RunConfig
 
@@ -144,12 +156,15 @@ def test_length_distributions() -> None:
     assert min(clipped) == 50 and max(clipped) == 300
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"kind": "fixed", "value": 0}, "value >= 1"),
-    ({"kind": "uniform", "low": 5, "high": 4}, "low <= high"),
-    ({"kind": "sharegpt", "mean": 0, "low": 1, "high": 5}, "mean > 0"),
-    ({"kind": "zipf"}, "kind"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"kind": "fixed", "value": 0}, "value >= 1"),
+        ({"kind": "uniform", "low": 5, "high": 4}, "low <= high"),
+        ({"kind": "sharegpt", "mean": 0, "low": 1, "high": 5}, "mean > 0"),
+        ({"kind": "zipf"}, "kind"),
+    ],
+)
 def test_length_validation(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         LengthDist(**kwargs)
@@ -182,7 +197,7 @@ def test_prompts_are_exact_shared_only_within_a_group_and_salted_per_run() -> No
     ia, ib, io = f.token_ids(a), f.token_ids(b), f.token_ids(other)
     assert len(ia) == a.prompt_len and len(ib) == b.prompt_len
     assert ia[: spec.prefix_len] == ib[: spec.prefix_len]
-    assert ia[spec.prefix_len:] != ib[spec.prefix_len:]
+    assert ia[spec.prefix_len :] != ib[spec.prefix_len :]
     assert ia[:16] != io[:16]
     assert all(DEFAULT_TOKEN_RANGE[0] <= t < DEFAULT_TOKEN_RANGE[1] for t in ia)
     assert f.token_ids(a) == ia  # deterministic for a salt...
@@ -229,34 +244,53 @@ lane_output_len:
     assert lst.lanes == {"a": 0.5, "b": 0.5} and lst.name == "custom"
 
 
-@pytest.mark.parametrize("data, match", [
-    ({"input_len": 5, "output_len": 5}, r"^lanes: required"),
-    ({"lanes": {"a": 1}, "output_len": 5}, r"^input_len: required"),
-    ({"lanes": {"a": 1}, "input_len": 5, "output_len": 5, "colour": 1}, r"unknown workload field\(s\) \['colour'\]"),
-    ({"lanes": {"a": 0.5}, "input_len": 5, "output_len": 5}, r"lanes: shares must sum to 1"),
-    ({"lanes": {"a": -1, "b": 2}, "input_len": 5, "output_len": 5}, r"lanes: the share of lane 'a'"),
-    ({"lanes": "a", "input_len": 5, "output_len": 5}, r"^lanes: expected a mapping"),
-    ({"lanes": {"a": 1}, "input_len": {"kind": "zipf"}, "output_len": 5}, r"^input_len.kind: must be one of"),
-    ({"lanes": {"a": 1}, "input_len": {"kind": "uniform", "low": 1}, "output_len": 5}, r"^input_len.high: required"),
-    ({"lanes": {"a": 1}, "input_len": {"kind": "fixed", "value": "8"}, "output_len": 5},
-     r"^input_len.value: expected an integer"),
-    ({"lanes": {"a": 1}, "input_len": 5, "output_len": {"kind": "fixed", "value": 1, "mode": 2}},
-     r"^output_len: unknown field\(s\) \['mode'\]"),
-    ({"lanes": {"a": 1}, "input_len": 5, "output_len": 5, "arrival": "uniform"}, r"^arrival: must be one of"),
-    ({"lanes": {"a": 1}, "input_len": 5, "output_len": 5, "gamma_shape": 0}, r"^gamma_shape: must be > 0"),
-    ({"lanes": {"a": 1}, "input_len": 5, "output_len": 5, "prefix_groups": 2}, r"^prefix_len: must be >= 1"),
-    ({"lanes": {"a": 1}, "input_len": 5, "output_len": 5, "prefix_groups": "2"}, r"^prefix_groups: expected an integer"),
-    ({"lanes": {"a": 1}, "input_len": 5, "output_len": 5, "streaming": "yes"}, r"^streaming: expected a boolean"),
-    ({"lanes": {"a": 1}, "input_len": 5, "output_len": 5, "lane_input_len": {"b": 4}}, r"^lane_input_len: lane 'b'"),
-    ([1, 2], r"must hold a mapping"),
-])
+@pytest.mark.parametrize(
+    "data, match",
+    [
+        ({"input_len": 5, "output_len": 5}, r"^lanes: required"),
+        ({"lanes": {"a": 1}, "output_len": 5}, r"^input_len: required"),
+        (
+            {"lanes": {"a": 1}, "input_len": 5, "output_len": 5, "colour": 1},
+            r"unknown workload field\(s\) \['colour'\]",
+        ),
+        ({"lanes": {"a": 0.5}, "input_len": 5, "output_len": 5}, r"lanes: shares must sum to 1"),
+        ({"lanes": {"a": -1, "b": 2}, "input_len": 5, "output_len": 5}, r"lanes: the share of lane 'a'"),
+        ({"lanes": "a", "input_len": 5, "output_len": 5}, r"^lanes: expected a mapping"),
+        ({"lanes": {"a": 1}, "input_len": {"kind": "zipf"}, "output_len": 5}, r"^input_len.kind: must be one of"),
+        (
+            {"lanes": {"a": 1}, "input_len": {"kind": "uniform", "low": 1}, "output_len": 5},
+            r"^input_len.high: required",
+        ),
+        (
+            {"lanes": {"a": 1}, "input_len": {"kind": "fixed", "value": "8"}, "output_len": 5},
+            r"^input_len.value: expected an integer",
+        ),
+        (
+            {"lanes": {"a": 1}, "input_len": 5, "output_len": {"kind": "fixed", "value": 1, "mode": 2}},
+            r"^output_len: unknown field\(s\) \['mode'\]",
+        ),
+        ({"lanes": {"a": 1}, "input_len": 5, "output_len": 5, "arrival": "uniform"}, r"^arrival: must be one of"),
+        ({"lanes": {"a": 1}, "input_len": 5, "output_len": 5, "gamma_shape": 0}, r"^gamma_shape: must be > 0"),
+        ({"lanes": {"a": 1}, "input_len": 5, "output_len": 5, "prefix_groups": 2}, r"^prefix_len: must be >= 1"),
+        (
+            {"lanes": {"a": 1}, "input_len": 5, "output_len": 5, "prefix_groups": "2"},
+            r"^prefix_groups: expected an integer",
+        ),
+        ({"lanes": {"a": 1}, "input_len": 5, "output_len": 5, "streaming": "yes"}, r"^streaming: expected a boolean"),
+        (
+            {"lanes": {"a": 1}, "input_len": 5, "output_len": 5, "lane_input_len": {"b": 4}},
+            r"^lane_input_len: lane 'b'",
+        ),
+        ([1, 2], r"must hold a mapping"),
+    ],
+)
 def test_bad_workloads_name_the_field(data: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         workload_from_dict(data)
 
 
 def test_bad_files_name_the_file(tmp_path) -> None:
-    with pytest.raises(ValueError, match="unknown workload 'nope'.*sharegpt"):
+    with pytest.raises(ValueError, match=r"unknown workload 'nope'.*sharegpt"):
         load_workload("nope")
     bad = tmp_path / "bad.yaml"
     bad.write_text("lanes: [a\n")
@@ -273,8 +307,10 @@ def test_workload_module_is_pure_python() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, baton.perf.loadgen.workload, baton.perf.loadgen.prompts, baton.perf.loadgen.stats, "
-            "baton.perf.loadgen.search; "
-            "bad = [m for m in ('torch', 'numpy', 'httpx', 'grpc') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, baton.perf.loadgen.workload, baton.perf.loadgen.prompts, baton.perf.loadgen.stats, "
+        "baton.perf.loadgen.search; "
+        "bad = [m for m in ('torch', 'numpy', 'httpx', 'grpc') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -11,8 +11,15 @@ from baton.perf.profile.fit import fit_step_model, nnls, report
 from baton.perf.profile.step_shape import FEATURES, StepShape, shape_of_rows
 from baton.perf.profile.synthetic import synthetic_cost_model
 
-KNOWN = {"const": 0.035, "multi_token": 0.025, "tokens": 0.0022, "sampled": 0.004, "decode_ctx_padded": 2.2e-5,
-         "decode_ctx_sum": 0.0, "prefill_pairs": 7e-7}
+KNOWN = {
+    "const": 0.035,
+    "multi_token": 0.025,
+    "tokens": 0.0022,
+    "sampled": 0.004,
+    "decode_ctx_padded": 2.2e-5,
+    "decode_ctx_sum": 0.0,
+    "prefill_pairs": 7e-7,
+}
 
 
 def _grid_shapes() -> list[StepShape]:
@@ -56,8 +63,18 @@ def test_fit_with_noise_stays_close_and_reports_its_error():
 
 def test_fit_never_goes_negative():
     # Step time falls slightly with one feature: unconstrained least squares would give it a negative cost.
-    rows = [{"const": 1.0, "multi_token": 1.0, "tokens": float(t), "sampled": 0.0, "decode_ctx_padded": 0.0,
-             "decode_ctx_sum": 0.0, "prefill_pairs": float(100 - t)} for t in range(1, 40)]
+    rows = [
+        {
+            "const": 1.0,
+            "multi_token": 1.0,
+            "tokens": float(t),
+            "sampled": 0.0,
+            "decode_ctx_padded": 0.0,
+            "decode_ctx_sum": 0.0,
+            "prefill_pairs": float(100 - t),
+        }
+        for t in range(1, 40)
+    ]
     secs = [0.01 + 0.001 * t - 1e-6 * (100 - t) for t in range(1, 40)]
     coefs = fit_step_model(rows, secs, FEATURES)
     assert all(v >= 0 for v in coefs.values())
@@ -97,8 +114,9 @@ def test_padded_decode_context_follows_the_cpu_length_groups():
 
 
 def test_step_seconds_is_the_linear_model():
-    cm = synthetic_cost_model(const_s=0.01, per_token_s=0.002, per_sampled_s=0.003, decode_ctx_s=1e-5,
-                              prefill_pair_s=1e-7)
+    cm = synthetic_cost_model(
+        const_s=0.01, per_token_s=0.002, per_sampled_s=0.003, decode_ctx_s=1e-5, prefill_pair_s=1e-7
+    )
     s = shape_of_rows([1, 1, 100], [64, 64, 100], [64, 64, 100], 16)
     want = 0.01 + 0.002 * 102 + 0.003 * 3 + 1e-5 * 2 * 64 + 1e-7 * 100 * 100
     assert cm.step_seconds(s) == pytest.approx(want)
@@ -111,8 +129,13 @@ def test_step_seconds_is_the_linear_model():
 
 def test_file_round_trip(tmp_path):
     cm = synthetic_cost_model()
-    cm = CostModel(**{**cm.__dict__, "samples": (Sample("decode", shape_of_rows([1], [64], [64], 16), 0.04, 3),),
-                      "machine": {"cpu": "test"}})
+    cm = CostModel(
+        **{
+            **cm.__dict__,
+            "samples": (Sample("decode", shape_of_rows([1], [64], [64], 16), 0.04, 3),),
+            "machine": {"cpu": "test"},
+        }
+    )
     path = tmp_path / "cm.json"
     cm.save(path)
     data = json.loads(path.read_text())
@@ -122,28 +145,34 @@ def test_file_round_trip(tmp_path):
     assert back.samples[0].point == 3 and back.model.num_kv_blocks == cm.model.num_kv_blocks
 
 
-@pytest.mark.parametrize("mutate, needle", [
-    (lambda d: d.update(schema="baton.cost_model/0"), "schema is 'baton.cost_model/0'"),
-    (lambda d: d.pop("model"), "missing field model"),
-    (lambda d: d["model"].pop("kv_bytes_per_token"), "missing field model.kv_bytes_per_token"),
-    (lambda d: d["model"].update(vocab_size="many"), "model.vocab_size has the wrong type"),
-    (lambda d: d["step"].pop("coefficients"), "missing field step.coefficients"),
-    (lambda d: d["step"]["coefficients"].update(tokens="fast"), "step.coefficients.tokens must be a number"),
-    (lambda d: d["step"]["coefficients"].update(tokens=-1.0), "'tokens' must be a finite number >= 0"),
-    (lambda d: d["step"]["coefficients"].update(flops=1.0), "unknown step feature 'flops'"),
-    (lambda d: d["transfer"].update(bandwidth_bytes_per_s=0), "bandwidth must be a finite number > 0"),
-    # From a planner audit: each was accepted, and `baton plan` hung (NaN times never pass the
-    # simulator's clock), printed NaN latencies, or drew token ids from an empty range.
-    (lambda d: d["transfer"].update(bandwidth_bytes_per_s=float("nan")), "bandwidth must be a finite number > 0"),
-    (lambda d: d["transfer"].update(latency_s=float("inf")), "latency a finite number >= 0"),
-    (lambda d: d.setdefault("overheads", {}).update(rpc_s=float("nan")), "overheads.rpc_s must be a finite number"),
-    (lambda d: d.setdefault("overheads", {}).update(step_s=float("inf")), "overheads.step_s must be a finite number"),
-    (lambda d: d["model"].update(kv_bytes_per_token=0), "model.kv_bytes_per_token must be > 0"),
-    (lambda d: d["model"].update(max_model_len=0), "model.max_model_len must be > 0"),
-    (lambda d: d["model"].update(vocab_size=3), "model.vocab_size must be > 3"),
-    (lambda d: d.update(device="tpu"), "device must be 'cpu' or 'cuda'"),
-    (lambda d: d.update(threads="two"), "threads must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda d: d.update(schema="baton.cost_model/0"), "schema is 'baton.cost_model/0'"),
+        (lambda d: d.pop("model"), "missing field model"),
+        (lambda d: d["model"].pop("kv_bytes_per_token"), "missing field model.kv_bytes_per_token"),
+        (lambda d: d["model"].update(vocab_size="many"), "model.vocab_size has the wrong type"),
+        (lambda d: d["step"].pop("coefficients"), "missing field step.coefficients"),
+        (lambda d: d["step"]["coefficients"].update(tokens="fast"), "step.coefficients.tokens must be a number"),
+        (lambda d: d["step"]["coefficients"].update(tokens=-1.0), "'tokens' must be a finite number >= 0"),
+        (lambda d: d["step"]["coefficients"].update(flops=1.0), "unknown step feature 'flops'"),
+        (lambda d: d["transfer"].update(bandwidth_bytes_per_s=0), "bandwidth must be a finite number > 0"),
+        # From a planner audit: each was accepted, and `baton plan` hung (NaN times never pass the
+        # simulator's clock), printed NaN latencies, or drew token ids from an empty range.
+        (lambda d: d["transfer"].update(bandwidth_bytes_per_s=float("nan")), "bandwidth must be a finite number > 0"),
+        (lambda d: d["transfer"].update(latency_s=float("inf")), "latency a finite number >= 0"),
+        (lambda d: d.setdefault("overheads", {}).update(rpc_s=float("nan")), "overheads.rpc_s must be a finite number"),
+        (
+            lambda d: d.setdefault("overheads", {}).update(step_s=float("inf")),
+            "overheads.step_s must be a finite number",
+        ),
+        (lambda d: d["model"].update(kv_bytes_per_token=0), "model.kv_bytes_per_token must be > 0"),
+        (lambda d: d["model"].update(max_model_len=0), "model.max_model_len must be > 0"),
+        (lambda d: d["model"].update(vocab_size=3), "model.vocab_size must be > 3"),
+        (lambda d: d.update(device="tpu"), "device must be 'cpu' or 'cuda'"),
+        (lambda d: d.update(threads="two"), "threads must be a positive integer"),
+    ],
+)
 def test_schema_errors_name_the_field(tmp_path, mutate, needle):
     d = synthetic_cost_model().to_json()
     mutate(d)

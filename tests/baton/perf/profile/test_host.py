@@ -16,8 +16,10 @@ from baton.perf.sim.worker import Host
 
 def test_fit_recovers_base_and_per_token_cost():
     truth = HostModel(2, base_cores=0.12, cpu_s_per_token=0.004)
-    samples = [HostSample(w, truth.base_cores * w + truth.cpu_s_per_token * t, t, t // 60)
-               for w, t in ((140.0, 1500), (140.0, 3100), (141.0, 4700), (60.0, 900))]
+    samples = [
+        HostSample(w, truth.base_cores * w + truth.cpu_s_per_token * t, t, t // 60)
+        for w, t in ((140.0, 1500), (140.0, 3100), (141.0, 4700), (60.0, 900))
+    ]
     got = fit_host(samples, cores=2)
     assert got.base_cores == pytest.approx(0.12, rel=1e-6)
     assert got.cpu_s_per_token == pytest.approx(0.004, rel=1e-6)
@@ -67,12 +69,25 @@ def test_a_busy_host_stretches_the_steps_of_two_busy_workers():
 
 
 def _experiment(runs):
-    return {"schema": "baton.bench.experiment/1", "machine": {"cpus": 2},
-            "setups": {"s": {"runs": [
-                {"cpu": {"wall_s": w, "cpu_s": {"router": r, "redis": 0.5, "ray": 1.0, "client": c,
-                                                "decode_worker": 99.0}},
-                 "requests": [{"output_tokens": tokens // 10}] * 10} for w, r, c, tokens in runs]
-                + [{"requests": []}]}}}  # a run from before the meter: skipped
+    return {
+        "schema": "baton.bench.experiment/1",
+        "machine": {"cpus": 2},
+        "setups": {
+            "s": {
+                "runs": [
+                    {
+                        "cpu": {
+                            "wall_s": w,
+                            "cpu_s": {"router": r, "redis": 0.5, "ray": 1.0, "client": c, "decode_worker": 99.0},
+                        },
+                        "requests": [{"output_tokens": tokens // 10}] * 10,
+                    }
+                    for w, r, c, tokens in runs
+                ]
+                + [{"requests": []}]
+            }
+        },
+    }  # a run from before the meter: skipped
 
 
 def test_samples_count_everything_but_the_workers():

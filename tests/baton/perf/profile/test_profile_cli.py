@@ -8,14 +8,20 @@ import sys
 import time
 from pathlib import Path
 
-from baton.perf.profile.cost_model import SCHEMA, CostModel
+from baton.perf.profile.cost_model import SCHEMA, CostModel, Sample
 
 ROOT = Path(__file__).resolve().parents[4]
 
 
 def baton(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "baton", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "baton", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def test_quick_profile_of_tiny_writes_a_valid_cost_model(tiny_model_dir, tmp_path):
@@ -37,7 +43,7 @@ def test_quick_profile_of_tiny_writes_a_valid_cost_model(tiny_model_dir, tmp_pat
     # every grid point is predicted within a factor of 5 of its fastest repeat, the time the fit uses:
     # on a shared machine a single repeat can take 10x longer (seen once in CI), noise only adds time,
     # and --quick takes few repeats
-    fastest = {}
+    fastest: dict[int, Sample] = {}
     for s in cm.samples:
         if s.point not in fastest or s.seconds < fastest[s.point].seconds:
             fastest[s.point] = s

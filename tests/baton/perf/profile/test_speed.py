@@ -16,8 +16,11 @@ ROOT = Path(__file__).resolve().parents[4]
 
 
 def test_ratios_are_the_geometric_mean_per_kind():
-    pts = [ProbePoint("d1", "decode", 0.02, 0.01), ProbePoint("d2", "decode", 0.01, 0.02),
-           ProbePoint("p1", "prefill", 0.3, 0.2)]
+    pts = [
+        ProbePoint("d1", "decode", 0.02, 0.01),
+        ProbePoint("d2", "decode", 0.01, 0.02),
+        ProbePoint("p1", "prefill", 0.3, 0.2),
+    ]
     decode, prefill = ratios(pts)
     assert decode == pytest.approx(1.0) and prefill == pytest.approx(1.5)
     with pytest.raises(ValueError, match="no prefill point"):
@@ -25,7 +28,9 @@ def test_ratios_are_the_geometric_mean_per_kind():
 
 
 def test_probe_json_round_trip_and_validation():
-    p = SpeedProbe(1.25, 0.97, "2026-11-22T08:00:00+00:00", 123.0, 8.1, (ProbePoint("decode 1x64", "decode", 0.03, 0.024),))
+    p = SpeedProbe(
+        1.25, 0.97, "2026-11-22T08:00:00+00:00", 123.0, 8.1, (ProbePoint("decode 1x64", "decode", 0.03, 0.024),)
+    )
     assert SpeedProbe.from_json(p.to_json()) == p
     with pytest.raises(ValueError, match="not a speed probe"):
         SpeedProbe.from_json({"schema": "baton.cost_model/1"})
@@ -70,9 +75,21 @@ def test_a_probe_refuses_a_cost_model_of_another_model(tiny_model_dir):
 
 def test_speed_cli_errors_name_the_problem(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "baton.perf.profile.speed", "--cost-model", str(tmp_path / "none.json")],
-                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "baton.perf.profile.speed", "--cost-model", str(tmp_path / "none.json")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 2 and "none.json" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "baton.perf.profile.speed", "--cost-model", "x", "--repeats", "0"],
-                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "baton.perf.profile.speed", "--cost-model", "x", "--repeats", "0"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 2 and "--repeats must be >= 1" in r.stderr

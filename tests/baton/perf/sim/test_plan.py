@@ -24,8 +24,14 @@ def _requests(rate: float, n: int, prompt: int = 200, output: int = 32) -> list[
 
 
 def run(module: str, *args, timeout=120):
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 @pytest.fixture
@@ -75,19 +81,28 @@ def test_plan_prefers_disaggregation_when_long_prompts_stall_colocated_decodes()
 
 def test_plan_reports_when_nothing_meets_the_slo():
     cm = synthetic_cost_model(const_s=0.5, per_token_s=0.01)
-    r = search(cm, _requests(5.0, 50), base=SimConfig(slo_rejection=False), space=PlanSpace(1, (512,), (512,)),
-               slo=LaneSLO(0.1, 0.01), duration_s=10.0)
+    r = search(
+        cm,
+        _requests(5.0, 50),
+        base=SimConfig(slo_rejection=False),
+        space=PlanSpace(1, (512,), (512,)),
+        slo=LaneSLO(0.1, 0.01),
+        duration_s=10.0,
+    )
     assert r.best is None
     assert r.best_colocated is not None and not r.best_colocated.meets
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("ttft=abc,tpot=250", "ttft must be a number of milliseconds, got 'abc'"),
-    ("ttft=2000", "needs both ttft and tpot (missing tpot)"),
-    ("latency=5", "must be ttft=MS,tpot=MS"),
-    ("ttft=-5,tpot=1", "must be a positive number"),
-    ("ttft=1,ttft=2", "gives ttft twice"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("ttft=abc,tpot=250", "ttft must be a number of milliseconds, got 'abc'"),
+        ("ttft=2000", "needs both ttft and tpot (missing tpot)"),
+        ("latency=5", "must be ttft=MS,tpot=MS"),
+        ("ttft=-5,tpot=1", "must be a positive number"),
+        ("ttft=1,ttft=2", "gives ttft twice"),
+    ],
+)
 def test_parse_slo_errors(text, needle):
     with pytest.raises(ValueError) as e:
         parse_slo(text)
@@ -97,8 +112,24 @@ def test_parse_slo_errors(text, needle):
 
 def test_plan_cli_prints_the_cheapest_and_the_colocated_configuration(cost_file, tmp_path):
     out = tmp_path / "plan.json"
-    r = run("baton", "plan", "--workload", "fixed", "--rate", "1", "--slo", "ttft=2000,tpot=250",
-            "--cost-model", str(cost_file), "--max-workers", "3", "--duration", "30", "--json", str(out))
+    r = run(
+        "baton",
+        "plan",
+        "--workload",
+        "fixed",
+        "--rate",
+        "1",
+        "--slo",
+        "ttft=2000,tpot=250",
+        "--cost-model",
+        str(cost_file),
+        "--max-workers",
+        "3",
+        "--duration",
+        "30",
+        "--json",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     assert "cheapest configuration meeting the SLO:" in r.stdout and "predicted goodput" in r.stdout
     assert "best colocated configuration" in r.stdout or "the cheapest configuration is colocated" in r.stdout
@@ -108,32 +139,52 @@ def test_plan_cli_prints_the_cheapest_and_the_colocated_configuration(cost_file,
 
 def test_plan_cli_says_when_the_objectives_not_the_capacity_are_the_problem(cost_file):
     """It always advised raising --max-workers, for a 1 ms SLO too."""
-    r = run("baton", "plan", "--workload", "fixed", "--rate", "0.5", "--slo", "ttft=1,tpot=1",
-            "--cost-model", str(cost_file), "--max-workers", "1", "--duration", "10", "--target", "0.815")
+    r = run(
+        "baton",
+        "plan",
+        "--workload",
+        "fixed",
+        "--rate",
+        "0.5",
+        "--slo",
+        "ttft=1,tpot=1",
+        "--cost-model",
+        str(cost_file),
+        "--max-workers",
+        "1",
+        "--duration",
+        "10",
+        "--target",
+        "0.815",
+    )
     assert r.returncode == 1, r.stderr  # (no configuration meets it)
     assert "below what one request takes on an idle worker" in r.stdout and "raise --max-workers" not in r.stdout
     assert ">= 81.5% of requests" in r.stdout  # the target as given (it printed 82%)
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--slo", "ttft=abc,tpot=250"], "baton: error: --slo: ttft must be a number of milliseconds, got 'abc'"),
-    (["--slo", "ttft=2000"], "--slo needs both ttft and tpot"),
-    (["--rate", "0"], "--rate must be a finite number > 0"),
-    (["--rate", "inf"], "--rate must be a finite number > 0, got 'inf'"),  # was: hung, eating memory
-    (["--rate", "nan"], "--rate must be a finite number > 0, got 'nan'"),
-    (["--rate", "fast"], "--rate must be a number"),
-    (["--max-workers", "0"], "--max-workers must be >= 1"),
-    (["--gpu"], "was profiled on cpu; run `baton profile` on the target hardware first"),
-    (["--workload", "nope"], "unknown workload 'nope'"),
-    (["--decode-budgets", "8"], "--decode-budgets must be token counts >= 16"),
-    (["--workload", "LANE_FILE"], "lane(s) foo are not lanes of the simulated router"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--slo", "ttft=abc,tpot=250"], "baton: error: --slo: ttft must be a number of milliseconds, got 'abc'"),
+        (["--slo", "ttft=2000"], "--slo needs both ttft and tpot"),
+        (["--rate", "0"], "--rate must be a finite number > 0"),
+        (["--rate", "inf"], "--rate must be a finite number > 0, got 'inf'"),  # was: hung, eating memory
+        (["--rate", "nan"], "--rate must be a finite number > 0, got 'nan'"),
+        (["--rate", "fast"], "--rate must be a number"),
+        (["--max-workers", "0"], "--max-workers must be >= 1"),
+        (["--gpu"], "was profiled on cpu; run `baton profile` on the target hardware first"),
+        (["--workload", "nope"], "unknown workload 'nope'"),
+        (["--decode-budgets", "8"], "--decode-budgets must be token counts >= 16"),
+        (["--workload", "LANE_FILE"], "lane(s) foo are not lanes of the simulated router"),
+    ],
+)
 def test_plan_cli_errors(cost_file, args, needle):
     base = {"--workload": "fixed", "--rate": "1", "--slo": "ttft=2000,tpot=250"}
     if "LANE_FILE" in args:  # a workload whose lane the router does not have (all rejected: "raise --max-workers")
         path = cost_file.parent / "wl_foo.yaml"
-        path.write_text("name: foo\nlanes: {foo: 1.0}\ninput_len: {kind: fixed, value: 50}\n"
-                        "output_len: {kind: fixed, value: 10}\n")
+        path.write_text(
+            "name: foo\nlanes: {foo: 1.0}\ninput_len: {kind: fixed, value: 50}\noutput_len: {kind: fixed, value: 10}\n"
+        )
         args = [str(path) if a == "LANE_FILE" else a for a in args]
     flags = [a for a in args if a.startswith("--")]
     argv = ["plan", "--cost-model", str(cost_file), "--duration", "10"]
@@ -157,9 +208,25 @@ def test_plan_cli_cost_model_errors(tmp_path):
 
 def test_sim_cli_runs_rates_and_writes_json(cost_file, tmp_path):
     out = tmp_path / "sim.json"
-    r = run("baton.perf.sim", "--cost-model", str(cost_file), "--workload", "mixed", "--rate", "1,2",
-            "--duration", "20", "--prefill-workers", "1", "--decode-workers", "1", "--max-num-batched-tokens", "512",
-            "--json", str(out))
+    r = run(
+        "baton.perf.sim",
+        "--cost-model",
+        str(cost_file),
+        "--workload",
+        "mixed",
+        "--rate",
+        "1,2",
+        "--duration",
+        "20",
+        "--prefill-workers",
+        "1",
+        "--decode-workers",
+        "1",
+        "--max-num-batched-tokens",
+        "512",
+        "--json",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("| interactive |") == 2 and "| batch |" in r.stdout and "TTFT p50/p90/p99" in r.stdout
     data = json.loads(out.read_text())
@@ -172,21 +239,27 @@ def test_sim_cli_runs_rates_and_writes_json(cost_file, tmp_path):
     assert {"ttft_s", "itl_s", "e2e_s", "tpot_s", "placement"} <= set(req)
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--rate", "-1"], "--rate must be a finite number > 0"),
-    (["--rate", "inf"], "--rate must be a finite number > 0"),  # was: hung, eating memory
-    (["--rate", "1", "--duration", "0"], "--duration must be a finite number > 0"),
-    (["--rate", "1", "--duration", "inf"], "--duration must be a finite number > 0"),
-    (["--rate", "1", "--duration", "nan"], "--duration must be a finite number > 0"),
-    (["--rate", "1", "--burst", "inf:1:1"], "burst factor must be a finite number > 0"),
-    (["--rate", "1", "--burst", "2:nan:1"], "burst start must be a finite number >= 0"),
-    (["--rate", "1", "--drain", "-5"], "--drain must be a finite number >= 0"),  # was: requests silently dropped
-    (["--rate", "1", "--drain", "nan"], "--drain must be a finite number >= 0"),
-    (["--rate", "1", "--slo", "interactve:ttft=100"], "the workload has no lane 'interactve'; its lanes: interactive"),
-    (["--rate", "1", "--json", "/nonexistent-dir/x.json"], "--json /nonexistent-dir/x.json: the directory"),
-    (["--rate", "1", "--decode-workers", "0"], "a cluster needs at least one decode worker"),
-    (["--rate", "1", "--workload", "nope"], "unknown workload 'nope'"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--rate", "-1"], "--rate must be a finite number > 0"),
+        (["--rate", "inf"], "--rate must be a finite number > 0"),  # was: hung, eating memory
+        (["--rate", "1", "--duration", "0"], "--duration must be a finite number > 0"),
+        (["--rate", "1", "--duration", "inf"], "--duration must be a finite number > 0"),
+        (["--rate", "1", "--duration", "nan"], "--duration must be a finite number > 0"),
+        (["--rate", "1", "--burst", "inf:1:1"], "burst factor must be a finite number > 0"),
+        (["--rate", "1", "--burst", "2:nan:1"], "burst start must be a finite number >= 0"),
+        (["--rate", "1", "--drain", "-5"], "--drain must be a finite number >= 0"),  # was: requests silently dropped
+        (["--rate", "1", "--drain", "nan"], "--drain must be a finite number >= 0"),
+        (
+            ["--rate", "1", "--slo", "interactve:ttft=100"],
+            "the workload has no lane 'interactve'; its lanes: interactive",
+        ),
+        (["--rate", "1", "--json", "/nonexistent-dir/x.json"], "--json /nonexistent-dir/x.json: the directory"),
+        (["--rate", "1", "--decode-workers", "0"], "a cluster needs at least one decode worker"),
+        (["--rate", "1", "--workload", "nope"], "unknown workload 'nope'"),
+    ],
+)
 def test_sim_cli_errors(cost_file, args, needle):
     r = run("baton.perf.sim", "--cost-model", str(cost_file), "--duration", "10", *args)
     assert r.returncode == 2, r.stdout + r.stderr
@@ -194,14 +267,33 @@ def test_sim_cli_errors(cost_file, args, needle):
     assert "TTFT" not in r.stdout  # refused before simulating anything
 
 
-@pytest.mark.parametrize("make_out, needle", [
-    (lambda tmp: "/nonexistent-dir/plan.json", "--json /nonexistent-dir/plan.json: the directory /nonexistent-dir "
-                                               "does not exist"),
-    (lambda tmp: str(tmp), "is a directory, not a file"),
-])
+@pytest.mark.parametrize(
+    "make_out, needle",
+    [
+        (
+            lambda tmp: "/nonexistent-dir/plan.json",
+            "--json /nonexistent-dir/plan.json: the directory /nonexistent-dir does not exist",
+        ),
+        (lambda tmp: str(tmp), "is a directory, not a file"),
+    ],
+)
 def test_plan_checks_its_json_output_before_the_search(cost_file, tmp_path, make_out, needle):
-    r = run("baton", "plan", "--workload", "fixed", "--rate", "1", "--slo", "ttft=2000,tpot=250",
-            "--cost-model", str(cost_file), "--duration", "10", "--json", make_out(tmp_path))
+    r = run(
+        "baton",
+        "plan",
+        "--workload",
+        "fixed",
+        "--rate",
+        "1",
+        "--slo",
+        "ttft=2000,tpot=250",
+        "--cost-model",
+        str(cost_file),
+        "--duration",
+        "10",
+        "--json",
+        make_out(tmp_path),
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert needle in r.stderr and "Traceback" not in r.stderr
     assert "searched" not in r.stdout  # was: the whole search ran, then the write failed

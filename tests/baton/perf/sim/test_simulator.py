@@ -5,21 +5,40 @@ import json
 import random
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from baton.perf.profile.step_shape import shape_of_rows
 from baton.perf.profile.synthetic import synthetic_cost_model
 from baton.perf.sim.config import SimConfig
-from baton.perf.sim.requests import SimRequest
-from baton.perf.sim.simulator import Simulation, simulate
+from baton.perf.sim.requests import RequestRecord, SimRequest
+from baton.perf.sim.simulator import SimResult, Simulation, simulate
 from router.lanes import LanePolicy, default_lanes
 
-NO_ADMISSION = dict(slo_rejection=False)
+NO_ADMISSION: dict[str, Any] = dict(slo_rejection=False)
 
 
-def _stream(n: int, rate: float, seed: int = 0, prompt=(32, 128), output=(16, 48), long_every: int = 0,
-            long_len: int = 1024, lane: str = "interactive") -> list[SimRequest]:
+def _ttft(r: RequestRecord) -> float:
+    assert r.ttft_s is not None, r
+    return r.ttft_s
+
+
+def _finished(r: RequestRecord) -> float:
+    assert r.finished_s is not None, r
+    return r.finished_s
+
+
+def _stream(
+    n: int,
+    rate: float,
+    seed: int = 0,
+    prompt=(32, 128),
+    output=(16, 48),
+    long_every: int = 0,
+    long_len: int = 1024,
+    lane: str = "interactive",
+) -> list[SimRequest]:
     rng = random.Random(seed)
     t, out = 0.0, []
     for i in range(n):
@@ -30,8 +49,9 @@ def _stream(n: int, rate: float, seed: int = 0, prompt=(32, 128), output=(16, 48
 
 
 def test_single_request_ttft_is_the_predicted_prefill_and_itl_the_decode_step():
-    cm = synthetic_cost_model(const_s=0.010, per_token_s=0.001, per_sampled_s=0.002, decode_ctx_s=1e-6,
-                              prefill_pair_s=1e-7)
+    cm = synthetic_cost_model(
+        const_s=0.010, per_token_s=0.001, per_sampled_s=0.002, decode_ctx_s=1e-6, prefill_pair_s=1e-7
+    )
     res = simulate(cm, SimConfig(prefill_workers=0, decode_workers=1), [SimRequest(0, 1.0, "interactive", 100, 4)])
     rec = res.records[0]
     prefill = cm.step_seconds(shape_of_rows([100], [100], [100], 16))
@@ -48,10 +68,11 @@ def test_prefill_steps_scale_apart_from_decode_steps():
     req = [SimRequest(0, 1.0, "interactive", 100, 4)]
     base = simulate(cm, SimConfig(prefill_workers=0, decode_workers=1), req).records[0]
     slow_prefill = simulate(cm, SimConfig(prefill_workers=0, decode_workers=1, prefill_step_scale=2.0), req).records[0]
-    assert slow_prefill.ttft_s == pytest.approx(2 * base.ttft_s, abs=1e-12)
+    assert slow_prefill.ttft_s == pytest.approx(2 * _ttft(base), abs=1e-12)
     assert slow_prefill.itl_s == pytest.approx(base.itl_s, abs=1e-12)
-    slow_decode = simulate(cm, SimConfig(prefill_workers=0, decode_workers=1, step_scale=1.5,
-                                         prefill_step_scale=1.0), req).records[0]
+    slow_decode = simulate(
+        cm, SimConfig(prefill_workers=0, decode_workers=1, step_scale=1.5, prefill_step_scale=1.0), req
+    ).records[0]
     assert slow_decode.ttft_s == pytest.approx(base.ttft_s, abs=1e-12)
     assert slow_decode.itl_s == pytest.approx([1.5 * x for x in base.itl_s], abs=1e-12)
     with pytest.raises(ValueError, match="prefill_step_scale must be a finite number > 0"):
@@ -59,19 +80,23 @@ def test_prefill_steps_scale_apart_from_decode_steps():
 
 
 def test_chunked_prefill_takes_one_step_per_chunk_plus_overheads():
-    cm = synthetic_cost_model(const_s=0.010, per_token_s=0.001, prefill_pair_s=1e-7, step_overhead_s=0.001,
-                              rpc_s=0.004, output_s=0.003)
+    cm = synthetic_cost_model(
+        const_s=0.010, per_token_s=0.001, prefill_pair_s=1e-7, step_overhead_s=0.001, rpc_s=0.004, output_s=0.003
+    )
     cfg = SimConfig(prefill_workers=0, decode_workers=1, decode_max_num_batched_tokens=32)
     rec = simulate(cm, cfg, [SimRequest(0, 0.0, "interactive", 100, 2)]).records[0]
-    chunks = [cm.step_seconds(shape_of_rows([n], [end], [100], 16)) + 0.001
-              for n, end in ((32, 32), (32, 64), (32, 96), (4, 100))]
+    chunks = [
+        cm.step_seconds(shape_of_rows([n], [end], [100], 16)) + 0.001
+        for n, end in ((32, 32), (32, 64), (32, 96), (4, 100))
+    ]
     # the call reaches the worker after half a round trip; the token reaches the client output_s later
     assert rec.ttft_s == pytest.approx(0.002 + sum(chunks) + 0.003, abs=1e-12)
 
 
 def test_disaggregated_ttft_adds_the_transfer():
-    cm = synthetic_cost_model(const_s=0.010, per_token_s=0.001, kv_bytes_per_token=1000,
-                              bandwidth_bytes_per_s=1e6, transfer_latency_s=0.005)
+    cm = synthetic_cost_model(
+        const_s=0.010, per_token_s=0.001, kv_bytes_per_token=1000, bandwidth_bytes_per_s=1e6, transfer_latency_s=0.005
+    )
     cfg = SimConfig(prefill_workers=1, decode_workers=1, local_prefill_threshold=256, **NO_ADMISSION)
     res = simulate(cm, cfg, [SimRequest(0, 0.0, "interactive", 512, 3)])
     rec = res.records[0]
@@ -100,8 +125,17 @@ def test_disaggregation_keeps_long_prompts_out_of_decode_steps():
     cm = synthetic_cost_model(const_s=0.040, per_token_s=0.001, prefill_pair_s=2e-8)
     reqs = _stream(120, 2.0, prompt=(16, 64), output=(64, 128), long_every=6, long_len=2048)
     colo = simulate(cm, SimConfig(prefill_workers=0, decode_workers=2, **NO_ADMISSION), reqs)
-    dis = simulate(cm, SimConfig(prefill_workers=1, decode_workers=1, local_prefill_threshold=256,
-                                 short_prompts_to_idle_prefill=False, **NO_ADMISSION), reqs)
+    dis = simulate(
+        cm,
+        SimConfig(
+            prefill_workers=1,
+            decode_workers=1,
+            local_prefill_threshold=256,
+            short_prompts_to_idle_prefill=False,
+            **NO_ADMISSION,
+        ),
+        reqs,
+    )
     assert colo.complete and dis.complete
     assert dis.num_disaggregated == sum(1 for r in reqs if r.prompt_len >= 256)
     c, d = colo.summary["summary"]["itl_s"], dis.summary["summary"]["itl_s"]
@@ -116,10 +150,13 @@ def test_every_pool_returns_to_full(prefill_workers, decode_workers):
     cm = synthetic_cost_model(const_s=0.01, per_token_s=0.0005)
     reqs = _stream(200, 6.0, prompt=(16, 600), output=(4, 64))
     # shared prefixes exercise prefix caching and cache-aware placement
-    reqs = [replace(r, prefix_group=r.index % 3, prefix_len=256, prompt_len=r.prompt_len + 256) if r.index % 2 else r
-            for r in reqs]
-    sim = Simulation(cm, SimConfig(prefill_workers=prefill_workers, decode_workers=decode_workers, num_kv_blocks=600,
-                                   **NO_ADMISSION))
+    reqs = [
+        replace(r, prefix_group=r.index % 3, prefix_len=256, prompt_len=r.prompt_len + 256) if r.index % 2 else r
+        for r in reqs
+    ]
+    sim = Simulation(
+        cm, SimConfig(prefill_workers=prefill_workers, decode_workers=decode_workers, num_kv_blocks=600, **NO_ADMISSION)
+    )
     res = sim.run(reqs)
     assert res.complete
     assert all(r.finished_s is not None and len(r.token_times) == r.output_len for r in res.records)
@@ -181,8 +218,11 @@ def test_busy_neighbours_slow_each_other_down():
     a, s = alone.summary["summary"]["itl_s"], shared.summary["summary"]["itl_s"]
     assert 1.3 < s["p50"] / a["p50"] < 2.0  # both busy most of the time (and batches grow a little)
     # one worker alone on the host has no neighbour
-    one = simulate(synthetic_cost_model(const_s=0.04, per_token_s=0.001, neighbour_slowdown=0.5),
-                   SimConfig(prefill_workers=0, decode_workers=1, **NO_ADMISSION), reqs[:1])
+    one = simulate(
+        synthetic_cost_model(const_s=0.04, per_token_s=0.001, neighbour_slowdown=0.5),
+        SimConfig(prefill_workers=0, decode_workers=1, **NO_ADMISSION),
+        reqs[:1],
+    )
     assert one.records[0].itl_s[0] == pytest.approx(0.041)
 
 
@@ -204,7 +244,13 @@ def test_the_pace_guard_keeps_batch_work_from_slowing_interactive_streams():
     lanes = ["interactive", "batch"]
 
     def run(guard: bool):
-        cfg = SimConfig(prefill_workers=0, decode_workers=1, pace_guard=guard, **NO_ADMISSION)
+        cfg = SimConfig(
+            prefill_workers=0,
+            decode_workers=1,
+            pace_guard=guard,
+            lane_priority=False,  # the guard alone
+            **NO_ADMISSION,
+        )
         return simulate(cm, cfg, reqs, lanes=lanes, drain_s=600.0).summary["lanes"]
 
     off, on = run(False), run(True)
@@ -219,11 +265,14 @@ def test_the_router_sees_decode_loads_as_the_long_poll_delivers_them():
     # idle worker's next snapshot only arrives when the poll times out (0.5 s): a request arriving
     # just after another finished still sees that worker busy.
     cm = synthetic_cost_model(const_s=0.01, per_token_s=0.001)
-    reqs = [SimRequest(0, 0.0, "interactive", 32, 4), SimRequest(1, 0.2, "interactive", 32, 4),
-            SimRequest(2, 1.5, "interactive", 32, 4)]
+    reqs = [
+        SimRequest(0, 0.0, "interactive", 32, 4),
+        SimRequest(1, 0.2, "interactive", 32, 4),
+        SimRequest(2, 1.5, "interactive", 32, 4),
+    ]
     res = simulate(cm, SimConfig(prefill_workers=0, decode_workers=2, **NO_ADMISSION), reqs)
     a, b, c = res.records
-    assert a.finished_s < 0.2
+    assert _finished(a) < 0.2
     assert (a.decode_worker, b.decode_worker, c.decode_worker) == ("decode-1", "decode-0", "decode-1")
 
 
@@ -234,10 +283,18 @@ def test_the_simulator_and_planner_import_neither_torch_nor_ray():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[4]
-    code = ("import sys, baton.perf.sim.simulator, baton.perf.sim.plan, baton.perf.sim.cli, baton.perf.sim.validate, "
-            "baton.commands.plan; print('torch' in sys.modules, 'ray' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=root,
-                         env={**os.environ, "PYTHONPATH": str(root)})
+    code = (
+        "import sys, baton.perf.sim.simulator, baton.perf.sim.plan, baton.perf.sim.cli, baton.perf.sim.validate, "
+        "baton.commands.plan; print('torch' in sys.modules, 'ray' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
     assert out.stdout.split() == ["False", "False"], out.stderr
 
 
@@ -245,9 +302,20 @@ def test_short_prompts_fill_the_prefill_worker_between_long_ones():
     # The same traffic as above: a long prompt every ~3 s keeps the prefill worker busy ~2 s of them.
     cm = synthetic_cost_model(const_s=0.040, per_token_s=0.001, prefill_pair_s=2e-8)
     reqs = _stream(120, 2.0, prompt=(16, 64), output=(64, 128), long_every=6, long_len=2048)
-    runs = {rule: simulate(cm, SimConfig(prefill_workers=1, decode_workers=1, local_prefill_threshold=256,
-                                         short_prompts_to_idle_prefill=rule, **NO_ADMISSION), reqs)
-            for rule in (False, True)}
+    runs = {
+        rule: simulate(
+            cm,
+            SimConfig(
+                prefill_workers=1,
+                decode_workers=1,
+                local_prefill_threshold=256,
+                short_prompts_to_idle_prefill=rule,
+                **NO_ADMISSION,
+            ),
+            reqs,
+        )
+        for rule in (False, True)
+    }
     long_prompts = sum(1 for r in reqs if r.prompt_len >= 256)
     off, on = runs[False], runs[True]
     assert off.complete and on.complete
@@ -264,11 +332,12 @@ def test_short_prompts_are_not_held_behind_long_ones_waiting_for_the_prefill_poo
     cm = synthetic_cost_model(const_s=0.010, per_token_s=0.001, prefill_pair_s=2e-8)
     reqs = [SimRequest(i, 1.0, "interactive", 1700, 4) for i in range(12)]
     reqs += [SimRequest(12 + i, 1.5, "interactive", 8, 4) for i in range(6)]
-    res = simulate(cm, SimConfig(prefill_workers=1, decode_workers=1, local_prefill_threshold=256, **NO_ADMISSION),
-                   reqs)
+    res = simulate(
+        cm, SimConfig(prefill_workers=1, decode_workers=1, local_prefill_threshold=256, **NO_ADMISSION), reqs
+    )
     assert res.complete
-    long_ttft = sorted(r.ttft_s for r in res.records if r.prompt_len >= 256)
-    short_ttft = [r.ttft_s for r in res.records if r.prompt_len < 256]
+    long_ttft = sorted(_ttft(r) for r in res.records if r.prompt_len >= 256)
+    short_ttft = [_ttft(r) for r in res.records if r.prompt_len < 256]
     assert long_ttft[-1] > 15.0  # the long ones queue for the prefill worker, one after another
     assert max(short_ttft) < 0.5
 
@@ -285,14 +354,44 @@ def test_steps_past_the_profiled_range_are_flagged():
     # A real CPU profile (SmolLM2 on a Zen 5 host, two cores), kept beside this test: its samples set the range.
     cm = CostModel.load(Path(__file__).resolve().parent / "data" / "cost_model_cpu2c_zen5.json")
 
-    def run(prompt: int) -> object:
-        spec = workload_from_dict({"lanes": {"batch": 1.0}, "input_len": {"kind": "fixed", "value": prompt},
-                                   "output_len": {"kind": "fixed", "value": 8}})
+    def run(prompt: int) -> SimResult:
+        spec = workload_from_dict(
+            {
+                "lanes": {"batch": 1.0},
+                "input_len": {"kind": "fixed", "value": prompt},
+                "output_len": {"kind": "fixed", "value": 8},
+            }
+        )
         reqs = sim_requests(spec, 0.5, 8.0, 0, cm.model.max_model_len)
         return Simulation(cm, SimConfig(prefill_workers=1, decode_workers=1, slo_rejection=False), seed=0).run(
-            reqs, duration_s=8.0, drain_s=600.0)
+            reqs, duration_s=8.0, drain_s=600.0
+        )
 
     long = run(7000)
     assert long.extrapolated.get("prefill_pairs", 0) > 1.5 and "prefill_pairs" in long.extrapolation_note()
     assert long.to_json(with_requests=False)["extrapolated"] == long.extrapolated
     assert run(200).extrapolated == {} and run(200).extrapolation_note() is None
+
+
+def test_lane_priority_gives_interactive_its_decode_share_back_from_running_batch_jobs():
+    """The issue-50 situation: long batch jobs already set the decode pace, so admission turns new
+    interactive requests away for pace (policy off); with ``lane_priority`` the decode worker preempts
+    batch sequences for the interactive lane's pace and admission counts what that frees. The real
+    scheduler, lane shares and admission run on the simulated cluster (same code as ``baton up``)."""
+    cm = synthetic_cost_model(const_s=0.04, per_token_s=0.0, per_sampled_s=0.02)
+    reqs = [SimRequest(i, 0.1 * i, "batch", 32, 300) for i in range(12)]
+    reqs += [SimRequest(100 + i, 3.0 + 1.0 * i, "interactive", 32, 20) for i in range(40)]
+    lanes = ["interactive", "batch"]
+
+    def run(on: bool):
+        cfg = SimConfig(prefill_workers=0, decode_workers=1, pace_guard=False, lane_priority=on)
+        sim = simulate(cm, cfg, reqs, lanes=lanes, drain_s=600.0)
+        return sim.summary["lanes"], sim
+
+    (off, _), (on, sim_on) = run(False), run(True)
+    assert off["interactive"]["completed"] <= 5  # refused for pace: the batch jobs set it
+    assert on["interactive"]["completed"] >= 35
+    assert on["interactive"]["tpot_s"]["p99"] < 0.25  # admitted, and within the objective
+    assert on["batch"]["completed"] == off["batch"]["completed"] == 12  # no batch job starves or is lost
+    counters = [w.lane_counters for w in sim_on.workers if w.role == "decode"]
+    assert sum(c.pace_preemptions.get(2, 0) for c in counters) > 0

@@ -28,24 +28,50 @@ def _experiment(cost, decode_scale: float = 1.0, prefill_scale: float = 1.0) -> 
         runs = []
         for rate in (2.0, 4.0):
             reqs = sim_requests(spec, rate, 20.0, 0, cost.model.max_model_len)
-            cfg = SimConfig(prefill_workers=p, decode_workers=d, slo_rejection=False, step_scale=decode_scale,
-                            prefill_step_scale=prefill_scale)
+            cfg = SimConfig(
+                prefill_workers=p,
+                decode_workers=d,
+                slo_rejection=False,
+                step_scale=decode_scale,
+                prefill_step_scale=prefill_scale,
+            )
             res = Simulation(cost, cfg).run(
-                reqs, duration_s=20.0, rate=rate, drain_s=20.0, warmup_s=2.0, lanes=list(spec.lanes))
-            runs.append({"config": {"mode": "open", "rate": rate, "duration_s": 20.0, "warmup_s": 2.0, "seed": 0,
-                                    "burst": None, "workload": spec.to_dict(), "slos": {}},
-                         "summary": res.summary["summary"], "lanes": res.summary["lanes"]})
+                reqs, duration_s=20.0, rate=rate, drain_s=20.0, warmup_s=2.0, lanes=list(spec.lanes)
+            )
+            runs.append(
+                {
+                    "config": {
+                        "mode": "open",
+                        "rate": rate,
+                        "duration_s": 20.0,
+                        "warmup_s": 2.0,
+                        "seed": 0,
+                        "burst": None,
+                        "workload": spec.to_dict(),
+                        "slos": {},
+                    },
+                    "summary": res.summary["summary"],
+                    "lanes": res.summary["lanes"],
+                }
+            )
         overrides = {"router.slo_rejection": False, "pools.prefill.workers": p, "pools.decode.workers": d}
         setups[name] = {"setup": {"name": name, "overrides": overrides, "static_batch_size": None}, "runs": runs}
-    return {"schema": "baton.bench.experiment/1", "command": "python -m bench.experiments.x --drain 20",
-            "setups": setups}
+    return {
+        "schema": "baton.bench.experiment/1",
+        "command": "python -m bench.experiments.x --drain 20",
+        "setups": setups,
+    }
 
 
 def test_replaying_the_simulators_own_predictions_matches_exactly():
     cost = synthetic_cost_model(const_s=0.03, per_token_s=0.002)
     rows = compare(cost, _experiment(cost))
-    assert [(r["setup"], r["rate"]) for r in rows] == [("colocated", 2.0), ("colocated", 4.0),
-                                                       ("disaggregated", 2.0), ("disaggregated", 4.0)]
+    assert [(r["setup"], r["rate"]) for r in rows] == [
+        ("colocated", 2.0),
+        ("colocated", 4.0),
+        ("disaggregated", 2.0),
+        ("disaggregated", 4.0),
+    ]
     for r in rows:
         assert r["within"] and all(e == 0 for e in r["errors"].values()), r
     slower = compare(cost, _experiment(cost), step_scale=1.5)
@@ -59,24 +85,48 @@ def test_validate_cli(tmp_path):
     cost.save(cm)
     exp.write_text(json.dumps(_experiment(cost)))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "baton.perf.sim.validate", "--cost-model", str(cm),
-                        "--experiment", str(exp), "--json", str(tmp_path / "v.json")], capture_output=True, text=True, cwd=ROOT, env=env,
-                       timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "baton.perf.sim.validate",
+            "--cost-model",
+            str(cm),
+            "--experiment",
+            str(exp),
+            "--json",
+            str(tmp_path / "v.json"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "4 of 4 runs have p50 and p90 TTFT and ITL within 20%" in r.stdout
     assert json.loads((tmp_path / "v.json").read_text())["schema"] == "baton.sim.validate/1"
     exp.write_text(json.dumps({"schema": "other"}))
-    r = subprocess.run([sys.executable, "-m", "baton.perf.sim.validate", "--cost-model", str(cm),
-                        "--experiment", str(exp)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "baton.perf.sim.validate", "--cost-model", str(cm), "--experiment", str(exp)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 2 and "not an experiment report" in r.stderr
 
 
-@pytest.mark.parametrize("flags, words", [
-    (["--json", "/nonexistent/v.json"], "the directory /nonexistent does not exist"),  # a traceback after the run
-    (["--band", "1"], "--band must be in [0, 1)"),
-    (["--tolerance", "-1"], "--tolerance must be a finite number >= 0"),
-    (["--step-scale", "inf"], "--step-scale must be a finite number > 0"),
-])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--json", "/nonexistent/v.json"], "the directory /nonexistent does not exist"),  # a traceback after the run
+        (["--band", "1"], "--band must be in [0, 1)"),
+        (["--tolerance", "-1"], "--tolerance must be a finite number >= 0"),
+        (["--step-scale", "inf"], "--step-scale must be a finite number > 0"),
+    ],
+)
 def test_validate_refuses_bad_flags_before_simulating(tmp_path, capsys, flags, words):
     from baton.perf.sim.validate import main
 

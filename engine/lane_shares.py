@@ -1,0 +1,231 @@
+"""Decode capacity by lane: how a lane's priority reaches the decode step (pure Python, no torch).
+
+Lanes reach a worker's scheduler as their requests' priority (``LaneShareConfig`` per priority, from
+the router's lane config). Each step, every lane with demand gets a share of the sequence slots by
+weight (one decode token per sequence, so the same share of decode tokens), at least its ``floor``
+of them while it has demand, and never more than it wants: what a lane does not use is lent to the
+others. A lane's demand is its running and locally waiting requests plus the pressure the router
+reports with each poll (``LaneDemand``: requests waiting in the router, or turned away for pace).
+
+The shares act in two places:
+
+- admission (``Admitter``): a waiting request of a lane at its share is passed over while another
+  lane with demand is under its own;
+- preemption for pace: while a lane's streams are slower than its TPOT objective, or admission refuses
+  it for pace (``LaneDemand.pace_short``), running sequences of less important preemptible lanes are
+  preempted (least important, newest first, one a step) down to their floor; and a more important
+  request waiting here for a sequence slot takes one from a preemptible lane above its share. A
+  victim goes back to the waiting queue and resumes by recompute (``RequestLifecycle.preempt``); its
+  lane is held at its floor until the pace is back (the router stops reporting ``pace_short``), and
+  then regrows by one sequence every ``REGROW_S`` up to its share: let back at once, the batch lane
+  would set the pace again at once, and every such round trip recomputes what its victims had done.
+
+Transitions: DECODING/PREFILLING → PREEMPTED (through ``RequestLifecycle.preempt``, by the scheduler).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from engine.config import LaneShareConfig
+from engine.request import Request
+
+# A router's report counts for this long (then it is gone, or stalled, and its pressure with it).
+PRESSURE_TTL_S = 5.0
+# After a lane was short of pace, the preemptible lanes held at their floor regrow one sequence this often.
+REGROW_S = 0.5
+
+
+@dataclass(frozen=True)
+class LaneDemand:
+    """One lane's pressure as a router sees it; sent to the decode workers with each poll."""
+
+    priority: int
+    waiting: int = 0  # requests in the router's lane queue, plus those recently refused for pace
+    pace_short: bool = False  # its streams miss (or would miss) the TPOT objective, or it is refused for pace
+
+
+@dataclass(frozen=True)
+class LaneCounters:
+    """Cumulative, by priority, for the load report (the router labels them with its lane names)."""
+
+    decode_tokens: dict[int, int]  # sequences in the batch, summed over steps (a decode token each)
+    pace_preemptions: dict[int, int]  # sequences preempted for a more important lane's pace
+    preempted_seconds: dict[int, float]  # time those spent preempted, counted when they resumed
+    # Now, not cumulative: prompt tokens queued (waiting, or a running prompt's rest, recomputes included).
+    # A request goes ahead of less important lanes' (the waiting queue is in priority order): admission
+    # does not count their tokens as queued ahead of it.
+    queued_tokens: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class LanePlan:
+    """What the shares decide for one step."""
+
+    running: dict[int, int]  # running sequences by priority
+    caps: dict[int, int]  # the most sequences a lane may run after this step's admissions
+    victims: list[Request] = field(default_factory=list)  # to preempt for pace now
+
+
+def water_fill(
+    demand: dict[int, int], weights: dict[int, float], floors: dict[int, float], capacity: int
+) -> dict[int, int]:
+    """Slots by lane: ``capacity`` shared by weight among the lanes with demand, each capped at its
+    demand (a capped lane's excess goes to the others: lending) and raised to its floor (a fraction of
+    ``capacity``, at least one slot, at most its demand). Slots left by the rounding go to the most
+    important lanes (lowest priority value) still short."""
+    lanes = [p for p, d in demand.items() if d > 0]
+    out = {p: 0 for p in demand}
+    if not lanes or capacity <= 0:
+        return out
+    floor = {
+        p: min(float(demand[p]), max(1.0, floors.get(p, 0.0) * capacity)) if floors.get(p, 0.0) else 0.0 for p in lanes
+    }
+    fixed: dict[int, float] = {}
+    while True:  # fix the lanes capped at their demand or raised to their floor; share the rest by weight
+        free = [p for p in lanes if p not in fixed]
+        left = capacity - sum(fixed.values())
+        total = sum(weights.get(p, 1.0) for p in free)
+        share = {p: left * weights.get(p, 1.0) / total for p in free} if total else {}
+        newly = {p: float(demand[p]) for p, s in share.items() if s >= demand[p]}
+        if not newly:
+            newly = {p: floor[p] for p, s in share.items() if s < floor[p]}
+        if not newly:
+            break
+        fixed.update(newly)
+    for p, s in {**share, **fixed}.items():
+        out[p] = math.floor(s + 1e-9)
+    spare = min(capacity, sum(demand[p] for p in lanes)) - sum(out.values())
+    for p in sorted(lanes):
+        if spare <= 0:
+            break
+        if out[p] < demand[p]:
+            out[p] += 1
+            spare -= 1
+    return out
+
+
+class LaneShares:
+    def __init__(
+        self, lanes: Iterable[LaneShareConfig], max_num_seqs: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.lanes = {lane.priority: lane for lane in lanes}
+        self.weights = {p: lane.weight for p, lane in self.lanes.items()}
+        self.floors = {p: lane.floor for p, lane in self.lanes.items()}
+        self.max_num_seqs = max_num_seqs
+        self._clock = clock
+        # The routers' latest reports: origin -> (when, demands). Replaced whole by the poll's thread,
+        # read by the step's: each value is immutable.
+        self._pressure: dict[str, tuple[float, tuple[LaneDemand, ...]]] = {}
+        # Counters (cumulative, for the load report): preempted for pace, and seconds spent preempted,
+        # by priority; and decode tokens scheduled by priority.
+        self.pace_preemptions: dict[int, int] = {}
+        self.preempted_seconds: dict[int, float] = {}
+        self.decode_tokens: dict[int, int] = {}
+        self._out: dict[str, float] = {}  # request id -> when it was preempted for pace
+        # When a lane was last reported short of pace and which (None: the lanes below it have regrown).
+        self._short_at: float | None = None
+        self._short = 0
+
+    # -- the router's side ------------------------------------------------------------------
+    def set_pressure(self, origin: str, demands: tuple[LaneDemand, ...]) -> None:
+        self._pressure = {**self._pressure, origin: (self._clock(), demands)}
+
+    def router_demand(self) -> tuple[dict[int, int], int | None]:
+        """(requests waiting in the routers by priority, the most important lane short of pace or None)."""
+        now = self._clock()
+        waiting: dict[int, int] = {}
+        short: int | None = None
+        for at, demands in self._pressure.values():
+            if now - at > PRESSURE_TTL_S:
+                continue
+            for d in demands:
+                waiting[d.priority] = waiting.get(d.priority, 0) + d.waiting
+                if d.pace_short and (short is None or d.priority < short):
+                    short = d.priority
+        return waiting, short
+
+    # -- the step -----------------------------------------------------------------------------
+    def plan(self, running: list[Request], local_waiting: dict[int, int]) -> LanePlan | None:
+        """The shares for this step (``local_waiting``: this scheduler's waiting requests by priority),
+        or None when fewer than two lanes have demand (nothing to share)."""
+        counts: dict[int, int] = {}
+        for r in running:
+            counts[r.priority] = counts.get(r.priority, 0) + 1
+        tokens = self.decode_tokens  # (the batch as the step starts: one token each, counted here for free)
+        for p, n in counts.items():
+            tokens[p] = tokens.get(p, 0) + n
+        demand = dict(counts)
+        router_waiting, short = self.router_demand()
+        for src in (local_waiting, router_waiting):
+            for p, n in src.items():
+                demand[p] = demand.get(p, 0) + n
+        if sum(1 for n in demand.values() if n > 0) < 2:
+            return None
+        capacity = min(self.max_num_seqs, sum(demand.values()))
+        shares = water_fill(demand, self.weights, self.floors, capacity)
+        floor_slots = {
+            p: (min(demand[p], max(1, math.ceil(self.floors.get(p, 0.0) * capacity))) if self.floors.get(p, 0.0) else 0)
+            for p in demand
+        }
+        caps = dict(shares)
+        plan = LanePlan(counts, caps)
+        preemptible = [p for p in demand if p in self.lanes and self.lanes[p].preemptible]
+        if short is not None and any(p > short for p in preemptible):
+            # a lane misses its pace: the less important preemptible lanes go to their floor
+            self._short_at, self._short = self._clock(), short
+            for p in preemptible:
+                if p > short:
+                    caps[p] = min(caps[p], floor_slots[p])
+            over = {p for p in preemptible if p > short and counts.get(p, 0) > floor_slots[p]}
+            victim = self._newest(running, over) if over else None
+            if victim is not None:
+                plan.victims.append(victim)
+            return plan
+        if self._short_at is not None:  # the pace is back: the preemptible lanes regrow, one at a time
+            grown = int((self._clock() - self._short_at) / REGROW_S)
+            held = [p for p in preemptible if p > self._short]
+            for p in held:
+                caps[p] = min(caps[p], floor_slots[p] + grown)
+            if all(caps[p] >= shares[p] for p in held):
+                self._short_at = None
+        if len(running) >= self.max_num_seqs:  # a more important request wants a slot: an over-share lane gives one
+            want = min((p for p, n in local_waiting.items() if n and counts.get(p, 0) < shares.get(p, 0)), default=None)
+            over = {p for p in preemptible if want is not None and p > want and counts.get(p, 0) > shares[p]}
+            victim = self._newest(running, over) if over else None
+            if victim is not None:
+                plan.victims.append(victim)
+        return plan
+
+    @staticmethod
+    def _newest(running: list[Request], lanes: set[int]) -> Request | None:
+        """The victim: least important lane first, then the newest (it has the least work to redo). A
+        prefill role's request (shipping its KV as it computes) is never one."""
+        return max(
+            (r for r in running if r.priority in lanes and not r.prefill_only),
+            key=lambda r: (r.priority, r.arrival_seq),
+            default=None,
+        )
+
+    def preempted(self, req: Request) -> None:
+        """``req`` was preempted for pace."""
+        self.pace_preemptions[req.priority] = self.pace_preemptions.get(req.priority, 0) + 1
+        self._out[req.request_id] = self._clock()
+
+    def resumed(self, req: Request) -> None:
+        """``req`` joined the running batch (again, after a preemption for pace: the time out is counted)."""
+        since = self._out.pop(req.request_id, None)
+        if since is not None:
+            self.preempted_seconds[req.priority] = self.preempted_seconds.get(req.priority, 0.0) + self._clock() - since
+
+    def forget(self, request_id: str) -> None:
+        """``request_id`` ended (an abort while it was preempted: no time to count)."""
+        self._out.pop(request_id, None)
+
+    def counters(self, queued_tokens: dict[int, int] | None = None) -> LaneCounters:
+        return LaneCounters(
+            dict(self.decode_tokens), dict(self.pace_preemptions), dict(self.preempted_seconds), queued_tokens or {}
+        )

@@ -1,0 +1,121 @@
+"""Constraints compiled into llguidance matchers, once per distinct constraint (torch-free: the
+router compiles a request's constraint to refuse a bad one with a 400 before it is queued).
+
+llguidance was chosen over xgrammar by measurement (bench/grammar_backends.py, docs/BENCHMARKS.md):
+it compiles the test schemas in well under a millisecond where xgrammar takes tens, its masks are
+computed lazily per step at a comparable cost, and it imports no torch (xgrammar needs torch,
+transformers and triton), so the router can use it. Compilation runs under llguidance's fuel limits
+(``CompileBudget``): a schema or regex too large to compile is an error naming the field, never a hang.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import llguidance
+
+from engine.errors import InvalidParameterError
+from engine.model.tokenizer import Tokenizer
+from engine.structured.constraint import ConstraintKind, StructuredOutput
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+# Compact JSON (no free whitespace): a small model given free whitespace may pad forever.
+_JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
+
+
+@dataclass(frozen=True, slots=True)
+class CompileBudget:
+    """llguidance's work limits for one compile (its units: ~50k lexer fuel per ms)."""
+
+    lexer_fuel: int = 2_000_000
+    max_grammar_size: int = 500_000
+    max_lexer_states: int = 250_000
+    step_lexer_fuel: int = 200_000
+
+    def limits(self) -> llguidance.LLParserLimits:
+        return llguidance.LLParserLimits(
+            initial_lexer_fuel=self.lexer_fuel,
+            max_grammar_size=self.max_grammar_size,
+            max_lexer_states=self.max_lexer_states,
+            step_lexer_fuel=self.step_lexer_fuel,
+            verbose_errors=False,
+        )
+
+
+def grammar_text(c: StructuredOutput) -> str:
+    """llguidance's grammar for ``c``; InvalidParameterError naming its field if it is malformed."""
+    try:
+        if c.kind is ConstraintKind.JSON_OBJECT:
+            return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
+        if c.kind is ConstraintKind.JSON_SCHEMA:
+            return llguidance.LLMatcher.grammar_from_json_schema(c.spec, defaults=_JSON_OPTIONS)
+        if c.kind is ConstraintKind.REGEX:
+            return llguidance.LLMatcher.grammar_from_regex(c.spec)
+        if c.kind is ConstraintKind.CHOICE:
+            return llguidance.grammar_from("choice", c.spec)
+        return llguidance.grammar_from("grammar", c.spec)
+    except (ValueError, TypeError) as e:
+        raise InvalidParameterError(c.field, f"{c.field} is not valid: {e}") from None
+
+
+class GrammarCompiler:
+    """Compiles constraints for one tokenizer into matchers: a bounded LRU cache of compiled
+    (pristine) matchers keyed by the constraint's hash; each request gets a copy. Thread-safe: the
+    router compiles off its event loop."""
+
+    def __init__(
+        self,
+        tokenizer_json: str,
+        vocab_size: int,
+        eos_token_ids: tuple[int, ...] | list[int],
+        *,
+        cache_size: int = 256,
+        budget: CompileBudget = CompileBudget(),
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=list(eos_token_ids))
+        self.budget = budget
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Tokenizer, vocab_size: int | None = None, **kw: Any) -> GrammarCompiler:
+        """From an ``engine.model.tokenizer.Tokenizer`` (``vocab_size``: the logits' width, if wider)."""
+        vocab = max(vocab_size or 0, tokenizer.vocab_size)
+        return cls(tokenizer.backend.to_str(), vocab, tokenizer.eos_token_ids, **kw)
+
+    def compile(self, c: StructuredOutput) -> llguidance.LLMatcher:
+        """The pristine compiled matcher of ``c`` (do not advance it: ``matcher`` copies it)."""
+        key = c.key
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        grammar = grammar_text(c)
+        m = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self.budget.limits())
+        if m.is_error():
+            raise InvalidParameterError(c.field, f"{c.field} cannot be compiled: {_short(m.get_error())}")
+        with self._lock:
+            self._cache[key] = m
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return m
+
+    def matcher(self, c: StructuredOutput) -> llguidance.LLMatcher:
+        """A fresh matcher for one request (one per choice)."""
+        return self.compile(c).deep_copy()
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+def _short(error: str, limit: int = 300) -> str:
+    error = " ".join(error.split())
+    return error if len(error) <= limit else error[:limit] + "..."

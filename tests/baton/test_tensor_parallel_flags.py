@@ -1,0 +1,76 @@
+"""Tensor-parallel settings as a user gives them: the CLI flags, the config schema and its checks,
+and ``baton generate --tensor-parallel-size 3 --json`` on the default model against transformers."""
+
+import json
+
+import pytest
+
+from baton.config import BatonConfig, load_config
+from baton.fleet import PoolSpec
+from tests.baton.test_cli import baton
+from tests.engine.hf_oracle import hf_greedy, load_hf
+
+
+def test_pool_sizes_default_to_the_engines_and_the_flags_reach_the_config():
+    cfg = BatonConfig()
+    assert cfg.engine_config().tensor_parallel_size == 1
+    assert cfg.pool_tensor_parallel_size("decode") == 1
+    cfg = load_config(None, {"engine.tensor_parallel_size": 2, "pools.decode.tensor_parallel_size": 4})
+    assert cfg.engine_config().tensor_parallel_size == 2
+    assert (cfg.pool_tensor_parallel_size("prefill"), cfg.pool_tensor_parallel_size("decode")) == (2, 4)
+
+
+def test_a_worker_needs_a_gpu_per_rank():
+    with pytest.raises(
+        ValueError,
+        match=r"pools.decode: tensor_parallel_size=2 needs one GPU per rank, but a "
+        r"worker is given gpus=1",
+    ):
+        BatonConfig.model_validate({"pools": {"decode": {"gpus": 1, "tensor_parallel_size": 2}}})
+    with pytest.raises(ValueError, match=r"pools\.prefill: tensor_parallel_size=4"):
+        BatonConfig.model_validate({"engine": {"tensor_parallel_size": 4}, "pools": {"prefill": {"gpus": 2}}})
+    BatonConfig.model_validate({"pools": {"decode": {"gpus": 2, "tensor_parallel_size": 2}}})
+    with pytest.raises(ValueError):
+        BatonConfig.model_validate({"engine": {"tensor_parallel_size": 0}})
+
+
+def test_pool_workers_refuse_tensor_parallel_until_they_run_groups():
+    with pytest.raises(
+        ValueError,
+        match=r"pools.decode.tensor_parallel_size=2: tensor-parallel pool workers are "
+        r"not supported yet",
+    ):
+        PoolSpec("decode", 1, tensor_parallel_size=2)
+
+
+def test_generate_refuses_a_size_that_does_not_divide_the_heads(tiny_model_dir):
+    r = baton("generate", "--model", str(tiny_model_dir), "--tensor-parallel-size", "3", "--prompt", "hi", "--json")
+    assert r.returncode != 0
+    assert "tensor_parallel_size=3 does not divide the model's 8 attention heads" in r.stderr
+
+
+@pytest.mark.slow
+def test_generate_tp3_json_on_the_default_model_equals_transformers(default_model_dir):
+    prompts = ["What is the capital of France?", "2+2=", "Write a haiku about the sea."]
+    r = baton(
+        "generate",
+        "--model",
+        str(default_model_dir),
+        "--tensor-parallel-size",
+        "3",
+        "--max-tokens",
+        "16",
+        "--ignore-eos",
+        "--json",
+        *[a for p in prompts for a in ("--prompt", p)],
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr
+    got = [json.loads(line) for line in r.stdout.splitlines()]
+    ids = [o["token_ids"] for o in got]
+    from engine.model.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(default_model_dir)
+    encoded = [tok.encode(p) for p in prompts]
+    assert [o["num_prompt_tokens"] for o in got] == [len(e) for e in encoded]
+    assert ids == hf_greedy(load_hf(default_model_dir), encoded, [16] * 3)

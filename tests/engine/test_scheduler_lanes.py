@@ -1,0 +1,169 @@
+"""Decode capacity by lane (engine/lane_shares.py) with the fake runner (pure Python, milliseconds)."""
+
+from engine.block_manager import BlockManager
+from engine.config import LaneShareConfig, SchedulerConfig
+from engine.fake_runner import FakeModelRunner, fake_next_token
+from engine.lane_shares import LaneDemand, water_fill
+from engine.request import Request, RequestState
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+
+BS = 4
+VOCAB = 1000
+INTERACTIVE, BATCH = 0, 2
+LANES = (
+    LaneShareConfig(INTERACTIVE, weight=8.0, floor=0.05),
+    LaneShareConfig(BATCH, weight=1.0, floor=0.1, preemptible=True),
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(max_num_seqs=16, lanes=LANES, num_blocks=512):
+    clock = Clock()
+    sched = Scheduler(
+        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=256, lane_shares=lanes),
+        BlockManager(num_blocks, BS),
+        512,
+        clock=clock,
+    )
+    sched.clock = clock
+    runner = FakeModelRunner(max_num_seqs=max_num_seqs, max_model_len=512, block_size=BS, vocab_size=VOCAB)
+    return sched, runner
+
+
+def req(rid, priority, max_tokens=40, n_prompt=6, start=10):
+    return Request(
+        rid,
+        list(range(start, start + n_prompt)),
+        SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        priority=priority,
+        preemptible=priority == BATCH,
+    )
+
+
+def expected_output(prompt, max_tokens):
+    toks = list(prompt)
+    for _ in range(max_tokens):
+        toks.append(fake_next_token(toks[-1], len(toks), VOCAB))
+    return toks[len(prompt) :]
+
+
+def step(sched, runner, n=1):
+    for _ in range(n):
+        sched.clock.now += 0.05  # a decode step's time
+        so = sched.schedule()
+        sched.update_from_output(runner.execute(so))
+
+
+def running_by_lane(sched):
+    out = {INTERACTIVE: 0, BATCH: 0}
+    for r in sched.running:
+        out[r.priority] += 1
+    return out
+
+
+def test_water_fill_shares_by_weight_with_floors_and_lending():
+    w, f = {0: 8.0, 2: 1.0}, {0: 0.05, 2: 0.1}
+    # Both lanes want more than there is: by weight, the batch lane above its floor.
+    assert water_fill({0: 100, 2: 100}, w, f, 90) == {0: 80, 2: 10}
+    # Floors: a light lane keeps its floor even against a heavy one.
+    assert water_fill({0: 100, 2: 100}, {0: 100.0, 2: 1.0}, f, 100)[2] == 10
+    # Lending: what a lane does not want goes to the other.
+    assert water_fill({0: 3, 2: 100}, w, f, 50) == {0: 3, 2: 47}
+    # A lane without demand gets nothing; the other gets everything it wants.
+    assert water_fill({0: 0, 2: 30}, w, f, 16) == {0: 0, 2: 16}
+    assert sum(water_fill({0: 7, 2: 9}, w, f, 16).values()) == 16
+
+
+def test_without_interactive_demand_batch_takes_every_slot():
+    sched, runner = make()
+    for i in range(20):
+        sched.add_request(req(f"b{i}", BATCH))
+    step(sched, runner, 3)
+    assert running_by_lane(sched)[BATCH] == 16  # lent: nobody else wants the slots
+
+
+def test_shares_hold_slots_for_the_router_waiting_interactive_lane():
+    sched, runner = make()
+    sched.lane_shares.set_pressure("r", (LaneDemand(INTERACTIVE, waiting=12),))
+    for i in range(20):
+        sched.add_request(req(f"b{i}", BATCH))
+    step(sched, runner, 3)
+    assert running_by_lane(sched)[BATCH] == 4  # 12 of 16 slots kept for the interactive lane, the rest lent
+    sched.lane_shares.set_pressure("r", (LaneDemand(INTERACTIVE, waiting=30),))
+    for r in list(sched.running)[2:]:  # (they finish or leave in time; here, a fresh start)
+        sched.abort(r.request_id)
+    step(sched, runner, 3)
+    # demand 30 + 18 over 16 slots: by weight the batch lane would get 1.8, so it gets its floor (2)
+    assert running_by_lane(sched)[BATCH] == 2
+    sched.lane_shares.set_pressure("r", ())  # the interactive queue drained: the batch lane borrows again
+    step(sched, runner, 3)
+    assert running_by_lane(sched)[BATCH] == 16
+
+
+def test_pace_preempts_newest_batch_first_down_to_the_floor_then_resumes_exactly():
+    sched, runner = make(max_num_seqs=32)
+    batch = [req(f"b{i}", BATCH, max_tokens=30) for i in range(10)]
+    for r in batch:
+        sched.add_request(r)
+    inter = [req(f"i{i}", INTERACTIVE, max_tokens=30, start=100) for i in range(2)]
+    for r in inter:
+        sched.add_request(r)
+    step(sched, runner, 3)
+    assert running_by_lane(sched) == {INTERACTIVE: 2, BATCH: 10}
+    sched.lane_shares.set_pressure("r", (LaneDemand(INTERACTIVE, waiting=4, pace_short=True),))
+    victims = []
+    for _ in range(12):
+        before = {r.request_id for r in sched.running}
+        step(sched, runner)
+        victims += sorted(before - {r.request_id for r in sched.running} - {r.request_id for r in inter})
+    # one a step, newest first, down to the floor (ceil(0.1 x 16 wanted) = 2); interactive untouched
+    assert victims == [f"b{i}" for i in range(9, 1, -1)]
+    assert running_by_lane(sched) == {INTERACTIVE: 2, BATCH: 2}
+    assert all(r.state is not RequestState.PREEMPTED for r in inter)
+    assert sched.lane_shares.pace_preemptions == {BATCH: 8}
+    sched.lane_shares.set_pressure("r", ())  # the pace is back: the victims resume by recompute,
+    sizes = []  # the batch lane regrowing one sequence every REGROW_S (10 steps here)
+    for _ in range(500):
+        if not sched.has_unfinished():
+            break
+        step(sched, runner)
+        sizes.append(running_by_lane(sched)[BATCH])
+    assert sizes[:14] == [2] * 9 + [3] * 5
+    assert max(sizes) == 8  # the interactive lane done, nothing is shared: every victim is back at once
+    for r in batch + inter:
+        assert r.output_token_ids == expected_output(r.prompt_token_ids, 30), r.request_id
+    assert set(sched.lane_shares.preempted_seconds) == {BATCH}
+    assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
+
+
+def test_a_waiting_interactive_request_takes_a_slot_from_batch_above_its_share():
+    sched, runner = make(max_num_seqs=8)
+    for i in range(8):
+        sched.add_request(req(f"b{i}", BATCH, max_tokens=60))
+    step(sched, runner, 2)
+    assert running_by_lane(sched)[BATCH] == 8
+    sched.add_request(req("i0", INTERACTIVE, start=100))
+    step(sched, runner, 3)
+    assert running_by_lane(sched) == {INTERACTIVE: 1, BATCH: 7}
+    assert sched.requests["b7"].state is RequestState.PREEMPTED  # the newest
+
+
+def test_pressure_from_a_silent_router_expires():
+    sched, _ = make()
+    sched.lane_shares.set_pressure("r", (LaneDemand(INTERACTIVE, waiting=5, pace_short=True),))
+    assert sched.lane_shares.router_demand() == ({INTERACTIVE: 5}, INTERACTIVE)
+    sched.clock.now = 10.0
+    assert sched.lane_shares.router_demand() == ({}, None)
+
+
+def test_off_by_default():
+    sched = Scheduler(SchedulerConfig(), BlockManager(16, BS), 64)
+    assert sched.lane_shares is None
