@@ -94,7 +94,12 @@ def test_a_send_queued_behind_a_pending_receive_to_the_same_peer_waits_for_it(ma
         with pytest.raises(NcclSemanticsViolation):
             b.streams.record().synchronize()
         assert torch.isnan(into_b).all()  # nothing arrived
-        assert any("rank 0's recv #0" in v for v in violations(master))
+        # a's watcher records its own stalled receive on its thread, maybe after b's raised
+        wait_until(
+            lambda: any("rank 0's recv #0" in v for v in violations(master)),
+            timeout_s=5,
+            message="rank 0's stalled receive to be recorded",
+        )
     finally:
         a.close()
         b.close()
