@@ -20,9 +20,11 @@ from ray.exceptions import GetTimeoutError, RayError
 from baton.fleet import FleetOptions, PoolSpec, WorkerFleet
 from engine.config import EngineConfig
 from engine.errors import ContextLengthError
+from engine.model.config import ModelConfig
 from engine.model.registry import resolve_model
 from engine.model.tokenizer import Tokenizer
 from engine.outputs import RequestOutput
+from engine.parallel.layout import check_tensor_parallel
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
 from kv_transfer.data_plane import DataPlaneFactory
@@ -54,6 +56,9 @@ class ClusterConfig:
     start_timeout_s: float = 300.0
     ray_address: str | None = None  # None: start a local Ray instance
     kv_data_plane: DataPlaneFactory | None = None  # tests: kv_transfer.nccl_double.NcclSemantics(); None: NCCL/gloo
+    # Ranks a worker of each pool spans (None: engine.tensor_parallel_size).
+    prefill_tensor_parallel_size: int | None = None
+    decode_tensor_parallel_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.prefill_workers < 0 or self.decode_workers < 1:
@@ -78,7 +83,7 @@ class LocalCluster:
         self.tokenizer = Tokenizer.from_dir(model_dir) if (model_dir / "tokenizer.json").exists() else None
         self._owns_ray = not ray.is_initialized()
         c = config
-        tp = c.engine.tensor_parallel_size  # every worker's, until pools set their own
+        tp = c.engine.tensor_parallel_size  # a pool's own size, else this
         pools = {
             "prefill": PoolSpec(
                 "prefill",
@@ -86,7 +91,7 @@ class LocalCluster:
                 _or(c.prefill_cpus_per_worker, c.cpus_per_worker),
                 _or(c.prefill_gpus_per_worker, c.gpus_per_worker),
                 _or(c.prefill_torch_threads_per_worker, c.torch_threads_per_worker),
-                tensor_parallel_size=tp,
+                tensor_parallel_size=_or(c.prefill_tensor_parallel_size, tp),
             ),
             "decode": PoolSpec(
                 "decode",
@@ -94,12 +99,21 @@ class LocalCluster:
                 c.cpus_per_worker,
                 c.gpus_per_worker,
                 c.torch_threads_per_worker,
-                tensor_parallel_size=tp,
+                tensor_parallel_size=_or(c.decode_tensor_parallel_size, tp),
             ),
         }
+        model_cfg = ModelConfig.from_file(model_dir / "config.json")
+        for role, spec in pools.items():  # refused here, naming both numbers, before any actor starts
+            check_tensor_parallel(
+                spec.tensor_parallel_size,
+                model_cfg.num_attention_heads,
+                model_cfg.num_key_value_heads,
+                model_cfg.intermediate_size,
+                f"pools.{role}.tensor_parallel_size",
+            )
         if self._owns_ray:
             say("starting Ray")
-            cpus = sum(p.workers * p.cpus for p in pools.values())
+            cpus = sum(p.workers * p.cpus * p.tensor_parallel_size for p in pools.values())
             ray.init(
                 address=config.ray_address,
                 num_cpus=None if config.ray_address else max(2, int(cpus) + 1),

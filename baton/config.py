@@ -1,5 +1,8 @@
 """Baton's configuration schema (pydantic), shared by ``baton up`` and ``baton cluster``.
 
+(Over 400 lines as one concept: the config file's schema, one section model per top-level key, with
+the cross-section checks that need all of them; the engine's own sections live in engine/config.py.)
+
 A wrong config fails at start with a message naming the field. Secrets (API keys, the Redis
 password) are references — ``{env: NAME}`` or ``{file: PATH}`` — so configs can be committed and
 mounted from Kubernetes Secrets; ``{value: ...}`` exists for tests and local experiments only.
@@ -26,6 +29,7 @@ from engine.config import (
 )
 from router.lane_pressure import lane_share_configs
 from router.lanes import ClassificationRules, LaneConfig, LanePolicy, TenantConfig, default_lanes
+from router.tool_calls.parsers import ToolFormatSetting
 
 
 class ConfigError(ValueError):
@@ -170,6 +174,11 @@ class RouterSection(_Model):
     tenant_cache_isolation: bool = True
     drain_timeout_s: float = Field(30.0, ge=0)
     initial_prefill_tokens_per_s: float = Field(1000.0, gt=0)
+    tool_call_format: ToolFormatSetting = Field(
+        ToolFormatSetting.AUTO,
+        description="the markup tool calls are parsed in and forced calls constrained to "
+        "(auto: the one the model's chat template teaches)",
+    )
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> RouterSection:

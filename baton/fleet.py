@@ -20,7 +20,10 @@ from typing import Any
 import ray
 import torch.distributed as dist
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from baton.ray_ranks import RayRanks
 from decode_worker.worker import DecodeWorker
 from engine.config import EngineConfig
 from kv_transfer.data_plane import DataPlaneFactory
@@ -41,19 +44,17 @@ class PoolSpec:
     gpus: float = 0.0
     threads: int = 1  # torch threads per worker on CPU
     resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per worker
-    tensor_parallel_size: int = 1  # ranks a worker spans
+    tensor_parallel_size: int = 1  # ranks a worker spans: each rank asks for cpus, gpus and resources
+
+    def bundle(self) -> dict[str, float]:
+        """What one rank asks of Ray (a bundle of the worker's placement group)."""
+        return {k: v for k, v in {"CPU": self.cpus, "GPU": self.gpus, **self.resources}.items() if v}
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode"):
             raise ValueError(f"unknown pool role {self.role!r}")
-        if self.tensor_parallel_size != 1:
-            # A pool worker is one process today: its KV handoff ships one rank's heads. Refused
-            # rather than served wrong; the colocated engine (baton generate) runs TP groups.
-            raise ValueError(
-                f"pools.{self.role}.tensor_parallel_size={self.tensor_parallel_size}: tensor-parallel "
-                "pool workers are not supported yet (only the colocated engine, engine."
-                "tensor_parallel_size with `baton generate` / `baton bench offline`, runs TP)"
-            )
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"pools.{self.role}.tensor_parallel_size: {self.tensor_parallel_size} is too few")
         if self.workers < (1 if self.role == "decode" else 0):
             raise ValueError(f"pools.{self.role}.workers: {self.workers} is too few")
 
@@ -92,6 +93,8 @@ class WorkerFleet:
         self.store = StoreAddress(driver_ip(), self._store.port)
         self.pool = WorkerPool([], [])
         self.replacements = 0
+        # Worker id -> the placement group of its tensor-parallel ranks (TP > 1): removed with it.
+        self._groups: dict[str, PlacementGroup] = {}
 
     # -- starting -----------------------------------------------------------------------------
     def start(self) -> WorkerPool:
@@ -122,18 +125,28 @@ class WorkerFleet:
         parts = []
         for role, spec in self.specs.items():
             if spec.workers:
-                need = {"CPU": spec.cpus, "GPU": spec.gpus, **spec.resources}
-                want = ", ".join(f"{k}={v:g}" for k, v in need.items() if v)
-                parts.append(f"{spec.workers} {role} worker(s) with {want} each")
+                want = ", ".join(f"{k}={v:g}" for k, v in spec.bundle().items())
+                ranks = (
+                    f" on each of {spec.tensor_parallel_size} ranks (one node)" if spec.tensor_parallel_size > 1 else ""
+                )
+                parts.append(f"{spec.workers} {role} worker(s) with {want}{ranks} each")
         return " and ".join(parts) + " free"
 
     def _engine_for(self, role: str) -> EngineConfig:
         spec = self.specs[role]
-        engine = replace(self.engine, num_threads=spec.threads if not spec.gpus else None)
+        engine = replace(
+            self.engine,
+            num_threads=spec.threads if not spec.gpus else None,
+            tensor_parallel_size=spec.tensor_parallel_size,
+        )
         if spec.gpus and engine.device == "auto":
             # A worker given GPUs must use one: "auto" fell back to the CPU (a CPU image or torch
             # build on GPU nodes) and served on CPU while holding the GPUs. It fails to start instead.
             engine = replace(engine, device="cuda")
+        if spec.tensor_parallel_size > 1 and engine.cache.shared_memory:
+            # A group's caches are its ranks' heads each: no same-host peer maps them (kv_transfer/
+            # identity.py), and a rank's segment would outlive a rank that is killed.
+            engine = replace(engine, cache=replace(engine.cache, shared_memory=False))
         if 0 < spec.gpus < 1:  # workers sharing a GPU: each sizes its KV from its share (engine/kv_memory.py)
             engine = replace(engine, cache=replace(engine.cache, gpu_fraction=spec.gpus))
         if role == "prefill":  # its requests stop at their first token: no decode step for CUDA graphs to replay
@@ -155,8 +168,19 @@ class WorkerFleet:
             suffix = f"-r{self.replacements}" if self.replacements else ""
             opts["name"] = f"{self.options.actor_name_prefix}-{worker_id}{suffix}"
             if self.on_spawn is not None:
-                self.on_spawn(worker_id, opts["name"], {"CPU": spec.cpus, "GPU": spec.gpus, **spec.resources})
-        transfer = {} if self.options.kv_data_plane is None else {"data_plane": self.options.kv_data_plane}
+                # A group packs its ranks onto one node: that node must offer every rank's bundle.
+                demand = {k: v * spec.tensor_parallel_size for k, v in spec.bundle().items()}
+                self.on_spawn(worker_id, opts["name"], demand)
+        transfer: dict[str, Any] = (
+            {} if self.options.kv_data_plane is None else {"data_plane": self.options.kv_data_plane}
+        )
+        if spec.tensor_parallel_size > 1:
+            # The worker is rank 0 in the first bundle; it starts ranks 1..N-1 in the others
+            # (baton/ray_ranks.py). STRICT_PACK: a group meets on one node.
+            group = placement_group([spec.bundle()] * spec.tensor_parallel_size, strategy="STRICT_PACK")
+            self._groups[worker_id] = group
+            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
+            transfer["ranks"] = RayRanks
         if role == "prefill":
             return (
                 ray.remote(PrefillWorker)
@@ -211,6 +235,7 @@ class WorkerFleet:
         self.replacements += 1
         self.say(f"worker {w.worker_id} is dead: starting a replacement")
         kill_actor(w.actor)
+        self._remove_group(w.worker_id)  # (its ranks' actors go with it)
         actor = self._spawn(w.role, w.worker_id)
         w.actor = actor
         return actor
@@ -228,6 +253,15 @@ class WorkerFleet:
             ray.wait(calls, num_returns=len(calls), timeout=shutdown_timeout_s)
         for w in self.pool.all():
             kill_actor(w.actor)
+            self._remove_group(w.worker_id)
+
+    def _remove_group(self, worker_id: str) -> None:
+        group = self._groups.pop(worker_id, None)
+        if group is not None:
+            try:
+                remove_placement_group(group)
+            except Exception:  # noqa: BLE001 - already removed (Ray shut down)
+                pass
 
 
 def kill_actor(actor) -> None:

@@ -109,12 +109,17 @@ class RouterFrontend:
         await self.router.start()
         try:
             self.http = HttpServer(
-                create_app(self.router, served_model_name=name),
+                create_app(self.router, served_model_name=name, tool_format=rc.tool_call_format.tool_format),
                 rc.host,
                 rc.http_port if http_port is None else http_port,
             )
             await self.http.start()
-            self.grpc = GrpcServer(self.router, rc.host, rc.grpc_port if grpc_port is None else grpc_port)
+            self.grpc = GrpcServer(
+                self.router,
+                rc.host,
+                rc.grpc_port if grpc_port is None else grpc_port,
+                tool_format=rc.tool_call_format.tool_format,
+            )
             bound_grpc = await self.grpc.start()
         except BaseException:
             await self.stop(drain=False)

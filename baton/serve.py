@@ -93,6 +93,8 @@ class BatonServer:
             decode_prefill_token_budget=cfg.pools.decode_prefill_token_budget,
             transfer_timeout_s=cfg.pools.transfer_timeout_s,
             max_restarts=cfg.pools.max_restarts,
+            prefill_tensor_parallel_size=cfg.pool_tensor_parallel_size("prefill"),
+            decode_tensor_parallel_size=cfg.pool_tensor_parallel_size("decode"),
         )
         # On the main thread, blocking: Ray installs its handlers there, and nothing else runs yet.
         self.cluster = LocalCluster(cluster_cfg, self.say, self.router_id)

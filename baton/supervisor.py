@@ -1,5 +1,8 @@
 """``python -m baton cluster``: Baton on an existing Ray cluster (what ``ray job submit`` runs).
 
+(Over 400 lines as one concept: the supervision round and the start and stop around it; the fleet,
+placement watch, Redis and router replicas are their own modules.)
+
 The supervisor is the job's driver. It connects to ``RAY_ADDRESS``, starts Redis if no URL is
 configured (on this node, with a generated password), places the prefill and decode actors on
 nodes offering ``baton_prefill`` / ``baton_decode`` and the router replicas on ``baton_router``,

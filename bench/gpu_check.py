@@ -83,6 +83,9 @@ def _steps(tmp: Path) -> list[tuple[str, list[str], int]]:
         ("decode_graphs_llama-3.2-1b", [py, "-m", "bench.gpu_decode_graphs", "--model", "llama-3.2-1b", "--json"], 150),
         # The host's share of those steps, on this machine's CPU (what runs around a graph's replay).
         ("host_step", [py, "-m", "bench.host_step", "--json"], 60),
+        # Issue 46: decode steps with 1/16/64 rows grammar-constrained against the same rows
+        # unconstrained (the masks, computed on the host beside the forward, and applied on the device).
+        ("structured", [py, "-m", "bench.grammar_backends", "--engine", "--device", "cuda", "--repeats", "2"], 180),
         (
             "offline_llama-3.2-1b",
             [py, "-m", "bench.gpu_check", "--offline", "llama-3.2-1b", "--model-dir", str(tmp / "llama-3.2-1b")],
@@ -93,6 +96,18 @@ def _steps(tmp: Path) -> list[tuple[str, list[str], int]]:
             [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/engine/attention/test_triton_kernels.py"],
             240,
         ),
+        # Issue 45: Triton windowed / soft-capped attention (Gemma-2-2B's shape) and the fused MoE
+        # experts (a Mixtral layer) against the torch paths, checked and timed.
+        ("family_kernels", [py, "-m", "bench.gpu_check_family_kernels", "--json"], 150),
+        # Issue 45: the families' golden tests on CUDA, through the Triton windowed/soft-capped
+        # attention and the fused MoE kernel.
+        (
+            "golden_families_cuda",
+            [py, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/engine/model/test_golden_families.py"],
+            300,
+        ),
+        # Issue 49: the device sampler runs with no host synchronization and keeps the same tokens.
+        ("sampler_sync_free", [py, "-m", "bench.gpu_check_sampler", "--json"], 90),
         ("disagg_ipc_tiny", [py, "-m", "bench.disagg_check", "--device", "cuda", "--json"], 120),
         ("decode_graphs_qwen2.5-0.5b", [py, "-m", "bench.gpu_decode_graphs", "--model", "qwen2.5-0.5b", "--json"], 150),
         (

@@ -83,6 +83,7 @@ def _variants(decode) -> int | None:
 
 def run(g: Geometry, batches: tuple[int, ...] = (1, 64), context: int = 4096, iters: int = 50) -> dict:
     from engine.attention import triton_decode as decode
+    from engine.attention.triton_common import device_sm_count
 
     report: dict = {"geometry": asdict(g), "context": context, "batches": {}}
     for batch in batches:
@@ -100,7 +101,7 @@ def run(g: Geometry, batches: tuple[int, ...] = (1, 64), context: int = 4096, it
         row = {
             "kv_bytes": nbytes,
             "copy_ms": round(copy_ms, 4),
-            "splits_after": decode.decode_num_splits(batch, g.kv_heads, decode.device_sm_count(args[0].device)),
+            "splits_after": decode.decode_num_splits(batch, g.kv_heads, device_sm_count(args[0].device)),
         }
         for name, fn in (("before", before), ("after", after)):
             ms = _time_ms(fn, iters)

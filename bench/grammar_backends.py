@@ -3,11 +3,13 @@ and the time to fill the token bitmask of one decode step at 1/16/64 constrained
 matcher walked through a valid document, a mask per token), on the default model's tokenizer.
 
 The engine arm (``--engine``) runs the default model's decode steps with 1/16/64 rows, all
-constrained by a schema whose string keeps them decoding, against the same rows unconstrained:
-the constrained step's extra cost (the matchers' masks, the full logits the greedy head skips).
+constrained by a schema whose string keeps them decoding, against the same rows unconstrained,
+interleaved in one process: the constrained step's extra cost (the matchers' masks, the full
+logits of a row whose argmax its mask forbids). ``--overlap on|off`` computes the masks beside
+the forward or after it (default: the engine's, beside it).
 
     python -m bench.grammar_backends            # needs `pip install xgrammar` for its arm
-    python -m bench.grammar_backends --engine   # the engine arm only
+    python -m bench.grammar_backends --engine   # the engine arm only (--rows 16 for one size)
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def _tokenizer():
 
 
 def _doc_tokens(tok, doc: dict) -> list[int]:
-    return tok.encode(json.dumps(doc, separators=(",", ":")), add_special_tokens=False)
+    # Keys sorted: a constraint's schema is its sorted JSON text, and the grammar keeps that order.
+    return tok.encode(json.dumps(doc, separators=(",", ":"), sort_keys=True), add_special_tokens=False)
 
 
 def bench_llguidance(tok, repeats: int) -> dict:
@@ -163,16 +166,23 @@ def bench_xgrammar(tok, repeats: int) -> dict:
     return out
 
 
-def bench_engine(steps: int, repeats: int = 2) -> dict:
+def bench_engine(
+    steps: int,
+    repeats: int = 2,
+    rows_set: tuple[int, ...] = ROWS,
+    overlap: bool | None = None,
+    device: str = "cpu",
+    model: str = "default",
+) -> dict:
     from engine.config import EngineConfig, SchedulerConfig
     from engine.engine import LLMEngine
     from engine.model.registry import resolve_model
     from engine.sampling_params import SamplingParams
     from engine.structured.constraint import StructuredOutput
 
-    engine = LLMEngine(
+    engine = LLMEngine(  # (dtype auto: float32 on a CPU, bfloat16 on a GPU)
         EngineConfig(
-            model=str(resolve_model("default")), dtype="float32", scheduler=SchedulerConfig(max_num_seqs=max(ROWS))
+            model=str(resolve_model(model)), device=device, scheduler=SchedulerConfig(max_num_seqs=max(rows_set))
         )
     )
     long_text = StructuredOutput.json_schema(
@@ -181,7 +191,7 @@ def bench_engine(steps: int, repeats: int = 2) -> dict:
     assert engine.tokenizer is not None
     prompt = engine.tokenizer.encode_chat([{"role": "user", "content": "Write a long story as JSON."}])
     out: dict = {}
-    for rows in ROWS:
+    for rows in rows_set:
         arms: dict[str, list[float]] = {"unconstrained": [], "constrained": []}
         for _ in range(repeats):  # the arms interleaved; the fastest run of each (a shared machine's noise is additive)
             for name, structured in (("unconstrained", None), ("constrained", long_text)):
@@ -189,6 +199,8 @@ def bench_engine(steps: int, repeats: int = 2) -> dict:
                 for _ in range(rows):
                     engine.add_request(None, prompt, params)
                 engine.step()  # the prompts' step (the first tokens)
+                if engine.runner.grammars is not None and overlap is not None:
+                    engine.runner.grammars.overlap = overlap
                 t = time.perf_counter()
                 n = 0
                 while engine.has_unfinished_requests():
@@ -215,7 +227,7 @@ def _mask_ms(engine, rows: int, steps: int) -> float:
 
     tok = engine.tokenizer
     vocab = engine.model_config.vocab_size
-    grammars = GrammarRows(lambda: engine.runner.grammars.compiler, vocab)
+    grammars = GrammarRows(lambda: engine.runner.grammars.compiler, vocab, overlap=False)
     names = [list(SCHEMAS)[i % len(SCHEMAS)] for i in range(rows)]
     docs = [_doc_tokens(tok, SCHEMAS[n][1]) for n in names]
     length = min(min(len(d) for d in docs), steps)
@@ -228,7 +240,7 @@ def _mask_ms(engine, rows: int, steps: int) -> float:
     slots = list(range(rows))
     t = time.perf_counter()
     for s in range(length):
-        grammars.apply(logits, slots, None, token_ids, np.full(rows, 1 + s, dtype=np.int64), prompt_lens)
+        grammars.mask(logits, slots, None, token_ids, np.full(rows, 1 + s, dtype=np.int64), prompt_lens)
     return 1e3 * (time.perf_counter() - t) / length
 
 
@@ -237,9 +249,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--engine", action="store_true", help="the engine arm only (decode ms/step)")
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="the engine arm's batch sizes, comma-separated")
+    ap.add_argument(
+        "--overlap", choices=("auto", "on", "off"), default="auto", help="the engine arm's masks beside the forward"
+    )
+    ap.add_argument("--device", default="cpu", help="the engine arm's device (cpu, cuda: bench.gpu_check's step)")
+    ap.add_argument("--model", default="default", help="the engine arm's model (default, tiny or a directory)")
     args = ap.parse_args(argv)
     if args.engine:
-        print(json.dumps({"decode_ms_per_step": bench_engine(args.steps, min(args.repeats, 3))}, indent=1))
+        rows = tuple(int(r) for r in args.rows.split(","))
+        result = bench_engine(
+            args.steps,
+            min(args.repeats, 3),
+            rows,
+            overlap=None if args.overlap == "auto" else args.overlap == "on",
+            device=args.device,
+            model=args.model,
+        )
+        print(json.dumps({"device": args.device, "decode_ms_per_step": result}, indent=1))
         return
     tok = _tokenizer()
     result = {"vocab": tok.vocab_size, "llguidance": bench_llguidance(tok, args.repeats)}

@@ -49,7 +49,8 @@ def run(
     prefill_kernel: bool = True,
     c_loop: bool = True,
 ) -> dict:
-    from baton.perf.offline import _warmup, model_and_workload
+    from baton.perf.offline import model_and_workload
+    from baton.perf.offline_baton import warmup
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
     from engine.engine import LLMEngine
     from engine.model import linear
@@ -74,7 +75,7 @@ def run(
         engine.runner.model.use_kernels(dataclasses.replace(kernels, decode_layers=None))
     if order == "longest-output-first":
         requests = sorted(requests, key=lambda r: -r.max_tokens)
-    _warmup(engine)
+    warmup(engine)
     in_projections = [0.0]
     real_call = linear.Linear.__call__
 

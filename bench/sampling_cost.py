@@ -35,7 +35,8 @@ CHANGES_TOKENS = {"penalties"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    from baton.perf.offline import _warmup, model_and_workload
+    from baton.perf.offline import model_and_workload
+    from baton.perf.offline_baton import warmup
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
     from engine.sampling_params import SamplingParams
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir, requests = model_and_workload(args.model, "anyscale-cpu", args.n)
     engine = LLMEngine(EngineConfig(model=str(model_dir)))
-    _warmup(engine)
+    warmup(engine)
     prompts = [list(r.prompt_token_ids) for r in requests]
     tokens = sum(r.max_tokens for r in requests)
     seconds: dict[str, list[float]] = {m: [] for m in MODES}

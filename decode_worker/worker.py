@@ -24,6 +24,8 @@ from engine.gc_freeze import freeze_startup_objects
 from engine.kv_events import KVCacheEvent
 from engine.lane_shares import LaneDemand
 from engine.logprobs import TokenLogprob
+from engine.parallel.group_kv import whole_row_shape
+from engine.parallel.launcher import RankStarter
 from engine.request_spec import RequestSpec
 from engine.worker_stats import WorkerLoad, queued_prefill_tokens, queued_prefill_tokens_by_priority
 from kv_transfer.agent import TransferAgent, TransferTiming
@@ -46,11 +48,13 @@ class DecodeWorker:
         orphan_timeout_s: float = 10.0,
         data_plane: DataPlaneFactory = default_data_plane,
         set_device: SetDevice = cuda_set_device,
+        ranks: RankStarter | None = None,
     ) -> None:
+        """``ranks``: how a tensor-parallel worker's other ranks start (the fleet: Ray actors)."""
         self.worker_id = worker_id
         self.transfer_timeout_s = transfer_timeout_s
         bind_config_device(engine_config.device, set_device)  # before any CUDA work (engine/device.py)
-        self.engine = LLMEngine(engine_config, record_kv_events=True)
+        self.engine = LLMEngine(engine_config, record_kv_events=True, ranks=ranks)
         self.peer = make_peer(worker_id, "decode", self.engine)
         self.outbox = Outbox()
         self.loop = EngineLoop(self.engine, name=f"{worker_id}-engine", output_sink=self.outbox.put)
@@ -64,6 +68,10 @@ class DecodeWorker:
             on_receive_failed=self._on_receive_failed,
             kv_segment_name=kv_segment_name(self.engine),
             data_plane=data_plane,
+            # A group's ranks each take their heads of the received chunks, on the engine thread
+            # (``_on_received``; engine/parallel/group_kv.py).
+            row_shape=whole_row_shape(self.engine.runner.kv_cache, self.engine.model_config.num_key_value_heads),
+            stage_received=self.engine.ranks is not None,
         )
         self._transfer_ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -198,6 +206,8 @@ class DecodeWorker:
         self.outbox.close()
         self.agent.close()
         release_kv(self.engine)
+        if not self.loop.alive:  # (the group's broadcasts are the engine thread's while it runs)
+            self.engine.close()  # a tensor-parallel worker's other ranks stop
 
     # -- transfer callbacks (channel threads) ------------------------------------------------
     def _on_received(
@@ -208,6 +218,12 @@ class DecodeWorker:
 
         def arrived(engine: LLMEngine) -> None:
             timing.kv_ready.wait()  # the next step, the first to read the blocks, runs after their scatter
+            if timing.staged:
+                req = engine.scheduler.reserved.get(request_id)
+                if req is None or any(not set(st.block_ids) <= set(req.block_ids) for st in timing.staged):
+                    return  # aborted (or reserved anew) meanwhile: these blocks are no longer this transfer's
+                for st in timing.staged:
+                    engine.import_kv(st.block_ids, st.rows)
             breakdown = {
                 "prefill_queue": timing.prefill_queue_s,
                 "prefill_compute": timing.prefill_compute_s,

@@ -10,6 +10,9 @@ Pure Python (no torch); everything here is O(blocks touched).
   token ids, so a hash collision can never serve wrong KV.
 - The last prompt token is always recomputed: a hit never covers the whole prompt, since the step
   must produce logits for it.
+- An all-sliding model (Mistral) never reads a block wholly before the window of a sequence's next
+  query: ``free_passed_blocks`` releases it, leaving ``WINDOW_FREED`` in the block table. Like any
+  freed block it keeps its hash until reallocated: a prefix hit on it is still verified KV.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from dataclasses import dataclass
 from engine.block_hash import BlockHash, block_packer, hash_packed, root_hash
 from engine.kv_events import AllBlocksCleared, BlocksRemoved, BlocksStored, KVCacheEvent
 from engine.request import Request
+
+WINDOW_FREED = -1  # a block-table entry whose block the sliding window left behind (released)
 
 
 @dataclass(slots=True)
@@ -159,11 +164,22 @@ class BlockManager:
     """Per-request block accounting on top of a ``BlockPool``."""
 
     def __init__(
-        self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True, record_events: bool = False
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        record_events: bool = False,
+        window: int | None = None,
     ) -> None:
+        """``window``: an all-sliding model's (``Family.freeing_window``); None keeps every block."""
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        if window is not None and window <= 0:
+            raise ValueError(f"window must be positive, got {window}")
         self.block_size = block_size
+        self.window = window
+        self.num_window_freed = 0  # blocks released behind windows so far (a counter)
         self._pack = block_packer(block_size)
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks, record_events=record_events)
@@ -185,6 +201,16 @@ class BlockManager:
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def blocks_to_finish(self, num_prompt_tokens: int, num_tokens: int, chunk_tokens: int | None) -> int:
+        """The most blocks a sequence of ``num_tokens`` (``num_prompt_tokens`` of them prompt) holds at
+        once. Behind a window: the whole prompt (a reservation or a prefix hit may hold it), else a
+        chunk of ``chunk_tokens`` with the window before it; every block without one."""
+        whole = self.blocks_needed(num_tokens)
+        if self.window is None or chunk_tokens is None:
+            return whole
+        span = self.blocks_needed(self.window - 1 + chunk_tokens) + 1
+        return min(whole, max(self.blocks_needed(num_prompt_tokens), span))
 
     # -- hashing ----------------------------------------------------------------------------
     def update_block_hashes(self, req: Request) -> None:
@@ -278,6 +304,31 @@ class BlockManager:
             req.block_ids.extend(pool.allocate(need))
         return True
 
+    def free_passed_blocks(self, req: Request, position: int) -> int:
+        """Release ``req``'s blocks wholly before the window of its query at ``position`` (the first
+        it computes next): no query of it reads them again. A prefill-role request keeps them (they
+        are still to be shipped). Returns how many were released."""
+        window = self.window
+        if window is None or req.prefill_only:
+            return 0
+        start, ids = req.num_window_freed, req.block_ids
+        passed = min((position - window + 1) // self.block_size, len(ids))
+        if passed <= start:
+            return 0
+        self.pool.release(ids[start:passed])
+        ids[start:passed] = [WINDOW_FREED] * (passed - start)
+        req.num_window_freed = passed
+        self.num_window_freed += passed - start
+        return passed - start
+
+    def kv_slot_usage(self, reqs: Sequence[Request]) -> tuple[int, int]:
+        """(token slots holding KV a query can still read, token slots held) over ``reqs``: blocks a
+        window left behind are neither (released, they are back in the pool)."""
+        bs = self.block_size
+        held = sum(len(r.block_ids) - r.num_window_freed for r in reqs)
+        used = sum(min(r.num_computed_tokens, len(r.block_ids) * bs) - r.num_window_freed * bs for r in reqs)
+        return used, held * bs
+
     def append_block(self, req: Request) -> None:
         """One more block for ``req`` (a decode crossing into a new block), when the caller knows the
         pool has one: ``allocate(req, 1)`` without its checks, for the scheduler's hot loop."""
@@ -306,10 +357,12 @@ class BlockManager:
         for req in reqs:
             tokens = req.all_token_ids
             n_full = min(req.num_computed_tokens if num_tokens is None else num_tokens, len(tokens)) // bs
-            start = req.num_registered_blocks
+            start = max(req.num_registered_blocks, req.num_window_freed)  # (released blocks: not ours to enter)
             if n_full <= start:
                 continue
             hashes, block_ids = req.block_hashes, req.block_ids
+            if start > len(hashes):
+                self.update_block_hashes(req)
             parent = hashes[start - 1] if start else root_hash(req.cache_salt)
             for i in range(start, n_full):
                 block_tokens = tokens[i * bs : (i + 1) * bs]
@@ -336,9 +389,9 @@ class BlockManager:
 
     def free(self, req: Request) -> None:
         """Release all of ``req``'s blocks. Tail blocks are released first so they are evicted first."""
-        self.pool.release(req.block_ids[::-1])
+        self.pool.release(req.block_ids[req.num_window_freed :][::-1])  # (a window's released ones: already back)
         req.block_ids = []
-        req.num_registered_blocks = 0
+        req.num_registered_blocks = req.num_window_freed = 0
 
     def take_events(self) -> list[KVCacheEvent]:
         return self.pool.take_events()

@@ -11,6 +11,8 @@ import logging
 import operator
 from collections.abc import Callable, Sequence
 
+import torch
+
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.device import ThreadDevice
@@ -22,7 +24,8 @@ from engine.model.tokenizer import Tokenizer
 from engine.model_loader import LoadedModel, load_model
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
-from engine.parallel.local_ranks import LocalRanks
+from engine.parallel.group_kv import export_kv, import_kv
+from engine.parallel.launcher import RankStarter, start_ranks
 from engine.request import FinishReason, Request
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
@@ -35,11 +38,16 @@ log = logging.getLogger(__name__)
 
 class LLMEngine:
     def __init__(
-        self, config: EngineConfig, *, progress: Callable[[str], None] | None = None, record_kv_events: bool = False
+        self,
+        config: EngineConfig,
+        *,
+        progress: Callable[[str], None] | None = None,
+        record_kv_events: bool = False,
+        ranks: RankStarter | None = None,
     ) -> None:
+        """``ranks``: how the other tensor-parallel ranks start; they load their shards beside this one."""
         self.config = config
-        # Tensor parallel: the other ranks start loading their shards beside this one (engine/parallel/).
-        self.ranks = LocalRanks(config) if config.tensor_parallel_size > 1 else None
+        self.ranks = start_ranks(config, ranks)
         try:
             loaded: LoadedModel = load_model(
                 config, progress=progress, group=self.ranks.group if self.ranks is not None else None
@@ -61,6 +69,7 @@ class LLMEngine:
             config.cache.block_size,
             enable_prefix_caching=config.cache.enable_prefix_caching,
             record_events=record_kv_events,
+            window=loaded.model.cfg.family.freeing_window,  # (Mistral: blocks behind the window go back)
         )
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.max_model_len)
         self.eos_token_ids = _stop_ids(self.tokenizer, self.model_config.eos_token_ids)
@@ -207,7 +216,7 @@ class LLMEngine:
         if params.structured is not None:  # refused here, not in a step
             if self.runner.grammars is None:
                 raise InvalidParameterError(params.structured.field, "structured outputs need the model's tokenizer")
-            self.runner.grammars.compiler.compile(params.structured)
+            self.runner.grammars.compiler.compile_within_budget(params.structured)
         total = len(token_ids) - num_generated + params.max_tokens
         if total > self.max_model_len:
             raise ContextLengthError(
@@ -277,6 +286,10 @@ class LLMEngine:
         final outputs come first from the next ``step()``), the others carry on, and the error is
         re-raised."""
         self._thread_device.enter()
+        if self._failed_outputs and self.ranks is not None and not self.ranks.alive():
+            # A rank died: no step runs again, so the failed one's ends go out now, not behind a raise.
+            outputs, self._failed_outputs = self._failed_outputs, []
+            return outputs
         scheduled = self.last_scheduler_output = self.scheduler.schedule()
         try:
             ran = self.runner.execute(scheduled)
@@ -332,6 +345,13 @@ class LLMEngine:
             done[rid].prompt_logprobs = lps
         return [done[i] for i in ids]
 
+    # -- a pool worker's KV handoff: every head of a block (engine/parallel/group_kv.py) ---------
+    def export_kv(self, block_ids: Sequence[int]) -> torch.Tensor:
+        return export_kv(self.ranks, self.runner.kv_cache, self.model_config.num_key_value_heads, block_ids)
+
+    def import_kv(self, block_ids: Sequence[int], rows: torch.Tensor) -> None:
+        import_kv(self.ranks, self.runner.kv_cache, self.model_config.num_key_value_heads, block_ids, rows)
+
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (nothing to do at TP 1); the engine is unusable after."""
         if self.ranks is not None:
@@ -350,11 +370,9 @@ class LLMEngine:
         return self.block_manager.num_blocks
 
     def kv_slot_usage(self) -> tuple[int, int]:
-        """(token slots holding KV, token slots allocated) over running requests."""
-        bs = self.block_manager.block_size
-        used = sum(min(r.num_computed_tokens, len(r.block_ids) * bs) for r in self.scheduler.running)
-        allocated = sum(len(r.block_ids) for r in self.scheduler.running) * bs
-        return used, allocated
+        """(token slots holding KV, token slots allocated) over running requests (blocks a sliding
+        window left behind are released: neither)."""
+        return self.block_manager.kv_slot_usage(self.scheduler.running)
 
 
 def _token_ids(ids: Sequence[int], param: str) -> list[int]:

@@ -6,11 +6,16 @@ weight (one decode token per sequence, so the same share of decode tokens), at l
 of them while it has demand, and never more than it wants: what a lane does not use is lent to the
 others. A lane's demand is its running and locally waiting requests plus the pressure the router
 reports with each poll (``LaneDemand``: requests waiting in the router, or turned away for pace).
+The step's token budget left after the decodes is shared the same way (``token_shares``) among the
+lanes with prompt tokens to compute here (running prompt chunks, recomputes, waiting prompts): a
+batch prompt or recompute takes its lane's share of a step, not the whole step, while an
+interactive prompt waits.
 
-The shares act in two places:
+The shares act in three places:
 
 - admission (``Admitter``): a waiting request of a lane at its share is passed over while another
-  lane with demand is under its own;
+  lane with demand is under its own; a prompt's first chunk is cut to its lane's token share;
+- prompt chunks of running requests (``Scheduler._schedule_rest``): cut to their lane's token share;
 - preemption for pace: while a lane's streams are slower than its TPOT objective, or admission refuses
   it for pace (``LaneDemand.pace_short``), running sequences of less important preemptible lanes are
   preempted (least important, newest first, one a step) down to their floor; and a more important
@@ -68,6 +73,9 @@ class LanePlan:
     running: dict[int, int]  # running sequences by priority
     caps: dict[int, int]  # the most sequences a lane may run after this step's admissions
     victims: list[Request] = field(default_factory=list)  # to preempt for pace now
+    # Prompt tokens each lane may still compute this step (``token_shares``; taken as chunks are
+    # scheduled). None: one lane wants them, or none: no sharing. A lane not in it wants none.
+    tokens: dict[int, int] | None = None
 
 
 def water_fill(
@@ -149,12 +157,14 @@ class LaneShares:
         return waiting, short
 
     # -- the step -----------------------------------------------------------------------------
-    def plan(self, running: list[Request], local_waiting: dict[int, int]) -> LanePlan | None:
-        """The shares for this step (``local_waiting``: this scheduler's waiting requests by priority),
-        or None when fewer than two lanes have demand (nothing to share)."""
-        counts: dict[int, int] = {}
-        for r in running:
-            counts[r.priority] = counts.get(r.priority, 0) + 1
+    def plan(
+        self, running: list[Request], running_counts: dict[int, int], local_waiting: dict[int, int]
+    ) -> LanePlan | None:
+        """The shares for this step (``running_counts``: the running requests by priority, kept by the
+        batch as they join and leave; ``local_waiting``: this scheduler's waiting requests by
+        priority, kept by the queue), or None when fewer than two lanes have demand (nothing to
+        share). O(lanes): ``running`` is read only to pick a victim."""
+        counts = {p: n for p, n in running_counts.items() if n}
         tokens = self.decode_tokens  # (the batch as the step starts: one token each, counted here for free)
         for p, n in counts.items():
             tokens[p] = tokens.get(p, 0) + n
@@ -199,6 +209,28 @@ class LaneShares:
             if victim is not None:
                 plan.victims.append(victim)
         return plan
+
+    def token_shares(
+        self, plan: LanePlan, budget: int, rest: list[Request], waiting_tokens: dict[int, int], room: bool
+    ) -> dict[int, int] | None:
+        """Prompt tokens by lane for this step: ``budget`` (what the decodes left) shared by weight
+        with floors and lending among the lanes that want some, i.e. the prompt chunks and recomputes
+        of ``rest`` (the running requests that are not plain decodes) and the waiting prompts
+        (``waiting_tokens``, by priority, kept by the queue) of lanes that may admit one now (``room``:
+        a sequence slot is free; and the lane is under its cap in ``plan``): a share held for a prompt
+        that cannot start would only idle. None when fewer than two lanes want any."""
+        demand = (
+            {p: n for p, n in waiting_tokens.items() if n > 0 and plan.running.get(p, 0) < plan.caps.get(p, 1 << 30)}
+            if room
+            else {}
+        )
+        for r in rest:
+            n = len(r.all_token_ids) - r.num_computed_tokens
+            if n > 1 and not r.is_padding:
+                demand[r.priority] = demand.get(r.priority, 0) + n
+        if len(demand) < 2 or budget <= 0:
+            return None
+        return water_fill(demand, self.weights, self.floors, budget)
 
     @staticmethod
     def _newest(running: list[Request], lanes: set[int]) -> Request | None:

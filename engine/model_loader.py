@@ -19,7 +19,6 @@ from engine.kernels import kernels_for
 from engine.kv_cache import allocate_kv_cache, allocate_shared_kv_cache, kv_block_bytes
 from engine.kv_memory import gpu_kv_blocks, measure_gpu_memory, profile_forward, profile_shape
 from engine.model.config import ModelConfig
-from engine.model.family_forward import check_backend, serving_context
 from engine.model.llama import LlamaModel
 from engine.model.registry import resolve_model
 from engine.model.tokenizer import Tokenizer
@@ -94,7 +93,6 @@ def load_model(
             raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's context length {max_len}")
         max_len = config.max_model_len
     attention = select_backend(device, config.attention_backend)
-    max_len = serving_context(model_cfg.family, attention, max_len, config.max_model_len is not None)
 
     say(f"loading {model_cfg.architecture} weights from {model_dir} ({dtype}, {device})")
     kernels = kernels_for(device, dtype)
@@ -126,7 +124,6 @@ def load_model(
     cc = config.cache
     kv_cfg = model_cfg if shard is None else replace(model_cfg, num_key_value_heads=shard.kv_heads)  # its heads only
     block_bytes = kv_block_bytes(kv_cfg, cc.block_size, dtype)
-    check_backend(model.cfg.family, attention)  # windows / soft-capping: the torch path only (family_forward.py)
     useful = config.scheduler.max_num_seqs * (-(-max_len // cc.block_size))  # more can never be used
     if cc.num_blocks is not None:
         num_blocks = cc.num_blocks

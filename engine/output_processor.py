@@ -156,12 +156,16 @@ class OutputProcessor:
             if req.prompt_logprobs is not None:  # complete once the first token is sampled
                 out.prompt_logprobs = [TokenLogprob(req.prompt_token_ids[0], None), *req.prompt_logprobs]
             if req.first_scheduled_time is not None and req.first_token_time is not None:
+                # Preempted before its first token: that time out is its own stage, not compute.
+                out_s = sum(b - a for a, b in req.preempted_spans or ())
                 out.ttft_breakdown = {
                     "prefill_queue": req.first_scheduled_time - req.arrival_time,
-                    "prefill_compute": req.first_token_time - req.first_scheduled_time,
+                    "prefill_compute": max(0.0, req.first_token_time - req.first_scheduled_time - out_s),
                     "transfer": 0.0,
                     "decode_queue": 0.0,
                 }
+                if out_s:
+                    out.ttft_breakdown["preempted"] = out_s
         if finished:
             self._streams.pop(req.request_id, None)
             out.finished = True
@@ -171,9 +175,10 @@ class OutputProcessor:
             out.num_cached_tokens = req.num_cached_tokens
             out.token_ids = req.output_token_ids
             out.text = st.text
-            out.metrics = RequestMetrics(
-                req.arrival_time, req.first_scheduled_time, req.first_token_time, time.monotonic()
-            )
+            now = time.monotonic()
+            out.metrics = RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, now)
+            if req.preempted_spans:
+                out.preempted = [(a - now, b - now) for a, b in req.preempted_spans]
         return out
 
     def abort_output(self, req: Request, finish_reason: FinishReason = FinishReason.ABORT) -> RequestOutput:

@@ -40,6 +40,9 @@ class RequestOutput:
     # On the output carrying the first token: TTFT by stage on the workers (prefill_queue,
     # prefill_compute, transfer, decode_queue), in seconds.
     ttft_breakdown: dict[str, float] | None = None
+    # On the final output of a request that was preempted (for KV, or for a lane's pace): each time
+    # out as (from, to) in seconds relative to when that output was built (negative: before it).
+    preempted: list[tuple[float, float]] | None = None
     # One per token of ``new_token_ids`` when the request asked for logprobs, else None.
     logprobs: list[TokenLogprob] | None = None
     # On the output carrying the first token, when asked for: one per prompt token (the first

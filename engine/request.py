@@ -100,7 +100,10 @@ class Request:
         "num_preemptions",
         "num_prompt_tokens",
         "num_registered_blocks",
+        "num_window_freed",
         "pending_logprobs",
+        "preempted_at",
+        "preempted_spans",
         "preemptible",
         "prefill_only",
         "priority",
@@ -149,7 +152,11 @@ class Request:
         self.block_ids: list[int] = []
         self.block_hashes: list[bytes] = []  # one per full block of all_token_ids, chained
         self.num_registered_blocks = 0  # how many of block_ids are in the prefix cache
+        self.num_window_freed = 0  # leading block_ids freed behind an all-sliding model's window (block_manager)
         self.num_preemptions = 0
+        # Time spent preempted (monotonic): since when now, and (from, to) of each past preemption.
+        self.preempted_at: float | None = None
+        self.preempted_spans: list[tuple[float, float]] | None = None
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.is_padding = False  # static-batching baseline: finished, but its row still computes

@@ -11,6 +11,7 @@ import torch
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.cuda_graphs import DecodeGraphs
+from engine.device_sampling import process_logits_on_device
 from engine.input_batch import InputBatch, StepInputs
 from engine.logits_processing import process_logits
 from engine.logprobs import TokenLogprob, compute_logprobs
@@ -18,7 +19,7 @@ from engine.model.llama import LlamaModel
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import RunnerOutput, SchedulerOutput
-from engine.structured.grammar_rows import GrammarRows
+from engine.structured.grammar_rows import GrammarRows, MaskJob
 
 # slot -> (the first prompt token scored, its logprobs and the next ones'): RunnerOutput.prompt_logprobs
 PromptLogprobs = dict[int, tuple[int, list[TokenLogprob]]]
@@ -81,6 +82,12 @@ class ModelRunner:
         if so.is_empty:
             return RunnerOutput([], [])
         inputs = self.batch.prepare(so)
+        masks = None  # a constrained step's masks, computed beside the forward
+        if self.grammars is not None and len(inputs.logits_indices):
+            b = self.batch
+            masks = self.grammars.start(
+                inputs.sample_rows, inputs.sample_offsets, b.token_ids, b.num_tokens, b.num_prompt_tokens
+            )
         graphs = self.graphs
         if graphs is not None and graphs.takes(inputs):
             hidden, prompt_logprobs = self._graph_forward(graphs, inputs), None
@@ -88,7 +95,7 @@ class ModelRunner:
             hidden, prompt_logprobs = self._eager_forward(inputs)
         if not len(inputs.logits_indices):
             return RunnerOutput([], [], prompt_logprobs=prompt_logprobs)
-        out = self._sample(hidden, inputs)
+        out = self._sample(hidden, inputs, masks)
         out.prompt_logprobs = prompt_logprobs
         return out
 
@@ -138,22 +145,27 @@ class ModelRunner:
         return out
 
     @torch.inference_mode()
-    def _sample(self, hidden: torch.Tensor, inputs: StepInputs) -> RunnerOutput:
+    def _sample(self, hidden: torch.Tensor, inputs: StepInputs, masks: MaskJob | None = None) -> RunnerOutput:
         batch = self.batch
         rows = inputs.sample_rows
         row_list = rows.tolist()
         params = [batch.params[r] for r in row_list]
         if self.model.greedy_head_takes(len(row_list)):
-            got = self._greedy_head_sample(hidden, inputs, row_list, params)
+            got = self._greedy_head_sample(hidden, inputs, row_list, params, masks)
             if got is not None:
                 tokens, others_logits, others = got
                 return self._take(tokens, others_logits, rows, row_list, params, logits_rows=others)
         logits = self.model.compute_logits(hidden)
-        sampled_t = self._sample_logits(logits, rows, row_list, params, inputs.sample_offsets)
+        sampled_t = self._sample_logits(logits, rows, row_list, params, inputs.sample_offsets, masks)
         return self._take(sampled_t, logits, rows, row_list, params)
 
     def _greedy_head_sample(
-        self, hidden: torch.Tensor, inputs: StepInputs, row_list: list[int], params: list[SamplingParams]
+        self,
+        hidden: torch.Tensor,
+        inputs: StepInputs,
+        row_list: list[int],
+        params: list[SamplingParams],
+        masks: MaskJob | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray | None] | None:
         """Plain greedy rows (no penalties, bias, ``min_tokens``, logprobs) need only each row's argmax:
         the model's greedy head finds it without every logit, and the other rows' logits are computed
@@ -161,26 +173,23 @@ class ModelRunner:
         head's), and the rows that ask for logprobs are among the others (their logits computed
         without the plain rows agree with the full batch's to the last bits: ~1e-6 in logprobs).
         (tokens, the others' logits, the others' positions among the step's rows; both None when every
-        row is plain). None where no row is plain greedy, or the greedy head does not take these
-        rows."""
+        row is plain). A constrained row is plain while its grammar's mask allows its argmax (the
+        masked argmax is then that token), else one of the others. None where no row is plain
+        greedy, or the greedy head does not take these rows."""
         processing = self.batch.processing_rows
-        grammars = self.grammars.rows if self.grammars is not None else {}  # (a masked row needs every logit)
-        is_plain = np.array(
-            [
-                p.greedy and p.logprobs is None and r not in processing and r not in grammars
-                for r, p in zip(row_list, params)
-            ]
-        )
+        is_plain = np.array([p.greedy and p.logprobs is None and r not in processing for r, p in zip(row_list, params)])
         if not is_plain.any():
             return None
-        if is_plain.all():
-            tokens = self.model.greedy_tokens(hidden)
-            return None if tokens is None else (tokens, None, None)
-        plain, others = np.flatnonzero(is_plain), np.flatnonzero(~is_plain)
-        plain_t, others_t = torch.from_numpy(plain), torch.from_numpy(others)
-        tokens = self.model.greedy_tokens(hidden[plain_t])
+        plain = np.flatnonzero(is_plain)
+        tokens = self.model.greedy_tokens(hidden if len(plain) == len(row_list) else hidden[torch.from_numpy(plain)])
         if tokens is None:
             return None
+        if masks is not None:  # a constrained row keeps its argmax where its mask allows it, else needs every logit
+            plain, tokens = _allowed_argmax(masks, plain, tokens)
+        if len(plain) == len(row_list):
+            return tokens, None, None
+        others = np.setdiff1d(np.arange(len(row_list)), plain, assume_unique=True)
+        plain_t, others_t = torch.from_numpy(plain), torch.from_numpy(others)
         offsets = inputs.sample_offsets
         others_logits = self.model.compute_logits(hidden[others_t])
         sampled = self._sample_logits(
@@ -189,6 +198,8 @@ class ModelRunner:
             [row_list[i] for i in others],
             [params[i] for i in others],
             None if offsets is None else offsets[others],
+            masks,
+            others,
         )
         out = torch.empty(len(params), dtype=torch.int64)
         out[plain_t], out[others_t] = tokens, sampled
@@ -201,8 +212,11 @@ class ModelRunner:
         row_list: list[int],
         params: list[SamplingParams],
         offsets: np.ndarray | None,
+        masks: MaskJob | None = None,
+        positions: np.ndarray | None = None,
     ) -> torch.Tensor:
-        """Tokens sampled from ``logits`` (one row per sampled position of ``rows``), logit processing first."""
+        """Tokens sampled from ``logits`` (one row per sampled position of ``rows``: the step's, or
+        those at ``positions`` among them), logit processing first, then the grammars' masks."""
         batch = self.batch
         # Tokens before the one each position samples: a drafted position's include the drafts
         # before it (written after the known ones), so its seed's output index and its penalties'
@@ -216,13 +230,10 @@ class ModelRunner:
             histories = [
                 batch.token_ids[r, :n] if r in batch.processing_rows else None for r, n in zip(row_list, known.tolist())
             ]
-            to_sample = process_logits(
-                logits, params, histories, batch.num_prompt_tokens[rows].tolist(), self.eos_token_ids
-            )
-        if self.grammars is not None and self.grammars.constrained(row_list):
-            to_sample = self.grammars.apply(
-                to_sample, row_list, offsets, batch.token_ids, batch.num_tokens, batch.num_prompt_tokens
-            )
+            process = process_logits_on_device if self.sampler.sync_free else process_logits
+            to_sample = process(logits, params, histories, batch.num_prompt_tokens[rows].tolist(), self.eos_token_ids)
+        if masks is not None and self.grammars is not None:
+            to_sample = self.grammars.apply(to_sample, masks.result(), positions)
         return self.sampler.sample(to_sample, params, out_pos)
 
     def _take(
@@ -322,6 +333,20 @@ class ModelRunner:
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
         tensor = torch.from_numpy(np.ascontiguousarray(a))
         return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
+
+
+def _allowed_argmax(masks: MaskJob, plain: np.ndarray, tokens: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
+    """The plain greedy positions (and their argmax tokens) left once each constrained one whose
+    argmax its mask forbids is taken out: where the mask allows the argmax, the masked argmax is it."""
+    m = masks.result()
+    constrained = np.isin(plain, m.at)
+    if not constrained.any():
+        return plain, tokens
+    ok = np.ones(len(plain), dtype=bool)
+    ok[constrained] = m.allows(plain[constrained], tokens.cpu().numpy()[constrained])
+    if ok.all():
+        return plain, tokens
+    return plain[ok], tokens[torch.from_numpy(ok).to(tokens.device)]
 
 
 def _logprobs(

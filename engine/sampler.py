@@ -10,8 +10,10 @@ recomputed, nor on speculative decoding; unseeded requests draw from the engine'
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from engine.device_sampling import apply_top_k, apply_top_p, seeded_uniforms, to_device
 from engine.native.argmax import NativeArgmax
 from engine.sampling_params import SamplingParams
 
@@ -39,8 +41,11 @@ def row_uniform(seed: int, position: int) -> float:
 
 
 class Sampler:
-    def __init__(self, seed: int, device: torch.device) -> None:
+    def __init__(self, seed: int, device: torch.device, sync_free: bool | None = None) -> None:
         self.device = device
+        # On a GPU no step may wait for the device (engine/device_sampling.py); on a CPU top-p's
+        # candidate search is the cheaper one. ``sync_free`` overrides the choice (tests).
+        self.sync_free = device.type == "cuda" if sync_free is None else sync_free
         self.generator = torch.Generator(device="cpu").manual_seed(seed)  # (the uniforms are drawn on the host)
         # torch's CPU argmax is a scalar reduction: a compiled one, same indices.
         native = NativeArgmax.load() if device.type == "cpu" else None
@@ -52,6 +57,8 @@ class Sampler:
         greedy = [p.greedy for p in params]
         if all(greedy):
             return self._argmax(logits)
+        if self.sync_free:
+            return self._sample_whole_batch(logits, params, greedy, output_positions)
         rows = [i for i, g in enumerate(greedy) if not g]
         if len(rows) == len(logits):  # no greedy row: no argmax over the batch
             out = torch.empty(len(logits), dtype=torch.int64, device=logits.device)
@@ -73,13 +80,43 @@ class Sampler:
         out[rows] = _inverse_cdf(probs, uniforms.to(probs.device, non_blocking=True))
         return out
 
+    def _sample_whole_batch(
+        self, logits: torch.Tensor, params: list[SamplingParams], greedy: list[bool], output_positions: list[int]
+    ) -> torch.Tensor:
+        """``sample`` with no host synchronization: every row goes through the sampling ops (a
+        greedy row with neutral settings, its argmax taken at the end), so no tensor is indexed by
+        a list and no shape depends on the device's values; the settings arrive by asynchronous
+        copies from pinned memory. The same tokens as the row-subset path: every op is per row,
+        and the generator draws one number per sampled row, as there."""
+        device, dtype = logits.device, logits.dtype
+        sampled = [i for i, g in enumerate(greedy) if not g]
+        sp = [params[i] for i in sampled]
+        u = np.zeros(len(params), dtype=np.float64)
+        u[sampled] = self._uniforms(sp, [output_positions[i] for i in sampled]).numpy()
+        temps = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
+        sub = logits / to_device(temps, dtype, device)[:, None]
+        if any(p.top_k for p in sp):
+            ks = [0 if g else p.top_k for p, g in zip(params, greedy)]
+            sub = apply_top_k(sub, to_device(ks, torch.int64, device), max(ks))
+        if any(p.top_p < 1.0 for p in sp):
+            sub = apply_top_p(sub, to_device([1.0 if g else p.top_p for p, g in zip(params, greedy)], dtype, device))
+        probs = torch.softmax(sub, dim=-1)
+        if any(p.min_p for p in sp):
+            min_p = to_device([0.0 if g else p.min_p for p, g in zip(params, greedy)], dtype, device)
+            probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
+        out = _inverse_cdf(probs, to_device(u, torch.float64, device))
+        if len(sampled) < len(params):
+            out = torch.where(to_device(greedy, torch.bool, device), self._argmax(logits), out)
+        return out
+
     def _uniforms(self, params: list[SamplingParams], positions: list[int]) -> torch.Tensor:
         """One uniform number in [0, 1) a row (float64, on the host): a seeded row's from its seed
         and output position, the others' from the engine's generator."""
         u = torch.rand(len(params), dtype=torch.float64, generator=self.generator)
-        for j, (p, pos) in enumerate(zip(params, positions)):
-            if p.seed is not None:
-                u[j] = row_uniform(p.seed, pos)
+        seeded = [j for j, p in enumerate(params) if p.seed is not None]
+        if seeded:
+            values = seeded_uniforms([params[j].seed or 0 for j in seeded], [positions[j] for j in seeded])
+            u[seeded] = torch.from_numpy(values)
         return u
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from engine.errors import InvalidParameterError
@@ -27,8 +28,15 @@ def _first(pair: tuple[int, float]) -> int:
 
 GREEDY_BELOW = 1e-5
 
+# What the constructor takes for its sequence fields (it stores them as tuples): JSON gives lists, a
+# lone stop string stands for one stop, and logit_bias comes as OpenAI's {token id: bias}.
+StopStrings = str | list[str] | tuple[str, ...]
+TokenIds = list[int] | tuple[int, ...]
+LogitBias = Mapping[int, float] | list[tuple[int, float]] | tuple[tuple[int, float], ...]
+_KIND_NAMES: dict[type, str] = {Mapping: "dict"}
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class SamplingParams:
     """How to turn logits into tokens for one request.
 
@@ -46,49 +54,84 @@ class SamplingParams:
     must match (engine/structured/), applied as a token mask wherever a token is chosen.
     """
 
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    include_stop_str_in_output: bool = False
-    detokenize: bool = True
-    skip_special_tokens: bool = True
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    structured: StructuredOutput | None = None
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+    stop_token_ids: tuple[int, ...]
+    ignore_eos: bool
+    min_tokens: int
+    include_stop_str_in_output: bool
+    detokenize: bool
+    skip_special_tokens: bool
+    logprobs: int | None
+    prompt_logprobs: int | None
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    logit_bias: tuple[tuple[int, float], ...]
+    structured: StructuredOutput | None
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        max_tokens: int = 16,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        seed: int | None = None,
+        stop: StopStrings = (),
+        stop_token_ids: TokenIds = (),
+        ignore_eos: bool = False,
+        min_tokens: int = 0,
+        include_stop_str_in_output: bool = False,
+        detokenize: bool = True,
+        skip_special_tokens: bool = True,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        repetition_penalty: float = 1.0,
+        logit_bias: LogitBias = (),
+        structured: StructuredOutput | None = None,
+    ) -> None:
+        # Written out rather than generated: it takes the shapes JSON and callers hand over (lists, a
+        # lone stop string, a dict of biases) as typed arguments, while the fields keep tuples (hashable).
+        set_ = object.__setattr__
+        set_(self, "max_tokens", max_tokens)
+        set_(self, "temperature", temperature)
+        set_(self, "top_p", top_p)
+        set_(self, "top_k", top_k)
+        set_(self, "min_p", min_p)
+        set_(self, "seed", seed)
+        set_(self, "ignore_eos", ignore_eos)
+        set_(self, "min_tokens", min_tokens)
+        set_(self, "include_stop_str_in_output", include_stop_str_in_output)
+        set_(self, "detokenize", detokenize)
+        set_(self, "skip_special_tokens", skip_special_tokens)
+        set_(self, "logprobs", logprobs)
+        set_(self, "prompt_logprobs", prompt_logprobs)
+        set_(self, "presence_penalty", presence_penalty)
+        set_(self, "frequency_penalty", frequency_penalty)
+        set_(self, "repetition_penalty", repetition_penalty)
+        set_(self, "structured", structured)
         # Types first: the normalization below iterates these (5 gave "'int' object is not iterable").
-        for name, kinds in (
-            ("stop", (str, list, tuple)),
-            ("stop_token_ids", (list, tuple)),
-            ("logit_bias", (dict, list, tuple)),
+        for name, v, kinds in (
+            ("stop", stop, (str, list, tuple)),
+            ("stop_token_ids", stop_token_ids, (list, tuple)),
+            ("logit_bias", logit_bias, (Mapping, list, tuple)),
         ):
-            v = getattr(self, name)
             if v is not None and not isinstance(v, kinds):
-                raise InvalidParameterError(
-                    name, f"{name} must be a {' or '.join(k.__name__ for k in kinds)}, got {type(v).__name__}"
-                )
-        # Normalize list inputs (JSON gives lists) into tuples so params stay hashable/immutable.
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        elif not isinstance(self.stop, tuple):
-            object.__setattr__(self, "stop", tuple(self.stop or ()))
-        if not isinstance(self.stop_token_ids, tuple):
-            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
-        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else (self.logit_bias or ())
+                allowed = " or ".join(_KIND_NAMES.get(k, k.__name__) for k in kinds)
+                raise InvalidParameterError(name, f"{name} must be a {allowed}, got {type(v).__name__}")
+        set_(self, "stop", (stop,) if isinstance(stop, str) else tuple(stop or ()))
+        set_(self, "stop_token_ids", tuple(stop_token_ids or ()))
+        bias = logit_bias.items() if isinstance(logit_bias, Mapping) else (logit_bias or ())
         pairs = tuple(tuple(b) if isinstance(b, (list, tuple)) else (b,) for b in bias)  # (b,): rejected below
-        object.__setattr__(self, "logit_bias", tuple(sorted(pairs, key=_first)))
+        set_(self, "logit_bias", tuple(sorted(pairs, key=_first)))
         self._validate()
 
     def _validate(self) -> None:

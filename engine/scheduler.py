@@ -1,5 +1,9 @@
 """Token-budget continuous-batching scheduler (pure Python, no torch).
 
+(Over 400 lines as one concept: the step, which decides in one pass what every running and waiting
+request gets; admission, the running batch, lifecycles, hand-offs, speculation and lane shares are
+components in their own files that it calls.)
+
 A request is "computed tokens chasing total tokens": each step gives it
 ``min(num_tokens - num_computed_tokens, remaining budget)`` tokens, which is one token for a decode,
 a chunk for a prompt (chunked prefill), and the whole known sequence again after preemption.
@@ -27,9 +31,10 @@ The scheduler plans the step (this module) and holds its parts, each built with 
   passed over until that block is computed);
 - ``Handoffs`` (engine/scheduler_disagg.py): the prefill and decode roles' reserved and transferring
   requests;
-- ``LaneShares`` (engine/lane_shares.py, off unless ``SchedulerConfig.lane_shares``): sequence slots by
-  lane weight with floors, and preemption of preemptible lanes for a more important lane's pace
-  (victims are preempted before the step is planned, so that step admits nothing new);
+- ``LaneShares`` (engine/lane_shares.py, off unless ``SchedulerConfig.lane_shares``): sequence slots,
+  and the prompt tokens the decodes leave, by lane weight with floors, and preemption of preemptible
+  lanes for a more important lane's pace (victims are preempted before the step is planned, so that
+  step admits nothing new);
 - ``Speculation`` (engine/scheduler_spec.py, off unless ``SchedulerConfig.speculative``): a decode
   with drafted tokens is scheduled after the plain decodes, with the other running requests, as one
   chunk of its last token and its drafts; the drafts take no prompt budget.
@@ -77,7 +82,12 @@ class Scheduler:
         self.waiting = WaitingQueue()
         self.batch = RunningBatch(config.max_num_seqs)
         self.lifecycle = RequestLifecycle(
-            block_manager, self.waiting, self.batch, max_model_len, self.admission.hold_finished
+            block_manager,
+            self.waiting,
+            self.batch,
+            max_model_len,
+            self.admission.hold_finished,
+            config.max_num_batched_tokens,
         )
         watermark = int(config.admission_watermark * block_manager.num_blocks)
         self.lane_shares = LaneShares(config.lane_shares, config.max_num_seqs, clock) if config.lane_shares else None
@@ -194,7 +204,16 @@ class Scheduler:
             rest = self._schedule_decodes(plan)
         else:  # too little budget for every decode: all in one pass, decodes first, until it runs out
             rest = decodes_first(self.batch.requests)
-        self._schedule_rest(rest, plan)
+        if lanes is not None:  # the prompt tokens the decodes leave, by lane
+            assert self.lane_shares is not None
+            lanes.tokens = self.lane_shares.token_shares(
+                lanes,
+                min(plan.budget, plan.prefill_budget),
+                rest,
+                self.waiting.tokens_by_priority(),
+                len(self.batch.requests) < self.config.max_num_seqs and not plan.preempted,
+            )
+        self._schedule_rest(rest, plan, lanes.tokens if lanes is not None else None)
         if not plan.preempted:
             self.admitter.admit(min(plan.budget, plan.prefill_budget), plan, lanes)
         return self._build_output(plan)
@@ -203,7 +222,7 @@ class Scheduler:
         """The lanes' shares for this step; their victims for pace are preempted now, before anything
         is scheduled (by recompute: back to the waiting queue, their lane held at its floor)."""
         assert self.lane_shares is not None
-        lanes = self.lane_shares.plan(self.batch.requests, self.waiting.count_by_priority())
+        lanes = self.lane_shares.plan(self.batch.requests, self.batch.by_priority, self.waiting.count_by_priority())
         if lanes is None:
             return None
         for victim in lanes.victims:
@@ -225,6 +244,7 @@ class Scheduler:
         running = self.batch.requests
         plenty = bm.num_free_blocks >= len(running)  # no decode here can run the pool dry
         drafting = self.speculation is not None
+        window = bm.window  # an all-sliding model's: blocks behind it are released as decodes pass them
         charged = 0  # decodes already taken off plan.budget (the others are, after the loop)
         # A copy: a preemption below removes from ``running``. Its victims, PREEMPTED or (padding
         # rows) FINISHED now, go to ``rest``, which passes over them.
@@ -233,6 +253,8 @@ class Scheduler:
             if len(req.all_token_ids) != computed or req.state is not decoding or (drafting and req.spec_token_ids):
                 rest.append(req)
                 continue
+            if window is not None and computed - window >= (req.num_window_freed + 1) * bs:
+                bm.free_passed_blocks(req, computed - 1)
             if computed >= len(req.block_ids) * bs:  # needs a block, or fills its last one
                 if computed > len(req.block_ids) * bs:
                     if plenty:
@@ -252,9 +274,10 @@ class Scheduler:
         plan.budget -= len(decodes) - charged
         return rest
 
-    def _schedule_rest(self, reqs: list[Request], plan: StepPlan) -> None:
+    def _schedule_rest(self, reqs: list[Request], plan: StepPlan, lane_tokens: dict[int, int] | None = None) -> None:
         """Prompt chunks (continuing, or recomputing after a preemption), static padding rows, decodes
-        with drafted tokens, and decodes when the budget is short, in order until the budget runs out."""
+        with drafted tokens, and decodes when the budget is short, in order until the budget runs out.
+        ``lane_tokens``: the prompt tokens each lane may still compute this step (engine/lane_shares.py)."""
         for req in reqs:
             if plan.preempted and req.slot < 0:  # a victim earlier in this step (it left the batch)
                 continue
@@ -269,10 +292,15 @@ class Scheduler:
                 if not plan.prefill_budget:
                     continue
                 n = plan.prefill_budget
+            if chunk and lane_tokens is not None and n > lane_tokens.get(req.priority, n):
+                if not lane_tokens[req.priority]:
+                    continue  # its lane's share of this step is spent
+                n = lane_tokens[req.priority]
             if n > plan.budget:
                 n = plan.budget
                 if drafts:
                     req.spec_token_ids = drafts[: n - 1]
+            self.block_manager.free_passed_blocks(req, computed)  # (before its window: read no more)
             if computed + n > len(req.block_ids) * self.block_manager.block_size and not self._make_room(req, n, plan):
                 continue
             plan.chunks.append(req)
@@ -280,6 +308,8 @@ class Scheduler:
             plan.budget -= n
             if chunk:
                 plan.prefill_budget -= n
+                if lane_tokens is not None and req.priority in lane_tokens:
+                    lane_tokens[req.priority] -= n
 
     def _make_room(self, req: Request, n: int, plan: StepPlan) -> bool:
         """Blocks for ``req``'s ``n`` more tokens, preempting running requests (least important,

@@ -50,7 +50,8 @@ class Admitter:
     def admit(self, budget: int, plan: StepPlan, lanes: LanePlan | None = None) -> None:
         """Waiting requests, in priority order, while ``budget`` tokens, ``max_num_seqs`` and free
         blocks (less the watermark kept for running requests to grow) allow; each takes its longest
-        cached prefix first; with ``lanes``, a request of a lane at its cap is passed over. Added to
+        cached prefix first; with ``lanes``, a request of a lane at its cap, or with its lane's prompt
+        tokens for this step spent, is passed over, and its first chunk is cut to that share. Added to
         ``plan.chunks``."""
         bm = self.block_manager
         waiting, batch, policy = self.waiting, self.batch, self.policy
@@ -79,6 +80,12 @@ class Admitter:
             n = req.num_tokens - req.num_computed_tokens - len(cached) * bm.block_size
             if n > budget:
                 n = budget
+            lane_tokens = lanes.tokens if lanes is not None else None
+            if lane_tokens is not None and n > lane_tokens.get(req.priority, n):
+                if not lane_tokens[req.priority]:
+                    passed_over.append(waiting.pop())  # its lane's prompt tokens this step are spent
+                    continue
+                n = lane_tokens[req.priority]
             need = bm._num_new_blocks(req, n, len(cached))
             if need > bm.num_free_blocks - self.watermark_blocks and len(batch):
                 break  # leave room for the running requests to grow
@@ -88,11 +95,17 @@ class Admitter:
             if req.first_scheduled_time is None:  # first admission (not a preempted request's return)
                 req.first_scheduled_time = time.monotonic()
                 req.num_cached_tokens = len(cached) * bm.block_size
+            elif req.preempted_at is not None:  # back from a preemption: its time out, for its breakdown
+                spans = req.preempted_spans = req.preempted_spans or []
+                spans.append((req.preempted_at, time.monotonic()))
+                req.preempted_at = None
             req.transition(RequestState.PREFILLING)
             batch.join(req)
             policy.admitted(req)
             if lanes is not None:
                 lanes.running[req.priority] = lanes.running.get(req.priority, 0) + 1
+                if lane_tokens is not None and req.priority in lane_tokens:
+                    lane_tokens[req.priority] -= n
             if self.resumed is not None:
                 self.resumed(req)
             plan.chunks.append(req)

@@ -17,6 +17,7 @@ class RunningBatch:
         self._free_slots = list(range(max_num_seqs - 1, -1, -1))
         self.unseen: set[str] = set()  # joined, and the runner has no row for them yet
         self._left: set[str] = set()  # finished/aborted/preempted since the last take_left()
+        self.by_priority: dict[int, int] = {}  # running requests by priority (the lane shares read it each step)
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -26,9 +27,11 @@ class RunningBatch:
         self.slot_req[req.slot] = req
         self.requests.append(req)
         self.unseen.add(req.request_id)
+        self.by_priority[req.priority] = self.by_priority.get(req.priority, 0) + 1
 
     def leave(self, req: Request) -> None:
         self.requests.remove(req)
+        self.by_priority[req.priority] -= 1
         self.unseen.discard(req.request_id)
         self._left.add(req.request_id)
         self.slot_req[req.slot] = None

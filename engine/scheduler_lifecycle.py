@@ -13,6 +13,8 @@ request's blocks are freed exactly once whichever way it ends. A static batch's 
 
 from __future__ import annotations
 
+import time
+
 from engine.block_manager import BlockManager
 from engine.errors import InvalidParameterError
 from engine.request import FinishReason, Request, RequestState
@@ -30,8 +32,12 @@ class RequestLifecycle:
         batch: RunningBatch,
         max_model_len: int,
         hold_finished: bool,
+        chunk_tokens: int | None = None,
     ) -> None:
+        """``chunk_tokens``: the most tokens one step computes for a request (a windowed model's
+        sequences hold that chunk and the window before it, ``BlockManager.blocks_to_finish``)."""
         self.block_manager = block_manager
+        self.chunk_tokens = chunk_tokens
         self.waiting = waiting
         self.batch = batch
         self.max_model_len = max_model_len
@@ -54,7 +60,9 @@ class RequestLifecycle:
         """A request whose whole sequence needs more blocks than the pool has could never finish: it
         would preempt itself for ever. Refused up front (as ``max_tokens``: the part a client sets)."""
         bm = self.block_manager
-        need = bm.blocks_needed(min(req.max_total_tokens, self.max_model_len))
+        need = bm.blocks_to_finish(
+            req.num_prompt_tokens, min(req.max_total_tokens, self.max_model_len), self.chunk_tokens
+        )
         if need > bm.num_blocks:
             raise InvalidParameterError(
                 "max_tokens",
@@ -117,6 +125,7 @@ class RequestLifecycle:
         self.preempted_tokens += req.num_computed_tokens
         req.num_computed_tokens = 0
         req.num_preemptions += 1
+        req.preempted_at = time.monotonic()  # (its time out: engine/scheduler_admission.py, when it rejoins)
         req.transition(_S.PREEMPTED)
         self.waiting.push(req)
         self.num_preemptions += 1

@@ -15,16 +15,32 @@ class WaitingQueue:
     """Requests waiting for admission, most important first, then oldest first.
 
     Removal is lazy and keyed by ``arrival_seq``, unique to one registration: an aborted request's
-    id may be reused at once by a new request, whose entry must not be mistaken for the old one."""
+    id may be reused at once by a new request, whose entry must not be mistaken for the old one.
+    Requests and tokens to compute by priority are kept as entries come and go, for the lane shares
+    to read each step without a pass over the queue."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[int, int, Request]] = []
         self._removed: set[int] = set()  # arrival_seq of entries removed but still in the heap
         self._len = 0
+        self._count: dict[int, int] = {}  # live entries by priority
+        self._tokens: dict[int, int] = {}  # their tokens to compute by priority ...
+        self._entry_tokens: dict[int, int] = {}  # ... each entry's, as pushed (arrival_seq -> tokens)
 
     def push(self, req: Request) -> None:
         heapq.heappush(self._heap, (req.priority, req.arrival_seq, req))
         self._len += 1
+        n = req.num_tokens - req.num_computed_tokens
+        self._entry_tokens[req.arrival_seq] = n
+        p = req.priority
+        self._count[p] = self._count.get(p, 0) + 1
+        self._tokens[p] = self._tokens.get(p, 0) + n
+
+    def _gone(self, priority: int, seq: int) -> None:
+        n = self._entry_tokens.pop(seq, None)
+        if n is not None:
+            self._count[priority] -= 1
+            self._tokens[priority] -= n
 
     def peek(self) -> Request | None:
         self._drop_removed()
@@ -34,6 +50,7 @@ class WaitingQueue:
         self._drop_removed()
         self._len -= 1
         req = heapq.heappop(self._heap)[2]
+        self._gone(req.priority, req.arrival_seq)
         self._compact()  # (the last live one gone: only removed entries are left, behind it)
         return req
 
@@ -41,6 +58,7 @@ class WaitingQueue:
         """Lazy removal (abort); the entry is skipped when it reaches the head."""
         self._removed.add(req.arrival_seq)
         self._len -= 1
+        self._gone(req.priority, req.arrival_seq)
         self._compact()
 
     def more_important_than(self, priority: int) -> Iterator[Request]:
@@ -48,13 +66,13 @@ class WaitingQueue:
         return (r for p, seq, r in self._heap if p < priority and seq not in self._removed)
 
     def count_by_priority(self) -> dict[int, int]:
-        """Waiting requests by priority (one pass over the heap, unordered)."""
-        out: dict[int, int] = {}
-        removed = self._removed
-        for p, seq, _ in self._heap:
-            if seq not in removed:
-                out[p] = out.get(p, 0) + 1
-        return out
+        """Waiting requests by priority."""
+        return {p: n for p, n in self._count.items() if n}
+
+    def tokens_by_priority(self) -> dict[int, int]:
+        """Tokens the waiting requests have to compute (prompt, or all they had after a preemption),
+        by priority, as they were when queued (a prefix-cache hit is found only at admission)."""
+        return {p: n for p, n in self._tokens.items() if n}
 
     def _compact(self) -> None:
         """Removed entries that never reach the head (the queue emptied, or more important requests

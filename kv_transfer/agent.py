@@ -1,6 +1,10 @@
 """A worker's transfer agent: its channels to peers, the sending side (gather blocks after a
 prefill chunk, ship them FIFO) and the receiving side (scatter into reserved blocks, acknowledge).
 
+(Over 400 lines as one concept: one table of transfers keyed by transfer id, which both sides'
+state changes, cancellations and failures read and write under one lock; the wire, the channel,
+the buffers and the streams already live in their own modules.)
+
 Device work is handed over by events, never by a device-wide synchronize (kv_transfer/streams.py):
 the sender records one after gathering a chunk on the engine's stream (the channel's send stream
 waits on it); the receiver's scatter waits on the event recorded when the blocks were reserved (a
@@ -30,7 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -73,6 +77,17 @@ class TransferTiming:
     # The scatter of the transfer's last chunk (and so of all of them: one receive stream): the
     # decode step that first reads the blocks waits on it (``wait()`` on the engine's thread).
     kv_ready: PayloadEvent = DONE
+    # A tensor-parallel receiver's chunks, held whole-head for the engine thread to write into its
+    # ranks' caches (``stage_received``); empty otherwise (the chunks are in the cache already).
+    staged: tuple[StagedRows, ...] = ()
+
+
+@dataclass(frozen=True)
+class StagedRows:
+    """A received chunk not yet in the cache: whole-head ``rows`` for blocks ``block_ids``."""
+
+    block_ids: list[int]
+    rows: torch.Tensor
 
 
 @dataclass
@@ -85,6 +100,7 @@ class _Expected:
     chunks: int = 0
     reserved: PayloadEvent = DONE  # the engine's stream is done with the blocks' previous contents
     landed: PayloadEvent = DONE  # the latest chunk's scatter
+    staged: list[StagedRows] = field(default_factory=list)
 
 
 @dataclass
@@ -109,11 +125,21 @@ class TransferAgent:
         on_acked: Callable[[str, bool], None] | None = None,
         kv_segment_name: str | None = None,
         data_plane: DataPlaneFactory = default_data_plane,
+        row_shape: tuple[int, ...] | None = None,
+        stage_received: bool = False,
     ) -> None:
-        """``data_plane`` forms each pair's payload group (tests: kv_transfer/nccl_double.py)."""
+        """``data_plane`` forms each pair's payload group (tests: kv_transfer/nccl_double.py).
+
+        A tensor-parallel worker's cache holds its rank's heads only, while a handoff carries every
+        head (engine/parallel/group_kv.py): ``row_shape`` is then one whole-head block, the sender
+        passes each chunk's gathered ``rows`` to ``send_blocks``, and the receiver
+        (``stage_received``) hands the received rows on in ``TransferTiming.staged`` instead of
+        writing them into ``kv_cache``."""
         self.me = me
         self.kv_cache = kv_cache
         self.device = kv_cache.device
+        self.row_shape = row_shape if row_shape is not None else tuple(kv_cache.shape[1:])
+        self._stage = stage_received
         # What a same-device peer maps to read this cache (only when ``me.locality`` is set).
         self._kv_export = export_kv(kv_cache, kv_segment_name) if me.locality else None
         self.faults = faults or FaultInjector()
@@ -140,7 +166,7 @@ class TransferAgent:
         self.on_receive_failed = on_receive_failed or (lambda rid, why: None)
         self.on_acked = on_acked or (lambda rid, ok: None)
         self.stats = TransferStats()
-        self.send_buffers = SendBuffers(tuple(kv_cache.shape[1:]), kv_cache.dtype)  # CPU pair-group path
+        self.send_buffers = SendBuffers(self.row_shape, kv_cache.dtype)  # CPU pair-group path
         threading.Thread(
             target=watch_failures,
             args=(self._watch_store, me, self._open_channels, self._closing),
@@ -173,7 +199,7 @@ class TransferAgent:
                 self.me,
                 peer,
                 self.device,
-                tuple(self.kv_cache.shape[1:]),
+                self.row_shape,
                 self.kv_cache.dtype,
                 self._on_message,
                 self._on_channel_failure,
@@ -247,8 +273,10 @@ class TransferAgent:
         prefill_queue_s: float = 0.0,
         prefill_compute_s: float = 0.0,
         first_logprob: TokenLogprob | None = None,
+        rows: torch.Tensor | None = None,
     ) -> bool:
-        """Gather ``block_ids`` now (the caller may reuse them right after) and queue them."""
+        """Gather ``block_ids`` now (the caller may reuse them right after) and queue them;
+        ``rows``: the blocks already gathered (a tensor-parallel group's, with every head)."""
         key = (peer.key, transfer_id)
         with self._lock:
             out = self._outgoing.get(key)
@@ -272,7 +300,10 @@ class TransferAgent:
             self._finish_outgoing(key, acked=False)
             return False
         payload, on_sent, written = None, None, DONE
-        if block_ids and ch.local:
+        if block_ids and rows is not None:
+            payload = rows  # (a fresh tensor: nobody writes it while the send thread holds it)
+            written = record_current(self.device)
+        elif block_ids and ch.local:
             # The peer reads these rows of our cache itself; the blocks stay ours until the ack. The
             # send thread waits for the step that wrote them (this event) before it sends the ids.
             payload = torch.tensor(block_ids, dtype=torch.long)
@@ -343,7 +374,10 @@ class TransferAgent:
                 else:
                     with ch.streams.receiving():
                         exp.reserved.wait()
-                        payload.copy_into(self.kv_cache, dst)
+                        if self._stage:
+                            exp.staged.append(StagedRows(dst, payload.take()))
+                        else:
+                            payload.copy_into(self.kv_cache, dst)
                         exp.landed = ch.streams.record()
                     self.stats.bytes_received += payload.num_bytes
                 if exp is not None:
@@ -368,6 +402,7 @@ class TransferAgent:
             max(0.0, time.time() - header.sent_wall_us / 1e6),
             time.monotonic(),
             exp.landed,
+            tuple(exp.staged),
         )
         self.on_received(exp.request_id, header.first_token, timing, header.first_logprob)
 

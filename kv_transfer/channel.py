@@ -1,5 +1,9 @@
 """One pair's channel: a control plane apart from the payload's data plane.
 
+(Over 400 lines as one concept: the pair's protocol, whose send and receive threads share one
+state of announced, ready and acknowledged transfers; the wire format, the data plane and the
+stream handling live in their own modules.)
+
 *Control plane*: a gloo pair group over CPU tensors, full duplex, carrying fixed-size headers
 (kv_transfer/wire.py) both ways: KV announcements, READY, ACK/NACK, ABORT. A receive is always
 posted on it, on the channel's receive thread: a gloo receive blocks that CPU thread only; it holds
@@ -83,6 +87,11 @@ class GroupRows:
         """Scatter the rows into ``cache``'s blocks, on the current stream (the receive stream)."""
         self.arrived.wait()
         cache.index_copy_(0, torch.tensor(dst_block_ids, dtype=torch.long, device=cache.device), self.rows)
+
+    def take(self) -> torch.Tensor:
+        """The rows as a tensor of their own (the receive buffer is reused by the next chunk)."""
+        self.arrived.wait()
+        return self.rows.clone()
 
 
 # What a received KV message carries: the packed rows (group mode), or where to copy them from (local).

@@ -120,6 +120,11 @@ class LocalRows:
         src = self.peer.tensor
         return len(self.block_ids) * src[0].numel() * src.element_size()
 
+    def take(self) -> torch.Tensor:
+        """The rows, copied out of the peer's cache."""
+        src = self.peer.tensor
+        return src.index_select(0, self.block_ids.to(src.device))
+
     def copy_into(self, cache: torch.Tensor, dst_block_ids: list[int]) -> None:
         """Copy the rows into ``cache``'s blocks ``dst_block_ids`` (same order)."""
         src = self.peer.tensor

@@ -17,6 +17,8 @@ from engine.engine import LLMEngine
 from engine.engine_loop import EngineLoop
 from engine.gc_freeze import freeze_startup_objects
 from engine.kv_events import KVCacheEvent
+from engine.parallel.group_kv import whole_row_shape
+from engine.parallel.launcher import RankStarter
 from engine.request import RequestState
 from engine.scheduler_output import SchedulerOutput
 from engine.worker_stats import WorkerLoad, queued_prefill_tokens
@@ -48,10 +50,12 @@ class PrefillWorker:
         connect_timeout_s: float = 30.0,
         data_plane: DataPlaneFactory = default_data_plane,
         set_device: SetDevice = cuda_set_device,
+        ranks: RankStarter | None = None,
     ) -> None:
+        """``ranks``: how a tensor-parallel worker's other ranks start (the fleet: Ray actors)."""
         self.worker_id = worker_id
         bind_config_device(engine_config.device, set_device)  # before any CUDA work (engine/device.py)
-        self.engine = LLMEngine(engine_config, record_kv_events=True)
+        self.engine = LLMEngine(engine_config, record_kv_events=True, ranks=ranks)
         self.peer = make_peer(worker_id, "prefill", self.engine)
         self.loop = EngineLoop(self.engine, name=f"{worker_id}-engine")
         self.faults = FaultInjector()
@@ -64,6 +68,8 @@ class PrefillWorker:
             on_acked=self._on_acked,
             kv_segment_name=kv_segment_name(self.engine),
             data_plane=data_plane,
+            # A group's chunks are gathered from its ranks, every head (engine/parallel/group_kv.py).
+            row_shape=whole_row_shape(self.engine.runner.kv_cache, self.engine.model_config.num_key_value_heads),
         )
         self._shipping: dict[str, _Shipping] = {}  # engine thread only
         self._received: dict[str, int] = {}  # engine thread only: WorkerLoad.prompt_tokens_received
@@ -134,6 +140,8 @@ class PrefillWorker:
         self.loop.stop()
         self.agent.close()
         release_kv(self.engine)
+        if not self.loop.alive:  # (the group's broadcasts are the engine thread's while it runs)
+            self.engine.close()  # a tensor-parallel worker's other ranks stop
 
     # -- engine thread ------------------------------------------------------------------------
     def _ship(self, engine: LLMEngine, so: SchedulerOutput) -> None:
@@ -154,6 +162,8 @@ class PrefillWorker:
             if end <= ship.next_block and not done:
                 continue
             blocks = req.block_ids[ship.next_block : end]
+            # A tensor-parallel group gathers the blocks' heads from its ranks (a plan every rank runs).
+            rows = engine.export_kv(blocks) if engine.ranks is not None and blocks else None
             first = req.all_token_ids[req.num_prompt_tokens] if done else -1
             first_logprob = req.pending_logprobs[-1] if done and req.pending_logprobs else None
             queue_s = compute_s = 0.0
@@ -172,6 +182,7 @@ class PrefillWorker:
                 prefill_queue_s=queue_s,
                 prefill_compute_s=compute_s,
                 first_logprob=first_logprob,
+                rows=rows,
             )
             ship.chunks += 1
             ship.next_block = max(end, ship.next_block)

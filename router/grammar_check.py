@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from engine.errors import InvalidParameterError
 from engine.model.tokenizer import Tokenizer
 from engine.sampling_params import SamplingParams
-from engine.structured.compiler import GrammarCompiler
+from engine.structured.compiler import CompileBudget, GrammarCompiler
 from engine.structured.constraint import ConstraintKind, StructuredOutput
 from router.api import invalid
 from router.tool_calls.constraint import FunctionTool
 
-COMPILE_BUDGET_S = 10.0  # wall-clock bound over the compiler's own fuel limits
+COMPILE_BUDGET_S = CompileBudget().wall_s  # wall-clock bound over the compiler's own fuel limits (as workers')
 
 
 class GrammarCheck:

@@ -19,7 +19,7 @@ from router.api import CHAT_ROLES, ChatMessage, GenerateRequest, StreamEvent, in
 from router.grpc_gen.baton.v1 import generate_pb2 as pb
 from router.request_ids import REQUEST_ID_RULE, is_valid_request_id
 from router.tool_calls.constraint import FunctionTool, tool_call_constraint
-from router.tool_calls.parsers import ToolCall, ToolFormat
+from router.tool_calls.parsers import ToolCall, ToolFormat, keep_markup
 from router.tool_calls.streaming import StreamDelta
 
 MAX_ID_LEN = 256  # idempotency_key (request_id follows router/request_ids.py)
@@ -208,6 +208,8 @@ def request_from_proto(
             raise invalid("a forced tool call cannot be combined with sampling.response_format", param="tool_choice")
         parallel = msg.parallel_tool_calls if msg.HasField("parallel_tool_calls") else True
         sampling = dataclasses.replace(sampling, structured=tool_call_constraint(tool_format(), forced, parallel))
+    if tools and parses_tools(msg):
+        sampling = keep_markup(tool_format(), sampling)
     deadline_s = None
     if time_remaining is not None and math.isfinite(time_remaining):
         deadline_s = time.monotonic() + max(0.0, time_remaining)

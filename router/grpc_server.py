@@ -334,8 +334,10 @@ class GrpcServer:
         max_concurrent_rpcs: int | None = None,
         health_interval_s: float = 0.5,
         options: tuple[tuple[str, Any], ...] = (),
+        tool_format: ToolFormat | None = None,
     ) -> None:
         self.router = router
+        self.tool_format = tool_format  # None: the one the model's chat template teaches
         self.host = host
         self.requested_port = port
         self.port: int | None = None
@@ -352,7 +354,7 @@ class GrpcServer:
         if self._server is not None:
             raise RuntimeError("GrpcServer already started")
         server = grpc.aio.server(options=self._options, maximum_concurrent_rpcs=self._max_concurrent_rpcs)
-        _add_generation_service(GenerationServicer(self.router), server)
+        _add_generation_service(GenerationServicer(self.router, self.tool_format), server)
         self._health = ReadinessHealthServicer(self.router, ("", GENERATION_SERVICE))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((GENERATION_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

@@ -105,13 +105,22 @@ def prefill_queue(
         return sum(_queued(w) for w in prefill), rate_of([w.worker_id for w in prefill])
     decode = pool.live("decode")
     if not prefill:  # colocated: every decode worker prefills
-        return sum(_queued(w) for w in decode), rate_of([w.worker_id for w in decode])
+        return sum(_queued_on_decode(w) for w in decode), rate_of([w.worker_id for w in decode])
     d = choose_decode(pool)
-    return (_queued(d) if d else 0), rate_of([w.worker_id for w in prefill]) / len(prefill)
+    return (_queued_on_decode(d) if d else 0), rate_of([w.worker_id for w in prefill]) / len(prefill)
 
 
 def _queued(w: WorkerHandle) -> int:
     return (w.load.queued_prefill_tokens if w.load else 0) + w.dispatched_tokens
+
+
+def _queued_on_decode(d: WorkerHandle) -> int:
+    """``_queued`` plus the prompts placed on decode worker ``d`` that its report does not include yet.
+    Its report is taken before a step, so a prompt placed during a long step shows only two steps
+    later: without them, each request of a burst was predicted as if it alone were queued, and
+    admitted requests missed their TTFT. (A placement whose KV a prefill worker computes counts
+    too, until reported: an overestimate for at most those two steps.)"""
+    return _queued(d) + d.placed_tokens
 
 
 def _free_ratio(w: WorkerHandle) -> float:

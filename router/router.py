@@ -1,5 +1,9 @@
 """The router: authenticate → validate → tokenize → classify (lane) → admit → lane queue → dispatch.
 
+(Over 400 lines as one concept: the ``RouterAPI`` implementation that wires the parts below and
+walks a request through them in order; its parts already live in their own files, and splitting
+this path further would scatter one request's steps or bring back a mixin.)
+
 Implements ``router.api.RouterAPI`` for the HTTP and gRPC frontends. Runs on one asyncio event
 loop; blocking Ray calls (placing a request on the pools) run on a small thread pool, and outputs
 come back from the dispatcher's poller threads into each request's stream. Redis (``ClusterState``)

@@ -35,6 +35,7 @@ class RequestStream:
         self.finished_time: float | None = None
         self.token_times: list[float] = []  # arrival time of each delivered token (ITL measurement)
         self.ttft_breakdown: dict[str, float] | None = None  # stages measured on the workers
+        self.preempted: list[tuple[float, float]] | None = None  # (from, to) on this clock: times preempted
         self.logprobs: list[TokenLogprob] | None = None  # one per delivered token, when asked for
         self.prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token, when asked for
         self._queue: queue.SimpleQueue[RequestOutput | None] = queue.SimpleQueue()
@@ -64,6 +65,8 @@ class RequestStream:
             if out.finished:
                 self.finished = True
                 self.finished_time = now
+                if out.preempted:  # (relative to the final output: laid back from its arrival here)
+                    self.preempted = [(now + a, now + b) for a, b in out.preempted]
                 self.finish_reason = out.finish_reason
                 self.stop_reason = out.stop_reason
                 self.num_cached_tokens = out.num_cached_tokens

@@ -12,16 +12,21 @@ first token (``RequestOutput.ttft_breakdown``)::
     │  ├─ prefill.queue
     │  └─ prefill.compute
     ├─ kv_transfer                   prefill worker → decode worker
-    └─ decode                        on the decode worker, to the request's end
-       ├─ decode.queue
-       └─ decode.generate            first token (an event) → last token
+    ├─ decode                        on the decode worker, to the request's end
+    │  ├─ decode.queue
+    │  └─ decode.generate            first token (an event) → last token
+    └─ preempted                     one per time the decode worker preempted it (for KV blocks, or
+                                     for a more important lane's pace), to when it ran again
 
 Why the router emits the workers' spans rather than the workers: the stages are measured on the
 workers already (their own clocks, shipped as durations with the first token), so no Ray call, no
 message field and no exporter in any worker process is added, and each router replica holds the one
 OTLP connection. The worker stages are laid back to back ending when the first token reached the
 router, so their ends are late by the output's trip back (milliseconds); their lengths are the
-workers' own. Each carries ``baton.worker`` and ``baton.role``: which process ran it.
+workers' own. Each carries ``baton.worker`` and ``baton.role``: which process ran it. The
+``preempted`` spans come with the request's last output, relative to it, and are laid back from
+when it reached the router. A preemption before the first token is also the TTFT breakdown's
+``preempted`` stage (the workers take it out of ``prefill_compute``).
 
 The spans are built on a thread of their own: the SDK takes tens of microseconds a span, and a
 request has eleven, which the event loop should not wait for.
@@ -239,3 +244,5 @@ class Tracing:
         gen.set_attribute("baton.completion_tokens", len(s.token_ids))
         gen.end(end_time=t.wall_ns(max(first, end)))
         decode.end(end_time=t.wall_ns(max(first, end)))
+        for n, (since, until) in enumerate(s.preempted or (), 1):
+            self._child(root, "preempted", t, since, until, {**at_d, "baton.preemption": n})

@@ -29,8 +29,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from baton.perf.loadgen.arrivals import Burst
 from baton.perf.loadgen.stats import percentile
-from baton.perf.loadgen.workload import Burst
 from bench.experiments.common import (
     base_parser,
     common_overrides,

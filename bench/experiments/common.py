@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from baton.perf.loadgen.arrivals import Burst
 from baton.perf.loadgen.report import run_report, write_json
 from baton.perf.loadgen.runner import RunConfig, run_load_sync
-from baton.perf.loadgen.workload import Burst, WorkloadSpec, load_workload
+from baton.perf.loadgen.workload import WorkloadSpec, load_workload
 from bench.experiments.cpu_usage import CpuMeter
 from bench.experiments.server import ExperimentServer, ServerSetup
 

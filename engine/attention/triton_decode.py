@@ -8,7 +8,8 @@ splits per sequence, chosen from the batch size and the SM count, each covering
 the block-table width (the model's whole context inside CUDA graphs) or on the longest context, so
 no variant is compiled as contexts grow. A second kernel merges the splits' partial softmax states.
 
-Semantics are exactly those of ``engine.attention.reference.paged_decode_attention``.
+Semantics are exactly those of ``engine.attention.reference.paged_decode_attention`` (with a sliding
+window or soft-capped scores, of its ``paged_windowed_attention``).
 """
 
 from __future__ import annotations
@@ -19,14 +20,22 @@ import torch
 import triton
 import triton.language as tl
 
-_LOG2E = 1.4426950408889634
+from engine.attention.triton_common import (
+    capped_scores,
+    check_attention_inputs,
+    check_window_and_cap,
+    device_shared_memory,
+    device_sm_count,
+    dot_pad,
+    launch_options,
+    online_softmax_step,
+    score_scales,
+)
 
 # Split the contexts only when the grid (seqs x kv heads) gives fewer than this many programs per SM.
 _PROGRAMS_PER_SM = 2
 # At most this many splits per sequence (each one's partial state is a row the reduce kernel reads).
 _MAX_SPLITS = 32
-# The SM count the interpreter (CPU tests) is sized for: small, so that small batches split.
-_INTERPRETER_SMS = 4
 # Shared memory a block may use on the smallest GPUs in use (A10, L4, consumer Ampere/Ada: 99 KiB
 # opt-in); where the device's own limit is unknown (the interpreter), tiles are chosen for it.
 SMALL_GPU_SHARED_MEMORY = 99 * 1024
@@ -64,41 +73,6 @@ def wide_tiles_fit(head_dim: int, dtype: torch.dtype) -> bool:
     return dot_pad(head_dim) * dtype.itemsize <= _WIDE_TILE_ROW_BYTES
 
 
-def check_attention_inputs(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    num_seqs: int,
-) -> None:
-    """What the kernels assume of their inputs, checked on the host without reading device memory
-    (ValueError naming the mismatch: a wrong shape or dtype computed garbage, or read out of bounds)."""
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    kv_heads = k_cache.shape[2]
-    problems = [
-        (num_heads % kv_heads != 0, f"{num_heads} query heads are not a multiple of {kv_heads} KV heads"),
-        (k_cache.shape != v_cache.shape, f"K cache {tuple(k_cache.shape)} and V cache {tuple(v_cache.shape)} differ"),
-        (k_cache.shape[3] != head_dim, f"head size {head_dim} of q, {k_cache.shape[3]} of the cache"),
-        (
-            q.dtype != k_cache.dtype or k_cache.dtype != v_cache.dtype,
-            f"dtypes differ: q {q.dtype}, K cache {k_cache.dtype}, V cache {v_cache.dtype}",
-        ),
-        (
-            seq_lens.dtype != torch.int32 or block_tables.dtype != torch.int32,
-            f"seq_lens and block_tables must be int32, got {seq_lens.dtype} and {block_tables.dtype}",
-        ),
-        (tuple(seq_lens.shape) != (num_seqs,), f"seq_lens has shape {tuple(seq_lens.shape)}, want ({num_seqs},)"),
-        (
-            block_tables.dim() != 2 or block_tables.shape[0] != num_seqs,
-            f"block_tables has shape {tuple(block_tables.shape)}, want ({num_seqs}, blocks per sequence)",
-        ),
-    ]
-    for bad, what in problems:
-        if bad:
-            raise ValueError(f"attention inputs: {what}")
-
-
 def decode_tile_shared_memory(tiles: DecodeTiles, head_dim: int, dtype: torch.dtype) -> int:
     """Bytes of shared memory the pipelined K and V tiles of one program take (an estimate: the
     buffers of every stage; Q, the scores and the accumulators live in registers)."""
@@ -119,14 +93,6 @@ def default_decode_tiles(head_dim: int, dtype: torch.dtype, shared_memory: int |
     return _DECODE_TILE_PREFERENCE[-1]
 
 
-def device_shared_memory(device: torch.device) -> int | None:
-    """The most shared memory one block may use on ``device`` (opt-in), or None off CUDA."""
-    if device.type != "cuda":
-        return None
-    props = torch.cuda.get_device_properties(device)
-    return int(getattr(props, "shared_memory_per_block_optin", 0)) or None
-
-
 def decode_num_splits(num_seqs: int, kv_heads: int, sm_count: int) -> int:
     """KV splits per sequence: enough programs for ``_PROGRAMS_PER_SM`` on every SM, at most
     ``_MAX_SPLITS``; 1 (no split) where the (seqs x kv heads) grid already gives that. Depends on
@@ -134,27 +100,6 @@ def decode_num_splits(num_seqs: int, kv_heads: int, sm_count: int) -> int:
     programs = max(num_seqs * kv_heads, 1)
     target = sm_count * _PROGRAMS_PER_SM
     return 1 if programs >= target else min(_MAX_SPLITS, -(-target // programs))
-
-
-def device_sm_count(device: torch.device) -> int:
-    """The SMs decode's splits are sized for: the device's count on CUDA, a nominal few under the interpreter."""
-    if device.type != "cuda":
-        return _INTERPRETER_SMS
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
-
-
-# tl.dot on NVIDIA GPUs needs every operand dimension >= 16 (the interpreter does not check).
-_MIN_DOT_DIM = 16
-
-
-def launch_options(num_warps: int, num_stages: int | None) -> dict[str, int]:
-    """A kernel launch's warp and pipeline-stage counts (Triton's default stages when None)."""
-    return {"num_warps": num_warps} | ({} if num_stages is None else {"num_stages": num_stages})
-
-
-def dot_pad(n: int) -> int:
-    """The padded size of a tl.dot operand dimension of real size ``n``: a power of two, >= 16."""
-    return max(_MIN_DOT_DIM, int(triton.next_power_of_2(n)))
 
 
 @triton.jit
@@ -168,6 +113,16 @@ def _part_len(seq_len, fixed_part_len, num_parts, BLOCK_N: tl.constexpr, BY_LENG
 
 
 @triton.jit
+def _window_start(seq_len, window, WINDOWED: tl.constexpr):
+    """The first key the query (position ``seq_len - 1``) sees: splits and loops start there, so the
+    blocks a sliding window has left behind are never read."""
+    if WINDOWED:
+        return tl.maximum(seq_len - window, 0)
+    else:
+        return 0
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr,
     k_ptr,
@@ -178,6 +133,8 @@ def _decode_kernel(
     part_acc_ptr,
     part_ml_ptr,
     qk_scale,
+    cap_log2e,
+    window,
     stride_qb,
     stride_qh,
     stride_qd,
@@ -204,13 +161,16 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
     BY_LENGTH: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     part = tl.program_id(2)
     seq_len = tl.load(lens_ptr + seq)
-    part_len = _part_len(seq_len, fixed_part_len, num_parts, BLOCK_N, BY_LENGTH)
-    start = part * part_len
+    lo = _window_start(seq_len, window, WINDOWED)
+    part_len = _part_len(seq_len - lo, fixed_part_len, num_parts, BLOCK_N, BY_LENGTH)
+    start = lo + part * part_len
     if start < seq_len:
         end = tl.minimum(start + part_len, seq_len)
         rows = tl.arange(0, GROUP_PAD)
@@ -243,12 +203,10 @@ def _decode_kernel(
                 mask=key_ok[None, :] & dim_ok[:, None],
                 other=0.0,
             )  # [D_PAD, BLOCK_N]
-            # qk_scale folds in log2(e) so that the softmax uses exp2.
-            s = tl.dot(q, k, input_precision="ieee") * qk_scale
+            # Base-2 units (triton_common.score_scales), soft-capped where the model caps.
+            s = capped_scores(tl.dot(q, k, input_precision="ieee") * qk_scale, cap_log2e, SOFTCAP)
             s = tl.where(key_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
+            p, alpha, m_new = online_softmax_step(s, m_i, False)  # every tile has a key for every row
             v = tl.load(
                 v_ptr
                 + block[:, None] * stride_vb
@@ -283,6 +241,7 @@ def _reduce_kernel(
     part_ml_ptr,
     lens_ptr,
     out_ptr,
+    window,
     stride_ob,
     stride_oh,
     stride_od,
@@ -293,12 +252,14 @@ def _reduce_kernel(
     PARTS_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BY_LENGTH: tl.constexpr,
+    WINDOWED: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(lens_ptr + seq)
-    part_len = _part_len(seq_len, fixed_part_len, num_parts, BLOCK_N, BY_LENGTH)
-    used = tl.cdiv(seq_len, part_len)  # partitions past the end were never written
+    span = seq_len - _window_start(seq_len, window, WINDOWED)
+    part_len = _part_len(span, fixed_part_len, num_parts, BLOCK_N, BY_LENGTH)
+    used = tl.cdiv(span, part_len)  # partitions past the end were never written
     parts = tl.arange(0, PARTS_PAD)
     dims = tl.arange(0, D_PAD)
     part_ok = parts < used
@@ -322,12 +283,18 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
     *,
     num_splits: int | None = None,
     partition_size: int | None = None,
     tiles: DecodeTiles | None = None,
 ) -> torch.Tensor:
     """Decode attention over a paged, possibly strided (block-major) KV cache.
+
+    ``window``: the query sees only the last ``window`` keys (splits cover those alone; blocks
+    before them are not read); ``softcap``: scores become ``softcap * tanh(s / softcap)``.
+    Semantics of ``reference.paged_windowed_attention`` where either is given.
 
     ``num_splits``: splits per sequence, each over ``cdiv(seq_len, num_splits)`` of its own context
     (None: ``decode_num_splits`` for this batch and the device's SM count). ``partition_size``
@@ -343,6 +310,7 @@ def paged_decode_attention(
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // kv_heads
     check_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens, num_seqs)
+    check_window_and_cap(window, softcap)
     seq_lens = seq_lens.contiguous()  # the kernels index it as a plain array (a strided view read garbage)
     out = torch.empty_like(q)
     if num_seqs == 0:
@@ -378,7 +346,8 @@ def paged_decode_attention(
         out,
         part_acc,
         part_ml,
-        scale * _LOG2E,
+        *score_scales(scale, softcap),
+        window or 0,
         *q.stride(),
         *k_cache.stride(),
         *v_cache.stride(),
@@ -394,6 +363,8 @@ def paged_decode_attention(
         BLOCK_N=tiles.block_n,
         SPLIT=split,
         BY_LENGTH=by_length,
+        WINDOWED=window is not None,
+        SOFTCAP=softcap is not None,
         **launch_options(tiles.num_warps, tiles.num_stages),
     )
     if split:
@@ -402,6 +373,7 @@ def paged_decode_attention(
             part_ml,
             seq_lens,
             out,
+            window or 0,
             *out.stride(),
             fixed_part_len,
             num_parts,
@@ -410,5 +382,6 @@ def paged_decode_attention(
             PARTS_PAD=triton.next_power_of_2(num_parts),
             BLOCK_N=tiles.block_n,
             BY_LENGTH=by_length,
+            WINDOWED=window is not None,
         )
     return out

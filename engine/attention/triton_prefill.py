@@ -7,7 +7,8 @@ wholly before the tile's first query position need no mask; only the tiles at th
 
 Programs map to (sequence, query tile) through a small int32 table built on the device with torch
 ops (no host sync, no per-token loops). Semantics are exactly those of
-``engine.attention.reference.paged_prefill_attention``.
+``engine.attention.reference.paged_prefill_attention`` (with a sliding window or soft-capped scores,
+of its ``paged_windowed_attention``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,16 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.attention.triton_decode import check_attention_inputs, dot_pad, launch_options, wide_tiles_fit
-
-_LOG2E = 1.4426950408889634
+from engine.attention.triton_common import (
+    capped_scores,
+    check_attention_inputs,
+    check_window_and_cap,
+    dot_pad,
+    launch_options,
+    online_softmax_step,
+    score_scales,
+)
+from engine.attention.triton_decode import wide_tiles_fit
 
 
 @dataclass(frozen=True)
@@ -60,46 +68,49 @@ def _attend_tile(
     m_i,
     l_i,
     n0,
-    k_ptr,
-    v_ptr,
+    k_head,
+    v_head,
     bt_row,
-    kvh,
     qpos,
     dims,
     dim_ok,
     kv_end,
     qk_scale,
+    cap_log2e,
+    window,
     stride_kb,
     stride_kt,
-    stride_kh,
     stride_kd,
     stride_vb,
     stride_vt,
-    stride_vh,
     stride_vd,
     stride_btn,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
-    """One online-softmax step over keys [n0, n0 + BLOCK_N); MASKED applies bounds + causality."""
+    """One online-softmax step over keys [n0, n0 + BLOCK_N) of one KV head (``k_head``, ``v_head``: its
+    K and V); MASKED applies bounds + causality (and the window, when WINDOWED)."""
     pos = n0 + tl.arange(0, BLOCK_N)
     key_ok = pos < kv_end
     block = tl.load(bt_row + (pos // BLOCK_SIZE) * stride_btn, mask=key_ok, other=0).to(tl.int64)
     slot = pos % BLOCK_SIZE
     k = tl.load(
-        k_ptr + block[None, :] * stride_kb + slot[None, :] * stride_kt + kvh * stride_kh + dims[:, None] * stride_kd,
+        k_head + block[None, :] * stride_kb + slot[None, :] * stride_kt + dims[:, None] * stride_kd,
         mask=key_ok[None, :] & dim_ok[:, None],
         other=0.0,
     )  # [D_PAD, BLOCK_N]
-    s = tl.dot(q, k, input_precision="ieee") * qk_scale
+    s = capped_scores(tl.dot(q, k, input_precision="ieee") * qk_scale, cap_log2e, SOFTCAP)
     if MASKED:
-        s = tl.where(key_ok[None, :] & (pos[None, :] <= qpos[:, None]), s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+        seen = key_ok[None, :] & (pos[None, :] <= qpos[:, None])
+        if WINDOWED:
+            seen = seen & (pos[None, :] > qpos[:, None] - window)
+        s = tl.where(seen, s, float("-inf"))
+    p, alpha, m_new = online_softmax_step(s, m_i, WINDOWED)
     v = tl.load(
-        v_ptr + block[:, None] * stride_vb + slot[:, None] * stride_vt + kvh * stride_vh + dims[None, :] * stride_vd,
+        v_head + block[:, None] * stride_vb + slot[:, None] * stride_vt + dims[None, :] * stride_vd,
         mask=key_ok[:, None] & dim_ok[None, :],
         other=0.0,
     )  # [BLOCK_N, D_PAD]
@@ -119,6 +130,8 @@ def _prefill_kernel(
     tiles_ptr,
     out_ptr,
     qk_scale,
+    cap_log2e,
+    window,
     num_seqs,
     stride_qt,
     stride_qh,
@@ -143,6 +156,8 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     seq = tl.load(tiles_ptr + tl.program_id(0) * 2)
     if seq < num_seqs:  # the grid is an upper bound on the tile count
@@ -172,39 +187,80 @@ def _prefill_kernel(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
         bt_row = bt_ptr + seq * stride_btb
+        k_head, v_head = k_ptr + kvh * stride_kh, v_ptr + kvh * stride_vh
 
         # Keys before the tile's first query position are visible to every row: no mask.
         tile_first = first_pos + tile_start
         kv_end = tl.minimum(ctx_len, tile_first + TOKENS)
         full_end = (tile_first // BLOCK_N) * BLOCK_N
-        for n0 in range(0, full_end, BLOCK_N):
+        if WINDOWED:
+            # No row sees a key before ``lo``: blocks the window has left are not read. Keys in
+            # [lo, free) have left some rows' windows (masked); whole tiles in [free, full_end) no one's.
+            lo = tl.maximum(tile_first - window + 1, 0)
+            full_end = tl.maximum(full_end, lo)
+            in_all = tl.minimum(tl.maximum(tile_first + TOKENS - window, lo), full_end)
+            free = full_end - ((full_end - in_all) // BLOCK_N) * BLOCK_N
+            for n0 in range(lo, free, BLOCK_N):
+                acc, m_i, l_i = _attend_tile(
+                    q,
+                    acc,
+                    m_i,
+                    l_i,
+                    n0,
+                    k_head,
+                    v_head,
+                    bt_row,
+                    qpos,
+                    dims,
+                    dim_ok,
+                    free,
+                    qk_scale,
+                    cap_log2e,
+                    window,
+                    stride_kb,
+                    stride_kt,
+                    stride_kd,
+                    stride_vb,
+                    stride_vt,
+                    stride_vd,
+                    stride_btn,
+                    BLOCK_SIZE=BLOCK_SIZE,
+                    BLOCK_N=BLOCK_N,
+                    MASKED=True,
+                    WINDOWED=WINDOWED,
+                    SOFTCAP=SOFTCAP,
+                )
+        else:
+            free = 0
+        for n0 in range(free, full_end, BLOCK_N):
             acc, m_i, l_i = _attend_tile(
                 q,
                 acc,
                 m_i,
                 l_i,
                 n0,
-                k_ptr,
-                v_ptr,
+                k_head,
+                v_head,
                 bt_row,
-                kvh,
                 qpos,
                 dims,
                 dim_ok,
                 kv_end,
                 qk_scale,
+                cap_log2e,
+                window,
                 stride_kb,
                 stride_kt,
-                stride_kh,
                 stride_kd,
                 stride_vb,
                 stride_vt,
-                stride_vh,
                 stride_vd,
                 stride_btn,
                 BLOCK_SIZE=BLOCK_SIZE,
                 BLOCK_N=BLOCK_N,
                 MASKED=False,
+                WINDOWED=WINDOWED,
+                SOFTCAP=SOFTCAP,
             )
         for n0 in range(full_end, kv_end, BLOCK_N):
             acc, m_i, l_i = _attend_tile(
@@ -213,27 +269,28 @@ def _prefill_kernel(
                 m_i,
                 l_i,
                 n0,
-                k_ptr,
-                v_ptr,
+                k_head,
+                v_head,
                 bt_row,
-                kvh,
                 qpos,
                 dims,
                 dim_ok,
                 kv_end,
                 qk_scale,
+                cap_log2e,
+                window,
                 stride_kb,
                 stride_kt,
-                stride_kh,
                 stride_kd,
                 stride_vb,
                 stride_vt,
-                stride_vh,
                 stride_vd,
                 stride_btn,
                 BLOCK_SIZE=BLOCK_SIZE,
                 BLOCK_N=BLOCK_N,
                 MASKED=True,
+                WINDOWED=WINDOWED,
+                SOFTCAP=SOFTCAP,
             )
 
         out = acc / l_i[:, None]
@@ -268,12 +325,17 @@ def paged_prefill_attention(
     cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
     *,
     tiles: PrefillTiles | None = None,
 ) -> torch.Tensor:
     """Causal prefill of ragged query chunks against a paged, possibly strided KV cache.
 
-    Requires ``seq_lens[s] >= q_len[s]``. The host never reads device tensors (no syncs).
+    Requires ``seq_lens[s] >= q_len[s]``. ``window``: a query sees only keys less than ``window``
+    positions back (key tiles wholly before every row's window are not read); ``softcap``: scores
+    become ``softcap * tanh(s / softcap)`` (``reference.paged_windowed_attention``'s semantics).
+    The host never reads device tensors (no syncs).
     ``tiles``: the launch shape (None: ``default_prefill_tiles``; bench/kernel_sweep.py measures
     the choices).
     """
@@ -282,6 +344,7 @@ def paged_prefill_attention(
     group = num_heads // kv_heads
     num_seqs = seq_lens.shape[0]
     check_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens, num_seqs)
+    check_window_and_cap(window, softcap)
     if tuple(cu_seqlens_q.shape) != (num_seqs + 1,):
         raise ValueError(
             f"attention inputs: cu_seqlens_q has shape {tuple(cu_seqlens_q.shape)}, want ({num_seqs + 1},)"
@@ -306,7 +369,8 @@ def paged_prefill_attention(
         seq_lens,
         tile_table,
         out,
-        scale * _LOG2E,
+        *score_scales(scale, softcap),
+        window or 0,
         num_seqs,
         *q.stride(),
         *k_cache.stride(),
@@ -320,6 +384,8 @@ def paged_prefill_attention(
         BLOCK_SIZE=block_size,
         BLOCK_M=block_m,
         BLOCK_N=tiles.block_n,
+        WINDOWED=window is not None,
+        SOFTCAP=softcap is not None,
         **launch_options(tiles.num_warps, tiles.num_stages),
     )
     return out

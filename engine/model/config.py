@@ -88,8 +88,8 @@ class ModelConfig:
 
     @property
     def max_context_len(self) -> int:
-        """Usable context (a sliding window is attention's: ``Family.window``; an attention backend
-        without windows serves the model within it, family_forward.serving_context)."""
+        """Usable context (a sliding window is attention's: ``Family.window``, which every attention
+        backend applies)."""
         return self.max_position_embeddings
 
     @classmethod

@@ -84,6 +84,13 @@ class Family:
             return self
         return replace(self, window=None, sliding_layers=())
 
+    @property
+    def freeing_window(self) -> int | None:
+        """The window when every layer slides (Mistral): a block wholly before the window of a
+        sequence's next query is never read again, so the block manager frees it. With some global
+        layer (Gemma) every block stays: only the sliding layers skip the old ones."""
+        return self.window if self.sliding_layers and all(self.sliding_layers) else None
+
     def layer_window(self, layer: int) -> int | None:
         return self.window if self.sliding_layers and self.sliding_layers[layer] else None
 

@@ -4,9 +4,10 @@ differences where it applies. The projections are the model's own ``Linear``s (e
 serves them); the rest is torch arithmetic, so no fused layer kernel has to know a family.
 
 Attention goes through the model's attention backend unless a layer needs a sliding window or
-soft-capped scores: those take the torch reference's windowed attention
-(``reference.paged_windowed_attention``), which the Triton kernels do not implement yet, so such a
-model is refused on them.
+soft-capped scores: those take the ``KernelSet``'s windowed attention under the Triton backend (the
+Triton kernels on CUDA, engine/kernels.py) and the torch reference's
+(``reference.paged_windowed_attention``) under the torch backend. MoE layers take the set's fused
+experts where it has them (Triton, on CUDA), else the torch loop (engine/model/moe.py).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from engine.attention import reference
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
+from engine.kernels import TORCH_WINDOWED, KernelSet
 from engine.model.config import ModelConfig
 from engine.model.family import Activation, Family
 from engine.model.moe import MoeWeights, moe_mlp
@@ -54,6 +55,7 @@ class LlamaModel(Protocol):
     """What this reads of the model (engine/model/llama.py's LlamaModel, which imports this module)."""
 
     cfg: ModelConfig
+    kernels: KernelSet
     num_heads: int
     num_kv_heads: int
     head_dim: int
@@ -84,23 +86,6 @@ def act_mul(family: Family, gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def check_backend(family: Family, attn: AttentionBackend) -> None:
-    if family.needs_windowed_attention and attn.name != "torch":
-        raise NotImplementedError(
-            f"sliding-window or soft-capped attention runs on the torch attention path only (attention_backend="
-            f"{attn.name} does not implement it yet): use attention_backend=torch for this model"
-        )
-
-
-def serving_context(family: Family, attn: AttentionBackend, max_len: int, explicit: bool) -> int:
-    """The context a model is served at: an attention backend without windows (Triton) serves a
-    model with sliding windows within its window (where none masks anything), unless a longer
-    ``max_model_len`` was asked for explicitly (``check_backend`` then refuses it)."""
-    if attn.name == "torch" or family.window is None or explicit:
-        return max_len
-    return min(max_len, family.window)
-
-
 def family_forward(
     model: LlamaModel,
     input_ids: torch.Tensor,
@@ -111,7 +96,6 @@ def family_forward(
     keep: torch.Tensor | None,
 ) -> torch.Tensor:
     family, eps = model.cfg.family, model.cfg.rms_norm_eps
-    check_backend(family, attn)
     h = F.embedding(input_ids, model.embed)
     if family.embed_scale:
         h = h * torch.tensor(model.cfg.hidden_size**0.5, dtype=h.dtype)
@@ -125,7 +109,7 @@ def family_forward(
             h = h + a
             x = rms_norm(h, layer.ln2, eps)
         if layer.moe is not None and family.moe is not None:
-            m = moe_mlp(x, layer.moe, family.moe, lambda gu: act_mul(family, gu))
+            m = moe_mlp(x, layer.moe, family.moe, lambda gu: act_mul(family, gu), model.kernels.fused_moe)
         else:
             assert layer.down is not None and layer.gate_up is not None  # a dense layer
             m = layer.down(act_mul(family, layer.gate_up(x)))
@@ -167,27 +151,9 @@ def _attention(
         if meta.num_prefill_tokens:
             out[nd:] = attn.prefill(q[nd:], k_cache, v_cache, *meta.prefill_tables(), scale)
     else:
+        windowed = model.kernels.windowed_attention if attn.name == "triton" else TORCH_WINDOWED
         if nd:
-            assert meta.decode_block_tables is not None and meta.decode_seq_lens is not None
-            cu = torch.arange(nd + 1, device=q.device)
-            out[:nd] = reference.paged_windowed_attention(
-                q[:nd], k_cache, v_cache, meta.decode_block_tables, cu, meta.decode_seq_lens, scale, window, cap
-            )
+            out[:nd] = windowed.decode(q[:nd], k_cache, v_cache, *meta.decode_tables(), scale, window, cap)
         if meta.num_prefill_tokens:
-            assert (
-                meta.prefill_block_tables is not None
-                and meta.prefill_cu_seqlens_q is not None
-                and meta.prefill_seq_lens is not None
-            )
-            out[nd:] = reference.paged_windowed_attention(
-                q[nd:],
-                k_cache,
-                v_cache,
-                meta.prefill_block_tables,
-                meta.prefill_cu_seqlens_q,
-                meta.prefill_seq_lens,
-                scale,
-                window,
-                cap,
-            )
+            out[nd:] = windowed.prefill(q[nd:], k_cache, v_cache, *meta.prefill_tables(), scale, window, cap)
     return layer.o(out.view(t, model.q_size))

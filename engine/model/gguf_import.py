@@ -27,7 +27,7 @@ from engine.model.gguf_tokenizer import tokenizer_files
 from engine.model.weights import BLOCKS_FILE, SINGLE_FILE, atomic_model_dir, write_safetensors
 from engine.native.quant_linear import GGML_TYPES
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 # GGUF tensor-name leaf -> HF module path (inside model.layers.N for blk.N.*).
 _LAYER_NAMES = {
@@ -41,6 +41,8 @@ _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+# Tensors only some architectures have (Qwen3's per-head q/k norms).
+_ARCH_LAYER_NAMES = {"qwen3": {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}}
 # The imported directory's format: part of the cache key (engine/model/registry.py), so a change in
 # what an import writes is not hidden by an older cached import. 2: Llama 3's rope_freqs as rope_scaling.
 IMPORT_FORMAT = 2
@@ -163,6 +165,8 @@ def _hf_config(meta: _Metadata, arch: str, tensors: dict[str, Any]) -> dict[str,
         config["head_dim"] = int(key("rope.dimension_count") or key("attention.key_length") or hidden // heads)
     else:
         config["use_sliding_window"] = False
+        if key("attention.key_length") is not None:  # Qwen3: a head size apart from hidden / heads
+            config["head_dim"] = int(key("attention.key_length"))
     freqs = tensors.get("rope_freqs.weight")
     scaling = rope_scaling(
         key("rope.scaling.type"),
@@ -194,7 +198,7 @@ def _tensor_plan(reader: Any, path: Path, arch: str, config: dict[str, Any]) -> 
     for t in reader.tensors:
         if _IGNORED.match(t.name):
             continue
-        hf_name = _hf_name(t.name)
+        hf_name = _hf_name(t.name, arch)
         if hf_name is None:
             raise ModelLoadError(f"{path}: unexpected tensor {t.name!r} for architecture {arch!r}")
         heads = None
@@ -216,15 +220,16 @@ def _tensor_plan(reader: Any, path: Path, arch: str, config: dict[str, Any]) -> 
     return plan
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _hf_name(gguf_name: str, arch: str) -> str | None:
     base, _, suffix = gguf_name.rpartition(".")
+    layer_names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(arch, {})}
     if suffix not in ("weight", "bias"):
         return None
     if base in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[base]}.{suffix}"
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{suffix}"
+    if m and m.group(2) in layer_names:
+        return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}.{suffix}"
     return None
 
 

@@ -1,5 +1,8 @@
 """Llama-family decoder (Llama 2/3, Qwen2/2.5, Mistral, SmolLM2) over a flat ragged batch.
 
+(Over 400 lines as one concept: the decoder's forward, layer by layer; the families' differences,
+rope, MoE, the linear kernels and the shard layout already live in their own modules.)
+
 Tokens of all sequences in a step are one ``[T, hidden]`` matrix (no padding); attention reads and
 writes the paged KV cache through ``AttentionMetadata``. Q/K/V and gate/up projections are fused
 into single matmuls. Weights arrive with Hugging Face names and are checked against the config.

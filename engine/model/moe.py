@@ -1,7 +1,9 @@
 """A mixture-of-experts MLP in torch (the CPU path): softmax router, top-k experts, each token's
 chosen experts' outputs weighted and summed, plus Qwen2-MoE's gated shared expert.
 
-Tokens are grouped by expert (one sort), so each expert multiplies all its tokens at once.
+Tokens are grouped by expert (one sort), so each expert multiplies all its tokens at once. On CUDA
+the routed experts run as the fused Triton kernel instead (``moe_fused.fused_experts``, handed in
+by the model's ``KernelSet``); the routing and the shared expert stay here for both.
 """
 
 from __future__ import annotations
@@ -13,6 +15,12 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.family import MoeLayout, MoeSpec
+
+# (x, gate_up, down, top-k weights (float32), top-k experts, act_mul) -> the routed experts' sum
+FusedExperts = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]],
+    torch.Tensor,
+]
 
 
 @dataclass(frozen=True)
@@ -50,14 +58,37 @@ class MoeWeights:
 
 
 def moe_mlp(
-    x: torch.Tensor, w: MoeWeights, spec: MoeSpec, act_mul: Callable[[torch.Tensor], torch.Tensor]
+    x: torch.Tensor,
+    w: MoeWeights,
+    spec: MoeSpec,
+    act_mul: Callable[[torch.Tensor], torch.Tensor],
+    fused: FusedExperts | None = None,
 ) -> torch.Tensor:
-    """x: [T, hidden] -> [T, hidden]. ``act_mul``: activation(gate) * up over fused gate/up rows."""
+    """x: [T, hidden] -> [T, hidden]. ``act_mul``: activation(gate) * up over fused gate/up rows.
+    ``fused``: the routed experts in one kernel per projection (None: expert by expert in torch)."""
     probs = F.softmax(F.linear(x, w.router), dim=-1, dtype=torch.float32)
     top, experts = torch.topk(probs, spec.top_k, dim=-1)  # [T, k]
     if spec.norm_topk_prob:
         top = top / top.sum(dim=-1, keepdim=True)
-    top = top.to(x.dtype)
+    if fused is not None:
+        out = fused(x, w.gate_up, w.down, top, experts, act_mul)
+    else:
+        out = _experts(x, w, spec, top.to(x.dtype), experts, act_mul)
+    if w.shared_gate_up is not None and w.shared_down is not None and w.shared_gate is not None:
+        shared = F.linear(act_mul(F.linear(x, w.shared_gate_up)), w.shared_down)
+        out = out + torch.sigmoid(F.linear(x, w.shared_gate)) * shared
+    return out
+
+
+def _experts(
+    x: torch.Tensor,
+    w: MoeWeights,
+    spec: MoeSpec,
+    top: torch.Tensor,
+    experts: torch.Tensor,
+    act_mul: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """The routed experts' weighted sum, expert by expert (each over all its tokens at once)."""
     out = torch.zeros_like(x)
     flat = experts.reshape(-1)
     order = torch.argsort(flat, stable=True)
@@ -71,7 +102,4 @@ def moe_mlp(
             y = F.linear(act_mul(F.linear(x[rows], w.gate_up[e])), w.down[e])
             out.index_add_(0, rows, y * weights[start : start + n, None])
         start += n
-    if w.shared_gate_up is not None and w.shared_down is not None and w.shared_gate is not None:
-        shared = F.linear(act_mul(F.linear(x, w.shared_gate_up)), w.shared_down)
-        out = out + torch.sigmoid(F.linear(x, w.shared_gate)) * shared
     return out

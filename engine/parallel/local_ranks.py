@@ -20,11 +20,15 @@ from engine.config import EngineConfig
 from engine.model.config import ModelConfig
 from engine.model.registry import resolve_model
 from engine.parallel.group import GroupAddress, RankGroup, host_store, joined_key
+from engine.parallel.group_kv import KVExport, KVImport
 from engine.parallel.layout import check_tensor_parallel
 from engine.parallel.rank_loop import RankSetup, rank_device, run_rank
 from engine.scheduler_output import SchedulerOutput
 
 _JOIN_S = 30.0
+
+# What rank 0 broadcasts: a step's plan, or a step of a pool worker's KV handoff (group_kv.py).
+RankPlan = SchedulerOutput | KVExport | KVImport
 
 
 class RankLost(RuntimeError):
@@ -34,7 +38,7 @@ class RankLost(RuntimeError):
 class LocalRanks:
     def __init__(self, config: EngineConfig) -> None:
         size = config.tensor_parallel_size
-        _check_model(config)  # before any rank starts: a size the model refuses fails here, alone
+        check_model(config)  # before any rank starts: a size the model refuses fails here, alone
         self._store = host_store()
         address = GroupAddress("127.0.0.1", self._store.port, f"tp-{uuid.uuid4().hex}")
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch threads or locks
@@ -56,7 +60,7 @@ class LocalRanks:
         """Once rank 0 has loaded: what the other ranks need before the first plan."""
         self.group.broadcast_object(RankSetup(tuple(eos_token_ids)))
 
-    def broadcast_plan(self, plan: SchedulerOutput) -> None:
+    def broadcast_plan(self, plan: RankPlan) -> None:
         """Raises ``RankLost`` where a rank has died: a group short of a rank cannot run a step (its
         requests end with an error, engine.step's contract), nor any later one."""
         self._check_alive()
@@ -65,6 +69,10 @@ class LocalRanks:
         except RuntimeError as e:  # gloo: a peer's connection reset
             self._check_alive()
             raise RankLost(f"the tensor-parallel group failed: {str(e).splitlines()[0]}") from e
+
+    def alive(self) -> bool:
+        """Whether every rank still runs (a group short of one runs no step again)."""
+        return all(p.is_alive() for p in self.processes)
 
     def _check_alive(self) -> None:
         for rank, p in enumerate(self.processes, start=1):
@@ -87,7 +95,7 @@ class LocalRanks:
         self._finalizer()
 
 
-def _check_model(config: EngineConfig) -> None:
+def check_model(config: EngineConfig) -> None:
     model_cfg = ModelConfig.from_file(resolve_model(config.model) / "config.json")
     check_tensor_parallel(
         config.tensor_parallel_size,

@@ -15,6 +15,7 @@ import torch
 from engine.config import EngineConfig
 from engine.model_loader import load_model, pick_device
 from engine.parallel.group import GroupAddress, RankGroup
+from engine.parallel.group_kv import KVExport, KVImport, export_step, import_step
 from engine.runner import ModelRunner
 
 
@@ -25,13 +26,14 @@ class RankSetup:
     eos_token_ids: tuple[int, ...]
 
 
-def run_rank(config: EngineConfig, address: GroupAddress, rank: int) -> None:
-    """The process body of rank ``rank`` (1..N-1) of a colocated engine's group."""
+def run_rank(config: EngineConfig, address: GroupAddress, rank: int, device: torch.device | None = None) -> None:
+    """The body of rank ``rank`` (1..N-1) of a group: a local process's (``device`` None: its own
+    ``cuda:rank``) or a Ray actor's (``device``: the one GPU Ray gave it, or the CPU)."""
     size = config.tensor_parallel_size
     # Each rank computes its own shard: its threads are its own (one by default on CPU, so N ranks
     # use N cores like one rank with N threads).
     config = replace(config, num_threads=config.num_threads or 1)
-    group = RankGroup.join(address, rank, size, rank_device(config, rank))
+    group = RankGroup.join(address, rank, size, device if device is not None else rank_device(config, rank))
     loaded = load_model(config, group=group)
     setup: RankSetup = group.broadcast_object()
     runner = ModelRunner(
@@ -44,8 +46,14 @@ def run_rank(config: EngineConfig, address: GroupAddress, rank: int) -> None:
         seed=config.seed,
         eos_token_ids=setup.eos_token_ids,
     )
+    num_kv_heads = loaded.model_config.num_key_value_heads
     while (plan := group.broadcast_object()) is not None:
-        runner.execute(plan)
+        if isinstance(plan, KVExport):  # a pool worker's KV handoff (engine/parallel/group_kv.py)
+            export_step(group, runner.kv_cache, num_kv_heads, plan)
+        elif isinstance(plan, KVImport):
+            import_step(group, runner.kv_cache, num_kv_heads, plan)
+        else:
+            runner.execute(plan)
 
 
 def rank_device(config: EngineConfig, rank: int) -> torch.device:

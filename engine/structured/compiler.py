@@ -5,13 +5,18 @@ llguidance was chosen over xgrammar by measurement (bench/grammar_backends.py, d
 it compiles the test schemas in well under a millisecond where xgrammar takes tens, its masks are
 computed lazily per step at a comparable cost, and it imports no torch (xgrammar needs torch,
 transformers and triton), so the router can use it. Compilation runs under llguidance's fuel limits
-(``CompileBudget``): a schema or regex too large to compile is an error naming the field, never a hang.
+and a wall-clock bound (``CompileBudget``): a schema or regex too large to compile in it is an error
+naming the field and the budget, never a hang -- on the router and on a worker alike (a worker
+compiles every constraint it is given: a migrated request's, one that reached it uncompiled).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +35,11 @@ _JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 
 @dataclass(frozen=True, slots=True)
 class CompileBudget:
-    """llguidance's work limits for one compile (its units: ~50k lexer fuel per ms)."""
+    """llguidance's work limits for one compile (its units: ~50k lexer fuel per ms), and the wall
+    time a caller waits for it (``wall_s``; the compile itself goes on, bounded by the fuel, and
+    its matcher is cached for the next request that sends the constraint)."""
 
+    wall_s: float = 10.0
     lexer_fuel: int = 2_000_000
     max_grammar_size: int = 500_000
     max_lexer_states: int = 250_000
@@ -83,6 +91,8 @@ class GrammarCompiler:
         self.cache_size = cache_size
         self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
+        self._compiling: dict[str, Future[llguidance.LLMatcher]] = {}  # (one compile per key at a time)
+        self._threads: ThreadPoolExecutor | None = None
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Tokenizer, vocab_size: int | None = None, **kw: Any) -> GrammarCompiler:
@@ -92,12 +102,40 @@ class GrammarCompiler:
 
     def compile(self, c: StructuredOutput) -> llguidance.LLMatcher:
         """The pristine compiled matcher of ``c`` (do not advance it: ``matcher`` copies it)."""
-        key = c.key
         with self._lock:
-            hit = self._cache.get(key)
+            hit = self._cache.get(c.key)
             if hit is not None:
-                self._cache.move_to_end(key)
+                self._cache.move_to_end(c.key)
                 return hit
+        return self._compile(c)
+
+    def compile_within_budget(self, c: StructuredOutput) -> llguidance.LLMatcher:
+        """``compile``, waiting at most the budget's ``wall_s``: past it, InvalidParameterError naming
+        the field and the budget (the compile finishes on its thread and is cached)."""
+        with self._lock:
+            hit = self._cache.get(c.key)
+            if hit is not None:
+                self._cache.move_to_end(c.key)
+                return hit
+            future = self._compiling.get(c.key)
+            if future is None:
+                if self._threads is None:
+                    self._threads = ThreadPoolExecutor(2, thread_name_prefix="grammar-compile")
+                future = self._compiling[c.key] = self._threads.submit(self._compile, c)
+                future.add_done_callback(functools.partial(self._compiled, c.key))
+        try:
+            return future.result(timeout=self.budget.wall_s)
+        except FutureTimeout:
+            raise InvalidParameterError(
+                c.field, f"{c.field} did not compile within the compile budget ({self.budget.wall_s:g} s): simplify it"
+            ) from None
+
+    def _compiled(self, key: str, _done: Future[llguidance.LLMatcher]) -> None:
+        with self._lock:
+            self._compiling.pop(key, None)
+
+    def _compile(self, c: StructuredOutput) -> llguidance.LLMatcher:
+        key = c.key
         grammar = grammar_text(c)
         m = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self.budget.limits())
         if m.is_error():

@@ -20,6 +20,8 @@ Endpoints (every ``/v1/*`` one authenticates with ``Authorization: Bearer <key>`
   that created it). Poll it instead of holding a connection open for a long batch request.
 - ``POST /v1/abort/{request_id}``: stop one of the caller's own in-flight requests (tenant-scoped;
   404 if the tenant has no such request). ``request_id`` is the ``X-Request-Id`` value.
+- ``GET /openapi.json``: this API as OpenAPI 3.1 (router/http/openapi.py), its request and response
+  models, streams and errors, for clients' tools.
 - ``GET /health`` (liveness), ``GET /ready`` (200/503 with the reason), ``GET /metrics``
   (Prometheus): never authenticated, so probes and scrapers need no key.
 
@@ -36,124 +38,45 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
-import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from engine.errors import ContextLengthError, InvalidParameterError
 from engine.sampling_params import SamplingParams
 from router.api import ErrorKind, GenerateRequest, RouterAPI, RouterError, invalid
 from router.choices import Choices
-from router.http.body import MAX_BODY_BYTES, BodyTooLarge, read_and_parse
+from router.http.body import MAX_BODY_BYTES, read_and_parse
+from router.http.errors import CLIENT_CLOSED, guarded, install_error_handlers, json_response
 from router.http.logprobs import LogprobsFormatter
-from router.http.responses import ChunkBuilder, chat_completion, dumps, internal_error, prompt_only, text_completion
+from router.http.openapi import openapi_document
+from router.http.responses import (
+    ChunkBuilder,
+    baton_version,
+    chat_completion,
+    dumps,
+    prompt_only,
+    system_fingerprint,
+    text_completion,
+)
 from router.http.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from router.http.streaming import SSEResponse, sse_events, unless_disconnected
 from router.request_ids import MAX_CHOICE_ID_LEN, REQUEST_ID_RULE, is_valid_request_id
 from router.tool_calls.constraint import tool_call_constraint
-from router.tool_calls.parsers import ToolFormat, format_for_tokenizer
+from router.tool_calls.parsers import ToolFormat, format_for_tokenizer, keep_markup
 
-log = logging.getLogger(__name__)
-Endpoint = Callable[[Request], Awaitable[Response]]
-CLIENT_CLOSED = 499  # nginx's "client closed request": never seen by anyone, but logged
 OFF_LOOP_TOKENS = 8192  # /detokenize decodes longer token lists on a thread (shorter: under a millisecond)
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(dumps(obj), status_code=status, headers=headers, media_type="application/json")
-
-
-def error_response(err: RouterError, headers: dict[str, str] | None = None) -> Response:
-    headers = dict(headers or {})
-    if err.retry_after_s is not None:  # HTTP wants whole seconds; never tell a client to retry at once
-        headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
-    return json_response(err.to_openai(), err.kind.http_status, headers)
-
-
 def _api_key(request: Request) -> str | None:
     scheme, _, key = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer":
         return None
     return key.strip() or None
-
-
-def guarded(fn: Endpoint) -> Endpoint:
-    """Every failure of an endpoint becomes an OpenAI error response; nothing escapes as a bare 500."""
-
-    @functools.wraps(fn)
-    async def endpoint(request: Request) -> Response:
-        try:
-            return await fn(request)
-        except RouterError as e:
-            return error_response(e)
-        except BodyTooLarge as e:
-            return json_response(e.to_openai(), e.status_code)
-        except ContextLengthError as e:
-            return error_response(invalid(e.message, param=e.param, code="context_length_exceeded"))
-        except InvalidParameterError as e:
-            return error_response(invalid(e.message, param=e.param, code="invalid_value"))
-        except ClientDisconnect:  # went away while sending the body
-            return Response(status_code=CLIENT_CLOSED)
-        except Exception:
-            log.exception("unhandled error in %s %s", request.method, request.url.path)
-            return error_response(internal_error())
-
-    return endpoint
-
-
-def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
-    """404/405 and friends as OpenAI error objects (FastAPI's default is ``{"detail": ...}``)."""
-    where = f"{request.method} {request.url.path}"
-    body: dict[str, str | None]
-    if exc.status_code == 404:
-        body = {"message": f"Invalid URL ({where})", "type": ErrorKind.NOT_FOUND.type, "code": "unknown_url"}
-    elif exc.status_code == 405:
-        body = {
-            "message": f"Method not allowed ({where})",
-            "type": ErrorKind.INVALID_REQUEST.type,
-            "code": "method_not_allowed",
-        }
-    else:
-        kind = ErrorKind.INTERNAL if exc.status_code >= 500 else ErrorKind.INVALID_REQUEST
-        body = {"message": str(exc.detail), "type": kind.type, "code": None}
-    error = {"message": body["message"], "type": body["type"], "param": None, "code": body["code"]}
-    return json_response({"error": error}, exc.status_code, dict(exc.headers or {}))
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    async def on_http(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, StarletteHTTPException)
-        return _http_error(request, exc)
-
-    async def on_validation(request: Request, exc: Exception) -> Response:
-        # Endpoints parse their own bodies, so this is a backstop: never a 422.
-        errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-        loc = [p for p in (errors[0]["loc"] if errors else ()) if p not in ("body", "query", "path", "header")]
-        param = ".".join(map(str, loc)) or None
-        return error_response(invalid(errors[0]["msg"] if errors else "Invalid request.", param=param))
-
-    async def on_router_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RouterError)
-        return error_response(exc)
-
-    async def on_any(request: Request, exc: Exception) -> Response:
-        log.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
-        return error_response(internal_error())
-
-    app.add_exception_handler(StarletteHTTPException, on_http)
-    app.add_exception_handler(RequestValidationError, on_validation)
-    app.add_exception_handler(RouterError, on_router_error)
-    app.add_exception_handler(Exception, on_any)
 
 
 # -- the app ------------------------------------------------------------------------------------
@@ -184,8 +107,11 @@ def create_app(
     bounds a chat request that bounds nothing itself; None means the model's context length, sent
     with ``max_tokens_given=False`` so the router can clamp it to what the prompt leaves.
     ``max_body_bytes`` bounds a request body (413 above it)."""
+    # (FastAPI's own /openapi.json would describe no route: the endpoints parse their own bodies)
     app = FastAPI(title="Baton", docs_url=None, redoc_url=None, openapi_url=None)
-    _install_error_handlers(app)
+    install_error_handlers(app)
+    api_document = dumps(openapi_document("Baton", baton_version(), served_model_name))
+    fingerprint = system_fingerprint(served_model_name)
 
     def tenant_of(request: Request) -> str:
         return router.authenticate(_api_key(request))
@@ -244,6 +170,8 @@ def create_app(
                 sampling = replace(
                     sampling, structured=tool_call_constraint(tools_format(), forced, body.parallel_tool_calls)
                 )
+            if body.parses_tools:
+                sampling = keep_markup(tools_format(), sampling)
         else:
             sampling = body.sampling_params(default_temperature=default_temperature)
             prompt_is_text = isinstance(body.prompt, str)
@@ -283,6 +211,7 @@ def create_app(
                 model,
                 created,
                 chat=chat,
+                fingerprint=fingerprint,
                 include_usage=body.include_usage,
                 logprobs=logprobs_for(echo_text),
                 tool_format=tools_format() if chat and body.parses_tools else None,
@@ -305,6 +234,7 @@ def create_app(
                     results,
                     model=model,
                     created=created,
+                    fingerprint=fingerprint,
                     logprobs=logprobs_for(None),
                     tool_format=tools_format() if body.parses_tools else None,
                 ),
@@ -316,7 +246,12 @@ def create_app(
             results = [prompt_only(r) for r in results]
         return json_response(
             text_completion(
-                results, model=model, created=created, echo_text=echo_text, logprobs=logprobs_for(echo_text)
+                results,
+                model=model,
+                created=created,
+                fingerprint=fingerprint,
+                echo_text=echo_text,
+                logprobs=logprobs_for(echo_text),
             ),
             headers=headers,
         )
@@ -406,6 +341,11 @@ def create_app(
             shown = request_id[:MAX_CHOICE_ID_LEN]
             raise RouterError(ErrorKind.NOT_FOUND, f"No in-flight request {shown!r}.", param="request_id")
         return json_response({"id": request_id, "object": "abort", "aborted": True})
+
+    @app.get("/openapi.json", include_in_schema=False)
+    @guarded
+    async def openapi(request: Request) -> Response:
+        return Response(api_document, media_type="application/json")
 
     @app.api_route("/health", methods=["GET", "HEAD"], include_in_schema=False)
     @guarded

@@ -8,6 +8,8 @@ request id is the ``X-Request-Id`` header (what ``/v1/abort/{request_id}`` takes
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -15,7 +17,7 @@ from typing import Any
 
 from router.api import ErrorKind, GenerationResult, RouterError, StreamEvent, Usage
 from router.http.logprobs import LogprobsFormatter
-from router.http.tool_output import ToolDeltas, tool_message
+from router.http.tool_output import ToolDeltas, assistant_message, tool_message
 from router.tool_calls.parsers import ToolFormat
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -37,6 +39,19 @@ def internal_error(message: str = "The server had an error while processing your
 def response_id(request_id: str, *, chat: bool) -> str:
     base = request_id if request_id.startswith("cmpl-") else f"cmpl-{request_id}"
     return f"chat{base}" if chat else base
+
+
+def baton_version() -> str:
+    try:
+        return importlib.metadata.version("baton")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+def system_fingerprint(model: str) -> str:
+    """OpenAI's ``system_fingerprint`` (a string; typed clients reject null): names the backend
+    configuration, here the served model and the Baton release, so it changes when either does."""
+    return "fp_" + hashlib.sha256(f"{model}\0baton {baton_version()}".encode()).hexdigest()[:10]
 
 
 def usage_dict(usage: Usage) -> dict[str, Any]:
@@ -80,6 +95,7 @@ def text_completion(
     *,
     model: str,
     created: int,
+    fingerprint: str,
     echo_text: str | None = None,
     logprobs: Callable[[], LogprobsFormatter] | None = None,
 ) -> dict[str, Any]:
@@ -99,7 +115,7 @@ def text_completion(
             for i, r in enumerate(results)
         ],
         "usage": usage_dict(total_usage([r.usage for r in results])),
-        "system_fingerprint": None,
+        "system_fingerprint": fingerprint,
     }
 
 
@@ -108,6 +124,7 @@ def chat_completion(
     *,
     model: str,
     created: int,
+    fingerprint: str,
     logprobs: Callable[[], LogprobsFormatter] | None = None,
     tool_format: ToolFormat | None = None,
 ) -> dict[str, Any]:
@@ -116,7 +133,7 @@ def chat_completion(
     if tool_format is not None:
         messages = [tool_message(tool_format, r.text, _finish(r.finish_reason)) for r in results]
     else:
-        messages = [({"role": "assistant", "content": r.text}, _finish(r.finish_reason)) for r in results]
+        messages = [(assistant_message(r.text), _finish(r.finish_reason)) for r in results]
     return {
         "id": response_id(results[0].request_id, chat=True),
         "object": "chat.completion",
@@ -127,7 +144,7 @@ def chat_completion(
             for i, r in enumerate(results)
         ],
         "usage": usage_dict(total_usage([r.usage for r in results])),
-        "system_fingerprint": None,
+        "system_fingerprint": fingerprint,
     }
 
 
@@ -141,6 +158,7 @@ class ChunkBuilder:
     model: str
     created: int
     chat: bool
+    fingerprint: str
     include_usage: bool = False
     logprobs: Callable[[], LogprobsFormatter] | None = None  # set when the request asked for logprobs
     tool_format: ToolFormat | None = None  # set when the output is read for tool calls
@@ -153,6 +171,7 @@ class ChunkBuilder:
             "object": "chat.completion.chunk" if self.chat else "text_completion",
             "created": self.created,
             "model": self.model,
+            "system_fingerprint": self.fingerprint,
             "choices": [] if choice is None else [choice],
         }
         if self.include_usage:
@@ -170,7 +189,9 @@ class ChunkBuilder:
     ) -> dict[str, Any]:
         if not self.chat:
             return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        delta: dict[str, Any] = {"role": "assistant", "content": text} if role else ({"content": text} if text else {})
+        delta: dict[str, Any] = (
+            {"role": "assistant", "content": text, "refusal": None} if role else ({"content": text} if text else {})
+        )
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def opening(self, echo_text: str | None = None, index: int = 0) -> dict[str, Any] | None:

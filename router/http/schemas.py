@@ -1,6 +1,10 @@
 """Pydantic models of the OpenAI request bodies Baton accepts (router/http/body.py parses bodies
 with them and maps their validation errors onto OpenAI error objects).
 
+(Over 400 lines as one concept: the request bodies, which share one strict base, one set of
+sampling fields and one refusal rule; their published shapes are in request_shapes.py and the
+responses' in response_models.py.)
+
 Models validate in *strict* mode: OpenAI rejects ``"max_tokens": "10"`` and so do we, instead of
 silently coercing. Unknown fields are ignored (clients send many we have no use for), but fields
 that would change the output in ways Baton cannot honour (``best_of``, ``suffix``, vLLM's
@@ -24,6 +28,17 @@ from engine.sampling_params import MAX_STOP_TOKEN_IDS, SamplingParams
 from engine.structured.constraint import StructuredOutput
 from router.api import CHAT_ROLES, ChatMessage
 from router.choices import MAX_CHOICES
+from router.http.request_shapes import (
+    CONTENT_UNLESS_ASSISTANT,
+    NON_EMPTY,
+    ONE_OF_PROMPT_AND_MESSAGES,
+    STREAM_OPTIONS_NEED_STREAM,
+    ContentInput,
+    PromptInput,
+    StopInput,
+    ToolCallsInput,
+    ToolsInput,
+)
 from router.http.structured_fields import GUIDED_FIELDS, REFUSED_FIELDS, structured_output
 from router.http.tool_fields import check_tool_choice, forced_tools, function_tools, message_tool_call
 from router.tool_calls.constraint import FunctionTool
@@ -80,34 +95,38 @@ class StreamOptions(_Strict):
 class _SamplingFields(_Strict):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
+    model_config = ConfigDict(json_schema_extra=STREAM_OPTIONS_NEED_STREAM)
+
     model: str | None = None  # None: the served model
     max_tokens: int | None = None
     temperature: float | None = None  # None: the server default (OpenAI's is 1.0)
     top_p: float | None = None
-    top_k: int | None = None  # extension; -1 (vLLM's "disabled") is accepted as 0
+    top_k: int | None = Field(None, description="Extension: sample from the k likeliest tokens (0 or -1: off).")
     n: int | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None  # extension
+    stop_token_ids: list[int] | None = Field(None, description="Extension: token ids that end the output.")
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string, JSON keys are) -> bias
-    repetition_penalty: float | None = None  # extension (vLLM's); 1 is off
-    min_p: float | None = None  # extension (vLLM's); 0 is off
-    include_stop_str_in_output: bool = False  # extension (vLLM's)
-    skip_special_tokens: bool = True  # extension (vLLM's)
+    repetition_penalty: float | None = Field(None, description="Extension (vLLM's): 1 is off.")
+    min_p: float | None = Field(None, description="Extension (vLLM's): 0 is off.")
+    include_stop_str_in_output: bool = Field(False, description="Extension (vLLM's).")
+    skip_special_tokens: bool = Field(True, description="Extension (vLLM's).")
     user: str | None = None
-    ignore_eos: bool = False  # extension
-    min_tokens: int = 0  # extension
-    lane: str | None = None  # Baton extension: explicit traffic-class lane
+    ignore_eos: bool = Field(False, description="Extension: generate past the end-of-sequence token.")
+    min_tokens: int = Field(0, description="Extension: no stop before this many tokens.")
+    lane: str | None = Field(
+        None, description="Baton: the traffic-class lane (as the X-Baton-Lane header; the tenant must be allowed it)."
+    )
     # Structured outputs (engine/structured/): OpenAI's response_format, vLLM's guided fields.
     response_format: dict[str, Any] | None = None
-    guided_json: dict[str, Any] | str | None = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
+    guided_json: dict[str, Any] | str | None = Field(None, description="Extension (vLLM's): a JSON schema.")
+    guided_regex: str | None = Field(None, description="Extension (vLLM's): a regular expression.")
+    guided_choice: list[str] | None = Field(None, description="Extension (vLLM's): one of these strings.")
+    guided_grammar: str | None = Field(None, description="Extension (vLLM's): a Lark or GBNF grammar.")
 
     @model_validator(mode="before")
     @classmethod
@@ -146,7 +165,7 @@ class _SamplingFields(_Strict):
             raise _bad_value(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} token ids, got {len(v)}.")
         return v
 
-    @field_validator("stop", mode="plain")
+    @field_validator("stop", mode="plain", json_schema_input_type=StopInput)
     @classmethod
     def _stop(cls, v: Any) -> str | list[str] | None:
         if v is None or isinstance(v, str):
@@ -208,7 +227,7 @@ class CompletionRequest(_SamplingFields):
     best_of: int | None = None
     suffix: str | None = None
 
-    @field_validator("prompt", mode="plain")
+    @field_validator("prompt", mode="plain", json_schema_input_type=PromptInput)
     @classmethod
     def _prompt(cls, v: Any) -> str | tuple[int, ...]:
         if isinstance(v, list) and len(v) == 1 and isinstance(v[0], (str, list)):
@@ -271,6 +290,8 @@ class CompletionRequest(_SamplingFields):
 class InputMessage(_Strict):
     """One chat message. ``content`` is normalized to a string (text parts joined by newlines)."""
 
+    model_config = ConfigDict(json_schema_extra=CONTENT_UNLESS_ASSISTANT)
+
     role: Literal[CHAT_ROLES]  # type: ignore[valid-type]
     content: str | None = Field(default=None, validate_default=True)  # required but for the assistant's
     name: str | None = None
@@ -289,7 +310,7 @@ class InputMessage(_Strict):
             )
         return v
 
-    @field_validator("tool_calls", mode="plain")
+    @field_validator("tool_calls", mode="plain", json_schema_input_type=ToolCallsInput)
     @classmethod
     def _calls(cls, v: Any) -> tuple[ToolCall, ...] | None:
         if v is None:
@@ -298,7 +319,7 @@ class InputMessage(_Strict):
             raise _bad_type("Invalid type for 'tool_calls': expected an array.")
         return tuple(message_tool_call(c) for c in v)
 
-    @field_validator("content", mode="plain")
+    @field_validator("content", mode="plain", json_schema_input_type=ContentInput)
     @classmethod
     def _content(cls, v: Any, info: ValidationInfo) -> str | None:
         if v is None:  # (OpenAI: only an assistant turn, one with tool calls, may omit it)
@@ -329,7 +350,7 @@ class InputMessage(_Strict):
 class ChatCompletionRequest(_SamplingFields):
     """``POST /v1/chat/completions``."""
 
-    messages: list[InputMessage]
+    messages: list[InputMessage] = Field(json_schema_extra=NON_EMPTY)
     max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
     logprobs: bool | None = None
     top_logprobs: int | None = None
@@ -342,7 +363,7 @@ class ChatCompletionRequest(_SamplingFields):
     audio: dict[str, Any] | None = None
     modalities: list[str] | None = None
     web_search_options: dict[str, Any] | None = None
-    add_generation_prompt: bool = True  # extension
+    add_generation_prompt: bool = Field(True, description="Extension: end the prompt with the assistant's turn.")
 
     @field_validator("messages")
     @classmethod
@@ -358,7 +379,7 @@ class ChatCompletionRequest(_SamplingFields):
             raise _unsupported("The legacy 'functions' (use 'tools')")
         return v
 
-    @field_validator("tools", mode="plain")
+    @field_validator("tools", mode="plain", json_schema_input_type=ToolsInput)
     @classmethod
     def _tools(cls, v: Any) -> tuple[FunctionTool, ...] | None:
         return None if v is None else function_tools(v)
@@ -436,8 +457,10 @@ class TokenizeRequest(_Strict):
     as a generation request would be."""
 
     model: str | None = None
-    prompt: str | None = None
-    messages: list[InputMessage] | None = None
+    model_config = ConfigDict(json_schema_extra=ONE_OF_PROMPT_AND_MESSAGES)
+
+    prompt: str | None = Field(None, json_schema_extra={"minLength": 1})
+    messages: list[InputMessage] | None = Field(None, json_schema_extra=NON_EMPTY)
     add_generation_prompt: bool = True
 
     @field_validator("prompt")

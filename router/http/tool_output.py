@@ -14,13 +14,18 @@ def _call(c: ToolCall) -> dict[str, Any]:
     return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
 
 
+def assistant_message(content: str | None, **extra: Any) -> dict[str, Any]:
+    """A chat completion's message: ``refusal`` is always present (null: Baton never refuses in-band)."""
+    return {"role": "assistant", "content": content, "refusal": None, **extra}
+
+
 def tool_message(fmt: ToolFormat, text: str, finish_reason: str) -> tuple[dict[str, Any], str]:
     """(the assistant message, the finish reason) of a whole output read for tool calls."""
     content, calls = parse(fmt, text, new_call_id)
     if not calls:
-        return {"role": "assistant", "content": text}, finish_reason
+        return assistant_message(text), finish_reason
     return (
-        {"role": "assistant", "content": content, "tool_calls": [_call(c) for c in calls]},
+        assistant_message(content, tool_calls=[_call(c) for c in calls]),
         "tool_calls" if finish_reason == "stop" else finish_reason,
     )
 

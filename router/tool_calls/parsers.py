@@ -13,6 +13,7 @@ raw JSON text (so pieces streamed as they come concatenate to the final argument
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import uuid
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.model.tokenizer import Tokenizer
+from engine.sampling_params import SamplingParams
 from router.tool_calls.json_scan import object_members, skip_ws
 
 
@@ -28,6 +30,28 @@ class ToolFormat(enum.StrEnum):
     HERMES = "hermes"
     LLAMA3_JSON = "llama3_json"
     MISTRAL = "mistral"
+
+
+class ToolFormatSetting(enum.StrEnum):
+    """``router.tool_call_format``: the format to parse (and force calls in), or ``auto``: the one
+    the model's chat template teaches (``format_for_tokenizer``)."""
+
+    AUTO = "auto"
+    HERMES = "hermes"
+    LLAMA3 = "llama3"
+    MISTRAL = "mistral"
+
+    @property
+    def tool_format(self) -> ToolFormat | None:
+        """The format it names (None for ``auto``: detected from the model)."""
+        return _SETTING_FORMATS.get(self)
+
+
+_SETTING_FORMATS = {
+    ToolFormatSetting.HERMES: ToolFormat.HERMES,
+    ToolFormatSetting.LLAMA3: ToolFormat.LLAMA3_JSON,
+    ToolFormatSetting.MISTRAL: ToolFormat.MISTRAL,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +95,15 @@ def format_for_model(model_name: str, chat_template: str | None) -> ToolFormat:
     if _PYTHON_TAG in t or "llama-3" in name or "llama3" in name:
         return ToolFormat.LLAMA3_JSON
     return ToolFormat.HERMES
+
+
+def keep_markup(fmt: ToolFormat, sampling: SamplingParams) -> SamplingParams:
+    """``sampling`` for an output read for tool calls in ``fmt``: Mistral's ``[TOOL_CALLS]`` is a
+    special token, which text decoded without special tokens drops (the parser would never see a
+    call), so that format's text keeps them (stop tokens stay out of the text either way)."""
+    if fmt is ToolFormat.MISTRAL and sampling.skip_special_tokens:
+        return dataclasses.replace(sampling, skip_special_tokens=False)
+    return sampling
 
 
 def scan(fmt: ToolFormat, text: str, final: bool) -> Snapshot:

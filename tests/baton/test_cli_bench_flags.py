@@ -90,7 +90,8 @@ def test_serve_bounds_the_requests_a_workload_plans(capsys):
 
 @pytest.mark.timeout(10)
 def test_plan_requests_refuses_a_plan_too_big_to_hold():
-    from baton.perf.loadgen.workload import load_workload, plan_requests
+    from baton.perf.loadgen.arrivals import plan_requests
+    from baton.perf.loadgen.workload import load_workload
 
     with pytest.raises(ValueError, match="lower --rate or --duration"):
         plan_requests(load_workload("fixed"), 1e9, 2.0)
@@ -136,9 +137,9 @@ def test_kv_transfer_refuses_lengths_beyond_its_bound(capsys):
 
 
 def test_kv_transfer_refuses_lengths_beyond_memory(capsys, monkeypatch):
-    import baton.perf.kv_transfer_bench as kt
+    import baton.perf.kv_transfer_sizes as sizes
 
-    monkeypatch.setattr(kt, "_available_memory", lambda: 2**30)
+    monkeypatch.setattr(sizes, "_available_memory", lambda: 2**30)
     line = _error(capsys, ["bench", "kv-transfer", "--lengths", "100000", "--no-ray"])
     assert "--lengths 100000: the run needs about" in line and "1.0 GiB is available" in line
 

@@ -34,13 +34,23 @@ def test_a_worker_needs_a_gpu_per_rank():
         BatonConfig.model_validate({"engine": {"tensor_parallel_size": 0}})
 
 
-def test_pool_workers_refuse_tensor_parallel_until_they_run_groups():
+def test_a_pool_worker_asks_for_one_bundle_per_rank():
+    spec = PoolSpec("decode", 1, cpus=1.0, gpus=1.0, resources={"baton_decode": 1.0}, tensor_parallel_size=2)
+    assert spec.bundle() == {"CPU": 1.0, "GPU": 1.0, "baton_decode": 1.0}  # each of its two ranks
+    assert PoolSpec("prefill", 1).bundle() == {"CPU": 1.0}
+    with pytest.raises(ValueError, match=r"pools.prefill.tensor_parallel_size: 0 is too few"):
+        PoolSpec("prefill", 1, tensor_parallel_size=0)
+
+
+def test_a_pool_size_that_does_not_divide_the_heads_is_refused_before_any_worker_starts(tiny_model_dir):
+    from baton.cluster import ClusterConfig, LocalCluster
+    from engine.config import EngineConfig
+
+    cfg = ClusterConfig(engine=EngineConfig(model=str(tiny_model_dir)), prefill_tensor_parallel_size=3)
     with pytest.raises(
-        ValueError,
-        match=r"pools.decode.tensor_parallel_size=2: tensor-parallel pool workers are "
-        r"not supported yet",
+        ValueError, match=r"pools.prefill.tensor_parallel_size=3 does not divide the model's 8 attention heads"
     ):
-        PoolSpec("decode", 1, tensor_parallel_size=2)
+        LocalCluster(cfg)
 
 
 def test_generate_refuses_a_size_that_does_not_divide_the_heads(tiny_model_dir):

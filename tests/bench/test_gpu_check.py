@@ -133,3 +133,21 @@ def test_the_two_gpu_check_carries_its_stream_counter_to_the_workers():
     from bench.gpu_check_2gpu import StreamCheckedNccl
 
     assert pickle.loads(pickle.dumps(StreamCheckedNccl(1234))) == StreamCheckedNccl(1234)
+
+
+def test_the_structured_step_runs_its_bench_on_the_cpu(tiny_model_dir, capsys):
+    """Issue 46's step: constrained against unconstrained decode steps, here on the CPU (``--device cpu``)."""
+    from pathlib import Path
+
+    from bench import grammar_backends
+    from bench.gpu_check import _steps
+
+    cmd = {name: c for name, c, _ in _steps(Path("."))}["structured"]
+    assert cmd[1:3] == ["-m", "bench.grammar_backends"] and cmd[cmd.index("--device") + 1] == "cuda"
+    args = cmd[3:]
+    args[args.index("--device") + 1] = "cpu"
+    grammar_backends.main([*args, "--model", str(tiny_model_dir), "--rows", "2", "--steps", "3", "--repeats", "1"])
+    report = _last_json(capsys.readouterr().out)
+    assert report is not None and report["device"] == "cpu"
+    row = report["decode_ms_per_step"]["2"]
+    assert row["constrained"] > 0 and row["unconstrained"] > 0 and row["mask_ms"] > 0

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.soak import SoakConfig, _worker_gauges, run_soak
+from bench.soak import SoakConfig, run_soak
+from bench.soak_checks import worker_gauges
 from bench.soak_load import LoadSpec
 from bench.soak_processes import Proc, RssTrack
 
@@ -28,7 +29,7 @@ def test_worker_gauges_are_read_from_the_routers_metrics():
         'baton_worker_requests_running{role="decode",worker="decode-0",model="m"} 0.0\n'
         'baton_worker_requests_waiting{role="prefill",worker="prefill-0",model="m"} 1.0\n'
     )
-    assert _worker_gauges(text) == {"decode-0": {"kv_usage": 0.25, "running": 0.0}, "prefill-0": {"waiting": 1.0}}
+    assert worker_gauges(text) == {"decode-0": {"kv_usage": 0.25, "running": 0.0}, "prefill-0": {"waiting": 1.0}}
 
 
 @pytest.mark.slow

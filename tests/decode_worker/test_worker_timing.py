@@ -49,6 +49,7 @@ def test_the_wait_for_the_step_in_flight_is_counted_in_prefill_queue(worker: Dec
     outputs = outputs_until_finished(worker, "router-a")
     first = next(o for o in outputs if o.ttft_breakdown is not None)
     stages = first.ttft_breakdown
+    assert stages is not None
     # was ~0: the clock started when the engine thread took it. The step had 0.4 s - (sent - its
     # start) left when the request came (a loaded host may stall this thread before it sends).
     assert stages["prefill_queue"] >= 0.4 - (sent - busy_since[0]) - 0.05

@@ -86,8 +86,10 @@ requires_helm = pytest.mark.skipif(
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    binary = helm_binary()
+    assert binary is not None, "helm is not installed"
     proc = subprocess.run(
-        [helm_binary(), *args],
+        [binary, *args],
         capture_output=True,
         text=True,
         timeout=60,

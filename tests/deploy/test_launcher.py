@@ -20,6 +20,7 @@ def load_launcher(monkeypatch, **env):
     for k, v in {"BATON_RELEASE": "demo-baton", "RAY_JOB_STOP_WAIT_TIME_S": "2", **env}.items():
         monkeypatch.setenv(k, v)
     spec = importlib.util.spec_from_file_location("baton_chart_launcher", CHART / "files" / "launcher.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

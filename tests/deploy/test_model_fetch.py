@@ -36,6 +36,7 @@ HF = (
 def fetch_model(monkeypatch, tmp_path):
     monkeypatch.setenv("BATON_MODEL_SOURCE_ROOT", str(tmp_path / "source-claim"))
     spec = importlib.util.spec_from_file_location("baton_chart_fetch_model", CHART / "files" / "fetch_model.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up
     spec.loader.exec_module(module)

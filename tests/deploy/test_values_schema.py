@@ -183,8 +183,10 @@ def test_install_helm_without_npm_warns_and_succeeds(tmp_path):
         found = subprocess.run(["bash", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
         if found:
             (bindir / tool).symlink_to(found)
+    bash = shutil.which("bash")  # found here: the run below has only bindir on its PATH
+    assert bash is not None
     proc = subprocess.run(
-        [shutil.which("bash"), str(ROOT / "tools" / "install_helm.sh"), str(tmp_path / "venv")],
+        [bash, str(ROOT / "tools" / "install_helm.sh"), str(tmp_path / "venv")],
         capture_output=True,
         text=True,
         timeout=30,

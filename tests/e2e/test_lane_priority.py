@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+from typing import Any
 
 import httpx
 import pytest
@@ -61,7 +62,7 @@ def srv(ray_session, tiny_model_dir):
     s.stop()
 
 
-def _stream(url: str, prompt: list[int], max_tokens: int, started: concurrent.futures.Future) -> str:
+def _stream(url: str, prompt: list[int], max_tokens: int, started: concurrent.futures.Future[bool]) -> str:
     text = []
     body = {
         "model": "tiny",
@@ -96,7 +97,7 @@ def test_batch_preempted_for_interactive_pace_completes_with_the_unpreempted_tok
     dispatcher = srv.router.dispatcher
     real = dispatcher.lane_pressure
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        started = [concurrent.futures.Future() for _ in prompts]
+        started: list[concurrent.futures.Future[bool]] = [concurrent.futures.Future() for _ in prompts]
         jobs = [pool.submit(_stream, srv.http, p, max_tokens, f) for p, f in zip(prompts, started)]
         concurrent.futures.wait(started, timeout=60)
         try:
@@ -158,7 +159,8 @@ def test_durable_jobs_preempted_for_pace_survive_a_router_restart(srv, tiny_mode
         srv.call(srv.server.crash_router())  # (its pressure expires on the worker: the jobs regrow)
         concurrent.futures.wait(futures, timeout=30)
     srv.call(srv.server.restart_router("router-0", job_idle_ms=1500))
-    results, last = {}, {}
+    results: dict[int, dict[str, Any]] = {}  # the finished jobs' JSON
+    last: dict[int, tuple[int, Any]] = {}  # each job's last poll: status code, body
 
     def all_done() -> bool:
         for i in set(range(4)) - set(results):

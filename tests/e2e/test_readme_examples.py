@@ -13,8 +13,10 @@ import re
 import shlex
 import subprocess
 import sys
+from typing import cast
 
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam
 
 from tests.e2e.baton_up_process import ROOT, baton_up
 
@@ -135,8 +137,8 @@ def test_the_readme_structured_output_and_tool_call_example_against_baton_up():
         assert t.choices[0].finish_reason == "tool_calls"  # type: ignore[attr-defined]
         call = namespace["call"]
         assert call.function.name == "get_weather" and call.id  # type: ignore[attr-defined]
-        weather = namespace["weather"]
-        jsonschema.validate(namespace["args"], weather["function"]["parameters"])  # type: ignore[index]
+        weather = cast(ChatCompletionFunctionToolParam, namespace["weather"])  # the README defines it
+        jsonschema.validate(namespace["args"], weather["function"]["parameters"])
         client = openai.OpenAI(base_url=f"{up.base}/v1", api_key="unused", max_retries=0)
         with client.chat.completions.stream(
             model="SmolLM2-135M-Instruct",
@@ -149,7 +151,9 @@ def test_the_readme_structured_output_and_tool_call_example_against_baton_up():
             for _ in stream:
                 pass
             final = stream.get_final_completion()
-        [streamed] = final.choices[0].message.tool_calls
+        tool_calls = final.choices[0].message.tool_calls
+        assert tool_calls is not None
+        [streamed] = tool_calls
         assert streamed.function.name == "get_weather" and final.choices[0].finish_reason == "tool_calls"
         jsonschema.validate(json.loads(streamed.function.arguments), weather["function"]["parameters"])
 

@@ -9,11 +9,13 @@ import json
 import statistics
 import threading
 import time
+from typing import Any
 
 import grpc
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from baton.config import load_config
 from baton.perf.loadgen.server_metrics import MetricsSample, parse_metrics
@@ -142,6 +144,7 @@ def test_logprobs_through_the_stack(srv):
         extra_body={"ignore_eos": True},
     )
     content = chat.choices[0].logprobs.content
+    assert content is not None
     assert len(content) == chat.usage.completion_tokens == 6
     assert all(t.top_logprobs[0].logprob == t.logprob <= 0 for t in content)  # greedy: the most likely
     chunks = list(
@@ -208,7 +211,7 @@ def test_logprobs_through_the_stack(srv):
 
 def test_tokenize_counts_what_generation_sees(srv):
     h = {"Authorization": f"Bearer {KEY}"}
-    msgs = [{"role": "user", "content": "count my tokens, please"}]
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "count my tokens, please"}]
     tok = httpx.post(f"{srv.http}/tokenize", headers=h, json={"model": "tiny", "messages": msgs}).json()
     chat = client(srv).chat.completions.create(model="tiny", messages=msgs, max_tokens=1)
     assert tok["count"] == len(tok["tokens"]) == chat.usage.prompt_tokens  # the chat template included
@@ -226,7 +229,7 @@ def test_tokenize_counts_what_generation_sees(srv):
 
 def test_n_choices_through_the_stack(srv):
     c = client(srv)
-    msgs = [{"role": "user", "content": "tell me something"}]
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "tell me something"}]
     a = c.chat.completions.create(
         model="tiny", messages=msgs, max_tokens=8, n=3, temperature=1.0, seed=5, extra_body={"ignore_eos": True}
     )
@@ -251,9 +254,9 @@ def test_n_choices_through_the_stack(srv):
         req = pb.GenerateRequest(
             text="a b c", n=2, sampling=pb.SamplingParameters(max_tokens=4, temperature=0, ignore_eos=True)
         )
-        msgs = list(pbg.GenerationStub(ch).Generate(req, metadata=_grpc_md(), timeout=30))
-    texts = ["".join(m.text for m in msgs if m.index == i) for i in (0, 1)]
-    assert texts[0] == texts[1] == by_index[0] and sum(m.finished for m in msgs) == 2
+        replies = list(pbg.GenerationStub(ch).Generate(req, metadata=_grpc_md(), timeout=30))
+    texts = ["".join(m.text for m in replies if m.index == i) for i in (0, 1)]
+    assert texts[0] == texts[1] == by_index[0] and sum(m.finished for m in replies) == 2
     drained(srv)
 
 
@@ -620,7 +623,8 @@ def test_durable_batch_lane_survives_a_router_restart(srv, tiny_model_dir):
     # Under the same id, as Ray restarts a replica: its dispatcher is still a new origin for the
     # workers (a re-claimed job was refused as a duplicate id and recorded failed before 2026-11-26).
     srv.call(srv.server.restart_router("router-0", job_idle_ms=1500))
-    results, last = {}, {}
+    results: dict[int, dict[str, Any]] = {}  # the finished jobs' JSON
+    last: dict[int, tuple[int, Any]] = {}  # each job's last poll: status code, body
 
     def all_done() -> bool:
         for i in set(range(4)) - set(results):

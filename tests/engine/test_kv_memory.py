@@ -2,6 +2,8 @@
 utilization x gpus x total memory less what the process holds and its profiled peak, workers sharing
 a GPU each get their share, and a worker that cannot fit one longest sequence fails naming the numbers."""
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -68,7 +70,8 @@ def test_the_profile_is_the_largest_step_the_config_allows():
 
 def test_gpu_settings_are_validated_where_built():
     assert CacheConfig().gpu_memory_utilization == 0.9 and CacheConfig().gpu_fraction == 1.0
-    for bad in (0, 1.5, -0.1, True, "0.9"):
+    bads: tuple[Any, ...] = (0, 1.5, -0.1, True, "0.9")  # wrong types among them: validation is the subject
+    for bad in bads:
         with pytest.raises(ValueError, match="gpu_memory_utilization"):
             CacheConfig(gpu_memory_utilization=bad)
         with pytest.raises(ValueError, match="gpu_fraction"):

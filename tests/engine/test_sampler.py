@@ -1,6 +1,7 @@
 """The sampler's filters keep exactly the tokens they should, and a seeded row draws the same
 token whatever it is batched with."""
 
+import numpy as np
 import torch
 
 from engine.sampler import Sampler
@@ -95,7 +96,7 @@ def test_a_zero_probability_token_is_never_sampled_even_at_the_top_of_the_range(
     logits = torch.tensor([[float("-inf"), 0.0, 1.0, float("-inf")]])
     # (1.0 itself, which the hash never gives, stands in for u x total rounding up to the total.)
     for u, want in ((1.0 - 2.0**-53, 2), (1.0, 2), (0.0, 1)):
-        monkeypatch.setattr(sampler, "row_uniform", lambda seed, pos: u)
+        monkeypatch.setattr(sampler, "seeded_uniforms", lambda seeds, positions: np.full(len(seeds), u))
         got = Sampler(0, torch.device("cpu")).sample(logits, [SamplingParams(temperature=1.0, seed=1)], [0])
         assert got.tolist() == [want]
 

@@ -160,7 +160,7 @@ def test_aborted_queued_requests_do_not_stay_in_the_queue():
     prompts aborted behind a long request kept ~150 MB. Removed entries go once they are half the
     heap, and all at once when no live request is left."""
     q = WaitingQueue()
-    important = req("a", 4, 2, priority=0)
+    important: Request = req("a", 4, 2, priority=0)
     queued = [req(f"b{i}", 4, 2, priority=1, start=20 + i) for i in range(100)]
     for seq, r in enumerate([important, *queued]):
         r.arrival_seq = seq  # (as the scheduler numbers registrations)

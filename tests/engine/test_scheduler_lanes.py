@@ -4,6 +4,7 @@ from engine.block_manager import BlockManager
 from engine.config import LaneShareConfig, SchedulerConfig
 from engine.fake_runner import FakeModelRunner, fake_next_token
 from engine.lane_shares import LaneDemand, water_fill
+from engine.output_processor import OutputProcessor
 from engine.request import Request, RequestState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -25,15 +26,21 @@ class Clock:
         return self.now
 
 
+class ClockedScheduler(Scheduler):
+    """A scheduler whose lane shares read ``clock``, which the test moves."""
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int, clock: Clock) -> None:
+        super().__init__(config, block_manager, max_model_len, clock=clock)
+        self.clock = clock
+
+
 def make(max_num_seqs=16, lanes=LANES, num_blocks=512):
-    clock = Clock()
-    sched = Scheduler(
+    sched = ClockedScheduler(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=256, lane_shares=lanes),
         BlockManager(num_blocks, BS),
         512,
-        clock=clock,
+        Clock(),
     )
-    sched.clock = clock
     runner = FakeModelRunner(max_num_seqs=max_num_seqs, max_model_len=512, block_size=BS, vocab_size=VOCAB)
     return sched, runner
 
@@ -167,3 +174,108 @@ def test_pressure_from_a_silent_router_expires():
 def test_off_by_default():
     sched = Scheduler(SchedulerConfig(), BlockManager(16, BS), 64)
     assert sched.lane_shares is None
+
+
+def test_the_prompt_token_budget_is_shared_by_weight_with_floors_and_lending():
+    """A step's prompt tokens (256 here, no decodes yet) go by lane weight among the lanes with a
+    prompt to compute, each at least its floor, each lending what it does not want."""
+
+    sched, runner = make()
+    b = req("b", BATCH, max_tokens=4, n_prompt=500)
+    sched.add_request(b)
+    so = sched.schedule()
+    assert so.num_scheduled_tokens == {"b": 256}  # one lane: no sharing
+    sched.update_from_output(runner.execute(so))
+    i = req("i", INTERACTIVE, max_tokens=4, n_prompt=400, start=100)
+    sched.add_request(i)
+    so = sched.schedule()
+    # 8:1 of 256: the interactive prompt 227 (+ the rounding's spare token), the batch chunk 28
+    assert so.num_scheduled_tokens == {"b": 28, "i": 228}
+    sched.update_from_output(runner.execute(so))
+    step(sched, runner, 40)
+    assert not sched.has_unfinished()  # both prompts computed in pieces: the same tokens as alone
+    for r in (b, i):
+        assert r.output_token_ids == expected_output(r.prompt_token_ids, 4), r.request_id
+
+    # Lending: a short interactive prompt takes what it needs; the batch chunk the rest.
+    sched, runner = make()
+    b = req("b", BATCH, max_tokens=4, n_prompt=500)
+    sched.add_request(b)
+    sched.update_from_output(runner.execute(sched.schedule()))
+    sched.add_request(req("i", INTERACTIVE, max_tokens=4, n_prompt=40, start=100))
+    assert sched.schedule().num_scheduled_tokens == {"b": 216, "i": 40}
+
+    # Floors: against a far heavier lane, the batch chunk keeps 10% of the step.
+    heavy = (LaneShareConfig(INTERACTIVE, weight=1000.0, floor=0.05), LANES[1])
+    sched, runner = make(lanes=heavy)
+    sched.add_request(req("b", BATCH, max_tokens=4, n_prompt=500))
+    sched.update_from_output(runner.execute(sched.schedule()))
+    sched.add_request(req("i", INTERACTIVE, max_tokens=4, n_prompt=400, start=100))
+    assert sched.schedule().num_scheduled_tokens == {"b": 25, "i": 231}
+
+
+def test_the_waiting_queue_and_the_batch_keep_their_counts_by_lane():
+    """The lane shares read the counts each step without a pass over the queue or the batch."""
+    sched, runner = make(max_num_seqs=4)
+    reqs = [req(f"b{i}", BATCH, n_prompt=6, start=20 * i) for i in range(3)] + [
+        req(f"i{i}", INTERACTIVE, n_prompt=9, start=100 + 20 * i) for i in range(3)
+    ]
+    for r in reqs:
+        sched.add_request(r)
+    assert sched.waiting.count_by_priority() == {BATCH: 3, INTERACTIVE: 3}
+    assert sched.waiting.tokens_by_priority() == {BATCH: 18, INTERACTIVE: 27}
+    sched.abort("b0")
+    assert sched.waiting.tokens_by_priority() == {BATCH: 12, INTERACTIVE: 27}
+    step(sched, runner)
+    assert sched.batch.by_priority == running_by_lane(sched) == {INTERACTIVE: 3, BATCH: 1}
+    assert sched.waiting.count_by_priority() == {BATCH: 1}
+    assert sched.waiting.tokens_by_priority() == {BATCH: 6}
+    sched.abort("i1")
+    step(sched, runner, 60)
+    assert not sched.has_unfinished() and not sched.waiting.count_by_priority()
+    assert not any(sched.batch.by_priority.values()) and not sched.waiting.tokens_by_priority()
+
+
+def test_time_preempted_is_in_the_ttft_breakdown_and_the_final_output():
+    """Preempted before its first token: a ``preempted`` stage in the TTFT breakdown (out of
+    ``prefill_compute``); preempted at all: each time out on the final output (router/tracing.py lays
+    them out as spans)."""
+    sched, runner = make()
+    proc = OutputProcessor(sched, None)
+    a = req("a", BATCH, max_tokens=6, n_prompt=6, start=300)
+    b = req("b", BATCH, max_tokens=6, n_prompt=6, start=400)
+    c = req("c", BATCH, max_tokens=3, n_prompt=400)  # its prompt takes two steps
+    outs: dict[str, list] = {"a": [], "b": [], "c": []}
+    for r in (a, b, c):
+        sched.add_request(r)
+        proc.add(r)
+
+    def run(n):
+        for _ in range(n):
+            sched.clock.now += 0.05
+            so = sched.schedule()
+            for o in proc.process(sched.update_from_output(runner.execute(so))):
+                outs[o.request_id].append(o)
+
+    run(1)
+    assert len(b.output_token_ids) == 1 and not c.output_token_ids
+    # Short of pace: newest first, c (mid-prompt) then b (after its first token), down to the floor.
+    sched.lane_shares.set_pressure("r", (LaneDemand(INTERACTIVE, waiting=4, pace_short=True),))
+    run(2)
+    assert b.state is c.state is RequestState.PREEMPTED
+    sched.lane_shares.set_pressure("r", ())
+    run(80)
+    assert not sched.has_unfinished()
+    for r, n in ((a, 6), (b, 6), (c, 3)):
+        assert r.output_token_ids == expected_output(r.prompt_token_ids, n), r.request_id
+    assert outs["a"][-1].preempted is None
+    for r in (b, c):
+        final = outs[r.request_id][-1]
+        assert final.finished and final.preempted is not None and len(final.preempted) == 1
+        since, until = final.preempted[0]
+        assert since < until <= 0  # relative to the final output
+    assert "preempted" not in (outs["b"][0].ttft_breakdown or {})
+    bd = outs["c"][0].ttft_breakdown
+    assert bd is not None and bd["preempted"] > 0
+    spans = c.preempted_spans or []
+    assert bd["preempted"] == spans[0][1] - spans[0][0]

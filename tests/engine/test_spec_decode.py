@@ -122,7 +122,7 @@ def test_a_draft_count_of_zero_is_off_and_a_negative_one_is_named():
 
 def test_the_scheduler_config_takes_only_a_speculative_config():
     with pytest.raises(ValueError, match="speculative"):
-        SchedulerConfig(speculative={"num_tokens": 4})
+        SchedulerConfig(speculative={"num_tokens": 4})  # type: ignore[arg-type]  # the wrong type is the subject
 
 
 def test_a_row_with_drafts_computes_them_as_decode_tokens_and_samples_every_one():
@@ -272,11 +272,12 @@ def test_greedy_with_drafts_equals_transformers(tiny, case):
     d, hf = tiny
     prompts = _prompts({"batched": 0, "chunked": 1, "preempted": 2}[case])
     max_new = [random.Random(i).randint(8, 40) for i in range(len(prompts))]
-    kw = {
+    cases: dict[str, dict[str, Any]] = {
         "chunked": {"scheduler": {"max_num_batched_tokens": 12}, "cache": {"block_size": 8}},
         "preempted": {"scheduler": {"admission_watermark": 0.0}, "cache": {"block_size": 4, "num_blocks": 48}},
         "batched": {},
-    }[case]
+    }
+    kw = cases[case]
     eng = _engine(d, **kw)
     got = [o.token_ids for o in _run(eng, prompts, _greedy(max_new))]
     assert got == hf_greedy(hf, prompts, max_new)

@@ -15,6 +15,7 @@ from kv_transfer.fault import FaultSpec
 from kv_transfer.nccl_double import NcclSemantics, violations
 from kv_transfer.peer import PeerInfo, StoreAddress
 from kv_transfer.wire import Header, Kind
+from tests.waiting import wait_until
 
 SHAPE = (32, 2, 2, 4, 2, 8)  # blocks, layers, k/v, block size, kv heads, head dim
 
@@ -35,22 +36,37 @@ def store():
 
 
 class Events:
-    def __init__(self):
-        self.cv = threading.Condition()
-        self.items = []
+    """What a callback reported, in order (the agents' threads append; a list append is atomic)."""
 
-    def add(self, *x):
-        with self.cv:
-            self.items.append(x)
-            self.cv.notify_all()
+    def __init__(self) -> None:
+        self.items: list[tuple] = []
 
-    def wait(self, n=1, timeout=10.0):
-        end = time.monotonic() + timeout
-        with self.cv:
-            while len(self.items) < n:
-                if not self.cv.wait(max(0.0, end - time.monotonic())):
-                    raise TimeoutError(f"got {self.items}")
+    def add(self, *x) -> None:
+        self.items.append(x)
+
+    def wait(self, n: int = 1, timeout: float = 10.0) -> list[tuple]:
+        """The events once there are ``n`` of them."""
+        wait_until(lambda: len(self.items) >= n, timeout, message=lambda: f"{n} events (got {self.items})")
         return self.items
+
+
+def _watch_waits_for(peer: PeerInfo, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set once an agent waits in a pair's rendezvous for ``peer`` to join."""
+    from kv_transfer import pair_group
+
+    waiting, real_wait = threading.Event(), pair_group._wait_for
+
+    def watched(store_, key, cancelled, who, *rest):
+        if who.key == peer.key:
+            waiting.set()
+        return real_wait(store_, key, cancelled, who, *rest)
+
+    monkeypatch.setattr(pair_group, "_wait_for", watched)
+    return waiting
+
+
+def _send_thread_ended(peer: PeerInfo) -> bool:
+    return not any(t.name == f"kv-send-{peer.key}" for t in threading.enumerate())
 
 
 def make_pair(store, inc="a"):
@@ -95,9 +111,8 @@ def test_staging_buffers_are_reused_and_their_reuse_never_corrupts_a_chunk(store
         assert torch.equal(d.kv_cache[dst], p.kv_cache[src]), tid
         # The ack can overtake the send thread handing the buffer back: wait for it, so that the
         # pool's reuse (what is asserted below) does not depend on thread timing.
-        bufs, deadline = p.send_buffers, time.monotonic() + 5
-        while bufs.idle() < min(bufs.keep, bufs.allocated) and time.monotonic() < deadline:
-            time.sleep(0.001)
+        bufs = p.send_buffers
+        wait_until(lambda: bufs.idle() >= min(bufs.keep, bufs.allocated), 5, message="the send buffer handed back")
     assert p.send_buffers.allocated <= 4 and p.send_buffers.idle() <= p.send_buffers.keep
     assert not failed.items
 
@@ -121,7 +136,7 @@ def test_dropped_transfer_sends_nothing_and_releases_the_sender(store):
     d.expect(pp, 5, "dropped", [1])
     p.send_blocks(dp, 5, "dropped", 0, [2], chunk_index=0, last=True, first_token=1)
     assert acked.wait() == [("dropped", False)]
-    time.sleep(0.3)
+    assert p.faults.num_dropped == 1 and p.stats.blocks_sent == 0  # nothing went out: nothing can arrive
     assert not received.items and d.pending_transfers()[0][:2] == (5, "dropped")
 
 
@@ -294,7 +309,7 @@ def test_a_peer_that_dials_long_after_the_connect_timeout_still_forms_the_pair(s
     p, d, pp, dp, received, _failed, acked = make_pair(store, inc="late")
     d.connect_timeout_s = p.connect_timeout_s = 0.5
     d.connect(pp)  # the decode side alone, as at a reservation
-    time.sleep(1.5)
+    time.sleep(1.5)  # the behaviour under test: the other side dials long after the connect timeout
     d.expect(pp, 1, "r1", [1])
     p.send_blocks(dp, 1, "r1", 0, [2], chunk_index=0, last=True, first_token=4)
     assert received.wait() == [("r1", 4)] and acked.wait() == [("r1", True)]
@@ -373,7 +388,7 @@ def test_a_chunk_with_a_negative_block_offset_is_refused_not_written(store):
     assert torch.count_nonzero(d.kv_cache) == 0 and not received.items
 
 
-def test_a_peer_that_never_dials_does_not_hold_up_the_pairs_with_others(store):
+def test_a_peer_that_never_dials_does_not_hold_up_the_pairs_with_others(store, monkeypatch):
     """A decode worker dials the prefill worker it reserves with; the router may then prefill that
     request on it after all, and that prefill worker may not dial back for a long time. The wait
     for it held the agent's one store client (a TCPStore client serves one call at a time), so the
@@ -388,19 +403,20 @@ def test_a_peer_that_never_dials_does_not_hold_up_the_pairs_with_others(store):
     )
     p1 = new_agent(PeerInfo("p1", "w", "prefill"), store, torch.randn(SHAPE))
     silent = PeerInfo("p0", "w", "prefill")  # never dials
+    waiting = _watch_waits_for(silent, monkeypatch)
     try:
         d.connect(silent)
-        time.sleep(0.3)  # d0 is waiting for p0 now
+        assert waiting.wait(10)  # d0 is waiting for p0 now
         d.expect(p1.me, 1, "r1", [1, 2])
         p1.send_blocks(d.me, 1, "r1", 0, [5, 6], chunk_index=0, last=True, first_token=3)
-        assert received.wait(1, timeout=5.0) == [("r1", 3)]
+        assert received.wait(1, timeout=15.0) == [("r1", 3)]  # (held for good by the bug; slow on a loaded host)
         assert torch.equal(d.kv_cache[[1, 2]], p1.kv_cache[[5, 6]])
     finally:
         p1.close()
         d.close()
 
 
-def test_a_peer_known_dead_before_it_paired_releases_the_transfers_and_buffers_queued_for_it(store):
+def test_a_peer_known_dead_before_it_paired_releases_the_transfers_and_buffers_queued_for_it(store, monkeypatch):
     """A prefill worker ships chunks to a decode worker that died before the pair formed: they
     queued behind the wait for it, each in a staging buffer of its own (90 MiB for a 2,048-token
     chunk of SmolLM2), and the wait lasted its 24 h op timeout. The router's word that the peer
@@ -410,17 +426,15 @@ def test_a_peer_known_dead_before_it_paired_releases_the_transfers_and_buffers_q
         PeerInfo("p0", "x", "prefill"), store, torch.randn(SHAPE), on_acked=lambda rid, ok: acked.add(rid, ok)
     )
     dead = PeerInfo("d0", "x", "decode")
+    waiting = _watch_waits_for(dead, monkeypatch)
     try:
         assert p.send_blocks(dead, 1, "r1", 0, [1, 2], chunk_index=0, last=False)
         assert p.send_blocks(dead, 2, "r2", 0, [3], chunk_index=0, last=False)
         assert p.send_buffers.allocated == 2 and p.send_buffers.idle() == 0  # both held by the queue
-        time.sleep(0.2)
+        assert waiting.wait(10)  # the channel waits for the dead peer to join
         p.forget_peer(dead)
         assert sorted(acked.wait(2, timeout=2.0)) == [("r1", False), ("r2", False)]
-        end = time.monotonic() + 2.0
-        while any(t.name == f"kv-send-{dead.key}" for t in threading.enumerate()) and time.monotonic() < end:
-            time.sleep(0.02)
-        assert not any(t.name == f"kv-send-{dead.key}" for t in threading.enumerate())
+        wait_until(lambda: _send_thread_ended(dead), 2.0, message="the send thread for the dead peer ended")
         assert p.send_buffers.idle() == 2 and p.is_gone(dead)
         assert not p.send_blocks(dead, 3, "r3", 0, [4], chunk_index=0, last=True)  # refused at once
         assert acked.wait(3, timeout=3.0)[-1] == ("r3", False)
@@ -480,7 +494,7 @@ def test_a_peer_forgotten_while_a_send_to_it_is_stuck_releases_the_chunks_queued
         with d._lock:  # the decode side's receive thread stalls on its next chunk: it stops reading
             for tid in range(1, 6):
                 p.send_blocks(d.me, tid, f"r{tid}", 0, list(range(32)), chunk_index=0, last=False)
-            time.sleep(1.0)
+            time.sleep(1.0)  # the behaviour under test: a peer that hangs a while (its send stays stuck)
             assert ch._queue.qsize() >= 2  # queued behind the stuck send, each with its buffer
             p.forget_peer(d.me)
             assert len(acked.wait(6)) == 6 and ch._queue.qsize() <= 1  # (at most the stop signal left)
@@ -498,7 +512,7 @@ def test_a_pair_group_idle_longer_than_the_connect_timeout_still_carries_transfe
     d.expect(pp, 1, "r1", [1])
     p.send_blocks(dp, 1, "r1", 0, [2], chunk_index=0, last=True, first_token=4)
     assert received.wait(1) == [("r1", 4)]
-    time.sleep(1.5)  # idle: both receive threads wait in a recv
+    time.sleep(1.5)  # the behaviour under test: idle past the connect timeout (both threads in a recv)
     d.expect(pp, 2, "r2", [3])
     p.send_blocks(dp, 2, "r2", 0, [5], chunk_index=0, last=True, first_token=6)
     assert received.wait(2) == [("r1", 4), ("r2", 6)] and not failed.items
@@ -524,14 +538,11 @@ def test_a_peer_that_died_after_writing_its_rows_is_let_go_when_it_is_known_dead
     dist.PrefixStore(pair_key(p.me, dead), connect_store(store, 5)).set("rows/1", rows)
     try:
         assert p.send_blocks(dead, 1, "r1", 0, [1], chunk_index=0, last=True)
-        time.sleep(1.5)  # past the connect timeout: still waiting (a peer only stalled is not given up on)
+        time.sleep(1.5)  # the behaviour under test: past the connect timeout (a stalled peer is not given up on)
         assert not acked.items and not p.is_gone(dead)
         p.forget_peer(dead)
         assert acked.wait(1, timeout=3.0) == [("r1", False)]
-        end = time.monotonic() + 3.0
-        while any(t.name == f"kv-send-{dead.key}" for t in threading.enumerate()) and time.monotonic() < end:
-            time.sleep(0.02)
-        assert not any(t.name == f"kv-send-{dead.key}" for t in threading.enumerate())  # not stuck in gloo
+        wait_until(lambda: _send_thread_ended(dead), 3.0, message="the send thread ended (not stuck in gloo)")
     finally:
         p.close()
 
@@ -566,15 +577,6 @@ def _recv_threads(peer):
     return sum(t.name == f"kv-recv-{peer.key}" for t in threading.enumerate())
 
 
-def _eventually(cond, timeout=5.0):
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def _transfer(p, d, pp, dp, tid, received, acked):
     n_received, n_acked = len(received.items), len(acked.items)
     d.expect(pp, tid, f"r{tid}", [20, 21])
@@ -598,7 +600,9 @@ def test_a_pair_whose_group_failed_while_both_live_forms_again(store):
         assert not p.is_gone(dp) and not d.is_gone(pp)
         _transfer(p, d, pp, dp, 3, received, acked)  # over the pair's next group
         assert p.channel(dp).epoch == d.channel(pp).epoch == 1
-        assert _eventually(lambda: _recv_threads(dp) == 1 and _recv_threads(pp) == 1)  # the old group's ended
+        wait_until(
+            lambda: _recv_threads(dp) == 1 and _recv_threads(pp) == 1, 5, message="the old group's threads ended"
+        )
         assert torch.count_nonzero(d.kv_cache[[5, 6]]) == 0  # nothing of the failed transfer landed
     finally:
         p.close()
@@ -631,7 +635,9 @@ def test_a_peer_that_does_not_come_back_after_a_failure_is_gone(store):
         _transfer(p, d, pp, dp, 1, received, acked)
         p.connect_timeout_s = 1.0  # how long the next epoch waits for the peer
         d.close()  # its end of the group closes: to the prefill side, a failure like any other
-        assert _eventually(lambda: p.channel(dp) is not None and p.channel(dp).epoch == 1)
+        wait_until(
+            lambda: p.channel(dp) is not None and p.channel(dp).epoch == 1, 5, message="the next epoch's channel"
+        )
         assert p.send_blocks(dp, 2, "r2", 0, [1], chunk_index=0, last=True)  # queued for the new group
         assert acked.wait(2, timeout=5.0)[-1] == ("r2", False)
         assert p.is_gone(dp) and p.channel(dp) is None
@@ -650,7 +656,7 @@ def test_a_pair_that_keeps_failing_before_carrying_anything_is_given_up(store):
             p.faults.set(FaultSpec(sever_after_chunks=0))
             assert p.send_blocks(dp, 10 + i, f"x{i}", 0, [1], chunk_index=0, last=True)
             assert acked.wait(2 + i)[-1] == (f"x{i}", False)
-        assert _eventually(lambda: p.is_gone(dp) and d.is_gone(pp))
+        wait_until(lambda: p.is_gone(dp) and d.is_gone(pp), 5, message="both sides giving up")
     finally:
         p.close()
         d.close()
@@ -668,9 +674,9 @@ def test_both_sides_of_a_re_formed_pair_agree_to_give_up(store):
     with pytest.raises(PairingTimedOut):  # it sees the prefill side's rows, and the decision to give up
         form_pair_group(connect_store(store, 5), dp, pp, torch.device("cpu"), 5.0, "rows", epoch=1, join_timeout_s=5.0)
     assert time.monotonic() - t0 < 2.0
-    results = {}
+    results: dict[str, int | Exception] = {}
 
-    def join(me, peer):
+    def join(me: PeerInfo, peer: PeerInfo) -> None:
         try:
             results[me.role] = form_pair_group(
                 connect_store(store, 5), me, peer, torch.device("cpu"), 5.0, "rows", epoch=2, join_timeout_s=5.0

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from kv_transfer.agent import TransferAgent
 from kv_transfer.data_plane import DataPlane, default_data_plane
-from kv_transfer.nccl_double import NcclSemantics, NcclSemanticsViolation, violations
+from kv_transfer.nccl_double import NcclSemantics, NcclSemanticsGroup, NcclSemanticsViolation, violations
 from kv_transfer.peer import PeerInfo, StoreAddress
 from kv_transfer.wire import Header, Kind, empty_header
 from tests.waiting import wait_until
@@ -49,7 +49,9 @@ def test_wait_never_blocks_the_host_and_reads_before_the_event_see_poison(master
     a, b = _pair(master, NcclSemantics(bound_s=5.0))
     try:
         got = torch.zeros(4)
-        work = b.group.recv([got], 0, 0)
+        group = b.group
+        assert isinstance(group, NcclSemanticsGroup)
+        work = group.recv([got], 0, 0)
         t0 = time.monotonic()
         work.wait()  # nothing was sent yet: on NCCL this only orders b's stream
         assert time.monotonic() - t0 < 0.5 and not work.is_completed()
@@ -216,11 +218,11 @@ def test_an_idle_pair_holds_no_data_plane_operation(master):
             d.expect(p.me, tid, f"r{tid}", [tid, tid + 4])
             p.send_blocks(d.me, tid, f"r{tid}", 0, [tid + 8], chunk_index=0, last=False)
             p.send_blocks(d.me, tid, f"r{tid}", 1, [tid + 10], chunk_index=1, last=True, first_token=3)
-            wait_until(lambda n=tid: len(acked) == n, message=f"transfer {tid} acknowledged")
+            wait_until(lambda: len(acked) == tid, message=f"transfer {tid} acknowledged")
             assert torch.equal(d.kv_cache[[tid, tid + 4]], p.kv_cache[[tid + 8, tid + 10]])
         groups = [p.channel(d.me).data_plane.group, d.channel(p.me).data_plane.group]
         wait_until(lambda: all(g.pending() == 0 for g in groups), message="the payload operations done")
-        time.sleep(1.0)  # idle for twice the bound
+        time.sleep(1.0)  # the behaviour under test: idle for twice the bound
         assert [g.pending() for g in groups] == [0, 0] and violations(master) == []
         assert acked == [("r1", True), ("r2", True)] and received == ["r1", "r2"]
     finally:

@@ -120,6 +120,7 @@ def test_payload_work_runs_on_the_pair_streams_and_the_last_scatters_event_reach
             "off recv",
         ]
         [kv_ready] = ready
+        assert isinstance(kv_ready, _LoggedEvent)
         assert kv_ready.name == "e3"  # the last scatter's: what the decode step waits on
     finally:
         p.close()

@@ -42,7 +42,7 @@ class FakeStream:
         for i in range(n):
             if self.aborted:
                 return
-            await asyncio.sleep(self.router.token_delay_s)
+            await asyncio.sleep(self.router.token_delay_s)  # a slow model, when a test asks for one
             if self.aborted:
                 return
             if self.router.fail_after_tokens is not None and i == self.router.fail_after_tokens:

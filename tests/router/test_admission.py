@@ -59,7 +59,7 @@ def test_queue_wait_is_guarded_by_the_headroom():
     with pytest.raises(RouterError) as e:
         _admit(adm, _input(tokens_ahead=1300, service_s=0.4))
     assert e.value.kind is ErrorKind.OVERLOADED and e.value.code == "slo_predicted_violation"
-    assert e.value.retry_after_s >= 1
+    assert e.value.retry_after_s is not None and e.value.retry_after_s >= 1
     assert adm.rejections == {("interactive", "slo_predicted"): 1}
     _admit(adm, _input(tokens_ahead=1000, service_s=0.4))  # 1.0 / 0.75 + 0.4 = 1.73 s: admitted
     # With SLO rejection off, the same request is admitted (experiments compare the two).
@@ -213,7 +213,7 @@ def test_the_queue_bound_holds_for_a_burst_whose_admission_awaits():
 
     class SlowLimiter:  # a Redis round trip: every arrival awaits before the bound is checked
         async def acquire(self, tenant, tokens, n_requests=1):
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # the behaviour under test: an await before the bound is checked
             return type("Decision", (), {"allowed": True, "retry_after_s": 0.0, "reason": None})()
 
     lane = LaneConfig("batch", ttft_slo_s=600.0, tpot_slo_s=5.0, queue_bound=3)
@@ -225,6 +225,7 @@ def test_the_queue_bound_holds_for_a_burst_whose_admission_awaits():
         try:
             await adm.admit(x)
         except RouterError as e:
+            assert e.code is not None
             return e.code
         queued.append(i)  # joins the queue (or holds its place) with no await after admission
         return "admitted"

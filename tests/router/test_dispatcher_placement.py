@@ -13,8 +13,10 @@ from ray.exceptions import RayError
 from engine.request import FinishReason
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
+from router import dispatcher as dispatcher_module
 from router.dispatcher import Dispatcher
 from router.worker_pool import WorkerHandle, WorkerPool
+from tests.waiting import wait_until
 
 
 class _Method:
@@ -69,10 +71,12 @@ def _spec() -> RequestSpec:
 
 
 def _settle(d: Dispatcher) -> None:
-    time.sleep(0.2)  # migration threads, if any were (wrongly) started
-    for t in threading.enumerate():
-        if t is not threading.current_thread() and t.daemon and t.name.startswith("Thread-"):
-            t.join(2)
+    """Join the migration threads, if any were (wrongly) started: what marks a worker dead starts
+    them at once (router/worker_failures.py), and one may start another (hence twice)."""
+    for _ in range(2):
+        for t in threading.enumerate():
+            if t is not threading.current_thread() and t.daemon and t.name.startswith("Thread-"):
+                t.join(2)
 
 
 def _pool_where_decode0_dies_under_the_call(outcome: str):
@@ -219,7 +223,7 @@ def test_an_output_that_does_not_continue_the_stream_is_dropped():
     assert stream.token_ids == [7, 8, 4] and disp.num_stale_outputs == 2
 
 
-def test_a_request_waits_for_a_decode_worker_that_ray_is_restarting():
+def test_a_request_waits_for_a_decode_worker_that_ray_is_restarting(monkeypatch):
     """Both decode workers killed at once: every request they served failed with "no live decode
     worker", although Ray had them back ~2 s later. A worker that comes back as a new incarnation
     is tried again, even one already tried."""
@@ -233,9 +237,12 @@ def test_a_request_waits_for_a_decode_worker_that_ray_is_restarting():
         info=SimpleNamespace(num_blocks=100, block_size=16, peer=PeerInfo("decode-0", "old", "decode")),
     )
     disp = ScriptedDispatcher(WorkerPool([], [d0]), router_id="r", placement_wait_s=5.0)
+    looked = []  # each time the placement looked for a live decode worker
+    real_choose = dispatcher_module.choose_decode
+    monkeypatch.setattr(dispatcher_module, "choose_decode", lambda *a: looked.append(1) or real_choose(*a))
     t = threading.Thread(target=disp.submit, args=(_spec(),))
     t.start()
-    time.sleep(0.5)  # nothing live: it waits
+    wait_until(lambda: len(looked) >= 3, message="the placement looking again")  # nothing live: it waits
     assert a0.placed == [] and t.is_alive()
     d0.info = SimpleNamespace(num_blocks=100, block_size=16, peer=PeerInfo("decode-0", "new", "decode"))
     d0.alive = True  # Ray restarted it
@@ -319,7 +326,6 @@ def test_a_copy_left_on_a_worker_taken_for_dead_is_stopped_when_the_request_ends
         else:
             disp.failures.mark_dead(d1, GetTimeoutError("slow"))  # decode-0 still taken for dead: nowhere to go
             _settle(disp)
-            time.sleep(0.7)
-            assert stream.error is not None
+            wait_until(lambda: stream.error is not None, message="the request failed (its placement wait over)")
         assert a0.aborted == ["req-1"], ending  # the copy on decode-0 stopped, once
         assert disp.num_in_flight == 0

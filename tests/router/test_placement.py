@@ -1,5 +1,7 @@
 """Placement helpers in isolation (pure Python)."""
 
+from dataclasses import replace
+
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
 from router.placement import NO_HINT, choose_prefill, prefill_on_decode, prefill_queue, short_prompt_still_fits
@@ -32,8 +34,25 @@ def test_colocated_and_no_live_prefill_worker_use_the_decode_pool():
     assert prefill_queue(WorkerPool([p0], [d0, d1]), 900, 256, _rates({"d0": 60.0, "d1": 40.0})) == (450, 100.0)
 
 
+def test_prompts_placed_on_a_decode_worker_since_its_report_are_queued_there():
+    """A burst placed during one long step: each request waits behind the ones placed before it,
+    though the worker's report does not show them yet; once a report includes them, they count once."""
+    p0, d0 = _handle("p0", "prefill"), _handle("d0", "decode")
+    _load(p0), _load(d0, queued_prefill=100)
+    pool = WorkerPool([p0], [d0])
+    rates = _rates({"p0": 200.0, "d0": 50.0})
+    d0.count_placed("router-a", 180)  # placed locally, not yet reported
+    d0.count_placed("router-b", 40)  # another router's
+    assert prefill_queue(pool, 80, 256, rates) == (320, 200.0)
+    assert d0.load is not None
+    d0.update_load(replace(d0.load, queued_prefill_tokens=280, prompt_tokens_placed={"router-a": 180}))
+    assert prefill_queue(pool, 80, 256, rates) == (320, 200.0)  # router-b's 40 still on the way
+    colocated = WorkerPool([], [d0])
+    assert prefill_queue(colocated, 900, 256, rates) == (320, 50.0)
+
+
 def _spec(n: int) -> RequestSpec:
-    return RequestSpec("r1", list(range(3, 3 + n)), SamplingParams(max_tokens=4), origin="router-a")
+    return RequestSpec("r1", tuple(range(3, 3 + n)), SamplingParams(max_tokens=4), origin="router-a")
 
 
 def test_a_short_prompt_goes_to_a_prefill_worker_with_room_for_it_and_stays_local_when_it_is_busy():
@@ -51,7 +70,7 @@ def test_a_short_prompt_goes_to_a_prefill_worker_with_room_for_it_and_stays_loca
     assert prefill_on_decode(pool, _spec(48), d0, NO_HINT, 256, **idle)
     assert not prefill_on_decode(pool, _spec(30), d0, NO_HINT, 256, **idle)  # 220 + 30 fits
     assert not prefill_on_decode(pool, _spec(900), d0, NO_HINT, 256, **idle)  # long prompts: always P
-    resumed = RequestSpec("r2", [5] * 48, SamplingParams(max_tokens=4), resume_token_ids=[7])
+    resumed = RequestSpec("r2", (5,) * 48, SamplingParams(max_tokens=4), resume_token_ids=(7,))
     _load(p0)
     assert prefill_on_decode(pool, resumed, d0, NO_HINT, 256, **idle)  # a migration recomputes where it is
 

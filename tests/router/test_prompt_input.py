@@ -11,6 +11,7 @@ from engine.model.tokenizer import Tokenizer
 from engine.sampling_params import SamplingParams
 from router.api import GenerateRequest
 from router.prompt_input import OFF_LOOP_CHARS, request_fingerprint, tokenize_off_loop, tokenize_request
+from tests.waiting import async_wait_until
 
 
 def test_the_fingerprint_tells_apart_requests_for_another_number_of_choices():
@@ -24,7 +25,7 @@ def test_the_fingerprint_tells_apart_requests_for_another_number_of_choices():
 def test_a_huge_prompt_is_tokenized_while_the_event_loop_keeps_serving(tiny_model_dir):
     tokenizer = Tokenizer.from_dir(tiny_model_dir)
     huge = GenerateRequest(sampling=SamplingParams(), prompt="the quick brown fox jumps " * 40_000)  # 1 MB
-    assert len(huge.prompt) > OFF_LOOP_CHARS
+    assert huge.prompt is not None and len(huge.prompt) > OFF_LOOP_CHARS
 
     async def main() -> tuple[list[int], float]:
         gaps, last = [], time.monotonic()
@@ -32,13 +33,13 @@ def test_a_huge_prompt_is_tokenized_while_the_event_loop_keeps_serving(tiny_mode
         async def ticker() -> None:
             nonlocal last
             while True:
-                await asyncio.sleep(0.005)
+                await asyncio.sleep(0.005)  # the behaviour under test: the loop's ticks, whose gaps are stalls
                 now = time.monotonic()
                 gaps.append(now - last)
                 last = now
 
         tick = asyncio.create_task(ticker())
-        await asyncio.sleep(0.02)
+        await async_wait_until(lambda: len(gaps) >= 4, message="the ticker running")
         ids, _ = await tokenize_off_loop(huge, tokenizer, 1 << 20)
         tick.cancel()
         return ids, max(gaps)
@@ -62,6 +63,7 @@ def test_a_huge_token_id_prompt_is_checked_off_the_event_loop(monkeypatch):
     small = GenerateRequest(sampling=SamplingParams(), prompt_token_ids=tuple(range(100)))
     huge = GenerateRequest(sampling=SamplingParams(), prompt_token_ids=tuple(i % 1000 for i in range(OFF_LOOP_CHARS)))
     for req in (small, huge):
+        assert req.prompt_token_ids is not None
         assert asyncio.run(tokenize_off_loop(req, None, 1000))[0] == list(req.prompt_token_ids)
     assert on_threads == [OFF_LOOP_CHARS]
 

@@ -13,6 +13,7 @@ from engine.sampling_params import SamplingParams
 from router.lane_dispatch import LaneDispatcher
 from router.worker_pool import WorkerPool
 from tests.router.test_dispatcher_placement import ScriptedDecode, ScriptedDispatcher, _handle
+from tests.waiting import async_wait_until
 
 
 def test_an_abort_does_not_wait_behind_placements_waiting_for_a_decode_worker():
@@ -44,7 +45,8 @@ def test_an_abort_does_not_wait_behind_placements_waiting_for_a_decode_worker():
         ]
         for ctx in ctxs:
             loop.run_in_executor(lanes._executor, lanes.submit, ctx)  # as the dispatch loop does
-        await asyncio.sleep(0.5)
+        # the executor's eight threads each wait to place one (the ninth queues behind them)
+        await async_wait_until(lambda: disp.num_in_flight == 8, message="eight placements waiting for a decode worker")
         t0 = time.monotonic()
         await lanes.abort(ctxs[0])  # the client goes away
         return time.monotonic() - t0

@@ -9,14 +9,14 @@ from router.task_stop import stop_tasks
 
 def test_a_task_that_swallows_its_cancellation_does_not_hold_the_stop(caplog):
     async def polite():
-        await asyncio.sleep(60)
+        await asyncio.sleep(60)  # a task that waits until it is cancelled
 
-    released = None
+    released: asyncio.Event | None = None
 
     async def stubborn():
-        while not released.is_set():
+        while released is None or not released.is_set():
             try:
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # a task at work, that swallows the cancellation below
             except asyncio.CancelledError:
                 pass  # what a library call that loses the cancellation looks like from here
 
@@ -24,7 +24,7 @@ def test_a_task_that_swallows_its_cancellation_does_not_hold_the_stop(caplog):
         nonlocal released
         released = asyncio.Event()
         tasks = [asyncio.create_task(polite(), name="polite"), asyncio.create_task(stubborn(), name="stubborn")]
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # (a yield, not a wait: both tasks start)
         late = await stop_tasks(tasks, "test", timeout_s=0.2)
         assert [t.get_name() for t in late] == ["stubborn"] and tasks[0].cancelled()
         released.set()  # (the test's own cleanup)

@@ -39,8 +39,11 @@ class PairDispatcher:
     workers' TTFT breakdown) comes back from another thread once the stages could have run, the end
     a little later."""
 
-    def __init__(self, pool: WorkerPool, local: bool = False) -> None:
+    def __init__(
+        self, pool: WorkerPool, local: bool = False, preempted: list[tuple[float, float]] | None = None
+    ) -> None:
         self.pool, self.router_id, self.origin = pool, "router-t", "router-t"
+        self.preempted = preempted  # the final output's times out (relative to it)
         self.local_prefill_threshold = 0
         self.short_prompts_to_idle_prefill = True
         self.on_kv_events = self.on_worker_reset = None
@@ -62,6 +65,7 @@ class PairDispatcher:
                     finish_reason=FinishReason.LENGTH,
                     token_ids=[7, 8],
                     text="xy",
+                    preempted=self.preempted,
                 )
             )
 
@@ -74,7 +78,9 @@ class PairDispatcher:
         return "d0", None if self.local else "p0"
 
 
-def make_router(tracing: Tracing | None, local: bool = False) -> Router:
+def make_router(
+    tracing: Tracing | None, local: bool = False, preempted: list[tuple[float, float]] | None = None
+) -> Router:
     info = WorkerInfo(
         PeerInfo("d0", "inc", "decode"), num_blocks=1000, block_size=16, max_model_len=64, vocab_size=1000, model="m"
     )
@@ -86,7 +92,7 @@ def make_router(tracing: Tracing | None, local: bool = False) -> Router:
         pace_guard=False,
         lanes=LanePolicy(lanes=default_lanes()),
     )
-    return Router(config, pool, PairDispatcher(pool, local), tracing=tracing)  # type: ignore[arg-type]  # (a double)
+    return Router(config, pool, PairDispatcher(pool, local, preempted), tracing=tracing)  # type: ignore[arg-type]  # (a double)
 
 
 def request(max_tokens: int = 2, traceparent: str | None = None) -> GenerateRequest:
@@ -187,6 +193,21 @@ def test_a_request_prefilled_on_its_decode_worker_has_no_transfer_span() -> None
     assert attrs(spans["prefill.compute"])["baton.worker"] == "d0"
     assert attrs(spans["prefill.compute"])["baton.role"] == "decode"
     assert spans["baton.request"].parent is None  # no traceparent: a new trace
+
+
+def test_each_time_a_request_was_preempted_is_a_span() -> None:
+    exporter = InMemorySpanExporter()
+    router = make_router(Tracing(exporter, batch=False), preempted=[(-0.012, -0.008), (-0.006, -0.002)])
+    asyncio.run(run_one(router, request()))
+    spans = exporter.get_finished_spans()
+    root = next(s for s in spans if s.name == "baton.request")
+    out = sorted((s for s in spans if s.name == "preempted"), key=start)
+    assert [attrs(s)["baton.preemption"] for s in out] == [1, 2]
+    for s, (since, until) in zip(out, [(-0.012, -0.008), (-0.006, -0.002)]):
+        assert s.parent is not None and s.parent.span_id == root.context.span_id
+        assert attrs(s)["baton.worker"] == "d0" and attrs(s)["baton.role"] == "decode"
+        assert abs((end(s) - start(s)) / 1e9 - (until - since)) < 2e-6
+        assert abs((end(root) - end(s)) / 1e9 + until) < 2e-6  # laid back from the end, as measured
 
 
 def test_a_rejected_request_is_an_error_span() -> None:

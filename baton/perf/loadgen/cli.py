@@ -117,10 +117,11 @@ def _lanes(text: str) -> dict[str, float]:
 
 
 def config_from_args(args: argparse.Namespace):
+    from baton.perf.loadgen.arrivals import Burst
     from baton.perf.loadgen.run_checks import check_non_negative, check_positive, check_request_count
     from baton.perf.loadgen.runner import RunConfig
     from baton.perf.loadgen.slo import resolve_slos
-    from baton.perf.loadgen.workload import Burst, load_workload
+    from baton.perf.loadgen.workload import load_workload
 
     # RunConfig checks these too; here the errors name the flags.
     if args.rate is not None:
@@ -182,8 +183,8 @@ MAX_CONCURRENCY = 100_000
 
 def _check_search_flags(args: argparse.Namespace) -> None:
     """The --search-* flags: valid, and given only with --search (else they would be ignored)."""
+    from baton.perf.loadgen.arrivals import Burst
     from baton.perf.loadgen.run_checks import check_positive, check_request_count
-    from baton.perf.loadgen.workload import Burst
 
     given = [
         f"--{name.replace('_', '-')}"
@@ -221,8 +222,8 @@ def _check_search_flags(args: argparse.Namespace) -> None:
 
 def _search_rate_cap(args: argparse.Namespace) -> float:
     """--search-max-rate, or the highest rate whose run stays within MAX_PLANNED_REQUESTS."""
+    from baton.perf.loadgen.arrivals import Burst
     from baton.perf.loadgen.run_checks import MAX_PLANNED_REQUESTS, expected_requests
-    from baton.perf.loadgen.workload import Burst
 
     if args.search_max_rate is not None:
         return args.search_max_rate

@@ -14,7 +14,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from baton.perf.loadgen.workload import PlannedRequest, WorkloadSpec
+from baton.perf.loadgen.arrivals import PlannedRequest
+from baton.perf.loadgen.workload import WorkloadSpec
 
 # Ids below 256 hold the special tokens of every model we serve (SmolLM2: 0-16, tiny: 0-2), and
 # 4096 is the smallest vocabulary (the tiny model's): this range is valid for all of them.

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 
 class BurstWindow(Protocol):
-    """What the count needs of a burst (``workload.Burst``, which imports these checks)."""
+    """What the count needs of a burst (``arrivals.Burst``, which imports these checks)."""
 
     @property
     def factor(self) -> float: ...

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from baton.perf.loadgen.arrivals import Burst, PlannedRequest, plan_requests, sample_request
 from baton.perf.loadgen.outgoing import Client, Outgoing, ServerInfo
 from baton.perf.loadgen.progress import Progress
 from baton.perf.loadgen.prompts import DEFAULT_TOKEN_RANGE, PromptFactory, clip_prompt_len
@@ -26,7 +27,7 @@ from baton.perf.loadgen.run_checks import check_non_negative, check_positive
 from baton.perf.loadgen.server_metrics import MetricsSample, poll
 from baton.perf.loadgen.slo import LaneSLO, resolve_slos
 from baton.perf.loadgen.stats import LaneStats, summarize, summarize_by_lane
-from baton.perf.loadgen.workload import Burst, PlannedRequest, WorkloadSpec, plan_requests, sample_request
+from baton.perf.loadgen.workload import WorkloadSpec
 
 
 @dataclass(frozen=True)

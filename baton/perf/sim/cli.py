@@ -196,8 +196,8 @@ def check_requests_fit(requests, cost, cfg, args: argparse.Namespace) -> None:
 
 
 def sim_requests(spec, rate: float, duration_s: float, seed: int, max_model_len: int, burst=None):
+    from baton.perf.loadgen.arrivals import plan_requests
     from baton.perf.loadgen.prompts import clip_prompt_len
-    from baton.perf.loadgen.workload import plan_requests
     from baton.perf.sim.requests import SimRequest
 
     # Clipped as the load generator clips them, so that both send the same requests.
@@ -244,9 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from baton.perf.loadgen.arrivals import Burst
     from baton.perf.loadgen.run_checks import check_request_count
     from baton.perf.loadgen.slo import resolve_slos
-    from baton.perf.loadgen.workload import Burst
     from baton.perf.sim.simulator import Simulation
     from baton.perf.sim.stats import format_summary
 

@@ -32,7 +32,7 @@ class SimRequest:
 
 
 def from_planned(planned: Iterable, prefix_len: int = 0, stream: bool = True) -> list[SimRequest]:
-    """``baton.perf.loadgen.workload.PlannedRequest``s (or anything with the same fields) as ``SimRequest``s."""
+    """``baton.perf.loadgen.arrivals.PlannedRequest``s (or anything with the same fields) as ``SimRequest``s."""
     return [
         SimRequest(
             p.index,

@@ -75,8 +75,9 @@ def compare(
     can jump between the modes of a bimodal distribution (e.g. ITL between one- and two-sequence
     decode steps) on a few percent of step time, and the range shows when that happens."""
     from baton.config import load_config
+    from baton.perf.loadgen.arrivals import Burst
     from baton.perf.loadgen.slo import LaneSLO
-    from baton.perf.loadgen.workload import Burst, workload_from_dict
+    from baton.perf.loadgen.workload import workload_from_dict
     from baton.perf.sim.cli import sim_requests
     from baton.perf.sim.config import sim_config_from_baton
     from baton.perf.sim.simulator import Simulation

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -48,8 +50,8 @@ def test_one_instance_across_shapes_and_steps_reuses_nothing_stale():
         atol=1e-5,
     )
     for name in sorted(FP32_PREFILL):  # prefill shares the gather buffer with decode
-        args = prefill_inputs(FP32_PREFILL[name])
-        torch.testing.assert_close(attn.prefill(*args), ref.paged_prefill_attention(*args), rtol=1e-5, atol=1e-5)
+        chunk = prefill_inputs(FP32_PREFILL[name])
+        torch.testing.assert_close(attn.prefill(*chunk), ref.paged_prefill_attention(*chunk), rtol=1e-5, atol=1e-5)
 
 
 def test_the_cpu_backend_is_this_path():
@@ -64,7 +66,9 @@ def test_the_cpu_backend_is_this_path():
 def test_spread_lengths_attend_in_groups_and_match_the_reference():
     from engine.attention.decode_groups import length_groups
 
-    case = dict(heads=9, kv_heads=3, head_dim=64, block_size=16, lens=[1, 700, 3, 650, 20, 640, 2, 300, 310])
+    case: dict[str, Any] = dict(
+        heads=9, kv_heads=3, head_dim=64, block_size=16, lens=[1, 700, 3, 650, 20, 640, 2, 300, 310]
+    )
     q, kc, vc, bt, seq_lens, scale = decode_inputs(case)
     assert len(length_groups([-(-n // 16) for n in case["lens"]], bt.shape[1])) > 1  # the grouped path runs
     torch.testing.assert_close(

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -158,7 +158,38 @@ def _block_tables(
     return torch.stack(rows).to(torch.int32)
 
 
-def decode_inputs(case: dict[str, Any], device: str = "cpu") -> tuple[Any, ...]:
+class DecodeInputs(NamedTuple):
+    """``paged_decode_attention``'s positional arguments, in its order."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    scale: float
+
+    def to(self, device: str) -> DecodeInputs:
+        q, k_cache, v_cache, block_tables, seq_lens = (t.to(device) for t in self[:5])
+        return DecodeInputs(q, k_cache, v_cache, block_tables, seq_lens, self.scale)
+
+
+class PrefillInputs(NamedTuple):
+    """``paged_prefill_attention``'s positional arguments, in its order."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    seq_lens: torch.Tensor
+    scale: float
+
+    def to(self, device: str) -> PrefillInputs:
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens = (t.to(device) for t in self[:6])
+        return PrefillInputs(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, self.scale)
+
+
+def decode_inputs(case: dict[str, Any], device: str = "cpu") -> DecodeInputs:
     gen = torch.Generator().manual_seed(0)
     dtype = getattr(torch, case.get("dtype", "float32"))
     bs, lens = case["block_size"], case["lens"]
@@ -167,8 +198,7 @@ def decode_inputs(case: dict[str, Any], device: str = "cpu") -> tuple[Any, ...]:
     q = torch.randn(len(lens), case["heads"], case["head_dim"], generator=gen).to(dtype)
     bt = _block_tables(gen, lens, bs, num_blocks, case.get("width"))
     seq_lens = _maybe_strided(torch.tensor(lens, dtype=torch.int32), case)
-    to = lambda t: t.to(device)  # noqa: E731
-    return to(q), to(kc), to(vc), to(bt), to(seq_lens), case["head_dim"] ** -0.5
+    return DecodeInputs(q, kc, vc, bt, seq_lens, case["head_dim"] ** -0.5).to(device)
 
 
 def _maybe_strided(t: torch.Tensor, case: dict[str, Any]) -> torch.Tensor:
@@ -180,7 +210,7 @@ def _maybe_strided(t: torch.Tensor, case: dict[str, Any]) -> torch.Tensor:
     return wide[::2]
 
 
-def prefill_inputs(case: dict[str, Any], device: str = "cpu") -> tuple[Any, ...]:
+def prefill_inputs(case: dict[str, Any], device: str = "cpu") -> PrefillInputs:
     gen = torch.Generator().manual_seed(1)
     dtype = getattr(torch, case.get("dtype", "float32"))
     bs, ctx, q_lens = case["block_size"], case["ctx"], case["q_lens"]
@@ -190,8 +220,7 @@ def prefill_inputs(case: dict[str, Any], device: str = "cpu") -> tuple[Any, ...]
     bt = _block_tables(gen, ctx, bs, num_blocks)
     cu = _maybe_strided(torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32), case)
     seq_lens = _maybe_strided(torch.tensor(ctx, dtype=torch.int32), case)
-    to = lambda t: t.to(device)  # noqa: E731
-    return to(q), to(kc), to(vc), to(bt), to(cu), to(seq_lens), case["head_dim"] ** -0.5
+    return PrefillInputs(q, kc, vc, bt, cu, seq_lens, case["head_dim"] ** -0.5).to(device)
 
 
 # ---- the child process: run every case, print errors as JSON -------------------------------------
@@ -248,7 +277,7 @@ def run_cases(device: str) -> dict[str, dict[str, Any]]:
             got = paged_decode_attention(
                 *args, partition_size=case.get("partition"), num_splits=case.get("splits"), tiles=tiles
             )
-            return _err(got.cpu(), ref.paged_decode_attention(*(a.cpu() if torch.is_tensor(a) else a for a in args)))
+            return _err(got.cpu(), ref.paged_decode_attention(*args.to("cpu")))
 
         record(f"decode/{name}", decode)
     for name, case in PREFILL_CASES.items():
@@ -259,7 +288,7 @@ def run_cases(device: str) -> dict[str, dict[str, Any]]:
             args = prefill_inputs(case, device)
             tiles = PrefillTiles(**case["tiles"]) if "tiles" in case else None
             got = paged_prefill_attention(*args, tiles=tiles)
-            return _err(got.cpu(), ref.paged_prefill_attention(*(a.cpu() if torch.is_tensor(a) else a for a in args)))
+            return _err(got.cpu(), ref.paged_prefill_attention(*args.to("cpu")))
 
         record(f"prefill/{name}", prefill)
     for name, case in KV_WRITE_CASES.items():
@@ -285,12 +314,11 @@ def _refused(kind: str, change: Any, words: str, device: str) -> float:
     from engine.attention.triton_decode import paged_decode_attention
     from engine.attention.triton_prefill import paged_prefill_attention
 
-    if kind == "decode":
-        fn, args = paged_decode_attention, decode_inputs(DECODE_CASES["gqa3_bs16_d64_smollm2"], device)
-    else:
-        fn, args = paged_prefill_attention, prefill_inputs(PREFILL_CASES["no_prefix_gqa1_bs8"], device)
     try:
-        fn(*change(args))
+        if kind == "decode":
+            paged_decode_attention(*change(decode_inputs(DECODE_CASES["gqa3_bs16_d64_smollm2"], device)))
+        else:
+            paged_prefill_attention(*change(prefill_inputs(PREFILL_CASES["no_prefix_gqa1_bs8"], device)))
     except ValueError as e:
         assert words in str(e), str(e)
         return 0.0
@@ -480,6 +508,6 @@ def test_dot_operands_are_padded_to_what_a_gpu_compiles() -> None:
     """tl.dot on NVIDIA GPUs refuses operand dimensions below 16; the interpreter accepts them, so
     the CPU suite checks the padding itself (a head dim of 8 once failed to compile on an H200)."""
     pytest.importorskip("triton")
-    from engine.attention.triton_decode import dot_pad
+    from engine.attention.triton_common import dot_pad
 
     assert [dot_pad(n) for n in (1, 8, 15, 16, 17, 64, 80, 128)] == [16, 16, 16, 16, 32, 64, 128, 128]

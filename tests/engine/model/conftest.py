@@ -25,6 +25,8 @@ _HF_TO_GGUF = {
     "mlp.down_proj": "ffn_down",
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_norm": "attn_q_norm",  # Qwen3
+    "self_attn.k_norm": "attn_k_norm",
 }
 
 
@@ -81,6 +83,9 @@ def write_gguf(
     w.add_vocab_size(config["vocab_size"])
     if arch == "llama":
         w.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
+    elif config.get("head_dim"):  # what llama.cpp's converter writes for Qwen3's head size
+        w.add_key_length(config["head_dim"])
+        w.add_value_length(config["head_dim"])
     if sentencepiece:
         tokens, types, scores = sentencepiece_vocab(tokenizer_json)
         w.add_tokenizer_model("llama")

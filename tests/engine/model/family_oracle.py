@@ -13,13 +13,16 @@ import torch
 FAMILIES = ["qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe", "mistral"]
 # Phi-3's longrope switches to its long factors from this position on (prompts stay within it, see rope.py).
 PHI3_ORIGINAL_MAX = 128
+VOCAB_SIZE = 512
 
 
-def build_family_model(out_dir: Path, family: str, seed: int = 0) -> Path:
+def build_family_model(out_dir: Path, family: str, seed: int = 0, chat: bool = False) -> Path:
+    """The seeded model of ``family`` in ``out_dir``; with ``chat``, a tokenizer with the family's real
+    chat template beside it (chat_templates.py)."""
     import transformers as t
 
     common = dict(
-        vocab_size=512,
+        vocab_size=VOCAB_SIZE,
         hidden_size=64,
         intermediate_size=160,
         num_hidden_layers=3,
@@ -95,4 +98,8 @@ def build_family_model(out_dir: Path, family: str, seed: int = 0) -> Path:
     cls = t.Gemma3ForCausalLM if family == "gemma3" else t.AutoModelForCausalLM.from_config(cfg).__class__
     model = cls(cfg).eval()
     model.save_pretrained(out_dir, safe_serialization=True)
+    if chat:
+        from tests.engine.model.chat_templates import FAMILY_FORMAT, FORMATS, write_chat_tokenizer
+
+        write_chat_tokenizer(out_dir, FORMATS[FAMILY_FORMAT[family]], vocab_size=VOCAB_SIZE)
     return out_dir

@@ -106,7 +106,7 @@ def test_random_ids_tiny(tiny_tok: Tokenizer) -> None:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40))
+@given(text=st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=40))
 def test_hypothesis_text_tiny(tiny_tok: Tokenizer, text: str) -> None:
     _check_valid_text(tiny_tok, text)
 

@@ -244,3 +244,54 @@ def test_missing_tensor(tiny_model_dir: Path, tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "holey.gguf", "llama", config, tensors, tiny_model_dir / "tokenizer.json")
     with pytest.raises(ModelLoadError, match=r"holey.gguf: incomplete GGUF.*model\.layers\.3\.mlp\.down_proj"):
         import_gguf(path, tmp_path / "out")
+
+
+def test_qwen3_gguf_equals_transformers(tmp_path: Path) -> None:
+    """A Qwen3 GGUF (per-head q/k norms, a head size apart from hidden / heads, tied embeddings)
+    imports to transformers' own tensors from it and generates what transformers generates."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from engine.sampling_params import SamplingParams
+    from tests.engine.hf_oracle import hf_greedy, load_hf
+    from tests.engine.model.family_oracle import build_family_model
+    from tests.engine.test_golden_tiny import _engine
+
+    src = build_family_model(tmp_path / "qwen3", "qwen3", seed=1, chat=True)
+    config = json.loads((src / "config.json").read_text())
+    config["rope_theta"] = config.get("rope_theta") or config["rope_parameters"]["rope_theta"]
+    tensors = {k: v for k, v in load_file(str(src / "model.safetensors")).items() if k != "lm_head.weight"}
+    path = write_gguf(
+        tmp_path / "tiny-qwen3.gguf", "qwen3", config, tensors, src / "tokenizer.json", pre="qwen2", chat_template=None
+    )
+    out = import_gguf(path, tmp_path / "imported")
+    # (transformers' GGUF config mapping has no head size for qwen3: it assumes the real models' 128)
+    hf_config = AutoConfig.from_pretrained(src)
+    state = AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file=path.name, config=hf_config, dtype=torch.float32
+    ).state_dict()
+    ours = dict((name, t) for name, t, _ in iter_safetensors(out))
+    assert set(state) - set(ours) == {"lm_head.weight"}
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, state[name]), name
+    cfg = ModelConfig.from_file(out / "config.json")
+    assert cfg.architecture == "Qwen3ForCausalLM" and cfg.family.qk_norm and cfg.head_dim == 16
+    prompts = [list(range(3, 40)), list(range(100, 117))]
+    got = [o.token_ids for o in _engine(out).generate(prompts, [SamplingParams(max_tokens=10, ignore_eos=True)] * 2)]
+    assert got == hf_greedy(load_hf(src), prompts, [10, 10])
+
+
+def test_families_transformers_reads_from_gguf_but_baton_does_not_are_refused(tmp_path: Path) -> None:
+    import gguf
+
+    for arch in ("gemma2", "phi3", "qwen2moe"):
+        path = tmp_path / f"{arch}.gguf"
+        w = gguf.GGUFWriter(str(path), arch)
+        w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with pytest.raises(
+            ModelLoadError, match=rf"unsupported GGUF architecture '{arch}'; supported: llama, qwen2, qwen3"
+        ):
+            import_gguf(path, tmp_path / "out")

@@ -47,7 +47,10 @@ def test_preemption_equals_hf(family):
     d, hf = family
     prompts, max_new = _prompts(3, n=10)
     max_new = [24] * len(prompts)
-    eng = _engine(d, cache={"block_size": 4, "num_blocks": 40}, scheduler={"admission_watermark": 0.0})
+    sched, blocks = {"admission_watermark": 0.0}, 40
+    if d.name.startswith("mistral"):  # its decodes give back the blocks behind the window: prompt chunks run out
+        sched, blocks = {**sched, "max_num_batched_tokens": 16}, 24
+    eng = _engine(d, cache={"block_size": 4, "num_blocks": blocks}, scheduler=sched)
     got = _run(eng, prompts, max_new)
     assert eng.scheduler.num_preemptions > 0
     assert got == hf_greedy(hf, prompts, max_new)

@@ -2,7 +2,6 @@
 weight they packed; the model switches every projection between the modes."""
 
 from dataclasses import replace
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ import torch.nn.functional as F
 
 from engine.kernels import kernels_for
 from engine.model.linear import Linear, ProjectionMode, can_pack
+from engine.native.skinny_linear import NativeSkinnyLinear
 
 needs_packing = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="torch without oneDNN")
 
@@ -83,11 +83,16 @@ def test_the_cpu_model_switches_every_projection_between_modes(tied):
     def projections():
         return [model.lm_head, *(p for layer in model.layers for p in layer.projections())]
 
+    def switch(mode: ProjectionMode) -> ProjectionMode:
+        """The model's mode after switching to ``mode``, read afresh."""
+        model.set_projections(mode)
+        return model.projection_mode
+
     assert model.projection_mode in (ProjectionMode.PACKED, ProjectionMode.SKINNY)
-    model.set_projections(ProjectionMode.PACKED)
-    assert all(p.packed and p.skinny is None for p in projections()) and model.projection_mode is ProjectionMode.PACKED
-    model.set_projections(ProjectionMode.DENSE)
-    assert not any(p.packed or p.skinny for p in projections()) and model.projection_mode is ProjectionMode.DENSE
+    assert switch(ProjectionMode.PACKED) is ProjectionMode.PACKED
+    assert all(p.packed and p.skinny is None for p in projections())
+    assert switch(ProjectionMode.DENSE) is ProjectionMode.DENSE
+    assert not any(p.packed or p.skinny for p in projections())
     if model.kernels.skinny is not None:
         model.set_projections(ProjectionMode.SKINNY)
         assert all(p.skinny is model.kernels.skinny and not p.packed for p in projections())
@@ -126,11 +131,19 @@ def test_every_mode_gives_the_same_logits(tied):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
+class _TileWidth(NativeSkinnyLinear):
+    """The skinny kernel's tile width alone, which the default mode reads: no library behind it, so
+    the choice is checked for both tiles on any CPU."""
+
+    def __init__(self, lanes: int) -> None:  # no super().__init__(): it binds the built library
+        self.lanes = lanes
+
+
 def test_the_default_mode_follows_the_device_and_the_kernel():
     from engine.model.linear import cpu_vendor, default_projections
 
     assert default_projections(torch.device("cpu"), torch.bfloat16, None) is ProjectionMode.DENSE
-    avx512_tile, avx2_tile = SimpleNamespace(lanes=16), SimpleNamespace(lanes=8)
+    avx512_tile, avx2_tile = _TileWidth(16), _TileWidth(8)
     assert default_projections(torch.device("cuda"), torch.float16, avx512_tile) is ProjectionMode.DENSE
     if can_pack(torch.device("cpu"), torch.float32):
         assert default_projections(torch.device("cpu"), torch.float32, None) is ProjectionMode.PACKED

@@ -55,7 +55,7 @@ def _random_texts(n: int, seed: int = 0) -> list[str]:
     return ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 50))) for _ in range(n)]
 
 
-CONVERSATIONS = [
+CONVERSATIONS: list[list[dict[str, str | None]]] = [
     [{"role": "user", "content": "Hi"}],
     [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2+2?"}],
     [

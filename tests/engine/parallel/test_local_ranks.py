@@ -1,6 +1,6 @@
 """The colocated engine's rank processes: a rank that dies fails the step (its requests leave the
 scheduler, ending with an error) and every later one, with a message naming the rank; close()
-returns and reaps the others."""
+returns and reaps the others. The failed step's ends come out of the very next step."""
 
 import os
 import signal
@@ -10,6 +10,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.parallel.local_ranks import RankLost
+from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from tests.engine.hf_oracle import build_tiny_hf_model
 from tests.waiting import wait_until
@@ -27,6 +28,9 @@ def test_a_dead_rank_fails_the_steps_naming_it(tmp_path):
         with pytest.raises(RankLost, match=r"tensor-parallel rank 1 exited \(exit code -9\)"):
             eng.step()
         assert rid not in eng.scheduler.requests  # the failed step's request ended (with an error)...
+        (out,) = eng.step()  # ...reported at once by the next step, which runs nothing...
+        assert out.request_id == rid and out.finished and out.finish_reason == FinishReason.ERROR
+        assert not eng.has_unfinished_requests()
         with pytest.raises(RankLost):  # ...and the group runs no later step
             eng.step()
     finally:

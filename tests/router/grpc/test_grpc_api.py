@@ -24,6 +24,7 @@ from router.grpc_gen.baton.v1 import generate_pb2 as pb
 from router.grpc_gen.baton.v1 import generate_pb2_grpc as pb_grpc
 from router.grpc_server import GrpcServer
 from tests.router.fake_router import WORDS, FakeRouter
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -69,15 +70,6 @@ def channel(fake: FakeRouter) -> Iterator[grpc.Channel]:
 @pytest.fixture
 def stub(channel: grpc.Channel) -> pb_grpc.GenerationStub:
     return pb_grpc.GenerationStub(channel)
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 1.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 def rpc_error(fn: Callable[[], object]) -> grpc.RpcError:
@@ -262,7 +254,7 @@ def test_n_choices_cancelled_are_all_stopped(stub, fake):
     call = stub.Generate(text_req(max_tokens=200, request_id="c", n=2))
     next(call)
     call.cancel()
-    assert wait_for(lambda: {"c-0", "c-1"} <= set(fake.aborted), 2.0), fake.aborted
+    wait_until(lambda: {"c-0", "c-1"} <= set(fake.aborted), timeout_s=2.0, message=lambda: f"aborts ({fake.aborted})")
 
 
 def test_in_band_error_aborts_after_sent_messages(stub, fake):
@@ -283,7 +275,7 @@ def test_deadline_mid_stream_aborts_request(stub, fake):
     err = rpc_error(lambda: got.extend(call))
     assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert 0 < len(got) < 200
-    assert wait_for(lambda: "r-deadline" in fake.aborted, 3.0), fake.aborted
+    wait_until(lambda: "r-deadline" in fake.aborted, timeout_s=3.0, message=lambda: f"aborts ({fake.aborted})")
     assert fake.requests[-1].deadline_s is not None
 
 
@@ -293,7 +285,7 @@ def test_client_cancel_aborts_request(stub, fake):
     assert next(call).request_id == "r-cancel"
     next(call)
     call.cancel()
-    assert wait_for(lambda: "r-cancel" in fake.aborted, 3.0), fake.aborted
+    wait_until(lambda: "r-cancel" in fake.aborted, timeout_s=3.0, message=lambda: f"aborts ({fake.aborted})")
     assert "r-cancel" not in fake.completed
 
 
@@ -305,7 +297,7 @@ def test_server_stop_aborts_in_flight_requests(fake):
         next(call)
         srv.close()  # grace 0: in-flight handlers are cancelled
         assert rpc_error(lambda: list(call)).code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
-    assert wait_for(lambda: "r-stop" in fake.aborted, 3.0), fake.aborted
+    wait_until(lambda: "r-stop" in fake.aborted, timeout_s=3.0, message=lambda: f"aborts ({fake.aborted})")
 
 
 # -- unary RPCs ---------------------------------------------------------------------------------

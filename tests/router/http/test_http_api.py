@@ -8,8 +8,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -21,6 +19,7 @@ from router.http.app import create_app
 from router.http.responses import response_id
 from router.http.server import HttpServer
 from tests.router.fake_router import FakeRouter
+from tests.waiting import wait_until
 
 MODEL = "baton-test"
 CHAT = "/v1/chat/completions"
@@ -141,7 +140,7 @@ def test_sse_framing(url):
         payloads = sse_payloads(r.read())
     assert payloads[-1] == "[DONE]"
     chunks = [json.loads(p) for p in payloads[:-1]]
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "", "refusal": None}
     assert [c["choices"][0]["delta"].get("content") for c in chunks[1:]] == ["alpha", " beta"]
     assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, "length"]
     assert all("usage" not in c for c in chunks)  # only with stream_options.include_usage
@@ -313,14 +312,6 @@ def test_non_streaming_failure_after_admission(url, fake):
     assert assert_openai_error(httpx.post(url + COMPL, json={"prompt": "hi"}), 500)["type"] == "internal_error"
 
 
-def _wait_for(predicate: Callable[[], bool], timeout_s: float) -> float:
-    start = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - start < timeout_s, "timed out"
-        time.sleep(0.01)
-    return time.monotonic() - start
-
-
 def test_client_disconnect_mid_stream_aborts(serve):
     fake = FakeRouter(token_delay_s=0.05, max_model_len=1000)
     url = serve(fake)
@@ -334,7 +325,8 @@ def test_client_disconnect_mid_stream_aborts(serve):
             seen += line.startswith("data: ")
             if seen == 3:
                 break
-    assert _wait_for(lambda: rid in fake.aborted, 3.0) < 3.0  # (unaborted, it would run 10 s)
+    # (unaborted, it would run 10 s)
+    wait_until(lambda: rid in fake.aborted, timeout_s=3.0, message=lambda: f"{rid} aborted ({fake.aborted})")
     assert rid not in fake.completed
 
 
@@ -343,7 +335,7 @@ def test_client_disconnect_while_waiting_for_a_whole_response_aborts(serve):
     url = serve(fake)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(url + CHAT, json={"messages": HELLO, "max_tokens": 200}, timeout=0.3)
-    _wait_for(lambda: len(fake.aborted) == 1, 1.0)
+    wait_until(lambda: len(fake.aborted) == 1, timeout_s=1.0, message=lambda: f"one abort ({fake.aborted})")
     assert fake.completed == []
 
 

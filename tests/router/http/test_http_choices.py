@@ -4,7 +4,6 @@ summed usage), streamed interleaved, and started, failed and stopped together.""
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
@@ -13,6 +12,7 @@ from router.api import ErrorKind, RouterError
 from tests.router.fake_router import FakeRouter
 from tests.router.http.conftest import MODEL
 from tests.router.http.test_http_api import CHAT, COMPL, HELLO, assert_openai_error, sse_payloads
+from tests.waiting import wait_until
 
 
 def test_chat_choices_with_the_openai_client(client, fake):
@@ -62,7 +62,7 @@ def test_streamed_choices_interleave_and_sum_their_usage(url):
         (choice,) = c["choices"]
         per_choice[choice["index"]].append(choice)
     for choices in per_choice.values():
-        assert choices[0]["delta"] == {"role": "assistant", "content": ""}
+        assert choices[0]["delta"] == {"role": "assistant", "content": "", "refusal": None}
         assert "".join(c["delta"].get("content", "") for c in choices) == "alpha beta gamma"
         assert [c["finish_reason"] for c in choices][-1] == "length"
         # each choice's logprobs are its own tokens'
@@ -100,7 +100,5 @@ def test_a_client_going_away_aborts_every_choice(serve):
         next(r.iter_lines())
     with pytest.raises(httpx.ReadTimeout):  # waiting for a whole response, then gone
         httpx.post(url + CHAT, json={"messages": HELLO, "max_tokens": 200, "n": 2}, timeout=0.3)
-    deadline = time.monotonic() + 5
-    while len(fake.aborted) < 4 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: len(fake.aborted) >= 4, timeout_s=5, message=lambda: f"four aborts ({fake.aborted})")
     assert sorted(fake.aborted) == ["fake-0", "fake-1", "fake-2", "fake-3"] and fake.completed == []

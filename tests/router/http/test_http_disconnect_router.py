@@ -18,7 +18,7 @@ from router.http.app import create_app
 from router.http.server import HttpServer
 from router.lanes import TenantConfig
 from router.request_ids import scoped_request_id
-from tests.router.state.inprocess_router import make_router, release, until_held
+from tests.router.state.inprocess_router import InProcessDispatcher, make_router, release
 from tests.waiting import async_wait_until
 
 ABORT_WITHIN_S = 2.0
@@ -30,7 +30,9 @@ def redis_url() -> Iterator[str]:
         yield server.url
 
 
-async def _leave_while_waiting(client: httpx.AsyncClient, dispatcher, lane: str, request_id: str) -> float:
+async def _leave_while_waiting(
+    client: httpx.AsyncClient, dispatcher: InProcessDispatcher, lane: str, request_id: str
+) -> float:
     """Post, wait until the request reached the dispatcher, then disconnect; returns when it left."""
     held = len(dispatcher.held)
     post = asyncio.ensure_future(
@@ -40,13 +42,13 @@ async def _leave_while_waiting(client: httpx.AsyncClient, dispatcher, lane: str,
             json={"prompt": [1, 2, 3], "max_tokens": 4, "lane": lane},
         )
     )
-    await until_held(dispatcher, held + 1)
+    await async_wait_until(lambda: len(dispatcher.held) > held, timeout_s=5.0, message=f"request {request_id} held")
     post.cancel()  # the connection closes under the pending response
     await asyncio.gather(post, return_exceptions=True)
     return time.monotonic()
 
 
-def _aborted(dispatcher, request_id: str) -> bool:
+def _aborted(dispatcher: InProcessDispatcher, request_id: str) -> bool:
     return scoped_request_id("default", request_id) in dispatcher.aborted
 
 

@@ -143,18 +143,21 @@ def _result(text, reason="stop"):
 
 def test_chat_completion_with_tool_calls():
     raw = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    out = chat_completion([_result(raw), _result("plain")], model=MODEL, created=0, tool_format=ToolFormat.HERMES)
+    out = chat_completion(
+        [_result(raw), _result("plain")], model=MODEL, created=0, fingerprint="fp_test", tool_format=ToolFormat.HERMES
+    )
     first, second = out["choices"]
     assert first["finish_reason"] == "tool_calls" and first["message"]["content"] == "Checking."
     [call] = first["message"]["tool_calls"]
     assert call["type"] == "function" and call["id"].startswith("call_")
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
-    assert second["message"] == {"role": "assistant", "content": "plain"} and second["finish_reason"] == "stop"
+    assert second["message"] == {"role": "assistant", "content": "plain", "refusal": None}
+    assert second["finish_reason"] == "stop" and out["system_fingerprint"] == "fp_test"
 
 
 def test_streamed_tool_call_chunks():
     raw = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    chunks = ChunkBuilder("r1", MODEL, 0, chat=True, tool_format=ToolFormat.HERMES)
+    chunks = ChunkBuilder("r1", MODEL, 0, chat=True, fingerprint="fp_test", tool_format=ToolFormat.HERMES)
     pieces = [raw[i : i + 5] for i in range(0, len(raw), 5)]
     out = [
         chunks.delta(

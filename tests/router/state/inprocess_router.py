@@ -3,17 +3,19 @@ own logic around requests (ids, idempotency, deadlines, the durable batch lane).
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 from pathlib import Path
 
 from engine.outputs import RequestOutput
 from engine.request import FinishReason
+from engine.request_spec import RequestSpec
 from kv_transfer.peer import PeerInfo, WorkerInfo
 from router.cluster_state import ClusterState
 from router.lanes import LanePolicy, TenantConfig, default_lanes
+from router.placement import PlacementHint
 from router.router import Router, RouterConfig
 from router.state import RedisState
+from router.stream import RequestStream
 from router.worker_pool import WorkerHandle, WorkerPool
 
 
@@ -26,12 +28,12 @@ class InProcessDispatcher:
         self.short_prompts_to_idle_prefill = True
         self.on_kv_events = self.on_worker_reset = None
         self.submitted: list[str] = []
-        self.specs: dict[str, object] = {}  # request id -> the RequestSpec sent
+        self.specs: dict[str, RequestSpec] = {}  # request id -> the RequestSpec sent
         self.aborted: list[str] = []
         self.hold = False
-        self.held: dict[str, object] = {}
+        self.held: dict[str, RequestStream] = {}
 
-    def submit(self, spec, stream, hint) -> None:
+    def submit(self, spec: RequestSpec, stream: RequestStream, hint: PlacementHint) -> None:
         if spec.request_id in self.held:  # as the real dispatcher does
             raise ValueError(f"duplicate request id {spec.request_id!r}")
         self.submitted.append(spec.request_id)
@@ -71,11 +73,3 @@ def release(dispatcher: InProcessDispatcher) -> None:
     for request_id, stream in list(dispatcher.held.items()):
         stream.put(RequestOutput(request_id, [7, 8], "xy", finished=True, finish_reason=FinishReason.LENGTH))
     dispatcher.held.clear()
-
-
-async def until_held(dispatcher: InProcessDispatcher, count: int = 1, timeout_s: float = 5.0) -> None:
-    """Wait until the dispatcher holds ``count`` requests (they reached a worker, in effect)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while len(dispatcher.held) < count:
-        assert asyncio.get_running_loop().time() < deadline, "no request reached the dispatcher"
-        await asyncio.sleep(0.02)

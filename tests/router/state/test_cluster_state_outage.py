@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from collections.abc import Iterator
-from types import SimpleNamespace
 
 import pytest
 
@@ -20,6 +18,8 @@ from router.api import GenerationResult, Usage
 from router.cluster_state import HEARTBEAT_S, ClusterState
 from router.state import RedisState
 from router.state.prefix_index import RedisPrefixIndex
+from router.worker_pool import WorkerPool
+from tests.waiting import async_wait_until
 
 H = tuple(bytes([i]) * 16 for i in range(1, 4))
 
@@ -45,7 +45,8 @@ def test_a_worker_emptied_while_redis_was_away_is_emptied_in_it_too(server, clus
     Redis (for the index's hour-long TTL), and placement sent prompts to it for a cache it lacked."""
 
     async def main() -> None:
-        state = ClusterState("router-a", RedisState(server.url, cluster, timeout_s=0.5, backoff_s=1.0))
+        redis = RedisState(server.url, cluster, timeout_s=0.5, backoff_s=1.0)
+        state = ClusterState("router-a", redis)
         try:
             await state.prefix_apply("w1", [BlocksStored(H)])
             await state.prefix_apply("w2", [BlocksStored(H[:1])])
@@ -55,12 +56,12 @@ def test_a_worker_emptied_while_redis_was_away_is_emptied_in_it_too(server, clus
             else:
                 await state.prefix_apply("w1", [BlocksRemoved(H)])
             assert await state.prefix_lookup(list(H), ["w1", "w2"]) == {"w1": 0, "w2": 1}  # local view
-            await asyncio.sleep(1.1)  # past the backoff
+            await async_wait_until(lambda: redis.available, message="the end of the backoff")
             await state.prefix_apply("w2", [BlocksStored(H[1:2])])  # Redis is back: re-seeded from the local view
-            shared = RedisPrefixIndex(state.redis)
+            shared = RedisPrefixIndex(redis)
             assert await shared.longest_prefix(list(H), ["w1", "w2"]) == {"w1": 0, "w2": 2}
         finally:
-            await state.redis.close()
+            await redis.close()
 
     asyncio.run(main())
 
@@ -70,22 +71,24 @@ def test_a_redis_restart_between_heartbeats_reseeds_the_prefix_index(server, clu
     and blocks that were only hit afterwards were never stored again."""
 
     async def main() -> None:
-        state = ClusterState("router-a", RedisState(server.url, cluster))
-        await state.start(dict, SimpleNamespace(all=list))
+        redis = RedisState(server.url, cluster)
+        state = ClusterState("router-a", redis)
+        await state.start(dict, WorkerPool([], []))
         try:
             await state.prefix_apply("d0", [BlocksStored(H)])
-            await asyncio.sleep(1.5 * HEARTBEAT_S)  # a heartbeat has seen this server
+            await async_wait_until(lambda: state._redis_run_id is not None, message="a heartbeat seeing this server")
             server.restart()  # here: its child dies with the thread that started it (PR_SET_PDEATHSIG)
-            shared = RedisPrefixIndex(state.redis)
-            deadline = time.monotonic() + 5 * HEARTBEAT_S
-            while True:
+            shared = RedisPrefixIndex(redis)
+
+            async def reseeded() -> bool:
                 try:
-                    if await shared.longest_prefix(list(H), ["d0"]) == {"d0": 3}:
-                        break
+                    return await shared.longest_prefix(list(H), ["d0"]) == {"d0": 3}
                 except Exception:  # noqa: BLE001 - the pool's old connections, right after the restart
-                    pass
-                assert time.monotonic() < deadline, "the prefix index was not re-seeded after the restart"
-                await asyncio.sleep(0.1)
+                    return False
+
+            await async_wait_until(
+                reseeded, timeout_s=5 * HEARTBEAT_S, interval_s=0.1, message="the index re-seeded after the restart"
+            )
         finally:
             await state.stop()
 
@@ -97,17 +100,18 @@ def test_a_keyed_request_finished_while_redis_was_away_is_replayed_after_it_retu
     the retry ran the request a second time."""
 
     async def main() -> None:
-        state = ClusterState("router-a", RedisState(server.url, cluster, timeout_s=0.5, backoff_s=1.0))
+        redis = RedisState(server.url, cluster, timeout_s=0.5, backoff_s=1.0)
+        state = ClusterState("router-a", redis)
         try:
             await _unreachable_for_a_moment(server, state)
             assert await state.idempotency_begin("alice", "K1", "fp") is None  # runs, claimed here
             done = GenerationResult("first", "xy", (7, 8), "length", Usage(3, 2, 0), "interactive")
             await state.idempotency_store("alice", "K1", done)
-            await asyncio.sleep(1.1)  # past the backoff: Redis answers again
-            assert await state.redis.ping()
+            await async_wait_until(lambda: redis.available, message="the end of the backoff")  # Redis answers again
+            assert await redis.ping()
             replay = await state.idempotency_begin("alice", "K1", "fp")
             assert replay is not None and replay.token_ids == (7, 8) and replay.request_id == "first"
         finally:
-            await state.redis.close()
+            await redis.close()
 
     asyncio.run(main())

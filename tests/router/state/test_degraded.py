@@ -20,6 +20,7 @@ from router.state.journal import BatchJournal
 from router.state.prefix_index import RedisPrefixIndex
 from router.state.rate_limit import RateLimiter, TenantLimits
 from router.state.registry import WorkerRegistry
+from tests.waiting import async_wait_until
 
 H = (b"\x01" * 16, b"\x02" * 16)
 LIMITS = TenantLimits(requests_per_min=600)
@@ -90,11 +91,11 @@ def test_redis_stops_and_restarts(server: EmbeddedRedis, cluster: str) -> None:
         assert await c.st.ping()  # a probe clears the backoff at once
         await c.check_working()  # same objects; the journal re-creates its consumer group
         server.stop()
-        await asyncio.sleep(0.05)
+        await async_wait_until(lambda: not server.running, message="the server stopped")
         with pytest.raises(StateUnavailable):
             await c.reg.live_workers()
         server.start()
-        await asyncio.sleep(c.st.backoff_s)  # no probe: recovery once the backoff has passed
+        await async_wait_until(lambda: c.st.available, message="the end of the backoff")  # no probe: recovery then
         await c.check_working()
         await c.st.close()
 
@@ -108,6 +109,7 @@ def test_restart_between_calls_is_invisible(server: EmbeddedRedis, cluster: str)
         c = Components(RedisState(server.url, cluster))
         await c.check_working()
         server.restart()
+        # the behaviour under test: a gap between calls (the old server's close reaches the pool)
         await asyncio.sleep(0.05)
         await c.check_working()
         await c.st.close()

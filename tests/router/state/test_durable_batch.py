@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
+
+import pytest
 
 from engine.sampling_params import SamplingParams
 from router.api import ErrorKind, GenerationResult, RouterError, Usage
@@ -14,6 +17,8 @@ from router.durable_batch import DurableBatch, job_payload
 from router.state import RedisState
 from router.state.connection import StateUnavailable
 from router.state.journal import BatchJournal
+from tests.router.state.journal_watch import count_claims
+from tests.waiting import async_wait_until
 
 
 class FakeState:
@@ -73,13 +78,6 @@ async def _submit(journal: BatchJournal, n: int) -> list[str]:
     ]
 
 
-async def _until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.02)
-
-
 async def _stop(batch: DurableBatch, consumer: asyncio.Task) -> None:
     """As the router stops it: stop() first (a cancel alone can be lost inside a Redis call)."""
     await batch.stop()
@@ -87,14 +85,12 @@ async def _stop(batch: DurableBatch, consumer: asyncio.Task) -> None:
     await asyncio.gather(consumer, return_exceptions=True)
 
 
-async def _status_becomes(journal: BatchJournal, job_id: str, status: str, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
+async def _status_becomes(journal: BatchJournal, job_id: str, status: str) -> None:
+    async def reached() -> bool:
         s = await journal.get(job_id, "t")
-        if s is not None and s.status == status:
-            return
-        assert asyncio.get_running_loop().time() < deadline, s
-        await asyncio.sleep(0.02)
+        return s is not None and s.status == status
+
+    await async_wait_until(reached, message=f"job {job_id} {status}")
 
 
 def test_a_stopping_router_leaves_its_jobs_to_another_replica(make_state: Callable[..., RedisState]) -> None:
@@ -105,7 +101,7 @@ def test_a_stopping_router_leaves_its_jobs_to_another_replica(make_state: Callab
         stuck = FakeRouter("hang")
         a = DurableBatch(stuck, stuck.state, journal, "router-a", idle_ms=200, poll_s=0.01)
         consumer = asyncio.create_task(a.run())
-        await _until(lambda: len(a._running) == 3)
+        await async_wait_until(lambda: len(stuck.started) == 3)  # each marked running, then started
         await a.stop()  # what Router.stop / Router.drain do before the dispatcher fails the streams
         consumer.cancel()
         for job_id in ids:
@@ -115,11 +111,12 @@ def test_a_stopping_router_leaves_its_jobs_to_another_replica(make_state: Callab
 
         b = DurableBatch(FakeRouter("finish"), FakeState(), BatchJournal(st), "router-b", idle_ms=200, poll_s=0.01)
         consumer = asyncio.create_task(b.run())
-        await _until(lambda: b.jobs_completed == 3)
+        await async_wait_until(lambda: b.jobs_completed == 3)
         consumer.cancel()
         for job_id in ids:
             status = await journal.get(job_id, "t")
-            assert status is not None and status.status == "done" and status.result["text"] == "ok"
+            assert status is not None and status.status == "done"
+            assert status.result is not None and status.result["text"] == "ok"
         assert await journal.pending_count() == 0
         await st.close()
 
@@ -135,8 +132,7 @@ def test_a_stopped_consumer_claims_nothing_more(make_state: Callable[..., RedisS
         await batch.stop()
         consumer = asyncio.create_task(batch.run())
         await _submit(journal, 2)
-        await asyncio.sleep(0.3)
-        consumer.cancel()
+        await asyncio.wait_for(consumer, 10)  # it ended by itself: nothing can be claimed any more
         assert router.started == [] and await journal.pending_count() == 2
         await st.close()
 
@@ -150,18 +146,15 @@ def test_a_job_that_fails_while_the_router_runs_is_recorded_failed(make_state: C
         [job_id] = await _submit(journal, 1)
         batch = DurableBatch(FakeRouter("fail"), FakeState(), journal, "router-a", idle_ms=200, poll_s=0.01)
         consumer = asyncio.create_task(batch.run())
-
-        async def failed() -> bool:
-            s = await journal.get(job_id, "t")
-            return s is not None and s.status == "failed"
-
-        for _ in range(250):
-            if await failed():
-                break
-            await asyncio.sleep(0.02)
+        await _status_becomes(journal, job_id, "failed")
         consumer.cancel()
         status = await journal.get(job_id, "t")
-        assert status.status == "failed" and "rejected" in status.error and await journal.pending_count() == 0
+        assert (
+            status is not None
+            and status.status == "failed"
+            and "rejected" in (status.error or "")
+            and await journal.pending_count() == 0
+        )
         await st.close()
 
     asyncio.run(main())
@@ -202,6 +195,7 @@ def test_a_run_aborted_by_nobody_is_left_for_the_next_claim(make_state: Callable
         await _status_becomes(journal, job_id, "done")
         await _stop(batch, consumer)
         status = await journal.get(job_id, "t")
+        assert status is not None and status.result is not None
         assert status.result["finish_reason"] == "length" and router.started == [job_id, job_id]
         assert await journal.pending_count() == 0
         await st.close()
@@ -216,27 +210,30 @@ def test_a_client_cancel_stops_the_job_on_the_replica_running_it(make_state: Cal
     async def main() -> None:
         st = make_state()
         journal_a, journal_b = BatchJournal(st), BatchJournal(st)
-        a = DurableBatch(FakeRouter("hang"), FakeState(), journal_a, "router-a", idle_ms=300, poll_s=0.01)
+        runner_a = FakeRouter("hang")
+        a = DurableBatch(runner_a, FakeState(), journal_a, "router-a", idle_ms=300, poll_s=0.01)
         b = DurableBatch(FakeRouter("finish"), FakeState(), journal_b, "router-b", idle_ms=300, poll_s=0.01)
         waiting = await b.submit(
             job_payload("c-1", "t", "batch", [1, 2, 3], SamplingParams(max_tokens=2), None), "batch"
         )
         consumer = asyncio.create_task(a.run())
-        await _until(lambda: "c-1" in a._running)
+        await async_wait_until(lambda: "c-1" in a._running)
         assert not await b.cancel("c-1", "someone-else")  # another tenant's abort: nothing of theirs
         assert await b.cancel("c-1", "t")
         result = await asyncio.wait_for(waiting.result(), 10)
         assert result.finish_reason == "abort" and result.token_ids == (1,)
         await _status_becomes(journal_a, "c-1", "cancelled")
         await _stop(a, consumer)
-        assert await journal_a.pending_count() == 0 and a.runner.started == ["c-1"]
+        assert await journal_a.pending_count() == 0 and runner_a.started == ["c-1"]
         assert not await b.cancel("c-1", "t")  # it ended: nothing to cancel any more
         await st.close()
 
     asyncio.run(main())
 
 
-def test_a_job_cancelled_while_queued_never_runs(make_state: Callable[..., RedisState]) -> None:
+def test_a_job_cancelled_while_queued_never_runs(
+    make_state: Callable[..., RedisState], monkeypatch: pytest.MonkeyPatch
+) -> None:
     async def main() -> None:
         st = make_state()
         journal = BatchJournal(st)
@@ -244,9 +241,11 @@ def test_a_job_cancelled_while_queued_never_runs(make_state: Callable[..., Redis
         router = FakeRouter("finish")
         batch = DurableBatch(router, router.state, journal, "router-a", idle_ms=200, poll_s=0.01)
         assert await batch.cancel(job_id, "t")
+        claims = count_claims(journal, monkeypatch)
         consumer = asyncio.create_task(batch.run())
-        await asyncio.sleep(0.4)
+        await async_wait_until(lambda: len(claims) >= 3, message="three polls of the journal")
         await _stop(batch, consumer)
+        assert sum(claims) == 0  # the cancelled job left the stream: no poll handed it out
         assert router.started == [] and (await journal.get(job_id, "t")).status == "cancelled"
         assert await journal.pending_count() == 0
         await st.close()
@@ -254,7 +253,9 @@ def test_a_job_cancelled_while_queued_never_runs(make_state: Callable[..., Redis
     asyncio.run(main())
 
 
-def test_a_redis_blip_at_a_jobs_start_or_end_loses_nothing(make_state: Callable[..., RedisState]) -> None:
+def test_a_redis_blip_at_a_jobs_start_or_end_loses_nothing(
+    make_state: Callable[..., RedisState], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Redis fails the ``running`` mark of one job and the first two attempts to record the other's
     result: the first is left pending and re-run (its waiting client is not failed), the second's
     result is recorded once Redis answers; both end done, nothing stays in the stream."""
@@ -270,19 +271,20 @@ def test_a_redis_blip_at_a_jobs_start_or_end_loses_nothing(make_state: Callable[
         real_running, real_complete = journal.set_running, journal.complete
         missed = {"running": 1, "complete": 2}
 
-        async def set_running(job_id, consumer=""):
+        async def set_running(job_id: str, consumer: str = "") -> bool:
             if job_id == "job-0" and missed["running"]:
                 missed["running"] -= 1
                 raise StateUnavailable("blip")
             return await real_running(job_id, consumer)
 
-        async def complete(job_id, *args, **kw):
+        async def complete(job_id: str, *args: Any, **kw: Any) -> Any:
             if job_id == "job-1" and missed["complete"]:
                 missed["complete"] -= 1
                 raise StateUnavailable("blip")
             return await real_complete(job_id, *args, **kw)
 
-        journal.set_running, journal.complete = set_running, complete
+        monkeypatch.setattr(journal, "set_running", set_running)
+        monkeypatch.setattr(journal, "complete", complete)
         await journal.submit(
             job_payload("job-1", "t", "batch", [1, 2, 3], SamplingParams(max_tokens=2), None), job_id="job-1"
         )
@@ -352,7 +354,7 @@ def test_an_idempotency_key_gets_the_jobs_result_or_is_released(make_state: Call
         consumer = asyncio.create_task(batch.run())
         await _status_becomes(journal, "k-0", "done")
         await _status_becomes(journal, "k-1", "failed")
-        await _until(lambda: router.state.released)
+        await async_wait_until(lambda: router.state.released)
         await _stop(batch, consumer)
         assert router.state.stored[("t", "key-0")].text == "ok"
         assert router.state.released == [("t", "key-1")]

@@ -60,13 +60,13 @@ def test_lease_expiry_frees_a_crashed_claim(make_state: Callable[..., RedisState
         store = IdempotencyStore(st, lease_s=0.2)
         assert (await store.begin("t", "k", "fp")).state == "new"  # then the router "crashes"
         assert 0 < await st.client.pttl(st.key("idem", "t", "k")) <= 200
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # the behaviour under test: the lease (0.2 s) runs out
         assert (await store.begin("t", "k", "fp")).state == "new"  # a retry is not blocked for 24 h
         assert await store.complete("t", "k", {"ok": True})
-        await asyncio.sleep(0.3)  # completion switched the lease to the full TTL
+        await asyncio.sleep(0.3)  # past the lease: completion switched it to the full TTL (the behaviour)
         assert await store.begin("t", "k", "fp") == Begin("done", {"ok": True})
         assert (await store.begin("t", "k2", "fp", lease_s=0.1)).state == "new"
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # the behaviour under test: k2's lease (0.1 s) runs out
         assert not await store.complete("t", "k2", {"late": True})  # claim gone: nothing stored
         assert (await store.begin("t", "k2", "fp")).state == "new"
         await st.close()

@@ -14,6 +14,7 @@ from router.api import GenerationResult, RouterError, Usage
 from router.cluster_state import ClusterState
 from router.state import RedisState
 from router.state.idempotency import Begin, LocalIdempotencyStore
+from tests.waiting import async_wait_until
 
 RESULT = GenerationResult("r1", "xy", (7, 8), "length", Usage(3, 2), "interactive")
 
@@ -102,9 +103,9 @@ def test_waiters_on_one_key_are_bounded(make_state: Callable[..., RedisState]) -
         cs.max_idem_waiters = 4
         assert await cs.idempotency_begin("t", "k", "fp") is None  # the first attempt runs
         waiters = [asyncio.create_task(cs.idempotency_begin("t", "k", "fp")) for _ in range(4)]
-        end = time.monotonic() + 10
-        while cs._idem_waiters.get(("t", "k"), 0) < 4 and time.monotonic() < end:  # (each asks Redis first)
-            await asyncio.sleep(0.01)
+        await async_wait_until(
+            lambda: cs._idem_waiters.get(("t", "k"), 0) == 4, message="four waiters"
+        )  # (each asks Redis first)
         assert not any(w.done() for w in waiters)
         t0 = time.monotonic()
         with pytest.raises(RouterError) as e:  # one too many: refused at once, not one more poller
@@ -114,7 +115,7 @@ def test_waiters_on_one_key_are_bounded(make_state: Callable[..., RedisState]) -
         waiters[0].cancel()  # a client that went away frees its place
         await asyncio.gather(waiters[0], return_exceptions=True)
         extra = asyncio.create_task(cs.idempotency_begin("t", "k", "fp"))
-        await asyncio.sleep(0.05)
+        await async_wait_until(lambda: cs._idem_waiters.get(("t", "k"), 0) == 4, message="the freed place taken")
         assert not extra.done()
         await cs.idempotency_store("t", "k", RESULT)
         got = await asyncio.wait_for(asyncio.gather(*waiters[1:], extra), 5.0)

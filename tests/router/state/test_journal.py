@@ -80,7 +80,7 @@ def test_dead_consumer_jobs_are_reclaimed(make_state: Callable[..., RedisState])
         assert [c.job_id for c in first] == ids[:2]
         got = await j.claim("router-b", count=5, min_idle_ms=2000)
         assert [c.job_id for c in got] == ids[2:]  # too soon: a's jobs are not idle yet
-        await asyncio.sleep(2.1)
+        await asyncio.sleep(2.1)  # the behaviour under test: a's jobs idle past min_idle_ms
         again = await j.claim("router-b", count=5, min_idle_ms=2000)
         # a's two jobs move to b; b's own job, idle as well, is not handed to b a second time.
         assert sorted(c.job_id for c in again) == sorted(ids[:2])
@@ -101,7 +101,7 @@ def test_restarted_router_reclaims_its_own_jobs_and_touch_protects(make_state: C
         a = await j.submit({"tenant": "t", "n": "a"})
         b = await j.submit({"tenant": "t", "n": "b"})
         claimed = await j.claim("router-0", count=2, min_idle_ms=1000)
-        await asyncio.sleep(1.05)
+        await asyncio.sleep(1.05)  # the behaviour under test: both jobs idle past min_idle_ms
         await j.touch("router-0", [c.entry_id for c in claimed if c.job_id == a])  # still working on a
         # Same consumer name after a restart (a fresh BatchJournal object): b is idle, a was touched
         # just now (a touch less than the 1 s before: a stall of up to ~1 s does not matter).

@@ -95,7 +95,7 @@ def test_ttl_is_renewed_by_lookup_hits(make_state: Callable[..., RedisState]) ->
         assert await st.client.pttl(st.key("blk", h[0].hex())) > 1600
         assert await st.client.pttl(st.key("wblk", "w")) > 1600
         assert await st.client.pttl(st.key("blk", h[1].hex())) < 1000  # not looked up: not renewed
-        await asyncio.sleep(1.2)
+        await asyncio.sleep(1.2)  # the behaviour under test: block 1's TTL runs out
         assert await idx.longest_prefix(h, ["w"]) == {"w": 1}  # block 1 expired, block 0 kept alive
         await st.close()
 

@@ -133,7 +133,7 @@ def test_redis_buckets(make_state: Callable[..., RedisState]) -> None:
         planned, start = 0.0, time.monotonic()
         for i, s in enumerate(steps):
             if s.advance_s:
-                await asyncio.sleep(s.advance_s * SLOW)
+                await asyncio.sleep(s.advance_s * SLOW)  # the behaviour under test: the bucket refills in real time
                 planned += s.advance_s * SLOW
             d = await rl.acquire(name, s.n_req, s.n_tok, limits=limits)
             slack = time.monotonic() - start - planned  # time passed beyond the table's

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from baton.redis_server import EmbeddedRedis, RedisServerError, _ping, find_redis_server
+from tests.waiting import wait_until
 
 
 def _cmd(port: int, *args: str) -> list[bytes]:
@@ -35,17 +36,18 @@ def test_stop_reaps_and_restart_keeps_port(tmp_path: Path) -> None:
     srv = EmbeddedRedis().start()
     try:
         port, pid, d = srv.port, srv.proc.pid, srv.dir
+        assert port is not None
         assert d is not None and d.is_dir()
-        assert _cmd(port, "SET", "k", "v")[0] == b"+OK"  # type: ignore[arg-type]
+        assert _cmd(port, "SET", "k", "v")[0] == b"+OK"
         srv.restart()
         assert srv.port == port and srv.proc.pid != pid and _ping(port)
-        assert _cmd(port, "GET", "k")[0] == b"$-1"  # no persistence: data gone  # type: ignore[arg-type]
+        assert _cmd(port, "GET", "k")[0] == b"$-1"  # no persistence: data gone
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # the old server was reaped: no zombie left
         pid = srv.proc.pid
     finally:
         srv.stop()
-    assert not srv.running and not _ping(port)  # type: ignore[arg-type]
+    assert not srv.running and not _ping(port)
     assert not d.exists()  # private dir removed
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
@@ -58,16 +60,14 @@ def test_stop_reaps_and_restart_keeps_port(tmp_path: Path) -> None:
 
 def test_a_server_that_was_killed_is_revived_on_its_port() -> None:
     import signal
-    import time
 
     srv = EmbeddedRedis().start()
     try:
         port, pid = srv.port, srv.proc.pid
+        assert port is not None
         assert srv.revive() is None  # running: nothing to do
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while srv.running and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: not srv.running, timeout_s=5, message="the killed server seen as not running")
         assert srv.revive() == -signal.SIGKILL  # what `baton up` does every second
         assert srv.port == port and srv.running and srv.proc.pid != pid and _ping(port)
         with pytest.raises(ChildProcessError):
@@ -84,6 +84,7 @@ def test_revive_tries_again_after_a_failed_restart() -> None:
     srv = EmbeddedRedis(startup_timeout_s=2.0).start()
     try:
         port = srv.port
+        assert port is not None
         os.kill(srv.proc.pid, signal.SIGKILL)
         srv.proc.wait()
         squatter = socket.socket()
@@ -105,10 +106,11 @@ def test_revive_tries_again_after_a_failed_restart() -> None:
 def test_data_dir_enables_appendonly_and_survives_restart(tmp_path: Path) -> None:
     with EmbeddedRedis(data_dir=tmp_path / "redis") as srv:
         port = srv.port
-        assert _cmd(port, "CONFIG", "GET", "appendonly")[-2] == b"yes"  # type: ignore[arg-type]
-        _cmd(port, "SET", "k", "kept")  # type: ignore[arg-type]
+        assert port is not None
+        assert _cmd(port, "CONFIG", "GET", "appendonly")[-2] == b"yes"
+        _cmd(port, "SET", "k", "kept")
         srv.restart()
-        assert b"kept" in _cmd(port, "GET", "k")  # type: ignore[arg-type]
+        assert b"kept" in _cmd(port, "GET", "k")
     assert (tmp_path / "redis").is_dir()  # a given data dir is never deleted
 
 
@@ -140,6 +142,6 @@ def test_password_protected_server_for_other_nodes() -> None:
         EmbeddedRedis(bind="10.1.2.3")
     with EmbeddedRedis(password="s3cret") as server:
         assert server.url.startswith("redis://:s3cret@127.0.0.1:")
-        assert redis.Redis.from_url(server.url).ping()
+        assert redis.Redis.from_url(server.url).ping() and server.port is not None
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(host="127.0.0.1", port=server.port).ping()

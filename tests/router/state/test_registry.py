@@ -48,7 +48,7 @@ def test_missed_heartbeats_expire_and_are_pruned(make_state: Callable[..., Redis
         await reg.heartbeat("w-live", "decode", {}, ttl_s=5)
         assert set(await reg.live_workers()) == {"w-dead", "w-live"}
         for _ in range(3):  # w-live keeps heartbeating, w-dead stopped
-            await asyncio.sleep(0.15)
+            await asyncio.sleep(0.15)  # the behaviour under test: time passing past w-dead's TTL
             await reg.heartbeat("w-live", "decode", {"n": 1}, ttl_s=5)
         assert set(await reg.live_workers()) == {"w-live"}
         members = await st.client.smembers(st.key("workers"))

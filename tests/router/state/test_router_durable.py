@@ -7,18 +7,31 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from engine.sampling_params import SamplingParams
 from router.api import GenerateRequest
 from router.dispatcher import Dispatcher
 from router.lanes import TenantConfig
 from router.prompt_input import request_fingerprint
 from router.request_ids import scoped_request_id
+from router.router import Router
 from router.worker_pool import WorkerPool
-from tests.router.state.inprocess_router import make_router, until_held
+from tests.router.state.inprocess_router import make_router
+from tests.router.state.journal_watch import count_claims
+from tests.waiting import async_wait_until
 
 
 def _batch_request(**kw) -> GenerateRequest:
     return GenerateRequest(SamplingParams(max_tokens=4), prompt_token_ids=(1, 2, 3), lane="batch", **kw)
+
+
+async def _until_cancelled(router: Router, job_id: str, tenant: str, or_unknown: bool = False) -> None:
+    async def cancelled() -> bool:
+        status = await router.state.journal.get(job_id, tenant)
+        return (status is None and or_unknown) or (status is not None and status.status == "cancelled")
+
+    await async_wait_until(cancelled, message=f"job {job_id} cancelled")
 
 
 def test_the_clients_abort_cancels_its_own_batch_job_only(redis_server, cluster) -> None:
@@ -30,20 +43,15 @@ def test_the_clients_abort_cancels_its_own_batch_job_only(redis_server, cluster)
         await router.start()
         try:
             stream = await router.generate(_batch_request(tenant="alice", request_id="job-a"))
-            await until_held(dispatcher)
+            await async_wait_until(lambda: dispatcher.held, message="the job reaching a worker")
             assert not await router.abort("job-a", "bob")  # (it raised AttributeError: a 500)
             assert not await router.abort("no-such-job", "alice")
             assert await router.abort("job-a", "alice")
             result = await asyncio.wait_for(stream.result(), 10)
             job = scoped_request_id("alice", "job-a")  # the id it runs under (router/request_ids.py)
             assert result.finish_reason == "abort" and dispatcher.aborted == [job] and result.request_id == "job-a"
-            status = await router.state.journal.get(job, "alice")
-            for _ in range(100):
-                if status.status == "cancelled":
-                    break
-                await asyncio.sleep(0.02)
-                status = await router.state.journal.get(job, "alice")
-            assert status.status == "cancelled" and await router.state.journal.pending_count() == 0
+            await _until_cancelled(router, job, "alice")
+            assert await router.state.journal.pending_count() == 0
         finally:
             await router.stop()
 
@@ -80,13 +88,14 @@ def test_a_restarted_replica_is_a_new_origin_for_the_workers() -> None:
     assert first.origin != second.origin and first.origin.startswith("router-0")
 
 
-def test_a_refused_request_of_n_batch_choices_cancels_the_jobs_already_journaled(redis_server, cluster) -> None:
+def test_a_refused_request_of_n_batch_choices_cancels_the_jobs_already_journaled(
+    redis_server, cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Its second choice refused (its id in flight), the request was refused and its charge given
     back, but its first choice, already journaled, ran to its end unbilled (an audit found it):
     refusing a request detached its batch jobs, as a client going away does, instead of cancelling them."""
     from router.api import RouterError
     from router.choices import Choices
-    from router.request_ids import scoped_request_id
 
     async def main() -> None:
         router, dispatcher = make_router(redis_server.url, cluster, (TenantConfig("alice", api_key="ka"),))
@@ -94,21 +103,16 @@ def test_a_refused_request_of_n_batch_choices_cancels_the_jobs_already_journaled
         await router.start()
         try:
             await router.generate(_batch_request(tenant="alice", request_id="z-1"))  # holds choice 1's id
-            await until_held(dispatcher)
+            await async_wait_until(lambda: dispatcher.held, message="choice 1's job reaching a worker")
             try:
                 await Choices.start(router, _batch_request(tenant="alice", request_id="z"), 2)
                 raise AssertionError("admitted")
             except RouterError:
                 pass
-            status = await router.state.journal.get(scoped_request_id("alice", "z-0"), "alice")
-            for _ in range(100):
-                if status is None or status.status == "cancelled":
-                    break
-                await asyncio.sleep(0.02)
-                status = await router.state.journal.get(scoped_request_id("alice", "z-0"), "alice")
-            assert status is None or status.status == "cancelled"
-            await asyncio.sleep(0.3)
-            assert scoped_request_id("alice", "z-0") not in dispatcher.held
+            await _until_cancelled(router, scoped_request_id("alice", "z-0"), "alice", or_unknown=True)
+            claims = count_claims(router.batch.journal, monkeypatch)
+            await async_wait_until(lambda: len(claims) >= 3, message="three polls of the journal")
+            assert scoped_request_id("alice", "z-0") not in dispatcher.submitted  # no poll ran it
         finally:
             for rid in list(dispatcher.held):
                 dispatcher.abort(rid)

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
+
+import pytest
 
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from router.api import ErrorKind, GenerateRequest, RouterError
 from router.lanes import TenantConfig
 from router.request_ids import scoped_request_id
-from tests.router.state.inprocess_router import make_router, release, until_held
+from tests.router.state.inprocess_router import make_router, release
+from tests.waiting import async_wait_until
 
 TENANTS = (TenantConfig("alice", api_key="ka"), TenantConfig("bob", api_key="kb"))
 
@@ -39,7 +43,7 @@ def test_two_requests_arriving_together_with_one_id_are_one_request_and_a_409(re
             errors = [g for g in got if isinstance(g, BaseException)]
             [stream] = [g for g in got if not isinstance(g, BaseException)]
             assert len(errors) == 1 and isinstance(errors[0], RouterError) and errors[0].kind is ErrorKind.CONFLICT
-            await until_held(dispatcher)
+            await async_wait_until(lambda: dispatcher.held, message="the request reaching a worker")
             assert await router.abort("shared-1", "alice")  # the one that runs can be stopped
             assert (await stream.result()).finish_reason == "abort"
             assert dispatcher.aborted == [scoped_request_id("alice", "shared-1")]
@@ -50,20 +54,30 @@ def test_two_requests_arriving_together_with_one_id_are_one_request_and_a_409(re
     asyncio.run(main())
 
 
-def test_a_retry_repeating_its_request_id_and_key_gets_the_first_answer(redis_server, cluster) -> None:
+def test_a_retry_repeating_its_request_id_and_key_gets_the_first_answer(
+    redis_server, cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """It got a 409 for the id (checked before the key) while the first attempt ran."""
 
     async def main() -> None:
         router, dispatcher = make_router(redis_server.url, cluster, TENANTS)
         dispatcher.hold = True
+        begun: list[str] = []  # idempotency keys whose lookup started (the retry's then waits in it)
+        real_begin = router.state.idempotency_begin
+
+        async def begin(tenant: str, key: str, *args: Any, **kw: Any) -> Any:
+            begun.append(key)
+            return await real_begin(tenant, key, *args, **kw)
+
+        monkeypatch.setattr(router.state, "idempotency_begin", begin)
         await router.start()
         try:
             first = await router.generate(_request(tenant="alice", request_id="req-77", idempotency_key="K"))
             retry = asyncio.create_task(
                 router.generate(_request(tenant="alice", request_id="req-77", idempotency_key="K"))
             )
-            await until_held(dispatcher)
-            await asyncio.sleep(0.3)
+            await async_wait_until(lambda: dispatcher.held, message="the request reaching a worker")
+            await async_wait_until(lambda: begun == ["K", "K"], message="the retry looking its key up")
             assert not retry.done()  # waiting for the first attempt, not refused
             first_result = asyncio.create_task(first.result())  # its client reads it, as over HTTP
             release(dispatcher)
@@ -88,7 +102,7 @@ def test_a_finished_requests_deadline_does_not_abort_a_later_one_with_its_id(red
             assert (await quick.result()).finish_reason == "length"
             dispatcher.hold = True
             later = await router.generate(_request(tenant="alice", request_id="job-42"))  # no deadline
-            await asyncio.sleep(0.8)
+            await asyncio.sleep(0.8)  # the behaviour under test: past the first one's deadline
             assert dispatcher.aborted == [] and not later.ctx.stream.finished
             assert not [t for t in asyncio.all_tasks() if "with_deadline" in repr(t.get_coro())]
             release(dispatcher)
@@ -119,7 +133,9 @@ def test_a_clients_lane_string_is_no_metrics_label(redis_server, cluster) -> Non
     asyncio.run(main())
 
 
-def test_an_id_outside_the_rule_names_nothing_and_is_not_looked_up(redis_server, cluster) -> None:
+def test_an_id_outside_the_rule_names_nothing_and_is_not_looked_up(
+    redis_server, cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An abort or a batch lookup with an id no request can have (a newline, 10,000 characters) is
     "not found" at once: no Redis lookup with it as a key, and the 404 does not echo all of it."""
 
@@ -130,8 +146,8 @@ def test_an_id_outside_the_rule_names_nothing_and_is_not_looked_up(redis_server,
         async def looked_up(*_args):
             raise AssertionError("a lookup with an id outside the rule")
 
-        router.batch.cancel = looked_up
-        router.state.batch_get = looked_up
+        monkeypatch.setattr(router.batch, "cancel", looked_up)
+        monkeypatch.setattr(router.state, "batch_get", looked_up)
         try:
             for bad in ("a\nb", "x" * 10_000, "", "../job"):
                 assert await router.abort(bad, "alice") is False
@@ -157,7 +173,7 @@ def test_request_ids_belong_to_their_tenant(redis_server, cluster) -> None:
         try:
             alices = await router.generate(_request(tenant="alice", request_id="order-1"))
             bobs = await router.generate(_request(tenant="bob", request_id="order-1"))
-            await until_held(dispatcher, 2)
+            await async_wait_until(lambda: len(dispatcher.held) == 2, message="two requests reaching a worker")
             assert alices.request_id == bobs.request_id == "order-1"
             assert set(dispatcher.submitted) == {
                 scoped_request_id("alice", "order-1"),
@@ -176,7 +192,7 @@ def test_request_ids_belong_to_their_tenant(redis_server, cluster) -> None:
     asyncio.run(main())
 
 
-def test_failed_requests_are_counted_but_not_timed(redis_server, cluster) -> None:
+def test_failed_requests_are_counted_but_not_timed(redis_server, cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """A burst of failures (0 tokens each, failing fast) pulled the e2e histogram and admission's
     expected output length towards zero, and admission turned optimistic."""
 
@@ -190,7 +206,7 @@ def test_failed_requests_are_counted_but_not_timed(redis_server, cluster) -> Non
             else:
                 ok_submit(spec, stream, hint)
 
-        dispatcher.submit = failing_submit
+        monkeypatch.setattr(dispatcher, "submit", failing_submit)
         await router.start()
         try:
             for i in range(5):
@@ -203,7 +219,10 @@ def test_failed_requests_are_counted_but_not_timed(redis_server, cluster) -> Non
                     raise AssertionError("a failed request returned a result")
                 except RouterError:
                     pass
-            await asyncio.sleep(0.05)  # the last one's bookkeeping
+            await async_wait_until(
+                lambda: _sample(router.metrics()[0].decode(), "baton_requests_finished_total", "error") == 10,
+                message="the last failure's bookkeeping",
+            )
             assert router.signals.expected_output(4) == expected == 2.0
             text = router.metrics()[0].decode()
             assert 'finish_reason="error"' in text and _sample(text, "baton_requests_finished_total", "error") == 10
@@ -234,15 +253,17 @@ def test_inter_token_gaps_are_observed_as_the_tokens_arrive(redis_server, cluste
         await router.start()
         try:
             stream = await router.generate(_request(tenant="alice", request_id="itl-1"))
-            await until_held(dispatcher)
+            await async_wait_until(lambda: dispatcher.held, message="the request reaching a worker")
             held = dispatcher.held[scoped_request_id("alice", "itl-1")]
             for i in range(4):  # four deltas, one token each, a little apart
                 held.put(RequestOutput(scoped_request_id("alice", "itl-1"), [10 + i], "x"))
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.02)  # the behaviour under test: the gaps between tokens are measured
             reader = asyncio.create_task(stream.result())
-            await asyncio.sleep(0.1)
+            await async_wait_until(
+                lambda: _sample(router.metrics()[0].decode(), "baton_inter_token_latency_seconds_count") == 3,
+                message="three gaps observed before the end",
+            )
             text = router.metrics()[0].decode()
-            assert _sample(text, "baton_inter_token_latency_seconds_count") == 3  # before the end
             assert _sample(text, "baton_inter_token_latency_seconds_sum") >= 0.05
             await router.abort("itl-1", "alice")
             assert (await reader).finish_reason == "abort"
@@ -264,19 +285,17 @@ def test_a_request_nobody_reads_to_its_end_still_ends_in_the_router(redis_server
         await router.start()
         try:
             unread = await router.generate(_request(tenant="alice", request_id="unread"))  # finishes at once
-            for _ in range(100):
-                if not router.requests:
-                    break
-                await asyncio.sleep(0.01)
-            assert not router.requests and router.capacity.in_flight == 0 and unread.ctx.finished
+            await async_wait_until(lambda: not router.requests, message="the unread request's end")
+            assert router.capacity.in_flight == 0 and unread.ctx.finished
             # n = 3, its client gone after the choices finished but before anyone read them
             choices = await Choices.start(router, _request(tenant="alice", request_id="multi"), 3)
-            await asyncio.sleep(0.1)
+            await async_wait_until(
+                lambda: _sample(router.metrics()[0].decode(), "baton_requests_finished_total", "length") == 4,
+                message="the three choices finished",
+            )
             await choices.abort()
-            await asyncio.sleep(0.05)
-            assert not router.requests and router.requests.num_dispatched == 0 and router.capacity.in_flight == 0
-            text = router.metrics()[0].decode()
-            assert _sample(text, "baton_requests_finished_total", "length") == 4
+            await async_wait_until(lambda: not router.requests, message="no request left in flight")
+            assert router.requests.num_dispatched == 0 and router.capacity.in_flight == 0
         finally:
             await router.stop()
 
@@ -296,13 +315,12 @@ def test_the_choices_of_a_request_with_a_long_id_can_be_aborted_and_looked_up(re
         try:
             rid = "x" * 127
             choices = await Choices.start(router, _request(tenant="alice", request_id=rid), 2)
-            await until_held(dispatcher, 2)
+            await async_wait_until(lambda: len(dispatcher.held) == 2, message="two requests reaching a worker")
             await choices.abort()  # what the frontends do when the client goes away
             assert len(dispatcher.aborted) == 2 and not dispatcher.held
-            await asyncio.sleep(0.05)
-            assert not router.requests
+            await async_wait_until(lambda: not router.requests, message="both choices ended in the router")
             jobs = await Choices.start(router, _request(tenant="alice", request_id=rid, lane="batch"), 2)
-            await until_held(dispatcher, 2)
+            await async_wait_until(lambda: len(dispatcher.held) == 2, message="two requests reaching a worker")
             assert (await router.batch_result(rid + "-1", "alice"))["status"] == "running"
             assert await router.abort(rid + "-1", "alice")
             await jobs.abort()

@@ -11,6 +11,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -25,6 +26,7 @@ from router.http.server import ThreadedHttpServer
 from router.metrics import RouterMetrics
 from tests.router.fake_router import FakeRouter
 
+Wire = Literal["http", "grpc"]  # RunConfig.protocol
 SPEC = WorkloadSpec("t", {"interactive": 0.5, "batch": 0.5}, LengthDist.uniform(4, 12), LengthDist.uniform(2, 6))
 
 
@@ -57,7 +59,7 @@ def grpc_target(fake: FakeRouter) -> Iterator[str]:
         thread.join(5)
 
 
-def _run(url: str, protocol: str = "http", spec: WorkloadSpec = SPEC, **kw) -> RunResult:
+def _run(url: str, protocol: Wire = "http", spec: WorkloadSpec = SPEC, **kw) -> RunResult:
     kw = {"rate": 20.0, "duration_s": 1.5, **kw}
     return run_load_sync(RunConfig(url=url, spec=spec, protocol=protocol, progress=False, metrics_interval_s=0.2, **kw))
 
@@ -68,10 +70,10 @@ def _check_all_ok(result: RunResult, fake: FakeRouter) -> None:
         assert r.status == "ok", r.to_dict()
         assert r.output_tokens == r.output_len  # the fake emits exactly max_tokens tokens
         assert r.served_lane == r.lane
-        assert 0 < r.ttft_s <= r.e2e_s
+        assert r.ttft_s is not None and r.e2e_s is not None and 0 < r.ttft_s <= r.e2e_s
         assert len(r.itl_s) == r.output_len - 1
         assert r.send_s - r.arrival_s < 0.5  # sent on schedule
-    sent = {(len(q.prompt_token_ids), q.sampling.max_tokens, q.lane) for q in fake.requests}
+    sent = {(len(q.prompt_token_ids or ()), q.sampling.max_tokens, q.lane) for q in fake.requests}
     assert sent == {(r.prompt_len, r.output_len, r.lane) for r in result.records}
     assert all(q.sampling.ignore_eos and q.sampling.min_tokens == q.sampling.max_tokens for q in fake.requests)
     s = result.summary()
@@ -112,7 +114,7 @@ def test_non_streaming_workload(http_url: str, fake: FakeRouter) -> None:
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_rejections_failures_and_timeouts_are_recorded(protocol: str, request, fake: FakeRouter) -> None:
+def test_rejections_failures_and_timeouts_are_recorded(protocol: Wire, request, fake: FakeRouter) -> None:
     url = request.getfixturevalue("http_url" if protocol == "http" else "grpc_target")
     bad = WorkloadSpec("bad", {"interactive": 0.5, "nosuchlane": 0.5}, LengthDist.fixed(4), LengthDist.fixed(3))
     result = _run(url, protocol, spec=bad)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from baton.perf.loadgen.records import RequestRecord, chunk_arrived
+from baton.perf.loadgen.records import RequestRecord, Status, chunk_arrived
 from baton.perf.loadgen.search import search_goodput_rate
 from baton.perf.loadgen.slo import DEFAULT_SLOS, LaneSLO, parse_slo, resolve_slos
 from baton.perf.loadgen.stats import Dist, meets_slo, percentile, summarize, summarize_by_lane
@@ -27,7 +27,7 @@ def rec(
     ttft: float | None = 0.5,
     e2e: float | None = 2.0,
     tokens: int = 11,
-    status: str = "ok",
+    status: Status = "ok",
     **kw,
 ) -> RequestRecord:
     r = RequestRecord(i, lane, prompt_len=10, output_len=tokens, arrival_s=send, send_s=send, status=status, **kw)

@@ -10,18 +10,9 @@ import statistics
 
 import pytest
 
+from baton.perf.loadgen.arrivals import Burst, PlannedRequest, plan_requests, sample_requests
 from baton.perf.loadgen.prompts import DEFAULT_TOKEN_RANGE, PromptFactory, clip_prompt_len
-from baton.perf.loadgen.workload import (
-    BUILTIN_WORKLOADS,
-    Burst,
-    LengthDist,
-    PlannedRequest,
-    WorkloadSpec,
-    load_workload,
-    plan_requests,
-    sample_requests,
-    workload_from_dict,
-)
+from baton.perf.loadgen.workload import BUILTIN_WORKLOADS, LengthDist, WorkloadSpec, load_workload, workload_from_dict
 
 FIXED = WorkloadSpec("t", {"interactive": 1.0}, LengthDist.fixed(10), LengthDist.fixed(5))
 

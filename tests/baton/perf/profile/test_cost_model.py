@@ -198,9 +198,9 @@ def test_unreadable_files(tmp_path):
 def test_transfer_line_recovers_latency_and_bandwidth():
     from baton.perf.profile.overheads import _line
 
-    t = _line([(b, 0.005 + b / 0.65e9) for b in (11e6, 45e6, 90e6)], "measured")
+    t = _line([(b, 0.005 + b / 0.65e9) for b in (11_000_000, 45_000_000, 90_000_000)], "measured")
     assert t.latency_s == pytest.approx(0.005) and t.bandwidth_bytes_per_s == pytest.approx(0.65e9)
-    flat = _line([(1e6, 0.010), (2e6, 0.008)], "measured")  # noise: no fixed cost, the largest one's rate
+    flat = _line([(1_000_000, 0.010), (2_000_000, 0.008)], "measured")  # noise: no fixed cost, the largest one's rate
     assert flat.latency_s == 0.0 and flat.bandwidth_bytes_per_s == pytest.approx(2e6 / 0.008)
 
 

@@ -1,0 +1,165 @@
+"""Tensor-parallel pool workers (real Ray, gloo): a worker spans a group of rank actors in its own
+placement group. Prefill TP 2 -> decode TP 1, TP 1 -> TP 2 and TP 2 -> TP 2 equal the colocated
+TP 1 engine token for token; a shared prefix is not shipped again; a rank of a decode group
+killed mid-stream fails its worker, whose requests migrate with no token missing or repeated,
+and the group comes back (a later request runs on it). No block is held after each test."""
+
+import os
+import signal
+
+import pytest
+import ray
+
+from kv_transfer.nccl_double import NcclSemantics
+from tests.e2e.helpers import colocated, greedy, nccl_violations, prompts, start_cluster
+from tests.waiting import wait_until
+
+VOCAB = 4096
+BLOCK = 16
+
+
+def _cluster(model_dir, prefill_tp, decode_tp, **kw):
+    return start_cluster(
+        model_dir,
+        1,
+        1,
+        prefill_tensor_parallel_size=prefill_tp,
+        decode_tensor_parallel_size=decode_tp,
+        kv_data_plane=NcclSemantics(),  # the payloads' data plane under NCCL's rules
+        **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def p2d1(ray_session, tiny_model_dir):
+    c = _cluster(tiny_model_dir, 2, 1)
+    yield c
+    violations = nccl_violations(c)
+    c.shutdown()
+    assert violations == []
+
+
+@pytest.fixture(scope="module")
+def p1d2(ray_session, tiny_model_dir):
+    c = _cluster(tiny_model_dir, 1, 2, max_restarts=1)
+    yield c
+    violations = nccl_violations(c)
+    c.shutdown()
+    assert violations == []
+
+
+def _rank_actors(worker_class):
+    """(pid, state) of the rank actors (ranks 1..N-1) that live ``worker_class`` actors started."""
+    actors = ray._private.state.actors().values()
+    owners = {a["Address"]["Port"] for a in actors if a["ActorClassName"] == worker_class and a["State"] == "ALIVE"}
+    return [
+        (a["Pid"], a["State"])
+        for a in actors
+        if a["ActorClassName"] == "RankActor" and a["OwnerAddress"]["Port"] in owners
+    ]
+
+
+def _decode_bytes(cluster):
+    return sum(load.transfer_bytes for w, load in cluster.loads().items() if w.startswith("decode"))
+
+
+@pytest.mark.parametrize("cluster", ["p2d1", "p1d2"])
+def test_groups_of_either_size_equal_colocated_tp1(cluster, request, tiny_model_dir):
+    c = request.getfixturevalue(cluster)
+    ps = prompts(3, 4, VOCAB, lo=40, hi=100)  # several chunks each (a 32-token budget)
+    max_new = [12, 6, 10, 8]
+    disagg = c.dispatcher.num_disaggregated
+    got = [o.token_ids for o in c.generate(ps, [greedy(n) for n in max_new])]
+    assert got == colocated(tiny_model_dir, ps, max_new)
+    assert c.dispatcher.num_disaggregated == disagg + len(ps)
+    loads = c.wait_until_drained()
+    assert loads["decode-0"].transfers_failed == 0
+
+
+def test_groups_of_two_ranks_on_both_sides_hand_off(ray_session, tiny_model_dir):
+    c = _cluster(tiny_model_dir, 2, 2)
+    try:
+        ps = prompts(4, 2, VOCAB, lo=40, hi=80)
+        got = [o.token_ids for o in c.generate(ps, [greedy(8), greedy(8)])]
+        assert got == colocated(tiny_model_dir, ps, [8, 8])
+        assert c.dispatcher.num_disaggregated == len(ps)
+        c.wait_until_drained()
+        assert nccl_violations(c) == []
+    finally:
+        c.shutdown()
+
+
+def test_a_shared_prefix_is_not_shipped_again(p2d1, tiny_model_dir):
+    prefix = prompts(5, 1, VOCAB, lo=4 * BLOCK, hi=4 * BLOCK)[0]
+    first, second = (prefix + p for p in prompts(6, 2, VOCAB, lo=2 * BLOCK - 5, hi=2 * BLOCK - 5))
+    blocks = -(-len(first) // BLOCK)
+    b0 = _decode_bytes(p2d1)
+    p2d1.generate([first], greedy(4))
+    b1 = _decode_bytes(p2d1)
+    out = p2d1.generate([second], greedy(4))[0]
+    b2 = _decode_bytes(p2d1)
+    row = (b1 - b0) // blocks
+    assert row > 0 and b2 - b1 == row * (blocks - 4)  # the prefix's four blocks stayed on the decode worker
+    assert out.token_ids == colocated(tiny_model_dir, [second], [4])[0]
+    p2d1.wait_until_drained()
+
+
+def test_a_decode_rank_killed_mid_stream_replaces_its_group(p1d2, tiny_model_dir):
+    ps = prompts(14, 2, VOCAB, lo=20, hi=60)
+    n = 60
+    streams = [p1d2.submit(p, greedy(n)) for p in ps]
+    next(iter(streams[0]))
+    seen = len(streams[0].token_ids)
+    before = ray.get(p1d2.actor("decode-0").ping.remote())
+    prefill = ray.get(p1d2.actor("prefill-0").ping.remote())
+    (pid, _), *others = [a for a in _rank_actors("DecodeWorker") if a[1] == "ALIVE"]
+    assert others == []  # the decode worker's one other rank
+    os.kill(pid, signal.SIGKILL)
+    outs = [s.result(120) for s in streams]
+    assert [o.token_ids for o in outs] == colocated(tiny_model_dir, ps, [n] * 2)  # each token once
+    assert seen < n and p1d2.dispatcher.num_migrations >= 1
+
+    def back() -> bool:
+        try:
+            return ray.get(p1d2.actor("decode-0").ping.remote(), timeout=5) != before
+        except ray.exceptions.RayError:
+            return False
+
+    wait_until(back, timeout_s=60, interval_s=0.2, message="the decode group coming back")
+    later = prompts(15, 1, VOCAB, lo=40, hi=60)
+    assert [o.token_ids for o in p1d2.generate(later, greedy(8))] == colocated(tiny_model_dir, later, [8])
+    assert ray.get(p1d2.actor("prefill-0").ping.remote()) == prefill  # the other group undisturbed
+    alive = [a for a in _rank_actors("DecodeWorker") if a[1] == "ALIVE"]
+    assert len(alive) == 1 and alive[0][0] != pid  # the new group's rank; the old group's are gone
+    p1d2.wait_until_drained()
+
+
+@pytest.mark.slow  # (baton up starts Ray and Redis of its own)
+def test_baton_up_serves_a_tp2_prefill_pool_like_tp1(tiny_model_dir):
+    """``baton up --prefill-tensor-parallel-size 2 --decode-tensor-parallel-size 1``: the OpenAI API
+    answers as the colocated TP 1 engine does (a prompt long enough for the prefill pool)."""
+    import httpx
+
+    from engine.model.tokenizer import Tokenizer
+    from tests.e2e.baton_up_process import baton_up
+
+    prompt = prompts(21, 1, VOCAB, lo=300, hi=300)[0]  # past the default local-prefill threshold
+    want = Tokenizer.from_dir(tiny_model_dir).decode(colocated(tiny_model_dir, [prompt], [12])[0])
+    args = ("--model", str(tiny_model_dir), "--prefill-tensor-parallel-size", "2", "--decode-tensor-parallel-size", "1")
+    with baton_up(*args) as up:
+        name = httpx.get(f"{up.base}/v1/models").json()["data"][0]["id"]
+        body = {"model": name, "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+        r = httpx.post(f"{up.base}/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == want
+
+        def shipped() -> bool:  # the prompt's KV came from the prefill group (reported on the next poll)
+            metrics = httpx.get(f"{up.base}/metrics").text
+            return any(
+                line.startswith("baton_kv_transfers_total")
+                and 'worker="decode-0"' in line
+                and float(line.split()[-1]) >= 1
+                for line in metrics.splitlines()
+            )
+
+        wait_until(shipped, timeout_s=30, interval_s=0.5, message="the decode worker's transfer count")
