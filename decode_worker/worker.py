@@ -12,6 +12,7 @@ import itertools
 import logging
 import threading
 import time
+from dataclasses import replace
 
 from decode_worker.messages import OutputBatch, ReserveResult
 from decode_worker.outbox import Outbox
@@ -27,7 +28,7 @@ from engine.logprobs import TokenLogprob
 from engine.parallel.group_kv import whole_row_shape
 from engine.parallel.launcher import RankStarter
 from engine.request_spec import RequestSpec
-from engine.worker_stats import WorkerLoad, queued_prefill_tokens, queued_prefill_tokens_by_priority
+from engine.worker_stats import WorkerLoad, engine_load, queued_prefill_tokens_by_priority
 from kv_transfer.agent import TransferAgent, TransferTiming
 from kv_transfer.data_plane import DataPlaneFactory, default_data_plane
 from kv_transfer.identity import kv_segment_name, make_peer, release_kv, worker_info
@@ -322,29 +323,14 @@ class DecodeWorker:
         self._placed_at[spec.origin] = time.monotonic()
 
     def _load(self, engine: LLMEngine) -> WorkerLoad:
-        s, st, bm = engine.scheduler, self.agent.stats, engine.block_manager
-        return WorkerLoad(
-            worker_id=self.worker_id,
-            incarnation=self.peer.incarnation,
-            role="decode",
-            num_running=s.num_running,
-            num_waiting=s.num_waiting,
-            num_free_blocks=bm.num_free_blocks,
-            num_total_blocks=bm.num_blocks,
-            queued_prefill_tokens=queued_prefill_tokens(s),
+        s, st = engine.scheduler, self.agent.stats
+        return replace(
+            engine_load(self.worker_id, self.peer.incarnation, "decode", s, engine.block_manager, self.loop),
             num_reserved=len(s.reserved),
             transfers_completed=st.completed,
             transfers_failed=st.failed,
             transfer_bytes=st.bytes_received,
             transfer_seconds=st.seconds,
-            prefix_queries=bm.num_prefix_queries,
-            prefix_hits=bm.num_prefix_hits,
-            steps=self.loop.num_steps,
-            busy_seconds=self.loop.busy_seconds,
-            busy_cpu_seconds=self.loop.busy_cpu_seconds,
-            prompt_tokens_computed=s.prompt_tokens_computed,
-            preemptions=s.num_preemptions,
-            preempted_tokens=s.preempted_tokens,
             prompt_tokens_placed=dict(self._placed),
             draft_tokens=s.num_draft_tokens,
             accepted_draft_tokens=s.num_accepted_tokens,

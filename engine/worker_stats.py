@@ -10,8 +10,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from engine.block_manager import BlockManager
 from engine.lane_shares import LaneCounters
 from engine.request import Request
+from engine.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -82,3 +84,35 @@ def queued_prefill_tokens(scheduler: PrefillQueues) -> int:
     waiting = sum(r.num_tokens - r.num_computed_tokens for r in scheduler.waiting)
     running = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in scheduler.running)
     return waiting + running
+
+
+class StepCounters(Protocol):
+    """The engine loop's step counters (engine/engine_loop.py)."""
+
+    num_steps: int
+    busy_seconds: float
+    busy_cpu_seconds: float
+
+
+def engine_load(
+    worker_id: str, incarnation: str, role: str, scheduler: Scheduler, blocks: BlockManager, loop: StepCounters
+) -> WorkerLoad:
+    """The fields of a load report both roles fill alike (each worker adds its role's with ``replace``)."""
+    return WorkerLoad(
+        worker_id=worker_id,
+        incarnation=incarnation,
+        role=role,
+        num_running=scheduler.num_running,
+        num_waiting=scheduler.num_waiting,
+        num_free_blocks=blocks.num_free_blocks,
+        num_total_blocks=blocks.num_blocks,
+        queued_prefill_tokens=queued_prefill_tokens(scheduler),
+        prefix_queries=blocks.num_prefix_queries,
+        prefix_hits=blocks.num_prefix_hits,
+        steps=loop.num_steps,
+        busy_seconds=loop.busy_seconds,
+        busy_cpu_seconds=loop.busy_cpu_seconds,
+        prompt_tokens_computed=scheduler.prompt_tokens_computed,
+        preemptions=scheduler.num_preemptions,
+        preempted_tokens=scheduler.preempted_tokens,
+    )

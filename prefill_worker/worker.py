@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.config import EngineConfig
 from engine.device import SetDevice, bind_config_device, cuda_set_device
@@ -21,7 +21,7 @@ from engine.parallel.group_kv import whole_row_shape
 from engine.parallel.launcher import RankStarter
 from engine.request import RequestState
 from engine.scheduler_output import SchedulerOutput
-from engine.worker_stats import WorkerLoad, queued_prefill_tokens
+from engine.worker_stats import WorkerLoad, engine_load
 from kv_transfer.agent import TransferAgent
 from kv_transfer.data_plane import DataPlaneFactory, default_data_plane
 from kv_transfer.fault import FaultInjector, FaultSpec
@@ -196,27 +196,12 @@ class PrefillWorker:
         self.loop.call_async(lambda engine: engine.release_transferred(request_id))
 
     def _load(self, engine: LLMEngine) -> WorkerLoad:
-        s, st, bm = engine.scheduler, self.agent.stats, engine.block_manager
-        return WorkerLoad(
-            worker_id=self.worker_id,
-            incarnation=self.peer.incarnation,
-            role="prefill",
-            num_running=s.num_running,
-            num_waiting=s.num_waiting,
-            num_free_blocks=bm.num_free_blocks,
-            num_total_blocks=bm.num_blocks,
-            queued_prefill_tokens=queued_prefill_tokens(s),
+        s, st = engine.scheduler, self.agent.stats
+        return replace(
+            engine_load(self.worker_id, self.peer.incarnation, "prefill", s, engine.block_manager, self.loop),
             num_transferring=len(s.transferring),
             transfers_completed=st.completed,
             transfers_failed=st.failed,
             transfer_bytes=self.agent.bytes_sent(),
-            prefix_queries=bm.num_prefix_queries,
-            prefix_hits=bm.num_prefix_hits,
-            steps=self.loop.num_steps,
-            busy_seconds=self.loop.busy_seconds,
-            busy_cpu_seconds=self.loop.busy_cpu_seconds,
-            prompt_tokens_computed=s.prompt_tokens_computed,
-            preemptions=s.num_preemptions,
-            preempted_tokens=s.preempted_tokens,
             prompt_tokens_received=dict(self._received),
         )

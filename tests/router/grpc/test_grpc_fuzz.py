@@ -31,7 +31,7 @@ from router.grpc_gen.baton.v1 import generate_pb2_grpc as pb_grpc
 from tests.router.grpc.test_grpc_api import ServerThread
 from tests.router.http.engine_stack import make_engine_router
 
-EXAMPLES = int(os.environ.get("BATON_FUZZ_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("BATON_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(
     max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None
 )

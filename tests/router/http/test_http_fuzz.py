@@ -5,8 +5,8 @@ the real app in front of a real router and engine (the tiny model, tests/router/
 Each answer must be: no 5xx; a status the schema documents for the operation; a body that conforms
 to the documented schema for that status (so every error is an OpenAI error object, every 200 the
 published response model); a stream's every event a documented chunk or error object, ended by
-``[DONE]``. The server must still answer afterwards. Bounded (few examples per operation, no
-deadline): it adds seconds, not minutes, to the suite; more examples are a local run away
+``[DONE]``. The server must still answer afterwards. Bounded (150 examples per operation and mode,
+about 1,300 requests, no deadline: seconds, not minutes, in the suite); more are a local run away
 (``BATON_FUZZ_EXAMPLES=600``, and ``BATON_FUZZ_COVERAGE=1`` for schemathesis' boundary cases).
 """
 
@@ -31,7 +31,7 @@ from schemathesis.checks import (
 from router.http.openapi import openapi_document
 from tests.router.http.engine_stack import MODEL_NAME
 
-EXAMPLES = int(os.environ.get("BATON_FUZZ_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("BATON_FUZZ_EXAMPLES", "150"))
 DOCUMENT = openapi_document("Baton", "test", MODEL_NAME)
 schema = schemathesis.openapi.from_dict(DOCUMENT)
 schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE], max_examples=EXAMPLES)
