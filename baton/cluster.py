@@ -113,7 +113,7 @@ class LocalCluster:
             )
         if self._owns_ray:
             say("starting Ray")
-            cpus = sum(p.workers * p.cpus * p.tensor_parallel_size for p in pools.values())
+            cpus = sum(p.workers * p.cpus for p in pools.values())  # a worker's cpus: its ranks' total
             ray.init(
                 address=config.ray_address,
                 num_cpus=None if config.ray_address else max(2, int(cpus) + 1),

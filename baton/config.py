@@ -116,11 +116,20 @@ class EngineSection(_Model):
 
 class PoolSection(_Model):
     workers: int = Field(1, ge=0)
-    cpus: float = Field(1.0, gt=0, description="Ray CPUs per worker")
-    gpus: float = Field(0.0, ge=0, description="GPUs per worker (0 on CPU)")
+    cpus: float = Field(1.0, gt=0, description="Ray CPUs per worker: the worker's total, split across its ranks")
+    gpus: float = Field(
+        0.0,
+        ge=0,
+        description="GPUs per worker (0 on CPU): the worker's total, split across its ranks (one GPU each "
+        "at tensor_parallel_size above 1)",
+    )
     threads: int = Field(1, ge=1, description="torch threads per worker on CPU")
     tensor_parallel_size: int | None = Field(
-        None, ge=1, le=MAX_TENSOR_PARALLEL, description="ranks a worker spans (null: engine.tensor_parallel_size)"
+        None,
+        ge=1,
+        le=MAX_TENSOR_PARALLEL,
+        description="ranks a worker spans, on one node (null: engine.tensor_parallel_size); the worker's "
+        "cpus, gpus and its pool's custom resource are the group's total, split across its ranks",
     )
 
 
@@ -327,10 +336,16 @@ class BatonConfig(_Model):
             seen.add(t.name)
         for role, pool in (("prefill", self.pools.prefill), ("decode", self.pools.decode)):
             tp = self.pool_tensor_parallel_size(role)
+            # A worker's gpus are its ranks' total: each rank holds a whole GPU of its own.
             if pool.gpus and pool.gpus < tp:
                 raise ValueError(
                     f"pools.{role}: tensor_parallel_size={tp} needs one GPU per rank, but a worker is "
-                    f"given gpus={pool.gpus}"
+                    f"given gpus={pool.gpus:g} in all (its ranks' total)"
+                )
+            if pool.gpus and tp > 1 and pool.gpus % tp:
+                raise ValueError(
+                    f"pools.{role}: gpus={pool.gpus:g} does not split into whole GPUs across "
+                    f"tensor_parallel_size={tp} ranks"
                 )
         if self.auth.api_key is not None and "default" in seen:
             raise ValueError(

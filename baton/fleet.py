@@ -34,9 +34,20 @@ from router.worker_pool import WorkerHandle, WorkerPool
 log = logging.getLogger(__name__)
 
 
+# Ray keeps resource amounts to four decimals: a rank's share is rounded down to that.
+_RAY_UNITS = 10_000
+
+
+def rank_share(total: float, ranks: int) -> float:
+    """One rank's even share of a worker's ``total``, rounded down to Ray's precision so that the
+    ranks' bundles never sum above what the worker was given (1 over 3 ranks: 0.3333 each)."""
+    return (round(total * _RAY_UNITS) // ranks) / _RAY_UNITS
+
+
 @dataclass(frozen=True)
 class PoolSpec:
-    """One pool's size and what each of its actors asks of Ray."""
+    """One pool's size and what each of its workers asks of Ray. A worker's cpus, gpus and
+    resources are its whole group's: split evenly across its ranks' bundles."""
 
     role: str  # "prefill" | "decode"
     workers: int
@@ -44,11 +55,16 @@ class PoolSpec:
     gpus: float = 0.0
     threads: int = 1  # torch threads per worker on CPU
     resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per worker
-    tensor_parallel_size: int = 1  # ranks a worker spans: each rank asks for cpus, gpus and resources
+    tensor_parallel_size: int = 1  # ranks a worker spans: each rank's bundle holds 1/N of the above
+
+    def totals(self) -> dict[str, float]:
+        """What one worker (all of its ranks, on one node) asks of Ray."""
+        return {k: v for k, v in {"CPU": self.cpus, "GPU": self.gpus, **self.resources}.items() if v}
 
     def bundle(self) -> dict[str, float]:
-        """What one rank asks of Ray (a bundle of the worker's placement group)."""
-        return {k: v for k, v in {"CPU": self.cpus, "GPU": self.gpus, **self.resources}.items() if v}
+        """What one rank asks of Ray (a bundle of the worker's placement group; the worker itself,
+        rank 0, asks the first bundle's)."""
+        return {k: rank_share(v, self.tensor_parallel_size) for k, v in self.totals().items()}
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode"):
@@ -57,6 +73,12 @@ class PoolSpec:
             raise ValueError(f"pools.{self.role}.tensor_parallel_size: {self.tensor_parallel_size} is too few")
         if self.workers < (1 if self.role == "decode" else 0):
             raise ValueError(f"pools.{self.role}.workers: {self.workers} is too few")
+        for name, share in self.bundle().items():
+            if not share:  # Ray would read a zero as "none of it": the rank would go unplaced by it
+                raise ValueError(
+                    f"pools.{self.role}: {name}={self.totals()[name]:g} split across "
+                    f"{self.tensor_parallel_size} ranks leaves a rank none of it"
+                )
 
 
 @dataclass(frozen=True)
@@ -125,11 +147,13 @@ class WorkerFleet:
         parts = []
         for role, spec in self.specs.items():
             if spec.workers:
-                want = ", ".join(f"{k}={v:g}" for k, v in spec.bundle().items())
+                want = ", ".join(f"{k}={v:g}" for k, v in spec.totals().items())
                 ranks = (
-                    f" on each of {spec.tensor_parallel_size} ranks (one node)" if spec.tensor_parallel_size > 1 else ""
+                    f" (split across its {spec.tensor_parallel_size} ranks, on one node)"
+                    if spec.tensor_parallel_size > 1
+                    else ""
                 )
-                parts.append(f"{spec.workers} {role} worker(s) with {want}{ranks} each")
+                parts.append(f"{spec.workers} {role} worker(s) with {want} each{ranks}")
         return " and ".join(parts) + " free"
 
     def _engine_for(self, role: str) -> EngineConfig:
@@ -147,8 +171,9 @@ class WorkerFleet:
             # A group's caches are its ranks' heads each: no same-host peer maps them (kv_transfer/
             # identity.py), and a rank's segment would outlive a rank that is killed.
             engine = replace(engine, cache=replace(engine.cache, shared_memory=False))
-        if 0 < spec.gpus < 1:  # workers sharing a GPU: each sizes its KV from its share (engine/kv_memory.py)
-            engine = replace(engine, cache=replace(engine.cache, gpu_fraction=spec.gpus))
+        gpus = spec.bundle().get("GPU", 0.0)  # a rank's share
+        if 0 < gpus < 1:  # workers sharing a GPU: each sizes its KV from its share (engine/kv_memory.py)
+            engine = replace(engine, cache=replace(engine.cache, gpu_fraction=gpus))
         if role == "prefill":  # its requests stop at their first token: no decode step for CUDA graphs to replay
             engine = replace(engine, cuda_graphs=False)
         budget = self.options.decode_prefill_token_budget
@@ -157,30 +182,12 @@ class WorkerFleet:
         return engine
 
     def _spawn(self, role: str, worker_id: str) -> Any:  # a Ray ActorHandle: its methods are typed at run time only
-        spec = self.specs[role]
-        opts: dict = dict(
-            num_cpus=spec.cpus, num_gpus=spec.gpus, max_restarts=self.options.max_restarts, max_concurrency=16
-        )
-        if spec.resources:
-            opts["resources"] = dict(spec.resources)
-        if self.options.actor_name_prefix:
-            # A replacement reuses the name: the dead actor's name is free once Ray gives up on it.
-            suffix = f"-r{self.replacements}" if self.replacements else ""
-            opts["name"] = f"{self.options.actor_name_prefix}-{worker_id}{suffix}"
-            if self.on_spawn is not None:
-                # A group packs its ranks onto one node: that node must offer every rank's bundle.
-                demand = {k: v * spec.tensor_parallel_size for k, v in spec.bundle().items()}
-                self.on_spawn(worker_id, opts["name"], demand)
+        opts = self._actor_options(role, worker_id)
         transfer: dict[str, Any] = (
             {} if self.options.kv_data_plane is None else {"data_plane": self.options.kv_data_plane}
         )
-        if spec.tensor_parallel_size > 1:
-            # The worker is rank 0 in the first bundle; it starts ranks 1..N-1 in the others
-            # (baton/ray_ranks.py). STRICT_PACK: a group meets on one node.
-            group = placement_group([spec.bundle()] * spec.tensor_parallel_size, strategy="STRICT_PACK")
-            self._groups[worker_id] = group
-            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
-            transfer["ranks"] = RayRanks
+        if self.specs[role].tensor_parallel_size > 1:
+            transfer["ranks"] = RayRanks  # the worker is rank 0: it starts ranks 1..N-1 (baton/ray_ranks.py)
         if role == "prefill":
             return (
                 ray.remote(PrefillWorker)
@@ -198,6 +205,32 @@ class WorkerFleet:
                 **transfer,
             )
         )
+
+    def _actor_options(self, role: str, worker_id: str) -> dict[str, Any]:
+        """What a worker's actor asks of Ray; at TP above 1 it also creates the worker's placement
+        group (one bundle per rank, STRICT_PACK: a group meets on one node), removed with it."""
+        spec = self.specs[role]
+        own = spec.bundle()  # the worker is rank 0: it asks the first bundle's share (all of it at TP 1)
+        opts: dict[str, Any] = dict(
+            num_cpus=own.pop("CPU", 0.0),
+            num_gpus=own.pop("GPU", 0.0),
+            max_restarts=self.options.max_restarts,
+            max_concurrency=16,
+        )
+        if own:
+            opts["resources"] = own
+        if self.options.actor_name_prefix:
+            # A replacement reuses the name: the dead actor's name is free once Ray gives up on it.
+            suffix = f"-r{self.replacements}" if self.replacements else ""
+            opts["name"] = f"{self.options.actor_name_prefix}-{worker_id}{suffix}"
+            if self.on_spawn is not None:
+                # A group packs its ranks onto one node: that node must offer the worker's totals.
+                self.on_spawn(worker_id, opts["name"], spec.totals())
+        if spec.tensor_parallel_size > 1:
+            group = placement_group([spec.bundle()] * spec.tensor_parallel_size, strategy="STRICT_PACK")
+            self._groups[worker_id] = group
+            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
+        return opts
 
     # -- supervision --------------------------------------------------------------------------
     def dead_workers(

@@ -182,6 +182,7 @@ def preflight(cfg: BatonConfig) -> None:
             except OSError as e:
                 reason = (e.strerror or str(e)).split(" (while attempting")[0]
                 raise OSError(f"{name} {port}: cannot listen on {host}:{port}: {reason}") from None
+    # A worker's gpus are its whole group's (a tensor-parallel worker's ranks split them): no x TP here.
     need = sum(p.workers * p.gpus for p in (cfg.pools.prefill, cfg.pools.decode))
     if need:
         import torch

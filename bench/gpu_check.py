@@ -108,6 +108,9 @@ def _steps(tmp: Path) -> list[tuple[str, list[str], int]]:
         ),
         # Issue 49: the device sampler runs with no host synchronization and keeps the same tokens.
         ("sampler_sync_free", [py, "-m", "bench.gpu_check_sampler", "--json"], 90),
+        # Issue 49: transformers' own continuous batching beside Baton's, same models, workload and GPU
+        # (it skips what its own budget, inside this limit, cannot fit, and reports the rest).
+        ("peer_transformers_cb", [py, "-m", "bench.gpu_check_peer", "--json"], 420),
         ("disagg_ipc_tiny", [py, "-m", "bench.disagg_check", "--device", "cuda", "--json"], 120),
         ("decode_graphs_qwen2.5-0.5b", [py, "-m", "bench.gpu_decode_graphs", "--model", "qwen2.5-0.5b", "--json"], 150),
         (

@@ -6,7 +6,11 @@ throughput against a cuda:0 -> cuda:1 device copy of the same bytes.
 
     PYTHONUNBUFFERED=1 python3 -m bench.gpu_check_2gpu --json
 
-Exits 0 saying so where fewer than two GPUs are visible.
+Exits 0 saying so where fewer than two GPUs are visible. The same machine then runs the tensor
+parallel check (Llama-3.1-8B's configuration, random weights, TP 2 against TP 1: decode step times
+and offline throughput; bench/gpu_check_tp.py):
+
+    PYTHONUNBUFFERED=1 python3 -m bench.gpu_check_tp --json
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""What each pool's workers are started with (no Ray needed: the engine configs only)."""
+"""What each pool's workers are started with: their engine configs (no Ray needed), and what a
+tensor-parallel worker's group asks of a real local Ray node."""
+
+from typing import Any
 
 import pytest
 
@@ -94,3 +97,55 @@ def test_generate_through_the_pools_keeps_its_threads_flag(monkeypatch):
     with pytest.raises(Captured):
         generate.run(args)
     assert seen["cfg"].torch_threads_per_worker == 2 and seen["cfg"].cpus_per_worker == 2.0
+
+
+@pytest.fixture
+def ray_node():
+    """A local Ray node shaped like one GPU node of a TP-2 decode pool: two (logical) GPUs and one
+    unit of the pool's custom resource. The suite's other Ray users start their own."""
+    import ray
+
+    if ray.is_initialized():
+        pytest.skip("a Ray instance is already running in this process")
+    ray.init(
+        num_cpus=2,
+        num_gpus=2,
+        resources={"baton_decode": 1},
+        include_dashboard=False,
+        configure_logging=False,
+        log_to_driver=False,
+    )
+    yield ray
+    ray.shutdown()
+
+
+def test_a_tp2_worker_given_two_gpus_places_its_group_on_a_node_offering_two(ray_node):
+    """A worker's cpus, gpus and custom resource are its group's total, split across its ranks'
+    bundles: the group packs onto a node offering exactly that (asking them per rank, it never
+    placed), the worker asks the first bundle's share, and the placement watch hears the totals."""
+    ray = ray_node
+
+    class Rank0:
+        def assigned(self) -> dict[str, float]:
+            return dict(ray.get_runtime_context().get_assigned_resources())
+
+    remote: Any = ray.remote(Rank0)  # (an actor class: its methods are typed at run time only)
+
+    seen = []
+    f = WorkerFleet(
+        EngineConfig(model="tiny"),
+        PoolSpec("prefill", 0),
+        PoolSpec("decode", 1, cpus=2.0, gpus=2.0, resources={"baton_decode": 1.0}, tensor_parallel_size=2),
+        FleetOptions(actor_name_prefix="t"),
+        on_spawn=lambda worker_id, name, demand: seen.append((worker_id, name, demand)),
+    )
+    try:
+        rank0 = remote.options(**f._actor_options("decode", "decode-0")).remote()
+        group = f._groups["decode-0"]
+        assert ray.get(group.ready(), timeout=60) is not None
+        assert [dict(b) for b in group.bundle_specs] == [{"CPU": 1.0, "GPU": 1.0, "baton_decode": 0.5}] * 2
+        got = ray.get(rank0.assigned.remote(), timeout=60)
+        assert {k: got[k] for k in ("CPU", "GPU", "baton_decode")} == {"CPU": 1.0, "GPU": 1.0, "baton_decode": 0.5}
+        assert seen == [("decode-0", "t-decode-0", {"CPU": 2.0, "GPU": 2.0, "baton_decode": 1.0})]
+    finally:
+        f._remove_group("decode-0")

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from baton.config import BatonConfig, load_config
-from baton.fleet import PoolSpec
+from baton.fleet import PoolSpec, rank_share
 from tests.baton.test_cli import baton
 from tests.engine.hf_oracle import hf_greedy, load_hf
 
@@ -30,16 +30,32 @@ def test_a_worker_needs_a_gpu_per_rank():
     with pytest.raises(ValueError, match=r"pools\.prefill: tensor_parallel_size=4"):
         BatonConfig.model_validate({"engine": {"tensor_parallel_size": 4}, "pools": {"prefill": {"gpus": 2}}})
     BatonConfig.model_validate({"pools": {"decode": {"gpus": 2, "tensor_parallel_size": 2}}})
+    with pytest.raises(ValueError, match=r"pools.decode: gpus=3 does not split into whole GPUs across "):
+        BatonConfig.model_validate({"pools": {"decode": {"gpus": 3, "tensor_parallel_size": 2}}})
     with pytest.raises(ValueError):
         BatonConfig.model_validate({"engine": {"tensor_parallel_size": 0}})
 
 
-def test_a_pool_worker_asks_for_one_bundle_per_rank():
-    spec = PoolSpec("decode", 1, cpus=1.0, gpus=1.0, resources={"baton_decode": 1.0}, tensor_parallel_size=2)
-    assert spec.bundle() == {"CPU": 1.0, "GPU": 1.0, "baton_decode": 1.0}  # each of its two ranks
-    assert PoolSpec("prefill", 1).bundle() == {"CPU": 1.0}
+def test_a_pool_worker_splits_its_resources_across_its_ranks_bundles():
+    """A worker's cpus, gpus and custom resource are its group's total: a TP-2 worker given 2 GPUs
+    asks Ray for 2, and a node offering baton_decode: 1 packs the whole group."""
+    spec = PoolSpec("decode", 1, cpus=2.0, gpus=2.0, resources={"baton_decode": 1.0}, tensor_parallel_size=2)
+    assert spec.bundle() == {"CPU": 1.0, "GPU": 1.0, "baton_decode": 0.5}  # each of its two ranks
+    assert spec.totals() == {"CPU": 2.0, "GPU": 2.0, "baton_decode": 1.0}
+    assert PoolSpec("prefill", 1).bundle() == PoolSpec("prefill", 1).totals() == {"CPU": 1.0}
     with pytest.raises(ValueError, match=r"pools.prefill.tensor_parallel_size: 0 is too few"):
         PoolSpec("prefill", 1, tensor_parallel_size=0)
+
+
+def test_a_share_rounds_down_to_rays_precision_so_the_bundles_fit_the_node():
+    spec = PoolSpec("prefill", 1, cpus=1.0, resources={"baton_prefill": 1.0}, tensor_parallel_size=3)
+    assert spec.bundle() == {"CPU": 0.3333, "baton_prefill": 0.3333}
+    for ranks in range(1, 9):
+        for total in (0.3, 1.0, 2.0, 7.0):
+            units, whole = round(rank_share(total, ranks) * 1e4), round(total * 1e4)  # Ray's fixed point
+            assert units * ranks <= whole < (units + 1) * ranks
+    with pytest.raises(ValueError, match=r"pools.decode: CPU=0.0001 split across 2 ranks leaves a rank none"):
+        PoolSpec("decode", 1, cpus=0.0001, tensor_parallel_size=2)
 
 
 def test_a_pool_size_that_does_not_divide_the_heads_is_refused_before_any_worker_starts(tiny_model_dir):

@@ -38,6 +38,7 @@ RENDER_BAD_VALUES = {
     "router_request_below_cpus_per_replica": "router.resources.requests.cpu (500m) is less than "
     "router.cpusPerReplica (2)",
     "load_balancer_head": "head.serviceType is LoadBalancer, which would expose the Ray head",
+    "tensor_parallel_over_gpus": "decode.gpusPerWorker (1) is less than its tensor-parallel size (2)",
 }
 
 # The values files shipped with the chart, by variant name; "default" is values.yaml alone.

@@ -279,8 +279,9 @@ def test_gpu_values_request_gpus_where_the_workers_run():
     head = raycluster(docs)["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert "nvidia.com/gpu" not in json.dumps(head["resources"])
     cfg = BatonConfig.model_validate(baton_config(docs))
-    assert cfg.pools.prefill.gpus == cfg.pools.decode.gpus == 1
-    assert cfg.pools.prefill.workers == 2 and cfg.pools.decode.workers == 4
+    # decode: TP-2 workers, one per pod, their two GPUs the group's total (test_chart_tensor_parallel.py)
+    assert (cfg.pools.prefill.gpus, cfg.pools.decode.gpus) == (1, 2)
+    assert cfg.pools.prefill.workers == 2 and cfg.pools.decode.workers == 2
     assert cfg.model.dtype == "bfloat16"
 
 

@@ -97,6 +97,18 @@ min: {{ $min | int }}
 max: {{ $max | int }}
 {{- end }}
 
+{{/* The ranks one worker of a pool spans: (list .Values role) -> its tensorParallelSize, else
+baton.engine.tensor_parallel_size (the pools' default in Baton's config), else 1. */}}
+{{- define "baton.tensorParallelSize" -}}
+{{- $v := index . 0 }}{{ $g := index $v (index . 1) }}
+{{- $engine := index ($v.baton | default dict) "engine" | default dict }}
+{{- $size := 1 }}
+{{- if not (kindIs "invalid" $g.tensorParallelSize) }}{{ $size = $g.tensorParallelSize }}
+{{- else if kindIs "map" $engine }}{{ with index $engine "tensor_parallel_size" }}{{ $size = . }}{{ end }}
+{{- end }}
+{{- $size | int }}
+{{- end }}
+
 {{/* Ray resources one pod of a pool offers: {cpus, gpus} (integers; `ray start` takes no fractions). */}}
 {{- define "baton.poolPodResources" -}}
 {{- $g := . }}
@@ -154,6 +166,10 @@ Checks the JSON schema cannot express; each fails with a message naming the valu
 {{- $gpw := float64 $p.gpusPerWorker }}
 {{- if and (gt $gpw 0.0) (not $v.image.tag) (ne ($v.image.variant | default "cpu") "gpu") }}{{ fail (printf "%s.gpusPerWorker is %v but the image is the CPU build: set image.variant: gpu (the -gpu tag), or an image.tag of a CUDA build" $g $p.gpusPerWorker) }}{{ end }}
 {{- if and (gt $gpw 1.0) (ne $gpw (float64 (int $gpw))) }}{{ fail (printf "%s.gpusPerWorker (%v) must be a whole number of GPUs, or a fraction of one" $g $p.gpusPerWorker) }}{{ end }}
+{{- /* A TP worker's gpusPerWorker is its ranks' total (one GPU each, on its pod: STRICT_PACK). */}}
+{{- $tp := include "baton.tensorParallelSize" (list $v $g) | int }}
+{{- if and (gt $gpw 0.0) (lt $gpw (float64 $tp)) }}{{ fail (printf "%s.gpusPerWorker (%v) is less than its tensor-parallel size (%d): a worker's ranks take a GPU each, all on its pod; set %s.gpusPerWorker to %d (the pod then requests workersPerPod x %d GPUs), or lower %s.tensorParallelSize" $g $p.gpusPerWorker $tp $g $tp $tp $g) }}{{ end }}
+{{- if and (gt $gpw 0.0) (gt $tp 1) (ne (mod (int $gpw) $tp) 0) }}{{ fail (printf "%s.gpusPerWorker (%v) does not split into whole GPUs across its %d tensor-parallel ranks" $g $p.gpusPerWorker $tp) }}{{ end }}
 {{- range $kind := list "requests" "limits" }}
 {{- if hasKey (index ($p.resources | default dict) $kind | default dict) $v.gpuResourceName }}{{ fail (printf "%s.resources.%s sets %s: the chart requests workersPerPod x gpusPerWorker GPUs itself; set %s.gpusPerWorker instead" $g $kind $v.gpuResourceName $g) }}{{ end }}
 {{- end }}
@@ -180,8 +196,10 @@ An unset request or limit is not checked (with no request, Kubernetes requests t
 {{- $have := include "baton.cpuMillis" $q | float64 }}
 {{- if lt (addf $have 0.001) (mulf $rayCpus 1000.0) }}{{ fail (printf "%s.resources.%s.cpu (%v) is less than %s: Ray would place more work on the pod than Kubernetes %s; set %s.resources.%s.cpu to at least %v%s, or lower %s" $role $kind $q $why (ternary "reserves for it" "lets it use (it would be throttled)" (eq $kind "requests")) $role $kind $rayCpus (ternary "" " (or remove it)" (eq $kind "requests")) $lower) }}{{ end }}
 {{- if and (eq $kind "limits") (ne $role "router") (eq (float64 $g.gpusPerWorker) 0.0) }}
-{{- $threads := mul ($g.workersPerPod | int) ($g.threadsPerWorker | default 1 | int) }}
-{{- if lt (addf $have 0.001) (mulf $threads 1000.0) }}{{ fail (printf "%s.resources.limits.cpu (%v) is less than the %d torch threads the pod's CPU workers run (%s.workersPerPod %v x %s.threadsPerWorker %v): Kubernetes would throttle them to %v CPUs; set %s.resources.limits.cpu to at least %d (or remove it), or lower %s.threadsPerWorker" $role $q $threads $role $g.workersPerPod $role ($g.threadsPerWorker | default 1) (round (divf $have 1000.0) 3) $role $threads $role) }}{{ end }}
+{{- $ranks := include "baton.tensorParallelSize" (list $v $role) | int }}
+{{- $threads := mul ($g.workersPerPod | int) ($g.threadsPerWorker | default 1 | int) $ranks }}
+{{- $perRank := ternary (printf " x %d tensor-parallel ranks" $ranks) "" (gt $ranks 1) }}
+{{- if lt (addf $have 0.001) (mulf $threads 1000.0) }}{{ fail (printf "%s.resources.limits.cpu (%v) is less than the %d torch threads the pod's CPU workers run (%s.workersPerPod %v x %s.threadsPerWorker %v%s): Kubernetes would throttle them to %v CPUs; set %s.resources.limits.cpu to at least %d (or remove it), or lower %s.threadsPerWorker" $role $q $threads $role $g.workersPerPod $role ($g.threadsPerWorker | default 1) $perRank (round (divf $have 1000.0) 3) $role $threads $role) }}{{ end }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -221,7 +239,9 @@ Baton's config.yaml: the user's `baton:` section plus the keys the deployment de
 {{- $pools := get $cfg "pools" | default dict }}
 {{- range $role := list "prefill" "decode" }}
 {{- $g := index $v $role }}
-{{- $_ := set $pools $role (dict "workers" (mul $g.replicas $g.workersPerPod) "cpus" $g.cpusPerWorker "gpus" $g.gpusPerWorker "threads" ($g.threadsPerWorker | int)) }}
+{{- $pool := dict "workers" (mul $g.replicas $g.workersPerPod) "cpus" $g.cpusPerWorker "gpus" $g.gpusPerWorker "threads" ($g.threadsPerWorker | int) }}
+{{- if not (kindIs "invalid" $g.tensorParallelSize) }}{{ $_ := set $pool "tensor_parallel_size" ($g.tensorParallelSize | int) }}{{ end }}
+{{- $_ := set $pools $role $pool }}
 {{- end }}
 {{- $_ := set $cfg "pools" $pools }}
 {{- $redis := get $cfg "redis" | default dict }}
