@@ -1,5 +1,8 @@
 """Admission control, before anything reaches an accelerator (pure Python + an optional rate limiter).
 
+(Over 400 lines as one concept: the ordered checks one request passes, which share the charge taken
+in (2) and given back by any later refusal; queues, capacity and pressure are their own modules.)
+
 In order: (1) the context length (prompt + max_tokens) -> 400; (2) the tenant's token buckets
 (requests/min, tokens/min; in Redis, shared by router replicas) -> 429 + Retry-After; a request
 refused by a later check gets that charge back, and the ``n`` choices of one request are charged
