@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # in the venv (a CUDA build, say) is kept.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test lint install install-dev clean soak
+.PHONY: run test lint install install-dev clean soak test-extended
 
 # `make lint`: ruff (lint and the format check) over the whole tree (pyproject.toml excludes the
 # generated code), and mypy (strict on the core packages, looser on baton and bench: pyproject.toml)
@@ -39,6 +39,11 @@ run: install
 
 test: install-dev lint
 	$(PY) -m pytest -q tests
+
+# The cases `make test` leaves out for its time budget (today: the Triton-in-the-engine golden run on
+# Qwen2 as well as Llama, under the interpreter).
+test-extended: install-dev
+	BATON_EXTENDED_TESTS=1 $(PY) -m pytest -q tests/engine/test_golden_triton.py
 
 # 10 minutes of mixed load on `baton up` (1 prefill, 2 decode workers) while a worker is killed every
 # ~60 s and the embedded Redis once; fails on a lost batch job, a hung stream, a migrated stream off
