@@ -11,19 +11,16 @@ skipping it in its loop bounds) returns NaN, which counts as infinitely wrong.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import traceback
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
 import torch
 
 from engine.attention import reference as ref
+from tests.engine.triton_child import run_triton_child
 
-_ROOT = Path(__file__).resolve().parents[3]
 _MARKER = "TRITON_WINDOWED_JSON:"
 _TOL = 1e-4  # fp32
 
@@ -173,21 +170,7 @@ def _child_main() -> None:
 def results() -> dict[str, dict[str, Any]]:
     pytest.importorskip("triton")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
-    if device == "cpu":
-        env["TRITON_INTERPRET"] = "1"
-    code = "from tests.engine.attention.test_triton_windowed import _child_main; _child_main()"
-    proc = subprocess.run(
-        [sys.executable, "-c", code, device], cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_MARKER)]
-    if proc.returncode != 0 or not lines:
-        pytest.fail(
-            f"kernel child process failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-        )
-    out: dict[str, dict[str, Any]] = json.loads(lines[-1][len(_MARKER) :])
-    return out
+    return run_triton_child("tests.engine.attention.test_triton_windowed", _MARKER, device, "kernel")
 
 
 def _check(res: dict[str, Any]) -> None:

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import subprocess
 import sys
 import traceback
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,8 +20,8 @@ import torch.nn.functional as F
 from engine.model.family import MoeLayout, MoeSpec
 from engine.model.moe import MoeWeights, moe_mlp
 from engine.model.moe_align import align_by_expert, padded_bound
+from tests.engine.triton_child import run_triton_child
 
-_ROOT = Path(__file__).resolve().parents[3]
 _MARKER = "FUSED_MOE_JSON:"
 _TOL = 1e-4  # fp32
 
@@ -124,21 +121,7 @@ def _child_main() -> None:
 def results() -> dict[str, dict[str, Any]]:
     pytest.importorskip("triton")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
-    if device == "cpu":
-        env["TRITON_INTERPRET"] = "1"
-    code = "from tests.engine.model.test_fused_moe import _child_main; _child_main()"
-    proc = subprocess.run(
-        [sys.executable, "-c", code, device], cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_MARKER)]
-    if proc.returncode != 0 or not lines:
-        pytest.fail(
-            f"fused MoE child process failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-        )
-    out: dict[str, dict[str, Any]] = json.loads(lines[-1][len(_MARKER) :])
-    return out
+    return run_triton_child("tests.engine.model.test_fused_moe", _MARKER, device, "fused MoE")
 
 
 @pytest.mark.parametrize("key", [f"{n}/{t}" for n, c in CASES.items() for t in c["tokens"]])

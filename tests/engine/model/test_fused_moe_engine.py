@@ -10,8 +10,6 @@ Runs in a child process under ``TRITON_INTERPRET=1`` (natively on CUDA where the
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +18,8 @@ from typing import Any, Literal
 import pytest
 import torch
 
-_ROOT = Path(__file__).resolve().parents[3]
+from tests.engine.triton_child import run_triton_child
+
 _MARKER = "FAMILY_KERNELS_JSON:"
 FAMILIES = ["gemma2", "qwen2_moe"]
 
@@ -80,24 +79,8 @@ def _child_main() -> None:
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     pytest.importorskip("triton")
     pytest.importorskip("transformers")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
-    if not torch.cuda.is_available():
-        env["TRITON_INTERPRET"] = "1"
-    code = "from tests.engine.model.test_fused_moe_engine import _child_main; _child_main()"
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path_factory.mktemp("families"))],
-        cwd=_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_MARKER)]
-    if proc.returncode != 0 or not lines:
-        pytest.fail(f"child process failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-    out: dict[str, dict[str, Any]] = json.loads(lines[-1][len(_MARKER) :])
-    return out
+    work = str(tmp_path_factory.mktemp("families"))
+    return run_triton_child("tests.engine.model.test_fused_moe_engine", _MARKER, work, "families", timeout_s=900)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
