@@ -87,6 +87,9 @@ class EngineSection(_Model):
     enable_prefix_caching: bool = True
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     cuda_graphs: bool = Field(True, description="CUDA: decode steps replay graphs captured at start")
+    async_scheduling: bool = Field(
+        False, description="schedule step n+1 while step n runs (decode-only steps; the others stay synchronous)"
+    )
     tensor_parallel_size: int = Field(
         1,
         ge=1,
@@ -363,6 +366,7 @@ class BatonConfig(_Model):
             max_model_len=self.model.max_model_len,
             attention_backend=e.attention_backend,
             cuda_graphs=e.cuda_graphs,
+            async_scheduling=e.async_scheduling,
             tensor_parallel_size=e.tensor_parallel_size,
             scheduler=SchedulerConfig(
                 max_num_seqs=e.max_num_seqs,

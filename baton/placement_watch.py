@@ -77,10 +77,18 @@ def cluster_nodes() -> list[NodeResources]:
 
 
 def waiting_actor_names() -> set[str]:
-    """Names of the cluster's actors that wait for a node."""
+    """Names of the cluster's actors that wait for a node. Ray says PENDING_CREATION until the
+    constructor returns, so one with a worker process (``Pid``) is placed and loading, not waiting:
+    a model load longer than ``report_after_s`` was named as unplaced."""
     from ray._private.state import actors
 
-    return {a["Name"] for a in actors().values() if a.get("Name") and a.get("State") in WAITING_STATES}
+    return {
+        a["Name"]
+        for a in actors().values()
+        if a.get("Name")
+        and a.get("State") in WAITING_STATES
+        and not (a.get("State") == "PENDING_CREATION" and a.get("Pid"))
+    }
 
 
 class PlacementWatch:

@@ -108,6 +108,9 @@ def _steps(tmp: Path) -> list[tuple[str, list[str], int]]:
         ),
         # Issue 49: the device sampler runs with no host synchronization and keeps the same tokens.
         ("sampler_sync_free", [py, "-m", "bench.gpu_check_sampler", "--json"], 90),
+        # Issue 49: decode steps with the next step scheduled while one runs, against without (batch
+        # 1 and 64), and those steps' greedy tokens against transformers.
+        ("async_scheduling", [py, "-m", "bench.gpu_check_async", "--json"], 180),
         # Issue 49: transformers' own continuous batching beside Baton's, same models, workload and GPU
         # (it skips what its own budget, inside this limit, cannot fit, and reports the rest).
         ("peer_transformers_cb", [py, "-m", "bench.gpu_check_peer", "--json"], 420),

@@ -31,6 +31,7 @@ from engine.request_spec import RequestSpec
 from engine.worker_stats import WorkerLoad, engine_load, queued_prefill_tokens_by_priority
 from kv_transfer.agent import TransferAgent, TransferTiming
 from kv_transfer.data_plane import DataPlaneFactory, default_data_plane
+from kv_transfer.group_handoff import GroupHandoff
 from kv_transfer.identity import kv_segment_name, make_peer, release_kv, worker_info
 from kv_transfer.peer import PeerInfo, StoreAddress, WorkerInfo
 
@@ -50,8 +51,10 @@ class DecodeWorker:
         data_plane: DataPlaneFactory = default_data_plane,
         set_device: SetDevice = cuda_set_device,
         ranks: RankStarter | None = None,
+        direct_kv: bool = True,
     ) -> None:
-        """``ranks``: how a tensor-parallel worker's other ranks start (the fleet: Ray actors)."""
+        """``ranks``: how a tensor-parallel worker's other ranks start (the fleet: Ray actors).
+        ``direct_kv``: as the prefill worker's (prefill_worker/worker.py)."""
         self.worker_id = worker_id
         self.transfer_timeout_s = transfer_timeout_s
         bind_config_device(engine_config.device, set_device)  # before any CUDA work (engine/device.py)
@@ -73,6 +76,12 @@ class DecodeWorker:
             # (``_on_received``; engine/parallel/group_kv.py).
             row_shape=whole_row_shape(self.engine.runner.kv_cache, self.engine.model_config.num_key_value_heads),
             stage_received=self.engine.ranks is not None,
+            # Each rank receives its heads from the prefill ranks holding them, on the engine thread.
+            direct=GroupHandoff(
+                self.loop, store, self.peer, receive_timeout_s=transfer_timeout_s, join_timeout_s=connect_timeout_s
+            )
+            if direct_kv
+            else None,
         )
         self._transfer_ids = itertools.count(1)
         self._lock = threading.Lock()

@@ -3,7 +3,8 @@
 ``hash(block i) = H(hash(block i-1), token ids of block i)`` with a keyed BLAKE2b whose key is a
 fixed constant: unlike Python's ``hash`` it does not change with PYTHONHASHSEED, so a router can
 compute the same hashes as the workers that store the blocks. The root parent depends on the
-optional cache salt, which isolates tenants' caches from each other. Pure Python (no torch).
+optional cache salt, which isolates tenants' caches from each other, and on the request's longrope
+state. Pure Python (no torch).
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ _DIGEST = 16
 _KEYED = blake2b(key=_KEY, digest_size=_DIGEST)
 
 
-def root_hash(cache_salt: str | None = None) -> BlockHash:
-    """Parent of the first block; distinct salts give disjoint caches."""
+def root_hash(cache_salt: str | None = None, long_rope: bool = False) -> BlockHash:
+    """Parent of the first block; distinct salts give disjoint caches. ``long_rope``: the sequence's
+    KV is rotated with longrope's long factors (``Request.long_rope``), which a short-rope sequence's
+    blocks must not serve, nor the other way round (its mark, 0xff, is a byte no UTF-8 salt has)."""
     h = _KEYED.copy()
     h.update(b"root")
+    if long_rope:
+        h.update(b"\xfflong-rope")
     if cache_salt:
         h.update(cache_salt.encode())
     return h.digest()
@@ -53,6 +58,7 @@ def hash_blocks(
     *,
     start: int = 0,
     parent: BlockHash | None = None,
+    long_rope: bool = False,
 ) -> list[BlockHash]:
     """Hashes of the full blocks of ``token_ids`` from block index ``start`` on.
 
@@ -61,7 +67,7 @@ def hash_blocks(
     if parent is None:
         if start != 0:
             raise ValueError("parent hash is required when start > 0")
-        parent = root_hash(cache_salt)
+        parent = root_hash(cache_salt, long_rope)
     out: list[BlockHash] = []
     for i in range(start, len(token_ids) // block_size):
         parent = hash_block(parent, token_ids[i * block_size : (i + 1) * block_size])

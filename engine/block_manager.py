@@ -202,15 +202,18 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def blocks_to_finish(self, num_prompt_tokens: int, num_tokens: int, chunk_tokens: int | None) -> int:
+    def blocks_to_finish(
+        self, num_prompt_tokens: int, num_tokens: int, chunk_tokens: int | None, *, holds_prompt: bool = True
+    ) -> int:
         """The most blocks a sequence of ``num_tokens`` (``num_prompt_tokens`` of them prompt) holds at
-        once. Behind a window: the whole prompt (a reservation or a prefix hit may hold it), else a
-        chunk of ``chunk_tokens`` with the window before it; every block without one."""
+        once. Behind a window: a chunk of ``chunk_tokens`` with the window before it, or the whole
+        prompt where ``holds_prompt`` (a prefill-role request, or a decode worker's reservation, into
+        which the prompt's KV arrives); every block without one."""
         whole = self.blocks_needed(num_tokens)
         if self.window is None or chunk_tokens is None:
             return whole
         span = self.blocks_needed(self.window - 1 + chunk_tokens) + 1
-        return min(whole, max(self.blocks_needed(num_prompt_tokens), span))
+        return min(whole, max(self.blocks_needed(num_prompt_tokens), span) if holds_prompt else span)
 
     # -- hashing ----------------------------------------------------------------------------
     def update_block_hashes(self, req: Request) -> None:
@@ -221,14 +224,14 @@ class BlockManager:
         n_full = len(tokens) // bs
         if len(hashes) >= n_full:
             return
-        parent = hashes[-1] if hashes else root_hash(req.cache_salt)
+        parent = hashes[-1] if hashes else root_hash(req.cache_salt, req.long_rope)
         pack = self._pack
         for i in range(len(hashes), n_full):
             parent = hash_packed(parent, pack(*tokens[i * bs : (i + 1) * bs]))
             hashes.append(parent)
 
     def _parent_of(self, req: Request, i: int) -> BlockHash:
-        return req.block_hashes[i - 1] if i else root_hash(req.cache_salt)
+        return req.block_hashes[i - 1] if i else root_hash(req.cache_salt, req.long_rope)
 
     # -- prefix hits --------------------------------------------------------------------------
     def max_hit_blocks(self, req: Request, max_tokens: int | None = None) -> int:
@@ -272,28 +275,50 @@ class BlockManager:
         return total - sum(self.pool.blocks[bid].ref_cnt > 0 for bid in self._lookup_prefix(req))
 
     # -- allocation ---------------------------------------------------------------------------
-    def can_allocate(self, req: Request, num_new_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
+    def can_allocate(
+        self, req: Request, num_new_tokens: int, cached_blocks: Sequence[int] = (), *, leave_passed: bool = False
+    ) -> bool:
         need = self._num_new_blocks(req, num_new_tokens, len(cached_blocks))
-        revived = sum(1 for b in cached_blocks if self.pool.blocks[b].ref_cnt == 0)
+        taken = cached_blocks[self.passed_hit_blocks(req, len(cached_blocks)) :] if leave_passed else cached_blocks
+        revived = sum(1 for b in taken if self.pool.blocks[b].ref_cnt == 0)
         return need <= self.pool.num_free - revived
+
+    def passed_hit_blocks(self, req: Request, num_cached_blocks: int) -> int:
+        """How many leading blocks of a prefix hit of ``num_cached_blocks`` for ``req`` (holding no
+        block yet) lie wholly before the window of its first query after the hit: none of its queries
+        reads them. None without a window, or for a prefill-role request (it ships every block)."""
+        window = self.window
+        if window is None or req.prefill_only or req.block_ids:
+            return 0
+        position = req.num_computed_tokens + num_cached_blocks * self.block_size
+        return min(num_cached_blocks, max(0, (position - window + 1) // self.block_size))
 
     def _num_new_blocks(self, req: Request, num_new_tokens: int, num_cached_blocks: int) -> int:
         have = len(req.block_ids) + num_cached_blocks
         total = req.num_computed_tokens + num_cached_blocks * self.block_size + num_new_tokens
         return max(0, -(-total // self.block_size) - have)
 
-    def allocate(self, req: Request, num_new_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
+    def allocate(
+        self, req: Request, num_new_tokens: int, cached_blocks: Sequence[int] = (), *, leave_passed: bool = False
+    ) -> bool:
         """Give ``req`` blocks for ``num_new_tokens`` more tokens, after taking ``cached_blocks``.
 
-        ``cached_blocks`` (from ``find_cached_prefix``) advance ``num_computed_tokens``. Returns
-        False, changing nothing, when the pool cannot satisfy the request.
+        ``cached_blocks`` (from ``find_cached_prefix``) advance ``num_computed_tokens``. With
+        ``leave_passed`` (admission), the hit's blocks behind the window of its first query are not
+        taken: ``WINDOW_FREED`` stands for them, so a hit never holds more than the window (one
+        longer than the pool still fits). Returns False, changing nothing, when the pool cannot
+        satisfy the request.
         """
         pool = self.pool
         if cached_blocks:
-            if not self.can_allocate(req, num_new_tokens, cached_blocks):
+            if not self.can_allocate(req, num_new_tokens, cached_blocks, leave_passed=leave_passed):
                 return False
-            pool.touch(cached_blocks)
-            req.block_ids.extend(cached_blocks)
+            passed = self.passed_hit_blocks(req, len(cached_blocks)) if leave_passed else 0
+            pool.touch(cached_blocks[passed:])
+            if passed:
+                req.block_ids.extend([WINDOW_FREED] * passed)
+                req.num_window_freed = passed
+            req.block_ids.extend(cached_blocks[passed:])
             req.num_computed_tokens += len(cached_blocks) * self.block_size
             req.num_registered_blocks = len(req.block_ids)
         total = req.num_computed_tokens + num_new_tokens
@@ -363,7 +388,7 @@ class BlockManager:
             hashes, block_ids = req.block_hashes, req.block_ids
             if start > len(hashes):
                 self.update_block_hashes(req)
-            parent = hashes[start - 1] if start else root_hash(req.cache_salt)
+            parent = hashes[start - 1] if start else root_hash(req.cache_salt, req.long_rope)
             for i in range(start, n_full):
                 block_tokens = tokens[i * bs : (i + 1) * bs]
                 if i < len(hashes):

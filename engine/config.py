@@ -183,6 +183,9 @@ class EngineConfig:
     seed: int = 0
     # CUDA with the Triton kernels: decode steps replay CUDA graphs captured at start (engine/cuda_graphs.py).
     cuda_graphs: bool = True
+    # The host schedules step n+1 while step n runs on a device thread (engine/async_step.py); steps
+    # that need step n's tokens first (prompt chunks, grammars, penalties, drafts) stay synchronous.
+    async_scheduling: bool = False
     # Ranks the model is sharded over (engine/parallel/): each a local process holding 1/N of the
     # projections and its heads' KV. Checked against the model's heads when it loads.
     tensor_parallel_size: int = 1
@@ -196,6 +199,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be true or false, got {self.cuda_graphs!r}")
+        if not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling must be true or false, got {self.async_scheduling!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
         if self.max_model_len is not None:

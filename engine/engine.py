@@ -1,5 +1,8 @@
 """The offline engine: ``add_request / abort / step() -> outputs`` and ``generate``.
 
+(Over 400 lines as one concept: the engine's public API, each call a few lines handing over to
+the parts that do the work: scheduler, runner, output processor, asynchronous steps, ranks.)
+
 The step loop is three lines: schedule → run → update. Requests move between states only in the
 scheduler (``engine.scheduler``) and the output processor (stop strings).
 """
@@ -13,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from engine.async_step import AsyncSteps
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.device import ThreadDevice
@@ -32,8 +36,11 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.scheduler_output import SchedulerOutput
 from engine.structured.grammar_rows import grammar_rows
+from engine.structured.grammar_waits import GrammarWaits
 
 log = logging.getLogger(__name__)
+
+_COMPILE_POLL_S = 0.01  # an engine with only requests waiting for their grammars waits this long a step
 
 
 class LLMEngine:
@@ -47,6 +54,7 @@ class LLMEngine:
     ) -> None:
         """``ranks``: how the other tensor-parallel ranks start; they load their shards beside this one."""
         self.config = config
+        self.async_steps: AsyncSteps | None = None  # (set below; close() may run before)
         self.ranks = start_ranks(config, ranks)
         try:
             loaded: LoadedModel = load_model(
@@ -71,7 +79,9 @@ class LLMEngine:
             record_events=record_kv_events,
             window=loaded.model.cfg.family.freeing_window,  # (Mistral: blocks behind the window go back)
         )
-        self.scheduler = Scheduler(config.scheduler, self.block_manager, self.max_model_len)
+        self.scheduler = Scheduler(
+            config.scheduler, self.block_manager, self.max_model_len, long_rope_from=loaded.model.rope.long_from
+        )
         self.eos_token_ids = _stop_ids(self.tokenizer, self.model_config.eos_token_ids)
         self.runner = ModelRunner(
             loaded.model,
@@ -96,11 +106,16 @@ class LLMEngine:
         ):
             self._capture_graphs(progress)
         self.output_processor = OutputProcessor(self.scheduler, self.tokenizer)
+        # Steps on a device thread, the next one scheduled while one runs (engine/async_step.py).
+        self.async_steps = (
+            AsyncSteps(self.scheduler, self.runner, self._thread_device) if config.async_scheduling else None
+        )
         self._ids = itertools.count()
         self.num_steps = 0
         # What the latest step computed (the prefill role ships it).
         self.last_scheduler_output: SchedulerOutput | None = None
         self._failed_outputs: list[RequestOutput] = []  # ends of a failed step's requests, for the next step
+        self.grammar_waits = GrammarWaits()  # requests whose grammar is still compiling (not scheduled yet)
 
     def _capture_graphs(self, progress: Callable[[str], None] | None) -> None:
         try:
@@ -144,7 +159,8 @@ class LLMEngine:
         req = self._new_request(
             request_id, prompt, params, priority, cache_salt, arrival_time, resume_token_ids, prefill_only, preemptible
         )
-        self.scheduler.add_request(req)
+        if not self._held_for_grammar(req):
+            self.scheduler.add_request(req)
         if not prefill_only:
             self._add_output_stream(req, resume_text_chars)
         return req.request_id
@@ -155,7 +171,7 @@ class LLMEngine:
         try:
             self.output_processor.add(req, resume_text_chars)
         except BaseException:
-            self.scheduler.abort(req.request_id)
+            self.scheduler.abort(req.request_id) or self.grammar_waits.drop(req.request_id)
             raise
 
     def _new_request(
@@ -195,7 +211,7 @@ class LLMEngine:
 
     def _free_id(self) -> str:
         """The engine's next own id, stepping over live ones a caller chose."""
-        while (rid := f"req-{next(self._ids)}") in self.scheduler.requests:
+        while (rid := f"req-{next(self._ids)}") in self.scheduler.requests or rid in self.grammar_waits:
             pass
         return rid
 
@@ -213,10 +229,8 @@ class LLMEngine:
                 f"max_tokens is {params.max_tokens}: nothing is left to generate",
             )
         params.check_vocabulary(vocab)
-        if params.structured is not None:  # refused here, not in a step
-            if self.runner.grammars is None:
-                raise InvalidParameterError(params.structured.field, "structured outputs need the model's tokenizer")
-            self.runner.grammars.compiler.compile_within_budget(params.structured)
+        if params.structured is not None and self.runner.grammars is None:  # (compiled off the engine thread)
+            raise InvalidParameterError(params.structured.field, "structured outputs need the model's tokenizer")
         total = len(token_ids) - num_generated + params.max_tokens
         if total > self.max_model_len:
             raise ContextLengthError(
@@ -227,14 +241,20 @@ class LLMEngine:
             )
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        req = self.scheduler.abort(request_id)
+        req = self.scheduler.abort(request_id) or self.grammar_waits.drop(request_id)
         if req is None:
             return None
         return self.output_processor.abort_output(req)
 
     def has_unfinished_requests(self) -> bool:
-        """True while a request runs or waits, or a failed step's final outputs are still to be sent."""
-        return self.scheduler.has_unfinished() or bool(self._failed_outputs)
+        """True while a request runs or waits, a step is in flight, or a failed step's final outputs
+        are still to be sent."""
+        return (
+            self.scheduler.has_unfinished()
+            or bool(self._failed_outputs)
+            or bool(self.grammar_waits)
+            or (self.async_steps is not None and self.async_steps.busy)
+        )
 
     # -- disaggregation ---------------------------------------------------------------------
     def reserve(
@@ -250,6 +270,10 @@ class LLMEngine:
     ) -> Request | None:
         """Decode role: reserve blocks for a prompt a prefill worker will compute. None if no room now."""
         req = self._new_request(request_id, prompt, params, priority, cache_salt, arrival_time, preemptible=preemptible)
+        if params.structured is not None and self.runner.grammars is not None:  # compiled while its KV comes
+            self.runner.grammars.compiler.compile_async(params.structured)
+        if self.async_steps is not None:  # (its blocks are written from another thread: no step may still write them)
+            self.async_steps.wait_device()
         if not self.scheduler.reserve(req):
             return None
         self._add_output_stream(req)
@@ -290,6 +314,10 @@ class LLMEngine:
             # A rank died: no step runs again, so the failed one's ends go out now, not behind a raise.
             outputs, self._failed_outputs = self._failed_outputs, []
             return outputs
+        if self.grammar_waits:
+            self._release_compiled()
+        if self.async_steps is not None:
+            return self._step_async(self.async_steps)
         scheduled = self.last_scheduler_output = self.scheduler.schedule()
         try:
             ran = self.runner.execute(scheduled)
@@ -303,6 +331,54 @@ class LLMEngine:
         if self._failed_outputs:
             outputs[:0], self._failed_outputs = self._failed_outputs, []
         return outputs
+
+    def _step_async(self, steps: AsyncSteps) -> list[RequestOutput]:
+        """``step`` with the next step scheduled while this one runs; its outputs are this one's."""
+        try:
+            scheduled, ran = steps.step()
+        except BaseException:
+            for failed in steps.take_failed():
+                self._failed_outputs += [
+                    self.output_processor.abort_output(r, FinishReason.ERROR)
+                    for r in self.scheduler.step_failed(failed)
+                ]
+            raise
+        self.last_scheduler_output = scheduled
+        self.num_steps += 1
+        outputs = self.output_processor.process(self.scheduler.update_from_output(ran))
+        steps.register_deferred()
+        if self._failed_outputs:
+            outputs[:0], self._failed_outputs = self._failed_outputs, []
+        return outputs
+
+    def _held_for_grammar(self, req: Request) -> bool:
+        """A constrained request whose grammar is not compiled yet waits outside the scheduler, its
+        compile on the compiler's threads: no step waits for it (engine/structured/grammar_waits.py)."""
+        if req.request_id in self.grammar_waits:
+            raise ValueError(f"duplicate request id {req.request_id!r}")
+        grammars = self.runner.grammars
+        if req.sampling_params.structured is None or grammars is None:
+            return False
+        if req.request_id in self.scheduler.requests:
+            raise ValueError(f"duplicate request id {req.request_id!r}")
+        self.scheduler.lifecycle.check_fits_cache(req)  # (refused now, as the scheduler would)
+        return self.grammar_waits.hold(req, grammars.compiler)
+
+    def _release_compiled(self) -> None:
+        """Held requests whose grammar compiled join the scheduler; those whose compile failed or ran
+        past the budget end with ERROR (their outputs go out with this step's)."""
+        grammars = self.runner.grammars
+        assert grammars is not None  # (only held with one)
+        if not self.scheduler.has_unfinished():  # nothing else to step: wait for a compile, briefly
+            self.grammar_waits.wait(_COMPILE_POLL_S)
+        ready, failed = self.grammar_waits.take(grammars.compiler.budget.wall_s)
+        for req in ready:
+            self.scheduler.add_request(req)
+        for req in failed:
+            if not req.prefill_only:  # (the prefill role has no output stream: its decode side recomputes)
+                out = self.output_processor.abort_output(req, FinishReason.ERROR)
+                out.error = req.error
+                self._failed_outputs.append(out)
 
     def generate(
         self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None
@@ -347,13 +423,19 @@ class LLMEngine:
 
     # -- a pool worker's KV handoff: every head of a block (engine/parallel/group_kv.py) ---------
     def export_kv(self, block_ids: Sequence[int]) -> torch.Tensor:
+        if self.async_steps is not None:  # (a step in flight may still write blocks that were freed)
+            self.async_steps.wait_device()
         return export_kv(self.ranks, self.runner.kv_cache, self.model_config.num_key_value_heads, block_ids)
 
     def import_kv(self, block_ids: Sequence[int], rows: torch.Tensor) -> None:
+        if self.async_steps is not None:
+            self.async_steps.wait_device()
         import_kv(self.ranks, self.runner.kv_cache, self.model_config.num_key_value_heads, block_ids, rows)
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (nothing to do at TP 1); the engine is unusable after."""
+        if self.async_steps is not None:
+            self.async_steps.close()
         if self.ranks is not None:
             self.ranks.close()
 

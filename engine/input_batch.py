@@ -20,7 +20,10 @@ class StepInputs:
     """Everything one forward pass needs, as numpy arrays (batch order: single-token rows first)."""
 
     input_ids: np.ndarray  # [T] int64
-    positions: np.ndarray  # [T] int64
+    # [T] int64: each token's rotary index, its position (plus the long half's offset for a row in
+    # longrope's long state: engine/model/rope.py). Attention and the KV slots use the sequence lengths
+    # and slots below, never these.
+    positions: np.ndarray
     slot_block: np.ndarray  # [T] int64
     slot_offset: np.ndarray  # [T] int64
     num_decode_tokens: int
@@ -52,6 +55,10 @@ class InputBatch:
         self.block_table = np.zeros((max_num_seqs, self.max_blocks), dtype=np.int32)
         self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)
         self.num_prompt_tokens = np.zeros(max_num_seqs, dtype=np.int64)
+        # longrope: the rows in the long state, and what their rotary indices add to their positions
+        # (the model's table has the long half after the short one, its length the context length).
+        self.long_rope_rows: set[int] = set()
+        self.rope_shift = np.zeros(max_num_seqs, dtype=np.int64)
         # Speculative decoding: this step's drafted tokens per row (written after the row's known
         # tokens in ``token_ids``), and the rows that have them.
         self.num_drafts = np.zeros(max_num_seqs, dtype=np.int64)
@@ -97,6 +104,12 @@ class InputBatch:
                 else:
                     rows.discard(row)
             self.num_prompt_tokens[row] = new.num_prompt_tokens
+            if new.long_rope:
+                self.long_rope_rows.add(row)
+                self.rope_shift[row] = self.max_model_len
+            elif self.long_rope_rows:
+                self.long_rope_rows.discard(row)
+                self.rope_shift[row] = 0
         if so.spec_token_ids:
             self._apply_drafts(so.spec_token_ids)
         grown = so.new_block_ids
@@ -182,7 +195,7 @@ class InputBatch:
         self.num_computed[rows] = seq_lens
         return StepInputs(
             input_ids=input_ids,
-            positions=positions,
+            positions=positions + self.rope_shift[rep_rows] if self.long_rope_rows else positions,
             slot_block=slot_block,
             slot_offset=slot_offset,
             num_decode_tokens=decode_tokens,
@@ -211,7 +224,7 @@ class InputBatch:
         self.num_computed[rows] = seq_lens
         return StepInputs(
             input_ids=self.token_ids[rows, positions],
-            positions=positions,
+            positions=positions + self.rope_shift[rows] if self.long_rope_rows else positions,
             slot_block=self.block_table[rows, positions // bs].astype(np.int64),
             slot_offset=positions % bs,
             num_decode_tokens=len(rows),

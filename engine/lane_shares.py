@@ -24,6 +24,8 @@ The shares act in three places:
   lane is held at its floor until the pace is back (the router stops reporting ``pace_short``), and
   then regrows by one sequence every ``REGROW_S`` up to its share: let back at once, the batch lane
   would set the pace again at once, and every such round trip recomputes what its victims had done.
+  Meanwhile their prompt work here (recomputes, local prefills) keeps to their floor share of the
+  step's prompt tokens, lent nothing: a chunk riding in a step slows every stream in it.
 
 Transitions: DECODING/PREFILLING → PREEMPTED (through ``RequestLifecycle.preempt``, by the scheduler).
 """
@@ -64,6 +66,9 @@ class LaneCounters:
     # A request goes ahead of less important lanes' (the waiting queue is in priority order): admission
     # does not count their tokens as queued ahead of it.
     queued_tokens: dict[int, int] = field(default_factory=dict)
+    # Now: sequences in the batch by priority as the last step started (what preempting for pace can
+    # free is there, not in the router's count of dispatched requests, which holds the preempted too).
+    running: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -76,6 +81,7 @@ class LanePlan:
     # Prompt tokens each lane may still compute this step (``token_shares``; taken as chunks are
     # scheduled). None: one lane wants them, or none: no sharing. A lane not in it wants none.
     tokens: dict[int, int] | None = None
+    short: int | None = None  # the most important lane short of pace this step (None: none)
 
 
 def water_fill(
@@ -137,6 +143,7 @@ class LaneShares:
         # When a lane was last reported short of pace and which (None: the lanes below it have regrown).
         self._short_at: float | None = None
         self._short = 0
+        self._running: dict[int, int] = {}  # the batch by priority as the last step was planned
 
     # -- the router's side ------------------------------------------------------------------
     def set_pressure(self, origin: str, demands: tuple[LaneDemand, ...]) -> None:
@@ -165,6 +172,7 @@ class LaneShares:
         priority, kept by the queue), or None when fewer than two lanes have demand (nothing to
         share). O(lanes): ``running`` is read only to pick a victim."""
         counts = {p: n for p, n in running_counts.items() if n}
+        self._running = dict(counts)  # (the plan's own is updated as the step admits and preempts)
         tokens = self.decode_tokens  # (the batch as the step starts: one token each, counted here for free)
         for p, n in counts.items():
             tokens[p] = tokens.get(p, 0) + n
@@ -187,6 +195,7 @@ class LaneShares:
         if short is not None and any(p > short for p in preemptible):
             # a lane misses its pace: the less important preemptible lanes go to their floor
             self._short_at, self._short = self._clock(), short
+            plan.short = short
             for p in preemptible:
                 if p > short:
                     caps[p] = min(caps[p], floor_slots[p])
@@ -228,9 +237,19 @@ class LaneShares:
             n = len(r.all_token_ids) - r.num_computed_tokens
             if n > 1 and not r.is_padding:
                 demand[r.priority] = demand.get(r.priority, 0) + n
-        if len(demand) < 2 or budget <= 0:
+        if budget <= 0:
             return None
-        return water_fill(demand, self.weights, self.floors, budget)
+        shares = water_fill(demand, self.weights, self.floors, budget) if len(demand) >= 2 else None
+        if plan.short is None:
+            return shares
+        # A lane short of pace: less important preemptible lanes' prompt work (their recomputes and
+        # local prefills ride in every step and slow its streams) keeps to their floor, lent nothing.
+        out = dict(shares) if shares is not None else {}
+        for p, n in demand.items():
+            lane = self.lanes.get(p)
+            if lane is not None and lane.preemptible and p > plan.short:
+                out[p] = min(out.get(p, n), max(1, math.floor(lane.floor * budget)))
+        return out or None
 
     @staticmethod
     def _newest(running: list[Request], lanes: set[int]) -> Request | None:
@@ -259,5 +278,9 @@ class LaneShares:
 
     def counters(self, queued_tokens: dict[int, int] | None = None) -> LaneCounters:
         return LaneCounters(
-            dict(self.decode_tokens), dict(self.pace_preemptions), dict(self.preempted_seconds), queued_tokens or {}
+            dict(self.decode_tokens),
+            dict(self.pace_preemptions),
+            dict(self.preempted_seconds),
+            queued_tokens or {},
+            dict(self._running),
         )

@@ -177,6 +177,7 @@ class OutputProcessor:
             out.text = st.text
             now = time.monotonic()
             out.metrics = RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, now)
+            out.error = req.error
             if req.preempted_spans:
                 out.preempted = [(a - now, b - now) for a, b in req.preempted_spans]
         return out

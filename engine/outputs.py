@@ -8,6 +8,16 @@ from engine.logprobs import TokenLogprob
 from engine.request import FinishReason
 
 
+@dataclass(frozen=True, slots=True)
+class OutputError:
+    """Why the engine ended a request with finish reason ERROR, where it can say: ``param`` names
+    the request field at fault (its constraint could not be enforced: the client's to change), or
+    is None (the server's own failure)."""
+
+    message: str
+    param: str | None = None
+
+
 @dataclass(slots=True)
 class RequestMetrics:
     arrival_time: float
@@ -48,3 +58,5 @@ class RequestOutput:
     # On the output carrying the first token, when asked for: one per prompt token (the first
     # one's logprob is None).
     prompt_logprobs: list[TokenLogprob] | None = None
+    # On a final output with finish reason ERROR, when the engine knows why.
+    error: OutputError | None = None

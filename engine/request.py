@@ -9,7 +9,7 @@ Lifecycle (each arrow is a legal transition; ``Request.transition`` enforces the
                                      └──transfer failed / deadline──► PREFILLING (local recompute)
                                      └──the same, whole prompt a local hit──► PREEMPTED (queued afresh)
       (PREFILLING ──the last prompt token stops it (max_tokens 1, a stop token)──► FINISHED)
-    DECODING ──out of blocks──► PREEMPTED
+    DECODING ──out of blocks, or passing longrope's original length (recompute, long)──► PREEMPTED
     any live state ──client gone / abort──► ABORTED
 
 Who moves requests: ``engine.scheduler`` (QUEUED/PREEMPTED→PREFILLING, →PREEMPTED, →DECODING,
@@ -26,10 +26,14 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 from engine.draft_state import DraftState
 from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.outputs import OutputError  # (engine.outputs imports this module)
 
 
 class RequestState(enum.Enum):
@@ -91,10 +95,12 @@ class Request:
         "cache_salt",
         "draft_state",
         "eos_token_ids",
+        "error",
         "finish_reason",
         "first_scheduled_time",
         "first_token_time",
         "is_padding",
+        "long_rope",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_preemptions",
@@ -147,10 +153,13 @@ class Request:
         self.state = RequestState.QUEUED
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None
+        self.error: OutputError | None = None  # why it ended with ERROR, where known
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-cache hit at (first) admission
         self.block_ids: list[int] = []
         self.block_hashes: list[bytes] = []  # one per full block of all_token_ids, chained
+        # longrope's long state (``use_long_rope``): its sequence is rotated with the long factors.
+        self.long_rope = False
         self.num_registered_blocks = 0  # how many of block_ids are in the prefix cache
         self.num_window_freed = 0  # leading block_ids freed behind an all-sliding model's window (block_manager)
         self.num_preemptions = 0
@@ -196,6 +205,14 @@ class Request:
     def needs_prompt_logprobs(self) -> bool:
         """Its prompt must be computed whole (a prefix-cache hit would skip positions)."""
         return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
+
+    def use_long_rope(self) -> None:
+        """From now on its sequence is rotated with longrope's long factors at every position, as
+        transformers does once a sequence passes the original length. Its KV must be computed anew
+        (it holds no blocks now), and its block hashes change with the state (engine/block_hash.py)."""
+        assert not self.block_ids, "a request enters the long rope state holding no KV"
+        self.long_rope = True
+        self.block_hashes = []
 
     def append_token(self, token_id: int) -> None:
         self.all_token_ids.append(token_id)

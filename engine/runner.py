@@ -97,6 +97,8 @@ class ModelRunner:
             return RunnerOutput([], [], prompt_logprobs=prompt_logprobs)
         out = self._sample(hidden, inputs, masks)
         out.prompt_logprobs = prompt_logprobs
+        if masks is not None:  # (a row whose matcher failed: its request ends with ERROR)
+            out.errors = masks.result().errors or None
         return out
 
     def _graph_forward(self, graphs: DecodeGraphs, inputs: StepInputs) -> torch.Tensor:

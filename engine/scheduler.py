@@ -35,6 +35,8 @@ The scheduler plans the step (this module) and holds its parts, each built with 
   and the prompt tokens the decodes leave, by lane weight with floors, and preemption of preemptible
   lanes for a more important lane's pace (victims are preempted before the step is planned, so that
   step admits nothing new);
+- ``LongRope`` (engine/scheduler_long_rope.py, for a longrope model): which requests are rotated
+  with the long factors, and the recompute of one that passes the original length;
 - ``Speculation`` (engine/scheduler_spec.py, off unless ``SchedulerConfig.speculative``): a decode
   with drafted tokens is scheduled after the plain decodes, with the other running requests, as one
   chunk of its last token and its drafts; the drafts take no prompt budget.
@@ -49,11 +51,13 @@ from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.lane_shares import LanePlan, LaneShares
 from engine.logprobs import TokenLogprob
+from engine.outputs import OutputError
 from engine.request import FinishReason, Request, RequestState, check_stop
 from engine.scheduler_admission import Admitter
 from engine.scheduler_batch import RunningBatch
 from engine.scheduler_disagg import Handoffs
 from engine.scheduler_lifecycle import RequestLifecycle
+from engine.scheduler_long_rope import LongRope
 from engine.scheduler_output import NewRequestData, RunnerOutput, SchedulerOutput
 from engine.scheduler_policies import AdmissionPolicy, PreemptionPolicy, StaticBatchAdmission, WaitingQueue
 from engine.scheduler_spec import Speculation
@@ -70,8 +74,10 @@ class Scheduler:
         block_manager: BlockManager,
         max_model_len: int,
         clock: Callable[[], float] = time.monotonic,
+        long_rope_from: int | None = None,
     ) -> None:
-        """``clock``: the lane shares' (the simulator passes its own)."""
+        """``clock``: the lane shares' (the simulator passes its own). ``long_rope_from``: a longrope
+        model's original length (``ModelConfig.long_rope_from``): engine/scheduler_long_rope.py."""
         self.config = config
         self.block_manager = block_manager
         self.max_model_len = max_model_len
@@ -105,6 +111,7 @@ class Scheduler:
             lambda: len(self.handoffs.reserved),
             self.lane_shares.resumed if self.lane_shares is not None else None,
         )
+        self.long_rope = LongRope(long_rope_from, self.lifecycle) if long_rope_from is not None else None
         self.speculation = (
             Speculation(NgramProposer(config.speculative), block_manager, max_model_len, self.lifecycle.finish)
             if config.speculative is not None
@@ -115,9 +122,14 @@ class Scheduler:
         self._last_ids: list[str] = []
         self._last_slots: list[int] = []
         self.prompt_tokens_computed = 0
+        # Asynchronous scheduling (engine/async_step.py) sets this while it plans a step with
+        # placeholder tokens: decodes that fill a block go here, entered once their token is known.
+        self.deferred_filled: list[Request] | None = None
 
     # -- requests in and out (the parts do the work) ----------------------------------------
     def add_request(self, req: Request) -> None:
+        if self.long_rope is not None:
+            self.long_rope.admit(req)
         self.lifecycle.add(req)
 
     def abort(self, request_id: str) -> Request | None:
@@ -135,6 +147,8 @@ class Scheduler:
         self.lifecycle.finish(req, reason)
 
     def reserve(self, req: Request) -> bool:
+        if self.long_rope is not None:
+            self.long_rope.admit(req)
         return self.handoffs.reserve(req)
 
     def kv_arrived(
@@ -199,6 +213,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         cfg = self.config
         plan = StepPlan(cfg.max_num_batched_tokens, cfg.prefill_token_budget or cfg.max_num_batched_tokens)
+        if self.long_rope is not None:  # requests passing longrope's original length: recomputed, long
+            plan.preempted += self.long_rope.cross(self.batch.requests)
         lanes = self._plan_lanes(plan) if self.lane_shares is not None else None
         if plan.budget >= len(self.batch.requests):
             rest = self._schedule_decodes(plan)
@@ -285,6 +301,8 @@ class Scheduler:
                 break
             computed = req.num_computed_tokens
             n = 1 if req.is_padding else len(req.all_token_ids) - computed
+            if n <= 0:  # (asynchronous scheduling: the token still to come from the step in flight is its last)
+                continue
             chunk = n > 1  # a prompt chunk (or a preempted request's recompute), not a decode
             drafts = req.spec_token_ids  # (a decode's: computed like a chunk, but not prompt work)
             n += len(drafts)
@@ -347,6 +365,7 @@ class Scheduler:
                                 req.num_computed_tokens - advanced,
                                 req.num_prompt_tokens,
                                 req.sampling_params,
+                                req.long_rope,
                             )
                         )
         new_blocks = {req.slot: req.block_ids[before:] for req, before in plan.grew.items()}
@@ -361,7 +380,10 @@ class Scheduler:
             if register is not None and end // bs > req.num_registered_blocks:
                 register(req, end)
         if register is not None and plan.filled:
-            bm.register_filled_blocks(plan.filled)
+            if self.deferred_filled is None:
+                bm.register_filled_blocks(plan.filled)
+            else:
+                self.deferred_filled += plan.filled
         scheduled = plan.decodes + plan.chunks if plan.chunks else plan.decodes
         if scheduled != self._last_batch:
             # (Otherwise the same requests as the last step, in the same order, so the same ids and
@@ -408,6 +430,10 @@ class Scheduler:
                 if req.num_computed_tokens + 1 >= max_len:
                     lifecycle.release_padding(req)
                 continue
+            if out.errors is not None and slot in out.errors:  # its grammar failed: no token, an ERROR end
+                self._fail(req, out.errors[slot])
+                updated.append(req)
+                continue
             if accepted is not None and req.spec_token_ids and speculation is not None:  # (None: no drafts this step)
                 speculation.take_verified(req, accepted.get(slot, []), tok, (out.verified_logprobs or {}).get(slot))
                 updated.append(req)
@@ -432,6 +458,15 @@ class Scheduler:
         if speculation is not None:
             speculation.draft(updated)
         return updated
+
+    def _fail(self, req: Request, error: OutputError) -> None:
+        """End a running request with ERROR (``error`` says why) after a step that computed it: its
+        KV is sound, so its blocks are freed as any finished request's."""
+        req.error = error
+        req.spec_token_ids = []
+        req.pending_logprobs = []  # (this step's, for the token dropped)
+        self.handoffs.forget(req.request_id)
+        self.lifecycle.end(req, FinishReason.ERROR, _S.ABORTED)
 
     def step_failed(self, so: SchedulerOutput) -> list[Request]:
         """The step ``so`` describes raised: end its requests (ERROR) and return them.

@@ -89,7 +89,7 @@ class Admitter:
             need = bm._num_new_blocks(req, n, len(cached))
             if need > bm.num_free_blocks - self.watermark_blocks and len(batch):
                 break  # leave room for the running requests to grow
-            if not bm.allocate(req, n, cached):
+            if not bm.allocate(req, n, cached, leave_passed=True):  # (a hit's blocks behind a window: left)
                 break
             waiting.pop()
             if req.first_scheduled_time is None:  # first admission (not a preempted request's return)

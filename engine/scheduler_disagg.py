@@ -71,7 +71,8 @@ class Handoffs:
         """
         if req.request_id in self.lifecycle.requests:
             raise ValueError(f"duplicate request id {req.request_id!r}")
-        self.lifecycle.check_fits_cache(req)  # (as add_request: else it decodes until it preempts itself for good)
+        # (As add_request: else it decodes until it preempts itself for good. It holds its whole prompt.)
+        self.lifecycle.check_fits_cache(req, holds_prompt=True)
         if len(self.batch) + len(self.reserved) >= self.max_num_seqs:
             return False  # it could not join the batch when its KV arrives
         bm = self.block_manager

@@ -56,18 +56,29 @@ class RequestLifecycle:
         self.register(req)
         self.waiting.push(req)
 
-    def check_fits_cache(self, req: Request) -> None:
+    def check_fits_cache(self, req: Request, holds_prompt: bool | None = None) -> None:
         """A request whose whole sequence needs more blocks than the pool has could never finish: it
-        would preempt itself for ever. Refused up front (as ``max_tokens``: the part a client sets)."""
+        would preempt itself for ever. Refused up front (as ``max_tokens``: the part a client sets;
+        a prefill-role prompt, which keeps every block until shipped, as ``prompt``). ``holds_prompt``:
+        it holds its whole prompt at once (a decode worker's reservation); by default only a
+        prefill-role request does (``BlockManager.blocks_to_finish``)."""
         bm = self.block_manager
+        held = req.prefill_only if holds_prompt is None else holds_prompt
         need = bm.blocks_to_finish(
-            req.num_prompt_tokens, min(req.max_total_tokens, self.max_model_len), self.chunk_tokens
+            req.num_prompt_tokens, min(req.max_total_tokens, self.max_model_len), self.chunk_tokens, holds_prompt=held
         )
-        if need > bm.num_blocks:
+        if need <= bm.num_blocks:
+            return
+        if req.prefill_only and bm.blocks_needed(req.num_prompt_tokens) > bm.num_blocks:
             raise InvalidParameterError(
-                "max_tokens",
-                f"request {req.request_id!r} needs {need} KV blocks but the cache has only {bm.num_blocks}",
+                "prompt",
+                f"prompt of {req.num_prompt_tokens} tokens needs {bm.blocks_needed(req.num_prompt_tokens)} KV "
+                f"blocks on the prefill worker, whose cache has only {bm.num_blocks} of {bm.block_size} tokens "
+                "(it keeps every block of a prompt until the decode side has it)",
             )
+        raise InvalidParameterError(
+            "max_tokens", f"request {req.request_id!r} needs {need} KV blocks but the cache has only {bm.num_blocks}"
+        )
 
     def register(self, req: Request) -> None:
         req.arrival_seq = self._arrivals

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.logprobs import TokenLogprob
+from engine.outputs import OutputError
 from engine.sampling_params import SamplingParams
 
 
@@ -23,6 +24,7 @@ class NewRequestData:
     num_computed_tokens: int
     num_prompt_tokens: int
     sampling_params: SamplingParams
+    long_rope: bool = False  # rotated with longrope's long factors (Request.long_rope)
 
 
 @dataclass(slots=True)
@@ -69,3 +71,6 @@ class RunnerOutput:
     # ... and slot -> the logprobs of the tokens a row with drafts took (its kept drafts', then its
     # sampled token's), for requests that asked for logprobs; None when no such row had drafts.
     verified_logprobs: dict[int, list[TokenLogprob]] | None = None
+    # slot -> why its request ends now with finish reason ERROR, its token dropped (its grammar's
+    # matcher failed); None when none did.
+    errors: dict[int, OutputError] | None = None

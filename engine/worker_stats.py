@@ -52,6 +52,13 @@ class WorkerLoad:
     prompt_tokens_placed: dict[str, int] = field(default_factory=dict)
     # Decode role with lane shares on (engine/lane_shares.py): decode tokens and preemptions for pace by lane.
     lane_counters: LaneCounters | None = None
+    # The most prompt tokens one step computes (SchedulerConfig.prefill_token_budget, else the step's
+    # token budget; 0: not reported): with ``steps``, ``busy_seconds`` and ``prompt_tokens_computed``
+    # the router predicts the pace a decode worker's own prompt work leaves its streams.
+    step_prompt_budget: int = 0
+    # Of ``queued_prefill_tokens``, the waiting requests' by priority (lane): a request goes ahead of
+    # less important ones there (the waiting queue is in priority order), so they are not ahead of it.
+    waiting_tokens_by_priority: dict[int, int] = field(default_factory=dict)
 
     @property
     def kv_usage(self) -> float:
@@ -115,4 +122,6 @@ def engine_load(
         prompt_tokens_computed=scheduler.prompt_tokens_computed,
         preemptions=scheduler.num_preemptions,
         preempted_tokens=scheduler.preempted_tokens,
+        step_prompt_budget=scheduler.config.prefill_token_budget or scheduler.config.max_num_batched_tokens,
+        waiting_tokens_by_priority=scheduler.waiting.tokens_by_priority(),
     )

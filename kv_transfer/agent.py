@@ -12,6 +12,12 @@ step still writing their previous contents), runs on the channel's receive strea
 the event that ``on_received`` hands on (``TransferTiming.kv_ready``): the decode step that first
 reads those blocks waits on it.
 
+A pair where either worker is a tensor-parallel group hands off rank to rank
+(kv_transfer/group_handoff.py): this agent still carries one header per chunk (flagged
+``FLAG_DIRECT``, no payload after it) and the acknowledgements, while the ranks move the heads;
+the decode side's chunk counts as landed once every rank received its heads (on the engine
+thread, in header order), and a rank's failure fails the channel as a dead peer's would.
+
 Every transfer is keyed by a transfer id the decode side allocates when it reserves blocks.
 The receiver only writes into a transfer's blocks while the transfer is *expected*; cancelling it
 (deadline passed, request aborted) and writing into it are serialized by one lock, so once
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -40,15 +47,16 @@ import torch
 
 from engine.logprobs import TokenLogprob
 from kv_transfer.channel import Channel, Received
-from kv_transfer.data_plane import DataPlaneFactory, default_data_plane
+from kv_transfer.data_plane import DataPlane, DataPlaneFactory, PayloadWork, default_data_plane
 from kv_transfer.failure_watch import failures_key, watch_failures
 from kv_transfer.fault import FaultInjector
+from kv_transfer.group_handoff import GroupHandoff
 from kv_transfer.local_kv import export_kv
 from kv_transfer.pair_group import connect_store
 from kv_transfer.peer import PeerInfo, StoreAddress
 from kv_transfer.send_buffers import SendBuffers
-from kv_transfer.streams import DONE, PayloadEvent, record_current
-from kv_transfer.wire import FLAG_LAST, Header, Kind
+from kv_transfer.streams import DONE, HostStreams, PayloadEvent, record_current
+from kv_transfer.wire import FLAG_DIRECT, FLAG_LAST, Header, Kind
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +135,7 @@ class TransferAgent:
         data_plane: DataPlaneFactory = default_data_plane,
         row_shape: tuple[int, ...] | None = None,
         stage_received: bool = False,
+        direct: GroupHandoff | None = None,
     ) -> None:
         """``data_plane`` forms each pair's payload group (tests: kv_transfer/nccl_double.py).
 
@@ -134,12 +143,16 @@ class TransferAgent:
         head (engine/parallel/group_kv.py): ``row_shape`` is then one whole-head block, the sender
         passes each chunk's gathered ``rows`` to ``send_blocks``, and the receiver
         (``stage_received``) hands the received rows on in ``TransferTiming.staged`` instead of
-        writing them into ``kv_cache``."""
+        writing them into ``kv_cache``. ``direct``: with a peer where either side is such a group,
+        the ranks ship their heads themselves instead (kv_transfer/group_handoff.py); this agent
+        carries the headers and acknowledgements."""
         self.me = me
         self.kv_cache = kv_cache
         self.device = kv_cache.device
         self.row_shape = row_shape if row_shape is not None else tuple(kv_cache.shape[1:])
         self._stage = stage_received
+        self._direct = direct
+        self._row_bytes = math.prod(self.row_shape) * kv_cache.element_size()  # one block, every head
         # What a same-device peer maps to read this cache (only when ``me.locality`` is set).
         self._kv_export = export_kv(kv_cache, kv_segment_name) if me.locality else None
         self.faults = faults or FaultInjector()
@@ -194,6 +207,7 @@ class TransferAgent:
             old = ch if ch is not None and not ch.failed else None  # another incarnation's, still open
             stale = ch
             epoch = self._epochs.get(peer.key, 0)
+            direct = self.ships_direct(peer)
             ch = Channel(
                 self._store_addr,
                 self.me,
@@ -208,14 +222,33 @@ class TransferAgent:
                 kv_export=self._kv_export,
                 epoch=epoch,
                 join_timeout_s=self.connect_timeout_s if epoch else None,
-                data_plane=self._data_plane,
+                data_plane=functools.partial(self._direct_plane, peer, epoch) if direct else self._data_plane,
+                direct=direct,
             )
             self._channels[peer.worker_id] = ch
         if stale is not None:  # (outside the lock: closing tears its group down)
             stale.close()
+            self._close_direct(stale)
         if old is not None:  # the worker restarted: what was in flight with its old process failed
             old.fail(f"{old.peer.key} was replaced by {peer.key}")
         return ch
+
+    def ships_direct(self, peer: PeerInfo) -> bool:
+        """Whether the pair with ``peer`` hands its KV off rank to rank (group_handoff.py)."""
+        return self._direct is not None and self._direct.uses(peer)
+
+    def _direct_plane(
+        self, peer: PeerInfo, epoch: int, store: object, prefix: str, rank: int, device: torch.device
+    ) -> DataPlane:
+        """A rank-to-rank pair's data plane: its handoff group, which every rank of both joins (the
+        channel's thread waits here for this worker's). Nothing is sent on it from here."""
+        assert self._direct is not None
+        self._direct.join(peer, epoch, prefix)
+        return DataPlane(_NoPayloads(), HostStreams(), lambda: None)  # (closed by _close_direct)
+
+    def _close_direct(self, ch: Channel) -> None:
+        if ch.direct and self._direct is not None:
+            self._direct.close(ch.peer, ch.epoch)
 
     def forget_peer(self, peer: PeerInfo) -> None:
         """``peer`` (this incarnation of it) is dead: stop waiting for it to join a pair, fail what is
@@ -300,7 +333,15 @@ class TransferAgent:
             self._finish_outgoing(key, acked=False)
             return False
         payload, on_sent, written = None, None, DONE
-        if block_ids and rows is not None:
+        flags = FLAG_LAST if last else 0
+        if ch.direct:
+            assert self._direct is not None
+            flags |= FLAG_DIRECT
+            if block_ids:  # every rank gathers its heads now and ships them (the header follows)
+                self._direct.send(peer, ch.epoch, block_ids)
+                with self._lock:
+                    self.stats.bytes_sent += len(block_ids) * self._row_bytes
+        elif block_ids and rows is not None:
             payload = rows  # (a fresh tensor: nobody writes it while the send thread holds it)
             written = record_current(self.device)
         elif block_ids and ch.local:
@@ -320,7 +361,7 @@ class TransferAgent:
             chunk_index,
             block_offset,
             len(block_ids),
-            FLAG_LAST if last else 0,
+            flags,
             first_token,
             int(prefill_queue_s * 1e6),
             int(prefill_compute_s * 1e6),
@@ -363,6 +404,9 @@ class TransferAgent:
             self._finish_outgoing((ch.peer.key, header.transfer_id), acked=header.kind is Kind.ACK)
 
     def _receive_kv(self, ch: Channel, header: Header, payload: Received | None) -> None:
+        if header.flags & FLAG_DIRECT:
+            self._receive_direct(ch, header)
+            return
         with self._lock:
             exp = self._expected.get(header.transfer_id)
             if exp is not None and payload is not None:
@@ -386,6 +430,44 @@ class TransferAgent:
                     self.stats.blocks_received += header.num_blocks
             if exp is not None and header.is_last:
                 del self._expected[header.transfer_id]
+        self._chunk_done(ch, header, exp)
+
+    def _receive_direct(self, ch: Channel, header: Header) -> None:
+        """A chunk whose heads the ranks receive: on the engine thread, in header order."""
+        assert self._direct is not None
+
+        def block_ids() -> list[int] | None:
+            with self._lock:
+                exp = self._expected.get(header.transfer_id)
+                if exp is None:
+                    return None
+                off, n = header.block_offset, header.num_blocks
+                dst = exp.block_ids[off : off + n] if off >= 0 and n >= 0 else []  # (a negative slice wraps)
+                if len(dst) != n:  # a malformed chunk: refuse the transfer rather than corrupt blocks
+                    self._expected.pop(header.transfer_id, None)
+                    return None
+                return dst
+
+        def landed(ok: bool, received: int) -> None:
+            if not ok:  # a rank of either group failed: as a dead peer's, everything in flight with it fails
+                ch.fail(f"the rank-to-rank handoff with {ch.peer.key} failed", transient=True)
+                return
+            with self._lock:
+                exp = self._expected.get(header.transfer_id)
+                if exp is not None:
+                    exp.chunks += 1
+                    exp.last_progress = time.monotonic()
+                    self.stats.blocks_received += header.num_blocks
+                    self.stats.bytes_received += received
+                    if header.is_last:
+                        del self._expected[header.transfer_id]
+            self._chunk_done(ch, header, exp)
+
+        self._direct.receive(ch.peer, ch.epoch, header.num_blocks, block_ids, landed)
+
+    def _chunk_done(self, ch: Channel, header: Header, exp: _Expected | None) -> None:
+        """After a chunk landed (``exp``: its transfer, None if no longer expected): the last one is
+        acknowledged (or refused) and handed on."""
         if not header.is_last:
             return
         if exp is None:
@@ -441,6 +523,7 @@ class TransferAgent:
             elif current or not transient:
                 self._gone.add(peer.key)
         self._fail_peer(peer.key, reason)
+        self._close_direct(ch)
         self.stats.bytes_sent += ch.bytes_sent
         if transient:
             try:  # for the peer's watcher: its group may not notice (NCCL)
@@ -478,3 +561,14 @@ class TransferAgent:
             self._channels.clear()
         for ch in chans:
             ch.close()
+            self._close_direct(ch)
+
+
+class _NoPayloads:
+    """A rank-to-rank pair's data plane group: its payloads travel between the ranks instead."""
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int, /) -> PayloadWork:
+        raise ConnectionError("a rank-to-rank pair sends no payload on its channel")
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int, /) -> PayloadWork:
+        raise ConnectionError("a rank-to-rank pair receives no payload on its channel")

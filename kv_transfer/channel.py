@@ -58,7 +58,7 @@ from kv_transfer.local_kv import LocalRows, PeerKV
 from kv_transfer.pair_group import PairGroup, connect_store, form_pair_group, tear_down_group
 from kv_transfer.peer import PeerInfo, StoreAddress, pair_key
 from kv_transfer.streams import DONE, HostStreams, PayloadEvent, PayloadStreams, streams_for
-from kv_transfer.wire import Header, Kind, empty_header
+from kv_transfer.wire import FLAG_DIRECT, Header, Kind, empty_header
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +116,15 @@ class Channel:
         epoch: int = 0,
         join_timeout_s: float | None = None,
         data_plane: DataPlaneFactory = default_data_plane,
+        direct: bool = False,
     ) -> None:
         """``on_failure(channel, reason, transient)`` runs once, on whichever thread saw the failure.
         ``join_timeout_s`` bounds the wait for the peer (None: unbounded; the agent bounds the wait
-        of a pair formed again, ``pair_group.py``). ``data_plane`` forms the payload group."""
+        of a pair formed again, ``pair_group.py``). ``data_plane`` forms the payload group.
+        ``direct``: the pair's ranks move the payloads themselves (kv_transfer/group_handoff.py);
+        headers flagged ``FLAG_DIRECT`` carry none here."""
         self.me, self.peer, self.device = me, peer, device
+        self.direct = direct
         self.epoch = epoch
         self._join_timeout_s = join_timeout_s
         prefill, decode = (me, peer) if me.role == "prefill" else (peer, me)
@@ -212,7 +216,8 @@ class Channel:
     @property
     def rows(self) -> str:
         """What one payload row is, for the peer to check against its own (pair_group.py)."""
-        return f"{list(self.payload_shape)} {self.payload_dtype}"
+        # (The handoff's mode too: both sides must ship the same way.)
+        return f"{list(self.payload_shape)} {self.payload_dtype}" + (" rank-to-rank" if self.direct else "")
 
     # -- the send thread ---------------------------------------------------------------------
     def _connect_and_send(self) -> None:
@@ -352,7 +357,7 @@ class Channel:
                     ids = torch.empty(header.num_blocks, dtype=torch.long)
                     control.recv([ids], self._peer_rank, 0).wait()
                     payload = self._mapped_peer_kv().rows(ids)  # copied into our blocks by the agent, under its lock
-                elif header.kind is Kind.KV and header.num_blocks > 0:
+                elif header.kind is Kind.KV and header.num_blocks > 0 and not header.flags & FLAG_DIRECT:
                     payload = self._receive_payload(header)
                 if payload is not None:
                     self.bytes_received += payload.num_bytes
@@ -407,9 +412,10 @@ class Channel:
         if self._data is not None:
             self._data.close()
 
-    def fail(self, reason: str) -> None:
-        """Fail the channel from outside (its peer is known gone or replaced); once, like any failure."""
-        self._fail(reason)
+    def fail(self, reason: str, transient: bool = False) -> None:
+        """Fail the channel from outside (its peer is known gone or replaced; ``transient``: the pair
+        broke while the peer may live); once, like any failure."""
+        self._fail(reason, transient)
 
     def sever(self, reason: str) -> None:
         """The peer recorded that this epoch's group failed on its side: fail it here too (transient)."""

@@ -25,6 +25,7 @@ def make_peer(worker_id: str, role: str, engine: LLMEngine) -> PeerInfo:
         # A tensor-parallel worker's cache (rank 0's) holds some heads only: a same-device peer
         # reading it would miss the others, so such a worker ships over the pair group instead.
         locality=local_kv.locality(engine.runner.kv_cache, kv_segment_name(engine)) if engine.ranks is None else "",
+        tensor_parallel_size=engine.config.tensor_parallel_size,
     )
 
 

@@ -16,6 +16,9 @@ class PeerInfo:
     # Equal non-empty values: the two can use the local path (same GPU, or same host with
     # shared-memory KV caches); see kv_transfer/local_kv.py.
     locality: str = ""
+    # Its ranks: a pair where either side has several hands its KV off rank to rank
+    # (kv_transfer/group_handoff.py).
+    tensor_parallel_size: int = 1
 
     @property
     def key(self) -> str:

@@ -40,6 +40,7 @@ class Kind(enum.IntEnum):
 
 
 FLAG_LAST = 1
+FLAG_DIRECT = 2  # the chunk's KV travels rank to rank (kv_transfer/group_handoff.py), not after this header
 
 
 @dataclass(frozen=True, slots=True)

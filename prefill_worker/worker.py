@@ -25,6 +25,7 @@ from engine.worker_stats import WorkerLoad, engine_load
 from kv_transfer.agent import TransferAgent
 from kv_transfer.data_plane import DataPlaneFactory, default_data_plane
 from kv_transfer.fault import FaultInjector, FaultSpec
+from kv_transfer.group_handoff import GroupHandoff
 from kv_transfer.identity import kv_segment_name, make_peer, release_kv, worker_info
 from kv_transfer.peer import PeerInfo, StoreAddress, WorkerInfo
 from prefill_worker.messages import PrefillTask
@@ -51,8 +52,12 @@ class PrefillWorker:
         data_plane: DataPlaneFactory = default_data_plane,
         set_device: SetDevice = cuda_set_device,
         ranks: RankStarter | None = None,
+        direct_kv: bool = True,
     ) -> None:
-        """``ranks``: how a tensor-parallel worker's other ranks start (the fleet: Ray actors)."""
+        """``ranks``: how a tensor-parallel worker's other ranks start (the fleet: Ray actors).
+        ``direct_kv``: with a peer where either side is a tensor-parallel group, each rank ships its
+        own heads (kv_transfer/group_handoff.py); False: rank 0 gathers every head and ships them
+        (engine/parallel/group_kv.py; both sides must agree, the pair refuses to form otherwise)."""
         self.worker_id = worker_id
         bind_config_device(engine_config.device, set_device)  # before any CUDA work (engine/device.py)
         self.engine = LLMEngine(engine_config, record_kv_events=True, ranks=ranks)
@@ -70,6 +75,11 @@ class PrefillWorker:
             data_plane=data_plane,
             # A group's chunks are gathered from its ranks, every head (engine/parallel/group_kv.py).
             row_shape=whole_row_shape(self.engine.runner.kv_cache, self.engine.model_config.num_key_value_heads),
+            direct=GroupHandoff(
+                self.loop, store, self.peer, receive_timeout_s=connect_timeout_s, join_timeout_s=connect_timeout_s
+            )
+            if direct_kv
+            else None,
         )
         self._shipping: dict[str, _Shipping] = {}  # engine thread only
         self._received: dict[str, int] = {}  # engine thread only: WorkerLoad.prompt_tokens_received
@@ -95,7 +105,8 @@ class PrefillWorker:
         spec = task.spec
 
         def add(engine: LLMEngine) -> None:
-            if spec.request_id in engine.scheduler.requests:  # an earlier placement's copy (its decode worker died)
+            # An earlier placement's copy (its decode worker died), running or still compiling its grammar
+            if spec.request_id in engine.scheduler.requests or spec.request_id in engine.grammar_waits:
                 self._abort(engine, spec.request_id)  # this one supersedes it: stop it and free its blocks
                 log.info("%s: %s re-sent; its earlier prefill was aborted", self.worker_id, spec.request_id)
             engine.add_request(
@@ -162,8 +173,10 @@ class PrefillWorker:
             if end <= ship.next_block and not done:
                 continue
             blocks = req.block_ids[ship.next_block : end]
-            # A tensor-parallel group gathers the blocks' heads from its ranks (a plan every rank runs).
-            rows = engine.export_kv(blocks) if engine.ranks is not None and blocks else None
+            # A tensor-parallel group shipping through rank 0 gathers the blocks' heads from its ranks
+            # (a plan every rank runs); rank to rank, each ships its own (in send_blocks).
+            interim = engine.ranks is not None and blocks and not self.agent.ships_direct(ship.task.decode)
+            rows = engine.export_kv(blocks) if interim else None
             first = req.all_token_ids[req.num_prompt_tokens] if done else -1
             first_logprob = req.pending_logprobs[-1] if done and req.pending_logprobs else None
             queue_s = compute_s = 0.0

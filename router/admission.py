@@ -17,6 +17,9 @@ With ``freeable_seqs`` (router.lane_pressure: running sequences of less importan
 above their floor, which the decode workers would preempt for this lane's pace) both predictions
 count what preempting them frees: those slots are free, and the pace is the one the remaining
 sequences would get; so a request is refused for pace only once those lanes are at their floor.
+The pace is predicted (``predict_pace``) from the decode worker's step split (router.decode_pace):
+its steps' decode part, scaled to the sequences left, plus the prompt work those steps carry (its
+own prefills and recomputes, lately and queued), which slows every stream it runs.
 Every rejection is counted by lane and reason.
 """
 
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from router.api import ChoiceCharge, ErrorKind, RouterError
+from router.decode_pace import StepSplit
 from router.lanes import LaneConfig, TenantConfig
 
 
@@ -184,6 +188,13 @@ class AdmissionInput:
     freeable_seqs: int = 0
     # Of ``pool_queued_tokens``, those of less important lanes, which this request goes ahead of.
     yielding_tokens: int = 0
+    # The decode worker's steps lately (router.decode_pace; None: not known, the measured pace alone),
+    # the seconds one prompt token takes there (one prefill worker's measured rate), and the prompt
+    # tokens it will compute for this request and lanes as important or more (its queue there, and
+    # this prompt when it is prefilled there): ``predict_pace``.
+    decode_steps: StepSplit | None = None
+    prompt_token_s: float = 0.0
+    decode_backlog_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -264,6 +275,27 @@ def freed_pace(x: AdmissionInput) -> float | None:
     if pace is None or x.freeable_seqs <= 0 or running <= 0:
         return pace
     return pace * max(1, running - x.freeable_seqs + 1) / running
+
+
+def predict_pace(x: AdmissionInput) -> float | None:
+    """The seconds per token a new request of ``x``'s lane would get over its life on the decode
+    worker. With the worker's step split (``decode_steps``): its steps' decode part (the step time
+    less its prompt tokens at ``prompt_token_s`` each), scaled to the sequences left once
+    ``freeable_seqs`` are preempted and this one joins, plus the prompt work its steps will carry:
+    what they carried lately, and the backlog spread over this request's expected tokens, at most
+    the step's prompt budget. Without it, ``freed_pace``."""
+    s = x.decode_steps
+    if s is None or s.running <= 0 or x.prompt_token_s <= 0:
+        return freed_pace(x)
+    c = x.prompt_token_s
+    # (a floor: the prefill cost per token is measured on another worker, and may overstate it here)
+    decode_s = max(s.step_s - c * s.prompt_tokens_per_step, 0.1 * s.step_s)
+    rows = max(1, s.running - x.freeable_seqs + 1)
+    expected = max(1.0, x.expected_output_tokens if x.expected_output_tokens is not None else float(x.max_tokens))
+    prompt = s.prompt_tokens_per_step + x.decode_backlog_tokens / expected
+    if s.prompt_budget > 0:
+        prompt = min(prompt, float(s.prompt_budget))
+    return decode_s * rows / s.running + c * prompt
 
 
 def predict_ttft_s(x: AdmissionInput) -> float:
@@ -410,14 +442,14 @@ class Admission:
                 retry_after_s=self._retry_after(x),
             )
         # The pace is measured, but one more sequence slows it: the same headroom guards it.
-        pace = freed_pace(x)
+        pace = predict_pace(x)
         if self.slo_rejection and busy and pace is not None and pace > x.lane.tpot_slo_s * self.slo_headroom:
             self._count(lane, "slo_tpot")
             self._pace_refused.setdefault(lane, deque(maxlen=1024)).append(self._clock())
             raise RouterError(
                 ErrorKind.OVERLOADED,
                 f"The {lane} lane cannot meet its time-per-output-token objective ({x.lane.tpot_slo_s:g} s) now: "
-                f"tokens currently take {x.decode_pace_s:.2f} s each. Retry later.",
+                f"tokens would take {pace:.2f} s each. Retry later.",
                 code="slo_predicted_violation",
                 retry_after_s=self._retry_after(x),
             )

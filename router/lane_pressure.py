@@ -27,7 +27,6 @@ from engine.config import LaneShareConfig
 from engine.lane_shares import LaneDemand
 from router.admission import live_decode_pace
 from router.lanes import LaneConfig
-from router.worker_pool import WorkerPool
 
 
 def lane_share_configs(lanes: Iterable[LaneConfig]) -> tuple[LaneShareConfig, ...]:
@@ -115,21 +114,22 @@ class LanePressure:
         pace = self._pace[1]
         return pace if pace is not None else overall()
 
-    def yielding_tokens(self, lane: str, pool: WorkerPool, prompt_tokens: int, local_prefill_threshold: int) -> int:
-        """Prompt tokens queued on the decode workers for less important lanes, which a request of
-        ``lane`` goes ahead of (the workers' waiting queues are in priority order): not work ahead
-        of it. Counted where its prompt is computed on a decode worker (colocated, or short); the
-        prefill workers report no lanes (0)."""
-        if pool.live("prefill") and prompt_tokens >= local_prefill_threshold:
-            return 0
+    def freeable_on(self, lane: str, running_by_priority: Mapping[int, int]) -> int:
+        """``freeable`` from a decode worker's own count of its batch by priority
+        (``LaneCounters.running``): the sequences it runs, not the router's dispatched ones (those
+        already preempted and waiting there free nothing more). Lanes of one priority count with
+        the most generous terms, as ``lane_share_configs`` gives them to the workers."""
         mine = self.lanes[lane].priority
-        return sum(
-            n
-            for w in pool.live("decode")
-            if w.load is not None and w.load.lane_counters is not None
-            for p, n in w.load.lane_counters.queued_tokens.items()
-            if p > mine
-        )
+        terms = {c.priority: c for c in lane_share_configs(self.lanes.values())}
+        total = sum(running_by_priority.values())
+        out = 0
+        for p, n in running_by_priority.items():
+            c = terms.get(p)
+            if c is None or not c.preemptible or p <= mine:
+                continue
+            floor = max(1, math.ceil(c.floor * total)) if c.floor else 0
+            out += max(0, n - floor)
+        return out
 
     def freeable(self, lane: str, running_by_lane: Mapping[str, int] | None = None) -> int:
         """Running sequences of preemptible lanes less important than ``lane`` above their floor

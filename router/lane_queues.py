@@ -123,26 +123,36 @@ class LaneQueues:
         return None
 
     def tokens_ahead(self, lane: str) -> int:
-        """Queued work a new request of ``lane`` would wait behind: its own lane's queue, plus what the
-        other lanes get dispatched meanwhile (weight_other / weight_lane tokens per token of ours)."""
-        w = self.lanes[lane].weight
+        """Queued work a new request of ``lane`` would wait behind: its own lane's queue, all of more
+        important lanes' (they go first where the work runs: every worker's waiting queue is in
+        priority order), and what lanes of the same priority get dispatched meanwhile (weight_other /
+        weight_lane tokens per token of ours). Less important lanes' work is not ahead: what the round
+        robin gives them, the request overtakes in the workers' queues."""
+        me = self.lanes[lane]
+        w = me.weight
         mine = self.queued_tokens[lane]
         ours = max(mine, self.quantum * w)  # at least one round of our own
         ahead: float = mine
         for name, other in self.lanes.items():
-            if name != lane and self.queued_tokens[name]:
-                ahead += min(self.queued_tokens[name], ours * other.weight / w)
+            if name == lane or not self.queued_tokens[name] or other.priority > me.priority:
+                continue
+            share = self.queued_tokens[name] if other.priority < me.priority else ours * other.weight / w
+            ahead += min(self.queued_tokens[name], share)
         return int(ahead)
 
     def requests_ahead(self, lane: str) -> int:
-        """Queued requests a new request of ``lane`` would wait behind, weighted like ``tokens_ahead``:
-        its own lane's queue, plus what the other lanes get while that much of ours goes."""
-        w = self.lanes[lane].weight
+        """Queued requests a new request of ``lane`` would wait behind (a sequence slot each), counted
+        like ``tokens_ahead``: its own lane's queue, more important lanes' queues, and what lanes of the
+        same priority get while that much of ours goes."""
+        me = self.lanes[lane]
+        w = me.weight
         mine = len(self.queues[lane])
         ahead = float(mine)
         for name, other in self.lanes.items():
-            if name != lane and self.queues[name]:
-                ahead += min(len(self.queues[name]), (mine + 1) * other.weight / w)
+            if name == lane or not self.queues[name] or other.priority > me.priority:
+                continue
+            share = len(self.queues[name]) if other.priority < me.priority else (mine + 1) * other.weight / w
+            ahead += min(len(self.queues[name]), share)
         return int(ahead)
 
     # -- dispatch ---------------------------------------------------------------------------

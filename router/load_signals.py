@@ -1,6 +1,10 @@
 """What admission measures from the requests it let in (pure Python), shared by the router and the
 simulator so both predict from the same signals: the completion rate, the service overhead, the
 decode pace of finished requests, their output length, and the running requests' expected length.
+
+The service overhead is kept by lane too: with lane shares on, a batch request waits on its decode
+worker for a slot its lane is over its share for, which is no part of an interactive request's
+service (it goes first there), and a lane's prediction reads its own.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ class LoadSignals:
         self.service_overhead = Ewma()  # dispatch -> first token, less prefill queueing and compute
         self.decode_pace = Ewma()  # seconds per output token, from finished requests' last tokens
         self.output_tokens = Ewma(alpha=0.1)  # output length of finished requests
+        self.service_overhead_by_lane: dict[str, Ewma] = {}
 
     def finished(
         self,
@@ -35,22 +40,30 @@ class LoadSignals:
         dispatch_to_first_token_s: float | None,
         prefill_queue_s: float = 0.0,
         prefill_compute_s: float = 0.0,
+        lane: str | None = None,
     ) -> None:
         """A request that ran to its end (not aborted) with ``num_tokens`` output tokens, the last of
-        which arrived at ``last_token_times`` (17 are enough: the pace is the median of 16 gaps)."""
+        which arrived at ``last_token_times`` (17 are enough: the pace is the median of 16 gaps);
+        ``lane``: its lane, for the service overhead by lane (None: only the overall one)."""
         tail = last_token_times[-17:]
         gaps = [b - a for a, b in itertools.pairwise(tail)]
         if len(gaps) >= 4:  # the pace at the end of its life: what running requests get now
             self.decode_pace.observe(statistics.median(gaps), now)
         self.output_tokens.observe(num_tokens, now)
         if dispatch_to_first_token_s is not None:
-            self.service_overhead.observe(
-                service_overhead(dispatch_to_first_token_s, prefill_queue_s, prefill_compute_s), now
-            )
+            overhead = service_overhead(dispatch_to_first_token_s, prefill_queue_s, prefill_compute_s)
+            self.service_overhead.observe(overhead, now)
+            if lane is not None:
+                self.service_overhead_by_lane.setdefault(lane, Ewma()).observe(overhead, now)
 
-    def service_s(self, prompt_tokens: int, prefill_tokens_per_s: float, now: float | None = None) -> float | None:
-        """Our own prefill at the measured rate plus the recent overhead (None: not measured yet)."""
-        overhead = self.service_overhead.fresh(SERVICE_TIME_MAX_AGE_S, now)
+    def service_s(
+        self, prompt_tokens: int, prefill_tokens_per_s: float, now: float | None = None, lane: str | None = None
+    ) -> float | None:
+        """Our own prefill at the measured rate plus the recent overhead (None: not measured yet);
+        with ``lane``, that lane's recent overhead only (another lane's is not a model of it: a
+        lane without a fresh one of its own gets the model estimate, as before any measurement)."""
+        ewma = self.service_overhead if lane is None else self.service_overhead_by_lane.get(lane)
+        overhead = None if ewma is None else ewma.fresh(SERVICE_TIME_MAX_AGE_S, now)
         return None if overhead is None else prompt_tokens / max(prefill_tokens_per_s, 1e-6) + overhead
 
     def decode_pace_s(self, live_token_times: list[list[float]], now: float | None = None) -> float | None:

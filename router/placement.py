@@ -4,7 +4,8 @@ disaggregation), and which prefill worker computes its prompt (pure Python).
 - Decode worker: the most free KV (as a fraction, less the blocks of requests placed there since its
   last load report), then the fewest sequences.
 - Prefill worker: the least work to finish this prompt — prompt tokens it does not already cache
-  (from the cluster prefix index) plus the prefill tokens already queued on it.
+  (from the cluster prefix index) plus the prefill tokens already queued on it — among those whose
+  cache holds the whole prompt.
 - Prefill on the decode worker itself when the request is a migration (recompute), when the prompt
   is short, when the decode worker already caches most of it, or when no prefill worker is alive.
   With ``short_to_idle_prefill``, a short prompt still goes to a prefill worker that has room for it
@@ -39,7 +40,10 @@ def choose_decode(pool: WorkerPool, exclude: Set[str] = frozenset()) -> WorkerHa
 
 
 def choose_prefill(pool: WorkerPool, spec: RequestSpec, hint: PlacementHint = NO_HINT) -> WorkerHandle | None:
-    cands = pool.live("prefill")
+    """None where no live prefill worker's whole cache holds the prompt: a prefill worker keeps every
+    block of a prompt until it is shipped (a sliding-window model's too), so it would refuse it;
+    the decode worker prefills it instead, holding only the window where the model slides."""
+    cands = [w for w in pool.live("prefill") if _holds(w, spec.num_prompt_tokens)]
     if not cands:
         return None
 
@@ -49,6 +53,11 @@ def choose_prefill(pool: WorkerPool, spec: RequestSpec, hint: PlacementHint = NO
         return remaining + queued, w.worker_id
 
     return min(cands, key=work)
+
+
+def _holds(w: WorkerHandle, num_tokens: int) -> bool:
+    info = w.reported_info
+    return info.num_blocks * info.block_size >= num_tokens
 
 
 def prefill_on_decode(
@@ -69,9 +78,19 @@ def prefill_on_decode(
     return hint.overlap_tokens.get(d.worker_id, 0) >= cached_fraction * spec.num_prompt_tokens
 
 
+def prompt_stays_local(
+    pool: WorkerPool, prompt_tokens: int, threshold_tokens: int, short_to_idle_prefill: bool
+) -> bool:
+    """Whether a new prompt would be computed on its decode worker (as ``prefill_queue`` assumes)."""
+    return not pool.live("prefill") or _stays_local(pool, prompt_tokens, threshold_tokens, short_to_idle_prefill)
+
+
 def _stays_local(pool: WorkerPool, prompt_tokens: int, threshold_tokens: int, short_to_idle_prefill: bool) -> bool:
     """A short prompt prefills on its decode worker, unless (``short_to_idle_prefill``) a prefill
-    worker would still have at most ``threshold_tokens`` queued with it."""
+    worker would still have at most ``threshold_tokens`` queued with it; so does one no prefill
+    worker's cache holds (``choose_prefill``)."""
+    if not any(_holds(w, prompt_tokens) for w in pool.live("prefill")):
+        return True
     if prompt_tokens >= threshold_tokens:
         return False
     return not (
@@ -108,6 +127,38 @@ def prefill_queue(
         return sum(_queued_on_decode(w) for w in decode), rate_of([w.worker_id for w in decode])
     d = choose_decode(pool)
     return (_queued_on_decode(d) if d else 0), rate_of([w.worker_id for w in prefill]) / len(prefill)
+
+
+def yielding_tokens(
+    pool: WorkerPool, priority: int, prompt_tokens: int, threshold_tokens: int, short_to_idle_prefill: bool = False
+) -> int:
+    """Of ``prefill_queue``'s tokens, those of lanes less important than ``priority`` queued where the
+    prompt will be computed: it goes ahead of them (every worker's waiting queue is in priority
+    order), so they are not work ahead of it. A worker with lane shares (it reports lane counters)
+    gives them no more than their weight's share of a step that computes a more important prompt
+    (engine/lane_shares.py): all of theirs yield. Without, its waiting requests only (a running
+    prompt's next chunk is scheduled before new admissions), and not what fills the rest of the step
+    that computes this prompt (``WorkerLoad.step_prompt_budget`` less the prompt): that step takes as
+    long as they make it."""
+    prefill = pool.live("prefill")
+    if prefill and not _stays_local(pool, prompt_tokens, threshold_tokens, short_to_idle_prefill):
+        workers = prefill
+    elif not prefill:
+        workers = pool.live("decode")
+    else:
+        d = choose_decode(pool)
+        workers = [d] if d is not None else []
+    out = 0
+    for w in workers:
+        load = w.load
+        if load is None:
+            continue
+        if load.lane_counters is not None:
+            out += sum(n for p, n in load.lane_counters.queued_tokens.items() if p > priority)
+            continue
+        behind = sum(n for p, n in load.waiting_tokens_by_priority.items() if p > priority)
+        out += max(0, behind - max(0, load.step_prompt_budget - prompt_tokens))
+    return out
 
 
 def _queued(w: WorkerHandle) -> int:

@@ -138,6 +138,7 @@ class RequestRegistry:
                 to_first,
                 bd.get("prefill_queue", 0.0),
                 bd.get("prefill_compute", 0.0),
+                lane=ctx.lane,
             )
         if ctx.idempotency is not None:
             asyncio.get_running_loop().create_task(self._keep_result(*ctx.idempotency, ctx, s.final_output()))

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine.block_hash import hash_blocks
 from engine.kv_events import KVCacheEvent
 from engine.model.tokenizer import Tokenizer
 from engine.request_spec import RequestSpec
@@ -38,6 +37,7 @@ from router.api import ErrorKind, GenerateRequest, GenerationResult, ModelInfo, 
 from router.capacity import Capacity
 from router.classify import classify
 from router.cluster_state import ClusterState
+from router.decode_pace import DecodeSteps, pace_inputs
 from router.dispatcher import Dispatcher
 from router.durable_batch import DurableBatch, JobWaitStream, job_payload
 from router.grammar_check import GrammarCheck
@@ -48,7 +48,8 @@ from router.lanes import LanePolicy, TenantConfig
 from router.load_signals import LoadSignals
 from router.metrics import RouterMetrics
 from router.pace_guard import PaceGuard
-from router.placement import NO_HINT, PlacementHint, prefill_queue
+from router.placement import NO_HINT, PlacementHint, prefill_queue, prompt_stays_local, yielding_tokens
+from router.prompt_hashes import PromptHasher
 from router.prompt_input import detokenize, request_fingerprint, token_bytes, tokenize_off_loop, tokenize_request
 from router.request_context import RequestContext
 from router.request_ids import MAX_CHOICE_ID_LEN, names_a_request, scoped_request_id
@@ -100,6 +101,7 @@ class Router:
         self.vocab_size = first.vocab_size
         self.grammar_check = GrammarCheck(self.tokenizer, self.vocab_size)  # structured outputs' 400s
         self.block_size = first.block_size
+        self.prompt_hashes = PromptHasher.for_model(config.model_dir, self.block_size, self.max_model_len)
         self.prom = RouterMetrics(
             config.model_name,
             loads=self._loads,
@@ -116,6 +118,7 @@ class Router:
         )
         self.prefill_rate = PrefillRate(config.initial_prefill_tokens_per_s)
         self.signals = LoadSignals()
+        self.decode_steps = DecodeSteps()  # admission's pace prediction (router.decode_pace)
         self.queues = LaneQueues(self.policy.lanes)
         self.pace_guard = PaceGuard(self.policy.lanes, hold_at=0.8 * config.slo_headroom) if config.pace_guard else None
         self.capacity = Capacity(pool, local_prefill_threshold=dispatcher.local_prefill_threshold)
@@ -330,6 +333,23 @@ class Router:
         )
         ahead = self.queues.requests_ahead(lane)
         free_slots = self.capacity.free_places(len(ids), req.sampling.max_tokens)  # slots, or KV if fewer
+        threshold = self.dispatcher.local_prefill_threshold
+        pace_in = pace_inputs(
+            self.pool,
+            self.decode_steps,
+            lane_cfg.priority,
+            len(ids),
+            prompt_stays_local(self.pool, len(ids), threshold, self.dispatcher.short_prompts_to_idle_prefill),
+            self.prefill_rate.tokens_per_s,
+            time.monotonic(),
+        )
+        freeable = 0
+        if self.lane_pressure is not None:  # what preempting less important lanes frees on the worker
+            freeable = (
+                self.lane_pressure.freeable(lane)
+                if pace_in.running_by_priority is None
+                else self.lane_pressure.freeable_on(lane, pace_in.running_by_priority)
+            )
         predicted = await self.admission.admit(
             AdmissionInput(
                 lane=lane_cfg,
@@ -343,7 +363,7 @@ class Router:
                 requests_ahead=ahead,
                 free_seq_slots=free_slots,
                 completions_per_s=self.signals.completion_rate.per_s(),
-                service_s=self.signals.service_s(len(ids), rate),
+                service_s=self.signals.service_s(len(ids), rate, lane=lane),
                 decode_pace_s=(
                     self.lane_pressure.pace(self.requests.decode_pace)
                     if self.lane_pressure
@@ -354,13 +374,12 @@ class Router:
                 else (),
                 num_running=self.requests.num_dispatched,  # (built only when read)
                 expected_output_tokens=self.signals.expected_output(req.sampling.max_tokens),
-                freeable_seqs=self.lane_pressure.freeable(lane) if self.lane_pressure is not None else 0,
-                yielding_tokens=(
-                    self.lane_pressure.yielding_tokens(
-                        lane, self.pool, len(ids), self.dispatcher.local_prefill_threshold
-                    )
-                    if self.lane_pressure is not None
-                    else 0
+                freeable_seqs=freeable,
+                decode_steps=pace_in.steps,
+                prompt_token_s=pace_in.prompt_token_s,
+                decode_backlog_tokens=pace_in.backlog_tokens,
+                yielding_tokens=yielding_tokens(
+                    self.pool, lane_cfg.priority, len(ids), threshold, self.dispatcher.short_prompts_to_idle_prefill
                 ),
                 lane_depth_now=lambda: self.queues.admitted_depth(lane),
                 choice_charge=req.charge,
@@ -430,11 +449,9 @@ class Router:
 
             stream.when_finished(ended)
         self.requests.add(ctx)
-        first_block = hash_blocks(ids[: self.block_size], self.block_size, salt)
+        first_block = self.prompt_hashes.first_block(ids, salt)
         self.lane_dispatch.enqueue(
-            Pending(
-                rid, lane, len(ids) + min(sampling.max_tokens, 64), first_block[0] if first_block else None, payload=ctx
-            )
+            Pending(rid, lane, len(ids) + min(sampling.max_tokens, 64), first_block, payload=ctx)
         )
         return ctx
 
@@ -526,7 +543,7 @@ class Router:
         raise RouterError(ErrorKind.UNAUTHENTICATED, f"unknown tenant {name!r}")
 
     async def _placement_hint(self, ids: list[int], salt: str | None) -> PlacementHint:
-        hashes = hash_blocks(ids, self.block_size, salt)
+        hashes = self.prompt_hashes.hashes(ids, salt)
         if not hashes:
             return NO_HINT
         workers = [w.worker_id for w in self.pool.all() if w.alive]

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from engine.logprobs import TokenLogprob
-from engine.outputs import RequestOutput
+from engine.outputs import OutputError, RequestOutput
 from engine.request import FinishReason
 from router.api import ErrorKind, GenerationResult, RouterError, StreamEvent, Usage
 from router.request_context import RequestContext
@@ -46,15 +46,8 @@ class RouterStream:
         try:
             async for out in ctx.stream.aiter():
                 if out.finished and out.finish_reason == FinishReason.ABORT and self.deadline_hit:
-                    yield StreamEvent(
-                        self.request_id,
-                        out.text_delta,
-                        tuple(out.new_token_ids),
-                        finished=True,
-                        finish_reason=FinishReason.ERROR,
-                        usage=self._usage(),
-                        error=RouterError(ErrorKind.DEADLINE_EXCEEDED, "The request's deadline passed."),
-                        logprobs=_tuple(out.logprobs),
+                    yield self._error_event(
+                        out, RouterError(ErrorKind.DEADLINE_EXCEEDED, "The request's deadline passed.")
                     )
                     return
                 self._observe_gaps(len(out.new_token_ids))
@@ -76,6 +69,19 @@ class RouterStream:
             if ctx.stream.finished:
                 self._on_end(ctx)
 
+    def _error_event(self, out: RequestOutput, error: RouterError) -> StreamEvent:
+        """The final event of a request that ended in ``error``, with what it delivered last."""
+        return StreamEvent(
+            self.request_id,
+            out.text_delta,
+            tuple(out.new_token_ids),
+            finished=True,
+            finish_reason=FinishReason.ERROR,
+            usage=self._usage(),
+            error=error,
+            logprobs=_tuple(out.logprobs),
+        )
+
     def _observe_gaps(self, n: int) -> None:
         """The gaps before this delta's ``n`` tokens (their arrival times are in the stream already)."""
         times, start = self.ctx.stream.token_times, self.ctx.timed_tokens
@@ -84,6 +90,8 @@ class RouterStream:
             self._token_gaps(self.lane, [times[i] - times[i - 1] for i in range(max(start, 1), end)])
 
     def _event(self, out: RequestOutput) -> StreamEvent:
+        if out.finished and out.error is not None:  # the engine said why it failed the request
+            return self._error_event(out, _error(out.error))
         return StreamEvent(
             self.request_id,
             out.text_delta,
@@ -175,6 +183,14 @@ async def with_deadline(stream: RouterStream, deadline_s: float | None) -> None:
     await asyncio.sleep(max(0.0, deadline_s - time.monotonic()))
     stream.deadline_hit = True
     await stream.abort()
+
+
+def _error(e: OutputError) -> RouterError:
+    """A request field at fault (its constraint could not be enforced) is the client's to change: a
+    400 naming it (and never retried as a 5xx would be); else the server's own failure."""
+    if e.param is not None:
+        return RouterError(ErrorKind.INVALID_REQUEST, e.message, param=e.param)
+    return RouterError(ErrorKind.INTERNAL, e.message)
 
 
 def _tuple(logprobs: list[TokenLogprob] | None) -> tuple[TokenLogprob, ...] | None:

@@ -87,6 +87,13 @@ class ModelConfig:
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
 
     @property
+    def long_rope_from(self) -> int | None:
+        """longrope's original length: a sequence longer than it is rotated with the long factors at
+        every position (engine/model/rope.py); None for the other rope types."""
+        rs = self.rope_scaling
+        return rs.original_max_position_embeddings if rs.rope_type == "longrope" else None
+
+    @property
     def max_context_len(self) -> int:
         """Usable context (a sliding window is attention's: ``Family.window``, which every attention
         backend applies)."""

@@ -8,6 +8,11 @@ soft-capped scores: those take the ``KernelSet``'s windowed attention under the 
 Triton kernels on CUDA, engine/kernels.py) and the torch reference's
 (``reference.paged_windowed_attention``) under the torch backend. MoE layers take the set's fused
 experts where it has them (Triton, on CUDA), else the torch loop (engine/model/moe.py).
+
+Sharded (tensor parallel), a rank computes its heads and its rows of every MLP and expert; the
+model's ``reduce`` sums each block's partial output (o_proj's, the MLP's: for a MoE layer one sum
+of its routed and shared experts, the router and the shared expert's gate computed whole on
+every rank) before any norm reads it. The rest is elementwise or per head, the same on a shard.
 """
 
 from __future__ import annotations
@@ -66,11 +71,11 @@ class LlamaModel(Protocol):
     local_rope: RotaryEmbedding | None
 
     @property
-    def embed(self) -> torch.Tensor: ...  # (the model's assert the weights are loaded)
-    @property
-    def norm(self) -> torch.Tensor: ...
+    def norm(self) -> torch.Tensor: ...  # (the model's assert the weights are loaded)
     @property
     def layers(self) -> Sequence[DecoderLayer]: ...
+    def embed_ids(self, input_ids: torch.Tensor) -> torch.Tensor: ...
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor: ...  # a sharded product's sum over the ranks
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -96,7 +101,7 @@ def family_forward(
     keep: torch.Tensor | None,
 ) -> torch.Tensor:
     family, eps = model.cfg.family, model.cfg.rms_norm_eps
-    h = F.embedding(input_ids, model.embed)
+    h = model.embed_ids(input_ids)
     if family.embed_scale:
         h = h * torch.tensor(model.cfg.hidden_size**0.5, dtype=h.dtype)
     for n, layer in enumerate(model.layers):
@@ -113,6 +118,7 @@ def family_forward(
         else:
             assert layer.down is not None and layer.gate_up is not None  # a dense layer
             m = layer.down(act_mul(family, layer.gate_up(x)))
+        m = model.reduce(m)
         if family.sandwich_norms:
             m = rms_norm(m, layer.extra["post_feedforward_layernorm.weight"], eps)
         h = h + m
@@ -156,4 +162,4 @@ def _attention(
             out[:nd] = windowed.decode(q[:nd], k_cache, v_cache, *meta.decode_tables(), scale, window, cap)
         if meta.num_prefill_tokens:
             out[nd:] = windowed.prefill(q[nd:], k_cache, v_cache, *meta.prefill_tables(), scale, window, cap)
-    return layer.o(out.view(t, model.q_size))
+    return model.reduce(layer.o(out.view(t, model.q_size)))

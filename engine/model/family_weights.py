@@ -62,18 +62,17 @@ def family_shapes(cfg: ModelConfig) -> tuple[dict[str, tuple[int, ...]], tuple[s
 
 
 def split_fused(
-    cfg: ModelConfig, weights: Iterable[tuple[str, torch.Tensor, str]]
+    weights: Iterable[tuple[str, torch.Tensor, str]], q: int, kv: int, intermediate: int
 ) -> Iterator[tuple[str, torch.Tensor, str]]:
-    """Phi-3's ``self_attn.qkv_proj`` and ``mlp.gate_up_proj`` as the q/k/v and gate/up tensors they fuse
-    (a tensor of the wrong size passes through whole: the shape check names it)."""
-    q = cfg.num_attention_heads * cfg.head_dim
-    kv = cfg.num_key_value_heads * cfg.head_dim
+    """Phi-3's ``self_attn.qkv_proj`` and ``mlp.gate_up_proj`` as the q/k/v and gate/up tensors they fuse,
+    given the model's (or a tensor-parallel rank's) q and kv rows and intermediate size (a tensor of
+    the wrong size passes through whole: the shape check names it)."""
     for name, tensor, source in weights:
         if name.endswith("self_attn.qkv_proj.weight") and tensor.shape[0] == q + 2 * kv:
             stem = name[: -len("qkv_proj.weight")]
             for part, t in zip(("q_proj", "k_proj", "v_proj"), torch.split(tensor, [q, kv, kv])):
                 yield stem + part + ".weight", t, source
-        elif name.endswith("mlp.gate_up_proj.weight") and tensor.shape[0] == 2 * cfg.intermediate_size:
+        elif name.endswith("mlp.gate_up_proj.weight") and tensor.shape[0] == 2 * intermediate:
             stem = name[: -len("gate_up_proj.weight")]
             gate, up = tensor.chunk(2)
             yield stem + "gate_proj.weight", gate, source

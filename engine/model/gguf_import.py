@@ -7,7 +7,9 @@ once: weights dequantized to fp32 safetensors, metadata to ``config.json``, and 
 Everything mirrors transformers' own GGUF loader (integrations/ggml.py,
 integrations/gguf/gguf_tokenizer_mapping.py, modeling_gguf_pytorch_utils.py) so that our directory
 yields the same tensors and token ids as ``from_pretrained(..., gguf_file=...)``; it is
-re-implemented here because transformers is only a test dependency.
+re-implemented here because transformers is only a test dependency. Each architecture's names,
+metadata and transforms are in engine/model/gguf_families.py (with where it reads metadata that
+transformers ignores).
 """
 
 from __future__ import annotations
@@ -16,40 +18,26 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from engine.errors import ModelLoadError
+from engine.model.gguf_families import ARCHS, EXPERT_LEAVES, ROPE_TENSORS, GGUFArch, family_config, refuse_unloadable
 from engine.model.gguf_rope import rope_scaling
 from engine.model.gguf_tokenizer import tokenizer_files
 from engine.model.weights import BLOCKS_FILE, SINGLE_FILE, atomic_model_dir, write_safetensors
 from engine.native.quant_linear import GGML_TYPES
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {arch: spec.hf_architecture for arch, spec in ARCHS.items()}
 
-# GGUF tensor-name leaf -> HF module path (inside model.layers.N for blk.N.*).
-_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-# Tensors only some architectures have (Qwen3's per-head q/k norms).
-_ARCH_LAYER_NAMES = {"qwen3": {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}}
 # The imported directory's format: part of the cache key (engine/model/registry.py), so a change in
 # what an import writes is not hidden by an older cached import. 2: Llama 3's rope_freqs as rope_scaling.
 IMPORT_FORMAT = 2
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-# Tensors with no HF weight: rope_freqs becomes config.json's rope_scaling (engine/model/gguf_rope.py),
-# attn_rot_embd is llama.cpp's own.
-_IGNORED = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd\.weight)$")
+# attn_rot_embd is llama.cpp's own; the rope tensors become config.json's rope_scaling.
+_IGNORED = re.compile(r"^blk\.\d+\.attn_rot_embd\.weight$")
 
 
 def import_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None] | None = None) -> Path:
@@ -63,8 +51,10 @@ def import_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None] 
         raise ModelLoadError(
             f"{gguf_path}: unsupported GGUF architecture {arch!r}; supported: {', '.join(ARCHITECTURES)}"
         )
-    config = _hf_config(meta, arch, {t.name: t for t in reader.tensors})
-    plan = _tensor_plan(reader, gguf_path, arch, config)
+    tensors = {t.name: t for t in reader.tensors}
+    refuse_unloadable(arch, set(tensors), meta.get(f"{arch}.expert_count"), str(gguf_path))
+    config = _hf_config(meta, arch, tensors)
+    plan = _tensor_plan(reader, gguf_path, ARCHS[arch], config)
     tokenizer, tokenizer_config = tokenizer_files(meta, config)
 
     with atomic_model_dir(Path(out_dir)) as tmp:
@@ -75,15 +65,19 @@ def import_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None] 
         tokenizer.save(str(tmp / "tokenizer.json"))
         (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
         say(f"dequantizing {len(plan)} tensors from {gguf_path.name}")
-        specs = [(hf_name, torch.float32, shape) for _, hf_name, shape, _ in plan]
+        specs = [(e.hf_name, torch.float32, e.shape) for e in plan]
         write_safetensors(tmp / SINGLE_FILE, specs, _dequantized(plan, gguf_path, say), metadata={"format": "pt"})
-        kept: _Plan = [
-            (t, hf_name, shape, heads)
-            for t, hf_name, shape, heads in plan
-            if t.tensor_type.name in GGML_TYPES and len(shape) == 2
+        # (an expert's rows are a slice of a stacked tensor's blocks: experts keep only fp32 weights)
+        kept = [
+            (e, *part)
+            for e in plan
+            if e.tensor.tensor_type.name in GGML_TYPES and len(e.shape) == 2 and e.expert is None
+            for part in _block_parts(e, config)
         ]
-        block_specs = [(hf_name, torch.uint8, (shape[0], t.data.nbytes // shape[0])) for t, hf_name, shape, _ in kept]
-        types = json.dumps({hf_name: t.tensor_type.name for t, hf_name, _, _ in kept})
+        block_specs = [
+            (name, torch.uint8, (stop - start, e.tensor.data.nbytes // e.shape[0])) for e, name, start, stop in kept
+        ]
+        types = json.dumps({name: e.tensor.tensor_type.name for e, name, _, _ in kept})
         write_safetensors(tmp / BLOCKS_FILE, block_specs, _blocks(kept), metadata={"format": "pt", "ggml_types": types})
     say(f"imported {gguf_path.name} into {out_dir}")
     return Path(out_dir)
@@ -144,7 +138,7 @@ def _hf_config(meta: _Metadata, arch: str, tensors: dict[str, Any]) -> dict[str,
     tokens = meta.get("tokenizer.ggml.tokens") or []
     config: dict[str, Any] = {
         "architectures": [ARCHITECTURES[arch]],
-        "model_type": arch,
+        "model_type": ARCHS[arch].model_type,
         "hidden_act": "silu",
         "hidden_size": hidden,
         "intermediate_size": int(meta.require(f"{arch}.feed_forward_length")),
@@ -163,10 +157,10 @@ def _hf_config(meta: _Metadata, arch: str, tensors: dict[str, Any]) -> dict[str,
     if arch == "llama":
         # llama/mistral only: rope.dimension_count is the head size (transformers relies on it too).
         config["head_dim"] = int(key("rope.dimension_count") or key("attention.key_length") or hidden // heads)
-    else:
+    elif key("attention.key_length") is not None:  # Qwen3: a head size apart from hidden / heads
+        config["head_dim"] = int(key("attention.key_length"))
+    if arch.startswith("qwen"):
         config["use_sliding_window"] = False
-        if key("attention.key_length") is not None:  # Qwen3: a head size apart from hidden / heads
-            config["head_dim"] = int(key("attention.key_length"))
     freqs = tensors.get("rope_freqs.weight")
     scaling = rope_scaling(
         key("rope.scaling.type"),
@@ -186,80 +180,136 @@ def _hf_config(meta: _Metadata, arch: str, tensors: dict[str, Any]) -> dict[str,
         value = meta.get(f"tokenizer.ggml.{gguf_key}")
         if value is not None:
             config[name] = int(value)
-    return config
+    return family_config(arch, lambda name: key(name), config, tensors, str(meta.path))
 
 
-_Plan = list[tuple[Any, str, tuple[int, ...], int | None]]
+class _Entry(NamedTuple):
+    """One HF tensor to write, and how it comes from its GGUF tensor."""
+
+    tensor: Any  # the GGUF tensor
+    hf_name: str
+    shape: tuple[int, ...]  # the HF tensor's
+    heads: int | None = None  # Q/K rows to un-permute over this many heads
+    expert: int | None = None  # this expert's slice of a stacked (experts, rows, cols) tensor
+    offset: float = 0.0  # added to every value (Gemma's norms)
 
 
-def _tensor_plan(reader: Any, path: Path, arch: str, config: dict[str, Any]) -> _Plan:
-    """(GGUF tensor, HF name, HF shape, heads to un-permute or None) for every tensor to write."""
+_Plan = list[_Entry]
+
+
+def _tensor_plan(reader: Any, path: Path, spec: GGUFArch, config: dict[str, Any]) -> _Plan:
+    """Every HF tensor to write, in file order (a stacked tensor's experts together)."""
     plan = []
+    names = dict(spec.layer_names)
     for t in reader.tensors:
-        if _IGNORED.match(t.name):
+        if _IGNORED.match(t.name) or t.name in ROPE_TENSORS:
             continue
-        hf_name = _hf_name(t.name, arch)
-        if hf_name is None:
-            raise ModelLoadError(f"{path}: unexpected tensor {t.name!r} for architecture {arch!r}")
-        heads = None
-        if arch == "llama" and re.search(r"\.attn_q\.", t.name):
-            heads = config["num_attention_heads"]
-        elif arch == "llama" and re.search(r"\.attn_k\.", t.name):
-            heads = config["num_key_value_heads"]
+        base, _, suffix = t.name.rpartition(".")
+        m = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
+        leaf = m.group(2) if m else ""
+        if suffix not in ("weight", "bias") or (m is None and base not in _GLOBAL_NAMES) or (m and leaf not in names):
+            raise ModelLoadError(f"{path}: unexpected tensor {t.name!r} for architecture {config['model_type']!r}")
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims innermost-first
-        plan.append((t, hf_name, shape, heads))
-    present = {hf for _, hf, _, _ in plan}
-    required = ["model.embed_tokens.weight", "model.norm.weight"] + [
-        f"model.layers.{i}.{module}.weight"
-        for i in range(config["num_hidden_layers"])
-        for module in _LAYER_NAMES.values()
+        offset = spec.norm_offset if base.endswith("norm") else 0.0
+        if m is None:
+            plan.append(_Entry(t, f"{_GLOBAL_NAMES[base]}.{suffix}", shape, offset=offset))
+            continue
+        hf_base = f"model.layers.{m.group(1)}.{names[leaf]}"
+        if leaf in EXPERT_LEAVES:
+            plan.extend(_Entry(t, f"{hf_base.format(e=e)}.{suffix}", shape[1:], expert=e) for e in range(shape[0]))
+            continue
+        if leaf == "ffn_gate_inp_shexp" and len(shape) == 1:
+            shape = (1, shape[0])  # llama.cpp stores the shared expert's gate as a vector
+        heads = None
+        if spec.permute_qk and leaf == "attn_q":
+            heads = config["num_attention_heads"]
+        elif spec.permute_qk and leaf == "attn_k":
+            heads = config["num_key_value_heads"]
+        plan.append(_Entry(t, f"{hf_base}.{suffix}", shape, heads, offset=offset))
+    present = {e.tensor.name for e in plan}
+    required = ["token_embd.weight", "output_norm.weight"] + [
+        f"blk.{i}.{leaf}.weight" for i in range(config["num_hidden_layers"]) for leaf in spec.required
     ]
-    missing = [name for name in required if name not in present]
+    missing = [_hf_name(name, names) for name in required if name not in present]
     if missing:
         raise ModelLoadError(f"{path}: incomplete GGUF, missing tensor(s) for {', '.join(missing[:5])}")
+    experts = config.get("num_experts")
+    stacked = {e.tensor.name: e.tensor.shape for e in plan if e.expert is not None}
+    wrong = [name for name, shape in stacked.items() if int(shape[-1]) != experts]
+    if wrong:
+        raise ModelLoadError(f"{path}: tensor {wrong[0]!r} does not stack expert_count ({experts}) experts")
     return plan
 
 
-def _hf_name(gguf_name: str, arch: str) -> str | None:
+def _hf_name(gguf_name: str, names: dict[str, str]) -> str:
+    """The HF name a (missing) GGUF tensor stands for, for messages."""
     base, _, suffix = gguf_name.rpartition(".")
-    layer_names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(arch, {})}
-    if suffix not in ("weight", "bias"):
-        return None
     if base in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[base]}.{suffix}"
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
-    if m and m.group(2) in layer_names:
-        return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}.{suffix}"
-    return None
+    _, layer, leaf = base.split(".", 2)
+    return f"model.layers.{layer}.{names[leaf].format(e='*')}.{suffix}"
 
 
 def _dequantized(plan: _Plan, path: Path, say: Callable[[str], None]) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield fp32 tensors one at a time (dequantized, Q/K rows un-permuted)."""
     from gguf.quants import dequantize
 
-    for n, (t, hf_name, shape, heads) in enumerate(plan):
-        try:
-            weights = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        except NotImplementedError:
-            raise ModelLoadError(f"{path}: tensor {t.name!r} uses unsupported GGML type {t.tensor_type.name}") from None
-        weights = weights.reshape(shape)
-        if not weights.flags.writeable:  # F32 tensors come back as views of the read-only memmap
+    stacked: tuple[str, np.ndarray] | None = None  # the stacked expert tensor being sliced
+    for n, e in enumerate(plan):
+        t = e.tensor
+        if stacked is not None and stacked[0] == t.name:
+            weights = stacked[1]
+        else:
+            try:
+                weights = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+            except NotImplementedError:
+                raise ModelLoadError(
+                    f"{path}: tensor {t.name!r} uses unsupported GGML type {t.tensor_type.name}"
+                ) from None
+            stacked = (t.name, weights) if e.expert is not None else None
+        if e.expert is not None:
+            weights = weights[e.expert]
+        weights = weights.reshape(e.shape)
+        if e.offset:
+            weights = weights + np.float32(e.offset)  # a new array, as transformers computes it
+        elif not weights.flags.writeable:  # F32 tensors come back as views of the read-only memmap
             weights = weights.copy()
-        if heads is not None:
-            weights = reverse_permute(weights, heads)
+        if e.heads is not None:
+            weights = reverse_permute(weights, e.heads)
         if n % 32 == 0:
             say(f"tensor {n + 1}/{len(plan)}: {t.name} ({t.tensor_type.name})")
-        yield hf_name, torch.from_numpy(np.ascontiguousarray(weights))
+        yield e.hf_name, torch.from_numpy(np.ascontiguousarray(weights))
 
 
-def _blocks(kept: _Plan) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield each kept tensor's blocks as stored, one row of blocks per output feature (Q/K rows
+def _block_parts(e: _Entry, config: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(name, first row, end row) of each weight the engine multiplies from ``e``'s blocks: Phi-3's
+    fused tensors as the q/k/v and gate/up weights they hold (row ranges, as the loader splits the
+    fp32 ones), anything else whole."""
+    rows = e.shape[0]
+    if e.hf_name.endswith("self_attn.qkv_proj.weight"):
+        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+        if rows == q + 2 * kv:
+            stem = e.hf_name.removesuffix("qkv_proj.weight")
+            return [
+                (stem + "q_proj.weight", 0, q),
+                (stem + "k_proj.weight", q, q + kv),
+                (stem + "v_proj.weight", q + kv, rows),
+            ]
+    if e.hf_name.endswith("mlp.gate_up_proj.weight") and rows % 2 == 0:
+        stem = e.hf_name.removesuffix("gate_up_proj.weight")
+        return [(stem + "gate_proj.weight", 0, rows // 2), (stem + "up_proj.weight", rows // 2, rows)]
+    return [(e.hf_name, 0, rows)]
+
+
+def _blocks(kept: list[tuple[_Entry, str, int, int]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield each kept weight's blocks as stored, one row of blocks per output feature (Q/K rows
     un-permuted like the fp32 weights: whole rows move, so the blocks stay intact)."""
-    for t, hf_name, shape, heads in kept:
-        rows = np.asarray(t.data).reshape(shape[0], -1)
-        if heads is not None:
-            rows = reverse_permute(rows, heads)
-        yield hf_name, torch.from_numpy(np.array(rows, order="C"))  # a copy: the memmap is read-only
+    for e, name, start, stop in kept:
+        rows = np.asarray(e.tensor.data).reshape(e.shape[0], -1)
+        if e.heads is not None:
+            rows = reverse_permute(rows, e.heads)
+        yield name, torch.from_numpy(np.array(rows[start:stop], order="C"))  # a copy: the memmap is read-only
 
 
 def reverse_permute(weights: np.ndarray, n_head: int) -> np.ndarray:

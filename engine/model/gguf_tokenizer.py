@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import BPE
 
@@ -66,7 +66,7 @@ def tokenizer_files(meta: GGUFMetadata, config: dict[str, Any]) -> tuple[HFToken
         tok, alphabet = _byte_level_bpe(meta, tokens), set(_bytes_to_unicode().values())
         add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
     elif model == "llama":
-        tok, alphabet = _sentencepiece_bpe(meta, tokens), None
+        tok, alphabet = _sentencepiece_bpe(meta, tokens, str(meta.get("general.architecture"))), None
         # llama.cpp adds BOS to a sentencepiece vocabulary unless the file says otherwise
         add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True))
     else:
@@ -162,21 +162,36 @@ def _byte_level_bpe(meta: GGUFMetadata, tokens: list[str]) -> HFTokenizer:
     return tok
 
 
-def _sentencepiece_bpe(meta: GGUFMetadata, tokens: list[str]) -> HFTokenizer:
+def _sentencepiece_bpe(meta: GGUFMetadata, tokens: list[str], arch: str) -> HFTokenizer:
     """Sentencepiece BPE with byte fallback (Llama 2, Mistral, TinyLlama), as transformers'
-    LlamaTokenizer builds it. Files usually carry no merges: they are rebuilt from the scores."""
+    LlamaTokenizer builds it; Gemma's and Phi-3's variants as transformers picks them by architecture
+    (gguf_tokenizer_mapping.py's gemma_tokenizer and phi3_tokenizer). Files usually carry no merges:
+    they are rebuilt from the scores (Gemma: from the file's token order, which its scores do not follow)."""
+    gemma = arch in ("gemma", "gemma2", "gemma3")
+    if gemma:  # a token of spaces only is stored as spaces; the model looks it up as "\u2581"s
+        tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = _merges(meta)
-    if merges is None:
+    if merges is None and gemma:
+        merges = _merges_from_scores(vocab, {t: -float(i) for i, t in enumerate(tokens)})
+    elif merges is None:
         scores = meta.get("tokenizer.ggml.scores")
         if scores is None or len(scores) != len(tokens):
             raise ModelLoadError(f"{meta.path}: sentencepiece vocabulary without merges or scores")
         merges = _merges_from_scores(vocab, dict(zip(tokens, scores, strict=True)))
-    tok = HFTokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
-    tok.decoder = decoders.Sequence(
-        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(content=" ", left=1)]
-    )
+    unk = "<unk>" if gemma and "<unk>" in vocab else None  # GemmaTokenizer's default
+    tok = HFTokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None, unk_token=unk))
+    to_space = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if gemma:  # no prefix space: spaces become "\u2581" and stay with the word before them
+        tok.normalizer = normalizers.Replace(" ", "\u2581")
+        tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+        tok.decoder = decoders.Sequence(to_space)
+        return tok
+    if arch == "phi3":  # the prefix space from a normalizer, so leading spaces are not folded into it
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Sequence([*to_space, decoders.Strip(content=" ", left=1)])
     return tok
 
 

@@ -14,7 +14,9 @@ Tensor parallel (``shard`` and ``collectives``, engine/parallel/): the model hol
 (engine/parallel/layout.py says which): its query and KV heads, its gate/up rows, the matching
 o_proj and down_proj columns (their outputs all-reduced, one each per layer) and its vocabulary
 range of the embedding (looked up where the id falls in it, then all-reduced) and of the head
-(logits gathered on every rank, so every rank samples the same tokens from the same floats).
+(logits gathered on every rank, so every rank samples the same tokens from the same floats). Every
+family shards so (family_forward.py): a MoE layer's experts each like the dense MLP, under one
+all-reduce for the layer.
 """
 
 from __future__ import annotations
@@ -91,6 +93,16 @@ class LlamaModel:
         self.cfg = cfg
         self.device = device
         self.dtype = dtype
+        moe = cfg.family.moe
+        if shard is not None and moe is not None:  # each expert's rows split like the dense MLP's
+            for what, n in (
+                ("expert intermediate size", moe.intermediate_size),
+                ("shared expert intermediate size", moe.shared_intermediate_size),
+            ):
+                if n % shard.size:
+                    raise ModelLoadError(
+                        f"tensor_parallel_size={shard.size} does not divide the model's {what} {n} ({cfg.architecture})"
+                    )
         if (shard is None) != (collectives is None):
             raise ValueError("a sharded model needs both its shard layout and its group's collectives")
         self.shard = shard
@@ -116,8 +128,6 @@ class LlamaModel:
                 dtype,
             )
         )
-        if shard is not None and not family.plain:
-            raise ModelLoadError(f"{cfg.architecture} does not run tensor-parallel yet (tensor_parallel_size 1 only)")
         self.layers: list[DecoderLayer] = []  # built with the weights (load_weights)
         self._embed_weight: torch.Tensor | None = None
         self._norm_weight: torch.Tensor | None = None
@@ -201,8 +211,9 @@ class LlamaModel:
         """Take (name, tensor, source file) triples; fail naming the file on any mismatch."""
         expected = self.expected_shapes()
         got: dict[str, torch.Tensor] = {}
-        if self.cfg.family.fused_checkpoint:
-            weights = split_fused(self.cfg, weights)
+        if self.cfg.family.fused_checkpoint:  # (a rank's parts of each: engine/parallel/layout.py)
+            mlp = self.cfg.intermediate_size // (self.shard.size if self.shard else 1)
+            weights = split_fused(weights, self.q_size, self.kv_size, mlp)
         for name, tensor, source in weights:
             if name.endswith("rotary_emb.inv_freq"):
                 continue  # a buffer some checkpoints carry; recomputed from the config
@@ -331,7 +342,7 @@ class LlamaModel:
         if not self.cfg.family.plain:  # Qwen3, Gemma, MoE...: engine/model/family_forward.py
             return family_forward(self, input_ids, positions, kv_cache, meta, attn, keep)
         eps, norm = self.cfg.rms_norm_eps, self.ops.add_rms_norm
-        h = self._embed(input_ids)  # the residual stream, updated in place by each norm
+        h = self.embed_ids(input_ids)  # the residual stream, updated in place by each norm
         delta = None  # each block's output, added into h by the next norm
         last = len(self.layers) - 1
         if keep is not None and len(keep) == input_ids.shape[0]:
@@ -351,19 +362,20 @@ class LlamaModel:
                 h = h.index_select(0, rows)
             x = norm(h, delta, layer.ln2, eps)
             gate_up, down = layer.dense_mlp()
-            delta = self._reduce(down(self.ops.silu_mul(gate_up(x))))
+            delta = self.reduce(down(self.ops.silu_mul(gate_up(x))))
         return norm(h, delta, self.norm, eps)
 
-    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def embed_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embedding rows of ``input_ids`` (a shard looks up its vocabulary range's, then sums)."""
         if self.shard is None:
             return F.embedding(input_ids, self.embed)
         lo, hi = self.shard.vocab_range()
         outside = (input_ids < lo) | (input_ids >= hi)
         h = F.embedding((input_ids - lo).clamp_(0, max(0, hi - lo - 1)), self.embed)
         h[outside] = 0
-        return self._reduce(h)  # one rank's row plus zeros: exact
+        return self.reduce(h)  # one rank's row plus zeros: exact
 
-    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """A row-parallel product's sum over the ranks (the product itself where not sharded)."""
         return partial if self.collectives is None else self.collectives.all_reduce_(partial)
 
@@ -396,7 +408,7 @@ class LlamaModel:
             out[:nd] = attn.decode(q[:nd], k_cache, v_cache, *meta.decode_tables(), self.scale)
             out[nd:] = attn.prefill(q[nd:], k_cache, v_cache, *meta.prefill_tables(), self.scale)
         out = out.view(t, self.q_size)
-        return self._reduce(layer.o(out if rows is None else out.index_select(0, rows)))
+        return self.reduce(layer.o(out if rows is None else out.index_select(0, rows)))
 
     def _native_decode(
         self,

@@ -38,17 +38,25 @@ def inv_frequencies(cfg: ModelConfig, long: bool = False) -> torch.Tensor:
 
 
 class RotaryEmbedding:
+    """cos/sin rows by rotary index. A longrope model whose context reaches past its original length
+    has two halves: rows ``[0, P)`` with the short factors, rows ``[P, 2P)`` with the long ones
+    (``P = max_positions``, ``long_offset``). A token's rotary index is its position, plus ``P`` when
+    its sequence is in the long state (``engine.input_batch``): transformers rotates every position
+    of a sequence longer than the original length with the long factors, and the others with the
+    short ones."""
+
     def __init__(self, cfg: ModelConfig, max_positions: int, device: torch.device, dtype: torch.dtype) -> None:
         inv_freq = inv_frequencies(cfg)
         pos = torch.arange(max_positions, dtype=torch.float32)
         freqs = pos[:, None] * inv_freq[None, :]  # [P, D/2]
         rs = cfg.rope_scaling
-        if rs.rope_type == "longrope":
-            # transformers switches to the long factors once a forward pass reaches past the original
-            # length: here a token from that position on (the same for a prompt within it and every
-            # token generated after it; a longer prompt's first tokens get the long factors there).
-            start = min(rs.original_max_position_embeddings, max_positions)
-            freqs[start:] = pos[start:, None] * inv_frequencies(cfg, long=True)[None, :]
+        # The original length where a sequence can pass it (the table then has its long half), else None.
+        self.long_from = (
+            cfg.long_rope_from if cfg.long_rope_from is not None and max_positions > cfg.long_rope_from else None
+        )
+        self.long_offset = max_positions if self.long_from is not None else 0
+        if self.long_from is not None:
+            freqs = torch.cat((freqs, pos[:, None] * inv_frequencies(cfg, long=True)[None, :]))
         self.cos = freqs.cos()
         self.sin = freqs.sin()
         if rs.rope_type == "longrope" and rs.attention_factor != 1.0:

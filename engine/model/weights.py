@@ -18,11 +18,13 @@ import struct
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from engine.errors import ModelLoadError
+from engine.parallel.layout import TensorPart, part_ranges
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -80,11 +82,12 @@ def weight_files(model_dir: Path) -> list[tuple[Path, set[str] | None]]:
 
 
 def iter_safetensors(
-    model_dir: Path, part: Callable[[str], tuple[int, int, int] | None] | None = None
+    model_dir: Path, part: Callable[[str], TensorPart | None] | None = None
 ) -> Iterator[tuple[str, torch.Tensor, str]]:
     """Yield ``(tensor name, tensor, file name)`` for every tensor of the model, one at a time.
-    ``part(name)``: (dimension, start, stop) of the tensor to read, None for all of it; only that
-    part is read from the file (a tensor-parallel rank's shard: engine/parallel/layout.py).
+    ``part(name)``: the part of the tensor to read ((dimension, start, stop), or several ranges
+    concatenated), None for all of it; only that part is read from the file (a tensor-parallel
+    rank's shard: engine/parallel/layout.py).
 
     Files are validated before the first tensor is yielded for that file (header readable, every
     tensor the index assigns to it present), so a broken download fails early with a useful message.
@@ -107,14 +110,17 @@ def iter_safetensors(
             for name in names:
                 try:
                     where = part(name) if part is not None else None
-                    if where is None:
-                        tensor = f.get_tensor(name)
-                    else:
-                        dim, lo, hi = where
-                        tensor = f.get_slice(name)[(slice(None),) * dim + (slice(lo, hi),)]
-                except (SafetensorError, OSError, RuntimeError) as e:
+                    tensor = f.get_tensor(name) if where is None else _read_part(f.get_slice(name), where)
+                except (SafetensorError, OSError, RuntimeError, ValueError) as e:
                     raise ModelLoadError(f"{path}: cannot read tensor {name!r} ({e})") from None
                 yield name, tensor, path.name
+
+
+def _read_part(view: Any, part: TensorPart) -> torch.Tensor:
+    """The ranges ``part`` names of a safetensors slice view, concatenated (each read alone)."""
+    dim, ranges = part_ranges(part, tuple(view.get_shape()))
+    pieces = [view[(slice(None),) * dim + (slice(lo, hi),)] for lo, hi in ranges]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=dim)
 
 
 def read_ggml_blocks(model_dir: Path) -> dict[str, tuple[torch.Tensor, str]]:

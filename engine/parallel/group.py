@@ -3,13 +3,16 @@ rendezvous store (no global world: a group formed again, after a rank died, simp
 
 Two process groups where the device is CUDA: NCCL for the activations (all-reduce, the logits'
 gather) and gloo for the step plans, which are bytes on the CPU; on CPU gloo carries both. The
-model calls only ``all_reduce_`` and ``gather_vocab`` (the ``ShardCollectives`` protocol).
+model calls only ``all_reduce_`` and ``gather_vocab`` (the ``ShardCollectives`` protocol). A
+``CollectiveTimer`` set on a rank's group (``timer``, off by default) adds up the wall time those
+two take on that rank (bench/tp_allreduce_share.py).
 """
 
 from __future__ import annotations
 
 import datetime
 import pickle
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,6 +43,18 @@ class GroupAddress:
     key: str
 
 
+@dataclass
+class CollectiveTimer:
+    """Wall seconds and calls of a rank's all-reduces and logit gathers while it is set. On CUDA
+    each timed call synchronizes the device before and after (NCCL's wait returns before the sum is
+    done): a measuring aid, not for serving."""
+
+    all_reduce_s: float = 0.0
+    all_reduce_calls: int = 0
+    gather_s: float = 0.0
+    gather_calls: int = 0
+
+
 def host_store(host: str = "127.0.0.1", timeout_s: float = 60.0) -> dist.TCPStore:
     """Rank 0's rendezvous store on a free port (``store.port``)."""
     return dist.TCPStore(host, 0, is_master=True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
@@ -55,6 +70,7 @@ class RankGroup:
 
     def __init__(self, store: dist.Store, key: str, rank: int, size: int, device: torch.device) -> None:
         self.rank, self.size, self.device = rank, size, device
+        self.timer: CollectiveTimer | None = None
         self._store = store  # kept alive: the groups use it
         # (Any: torch's stubs omit the process groups' collective methods.)
         self.cpu: Any = dist.ProcessGroupGloo(dist.PrefixStore(f"{key}/cpu", store), rank, size, _OP_TIMEOUT)
@@ -80,8 +96,22 @@ class RankGroup:
     def all_reduce_(self, t: torch.Tensor) -> torch.Tensor:
         """Sum ``t`` over the ranks, in place; returns it."""
         if self.size > 1:
+            timer, start = self.timer, self._started()
             self.dev.allreduce([t]).wait()
+            if timer is not None:
+                timer.all_reduce_s += self._since(start)
+                timer.all_reduce_calls += 1
         return t
+
+    def _started(self) -> float:
+        if self.timer is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _since(self, start: float) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - start
 
     def gather_vocab(self, t: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """Every rank's ``[rows, its vocabulary range]`` logits -> ``[rows, vocab_size]`` on every rank
@@ -93,7 +123,11 @@ class RankGroup:
             t = torch.nn.functional.pad(t, (0, width - t.shape[-1]))
         t = t.contiguous()
         parts = [torch.empty_like(t) for _ in range(self.size)]
+        timer, start = self.timer, self._started()
         self.dev.allgather([parts], [t]).wait()
+        if timer is not None:
+            timer.gather_s += self._since(start)
+            timer.gather_calls += 1
         return torch.cat(parts, dim=-1)[..., :vocab_size]
 
     def broadcast_object(self, obj: Any = None) -> Any:

@@ -7,8 +7,9 @@ heads from every rank to rank 0, which ships whole-head rows exactly as a one-ra
 own heads. Both are plans like a step's: rank 0 broadcasts them on the engine thread, in order
 with the steps, and every rank runs them over the group's collectives. So a group of any size
 hands off to a group of any size (heads split or replicated), the wire format is unchanged, and
-block ids stay the group's one block manager's. (The issue's design ships each rank's heads
-straight to the decode ranks holding them; ``head_routes.handoff_routes`` is that mapping.)
+block ids stay the group's one block manager's. (Pool workers hand off rank to rank by default,
+``direct_kv.py``; this path through rank 0 is the one a worker started with ``direct_kv=False``
+uses, and what tests compare a group's KV with.)
 """
 
 from __future__ import annotations

@@ -6,6 +6,12 @@ partial sums all-reduced), and the vocabulary (embedding and head) is split in c
 KV heads are split where the size divides them and replicated where the size exceeds them (a
 multiple of them), as vLLM does: rank r then holds KV head ``r // (size / kv_heads)``, the one its
 query heads attend with.
+
+The other families shard the same way: each MoE expert (and Qwen2-MoE's shared expert) like the
+dense MLP, over its own intermediate size (its gate/up rows and down columns: ``EvenShare``, as the
+layout is not told the experts' size; the model checks the size divides it), the router and the
+shared expert's gate whole on every rank; Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` as the
+rank's rows of each part they fuse (``Pieces``). Norms, q/k norms included (per head), stay whole.
 """
 
 from __future__ import annotations
@@ -28,6 +34,47 @@ def check_tensor_parallel(
         )
     if intermediate_size % size:
         raise ValueError(f"{setting}={size} does not divide the model's intermediate size {intermediate_size}")
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """Ranges of a tensor along ``dim`` that a rank reads and concatenates, in order (one from each
+    part of a fused tensor)."""
+
+    dim: int
+    ranges: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class EvenShare:
+    """Rank ``rank``'s share of ``size`` equal, contiguous shares of a tensor's length along ``dim``."""
+
+    dim: int
+    rank: int
+    size: int
+
+    def range(self, length: int) -> tuple[int, int]:
+        if length % self.size:
+            raise ValueError(f"a tensor of length {length} along dimension {self.dim} cannot be split in {self.size}")
+        n = length // self.size
+        return self.rank * n, (self.rank + 1) * n
+
+
+# (dimension, start, stop) of one range, or several, or an even share
+TensorPart = tuple[int, int, int] | Pieces | EvenShare
+
+_EXPERT_ROWS = ("w1.weight", "w3.weight", "gate_proj.weight", "up_proj.weight")  # column-parallel
+_EXPERT_COLUMNS = ("w2.weight", "down_proj.weight")  # row-parallel
+
+
+def part_ranges(part: TensorPart, shape: tuple[int, ...]) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """(dimension, the ranges along it) that ``part`` reads of a tensor of ``shape``."""
+    if isinstance(part, Pieces):
+        return part.dim, part.ranges
+    if isinstance(part, EvenShare):
+        return part.dim, (part.range(shape[part.dim]),)
+    dim, lo, hi = part
+    return dim, ((lo, hi),)
 
 
 @dataclass(frozen=True)
@@ -92,8 +139,21 @@ class ShardLayout:
         lo = min(self.vocab_size, self.rank * self.vocab_per_rank)
         return lo, min(self.vocab_size, lo + self.vocab_per_rank)
 
-    def slice_for(self, name: str) -> tuple[int, int, int] | None:
-        """(dimension, start, stop) of the HF tensor ``name`` this rank loads; None: the whole tensor."""
+    def slice_for(self, name: str) -> TensorPart | None:
+        """The part of the HF tensor ``name`` this rank loads (mostly (dimension, start, stop)); None:
+        the whole tensor."""
+        if name.endswith("self_attn.qkv_proj.weight"):  # Phi-3: q, k and v rows in one tensor
+            q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            (qlo, qhi), (klo, khi) = self.head_rows(), self.kv_rows()
+            return Pieces(0, ((qlo, qhi), (q + klo, q + khi), (q + kv + klo, q + kv + khi)))
+        if name.endswith("mlp.gate_up_proj.weight"):  # Phi-3: gate rows, then up rows
+            lo, hi = self.mlp_rows()
+            return Pieces(0, ((lo, hi), (self.intermediate_size + lo, self.intermediate_size + hi)))
+        if ".experts." in name or ".shared_expert." in name:  # MoE: each expert like the dense MLP
+            if name.endswith(_EXPERT_ROWS):
+                return EvenShare(0, self.rank, self.size)
+            if name.endswith(_EXPERT_COLUMNS):
+                return EvenShare(1, self.rank, self.size)
         if name.endswith(("q_proj.weight", "q_proj.bias")):
             return (0, *self.head_rows())
         if name.endswith(("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias")):
@@ -112,5 +172,5 @@ class ShardLayout:
         got = self.slice_for(name)
         if got is None:
             return shape
-        dim, lo, hi = got
-        return shape[:dim] + (hi - lo,) + shape[dim + 1 :]
+        dim, ranges = part_ranges(got, shape)
+        return shape[:dim] + (sum(hi - lo for lo, hi in ranges),) + shape[dim + 1 :]

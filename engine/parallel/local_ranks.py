@@ -19,6 +19,7 @@ import torch.distributed as dist
 from engine.config import EngineConfig
 from engine.model.config import ModelConfig
 from engine.model.registry import resolve_model
+from engine.parallel.direct_kv import HandoffPlan
 from engine.parallel.group import GroupAddress, RankGroup, host_store, joined_key
 from engine.parallel.group_kv import KVExport, KVImport
 from engine.parallel.layout import check_tensor_parallel
@@ -27,8 +28,9 @@ from engine.scheduler_output import SchedulerOutput
 
 _JOIN_S = 30.0
 
-# What rank 0 broadcasts: a step's plan, or a step of a pool worker's KV handoff (group_kv.py).
-RankPlan = SchedulerOutput | KVExport | KVImport
+# What rank 0 broadcasts: a step's plan, or a step of a pool worker's KV handoff (group_kv.py's
+# interim one through rank 0, or direct_kv.py's rank to rank).
+RankPlan = SchedulerOutput | KVExport | KVImport | HandoffPlan
 
 
 class RankLost(RuntimeError):

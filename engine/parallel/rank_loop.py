@@ -14,6 +14,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.model_loader import load_model, pick_device
+from engine.parallel.direct_kv import HandoffClose, HandoffJoin, HandoffRecv, HandoffSend, RankHandoffs, report
 from engine.parallel.group import GroupAddress, RankGroup
 from engine.parallel.group_kv import KVExport, KVImport, export_step, import_step
 from engine.runner import ModelRunner
@@ -47,8 +48,13 @@ def run_rank(config: EngineConfig, address: GroupAddress, rank: int, device: tor
         eos_token_ids=setup.eos_token_ids,
     )
     num_kv_heads = loaded.model_config.num_key_value_heads
+    handoffs = RankHandoffs(rank, size, runner.kv_cache, num_kv_heads)  # the direct handoff (direct_kv.py)
     while (plan := group.broadcast_object()) is not None:
-        if isinstance(plan, KVExport):  # a pool worker's KV handoff (engine/parallel/group_kv.py)
+        if isinstance(plan, HandoffJoin | HandoffSend | HandoffRecv | HandoffClose):
+            failed, received = handoffs.apply(plan)
+            if isinstance(plan, HandoffRecv):
+                report(group, failed, received)
+        elif isinstance(plan, KVExport):  # a pool worker's KV handoff (engine/parallel/group_kv.py)
             export_step(group, runner.kv_cache, num_kv_heads, plan)
         elif isinstance(plan, KVImport):
             import_step(group, runner.kv_cache, num_kv_heads, plan)

@@ -7,16 +7,17 @@ computed lazily per step at a comparable cost, and it imports no torch (xgrammar
 transformers and triton), so the router can use it. Compilation runs under llguidance's fuel limits
 and a wall-clock bound (``CompileBudget``): a schema or regex too large to compile in it is an error
 naming the field and the budget, never a hang -- on the router and on a worker alike (a worker
-compiles every constraint it is given: a migrated request's, one that reached it uncompiled).
+compiles every constraint it is given, a migrated request's too, on the compiler's threads while
+its engine steps: engine/structured/grammar_waits.py).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ import llguidance
 from engine.errors import InvalidParameterError
 from engine.model.tokenizer import Tokenizer
 from engine.structured.constraint import ConstraintKind, StructuredOutput
+from engine.structured.control_tokens import resolve_control_tokens
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -55,8 +57,10 @@ class CompileBudget:
         )
 
 
-def grammar_text(c: StructuredOutput) -> str:
-    """llguidance's grammar for ``c``; InvalidParameterError naming its field if it is malformed."""
+def grammar_text(c: StructuredOutput, tokenizer: llguidance.LLTokenizer | None = None) -> str:
+    """llguidance's grammar for ``c``; InvalidParameterError naming its field if it is malformed.
+    ``tokenizer``: the one it compiles for (a grammar's bracketed control tokens are its own:
+    engine/structured/control_tokens.py)."""
     try:
         if c.kind is ConstraintKind.JSON_OBJECT:
             return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
@@ -65,8 +69,9 @@ def grammar_text(c: StructuredOutput) -> str:
         if c.kind is ConstraintKind.REGEX:
             return llguidance.LLMatcher.grammar_from_regex(c.spec)
         if c.kind is ConstraintKind.CHOICE:
-            return llguidance.grammar_from("choice", c.spec)
-        return llguidance.grammar_from("grammar", c.spec)
+            return llguidance.grammar_from("lark", choice_grammar(json.loads(c.spec)))
+        spec = c.spec if tokenizer is None else resolve_control_tokens(c.spec, tokenizer)
+        return llguidance.grammar_from("grammar", spec)
     except (ValueError, TypeError) as e:
         raise InvalidParameterError(c.field, f"{c.field} is not valid: {e}") from None
 
@@ -74,7 +79,7 @@ def grammar_text(c: StructuredOutput) -> str:
 class GrammarCompiler:
     """Compiles constraints for one tokenizer into matchers: a bounded LRU cache of compiled
     (pristine) matchers keyed by the constraint's hash; each request gets a copy. Thread-safe: the
-    router compiles off its event loop."""
+    router compiles off its event loop, a worker off its engine thread (``compile_async``)."""
 
     def __init__(
         self,
@@ -101,34 +106,33 @@ class GrammarCompiler:
         return cls(tokenizer.backend.to_str(), vocab, tokenizer.eos_token_ids, **kw)
 
     def compile(self, c: StructuredOutput) -> llguidance.LLMatcher:
-        """The pristine compiled matcher of ``c`` (do not advance it: ``matcher`` copies it)."""
-        with self._lock:
-            hit = self._cache.get(c.key)
-            if hit is not None:
-                self._cache.move_to_end(c.key)
-                return hit
-        return self._compile(c)
-
-    def compile_within_budget(self, c: StructuredOutput) -> llguidance.LLMatcher:
-        """``compile``, waiting at most the budget's ``wall_s``: past it, InvalidParameterError naming
-        the field and the budget (the compile finishes on its thread and is cached)."""
+        """The pristine compiled matcher of ``c`` (do not advance it: ``matcher`` copies it); one
+        compiling on the threads already is waited for, not compiled again."""
         with self._lock:
             hit = self._cache.get(c.key)
             if hit is not None:
                 self._cache.move_to_end(c.key)
                 return hit
             future = self._compiling.get(c.key)
+        return self._compile(c) if future is None else future.result()
+
+    def compile_async(self, c: StructuredOutput) -> Future[llguidance.LLMatcher]:
+        """``c``'s compile on the compiler's threads (done already when cached); its error, if it
+        does not compile, is InvalidParameterError naming the field. Cached once done."""
+        with self._lock:
+            hit = self._cache.get(c.key)
+            if hit is not None:
+                self._cache.move_to_end(c.key)
+                done: Future[llguidance.LLMatcher] = Future()
+                done.set_result(hit)
+                return done
+            future = self._compiling.get(c.key)
             if future is None:
                 if self._threads is None:
                     self._threads = ThreadPoolExecutor(2, thread_name_prefix="grammar-compile")
                 future = self._compiling[c.key] = self._threads.submit(self._compile, c)
                 future.add_done_callback(functools.partial(self._compiled, c.key))
-        try:
-            return future.result(timeout=self.budget.wall_s)
-        except FutureTimeout:
-            raise InvalidParameterError(
-                c.field, f"{c.field} did not compile within the compile budget ({self.budget.wall_s:g} s): simplify it"
-            ) from None
+            return future
 
     def _compiled(self, key: str, _done: Future[llguidance.LLMatcher]) -> None:
         with self._lock:
@@ -136,7 +140,7 @@ class GrammarCompiler:
 
     def _compile(self, c: StructuredOutput) -> llguidance.LLMatcher:
         key = c.key
-        grammar = grammar_text(c)
+        grammar = grammar_text(c, self.tokenizer)
         m = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self.budget.limits())
         if m.is_error():
             raise InvalidParameterError(c.field, f"{c.field} cannot be compiled: {_short(m.get_error())}")
@@ -152,6 +156,18 @@ class GrammarCompiler:
 
     def __len__(self) -> int:
         return len(self._cache)
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """One of ``choices`` as a single lexer terminal, not a rule of alternatives (llguidance's own
+    ``choice``): a rule puts every option in one Earley row, whose size llguidance bounds (a longer
+    list fails at its first token), and the lexer's masks cost a fraction of the parser's."""
+    return "start: CHOICE\nCHOICE: " + " | ".join(json.dumps(o, ensure_ascii=False) for o in choices) + "\n"
+
+
+def over_budget(field: str, wall_s: float) -> str:
+    """The error message of a compile of ``field`` that took longer than ``wall_s``."""
+    return f"{field} did not compile within the compile budget ({wall_s:g} s): simplify it"
 
 
 def _short(error: str, limit: int = 300) -> str:

@@ -22,14 +22,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import llguidance
 import llguidance.numpy as lnp
 import numpy as np
 import torch
 
+from engine.errors import InvalidParameterError
 from engine.model.tokenizer import Tokenizer
+from engine.outputs import OutputError
 from engine.sampling_params import SamplingParams
 from engine.structured.compiler import GrammarCompiler
 
@@ -39,20 +41,32 @@ _FILL_THREADS = max(1, min(32, int(0.8 * (os.cpu_count() or 1))))
 
 
 class _Row:
-    __slots__ = ("consumed", "matcher")
+    __slots__ = ("consumed", "failure", "matcher", "param", "slot")
 
-    def __init__(self, matcher: llguidance.LLMatcher) -> None:
-        self.matcher = matcher
+    def __init__(
+        self, matcher: llguidance.LLMatcher | None, slot: int, param: str, failure: OutputError | None
+    ) -> None:
+        self.matcher = matcher  # None: its constraint did not compile (``failure`` says why)
+        self.slot = slot
+        self.param = param  # the request field the constraint came from (named in its error)
+        self.failure = failure
         self.consumed = 0  # output tokens the matcher holds
+
+    @property
+    def failed(self) -> bool:
+        return self.matcher is None or self.matcher.is_error()
 
 
 @dataclass(slots=True)
 class StepMasks:
     """One step's masks: ``at`` the constrained positions among the step's sampled positions
-    (ascending), ``bitmask`` [len(at), ceil(V / 32)] int32 their allowed tokens (never none)."""
+    (ascending), ``bitmask`` [len(at), ceil(V / 32)] int32 their allowed tokens (never none);
+    ``errors``: slot -> why its matcher failed (its request ends with ERROR: its masks are no longer
+    the grammar's)."""
 
     at: np.ndarray
     bitmask: np.ndarray
+    errors: dict[int, OutputError] = field(default_factory=dict)
 
     def allows(self, positions: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """Whether each of ``positions`` (constrained ones) allows its token in ``tokens``."""
@@ -93,10 +107,14 @@ class GrammarRows:
     def join(self, slot: int, params: SamplingParams) -> None:
         """A request takes ``slot`` (anew: its matcher starts over and replays its tokens)."""
         self.wait()  # (a step's masks still being computed hold matchers: never swap one under it)
-        if params.structured is None:
+        c = params.structured
+        if c is None:
             self.rows.pop(slot, None)
-        else:
-            self.rows[slot] = _Row(self.compiler.matcher(params.structured))
+            return
+        try:  # (compiled before the request was scheduled, unless evicted since: engine/structured/grammar_waits.py)
+            self.rows[slot] = _Row(self.compiler.matcher(c), slot, c.field, None)
+        except InvalidParameterError as e:  # the step goes on; this row's request ends with ERROR
+            self.rows[slot] = _Row(None, slot, c.field, OutputError(e.message, c.field))
 
     def constrained(self, slots: Sequence[int]) -> bool:
         return bool(self.rows) and any(s in self.rows for s in slots)
@@ -151,16 +169,16 @@ class GrammarRows:
         if self._executor is None:
             self._executor = llguidance.LLExecutor(_FILL_THREADS)
         for _, row, new, _ in runs:
-            if new:
+            if new and row.matcher is not None:
                 row.matcher.consume_tokens(new)
                 row.consumed += len(new)
-        plain = [(row.matcher, j) for j, row, _, drafts in runs if not drafts]
+        plain = [(row.matcher, j) for j, row, _, drafts in runs if not drafts and row.matcher is not None]
         if len(plain) > 1 and _FILL_THREADS > 1:
             lnp.fill_next_token_bitmask_par(self._executor, plain, bitmask)
         else:  # (one row, or one fill thread: a handoff to the executor's thread would only add its wake-up)
             for m, j in plain:
                 lnp.fill_next_token_bitmask(m, bitmask, j)
-        drafted = [(row.matcher, j, drafts) for j, row, _, drafts in runs if drafts]
+        drafted = [(row.matcher, j, drafts) for j, row, _, drafts in runs if drafts and row.matcher is not None]
         if drafted:  # each draft consumed after the mask before it, the matcher rolled back after
             lnp.fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, bitmask)
         empty = np.count_nonzero(bitmask, axis=1) == 0
@@ -172,7 +190,11 @@ class GrammarRows:
             empty = np.count_nonzero(bitmask, axis=1) == 0
             # (A failed or finished matcher's mask is its EOS; should one allow nothing: EOS ends the request.)
             bitmask[empty] |= self._eos_mask()
-        return StepMasks(positions, bitmask)
+        # A matcher fails when it refuses a token its own mask allowed, or runs out of room (an Earley
+        # row, lexer fuel): from then on its mask is EOS alone, which would end the request as if
+        # the grammar were complete. Its request ends with ERROR instead, naming the constraint.
+        errors = {row.slot: row.failure or _failure(row) for _, row, _, _ in runs if row.failed}
+        return StepMasks(positions, bitmask, errors)
 
     def _eos_mask(self) -> np.ndarray:
         if self._eos is None:
@@ -214,6 +236,17 @@ class GrammarRows:
         """``start`` and ``apply`` at once (no overlap): ``logits`` one row per position of ``slots``."""
         job = self.start(np.asarray(slots, dtype=np.int64), offsets, token_ids, num_tokens, num_prompt_tokens)
         return logits if job is None else self.apply(logits, job.result())
+
+
+def _failure(row: _Row) -> OutputError:
+    assert row.matcher is not None  # (a row without one has its failure)
+    error = " ".join(row.matcher.get_error().replace("<non-verbose/>", "").split())
+    if len(error) > 300:
+        error = error[:300] + "..."
+    return OutputError(
+        f"{row.param} could not be enforced: its grammar failed with {row.consumed} output tokens generated ({error})",
+        row.param,
+    )
 
 
 def _forbidden(bitmask: np.ndarray, vocab: int, device: torch.device) -> torch.Tensor:

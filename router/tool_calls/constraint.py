@@ -1,6 +1,8 @@
 """``tool_choice`` ``required`` or a named function as a grammar: the output must be one call (or,
 with ``parallel_tool_calls``, one or more) in the model family's markup, each an object naming a
-function with arguments valid against that function's parameters schema (pure Python)."""
+function with arguments valid against that function's parameters schema (pure Python). Mistral's
+``[TOOL_CALLS]`` is written ``<[TOOL_CALLS]>``: the special token where the model's tokenizer has it,
+else its spelling (engine/structured/control_tokens.py)."""
 
 from __future__ import annotations
 
@@ -51,8 +53,8 @@ def tool_call_constraint(fmt: ToolFormat, tools: list[FunctionTool], parallel: b
             'start: call ("\\n" call)*' if parallel else "start: call",
             'call: "<tool_call>\\n" obj "\\n</tool_call>"',
         ]
-    elif fmt is ToolFormat.MISTRAL:
-        rules = ['start: "[TOOL_CALLS][" obj ("," obj)* "]"' if parallel else 'start: "[TOOL_CALLS][" obj "]"']
+    elif fmt is ToolFormat.MISTRAL:  # (its marker the special token where the tokenizer has it)
+        rules = ['start: <[TOOL_CALLS]> "[" obj ("," obj)* "]"' if parallel else 'start: <[TOOL_CALLS]> "[" obj "]"']
     else:
         rules = ['start: obj (";" obj)*' if parallel else "start: obj"]
     return StructuredOutput(ConstraintKind.GRAMMAR, "\n".join([*rules, obj]) + "\n", "tool_choice")

@@ -6,6 +6,7 @@ drain."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -31,6 +32,18 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _group_members(pgid: int) -> list[str]:
+    """The live (not zombie) processes of process group ``pgid``."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after its ")".
+            state, _ppid, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            if int(pgrp) == pgid and state != "Z":
+                members.append(stat.parent.name)
+    return members
 
 
 def _ray_cli() -> str:
@@ -72,7 +85,8 @@ def ray_head():
             f"--ray-client-server-port={_free_port()}",
             "--disable-usage-stats",
         ],
-        env=env,
+        # Ray drains a node on SIGTERM (up to 30 s, for Serve's proxies); nothing here drains.
+        env={**env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -96,12 +110,27 @@ def ray_head():
         wait_until(dashboard_up, timeout_s=120, interval_s=1, message="the Ray dashboard to come up")
         yield {"env": env, "dashboard": dashboard, "gcs": f"127.0.0.1:{gcs_port}"}
     finally:
-        os.killpg(head.pid, signal.SIGTERM)
+        # ``ray start`` first, alone: it stops its processes in order, the raylet first (a SIGTERM
+        # to the whole group at once made its shutdown wait half a minute).
+        head.terminate()
         try:
             head.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        try:
+            # Then what outlived it (the dashboard's module processes): they end on their SIGTERM.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(head.pid, signal.SIGTERM)
+            wait_until(
+                lambda: not _group_members(head.pid),
+                timeout_s=20,
+                interval_s=0.2,
+                message=lambda: f"the Ray head's processes to exit (left: {_group_members(head.pid)})",
+            )
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(head.pid, signal.SIGKILL)
+            shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _ray(head: dict, *args: str, timeout: float = 180) -> str:

@@ -1,8 +1,9 @@
 """Tensor-parallel pool workers (real Ray, gloo): a worker spans a group of rank actors in its own
 placement group. Prefill TP 2 -> decode TP 1, TP 1 -> TP 2 and TP 2 -> TP 2 equal the colocated
-TP 1 engine token for token; a shared prefix is not shipped again; a rank of a decode group
-killed mid-stream fails its worker, whose requests migrate with no token missing or repeated,
-and the group comes back (a later request runs on it). No block is held after each test."""
+TP 1 engine token for token, each prefill rank shipping its own heads; a shared prefix is not
+shipped again; a prefill rank killed mid-handoff makes the decode worker prefill itself; a rank of
+a decode group killed mid-stream fails its worker, whose requests migrate with no token missing or
+repeated, and the group comes back (a later request runs on it). No block is held after each test."""
 
 import os
 import signal
@@ -10,6 +11,7 @@ import signal
 import pytest
 import ray
 
+from kv_transfer.fault import FaultSpec
 from kv_transfer.nccl_double import NcclSemantics
 from tests.e2e.helpers import colocated, greedy, nccl_violations, prompts, start_cluster
 from tests.waiting import wait_until
@@ -25,14 +27,16 @@ def _cluster(model_dir, prefill_tp, decode_tp, **kw):
         1,
         prefill_tensor_parallel_size=prefill_tp,
         decode_tensor_parallel_size=decode_tp,
-        kv_data_plane=NcclSemantics(),  # the payloads' data plane under NCCL's rules
+        # The pair's data plane under NCCL's rules (a group hands its KV off rank to rank instead,
+        # kv_transfer/group_handoff.py: it stays idle here).
+        kv_data_plane=NcclSemantics(),
         **kw,
     )
 
 
 @pytest.fixture(scope="module")
 def p2d1(ray_session, tiny_model_dir):
-    c = _cluster(tiny_model_dir, 2, 1)
+    c = _cluster(tiny_model_dir, 2, 1, max_restarts=1)
     yield c
     violations = nccl_violations(c)
     c.shutdown()
@@ -57,6 +61,11 @@ def _rank_actors(worker_class):
         for a in actors
         if a["ActorClassName"] == "RankActor" and a["OwnerAddress"]["Port"] in owners
     ]
+
+
+def _rank0_sent(cluster):
+    """The KV bytes the prefill worker's rank 0 itself shipped (kv_transfer/group_handoff.py)."""
+    return ray.get(cluster.actor("prefill-0").__ray_call__.remote(lambda w: w.agent._direct.handoffs.stats.bytes_sent))
 
 
 def _decode_bytes(cluster):
@@ -95,12 +104,38 @@ def test_a_shared_prefix_is_not_shipped_again(p2d1, tiny_model_dir):
     blocks = -(-len(first) // BLOCK)
     b0 = _decode_bytes(p2d1)
     p2d1.generate([first], greedy(4))
-    b1 = _decode_bytes(p2d1)
+    b1, r1 = _decode_bytes(p2d1), _rank0_sent(p2d1)
     out = p2d1.generate([second], greedy(4))[0]
-    b2 = _decode_bytes(p2d1)
+    b2, r2 = _decode_bytes(p2d1), _rank0_sent(p2d1)
     row = (b1 - b0) // blocks
     assert row > 0 and b2 - b1 == row * (blocks - 4)  # the prefix's four blocks stayed on the decode worker
+    assert r2 - r1 == (b2 - b1) // 2  # prefill rank 0 shipped its own KV head (of two) only: rank to rank
     assert out.token_ids == colocated(tiny_model_dir, [second], [4])[0]
+    p2d1.wait_until_drained()
+
+
+def test_a_prefill_rank_killed_mid_handoff_falls_back(p2d1, tiny_model_dir):
+    """The ranks' heads are out, the header held back: a prefill rank dies, its worker with it; the
+    decode worker prefills the prompt itself, and the replaced prefill group hands off again."""
+    old = ray.get(p2d1.actor("prefill-0").ping.remote())
+    p2d1.actor("prefill-0").set_faults.remote(FaultSpec(delay_s=30.0, delay_next=1))
+    p = prompts(16, 1, VOCAB, lo=120, hi=120)[0]  # 4 chunks of 32 tokens
+    stream = p2d1.submit(p, greedy(6))
+    wait_until(lambda: p2d1.loads()["prefill-0"].num_transferring == 1, timeout_s=30, message="the prompt prefilled")
+    (pid, _), *others = [a for a in _rank_actors("PrefillWorker") if a[1] == "ALIVE"]
+    assert others == []
+    os.kill(pid, signal.SIGKILL)
+    assert stream.result(60).token_ids == colocated(tiny_model_dir, [p], [6])[0]
+
+    def back() -> bool:
+        w = p2d1.pool.get("prefill-0")
+        return w.alive and w.info.peer.incarnation != old
+
+    wait_until(back, timeout_s=60, interval_s=0.2, message="the prefill group coming back")
+    later = prompts(17, 1, VOCAB, lo=40, hi=60)
+    disagg = p2d1.dispatcher.num_disaggregated
+    assert [o.token_ids for o in p2d1.generate(later, greedy(4))] == colocated(tiny_model_dir, later, [4])
+    assert p2d1.dispatcher.num_disaggregated == disagg + 1
     p2d1.wait_until_drained()
 
 

@@ -13,19 +13,21 @@ def build_tiny_hf_model(
     seed: int = 0,
     max_position_embeddings: int = 512,
     initializer_range: float = 0.3,
+    num_hidden_layers: int = 3,
 ) -> Path:
     """A seeded random Llama, Llama 3 (rope scaling), Qwen2 or Mistral saved as a HF directory
     (safetensors). ``max_position_embeddings`` sets the context length Baton serves it at (the
     outputs do not depend on it, except through Llama 3's rope scaling and Mistral's window).
     ``initializer_range``: the weights' scale; the default gives outputs that wander, a smaller one
-    outputs that repeat themselves (what n-gram drafts need)."""
+    outputs that repeat themselves (what n-gram drafts need). ``num_hidden_layers``: fewer make
+    a slow path (Triton's interpreter) cheaper; the layers are alike."""
     import transformers
 
     common = dict(
         vocab_size=512,
         hidden_size=64,
         intermediate_size=160,
-        num_hidden_layers=3,
+        num_hidden_layers=num_hidden_layers,
         num_attention_heads=8,
         num_key_value_heads=2,
         max_position_embeddings=max_position_embeddings,

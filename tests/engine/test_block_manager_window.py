@@ -73,6 +73,29 @@ def test_a_released_block_is_a_prefix_hit_until_it_is_reused():
     assert bm.find_cached_prefix(_req("d", list(range(16)) + [99])) == []  # the chain breaks at block 0
 
 
+def test_a_prefix_hit_takes_only_the_blocks_its_window_reaches():
+    """Admitted on a hit, a request takes the hit's blocks from its first query's window on; the
+    ones before stay free (placeholders stand for them), so a hit as long as the pool still fits.
+    A prefill-role request takes the whole hit (it ships every block)."""
+    bm = BlockManager(8, BS, window=W)
+    a = _req("a", list(range(32)))
+    _compute(bm, a, 32)  # every block of the pool, entered in the cache
+    blocks = list(a.block_ids)
+    bm.free(a)
+    b = _req("b", list(range(32)) + [99])
+    hit = bm.find_cached_prefix(b)
+    assert hit == blocks and not bm.can_allocate(b, 1, hit)  # all eight, and one more for the last token
+    assert bm.passed_hit_blocks(b, len(hit)) == (32 - W + 1) // BS
+    assert bm.allocate(b, 1, hit, leave_passed=True)
+    assert b.block_ids[:6] == [WINDOW_FREED] * 6 and b.block_ids[6:8] == blocks[6:] and b.num_window_freed == 6
+    assert b.num_computed_tokens == 32 and bm.num_free_blocks == 8 - 3
+    p = _req("p", list(range(32)) + [99], prefill_only=True)
+    assert bm.passed_hit_blocks(p, len(hit)) == 0
+    bm.free(b)
+    # The blocks left stayed cache entries, but for the free list's head, taken for b's last token.
+    assert bm.num_free_blocks == 8 and bm.find_cached_prefix(_req("c", list(range(24)) + [1])) == blocks[:5]
+
+
 def test_registration_skips_released_blocks():
     """A request whose blocks were released before they were entered (prefix caching behind) never
     enters a placeholder into the cache."""

@@ -279,3 +279,31 @@ def test_time_preempted_is_in_the_ttft_breakdown_and_the_final_output():
     assert bd is not None and bd["preempted"] > 0
     spans = c.preempted_spans or []
     assert bd["preempted"] == spans[0][1] - spans[0][0]
+
+
+def test_the_counters_carry_the_batch_by_lane_for_what_admission_may_free():
+    sched, runner = make()
+    for i in range(5):
+        sched.add_request(req(f"b{i}", BATCH))
+    sched.add_request(req("i0", INTERACTIVE, start=100))
+    step(sched, runner, 3)  # (the batch requests share their prompt: the first computes it for the rest)
+    assert sched.lane_shares.counters().running == {INTERACTIVE: 1, BATCH: 5}
+    sched.abort("b0")
+    step(sched, runner)
+    assert sched.lane_shares.counters().running == {INTERACTIVE: 1, BATCH: 4}
+
+
+def test_while_a_lane_is_short_of_pace_less_important_prompt_work_keeps_to_its_floor():
+    sched, runner = make()
+    sched.add_request(req("i0", INTERACTIVE, start=100))
+    step(sched, runner)
+    b0 = req("b0", BATCH, n_prompt=400)
+    sched.add_request(b0)
+    step(sched, runner)
+    assert b0.num_computed_tokens == 255  # the budget the decode left: nobody else wants prompt tokens
+    sched.lane_shares.set_pressure("r", (LaneDemand(INTERACTIVE, pace_short=True),))
+    step(sched, runner)
+    assert b0.num_computed_tokens == 255 + 25  # its floor: 0.1 of the 255 tokens the decode left
+    sched.lane_shares.set_pressure("r", ())
+    step(sched, runner)
+    assert b0.num_computed_tokens == 400  # the pace is back: it is lent the step again

@@ -102,3 +102,12 @@ def test_the_pace_is_read_from_streams_no_preemption_stalls():
     only_batch = _pressure(running=[("batch", resumed), ("batch", steady)])
     assert only_batch.pace(lambda: 99.0) == pytest.approx(0.1)  # median gaps: the gap across the preemption is not it
     assert _pressure().pace(lambda: 0.3) == 0.3  # nothing streams: recently finished requests' pace
+
+
+def test_freeable_on_a_worker_counts_its_batch_not_the_routers_dispatched_requests():
+    p = _pressure()
+    # The worker runs 4 interactive and 6 batch (priority 2) sequences; preempted ones wait there, not counted.
+    assert p.freeable_on("interactive", {0: 4, 2: 6}) == 5  # floor: ceil(0.05 x 10) = 1
+    assert p.freeable_on("interactive", {0: 9, 2: 1}) == 0
+    assert p.freeable_on("batch", {0: 4, 2: 6}) == 0
+    assert p.freeable_on("interactive", {0: 4, 1: 6}) == 0  # long_context: not preemptible

@@ -95,18 +95,32 @@ def test_nothing_passes_a_head_that_waits_for_the_decode_pool():
     assert [p.request_id for p in q.take(lambda p: Room.YES, idle=False)] == ["i0", "i1", "i2"]
 
 
-def test_requests_ahead_counts_other_lanes_by_their_share():
+def test_ahead_counts_more_important_lanes_whole_and_less_important_ones_not_at_all():
     q = _queues()
     for i in range(3):
         _push(q, f"i{i}", "interactive")
     for i in range(40):
         _push(q, f"b{i}", "batch")
-    # 3 of ours ahead, and while 4 of ours (with us) go, the batch lane gets 4 x 1/8.
+    # An interactive request goes ahead of every batch request where the work runs: only its own 3.
     assert q.requests_ahead("interactive") == 3
-    # A batch request waits for its 40 and for the interactive lane's share of that round, capped.
+    assert q.tokens_ahead("interactive") == 300
+    # A batch request waits for its 40 and all of the more important lane's.
     assert q.requests_ahead("batch") == 43
-    # In tokens: ours, and the batch lane's share of at least one full round of ours (8 quanta).
-    assert q.tokens_ahead("interactive") == 300 + 800 // 8
+    assert q.tokens_ahead("batch") == 4300
+
+
+def test_lanes_of_one_priority_are_ahead_by_their_weight_share():
+    chat = LaneConfig("chat", ttft_slo_s=2.0, tpot_slo_s=0.25, weight=2.0, priority=INTERACTIVE.priority)
+    q = LaneQueues((INTERACTIVE, chat, BATCH), quantum=100)
+    for i in range(3):
+        _push(q, f"i{i}", "interactive")
+    for i in range(40):
+        _push(q, f"c{i}", "chat")
+        _push(q, f"b{i}", "batch")
+    # While 4 of ours (with us) go, the chat lane gets 4 x 2/8; the batch lane nothing.
+    assert q.requests_ahead("interactive") == 3 + 1
+    # In tokens: ours, and the chat lane's share of at least one full round of ours (8 quanta).
+    assert q.tokens_ahead("interactive") == 300 + 800 * 2 // 8
 
 
 def test_a_durable_job_on_its_way_through_the_journal_holds_its_place_for_admission_only():

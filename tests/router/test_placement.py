@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+from engine.lane_shares import LaneCounters
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
 from router.placement import NO_HINT, choose_prefill, prefill_on_decode, prefill_queue, short_prompt_still_fits
@@ -112,6 +113,23 @@ def test_a_report_older_than_a_dispatch_does_not_make_a_busy_worker_look_idle():
     assert p0.dispatched_tokens == 0
 
 
+def test_a_prompt_no_prefill_worker_s_cache_holds_is_prefilled_on_its_decode_worker():
+    """A prefill worker keeps a prompt's every block until it is shipped: one whose cache is smaller
+    than the prompt is passed over, and with none left the decode worker prefills it."""
+    small, big = _handle("small", "prefill", num_blocks=4), _handle("big", "prefill", num_blocks=8)
+    _load(small), _load(big, queued_prefill=3000)
+    pool = WorkerPool([small, big], [])
+    assert choose_prefill(pool, _spec(64)) is small  # 4 blocks of 16 tokens hold it, and it is idle
+    assert choose_prefill(pool, _spec(65)) is big
+    assert choose_prefill(pool, _spec(129)) is None
+    d0 = _handle("d0", "decode", num_blocks=64)
+    _load(d0)
+    pool = WorkerPool([small, big], [d0])
+    assert not prefill_on_decode(pool, _spec(128), d0, NO_HINT, 32)
+    assert prefill_on_decode(pool, _spec(129), d0, NO_HINT, 32)  # (as admission's prediction assumes)
+    assert prefill_queue(pool, 129, 32, _rates({"small": 1.0, "big": 1.0, "d0": 1.0}))[0] == 0
+
+
 def _decode_report(h, free: int, placed: dict[str, int] | None = None) -> None:
     from engine.worker_stats import WorkerLoad
 
@@ -151,3 +169,23 @@ def test_a_burst_between_two_reports_is_spread_over_the_decode_workers():
     assert d1.placed_tokens == 1440
     d1.forget_dispatched()  # a new incarnation
     assert d1.placed_tokens == 0
+
+
+def test_less_important_waiting_prompts_are_not_ahead_beyond_the_step_that_computes_this_one():
+    from router.placement import yielding_tokens
+
+    p0, d0 = _handle("p0", "prefill"), _handle("d0", "decode")
+    _load(p0, queued_prefill=5000), _load(d0, queued_prefill=900)
+    assert p0.load is not None and d0.load is not None
+    p0.update_load(replace(p0.load, waiting_tokens_by_priority={0: 400, 2: 4000}, step_prompt_budget=2048))
+    d0.update_load(replace(d0.load, waiting_tokens_by_priority={2: 900}, step_prompt_budget=256))
+    pool = WorkerPool([p0], [d0])
+    # A 548-token interactive prompt on the prefill worker: 1500 batch tokens fill its step, the rest wait.
+    assert yielding_tokens(pool, 0, 548, 256) == 4000 - 1500
+    assert yielding_tokens(pool, 2, 548, 256) == 0  # nothing less important than batch
+    # A short prompt stays on its decode worker: 900 - (256 - 56) of batch recompute there waits for it.
+    assert yielding_tokens(pool, 0, 56, 256) == 700
+    # With lane shares (lane counters reported) a batch lane takes only its share beside it: all yield.
+    counters = LaneCounters({}, {}, {}, queued_tokens={0: 50, 2: 1200})
+    d0.update_load(replace(d0.load, lane_counters=counters))
+    assert yielding_tokens(pool, 0, 56, 256) == 1200

@@ -17,8 +17,10 @@ under it)::
       "lanes": {lane: Stats},
       "timeseries": [{t, in_flight, scraped, waiting: {lane: n}, running: {lane: n},
                       kv_usage: {"role/worker": ratio}, worker_waiting: {...}, worker_running: {...},
-                      worker_steps, worker_busy_s, worker_busy_cpu_s: {"role/worker": cumulative}}],
+                      worker_steps, worker_busy_s, worker_busy_cpu_s: {"role/worker": cumulative},
+                      lane_decode_tokens: {lane: cumulative}}],
       "workers": {"role/worker": {steps, busy_s, busy_cpu_s, mean_step_ms, busy_share, cpu_share}},
+      "lane_decode_shares": {lane: {decode_tokens, share, share_with_demand}},   # lane shares on only
       "requests": [{index, lane, served_lane, status: "ok"|"rejected"|"error"|"timeout", reason,
                     arrival_s, send_s, prompt_len, output_len, output_tokens, cached_tokens, chunks,
                     ttft_s, tpot_s, e2e_s, http_status, grpc_code, error_type, error_code,
@@ -45,7 +47,7 @@ from typing import Any
 
 from baton.perf.loadgen.runner import RunResult
 from baton.perf.loadgen.search import SearchResult
-from baton.perf.loadgen.server_metrics import worker_utilisation
+from baton.perf.loadgen.server_metrics import lane_decode_shares, worker_utilisation
 
 SCHEMA = "baton.bench.serve/1"
 
@@ -62,6 +64,7 @@ def run_report(result: RunResult, search: SearchResult[RunResult] | None = None)
         "lanes": {lane: s.to_dict() for lane, s in result.lanes().items()},
         "timeseries": [s.to_dict() for s in result.timeseries],
         "workers": worker_utilisation(result.timeseries),
+        "lane_decode_shares": lane_decode_shares(result.timeseries),
         "requests": [r.to_dict() for r in result.records],
         "search": None,
     }
@@ -93,6 +96,10 @@ def write_json(report: dict[str, Any], path: str | Path) -> Path:
 def _ms(d: dict | None, key: str) -> str:
     v = None if d is None else d.get(key)
     return "-" if v is None else f"{v * 1e3:.0f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
 
 
 def format_summary(report: dict[str, Any]) -> str:
@@ -128,6 +135,13 @@ def format_summary(report: dict[str, Any]) -> str:
     reasons = report["summary"]["rejections"]
     if reasons:
         lines += ["", "rejections and failures: " + ", ".join(f"{k}: {v}" for k, v in reasons.items())]
+    shares = report.get("lane_decode_shares") or {}
+    if shares:
+        lines += [
+            "",
+            "decode-token share by lane (while it had demand): "
+            + ", ".join(f"{lane} {_pct(v['share'])} ({_pct(v['share_with_demand'])})" for lane, v in shares.items()),
+        ]
     search = report.get("search")
     if search:
         lines += [

@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import httpx
@@ -28,6 +29,8 @@ WORKER_RUNNING = "baton_worker_requests_running"  # {role, worker}
 WORKER_STEPS = "baton_worker_steps_total"  # {role, worker}: cumulative counters
 WORKER_BUSY = "baton_worker_busy_seconds_total"
 WORKER_BUSY_CPU = "baton_worker_busy_cpu_seconds_total"
+# {lane, worker}: sequences in decode steps summed over steps (a decode token each), with lane shares on
+LANE_DECODE_TOKENS = "baton_lane_decode_tokens"
 
 
 @dataclass
@@ -44,6 +47,7 @@ class MetricsSample:
     worker_steps: dict[str, float] = field(default_factory=dict)
     worker_busy_s: dict[str, float] = field(default_factory=dict)
     worker_busy_cpu_s: dict[str, float] = field(default_factory=dict)
+    lane_decode_tokens: dict[str, float] = field(default_factory=dict)  # lane -> cumulative, all workers
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -58,6 +62,7 @@ class MetricsSample:
             "worker_steps": self.worker_steps,
             "worker_busy_s": self.worker_busy_s,
             "worker_busy_cpu_s": self.worker_busy_cpu_s,
+            "lane_decode_tokens": self.lane_decode_tokens,
         }
 
 
@@ -78,6 +83,9 @@ def parse_metrics(text: str, sample: MetricsSample) -> MetricsSample:
             elif s.name == RUNNING:
                 lane = s.labels.get("lane", "")
                 sample.running[lane] = sample.running.get(lane, 0.0) + s.value
+            elif s.name in (LANE_DECODE_TOKENS, LANE_DECODE_TOKENS + "_total"):
+                lane = s.labels.get("lane", "")
+                sample.lane_decode_tokens[lane] = sample.lane_decode_tokens.get(lane, 0.0) + s.value
             elif s.name in per_worker:
                 worker = f"{s.labels.get('role', '?')}/{s.labels.get('worker', '?')}"
                 per_worker[s.name][worker] = s.value
@@ -142,5 +150,35 @@ def worker_utilisation(samples: list[MetricsSample]) -> dict[str, dict[str, floa
             "mean_step_ms": round(busy / steps * 1e3, 2) if steps else None,
             "busy_share": round(busy / span, 4) if span > 0 else None,
             "cpu_share": round(cpu / busy, 4) if busy > 0 else None,
+        }
+    return out
+
+
+def lane_decode_shares(samples: list[MetricsSample]) -> dict[str, dict[str, float | None]]:
+    """Per lane over the run (scrapes with lane counters; none with lane shares off): its decode
+    tokens, its share of all lanes' (``share``), and its share over the scrape intervals in which it
+    had demand, i.e. requests waiting in the router or running at either end (``share_with_demand``):
+    what the lane got while it wanted capacity, the figure its weight share is compared with."""
+    seen = [s for s in samples if s.scraped and s.lane_decode_tokens]
+    if len(seen) < 2:
+        return {}
+    lanes = sorted({lane for s in seen for lane in s.lane_decode_tokens})
+
+    def delta(a: MetricsSample, b: MetricsSample, lane: str) -> float:
+        return max(0.0, b.lane_decode_tokens.get(lane, 0.0) - a.lane_decode_tokens.get(lane, 0.0))
+
+    out: dict[str, dict[str, float | None]] = {}
+    total = sum(delta(seen[0], seen[-1], lane) for lane in lanes)
+    for lane in lanes:
+        mine_demand = all_demand = 0.0
+        for a, b in pairwise(seen):
+            if any(x.waiting.get(lane, 0.0) > 0 or x.running.get(lane, 0.0) > 0 for x in (a, b)):
+                mine_demand += delta(a, b, lane)
+                all_demand += sum(delta(a, b, other) for other in lanes)
+        mine = delta(seen[0], seen[-1], lane)
+        out[lane] = {
+            "decode_tokens": mine,
+            "share": round(mine / total, 4) if total > 0 else None,
+            "share_with_demand": round(mine_demand / all_demand, 4) if all_demand > 0 else None,
         }
     return out

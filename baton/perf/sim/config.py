@@ -31,6 +31,9 @@ class SimConfig:
     enable_prefix_caching: bool = True
     kv_shared_memory: bool = False  # engine.kv_shared_memory: same-host transfers copy through /dev/shm
     local_prefill_threshold: int = 256
+    # pools.decode_prefill_token_budget: with a prefill pool, the prompt tokens a decode worker's step
+    # may compute (local prefills, recomputes; None: its whole budget)
+    decode_prefill_token_budget: int | None = 256
     short_prompts_to_idle_prefill: bool = True  # pools.short_prompts_to_idle_prefill
     lanes: LanePolicy = field(default_factory=LanePolicy)
     slo_rejection: bool = True
@@ -60,6 +63,10 @@ class SimConfig:
             _check(isinstance(v, int) and v > 0, f"{name} must be a positive integer, got {v!r}")
         _check(self.num_kv_blocks is None or self.num_kv_blocks > 0, "num_kv_blocks must be > 0")
         _check(self.local_prefill_threshold >= 0, "local_prefill_threshold must be >= 0")
+        _check(
+            self.decode_prefill_token_budget is None or self.decode_prefill_token_budget > 0,
+            f"decode_prefill_token_budget must be > 0 or None, got {self.decode_prefill_token_budget!r}",
+        )
         _check(
             math.isfinite(self.step_scale) and self.step_scale > 0,
             f"step_scale must be a finite number > 0, got {self.step_scale!r}",
@@ -106,6 +113,7 @@ def sim_config_from_baton(cfg, cost) -> SimConfig:
         enable_prefix_caching=e.enable_prefix_caching,
         kv_shared_memory=getattr(e, "kv_shared_memory", False),
         local_prefill_threshold=pools.local_prefill_threshold,
+        decode_prefill_token_budget=pools.decode_prefill_token_budget,
         short_prompts_to_idle_prefill=pools.short_prompts_to_idle_prefill,
         lanes=cfg.lane_policy(),
         slo_rejection=router.slo_rejection,

@@ -24,11 +24,12 @@ from router.admission import Admission, AdmissionInput, PrefillRate
 from router.api import RouterError
 from router.capacity import Capacity
 from router.classify import classify
+from router.decode_pace import DecodeSteps, pace_inputs
 from router.lane_pressure import LanePressure
 from router.lane_queues import LaneQueues, Pending, Room
 from router.load_signals import LoadSignals
 from router.pace_guard import PaceGuard
-from router.placement import NO_HINT, PlacementHint, prefill_queue
+from router.placement import NO_HINT, PlacementHint, prefill_queue, prompt_stays_local, yielding_tokens
 from router.state.prefix_index import LocalPrefixIndex
 from router.worker_pool import WorkerHandle, WorkerPool
 
@@ -58,6 +59,7 @@ class SimRouter:
         )
         self.prefill_rate = PrefillRate(cfg.initial_prefill_tokens_per_s)
         self.signals = LoadSignals()  # as router.Router
+        self.decode_steps = DecodeSteps()
         self.running: dict[str, Tracked] = {}  # dispatched, not finished
         self.queues = LaneQueues(self.policy.lanes)
         self.pace_guard = PaceGuard(self.policy.lanes, hold_at=0.8 * 0.75) if cfg.pace_guard else None  # as Router
@@ -107,6 +109,24 @@ class SimRouter:
             )
             if self.pace_guard is not None:
                 self.pace_guard.arrived(lane, now)
+            pace_in = pace_inputs(
+                self.pool,
+                self.decode_steps,
+                lane_cfg.priority,
+                len(ids),
+                prompt_stays_local(
+                    self.pool, len(ids), self.cfg.local_prefill_threshold, self.cfg.short_prompts_to_idle_prefill
+                ),
+                self.prefill_rate.tokens_per_s,
+                now,
+            )
+            freeable = 0
+            if self.lane_pressure is not None:
+                freeable = (
+                    self.lane_pressure.freeable(lane)
+                    if pace_in.running_by_priority is None
+                    else self.lane_pressure.freeable_on(lane, pace_in.running_by_priority)
+                )
             run_sync(
                 self.admission.admit(
                     AdmissionInput(
@@ -121,7 +141,7 @@ class SimRouter:
                         requests_ahead=self.queues.requests_ahead(lane),
                         free_seq_slots=self.capacity.free_places(len(ids), req.output_len),
                         completions_per_s=self.signals.completion_rate.per_s(now),
-                        service_s=self.signals.service_s(len(ids), rate, now),
+                        service_s=self.signals.service_s(len(ids), rate, now, lane=lane),
                         decode_pace_s=(
                             self.lane_pressure.pace(lambda: self._pace(now)) if self.lane_pressure else self._pace(now)
                         ),
@@ -129,13 +149,16 @@ class SimRouter:
                             (len(t.record.token_times), t.record.output_len) for t in self.running.values()
                         ),
                         expected_output_tokens=self.signals.expected_output(req.output_len),
-                        freeable_seqs=self.lane_pressure.freeable(lane) if self.lane_pressure is not None else 0,
-                        yielding_tokens=(
-                            self.lane_pressure.yielding_tokens(
-                                lane, self.pool, len(ids), self.cfg.local_prefill_threshold
-                            )
-                            if self.lane_pressure is not None
-                            else 0
+                        freeable_seqs=freeable,
+                        decode_steps=pace_in.steps,
+                        prompt_token_s=pace_in.prompt_token_s,
+                        decode_backlog_tokens=pace_in.backlog_tokens,
+                        yielding_tokens=yielding_tokens(
+                            self.pool,
+                            lane_cfg.priority,
+                            len(ids),
+                            self.cfg.local_prefill_threshold,
+                            self.cfg.short_prompts_to_idle_prefill,
                         ),
                     )
                 )
@@ -233,7 +256,13 @@ class SimRouter:
         rec = t.record
         to_first = rec.token_times[0] - t.dispatched if rec.token_times and t.dispatched is not None else None
         self.signals.finished(
-            now, rec.token_times[-17:], len(rec.token_times), to_first, t.prefill_queue_s, t.prefill_compute_s
+            now,
+            rec.token_times[-17:],
+            len(rec.token_times),
+            to_first,
+            t.prefill_queue_s,
+            t.prefill_compute_s,
+            lane=t.lane,
         )
         self.dispatch()
 

@@ -117,6 +117,10 @@ class Simulation:
                 prefill_step_scale=cfg.prefill_step_scale,
                 host=host,
                 lane_shares=shares,
+                # as baton.fleet: a decode worker beside a prefill pool caps its own prompt work
+                prefill_token_budget=(
+                    cfg.decode_prefill_token_budget if role == "decode" and cfg.prefill_workers else None
+                ),
             )
             self.workers.append(w)
             info = WorkerInfo(

@@ -96,6 +96,7 @@ class SimWorker:
         prefill_step_scale: float | None = None,
         host: Host | None = None,
         lane_shares: tuple[LaneShareConfig, ...] = (),
+        prefill_token_budget: int | None = None,
     ) -> None:
         m = cost.model
         self.worker_id = worker_id
@@ -110,7 +111,10 @@ class SimWorker:
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
-                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, lane_shares=lane_shares
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                prefill_token_budget=prefill_token_budget,
+                lane_shares=lane_shares,
             ),
             self.block_manager,
             m.max_model_len,
@@ -268,8 +272,12 @@ class SimWorker:
             prompt_tokens_computed=s.prompt_tokens_computed,
             prompt_tokens_received=dict(self.prompt_tokens_received),
             prompt_tokens_placed=dict(self.prompt_tokens_placed),
-            lane_counters=(
-                s.lane_shares.counters(queued_prefill_tokens_by_priority(s)) if s.lane_shares is not None else None
+            step_prompt_budget=s.config.prefill_token_budget or s.config.max_num_batched_tokens,
+            waiting_tokens_by_priority=s.waiting.tokens_by_priority(),
+            lane_counters=(  # decode role only, as the real workers report them
+                s.lane_shares.counters(queued_prefill_tokens_by_priority(s))
+                if s.lane_shares is not None and self.role == "decode"
+                else None
             ),
         )
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 FAMILIES = ["qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe", "mistral"]
-# Phi-3's longrope switches to its long factors from this position on (prompts stay within it, see rope.py).
+# Phi-3's longrope original length: a longer sequence is rotated with its long factors (test_phi3_longrope.py).
 PHI3_ORIGINAL_MAX = 128
 VOCAB_SIZE = 512
 

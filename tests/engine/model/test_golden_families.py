@@ -4,12 +4,10 @@ preemption (the harness of tests/engine/test_golden_tiny.py)."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from tests.engine.hf_oracle import hf_greedy, load_hf
-from tests.engine.model.family_oracle import FAMILIES, PHI3_ORIGINAL_MAX, build_family_model
+from tests.engine.model.family_oracle import FAMILIES, build_family_model
 from tests.engine.test_golden_tiny import _engine, _prompts, _run
 
 
@@ -54,16 +52,3 @@ def test_preemption_equals_hf(family):
     got = _run(eng, prompts, max_new)
     assert eng.scheduler.num_preemptions > 0
     assert got == hf_greedy(hf, prompts, max_new)
-
-
-def test_phi3_equals_hf_up_to_longrope_s_original_length(tmp_path):
-    """Within longrope's original length both use the short factors (and the attention factor the
-    extended length implies). Past it transformers re-runs the whole sequence with the long factors
-    (Phi3ForCausalLM.prepare_inputs_for_generation drops its cache there), while Baton rotates only the
-    tokens from that position on with them: equal up to the crossing, not after it."""
-    d = build_family_model(tmp_path / "phi3", "phi3", seed=2)
-    hf = load_hf(d)
-    rng = random.Random(4)
-    prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (100, PHI3_ORIGINAL_MAX - 1, 20)]
-    max_new = [PHI3_ORIGINAL_MAX - 100 + 1, 1, 5]  # the last token sampled from position 127
-    assert _run(_engine(d, cache={"block_size": 8}), prompts, max_new) == hf_greedy(hf, prompts, max_new)

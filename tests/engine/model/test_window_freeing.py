@@ -1,8 +1,8 @@
 """Mistral (every layer sliding) gives the blocks behind its window back to the pool as a sequence
 moves on, and still equals transformers token for token: a sequence far longer than the window
 holds at most ceil(window / block) + 1 blocks while it decodes, nothing leaks, and a later prompt
-sharing its prefix hits the released blocks that are still cached. Gemma (global layers too) keeps
-every block."""
+sharing its prefix hits the released blocks that are still cached, even with a prompt longer than
+the pool. Gemma (global layers too) keeps every block."""
 
 from __future__ import annotations
 
@@ -62,6 +62,26 @@ def test_a_prefix_hit_on_released_blocks_equals_transformers(mistral):
     assert eng.block_manager.num_prefix_hits - hits == len(shared)
     assert first + second == hf_greedy(hf, prompts, [30, 30])
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+
+
+def test_a_prompt_longer_than_the_pool_on_a_cached_prefix_equals_transformers(mistral):
+    """Colocated, a prompt of more blocks than the pool runs: its prefix hit takes only the blocks its
+    window reaches (placeholders for the rest, in the runner's table too) and its chunks release
+    the blocks they pass."""
+    d, hf = mistral
+    rng = random.Random(7)
+    shared = [rng.randrange(3, 512) for _ in range(40)]
+    prompts = [shared, shared + [rng.randrange(3, 512) for _ in range(40)]]
+    eng = _engine(d, cache={"block_size": BLOCK, "num_blocks": 16}, scheduler={"max_num_batched_tokens": 16})
+    bm = eng.block_manager
+    assert -(-len(prompts[1]) // BLOCK) > bm.num_blocks
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    first = [o.token_ids for o in eng.generate(prompts[:1], [params])]
+    hits = bm.num_prefix_hits
+    second = [o.token_ids for o in eng.generate(prompts[1:], [params])]
+    assert bm.num_prefix_hits - hits == len(shared)
+    assert first + second == hf_greedy(hf, prompts, [6, 6])
+    assert bm.num_free_blocks == bm.num_blocks
 
 
 def test_a_model_with_global_layers_keeps_every_block(tmp_path):

@@ -91,6 +91,26 @@ def test_drafts_get_a_mask_each_and_the_matcher_rolls_back(tok, compiler):
     assert np.array_equal(masks.bitmask[2], own[1]) and np.array_equal(masks.bitmask[3], own[1])  # past "bad"
     again = g.start(np.zeros(1, dtype=np.int64), None, token_ids, num_tokens, prompt).result()
     assert np.array_equal(again.bitmask[0], own[0])  # rolled back to the known token
+    assert masks.errors == {} and again.errors == {}  # (a refused draft is no failure of the matcher)
+
+
+def test_failed_matchers_are_reported_by_slot(tok, compiler):
+    """A row whose matcher refuses a token it is given (a replayed one), and one whose constraint
+    did not compile when it joined, are reported with their fields; each masks to EOS alone, and
+    the other rows' masks are their own."""
+    yes_no = StructuredOutput(ConstraintKind.CHOICE, json.dumps(["yes", "no"]), "guided_choice")
+    bad = StructuredOutput(ConstraintKind.REGEX, "(a", "guided_regex")
+    g = _rows(compiler, [yes_no, bad, yes_no])
+    maybe = tok.encode("maybe", add_special_tokens=False)
+    token_ids, prompt = _batch([maybe, [], []])
+    num_tokens = np.array([PROMPT + len(maybe), PROMPT, PROMPT])
+    masks = g.start(np.arange(3), None, token_ids, num_tokens, prompt).result()
+    assert sorted(masks.errors) == [0, 1]
+    assert masks.errors[0].param == "guided_choice" and "could not be enforced" in masks.errors[0].message
+    assert masks.errors[1].param == "guided_regex" and masks.errors[1].message.startswith("guided_regex")
+    eos = g._eos_mask()
+    assert np.array_equal(masks.bitmask[0], eos) and np.array_equal(masks.bitmask[1], eos)
+    assert np.array_equal(masks.bitmask[2], _own_mask(compiler, yes_no, []))
 
 
 def test_masks_apply_to_a_subset_of_positions(compiler):

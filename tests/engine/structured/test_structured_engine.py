@@ -1,7 +1,7 @@
 """Structured outputs in the engine: outputs validate against their JSON schema (jsonschema) on the
 default model and tiny, with speculative decoding on and off (the same tokens), n = 3 seeded
 choices, forced preemption (the matcher replays the recomputed tokens), ignore_eos (the grammar's end
-still finishes the request), and a constraint that does not compile refused at add_request."""
+still finishes the request), and a constraint that does not compile ends its request with an error."""
 
 import json
 import re
@@ -12,7 +12,6 @@ import pytest
 from bench.grammar_backends import SCHEMAS
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from engine.engine import LLMEngine
-from engine.errors import InvalidParameterError
 from engine.sampling_params import SamplingParams
 from engine.structured.constraint import ConstraintKind, StructuredOutput
 
@@ -98,14 +97,15 @@ def test_compiled_once_per_schema(default_engine):
     assert len(compiler) == before + 1
 
 
-def test_bad_constraint_refused_at_add(default_engine):
-    for c in (
+def test_bad_constraint_ends_with_an_error(default_engine):
+    """(Compiled off the engine thread: the request ends with an error naming the field, no block taken.)"""
+    bad = [
         StructuredOutput(ConstraintKind.REGEX, "(a|b", "guided_regex"),
         StructuredOutput.json_schema({"type": "no-such-type"}, "response_format"),
-    ):
-        with pytest.raises(InvalidParameterError) as e:
-            default_engine.add_request(None, [1, 2, 3], SamplingParams(structured=c))
-        assert e.value.param == c.field
+    ]
+    outs = default_engine.generate([[1, 2, 3]] * 2, [SamplingParams(structured=c) for c in bad])
+    for out, c in zip(outs, bad):
+        assert out.finish_reason == "error" and out.token_ids == [] and out.error.param == c.field
     assert default_engine.num_free_blocks == default_engine.num_total_blocks
 
 

@@ -73,7 +73,7 @@ def test_grpc_forces_calls_in_the_set_format():
                 tool_choice=pb.ToolChoice(mode=pb.ToolChoice.REQUIRED),
             )
             list(pb_grpc.GenerationStub(ch).Generate(req, timeout=10))
-        assert _forced_grammar(fake).startswith('start: "[TOOL_CALLS]["')
+        assert _forced_grammar(fake).startswith('start: <[TOOL_CALLS]> "["')
     finally:
         asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)

@@ -13,6 +13,9 @@ from tokenizers import Tokenizer as HFTokenizer
 from engine.model.registry import resolve_model
 from engine.model.tokenizer import Tokenizer
 from engine.sampling_params import SamplingParams
+from engine.structured.compiler import GrammarCompiler
+from engine.structured.control_tokens import resolve_control_tokens
+from router.tool_calls.constraint import FunctionTool, tool_call_constraint
 from router.tool_calls.parsers import ToolFormat, keep_markup, parse
 from router.tool_calls.streaming import ToolCallDelta, ToolCallStream
 
@@ -68,3 +71,47 @@ def test_mistral_requests_keep_it_and_the_call_is_found(mistral_like):
 def test_other_formats_keep_the_default(fmt):
     sampling = SamplingParams()
     assert keep_markup(fmt, sampling) is sampling
+
+
+# -- the forced call's grammar (tool_choice required / named) ------------------------------------
+TOOL = FunctionTool("get_weather", json.dumps({"type": "object", "properties": {"city": {"type": "string"}}}))
+CALL = '[{"name":"get_weather","arguments":{"city":"Paris"}}]'
+
+
+def _compiler(tok: Tokenizer) -> GrammarCompiler:
+    eos = tok.token_to_id("<|im_end|>")
+    assert eos is not None
+    return GrammarCompiler(tok.backend.to_str(), tok.vocab_size, [eos])
+
+
+def test_forced_call_takes_the_special_token(mistral_like):
+    """The model can emit the real control token (and must: its spelling in ordinary tokens is
+    refused); the call after it is the grammar's, to its end."""
+    constraint = tool_call_constraint(ToolFormat.MISTRAL, [TOOL], parallel=False)
+    compiler = _compiler(mistral_like)
+    marker = mistral_like.token_to_id("[TOOL_CALLS]")
+    m = compiler.matcher(constraint)
+    assert m.consume_tokens([marker, *mistral_like.encode(CALL, add_special_tokens=False)]), m.get_error()
+    assert m.is_accepting()
+    spelled = compiler.matcher(constraint)
+    first = mistral_like.token_to_id("[")
+    assert first is not None and not spelled.consume_tokens([first])
+
+
+def test_without_the_token_the_marker_is_spelled():
+    """A tokenizer without ``[TOOL_CALLS]`` (the default model's): the grammar takes its spelling."""
+    tok = Tokenizer(
+        HFTokenizer.from_file(str(resolve_model("default") / "tokenizer.json")), special_tokens={}, chat_template=None
+    )
+    m = _compiler(tok).matcher(tool_call_constraint(ToolFormat.MISTRAL, [TOOL], parallel=True))
+    assert m.consume_tokens(tok.encode("[TOOL_CALLS]" + CALL, add_special_tokens=False)), m.get_error()
+    assert m.is_accepting()
+
+
+def test_only_bracketed_names_outside_literals_are_resolved(mistral_like):
+    llt = _compiler(mistral_like).tokenizer
+    marker = mistral_like.token_to_id("[TOOL_CALLS]")
+    grammar = 'start: <[TOOL_CALLS]> "<[TOOL_CALLS]>" /<[TOOL_CALLS]>/ <[INST]> <[5]> <[^7]>'
+    assert resolve_control_tokens(grammar, llt) == (
+        f'start: <[{marker}]> "<[TOOL_CALLS]>" /<[TOOL_CALLS]>/ "[INST]" <[5]> <[^7]>'
+    )

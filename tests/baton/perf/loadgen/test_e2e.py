@@ -17,8 +17,9 @@ import pytest
 
 from baton.cli import main as baton_main
 from baton.perf.loadgen.runner import RunConfig, RunResult, run_load_sync
-from baton.perf.loadgen.server_metrics import MetricsSample, parse_metrics, worker_utilisation
+from baton.perf.loadgen.server_metrics import MetricsSample, lane_decode_shares, parse_metrics, worker_utilisation
 from baton.perf.loadgen.workload import LengthDist, WorkloadSpec
+from engine.lane_shares import LaneCounters
 from engine.worker_stats import WorkerLoad
 from router.grpc_server import GrpcServer
 from router.http.app import create_app
@@ -162,6 +163,30 @@ def test_metrics_parser_reads_the_router_exposition() -> None:
     assert s.worker_busy_s["decode/decode-0"] == 2.5 and s.worker_busy_cpu_s["decode/decode-0"] == 2.0
 
 
+def test_the_lanes_decode_token_shares_count_while_the_lane_has_demand() -> None:
+    counters = LaneCounters({0: 300, 2: 900}, {2: 4}, {2: 12.5})
+    loads = [WorkerLoad("decode-0", "i", "decode", 3, 1, 25, 100, 0, lane_counters=counters)]
+    text, _ = RouterMetrics("m", loads=lambda: loads, lane_names={0: "interactive", 2: "batch"}).exposition()
+    s = parse_metrics(text.decode(), MetricsSample(t=0.0, in_flight=0))
+    assert s.lane_decode_tokens == {"interactive": 300.0, "batch": 900.0}
+
+    def at(t, inter, batch, running_inter):
+        return MetricsSample(
+            t=t,
+            in_flight=0,
+            scraped=True,
+            running={"interactive": running_inter, "batch": 5.0},
+            lane_decode_tokens={"interactive": inter, "batch": batch},
+        )
+
+    # batch alone for the first interval, then interactive running: 80 of the 100 tokens are its
+    samples = [at(0.0, 0, 0, 0.0), at(1.0, 0, 100, 0.0), at(2.0, 80, 120, 3.0)]
+    shares = lane_decode_shares(samples)
+    assert shares["interactive"] == {"decode_tokens": 80.0, "share": 0.4, "share_with_demand": 0.8}
+    assert shares["batch"] == {"decode_tokens": 120.0, "share": 0.6, "share_with_demand": 0.6}
+    assert lane_decode_shares(samples[:1]) == {}  # one scrape: no interval
+
+
 def test_worker_utilisation_is_the_counters_difference_over_the_run() -> None:
     def at(t, steps, busy, cpu):
         return MetricsSample(
@@ -280,6 +305,7 @@ def test_cli_writes_a_versioned_report_and_plots(http_url: str, tmp_path: Path, 
         "lanes",
         "timeseries",
         "workers",
+        "lane_decode_shares",
         "requests",
         "search",
     }

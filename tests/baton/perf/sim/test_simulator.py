@@ -395,3 +395,29 @@ def test_lane_priority_gives_interactive_its_decode_share_back_from_running_batc
     assert on["batch"]["completed"] == off["batch"]["completed"] == 12  # no batch job starves or is lost
     counters = [w.lane_counters for w in sim_on.workers if w.role == "decode"]
     assert sum(c.pace_preemptions.get(2, 0) for c in counters) > 0
+
+
+def test_a_decode_worker_beside_a_prefill_pool_caps_its_own_prompt_work_per_step():
+    """As ``baton.fleet``: ``pools.decode_prefill_token_budget`` caps a decode worker's local prefills
+    and recomputes per step when there is a prefill pool (colocated, its prompts are all it has)."""
+    cm = synthetic_cost_model(const_s=0.01, per_token_s=0.001)
+    reqs = [SimRequest(i, 0.01 * i, "interactive", 200, 8) for i in range(6)]  # short: prefilled locally
+    capped = Simulation(
+        cm,
+        SimConfig(
+            prefill_workers=1,
+            decode_workers=1,
+            decode_prefill_token_budget=64,
+            short_prompts_to_idle_prefill=False,
+            **NO_ADMISSION,
+        ),
+    )
+    budgets = {w.role: w.scheduler.config.prefill_token_budget for w in capped.workers}
+    assert budgets == {"prefill": None, "decode": 64}
+    res = capped.run(reqs)
+    assert res.complete and res.num_local == 6
+    # 1200 prompt tokens at most 64 a step: at least 19 steps on the decode worker before the last first token
+    decode = next(w for w in res.workers if w.role == "decode")
+    assert decode.steps >= 1200 // 64 + 8 and decode.max_step_s < 0.01 + 0.001 * (64 + 6) + 0.01
+    colocated = Simulation(cm, SimConfig(prefill_workers=0, decode_workers=1, decode_prefill_token_budget=64))
+    assert colocated.workers[0].scheduler.config.prefill_token_budget is None
