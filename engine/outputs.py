@@ -5,17 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.logprobs import TokenLogprob
+from engine.output_error import OutputError
 from engine.request import FinishReason
-
-
-@dataclass(frozen=True, slots=True)
-class OutputError:
-    """Why the engine ended a request with finish reason ERROR, where it can say: ``param`` names
-    the request field at fault (its constraint could not be enforced: the client's to change), or
-    is None (the server's own failure)."""
-
-    message: str
-    param: str | None = None
 
 
 @dataclass(slots=True)

@@ -33,7 +33,7 @@ from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.outputs import OutputError  # (engine.outputs imports this module)
+    from engine.output_error import OutputError
 
 
 class RequestState(enum.Enum):

@@ -51,7 +51,7 @@ from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.lane_shares import LanePlan, LaneShares
 from engine.logprobs import TokenLogprob
-from engine.outputs import OutputError
+from engine.output_error import OutputError
 from engine.request import FinishReason, Request, RequestState, check_stop
 from engine.scheduler_admission import Admitter
 from engine.scheduler_batch import RunningBatch

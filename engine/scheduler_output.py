@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.logprobs import TokenLogprob
-from engine.outputs import OutputError
+from engine.output_error import OutputError
 from engine.sampling_params import SamplingParams
 
 

@@ -12,7 +12,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from engine.logprobs import TokenLogprob
-from engine.outputs import OutputError, RequestOutput
+from engine.output_error import OutputError
+from engine.outputs import RequestOutput
 from engine.request import FinishReason
 from router.api import ErrorKind, GenerationResult, RouterError, StreamEvent, Usage
 from router.request_context import RequestContext

@@ -31,7 +31,7 @@ import torch
 
 from engine.errors import InvalidParameterError
 from engine.model.tokenizer import Tokenizer
-from engine.outputs import OutputError
+from engine.output_error import OutputError
 from engine.sampling_params import SamplingParams
 from engine.structured.compiler import GrammarCompiler
 

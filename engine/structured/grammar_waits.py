@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.errors import InvalidParameterError
-from engine.outputs import OutputError
+from engine.output_error import OutputError
 from engine.request import Request
 from engine.structured.compiler import GrammarCompiler, over_budget
 
