@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
+from ray.exceptions import GetTimeoutError
 from ray.util.placement_group import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -39,9 +40,19 @@ _START_S = 600.0  # a rank's actor imports torch and loads its shard before it j
 class RankActor:
     """A Ray actor holding one rank: ``run`` returns when rank 0 sends the stop plan."""
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def run(self, config: EngineConfig, address: GroupAddress, rank: int) -> None:
         # Ray gives the actor its GPU as device 0 (CUDA_VISIBLE_DEVICES); on CPU, the CPU.
         run_rank(config, address, rank, device=pick_device(config.device))
+
+
+def _started(pids: list[Any]) -> list[int]:
+    try:
+        return list(ray.get(pids, timeout=_START_S))
+    except GetTimeoutError:
+        raise RuntimeError(f"tensor-parallel ranks' actors did not start within {_START_S:.0f}s") from None
 
 
 def _exit_process(reason: str) -> None:
@@ -76,8 +87,13 @@ class RayRanks:
                     max_restarts=0,
                 ).remote()
             )
+        # Asked before ``run`` (an actor runs its calls in order): ``run`` holds the actor until the stop.
+        pids = [a.pid.remote() for a in self.actors]
         self.runs = [a.run.remote(config, address, rank) for rank, a in enumerate(self.actors, start=1)]
         try:
+            # The ranks' processes (ranks 1..N-1), for operators and for tests that kill one: Ray's
+            # own actor listing needs the dashboard, which a cluster may run without.
+            self.pids: list[int] = _started(pids)
             self._wait_for_ranks(address.key)
             self.group = RankGroup(self._store, address.key, 0, size, pick_device(config.device))
         except BaseException:

@@ -4,7 +4,8 @@ replacement that loads slowly, and a drain with one replica dead. Each once stop
 or its routers (the audit's repros: the round raised, the replacement was never handed over, the
 live replicas were killed mid-request). Then: a stop signal in the middle of a round held up by two
 frozen workers (the round waited 30 s per unanswered probe, past Ray's stop wait), an actor that no
-node can take named in the job log, and a replica restarted while a worker cannot answer."""
+node can take named in the job log, a replica restarted while a worker cannot answer, and a rank of a
+tensor-parallel decode group killed mid-stream (the group replaced in a placement group of its own)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,22 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+import grpc
 import httpx
 import pytest
+import ray
+from ray.util import placement_group_table
 
 from baton.config import load_config
 from baton.router_replica import RouterReplica, WorkerRef
 from baton.supervisor import ClusterSupervisor, run_cluster
 from decode_worker.worker import DecodeWorker
+from router.grpc_gen.baton.v1 import generate_pb2 as pb
+from router.grpc_gen.baton.v1 import generate_pb2_grpc as pbg
+from tests.e2e.helpers import colocated, prompts
 from tests.waiting import wait_until
 
 # What deploy/ray's examples and the chart give ``ray job stop`` by default (Ray's own is 3 s).
@@ -146,10 +155,9 @@ def test_a_dead_replica_does_not_cut_the_others_drain_short(ray_session, supervi
 
 
 def _actor_pid(name: str) -> int:
-    from ray._private.state import actors
-
-    [pid] = [a["Pid"] for a in actors().values() if a.get("Name") == name and a.get("State") == "ALIVE"]
-    return pid
+    """The process of a named actor (asked of it: Ray's actor listing needs the dashboard)."""
+    actor: Any = ray.get_actor(name)
+    return ray.get(actor.__ray_call__.remote(lambda _: os.getpid()), timeout=30)
 
 
 def test_a_stop_in_the_middle_of_a_round_with_two_frozen_workers_drains_within_rays_stop_wait(ray_session, monkeypatch):
@@ -285,3 +293,93 @@ def test_a_restarted_replica_serves_with_the_workers_that_answer(ray_session, su
         ray.get(replica.stop.remote(), timeout=60)
         ray.kill(replica)
         ray.kill(never_placed)
+
+
+def _stream(target: str, prompt: list[int], n: int, got: list[int]) -> None:
+    """A greedy gRPC stream of ``n`` tokens; its token ids land in ``got`` as they come."""
+    req = pb.GenerateRequest(
+        token_ids=pb.TokenIds(ids=prompt), sampling=pb.SamplingParameters(max_tokens=n, temperature=0, ignore_eos=True)
+    )
+    with grpc.insecure_channel(target) as ch:
+        for m in pbg.GenerationStub(ch).Generate(req, timeout=120):
+            got.extend(m.token_ids)
+
+
+def _created_groups() -> set[str]:
+    return {g for g, t in placement_group_table().items() if t["state"] == "CREATED"}
+
+
+def _ranks(worker) -> tuple[list, list[int]]:
+    """A tensor-parallel worker's rank actors (ranks 1..N-1) and their processes (baton/ray_ranks.py)."""
+    return ray.get(worker.__ray_call__.remote(lambda w: (w.engine.ranks.actors, w.engine.ranks.pids)), timeout=30)
+
+
+def _group(worker) -> str:
+    """The placement group a worker runs in."""
+    return ray.get(worker.__ray_call__.remote(lambda _: ray.get_runtime_context().get_placement_group_id()), timeout=30)
+
+
+def test_a_killed_rank_of_a_tp_decode_group_is_replaced_under_the_same_id(ray_session, supervisor, tiny_model_dir):
+    """Decode TP 2 beside a prefill pool of TP 1: decode-0's rank 1 is SIGKILLed mid-stream. Its
+    worker exits with it (baton/ray_ranks.py), the supervisor replaces it under the same id in a new
+    placement group (the old one removed, its rank with it), and the stream resumes there with
+    every token once; a later request runs on the new group, the prefill worker is undisturbed, and
+    no block stays held."""
+    sup = supervisor(
+        **{
+            "model.path": str(tiny_model_dir),  # the reference's own weights
+            "pools.prefill.workers": 1,
+            "pools.prefill.cpus": 0.5,
+            "pools.decode.tensor_parallel_size": 2,
+            "engine.kv_cache_memory_gb": 0.05,  # (a quick start: the default is 2 GiB a worker)
+        }
+    )
+    target = ray.get(sup.replicas[0].status.remote(), timeout=30).endpoints.grpc_target
+    decode, prefill = sup.fleet.pool.get("decode-0"), sup.fleet.pool.get("prefill-0")
+    old_worker, prefill_incarnation = decode.actor, ray.get(prefill.actor.ping.remote(), timeout=30)
+    groups_before, old_group = _created_groups(), _group(decode.actor)
+    [old_rank], [old_pid] = _ranks(decode.actor)
+    first, later = prompts(31, 2, 4096, lo=30, hi=40)
+    n = 160
+    want = colocated(tiny_model_dir, [first, later], [n, 8])
+    got: list[int] = []
+    with ThreadPoolExecutor(1) as pool:
+        streaming = pool.submit(_stream, target, first, n, got)
+        wait_until(lambda: got or streaming.done(), timeout_s=60, interval_s=0.01, message="the stream's first token")
+        os.kill(old_pid, signal.SIGKILL)
+        seen = len(got)
+
+        def resumed() -> bool:
+            sup.supervise_once()  # (never raises)
+            return streaming.done()
+
+        wait_until(
+            resumed, timeout_s=120, interval_s=0.2, message=lambda: f"the stream resumed (pending {sup._pending})"
+        )
+        streaming.result()
+    assert got == want[0] and seen < n  # every token once, although the stream was cut
+    assert ray.get(sup.replicas[0].__ray_call__.remote(lambda r: r.dispatcher.num_migrations), timeout=30) >= 1
+    # The same worker id, a new actor in a new placement group; the old group and its ranks are gone.
+    assert [w.worker_id for w in sup.fleet.pool.decode] == ["decode-0"] and decode.actor is not old_worker
+    assert not sup._pending and sup.fleet.replacements == 1
+    new_group = _group(decode.actor)
+    assert placement_group_table()[old_group]["state"] == "REMOVED"
+    assert _created_groups() == groups_before - {old_group} | {new_group}
+    _wait_dead(ray, old_worker)
+    _wait_dead(ray, old_rank)
+    [_], [new_pid] = _ranks(decode.actor)  # (in new_group: a rank is placed in its worker's group)
+    assert new_pid != old_pid
+    later_got: list[int] = []
+    _stream(target, later, 8, later_got)  # on the new group: decode-0 is the only decode worker
+    assert later_got == want[1]
+    assert ray.get(prefill.actor.ping.remote(), timeout=30) == prefill_incarnation  # the other group undisturbed
+
+    def drained() -> bool:
+        loads = ray.get([w.actor.load.remote() for w in sup.fleet.pool.all()], timeout=30)
+        return all(
+            load.num_free_blocks == load.num_total_blocks
+            and not (load.num_running or load.num_waiting or load.num_reserved or load.num_transferring)
+            for load in loads
+        )
+
+    wait_until(drained, timeout_s=30, interval_s=0.2, message="no block held on any worker")

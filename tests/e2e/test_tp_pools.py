@@ -52,15 +52,9 @@ def p1d2(ray_session, tiny_model_dir):
     assert violations == []
 
 
-def _rank_actors(worker_class):
-    """(pid, state) of the rank actors (ranks 1..N-1) that live ``worker_class`` actors started."""
-    actors = ray._private.state.actors().values()
-    owners = {a["Address"]["Port"] for a in actors if a["ActorClassName"] == worker_class and a["State"] == "ALIVE"}
-    return [
-        (a["Pid"], a["State"])
-        for a in actors
-        if a["ActorClassName"] == "RankActor" and a["OwnerAddress"]["Port"] in owners
-    ]
+def _rank_pids(cluster, worker_id):
+    """The processes of a worker's ranks 1..N-1, as its group reported them (baton/ray_ranks.py)."""
+    return ray.get(cluster.actor(worker_id).__ray_call__.remote(lambda w: w.engine.ranks.pids), timeout=30)
 
 
 def _rank0_sent(cluster):
@@ -122,8 +116,7 @@ def test_a_prefill_rank_killed_mid_handoff_falls_back(p2d1, tiny_model_dir):
     p = prompts(16, 1, VOCAB, lo=120, hi=120)[0]  # 4 chunks of 32 tokens
     stream = p2d1.submit(p, greedy(6))
     wait_until(lambda: p2d1.loads()["prefill-0"].num_transferring == 1, timeout_s=30, message="the prompt prefilled")
-    (pid, _), *others = [a for a in _rank_actors("PrefillWorker") if a[1] == "ALIVE"]
-    assert others == []
+    [pid] = _rank_pids(p2d1, "prefill-0")
     os.kill(pid, signal.SIGKILL)
     assert stream.result(60).token_ids == colocated(tiny_model_dir, [p], [6])[0]
 
@@ -147,8 +140,7 @@ def test_a_decode_rank_killed_mid_stream_replaces_its_group(p1d2, tiny_model_dir
     seen = len(streams[0].token_ids)
     before = ray.get(p1d2.actor("decode-0").ping.remote())
     prefill = ray.get(p1d2.actor("prefill-0").ping.remote())
-    (pid, _), *others = [a for a in _rank_actors("DecodeWorker") if a[1] == "ALIVE"]
-    assert others == []  # the decode worker's one other rank
+    [pid] = _rank_pids(p1d2, "decode-0")  # the decode worker's one other rank
     os.kill(pid, signal.SIGKILL)
     outs = [s.result(120) for s in streams]
     assert [o.token_ids for o in outs] == colocated(tiny_model_dir, ps, [n] * 2)  # each token once
@@ -164,8 +156,8 @@ def test_a_decode_rank_killed_mid_stream_replaces_its_group(p1d2, tiny_model_dir
     later = prompts(15, 1, VOCAB, lo=40, hi=60)
     assert [o.token_ids for o in p1d2.generate(later, greedy(8))] == colocated(tiny_model_dir, later, [8])
     assert ray.get(p1d2.actor("prefill-0").ping.remote()) == prefill  # the other group undisturbed
-    alive = [a for a in _rank_actors("DecodeWorker") if a[1] == "ALIVE"]
-    assert len(alive) == 1 and alive[0][0] != pid  # the new group's rank; the old group's are gone
+    [new_pid] = _rank_pids(p1d2, "decode-0")
+    assert new_pid != pid  # the new group's rank
     p1d2.wait_until_drained()
 
 
