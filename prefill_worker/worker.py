@@ -84,6 +84,7 @@ class PrefillWorker:
         self._shipping: dict[str, _Shipping] = {}  # engine thread only
         self._received: dict[str, int] = {}  # engine thread only: WorkerLoad.prompt_tokens_received
         self.loop.add_after_step(self._ship)
+        self.loop.add_ticker(self._drop_ended)
         freeze_startup_objects()  # the engine is loaded: no full collections over it (engine/gc_freeze.py)
         self.loop.start()
 
@@ -201,6 +202,17 @@ class PrefillWorker:
             ship.next_block = max(end, ship.next_block)
             if done:
                 del self._shipping[rid]
+
+    def _drop_ended(self, engine: LLMEngine) -> None:
+        """Prefills the engine ended before their last chunk (a grammar that did not compile, a
+        failed step): their shipments end, and the decode side is told now rather than at its
+        transfer deadline (it falls back to computing the prompt itself)."""
+        if not self._shipping:
+            return
+        live, held = engine.scheduler.requests, engine.grammar_waits
+        for rid in [rid for rid in self._shipping if rid not in live and rid not in held]:
+            ship = self._shipping.pop(rid)
+            self.agent.send_abort(ship.task.decode, ship.task.transfer_id)
 
     def _on_acked(self, request_id: str, acked: bool) -> None:
         """Channel thread: the decode side has the KV (or the transfer failed); free the blocks."""

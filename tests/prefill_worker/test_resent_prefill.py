@@ -8,6 +8,7 @@ from engine.config import CacheConfig, EngineConfig
 from engine.engine import LLMEngine
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
+from engine.structured.constraint import ConstraintKind, StructuredOutput
 from prefill_worker.messages import PrefillTask
 from prefill_worker.worker import PrefillWorker
 
@@ -38,5 +39,26 @@ def test_a_re_sent_prefill_supersedes_the_earlier_copy(tiny_model_dir):
     assert w._shipping["r-1"].task.transfer_id == 7 and len(engine.scheduler.requests) == 1
     w.prefill(PrefillTask(RequestSpec("r-2", (5, 6, 7), SamplingParams(max_tokens=2)), "decode-1", 8, 0))
     engine.abort("r-1")
+    engine.abort("r-2")
+    assert engine.num_free_blocks == engine.num_total_blocks
+
+
+def test_a_prefill_the_engine_ends_early_calls_its_transfer_off(tiny_model_dir):
+    """A constraint the prefill worker cannot compile ends the request there (no output stream on
+    this side): its shipment is dropped and the decode worker told at once, not at its deadline."""
+    engine = LLMEngine(
+        EngineConfig(model=str(tiny_model_dir), max_model_len=512, cache=CacheConfig(num_blocks=64, block_size=16))
+    )
+    w = object.__new__(PrefillWorker)
+    w.worker_id, w._shipping, w._received, w.agent = "prefill-0", {}, {}, ScriptedAgent()
+    w.loop = SimpleNamespace(call=lambda fn: fn(engine))
+    bad = StructuredOutput(ConstraintKind.REGEX, "(a", "guided_regex")
+    w.prefill(PrefillTask(RequestSpec("r-1", (5, 6, 7), SamplingParams(structured=bad)), "decode-0", 3, 0))
+    w.prefill(PrefillTask(RequestSpec("r-2", tuple(range(5, 40)), SamplingParams(max_tokens=2)), "decode-0", 4, 0))
+    while "r-1" in engine.grammar_waits:
+        engine.step()
+        w._drop_ended(engine)
+    w._drop_ended(engine)
+    assert w.agent.aborts == [("decode-0", 3)] and set(w._shipping) == {"r-2"}  # the other prefill ships on
     engine.abort("r-2")
     assert engine.num_free_blocks == engine.num_total_blocks
