@@ -78,7 +78,7 @@ class AsyncSteps:
             sc.speculation is not None
             or sc.lane_shares is not None
             or sc.admission.hold_finished
-            or getattr(sc, "long_rope", None) is not None
+            or sc.long_rope is not None
             or runner.plan_sink is not None
         )
 

@@ -1,5 +1,9 @@
 """Paged KV block manager: ref-counted blocks, LRU free list with lazy eviction, prefix caching.
 
+(Over 400 lines as one concept: the block table of every request, the prefix cache over it and the
+window's released blocks share one free list and one ref count; split, each would reach into the
+others' state.)
+
 Pure Python (no torch); everything here is O(blocks touched).
 
 - A block is *in use* while its ref count is > 0. At ref count 0 it goes to the tail of the free

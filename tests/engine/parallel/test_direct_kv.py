@@ -10,33 +10,14 @@ import time
 import pytest
 import torch
 
-from engine.config import CacheConfig, EngineConfig
-from engine.engine import LLMEngine
 from engine.parallel.direct_kv import HandoffClose, HandoffJoin, HandoffRecv, HandoffSend, RankHandoffs, run_handoff
 from engine.parallel.group import host_store
 from engine.parallel.head_routes import handoff_routes
 from engine.request import RequestState
 from engine.sampling_params import SamplingParams
-from tests.engine.hf_oracle import build_tiny_hf_model
+from tests.engine.parallel.conftest import group_engine
 
 BLOCK = 4
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return build_tiny_hf_model(tmp_path_factory.mktemp("direct-kv"), "llama", seed=3)  # 2 KV heads
-
-
-def _engine(model_dir, tp):
-    return LLMEngine(
-        EngineConfig(
-            model=str(model_dir),
-            dtype="float32",
-            tensor_parallel_size=tp,
-            num_threads=1,
-            cache=CacheConfig(block_size=BLOCK, num_blocks=32),
-        )
-    )
 
 
 def _handoffs(engine):
@@ -65,8 +46,8 @@ def _join(store, pairs, p, d, key="k"):
 def test_each_rank_ships_its_own_heads_to_the_ranks_holding_them(tiny, p, d):
     prompt = list(range(7, 7 + 22))
     store = host_store()
-    one = _engine(tiny, 1)
-    pre, dec = _engine(tiny, p), _engine(tiny, d)
+    one = group_engine(tiny, 1)
+    pre, dec = group_engine(tiny, p), group_engine(tiny, d)
     try:
         ph, dh = _handoffs(pre), _handoffs(dec)
         want = one.export_kv(_prefilled(one, prompt))
@@ -99,7 +80,7 @@ def test_each_rank_ships_its_own_heads_to_the_ranks_holding_them(tiny, p, d):
 
 def test_a_receive_fails_in_bounded_time_when_its_source_sends_nothing_or_dies(tiny):
     store = host_store()
-    pre, dec = _engine(tiny, 2), _engine(tiny, 1)
+    pre, dec = group_engine(tiny, 2), group_engine(tiny, 1)
     try:
         ph, dh = _handoffs(pre), _handoffs(dec)
         _join(store, [(pre, ph), (dec, dh)], 2, 1)

@@ -5,29 +5,10 @@ rows imported into a group come back out the same; and the head routes between g
 import pytest
 import torch
 
-from engine.config import CacheConfig, EngineConfig
-from engine.engine import LLMEngine
 from engine.parallel.head_routes import HeadRoute, handoff_routes, head_owners, kv_head_range
 from engine.request import RequestState
 from engine.sampling_params import SamplingParams
-from tests.engine.hf_oracle import build_tiny_hf_model
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return build_tiny_hf_model(tmp_path_factory.mktemp("group-kv"), "llama", seed=3)
-
-
-def _engine(model_dir, tp):
-    return LLMEngine(
-        EngineConfig(
-            model=str(model_dir),
-            dtype="float32",
-            tensor_parallel_size=tp,
-            num_threads=1,
-            cache=CacheConfig(block_size=4, num_blocks=32),
-        )
-    )
+from tests.engine.parallel.conftest import group_engine
 
 
 def _prefilled(engine, prompt):
@@ -44,7 +25,7 @@ def _prefilled_blocks(engine, prompt):
 @pytest.mark.parametrize("tp", [2, 4])
 def test_a_group_exports_and_imports_every_head(tiny, tp):
     prompt = list(range(5, 5 + 23))
-    one, group = _engine(tiny, 1), _engine(tiny, tp)
+    one, group = group_engine(tiny, 1), group_engine(tiny, tp)
     try:
         want = one.export_kv(_prefilled_blocks(one, prompt))
         got = group.export_kv(_prefilled_blocks(group, prompt))
@@ -64,7 +45,7 @@ def test_a_group_decodes_from_kv_a_one_rank_engine_prefilled(tiny, tp):
     """The decode role of a group: every rank (each replica of a head too) attends over the imported KV."""
     prompt, n = list(range(40, 40 + 21)), 8
     params = SamplingParams(max_tokens=n, ignore_eos=True, detokenize=False)
-    one, group = _engine(tiny, 1), _engine(tiny, tp)
+    one, group = group_engine(tiny, 1), group_engine(tiny, tp)
     try:
         want = one.generate([prompt], params)[0].token_ids
         src = _prefilled(one, prompt)
