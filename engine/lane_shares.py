@@ -82,6 +82,7 @@ class LanePlan:
     # scheduled). None: one lane wants them, or none: no sharing. A lane not in it wants none.
     tokens: dict[int, int] | None = None
     short: int | None = None  # the most important lane short of pace this step (None: none)
+    pressed: int | None = None  # the most important lane with demand waiting in the routers (None: none)
 
 
 def water_fill(
@@ -185,12 +186,16 @@ class LaneShares:
             return None
         capacity = min(self.max_num_seqs, sum(demand.values()))
         shares = water_fill(demand, self.weights, self.floors, capacity)
+        # A held lane's floor is a share of the sequences the step runs (the decode tokens), not of the
+        # slots demanded: the lane's own queue must not raise the floor it is held to.
+        stepping = max(1, sum(counts.values()))
         floor_slots = {
-            p: (min(demand[p], max(1, math.ceil(self.floors.get(p, 0.0) * capacity))) if self.floors.get(p, 0.0) else 0)
+            p: (min(demand[p], max(1, math.ceil(self.floors.get(p, 0.0) * stepping))) if self.floors.get(p, 0.0) else 0)
             for p in demand
         }
         caps = dict(shares)
         plan = LanePlan(counts, caps)
+        plan.pressed = min((p for p, n in router_waiting.items() if n > 0), default=short)
         preemptible = [p for p in demand if p in self.lanes and self.lanes[p].preemptible]
         if short is not None and any(p > short for p in preemptible):
             # a lane misses its pace: the less important preemptible lanes go to their floor
@@ -240,6 +245,14 @@ class LaneShares:
         if budget <= 0:
             return None
         shares = water_fill(demand, self.weights, self.floors, budget) if len(demand) >= 2 else None
+        if plan.pressed is not None and any(p > plan.pressed for p in demand):
+            # A more important lane has demand in the routers (waiting, or refused): its share of the
+            # step is kept for it, not lent, so its prompts, when they come here, wait for a short step.
+            out = dict(shares) if shares is not None else {}
+            for p, n in demand.items():
+                if p > plan.pressed:
+                    out[p] = min(out.get(p, n), self.held_tokens(p, plan.pressed, budget))
+            shares = out
         if plan.short is None:
             return shares
         # A lane short of pace: less important preemptible lanes' prompt work (their recomputes and
@@ -250,6 +263,13 @@ class LaneShares:
             if lane is not None and lane.preemptible and p > plan.short:
                 out[p] = min(out.get(p, n), max(1, math.floor(lane.floor * budget)))
         return out or None
+
+    def held_tokens(self, priority: int, above: int, budget: int) -> int:
+        """The prompt tokens of a step of ``budget`` that lane ``priority`` keeps to beside the more
+        important lane ``above``: its weight's share of the two, at least its floor and one token."""
+        w = self.weights.get(priority, 1.0)
+        share = max(self.floors.get(priority, 0.0), w / (w + self.weights.get(above, 1.0)))
+        return max(1, math.floor(budget * share))
 
     @staticmethod
     def _newest(running: list[Request], lanes: set[int]) -> Request | None:

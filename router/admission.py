@@ -324,6 +324,7 @@ class Admission:
         self.slo_headroom = slo_headroom
         self.rejections: dict[tuple[str, str], int] = {}
         self._pace_refused: dict[str, deque[float]] = {}  # lane -> when its recent requests were refused for pace
+        self._ttft_refused: dict[str, deque[float]] = {}  # lane -> ... for their predicted TTFT
         self._clock = clock  # the simulator passes its own
 
     def check_context(
@@ -434,6 +435,7 @@ class Admission:
         guarded = prediction.wait_s / self.slo_headroom + prediction.service_s + prediction.window_s
         if self.slo_rejection and guarded > x.lane.ttft_slo_s:
             self._count(lane, "slo_predicted")
+            self._ttft_refused.setdefault(lane, deque(maxlen=1024)).append(self._clock())
             raise RouterError(
                 ErrorKind.OVERLOADED,
                 f"The {lane} lane cannot meet its time-to-first-token objective ({x.lane.ttft_slo_s:g} s) now: "
@@ -458,6 +460,11 @@ class Admission:
     def pace_refusals(self, lane: str, since: float) -> int:
         """How many of ``lane``'s requests were refused for pace since ``since`` (router.lane_pressure)."""
         times = self._pace_refused.get(lane)
+        return 0 if not times else sum(1 for t in times if t >= since)
+
+    def ttft_refusals(self, lane: str, since: float) -> int:
+        """How many of ``lane``'s requests were refused for their predicted TTFT since ``since``."""
+        times = self._ttft_refused.get(lane)
         return 0 if not times else sum(1 for t in times if t >= since)
 
     def reject(self, lane: str, reason: str, error: RouterError) -> RouterError:

@@ -4,9 +4,11 @@ A decode worker's scheduler shares its sequence slots by lane weight (engine/lan
 sees only the requests it holds: the lanes' demand waiting in the router, and whether a lane's streams
 are too slow, are known here. With each poll of a decode worker (the long poll that brings its outputs
 back: no extra Ray call) the router sends, per lane, a ``LaneDemand``: the requests waiting in its
-lane queue plus those admission refused for pace lately, and ``pace_short`` when the lane's running
-streams are slower than ``hold_at x`` its TPOT objective or admission refused it for pace lately.
-The worker then preempts running sequences of less important preemptible lanes down to their floor.
+lane queue plus those admission refused lately (for pace or for their predicted time to first
+token: demand it could not take), and ``pace_short`` when the lane's running streams are slower than
+``hold_at x`` its TPOT objective or admission refused it for pace lately. The worker then preempts
+running sequences of less important preemptible lanes down to their floor, and keeps their prompt
+work to their share of a step while the lane has demand.
 
 Admission's side: ``freeable``, how many running sequences of less important preemptible lanes
 are above their floor, i.e. what preempting them would free for a request of a given lane; and
@@ -51,6 +53,7 @@ class LanePressure:
         depth: Callable[[str], int],
         running: Callable[[], Iterable[tuple[str, Sequence[float]]]],
         pace_refusals: Callable[[str, float], int],
+        ttft_refusals: Callable[[str, float], int],
         *,
         hold_at: float = 0.6,
         recent_s: float = 2.0,
@@ -58,11 +61,13 @@ class LanePressure:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``depth``: a lane's router queue depth; ``running``: (lane, token times) per running request;
-        ``pace_refusals(lane, since)``: how many of the lane's requests admission refused for pace since then."""
+        ``pace_refusals(lane, since)`` / ``ttft_refusals(lane, since)``: how many of the lane's requests
+        admission refused since then for pace / for their predicted time to first token."""
         self.lanes = {lane.name: lane for lane in lanes}
         self._depth = depth
         self._running = running
         self._pace_refusals = pace_refusals
+        self._ttft_refusals = ttft_refusals
         self.hold_at = hold_at
         self.recent_s = recent_s
         self.cache_s = cache_s
@@ -88,7 +93,8 @@ class LanePressure:
             refused = self._pace_refusals(name, now - self.recent_s)
             pace = live_decode_pace([list(t) for t in times.get(name, [])], now)
             short = refused > 0 or (pace is not None and pace > lane.tpot_slo_s * self.hold_at)
-            waiting = self._depth(name) + refused
+            # (refused for TTFT is demand too, but not short of pace: nothing running is slow)
+            waiting = self._depth(name) + refused + self._ttft_refusals(name, now - self.recent_s)
             if waiting or short:
                 out.append(LaneDemand(lane.priority, waiting, short))
         demands = tuple(out)

@@ -140,6 +140,7 @@ class Router:
                 self.queues.depth,
                 lambda: [(c.lane, c.stream.token_times) for c in self.requests.running()],
                 self.admission.pace_refusals,
+                self.admission.ttft_refusals,
                 hold_at=0.8 * config.slo_headroom,
             )
             if config.lane_priority

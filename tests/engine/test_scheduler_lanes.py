@@ -131,11 +131,12 @@ def test_pace_preempts_newest_batch_first_down_to_the_floor_then_resumes_exactly
         before = {r.request_id for r in sched.running}
         step(sched, runner)
         victims += sorted(before - {r.request_id for r in sched.running} - {r.request_id for r in inter})
-    # one a step, newest first, down to the floor (ceil(0.1 x 16 wanted) = 2); interactive untouched
-    assert victims == [f"b{i}" for i in range(9, 1, -1)]
-    assert running_by_lane(sched) == {INTERACTIVE: 2, BATCH: 2}
+    # one a step, newest first, down to the floor: a share of the sequences the step runs, not of the
+    # slots wanted (ceil(0.1 x 12) = 2 at first, 1 once 4 run); interactive untouched
+    assert victims == [f"b{i}" for i in range(9, 0, -1)]
+    assert running_by_lane(sched) == {INTERACTIVE: 2, BATCH: 1}
     assert all(r.state is not RequestState.PREEMPTED for r in inter)
-    assert sched.lane_shares.pace_preemptions == {BATCH: 8}
+    assert sched.lane_shares.pace_preemptions == {BATCH: 9}
     sched.lane_shares.set_pressure("r", ())  # the pace is back: the victims resume by recompute,
     sizes = []  # the batch lane regrowing one sequence every REGROW_S (10 steps here)
     for _ in range(500):
@@ -143,8 +144,8 @@ def test_pace_preempts_newest_batch_first_down_to_the_floor_then_resumes_exactly
             break
         step(sched, runner)
         sizes.append(running_by_lane(sched)[BATCH])
-    assert sizes[:14] == [2] * 9 + [3] * 5
-    assert max(sizes) == 8  # the interactive lane done, nothing is shared: every victim is back at once
+    assert sizes[:14] == [1] * 9 + [2] * 5
+    assert max(sizes) == 9  # the interactive lane done, nothing is shared: every victim is back at once
     for r in batch + inter:
         assert r.output_token_ids == expected_output(r.prompt_token_ids, 30), r.request_id
     assert set(sched.lane_shares.preempted_seconds) == {BATCH}
@@ -212,6 +213,25 @@ def test_the_prompt_token_budget_is_shared_by_weight_with_floors_and_lending():
     sched.update_from_output(runner.execute(sched.schedule()))
     sched.add_request(req("i", INTERACTIVE, max_tokens=4, n_prompt=400, start=100))
     assert sched.schedule().num_scheduled_tokens == {"b": 25, "i": 231}
+
+
+def test_a_lane_with_demand_in_the_router_keeps_its_share_of_the_prompt_tokens():
+    """Interactive requests waiting (or refused) in the router, none here yet: the batch prompt keeps to
+    its share of the step (8:1 of 256, at least its floor), so the interactive prompts, when they come,
+    wait for a short step; without that demand it is lent the whole step again."""
+    sched, runner = make()
+    sched.add_request(req("d", BATCH, max_tokens=40, start=300))  # a batch stream decoding beside it
+    step(sched, runner)
+    b = req("b", BATCH, max_tokens=4, n_prompt=480)
+    sched.add_request(b)
+    step(sched, runner)
+    sched.lane_shares.set_pressure("r", (LaneDemand(INTERACTIVE, waiting=2),))
+    so = sched.schedule()
+    assert so.num_scheduled_tokens["b"] == 28  # floor(256 x max(0.1, 1/9))
+    assert so.num_scheduled_tokens["d"] == 1  # decodes are not prompt work: untouched
+    sched.update_from_output(runner.execute(so))
+    sched.lane_shares.set_pressure("r", ())
+    assert sched.schedule().num_scheduled_tokens["b"] == 480 - 255 - 28  # its whole rest: lent the step again
 
 
 def test_the_waiting_queue_and_the_batch_keep_their_counts_by_lane():

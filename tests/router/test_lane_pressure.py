@@ -34,12 +34,13 @@ def _admit(adm: Admission, x: AdmissionInput) -> float:
     return asyncio.run(adm.admit(x))
 
 
-def _pressure(depths=None, running=(), refusals=lambda lane, since: 0, now=100.0):
+def _pressure(depths=None, running=(), refusals=lambda lane, since: 0, ttft=lambda lane, since: 0, now=100.0):
     return LanePressure(
         default_lanes(),
         lambda lane: (depths or {}).get(lane, 0),
         lambda: running,
         refusals,
+        ttft,
         hold_at=0.6,
         clock=lambda: now,
     )
@@ -85,6 +86,9 @@ def test_the_report_carries_router_waiting_refusals_and_pace():
         refusals=lambda lane, since: 3 if lane == "interactive" else 0, running=[("interactive", fast_stream)]
     )
     assert refused.report() == (LaneDemand(0, 3, True),)
+    # refused for its predicted TTFT: demand the worker cannot see, but its streams are not slow
+    late = _pressure(ttft=lambda lane, since: 2 if lane == "interactive" else 0, running=[("interactive", fast_stream)])
+    assert late.report() == (LaneDemand(0, 2, False),)
     assert _pressure().report() == ()  # nothing waits, nothing is slow: no pressure
 
 

@@ -69,6 +69,7 @@ class SimRouter:
                 self.queues.depth,  # as Router
                 lambda: [(t.lane, t.record.token_times) for t in self.running.values()],
                 self.admission.pace_refusals,
+                self.admission.ttft_refusals,
                 hold_at=0.8 * 0.75,
                 clock=lambda: loop.now,
             )
