@@ -21,8 +21,9 @@ The shares act in three places:
   preempted (least important, newest first, one a step) down to their floor; and a more important
   request waiting here for a sequence slot takes one from a preemptible lane above its share. A
   victim goes back to the waiting queue and resumes by recompute (``RequestLifecycle.preempt``); its
-  lane is held at its floor until the pace is back (the router stops reporting ``pace_short``), and
-  then regrows by one sequence every ``REGROW_S`` up to its share: let back at once, the batch lane
+  lane is held at its floor (a share of the sequences the step runs) until the pace is back (the
+  router stops reporting ``pace_short``) and the more important lane has no demand left in the
+  routers, and then regrows by one sequence every ``REGROW_S`` up to its share: let back at once, the batch lane
   would set the pace again at once, and every such round trip recomputes what its victims had done.
   Meanwhile their prompt work here (recomputes, local prefills) keeps to their floor share of the
   step's prompt tokens, lent nothing: a chunk riding in a step slows every stream in it.
@@ -209,6 +210,8 @@ class LaneShares:
             if victim is not None:
                 plan.victims.append(victim)
             return plan
+        if self._short_at is not None and plan.pressed is not None and plan.pressed <= self._short:
+            self._short_at = self._clock()  # the pace is back, but the lane still has demand it cannot place: held
         if self._short_at is not None:  # the pace is back: the preemptible lanes regrow, one at a time
             grown = int((self._clock() - self._short_at) / REGROW_S)
             held = [p for p in preemptible if p > self._short]

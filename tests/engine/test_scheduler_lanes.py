@@ -152,6 +152,27 @@ def test_pace_preempts_newest_batch_first_down_to_the_floor_then_resumes_exactly
     assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
 
 
+def test_the_held_lane_regrows_only_once_the_more_important_lane_has_no_demand_left():
+    """Back within its pace, the interactive lane still has requests waiting or refused in the router:
+    the batch lane stays at its floor (regrown, it would set the pace again and be preempted again,
+    each round trip recomputing what its victims had done); it regrows once that demand is gone."""
+    sched, runner = make(max_num_seqs=32)
+    for i in range(6):
+        sched.add_request(req(f"b{i}", BATCH, max_tokens=200))
+    for i in range(3):
+        sched.add_request(req(f"i{i}", INTERACTIVE, max_tokens=200, start=100))
+    step(sched, runner, 2)
+    sched.lane_shares.set_pressure("r", (LaneDemand(INTERACTIVE, waiting=3, pace_short=True),))
+    step(sched, runner, 8)
+    assert running_by_lane(sched) == {INTERACTIVE: 3, BATCH: 1}
+    sched.lane_shares.set_pressure("r", (LaneDemand(INTERACTIVE, waiting=2),))  # pace back, demand left
+    step(sched, runner, 40)  # 2 s: four REGROW_S
+    assert running_by_lane(sched) == {INTERACTIVE: 3, BATCH: 1}
+    sched.lane_shares.set_pressure("r", ())
+    step(sched, runner, 11)
+    assert running_by_lane(sched)[BATCH] == 2  # one more every REGROW_S (10 steps here)
+
+
 def test_a_waiting_interactive_request_takes_a_slot_from_batch_above_its_share():
     sched, runner = make(max_num_seqs=8)
     for i in range(8):

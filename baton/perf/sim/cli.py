@@ -12,6 +12,7 @@ request (TTFT, TPOT, ITL list, e2e, placement).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -67,8 +68,35 @@ def add_sim_args(p: argparse.ArgumentParser, budgets: bool = True) -> None:
         "--step-scale",
         type=float,
         default=1.0,
-        help="multiply every predicted step time (e.g. for CPU contention the profile did not see)",
+        help="multiply every predicted step time (e.g. a speed probe's decode ratio: the machine now)",
     )
+    p.add_argument(
+        "--prefill-step-scale",
+        type=float,
+        default=None,
+        help="multiply steps that compute prompt tokens instead (a speed probe's prefill ratio; default: --step-scale)",
+    )
+    p.add_argument(
+        "--host",
+        default=None,
+        metavar="CORES:BASE_CORES:CPU_MS_PER_TOKEN",
+        help="the rest of the stack's CPU on the workers' host (baton.perf.profile.host), over the cost model's",
+    )
+
+
+def parse_host(text: str):
+    """``CORES:BASE_CORES:CPU_MS_PER_TOKEN`` as a ``HostModel`` (ValueError naming the flag)."""
+    from baton.perf.profile.host import HostModel
+
+    parts = text.split(":")
+    try:
+        if len(parts) != 3:
+            raise ValueError("three fields")
+        return HostModel(int(parts[0]), float(parts[1]), float(parts[2]) / 1e3, source="--host")
+    except ValueError as e:
+        raise ValueError(
+            f"--host must be CORES:BASE_CORES:CPU_MS_PER_TOKEN (e.g. 2:0.071:1.26), got {text!r}: {e}"
+        ) from e
 
 
 def positive_float(name: str, text: str) -> float:
@@ -131,6 +159,10 @@ def load_inputs(args: argparse.Namespace):
         if getattr(args, flag) is not None:
             changes[field] = getattr(args, flag)
     changes["step_scale"] = args.step_scale
+    if getattr(args, "prefill_step_scale", None) is not None:
+        changes["prefill_step_scale"] = args.prefill_step_scale
+    if getattr(args, "host", None):
+        cost = dataclasses.replace(cost, host=parse_host(args.host))
     known = {lane.name for lane in base.lanes.lanes}
     unknown = sorted({lane for lane, share in spec.lanes.items() if share > 0} - known)  # (a 0 share sends none)
     if unknown:  # every such request is rejected, and the search blamed capacity

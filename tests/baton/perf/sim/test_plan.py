@@ -258,6 +258,9 @@ def test_sim_cli_runs_rates_and_writes_json(cost_file, tmp_path):
         (["--rate", "1", "--json", "/nonexistent-dir/x.json"], "--json /nonexistent-dir/x.json: the directory"),
         (["--rate", "1", "--decode-workers", "0"], "a cluster needs at least one decode worker"),
         (["--rate", "1", "--workload", "nope"], "unknown workload 'nope'"),
+        (["--rate", "1", "--host", "2:x:1"], "--host must be CORES:BASE_CORES:CPU_MS_PER_TOKEN"),
+        (["--rate", "1", "--host", "0:0.1:1"], "host.cores must be a positive integer"),
+        (["--rate", "1", "--prefill-step-scale", "0"], "prefill_step_scale must be a finite number > 0"),
     ],
 )
 def test_sim_cli_errors(cost_file, args, needle):
@@ -306,3 +309,17 @@ def test_parse_rates_refuses_infinite_and_nan_rates():
     for bad in ("inf", "1,inf", "nan", "-inf", "1e400"):
         with pytest.raises(ValueError, match="--rate must be a finite number > 0"):
             parse_rates(bad)
+
+
+def test_sim_cli_replays_a_machine_measured_by_speed_probes_and_its_host(cost_file):
+    """A run measured with speed probes is replayed on that machine: decode and prefill steps scaled
+    apart, and the rest of the stack's CPU on the workers' host (baton.perf.profile.host)."""
+    from baton.perf.sim.cli import build_parser, load_inputs
+
+    args = ["--cost-model", str(cost_file), "--rate", "1", "--step-scale", "2.1", "--prefill-step-scale", "2.3"]
+    cost, _, cfg = load_inputs(build_parser().parse_args([*args, "--host", "2:0.071:1.26"]))
+    assert (cfg.step_scale, cfg.prefill_step_scale) == (2.1, 2.3)
+    assert cost.host is not None and (cost.host.cores, cost.host.base_cores) == (2, 0.071)
+    assert cost.host.cpu_s_per_token == pytest.approx(0.00126)
+    cost, _, cfg = load_inputs(build_parser().parse_args(args[:-2]))
+    assert cfg.prefill_step_scale is None and cost.host is None  # the cost model's own (none in this one)
