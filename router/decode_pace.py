@@ -113,3 +113,15 @@ def pace_inputs(
         queued + (prompt_tokens if prefilled_there else 0),
         dict(counters.running) if counters is not None else None,
     )
+
+
+def local_prompt_rate(prefill_tokens_per_s: float, steps: StepSplit | None) -> float:
+    """The prompt tokens/s a decode worker gives a prompt it prefills itself beside a prefill pool: at
+    most ``prompt_budget`` a step, each step also computing its decodes, so slower than the prefill
+    worker's measured rate (``prefill_tokens_per_s``, the per-token cost it is read at). Unchanged
+    when the split is not known."""
+    if steps is None or steps.prompt_budget <= 0 or prefill_tokens_per_s <= 0:
+        return prefill_tokens_per_s
+    c = 1.0 / prefill_tokens_per_s
+    decode_s = max(steps.step_s - c * steps.prompt_tokens_per_step, 0.1 * steps.step_s)
+    return steps.prompt_budget / (decode_s + c * steps.prompt_budget)

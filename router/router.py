@@ -37,7 +37,7 @@ from router.api import ErrorKind, GenerateRequest, GenerationResult, ModelInfo, 
 from router.capacity import Capacity
 from router.classify import classify
 from router.cluster_state import ClusterState
-from router.decode_pace import DecodeSteps, pace_inputs
+from router.decode_pace import DecodeSteps, local_prompt_rate, pace_inputs
 from router.dispatcher import Dispatcher
 from router.durable_batch import DurableBatch, JobWaitStream, job_payload
 from router.grammar_check import GrammarCheck
@@ -325,6 +325,19 @@ class Router:
         # lane queue right after it with no await in between: concurrent arrivals then each see
         # the ones admitted before them (an await here let a burst all see an empty queue).
         hint = NO_HINT if durable else await self._placement_hint(ids, self._salt(tenant.name))
+        ahead = self.queues.requests_ahead(lane)
+        free_slots = self.capacity.free_places(len(ids), req.sampling.max_tokens)  # slots, or KV if fewer
+        threshold = self.dispatcher.local_prefill_threshold
+        local = prompt_stays_local(self.pool, len(ids), threshold, self.dispatcher.short_prompts_to_idle_prefill)
+        pace_in = pace_inputs(
+            self.pool,
+            self.decode_steps,
+            lane_cfg.priority,
+            len(ids),
+            local,
+            self.prefill_rate.tokens_per_s,
+            time.monotonic(),
+        )
         queued, rate = prefill_queue(
             self.pool,
             len(ids),
@@ -332,18 +345,8 @@ class Router:
             self.prefill_rate.tokens_per_s,
             self.dispatcher.short_prompts_to_idle_prefill,
         )
-        ahead = self.queues.requests_ahead(lane)
-        free_slots = self.capacity.free_places(len(ids), req.sampling.max_tokens)  # slots, or KV if fewer
-        threshold = self.dispatcher.local_prefill_threshold
-        pace_in = pace_inputs(
-            self.pool,
-            self.decode_steps,
-            lane_cfg.priority,
-            len(ids),
-            prompt_stays_local(self.pool, len(ids), threshold, self.dispatcher.short_prompts_to_idle_prefill),
-            self.prefill_rate.tokens_per_s,
-            time.monotonic(),
-        )
+        if local and self.pool.live("prefill"):  # beside the decodes, at most its prompt budget a step
+            rate = local_prompt_rate(rate, pace_in.steps)
         freeable = 0
         if self.lane_pressure is not None:  # what preempting less important lanes frees on the worker
             freeable = (

@@ -345,3 +345,14 @@ def test_a_slow_live_pace_rejects_even_with_free_sequence_slots():
     assert e.value.code == "slo_predicted_violation" and "time-per-output-token" in e.value.message
     assert adm.rejections == {("interactive", "slo_tpot"): 1}
     _admit(adm, _input(free_seq_slots=255, running=(), num_running=0, decode_pace_s=0.6))  # nothing runs: goes
+
+
+def test_a_prompt_a_decode_worker_prefills_itself_runs_at_its_prompt_budget_a_step_beside_its_decodes():
+    from router.decode_pace import StepSplit, local_prompt_rate
+
+    # steps of 0.4 s carrying 100 prompt tokens at 2.5 ms each: 0.15 s of decoding; 256 prompt
+    # tokens a step at most: 256 / (0.15 + 0.64) tokens/s, slower than the prefill worker's 400
+    split = StepSplit(step_s=0.4, prompt_tokens_per_step=100, running=12, prompt_budget=256)
+    assert local_prompt_rate(400.0, split) == pytest.approx(256 / (0.15 + 0.64))
+    assert local_prompt_rate(400.0, None) == 400.0  # not known yet: the prefill worker's rate
+    assert local_prompt_rate(400.0, StepSplit(0.4, 100, 12, prompt_budget=0)) == 400.0  # no budget reported

@@ -20,7 +20,7 @@ under it)::
                       worker_steps, worker_busy_s, worker_busy_cpu_s: {"role/worker": cumulative},
                       lane_decode_tokens: {lane: cumulative}}],
       "workers": {"role/worker": {steps, busy_s, busy_cpu_s, mean_step_ms, busy_share, cpu_share}},
-      "lane_decode_shares": {lane: {decode_tokens, share, share_with_demand}},   # lane shares on only
+      "lane_decode_shares": {lane: {decode_tokens, share, share_with_demand, share_with_unmet_demand}},  # lanes on
       "requests": [{index, lane, served_lane, status: "ok"|"rejected"|"error"|"timeout", reason,
                     arrival_s, send_s, prompt_len, output_len, output_tokens, cached_tokens, chunks,
                     ttft_s, tpot_s, e2e_s, http_status, grpc_code, error_type, error_code,
@@ -42,14 +42,25 @@ run when no rate passed).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from baton.perf.loadgen.records import RequestRecord
 from baton.perf.loadgen.runner import RunResult
 from baton.perf.loadgen.search import SearchResult
 from baton.perf.loadgen.server_metrics import lane_decode_shares, worker_utilisation
 
 SCHEMA = "baton.bench.serve/1"
+
+
+def refused_send_times(records: Iterable[RequestRecord]) -> dict[str, list[float]]:
+    """By lane, when the client sent the requests the server refused (on the run's clock)."""
+    out: dict[str, list[float]] = {}
+    for r in records:
+        if r.status == "rejected":
+            out.setdefault(r.lane, []).append(r.send_s)
+    return out
 
 
 def run_report(result: RunResult, search: SearchResult[RunResult] | None = None) -> dict[str, Any]:
@@ -64,7 +75,7 @@ def run_report(result: RunResult, search: SearchResult[RunResult] | None = None)
         "lanes": {lane: s.to_dict() for lane, s in result.lanes().items()},
         "timeseries": [s.to_dict() for s in result.timeseries],
         "workers": worker_utilisation(result.timeseries),
-        "lane_decode_shares": lane_decode_shares(result.timeseries),
+        "lane_decode_shares": lane_decode_shares(result.timeseries, refused_send_times(result.records)),
         "requests": [r.to_dict() for r in result.records],
         "search": None,
     }
@@ -139,8 +150,12 @@ def format_summary(report: dict[str, Any]) -> str:
     if shares:
         lines += [
             "",
-            "decode-token share by lane (while it had demand): "
-            + ", ".join(f"{lane} {_pct(v['share'])} ({_pct(v['share_with_demand'])})" for lane, v in shares.items()),
+            "decode-token share by lane (while it had requests running or waiting; while it had requests waiting "
+            "or refused): "
+            + ", ".join(
+                f"{lane} {_pct(v['share'])} ({_pct(v['share_with_demand'])}; {_pct(v.get('share_with_unmet_demand'))})"
+                for lane, v in shares.items()
+            ),
         ]
     search = report.get("search")
     if search:

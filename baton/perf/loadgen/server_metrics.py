@@ -8,8 +8,9 @@ server without ``/metrics`` (or a gRPC-only target) still gets a time series.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -154,11 +155,17 @@ def worker_utilisation(samples: list[MetricsSample]) -> dict[str, dict[str, floa
     return out
 
 
-def lane_decode_shares(samples: list[MetricsSample]) -> dict[str, dict[str, float | None]]:
+def lane_decode_shares(
+    samples: list[MetricsSample], refused_at: Mapping[str, Sequence[float]] | None = None
+) -> dict[str, dict[str, float | None]]:
     """Per lane over the run (scrapes with lane counters; none with lane shares off): its decode
     tokens, its share of all lanes' (``share``), and its share over the scrape intervals in which it
-    had demand, i.e. requests waiting in the router or running at either end (``share_with_demand``):
-    what the lane got while it wanted capacity, the figure its weight share is compared with."""
+    had demand, i.e. requests waiting in the router or running at either end (``share_with_demand``),
+    and over those in which it had demand it could not place: requests waiting in the router at
+    either end or refused by the server in between (``share_with_unmet_demand``; ``refused_at``: the
+    client's send times of its refused requests, on the samples' clock). A lane whose every request
+    runs takes one decode token a step each and lends the rest: only the second says whether it got
+    its share while it wanted more."""
     seen = [s for s in samples if s.scraped and s.lane_decode_tokens]
     if len(seen) < 2:
         return {}
@@ -169,16 +176,30 @@ def lane_decode_shares(samples: list[MetricsSample]) -> dict[str, dict[str, floa
 
     out: dict[str, dict[str, float | None]] = {}
     total = sum(delta(seen[0], seen[-1], lane) for lane in lanes)
-    for lane in lanes:
-        mine_demand = all_demand = 0.0
+
+    def share(lane: str, wanted: Callable[[MetricsSample, MetricsSample], bool]) -> float | None:
+        mine = every = 0.0
         for a, b in pairwise(seen):
-            if any(x.waiting.get(lane, 0.0) > 0 or x.running.get(lane, 0.0) > 0 for x in (a, b)):
-                mine_demand += delta(a, b, lane)
-                all_demand += sum(delta(a, b, other) for other in lanes)
+            if wanted(a, b):
+                mine += delta(a, b, lane)
+                every += sum(delta(a, b, other) for other in lanes)
+        return round(mine / every, 4) if every > 0 else None
+
+    for lane in lanes:
+        refused = sorted((refused_at or {}).get(lane, ()))
+
+        def running_or_waiting(a: MetricsSample, b: MetricsSample, lane: str = lane) -> bool:
+            return any(x.waiting.get(lane, 0.0) > 0 or x.running.get(lane, 0.0) > 0 for x in (a, b))
+
+        def unmet(a: MetricsSample, b: MetricsSample, lane: str = lane, refused: list[float] = refused) -> bool:
+            i = bisect.bisect_right(refused, a.t)
+            return any(x.waiting.get(lane, 0.0) > 0 for x in (a, b)) or (i < len(refused) and refused[i] <= b.t)
+
         mine = delta(seen[0], seen[-1], lane)
         out[lane] = {
             "decode_tokens": mine,
             "share": round(mine / total, 4) if total > 0 else None,
-            "share_with_demand": round(mine_demand / all_demand, 4) if all_demand > 0 else None,
+            "share_with_demand": share(lane, running_or_waiting),
+            "share_with_unmet_demand": share(lane, unmet),
         }
     return out

@@ -24,7 +24,7 @@ from router.admission import Admission, AdmissionInput, PrefillRate
 from router.api import RouterError
 from router.capacity import Capacity
 from router.classify import classify
-from router.decode_pace import DecodeSteps, pace_inputs
+from router.decode_pace import DecodeSteps, local_prompt_rate, pace_inputs
 from router.lane_pressure import LanePressure
 from router.lane_queues import LaneQueues, Pending, Room
 from router.load_signals import LoadSignals
@@ -101,6 +101,9 @@ class SimRouter:
             )
             rec.lane = lane
             lane_cfg = self.policy.lane(lane)
+            local = prompt_stays_local(
+                self.pool, len(ids), self.cfg.local_prefill_threshold, self.cfg.short_prompts_to_idle_prefill
+            )
             queued, rate = prefill_queue(
                 self.pool,
                 len(ids),
@@ -111,16 +114,10 @@ class SimRouter:
             if self.pace_guard is not None:
                 self.pace_guard.arrived(lane, now)
             pace_in = pace_inputs(
-                self.pool,
-                self.decode_steps,
-                lane_cfg.priority,
-                len(ids),
-                prompt_stays_local(
-                    self.pool, len(ids), self.cfg.local_prefill_threshold, self.cfg.short_prompts_to_idle_prefill
-                ),
-                self.prefill_rate.tokens_per_s,
-                now,
+                self.pool, self.decode_steps, lane_cfg.priority, len(ids), local, self.prefill_rate.tokens_per_s, now
             )
+            if local and self.pool.live("prefill"):  # as Router: beside the decodes, its prompt budget a step
+                rate = local_prompt_rate(rate, pace_in.steps)
             freeable = 0
             if self.lane_pressure is not None:
                 freeable = (

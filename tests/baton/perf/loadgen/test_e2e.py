@@ -179,11 +179,20 @@ def test_the_lanes_decode_token_shares_count_while_the_lane_has_demand() -> None
             lane_decode_tokens={"interactive": inter, "batch": batch},
         )
 
-    # batch alone for the first interval, then interactive running: 80 of the 100 tokens are its
-    samples = [at(0.0, 0, 0, 0.0), at(1.0, 0, 100, 0.0), at(2.0, 80, 120, 3.0)]
-    shares = lane_decode_shares(samples)
-    assert shares["interactive"] == {"decode_tokens": 80.0, "share": 0.4, "share_with_demand": 0.8}
-    assert shares["batch"] == {"decode_tokens": 120.0, "share": 0.6, "share_with_demand": 0.6}
+    # batch alone for the first interval, then interactive running: 80 of the 100 tokens are its;
+    # then interactive with every request running (it lends the rest), then refused once
+    samples = [at(0.0, 0, 0, 0.0), at(1.0, 0, 100, 0.0), at(2.0, 80, 120, 3.0), at(3.0, 90, 160, 1.0)]
+    samples.append(at(4.0, 180, 170, 9.0))
+    shares = lane_decode_shares(samples, {"interactive": [3.5], "batch": []})
+    assert shares["interactive"] == {
+        "decode_tokens": 180.0,
+        "share": 0.5143,
+        "share_with_demand": round(180 / 250, 4),  # the intervals with interactive running
+        "share_with_unmet_demand": 0.9,  # only (3, 4]: a refusal in it
+    }
+    assert shares["batch"]["share_with_demand"] == round(170 / 350, 4)  # batch runs throughout
+    assert shares["batch"]["share_with_unmet_demand"] is None  # never waiting, never refused
+    assert lane_decode_shares(samples)["interactive"]["share_with_unmet_demand"] is None  # no refusals given
     assert lane_decode_shares(samples[:1]) == {}  # one scrape: no interval
 
 
