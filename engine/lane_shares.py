@@ -23,8 +23,9 @@ The shares act in three places:
   victim goes back to the waiting queue and resumes by recompute (``RequestLifecycle.preempt``); its
   lane is held at its floor (a share of the sequences the step runs) until the pace is back (the
   router stops reporting ``pace_short``) and the more important lane has no demand left in the
-  routers, and then regrows by one sequence every ``REGROW_S`` up to its share: let back at once, the batch lane
-  would set the pace again at once, and every such round trip recomputes what its victims had done.
+  routers, and then regrows by one sequence every ``REGROW_S`` up to its share: let back at once,
+  the batch lane would set the pace again at once, and every such round trip recomputes what its
+  victims had done.
   Meanwhile their prompt work here (recomputes, local prefills) keeps to their floor share of the
   step's prompt tokens, lent nothing: a chunk riding in a step slows every stream in it.
 

@@ -323,8 +323,8 @@ class Admission:
         # inflating it too rejected 78% at 1.7x capacity for a third of the goodput (BENCHMARKS).
         self.slo_headroom = slo_headroom
         self.rejections: dict[tuple[str, str], int] = {}
-        self._pace_refused: dict[str, deque[float]] = {}  # lane -> when its recent requests were refused for pace
-        self._ttft_refused: dict[str, deque[float]] = {}  # lane -> ... for their predicted TTFT
+        # (lane, reason) -> when its recent requests were refused for the SLO predictions (router.lane_pressure)
+        self._refused_at: dict[tuple[str, str], deque[float]] = {}
         self._clock = clock  # the simulator passes its own
 
     def check_context(
@@ -434,8 +434,7 @@ class Admission:
             return ttft
         guarded = prediction.wait_s / self.slo_headroom + prediction.service_s + prediction.window_s
         if self.slo_rejection and guarded > x.lane.ttft_slo_s:
-            self._count(lane, "slo_predicted")
-            self._ttft_refused.setdefault(lane, deque(maxlen=1024)).append(self._clock())
+            self._count(lane, "slo_predicted", timed=True)
             raise RouterError(
                 ErrorKind.OVERLOADED,
                 f"The {lane} lane cannot meet its time-to-first-token objective ({x.lane.ttft_slo_s:g} s) now: "
@@ -446,8 +445,7 @@ class Admission:
         # The pace is measured, but one more sequence slows it: the same headroom guards it.
         pace = predict_pace(x)
         if self.slo_rejection and busy and pace is not None and pace > x.lane.tpot_slo_s * self.slo_headroom:
-            self._count(lane, "slo_tpot")
-            self._pace_refused.setdefault(lane, deque(maxlen=1024)).append(self._clock())
+            self._count(lane, "slo_tpot", timed=True)
             raise RouterError(
                 ErrorKind.OVERLOADED,
                 f"The {lane} lane cannot meet its time-per-output-token objective ({x.lane.tpot_slo_s:g} s) now: "
@@ -459,12 +457,14 @@ class Admission:
 
     def pace_refusals(self, lane: str, since: float) -> int:
         """How many of ``lane``'s requests were refused for pace since ``since`` (router.lane_pressure)."""
-        times = self._pace_refused.get(lane)
-        return 0 if not times else sum(1 for t in times if t >= since)
+        return self._refused_since(lane, "slo_tpot", since)
 
     def ttft_refusals(self, lane: str, since: float) -> int:
         """How many of ``lane``'s requests were refused for their predicted TTFT since ``since``."""
-        times = self._ttft_refused.get(lane)
+        return self._refused_since(lane, "slo_predicted", since)
+
+    def _refused_since(self, lane: str, reason: str, since: float) -> int:
+        times = self._refused_at.get((lane, reason))
         return 0 if not times else sum(1 for t in times if t >= since)
 
     def reject(self, lane: str, reason: str, error: RouterError) -> RouterError:
@@ -478,7 +478,10 @@ class Admission:
         drain = (x.tokens_ahead + x.pool_queued_tokens) / max(x.prefill_tokens_per_s, 1e-6)
         return float(min(60.0, max(1.0, drain)))
 
-    def _count(self, lane: str, reason: str) -> None:
+    def _count(self, lane: str, reason: str, timed: bool = False) -> None:
+        """``timed``: also when, for ``pace_refusals`` / ``ttft_refusals``."""
         self.rejections[(lane, reason)] = self.rejections.get((lane, reason), 0) + 1
+        if timed:
+            self._refused_at.setdefault((lane, reason), deque(maxlen=1024)).append(self._clock())
         if self.metrics is not None:
             self.metrics.rejection(lane, reason)

@@ -341,7 +341,7 @@ class Router:
         queued, rate = prefill_queue(
             self.pool,
             len(ids),
-            self.dispatcher.local_prefill_threshold,
+            threshold,
             self.prefill_rate.tokens_per_s,
             self.dispatcher.short_prompts_to_idle_prefill,
         )

@@ -177,29 +177,25 @@ def lane_decode_shares(
     out: dict[str, dict[str, float | None]] = {}
     total = sum(delta(seen[0], seen[-1], lane) for lane in lanes)
 
-    def share(lane: str, wanted: Callable[[MetricsSample, MetricsSample], bool]) -> float | None:
-        mine = every = 0.0
-        for a, b in pairwise(seen):
-            if wanted(a, b):
-                mine += delta(a, b, lane)
-                every += sum(delta(a, b, other) for other in lanes)
+    intervals = list(pairwise(seen))
+
+    def share(lane: str, wanted: list[bool]) -> float | None:
+        """``lane``'s share of every lane's decode tokens over the intervals ``wanted`` marks."""
+        mine = sum(delta(a, b, lane) for (a, b), w in zip(intervals, wanted, strict=True) if w)
+        every = sum(delta(a, b, other) for (a, b), w in zip(intervals, wanted, strict=True) if w for other in lanes)
         return round(mine / every, 4) if every > 0 else None
 
     for lane in lanes:
         refused = sorted((refused_at or {}).get(lane, ()))
-
-        def running_or_waiting(a: MetricsSample, b: MetricsSample, lane: str = lane) -> bool:
-            return any(x.waiting.get(lane, 0.0) > 0 or x.running.get(lane, 0.0) > 0 for x in (a, b))
-
-        def unmet(a: MetricsSample, b: MetricsSample, lane: str = lane, refused: list[float] = refused) -> bool:
-            i = bisect.bisect_right(refused, a.t)
-            return any(x.waiting.get(lane, 0.0) > 0 for x in (a, b)) or (i < len(refused) and refused[i] <= b.t)
-
+        waiting = [any(x.waiting.get(lane, 0.0) > 0 for x in ab) for ab in intervals]
+        running = [any(x.running.get(lane, 0.0) > 0 for x in ab) for ab in intervals]
+        # a refusal sent in (a.t, b.t]
+        refusal = [bisect.bisect_right(refused, b.t) > bisect.bisect_right(refused, a.t) for a, b in intervals]
         mine = delta(seen[0], seen[-1], lane)
         out[lane] = {
             "decode_tokens": mine,
             "share": round(mine / total, 4) if total > 0 else None,
-            "share_with_demand": share(lane, running_or_waiting),
-            "share_with_unmet_demand": share(lane, unmet),
+            "share_with_demand": share(lane, [w or r for w, r in zip(waiting, running, strict=True)]),
+            "share_with_unmet_demand": share(lane, [w or r for w, r in zip(waiting, refusal, strict=True)]),
         }
     return out

@@ -9,10 +9,11 @@ import random
 
 import pytest
 
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.config import EngineConfig, SchedulerConfig
 from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tests.engine.hf_oracle import build_tiny_hf_model, hf_greedy, load_hf
+from tests.engine.parallel.conftest import tp_engine
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -30,16 +31,7 @@ def _prompts(seed, n=8, shared_prefix=24):
 
 def _engine(model_dir, tp, **cache):
     # Small blocks, a small pool and a 16-token budget: chunked prefill and preemption in every run.
-    return LLMEngine(
-        EngineConfig(
-            model=str(model_dir),
-            dtype="float32",
-            tensor_parallel_size=tp,
-            num_threads=1,
-            scheduler=SchedulerConfig(max_num_batched_tokens=16, admission_watermark=0.0),
-            cache=CacheConfig(block_size=4, **cache),
-        )
-    )
+    return tp_engine(model_dir, tp, SchedulerConfig(max_num_batched_tokens=16, admission_watermark=0.0), **cache)
 
 
 def _run(engine, prompts, max_new):
