@@ -97,6 +97,8 @@ class PrefillRate:
 
 # Admission trusts a measured dispatch -> first-token time for this long (see Ewma.fresh).
 SERVICE_TIME_MAX_AGE_S = 15.0
+# In the message of a refusal for pace (the load generator tells the two SLO refusals apart by it).
+PACE_REFUSAL = "time-per-output-token objective"
 
 
 def live_decode_pace(token_times: list[list[float]], now: float, window: int = 8) -> float | None:
@@ -448,7 +450,7 @@ class Admission:
             self._count(lane, "slo_tpot", timed=True)
             raise RouterError(
                 ErrorKind.OVERLOADED,
-                f"The {lane} lane cannot meet its time-per-output-token objective ({x.lane.tpot_slo_s:g} s) now: "
+                f"The {lane} lane cannot meet its {PACE_REFUSAL} ({x.lane.tpot_slo_s:g} s) now: "
                 f"tokens would take {pace:.2f} s each. Retry later.",
                 code="slo_predicted_violation",
                 retry_after_s=self._retry_after(x),

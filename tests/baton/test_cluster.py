@@ -186,7 +186,15 @@ def _submit(head: dict, job_id: str, *entrypoint: str, attempts: int = 3) -> Non
 
 
 def _job_logs(head: dict, job_id: str) -> str:
-    return _ray(head, "job", "logs", "--address", head["dashboard"], job_id)
+    """The job's driver log, from the Jobs REST API that ``ray job logs`` reads (the CLI is a Python
+    process importing Ray: polled every 2 s while the cluster loads, it took a core from it)."""
+    r = httpx.get(
+        f"{head['dashboard']}/api/jobs/{job_id}/logs",
+        timeout=30,
+        headers={"Authorization": f"Bearer {head['env']['RAY_AUTH_TOKEN']}"},
+    )
+    assert r.status_code == 200, r.text
+    return str(r.json()["logs"])
 
 
 def _wait_for_log(head: dict, job_id: str, text: str, timeout: float) -> str:

@@ -20,7 +20,8 @@ under it)::
                       worker_steps, worker_busy_s, worker_busy_cpu_s: {"role/worker": cumulative},
                       lane_decode_tokens: {lane: cumulative}}],
       "workers": {"role/worker": {steps, busy_s, busy_cpu_s, mean_step_ms, busy_share, cpu_share}},
-      "lane_decode_shares": {lane: {decode_tokens, share, share_with_demand, share_with_unmet_demand}},  # lanes on
+      "lane_decode_shares": {lane: {decode_tokens, share, share_with_demand, share_with_unmet_demand,
+                                    share_while_refused}},  # lane shares on; in the measured window
       "requests": [{index, lane, served_lane, status: "ok"|"rejected"|"error"|"timeout", reason,
                     arrival_s, send_s, prompt_len, output_len, output_tokens, cached_tokens, chunks,
                     ttft_s, tpot_s, e2e_s, http_status, grpc_code, error_type, error_code,
@@ -50,15 +51,17 @@ from baton.perf.loadgen.records import RequestRecord
 from baton.perf.loadgen.runner import RunResult
 from baton.perf.loadgen.search import SearchResult
 from baton.perf.loadgen.server_metrics import lane_decode_shares, worker_utilisation
+from router.admission import PACE_REFUSAL
 
 SCHEMA = "baton.bench.serve/1"
 
 
-def refused_send_times(records: Iterable[RequestRecord]) -> dict[str, list[float]]:
-    """By lane, when the client sent the requests the server refused (on the run's clock)."""
+def refused_send_times(records: Iterable[RequestRecord], for_pace: bool = False) -> dict[str, list[float]]:
+    """By lane, when the client sent the requests the server refused (on the run's clock); with
+    ``for_pace``, those refused for their lane's pace only (router.admission's ``PACE_REFUSAL``)."""
     out: dict[str, list[float]] = {}
     for r in records:
-        if r.status == "rejected":
+        if r.status == "rejected" and (not for_pace or PACE_REFUSAL in (r.error_message or "")):
             out.setdefault(r.lane, []).append(r.send_s)
     return out
 
@@ -75,7 +78,12 @@ def run_report(result: RunResult, search: SearchResult[RunResult] | None = None)
         "lanes": {lane: s.to_dict() for lane, s in result.lanes().items()},
         "timeseries": [s.to_dict() for s in result.timeseries],
         "workers": worker_utilisation(result.timeseries),
-        "lane_decode_shares": lane_decode_shares(result.timeseries, refused_send_times(result.records)),
+        "lane_decode_shares": lane_decode_shares(
+            result.timeseries,
+            refused_send_times(result.records, for_pace=True),
+            refused_send_times(result.records),
+            window=(result.config.warmup_s, result.config.duration_s),
+        ),
         "requests": [r.to_dict() for r in result.records],
         "search": None,
     }
@@ -150,10 +158,11 @@ def format_summary(report: dict[str, Any]) -> str:
     if shares:
         lines += [
             "",
-            "decode-token share by lane (while it had requests running or waiting; while it had requests waiting "
-            "or refused): "
+            "decode-token share by lane in the measured window (while it had requests running or waiting; "
+            "waiting or refused for pace; waiting or refused): "
             + ", ".join(
-                f"{lane} {_pct(v['share'])} ({_pct(v['share_with_demand'])}; {_pct(v.get('share_with_unmet_demand'))})"
+                f"{lane} {_pct(v['share'])} ({_pct(v['share_with_demand'])}; {_pct(v.get('share_with_unmet_demand'))}; "
+                f"{_pct(v.get('share_while_refused'))})"
                 for lane, v in shares.items()
             ),
         ]

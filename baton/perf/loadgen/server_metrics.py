@@ -156,16 +156,22 @@ def worker_utilisation(samples: list[MetricsSample]) -> dict[str, dict[str, floa
 
 
 def lane_decode_shares(
-    samples: list[MetricsSample], refused_at: Mapping[str, Sequence[float]] | None = None
+    samples: list[MetricsSample],
+    pace_refused_at: Mapping[str, Sequence[float]] | None = None,
+    refused_at: Mapping[str, Sequence[float]] | None = None,
+    window: tuple[float, float] | None = None,
 ) -> dict[str, dict[str, float | None]]:
-    """Per lane over the run (scrapes with lane counters; none with lane shares off): its decode
-    tokens, its share of all lanes' (``share``), and its share over the scrape intervals in which it
-    had demand, i.e. requests waiting in the router or running at either end (``share_with_demand``),
-    and over those in which it had demand it could not place: requests waiting in the router at
-    either end or refused by the server in between (``share_with_unmet_demand``; ``refused_at``: the
-    client's send times of its refused requests, on the samples' clock). A lane whose every request
-    runs takes one decode token a step each and lends the rest: only the second says whether it got
-    its share while it wanted more."""
+    """Per lane over the scrape intervals inside ``window`` (the run's measured window; None: the
+    whole run; scrapes with lane counters, none with lane shares off): its decode tokens, its share of
+    all lanes' (``share``), and its share over the intervals in which it had demand, i.e. requests
+    waiting in the router or running at either end (``share_with_demand``); over those in which it had
+    demand it could not place, requests waiting in the router at either end or refused for pace in
+    between (``share_with_unmet_demand``: issue 50's "demand"; ``pace_refused_at``: the client's send
+    times of those refusals, on the samples' clock); and over those with requests waiting or refused
+    for any reason (``share_while_refused``; ``refused_at``), a refusal for the prefill queue
+    included, for which a decode worker has nothing to give. A lane whose every request runs takes
+    one decode token a step each and lends the rest: only the last two say whether it got its share
+    while it wanted more."""
     seen = [s for s in samples if s.scraped and s.lane_decode_tokens]
     if len(seen) < 2:
         return {}
@@ -175,9 +181,10 @@ def lane_decode_shares(
         return max(0.0, b.lane_decode_tokens.get(lane, 0.0) - a.lane_decode_tokens.get(lane, 0.0))
 
     out: dict[str, dict[str, float | None]] = {}
-    total = sum(delta(seen[0], seen[-1], lane) for lane in lanes)
-
-    intervals = list(pairwise(seen))
+    intervals = [(a, b) for a, b in pairwise(seen) if window is None or (a.t >= window[0] and b.t <= window[1])]
+    if not intervals:
+        return {}
+    total = sum(delta(a, b, lane) for a, b in intervals for lane in lanes)
 
     def share(lane: str, wanted: list[bool]) -> float | None:
         """``lane``'s share of every lane's decode tokens over the intervals ``wanted`` marks."""
@@ -185,17 +192,22 @@ def lane_decode_shares(
         every = sum(delta(a, b, other) for (a, b), w in zip(intervals, wanted, strict=True) if w for other in lanes)
         return round(mine / every, 4) if every > 0 else None
 
+    def refused_in(times: Sequence[float]) -> list[bool]:
+        """Intervals (a.t, b.t] in which one of ``times`` falls."""
+        ts = sorted(times)
+        return [bisect.bisect_right(ts, b.t) > bisect.bisect_right(ts, a.t) for a, b in intervals]
+
     for lane in lanes:
-        refused = sorted((refused_at or {}).get(lane, ()))
         waiting = [any(x.waiting.get(lane, 0.0) > 0 for x in ab) for ab in intervals]
         running = [any(x.running.get(lane, 0.0) > 0 for x in ab) for ab in intervals]
-        # a refusal sent in (a.t, b.t]
-        refusal = [bisect.bisect_right(refused, b.t) > bisect.bisect_right(refused, a.t) for a, b in intervals]
-        mine = delta(seen[0], seen[-1], lane)
+        for_pace = refused_in((pace_refused_at or {}).get(lane, ()))
+        any_refusal = refused_in((refused_at or {}).get(lane, ()))
+        mine = sum(delta(a, b, lane) for a, b in intervals)
         out[lane] = {
             "decode_tokens": mine,
             "share": round(mine / total, 4) if total > 0 else None,
             "share_with_demand": share(lane, [w or r for w, r in zip(waiting, running, strict=True)]),
-            "share_with_unmet_demand": share(lane, [w or r for w, r in zip(waiting, refusal, strict=True)]),
+            "share_with_unmet_demand": share(lane, [w or r for w, r in zip(waiting, for_pace, strict=True)]),
+            "share_while_refused": share(lane, [w or r for w, r in zip(waiting, any_refusal, strict=True)]),
         }
     return out

@@ -180,20 +180,26 @@ def test_the_lanes_decode_token_shares_count_while_the_lane_has_demand() -> None
         )
 
     # batch alone for the first interval, then interactive running: 80 of the 100 tokens are its;
-    # then interactive with every request running (it lends the rest), then refused once
+    # then interactive with every request running (it lends the rest), then refused for pace once,
+    # and for its predicted TTFT once before that
     samples = [at(0.0, 0, 0, 0.0), at(1.0, 0, 100, 0.0), at(2.0, 80, 120, 3.0), at(3.0, 90, 160, 1.0)]
     samples.append(at(4.0, 180, 170, 9.0))
-    shares = lane_decode_shares(samples, {"interactive": [3.5], "batch": []})
+    shares = lane_decode_shares(samples, {"interactive": [3.5], "batch": []}, {"interactive": [2.5, 3.5]})
     assert shares["interactive"] == {
         "decode_tokens": 180.0,
         "share": 0.5143,
         "share_with_demand": round(180 / 250, 4),  # the intervals with interactive running
-        "share_with_unmet_demand": 0.9,  # only (3, 4]: a refusal in it
+        "share_with_unmet_demand": 0.9,  # only (3, 4]: a refusal for pace in it
+        "share_while_refused": round(100 / 150, 4),  # (2, 3] and (3, 4]: refusals in them
     }
     assert shares["batch"]["share_with_demand"] == round(170 / 350, 4)  # batch runs throughout
     assert shares["batch"]["share_with_unmet_demand"] is None  # never waiting, never refused
     assert lane_decode_shares(samples)["interactive"]["share_with_unmet_demand"] is None  # no refusals given
     assert lane_decode_shares(samples[:1]) == {}  # one scrape: no interval
+    # the measured window: the intervals inside it only
+    windowed = lane_decode_shares(samples, {"interactive": [3.5]}, window=(2.0, 4.0))["interactive"]
+    assert windowed["decode_tokens"] == 100.0 and windowed["share"] == round(100 / 150, 4)
+    assert lane_decode_shares(samples, window=(5.0, 9.0)) == {}  # no interval inside it
 
 
 def test_worker_utilisation_is_the_counters_difference_over_the_run() -> None:

@@ -191,3 +191,17 @@ def test_slo_overrides() -> None:
 def test_an_slo_override_for_a_lane_the_workload_lacks_is_an_error() -> None:
     with pytest.raises(ValueError, match=r"no lane 'interactve'; its lanes: interactive, batch"):
         resolve_slos(("interactive", "batch"), ["interactve:ttft=100"])  # was: silently ignored
+
+
+def test_refusals_for_pace_are_told_from_the_others_by_the_router_s_message():
+    from baton.perf.loadgen.report import refused_send_times
+    from router.admission import PACE_REFUSAL
+
+    pace = RequestRecord(0, "interactive", 10, 5, arrival_s=1.0, send_s=1.0, status="rejected")
+    pace.error_message = f"The interactive lane cannot meet its {PACE_REFUSAL} (0.25 s) now: tokens would take 0.4 s"
+    ttft = RequestRecord(1, "interactive", 10, 5, arrival_s=2.0, send_s=2.0, status="rejected")
+    ttft.error_message = "The interactive lane cannot meet its time-to-first-token objective (2 s) now: predicted 3 s"
+    done = RequestRecord(2, "batch", 10, 5, arrival_s=3.0, send_s=3.0, status="ok")
+    records = [pace, ttft, done]
+    assert refused_send_times(records) == {"interactive": [1.0, 2.0]}
+    assert refused_send_times(records, for_pace=True) == {"interactive": [1.0]}
