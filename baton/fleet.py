@@ -175,8 +175,7 @@ class WorkerFleet:
         if 0 < gpus < 1:  # workers sharing a GPU: each sizes its KV from its share (engine/kv_memory.py)
             engine = replace(engine, cache=replace(engine.cache, gpu_fraction=gpus))
         if role == "prefill":  # its requests stop at their first token: no decode step for CUDA graphs to replay
-            # and its steps are all prompt: a more important lane's next prompt waits for a short one
-            engine = replace(engine, cuda_graphs=False, scheduler=replace(engine.scheduler, lane_short_steps=True))
+            engine = replace(engine, cuda_graphs=False)
         budget = self.options.decode_prefill_token_budget
         if role == "decode" and budget and self.specs["prefill"].workers:
             engine = replace(engine, scheduler=replace(engine.scheduler, prefill_token_budget=budget))

@@ -96,7 +96,6 @@ class RouterFrontend:
                 tenant_cache_isolation=rc.tenant_cache_isolation,
                 initial_prefill_tokens_per_s=rc.initial_prefill_tokens_per_s,
                 drain_timeout_s=rc.drain_timeout_s,
-                prefill_backlog_s=self.cfg.pools.transfer_timeout_s / 2,
             ),
             self.dispatcher.pool,
             self.dispatcher,

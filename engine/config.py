@@ -117,10 +117,6 @@ class SchedulerConfig:
     # Decode capacity by lane (engine/lane_shares.py): sequence slots shared by lane weight with a
     # floor per lane, and preemption of preemptible lanes for a more important lane's pace. Empty: off.
     lane_shares: tuple[LaneShareConfig, ...] = ()
-    # A prefill worker's lanes (engine/lane_shares.py, ``LaneShares.short_steps``): while a more
-    # important lane streams or waits in the routers, less important lanes' prompt work keeps to its
-    # floor of each step, so that lane's next prompt waits for a short step, not a full one.
-    lane_short_steps: bool = False
 
     def __post_init__(self) -> None:
         if len({s.priority for s in self.lane_shares}) != len(self.lane_shares):

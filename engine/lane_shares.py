@@ -55,7 +55,6 @@ class LaneDemand:
     priority: int
     waiting: int = 0  # requests in the router's lane queue, plus those recently refused for pace
     pace_short: bool = False  # its streams miss (or would miss) the TPOT objective, or it is refused for pace
-    streams: int = 0  # its requests running from the router now (read by a prefill worker: ``short_steps``)
 
 
 @dataclass(frozen=True)
@@ -72,9 +71,6 @@ class LaneCounters:
     # Now: sequences in the batch by priority as the last step started (what preempting for pace can
     # free is there, not in the router's count of dispatched requests, which holds the preempted too).
     running: dict[int, int] = field(default_factory=dict)
-    # Now, a worker with ``short_steps`` (a prefill worker): by priority, the prompt tokens a new
-    # prompt of that lane would wait for here (``LaneShares.tokens_ahead``). Empty: not reported.
-    ahead: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -131,17 +127,9 @@ def water_fill(
 
 class LaneShares:
     def __init__(
-        self,
-        lanes: Iterable[LaneShareConfig],
-        max_num_seqs: int,
-        clock: Callable[[], float] = time.monotonic,
-        short_steps: bool = False,
+        self, lanes: Iterable[LaneShareConfig], max_num_seqs: int, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        """``short_steps`` (a prefill worker, ``SchedulerConfig.lane_short_steps``): a lane streaming
-        in the routers presses too (its next prompt is coming), and less important lanes keep to their
-        floor of each step beside the most important lane pressing or computing here."""
         self.lanes = {lane.priority: lane for lane in lanes}
-        self.short_steps = short_steps
         self.weights = {p: lane.weight for p, lane in self.lanes.items()}
         self.floors = {p: lane.floor for p, lane in self.lanes.items()}
         self.max_num_seqs = max_num_seqs
@@ -159,17 +147,10 @@ class LaneShares:
         self._short_at: float | None = None
         self._short = 0
         self._running: dict[int, int] = {}  # the batch by priority as the last step was planned
-        # When each lane last streamed or waited in a router's report (``router_streaming``; replaced
-        # whole by the poll's thread, read by the step's).
-        self._active_at: dict[int, float] = {}
 
     # -- the router's side ------------------------------------------------------------------
     def set_pressure(self, origin: str, demands: tuple[LaneDemand, ...]) -> None:
-        now = self._clock()
-        self._pressure = {**self._pressure, origin: (now, demands)}
-        active = {d.priority: now for d in demands if d.streams or d.waiting}
-        if active:
-            self._active_at = {**self._active_at, **active}
+        self._pressure = {**self._pressure, origin: (self._clock(), demands)}
 
     def router_demand(self) -> tuple[dict[int, int], int | None]:
         """(requests waiting in the routers by priority, the most important lane short of pace or None)."""
@@ -184,22 +165,6 @@ class LaneShares:
                 if d.pace_short and (short is None or d.priority < short):
                     short = d.priority
         return waiting, short
-
-    def router_streaming(self) -> int | None:
-        """The most important lane with requests streaming or waiting in the routers lately (None:
-        none): within ``PRESSURE_TTL_S`` of the last report that had some, so that a lane between
-        two requests (its streams all ended, the next one not come yet) still presses."""
-        now = self._clock()
-        return min((p for p, at in self._active_at.items() if now - at <= PRESSURE_TTL_S), default=None)
-
-    def _pressing(self, router_waiting: dict[int, int], short: int | None) -> int | None:
-        """The most important lane with demand in the routers: waiting or refused (else the lane short
-        of pace); with ``short_steps``, streaming too."""
-        pressed = min((p for p, n in router_waiting.items() if n > 0), default=short)
-        streaming = self.router_streaming() if self.short_steps else None
-        if streaming is not None and (pressed is None or streaming < pressed):
-            return streaming
-        return pressed
 
     # -- the step -----------------------------------------------------------------------------
     def plan(
@@ -219,13 +184,8 @@ class LaneShares:
         for src in (local_waiting, router_waiting):
             for p, n in src.items():
                 demand[p] = demand.get(p, 0) + n
-        pressed = self._pressing(router_waiting, short)
-        if sum(1 for n in demand.values() if n > 0) < 2 and not (
-            self.short_steps and pressed is not None and any(n > 0 and p > pressed for p, n in demand.items())
-        ):
+        if sum(1 for n in demand.values() if n > 0) < 2:
             return None
-        if self.short_steps:  # prompts only (never preempted): the step's tokens are what is shared
-            return LanePlan(counts, {p: self.max_num_seqs for p in demand}, pressed=pressed)
         capacity = min(self.max_num_seqs, sum(demand.values()))
         shares = water_fill(demand, self.weights, self.floors, capacity)
         # A held lane's floor is a share of the sequences the step runs (the decode tokens), not of the
@@ -237,7 +197,7 @@ class LaneShares:
         }
         caps = dict(shares)
         plan = LanePlan(counts, caps)
-        plan.pressed = pressed
+        plan.pressed = min((p for p, n in router_waiting.items() if n > 0), default=short)
         preemptible = [p for p in demand if p in self.lanes and self.lanes[p].preemptible]
         if short is not None and any(p > short for p in preemptible):
             # a lane misses its pace: the less important preemptible lanes go to their floor
@@ -289,17 +249,13 @@ class LaneShares:
         if budget <= 0:
             return None
         shares = water_fill(demand, self.weights, self.floors, budget) if len(demand) >= 2 else None
-        top = plan.pressed
-        if self.short_steps and demand:  # the most important lane computing here holds the others too
-            top = min(demand) if top is None else min(top, min(demand))
-        if top is not None and any(p > top for p in demand):
-            # A more important lane has demand in the routers (waiting, or refused) or, with
-            # ``short_steps``, streams there or computes here: its share of the step is kept for it,
-            # not lent, so its prompts, when they come here, wait for a short step.
+        if plan.pressed is not None and any(p > plan.pressed for p in demand):
+            # A more important lane has demand in the routers (waiting, or refused): its share of the
+            # step is kept for it, not lent, so its prompts, when they come here, wait for a short step.
             out = dict(shares) if shares is not None else {}
             for p, n in demand.items():
-                if p > top:
-                    out[p] = min(out.get(p, n), self.held_tokens(p, top, budget))
+                if p > plan.pressed:
+                    out[p] = min(out.get(p, n), self.held_tokens(p, plan.pressed, budget))
             shares = out
         if plan.short is None:
             return shares
@@ -314,12 +270,7 @@ class LaneShares:
 
     def held_tokens(self, priority: int, above: int, budget: int) -> int:
         """The prompt tokens of a step of ``budget`` that lane ``priority`` keeps to beside the more
-        important lane ``above``: its weight's share of the two, at least its floor and one token;
-        with ``short_steps``, its floor (a prefill worker's step is all prompt: the lane's share of
-        its time is in the steps it runs alone, and the shorter each step, the sooner ``above``'s
-        next prompt starts)."""
-        if self.short_steps:
-            return max(1, math.floor(budget * self.floors.get(priority, 0.0)))
+        important lane ``above``: its weight's share of the two, at least its floor and one token."""
         w = self.weights.get(priority, 1.0)
         share = max(self.floors.get(priority, 0.0), w / (w + self.weights.get(above, 1.0)))
         return max(1, math.floor(budget * share))
@@ -349,32 +300,11 @@ class LaneShares:
         """``request_id`` ended (an abort while it was preempted: no time to count)."""
         self._out.pop(request_id, None)
 
-    def counters(self, queued_tokens: dict[int, int] | None = None, step_budget: int = 0) -> LaneCounters:
-        """``step_budget``: the prompt tokens a step may compute (``tokens_ahead``; 0: not reported)."""
-        queued = queued_tokens or {}
+    def counters(self, queued_tokens: dict[int, int] | None = None) -> LaneCounters:
         return LaneCounters(
             dict(self.decode_tokens),
             dict(self.pace_preemptions),
             dict(self.preempted_seconds),
-            queued,
+            queued_tokens or {},
             dict(self._running),
-            self.tokens_ahead(queued, step_budget) if self.short_steps and step_budget > 0 else {},
         )
-
-    def tokens_ahead(self, queued: dict[int, int], budget: int) -> dict[int, int]:
-        """By priority, the prompt tokens a new prompt of that lane waits for on a worker with
-        ``short_steps`` (``queued``: its prompt tokens not computed yet, by priority): the queued
-        prompts of lanes as important or more (the waiting queue is in priority order, and those
-        running keep their share of every step), and of the less important lanes' what the step in
-        flight holds (their floor of it while a lane as important presses; else a whole step, lent
-        them) and their floor of the step beside it."""
-        router_waiting, short = self.router_demand()
-        pressed = self._pressing(router_waiting, short)
-        out: dict[int, int] = {}
-        for p in self.lanes:
-            mine = sum(n for q, n in queued.items() if q <= p)
-            less = sum(n for q, n in queued.items() if q > p)
-            beside = sum(self.held_tokens(q, p, budget) for q, n in queued.items() if q > p and n > 0)
-            in_flight = beside if pressed is not None and pressed <= p else budget
-            out[p] = mine + min(less, in_flight + beside)
-        return out

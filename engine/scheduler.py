@@ -96,11 +96,7 @@ class Scheduler:
             config.max_num_batched_tokens,
         )
         watermark = int(config.admission_watermark * block_manager.num_blocks)
-        self.lane_shares = (
-            LaneShares(config.lane_shares, config.max_num_seqs, clock, short_steps=config.lane_short_steps)
-            if config.lane_shares
-            else None
-        )
+        self.lane_shares = LaneShares(config.lane_shares, config.max_num_seqs, clock) if config.lane_shares else None
         self.handoffs = Handoffs(
             self.lifecycle, block_manager, self.waiting, self.batch, config.max_num_seqs, watermark
         )

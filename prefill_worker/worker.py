@@ -17,12 +17,11 @@ from engine.engine import LLMEngine
 from engine.engine_loop import EngineLoop
 from engine.gc_freeze import freeze_startup_objects
 from engine.kv_events import KVCacheEvent
-from engine.lane_shares import LaneDemand
 from engine.parallel.group_kv import whole_row_shape
 from engine.parallel.launcher import RankStarter
 from engine.request import RequestState
 from engine.scheduler_output import SchedulerOutput
-from engine.worker_stats import WorkerLoad, engine_load, queued_prefill_tokens_by_priority
+from engine.worker_stats import WorkerLoad, engine_load
 from kv_transfer.agent import TransferAgent
 from kv_transfer.data_plane import DataPlaneFactory, default_data_plane
 from kv_transfer.fault import FaultInjector, FaultSpec
@@ -136,13 +135,7 @@ class PrefillWorker:
             self.agent.send_abort(ship.task.decode, ship.task.transfer_id)
         return engine.abort(request_id) is not None
 
-    def load(self, origin: str = "", pressure: tuple[LaneDemand, ...] | None = None) -> WorkerLoad:
-        """The load report. ``pressure``: router ``origin``'s lanes' demand (router/lane_pressure.py),
-        for the scheduler's lane shares: with it, less important lanes keep this worker's steps short
-        while a more important lane streams or waits there (engine/lane_shares.py, ``short_steps``)."""
-        shares = self.engine.scheduler.lane_shares
-        if pressure is not None and shares is not None:
-            shares.set_pressure(origin, pressure)
+    def load(self) -> WorkerLoad:
         return self.loop.call(self._load)
 
     def take_kv_events(self) -> list[KVCacheEvent]:
@@ -236,9 +229,4 @@ class PrefillWorker:
             transfers_failed=st.failed,
             transfer_bytes=self.agent.bytes_sent(),
             prompt_tokens_received=dict(self._received),
-            lane_counters=(
-                s.lane_shares.counters(queued_prefill_tokens_by_priority(s), s.config.max_num_batched_tokens)
-                if s.lane_shares is not None
-                else None
-            ),
         )

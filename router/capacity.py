@@ -11,12 +11,7 @@ router with the pools idle.) Sequence slots in use are the larger of the reporte
 router's own unfinished dispatches, which is exact and current for one router.
 
 Keeping the backlog in the router, where lanes are visible, rather than in the workers' queues is
-what lets weighted fair sharing and admission work. The prefill backlog is held to
-``prefill_backlog_chunks`` step budgets per worker and, with ``prefill_backlog_s``, to what the pool
-computes in that long at its measured rate: a prompt queued at its back waits for no KV on its
-decode worker, whose transfer watchdog would give it up (``pools.transfer_timeout_s``) — on a slow
-host two step budgets are many seconds, and a prefill worker keeping a less important lane's
-prompts to short steps (engine/lane_shares.py) computes them one after another, not a step apart.
+what lets weighted fair sharing and admission work.
 
 The prefill backlog limits only prompts that need the prefill pool: one shorter than
 ``local_prefill_threshold`` prefills on a decode worker whenever the prefill pool is busy, so it
@@ -45,12 +40,8 @@ class Capacity:
         kv_reserve_fraction: float = 0.05,
         charge_ttl_s: float = 0.25,
         local_prefill_threshold: int = 0,
-        prefill_backlog_s: float | None = None,
-        prefill_rate: Callable[[list[str]], float] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``prefill_backlog_s``: the prefill workers' backlog is also held to what they compute in this
-        long at ``prefill_rate`` (worker ids -> their measured tokens/s; ``PrefillRate.tokens_per_s``)."""
         self.pool = pool
         self.local_prefill_threshold = local_prefill_threshold  # shorter prompts may prefill on decode workers
         self._clock = clock  # the simulator passes its own
@@ -58,10 +49,6 @@ class Capacity:
         # current lower bound on the decode slots in use, where load reports lag by a polling interval.
         self.in_flight = 0
         self.prefill_backlog_chunks = prefill_backlog_chunks  # queued prefill per worker, in step budgets
-        if prefill_backlog_s is not None and not prefill_backlog_s > 0:
-            raise ValueError(f"prefill_backlog_s must be > 0 or None, got {prefill_backlog_s!r}")
-        self.prefill_backlog_s = prefill_backlog_s
-        self.prefill_rate = prefill_rate
         self.kv_reserve_fraction = kv_reserve_fraction
         self.charge_ttl_s = charge_ttl_s
         self._charges: deque[tuple[float, int, int]] = deque()  # (time, blocks, prefill tokens)
@@ -145,8 +132,6 @@ class Capacity:
         prefill = self.pool.live("prefill")
         if prefill and prompt_tokens >= self.local_prefill_threshold:
             limit = sum(self.prefill_backlog_chunks * w.reported_info.max_num_batched_tokens for w in prefill)
-            if self.prefill_backlog_s is not None and self.prefill_rate is not None:
-                limit = min(limit, self.prefill_backlog_s * self.prefill_rate([w.worker_id for w in prefill]))
             # dispatched_tokens: placed since that worker's last report (which will include them).
             queued = sum((w.load.queued_prefill_tokens if w.load else 0) + w.dispatched_tokens for w in prefill)
             # A lone prompt bigger than the limit still goes when the pool is empty.

@@ -89,8 +89,7 @@ class Dispatcher:
         self.local_prefill_threshold = local_prefill_threshold
         self.short_prompts_to_idle_prefill = short_prompts_to_idle_prefill
         self.poll_timeout_s = poll_timeout_s
-        # The lanes' demand, sent to the decode workers with each poll and to the prefill workers with each
-        # load call (router/lane_pressure.py; None: not sent).
+        # The lanes' demand, sent to the decode workers with each poll (router/lane_pressure.py; None: not sent).
         self.lane_pressure: Callable[[], tuple[LaneDemand, ...]] | None = None
         self.call_timeout_s = call_timeout_s
         self.max_migrations = max_migrations
@@ -112,8 +111,6 @@ class Dispatcher:
             fail=self._fail,
             on_worker_reset=lambda worker_id: self.on_worker_reset(worker_id),
             on_kv_events=lambda worker_id, events: self.on_kv_events(worker_id, events),
-            # the lanes' demand, sent to the prefill workers with each load call
-            pressure=lambda: (self.origin, self.lane_pressure() if self.lane_pressure is not None else None),
             monitor_interval_s=monitor_interval_s,
             call_timeout_s=call_timeout_s,
             max_migrations=max_migrations,
@@ -292,7 +289,7 @@ class Dispatcher:
             )
             return False
         if spec.num_prompt_tokens < self.local_prefill_threshold and not short_prompt_still_fits(
-            p, self.local_prefill_threshold, spec.priority
+            p, self.local_prefill_threshold
         ):
             self._count_dispatched(p, -spec.num_prompt_tokens)  # P got busy: prefill it on D after all
             self._call(d.actor.prefill_locally.remote(spec.request_id, False))

@@ -1,16 +1,14 @@
-"""The lanes' pressure, as the router tells the workers (pure Python, no torch).
+"""The lanes' pressure, as the router tells the decode workers (pure Python, no torch).
 
 A decode worker's scheduler shares its sequence slots by lane weight (engine/lane_shares.py), but it
 sees only the requests it holds: the lanes' demand waiting in the router, and whether a lane's streams
 are too slow, are known here. With each poll of a decode worker (the long poll that brings its outputs
 back: no extra Ray call) the router sends, per lane, a ``LaneDemand``: the requests waiting in its
 lane queue plus those admission refused lately (for pace or for their predicted time to first
-token: demand it could not take), ``pace_short`` when the lane's running streams are slower than
-``hold_at x`` its TPOT objective or admission refused it for pace lately, and its running streams.
-The worker then preempts running sequences of less important preemptible lanes down to their floor,
-and keeps their prompt work to their share of a step while the lane has demand. The prefill workers
-get the same report with the monitor's load call: there a lane that streams presses too, and less
-important lanes' prompts keep to their floor of each step, so its next prompt waits for a short step.
+token: demand it could not take), and ``pace_short`` when the lane's running streams are slower than
+``hold_at x`` its TPOT objective or admission refused it for pace lately. The worker then preempts
+running sequences of less important preemptible lanes down to their floor, and keeps their prompt
+work to their share of a step while the lane has demand.
 
 Admission's side: ``freeable``, how many running sequences of less important preemptible lanes
 are above their floor, i.e. what preempting them would free for a request of a given lane; and
@@ -97,9 +95,8 @@ class LanePressure:
             short = refused > 0 or (pace is not None and pace > lane.tpot_slo_s * self.hold_at)
             # (refused for TTFT is demand too, but not short of pace: nothing running is slow)
             waiting = self._depth(name) + refused + self._ttft_refusals(name, now - self.recent_s)
-            streams = len(times.get(name, ()))
-            if waiting or short or streams:
-                out.append(LaneDemand(lane.priority, waiting, short, streams))
+            if waiting or short:
+                out.append(LaneDemand(lane.priority, waiting, short))
         demands = tuple(out)
         self._report = (now, demands)
         return demands

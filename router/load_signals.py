@@ -4,10 +4,7 @@ decode pace of finished requests, their output length, and the running requests'
 
 The service overhead is kept by lane too: with lane shares on, a batch request waits on its decode
 worker for a slot its lane is over its share for, which is no part of an interactive request's
-service (it goes first there), and a lane's prediction reads its own; and by lane and path: a prompt
-prefilled on a prefill worker pays the KV transfer and the wait for its decode worker's step to join
-it, one prefilled on its decode worker neither, and a lane whose prompts take both paths averaged them
-into too little for the first.
+service (it goes first there), and a lane's prediction reads its own.
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ class LoadSignals:
         self.decode_pace = Ewma()  # seconds per output token, from finished requests' last tokens
         self.output_tokens = Ewma(alpha=0.1)  # output length of finished requests
         self.service_overhead_by_lane: dict[str, Ewma] = {}
-        self.service_overhead_by_path: dict[tuple[str, bool], Ewma] = {}  # (lane, disaggregated)
 
     def finished(
         self,
@@ -45,12 +41,10 @@ class LoadSignals:
         prefill_queue_s: float = 0.0,
         prefill_compute_s: float = 0.0,
         lane: str | None = None,
-        disaggregated: bool | None = None,
     ) -> None:
         """A request that ran to its end (not aborted) with ``num_tokens`` output tokens, the last of
         which arrived at ``last_token_times`` (17 are enough: the pace is the median of 16 gaps);
-        ``lane``: its lane, for the service overhead by lane (None: only the overall one);
-        ``disaggregated``: whether its KV crossed from a prefill worker (None: not known)."""
+        ``lane``: its lane, for the service overhead by lane (None: only the overall one)."""
         tail = last_token_times[-17:]
         gaps = [b - a for a, b in itertools.pairwise(tail)]
         if len(gaps) >= 4:  # the pace at the end of its life: what running requests get now
@@ -61,28 +55,15 @@ class LoadSignals:
             self.service_overhead.observe(overhead, now)
             if lane is not None:
                 self.service_overhead_by_lane.setdefault(lane, Ewma()).observe(overhead, now)
-                if disaggregated is not None:
-                    self.service_overhead_by_path.setdefault((lane, disaggregated), Ewma()).observe(overhead, now)
 
     def service_s(
-        self,
-        prompt_tokens: int,
-        prefill_tokens_per_s: float,
-        now: float | None = None,
-        lane: str | None = None,
-        disaggregated: bool | None = None,
+        self, prompt_tokens: int, prefill_tokens_per_s: float, now: float | None = None, lane: str | None = None
     ) -> float | None:
         """Our own prefill at the measured rate plus the recent overhead (None: not measured yet);
         with ``lane``, that lane's recent overhead only (another lane's is not a model of it: a
-        lane without a fresh one of its own gets the model estimate, as before any measurement), and
-        with ``disaggregated`` too, that path's where it has a fresh one."""
+        lane without a fresh one of its own gets the model estimate, as before any measurement)."""
         ewma = self.service_overhead if lane is None else self.service_overhead_by_lane.get(lane)
-        path = None
-        if lane is not None and disaggregated is not None:
-            path = self.service_overhead_by_path.get((lane, disaggregated))
-        overhead = None if path is None else path.fresh(SERVICE_TIME_MAX_AGE_S, now)
-        if overhead is None:
-            overhead = None if ewma is None else ewma.fresh(SERVICE_TIME_MAX_AGE_S, now)
+        overhead = None if ewma is None else ewma.fresh(SERVICE_TIME_MAX_AGE_S, now)
         return None if overhead is None else prompt_tokens / max(prefill_tokens_per_s, 1e-6) + overhead
 
     def decode_pace_s(self, live_token_times: list[list[float]], now: float | None = None) -> float | None:

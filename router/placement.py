@@ -48,7 +48,7 @@ def choose_prefill(pool: WorkerPool, spec: RequestSpec, hint: PlacementHint = NO
         return None
 
     def work(w: WorkerHandle) -> tuple[int, str]:
-        queued = _ahead(w, spec.priority)
+        queued = _queued(w)
         remaining = max(0, spec.num_prompt_tokens - hint.overlap_tokens.get(w.worker_id, 0))
         return remaining + queued, w.worker_id
 
@@ -73,51 +73,36 @@ def prefill_on_decode(
         return True
     if spec.sampling_params.prompt_logprobs is not None:
         return True  # its prompt's logprobs come out of the prefill, and only decode workers report
-    if _stays_local(pool, spec.num_prompt_tokens, threshold_tokens, short_to_idle_prefill, spec.priority):
+    if _stays_local(pool, spec.num_prompt_tokens, threshold_tokens, short_to_idle_prefill):
         return True
     return hint.overlap_tokens.get(d.worker_id, 0) >= cached_fraction * spec.num_prompt_tokens
 
 
 def prompt_stays_local(
-    pool: WorkerPool,
-    prompt_tokens: int,
-    threshold_tokens: int,
-    short_to_idle_prefill: bool,
-    priority: int | None = None,
+    pool: WorkerPool, prompt_tokens: int, threshold_tokens: int, short_to_idle_prefill: bool
 ) -> bool:
     """Whether a new prompt would be computed on its decode worker (as ``prefill_queue`` assumes)."""
-    return not pool.live("prefill") or _stays_local(
-        pool, prompt_tokens, threshold_tokens, short_to_idle_prefill, priority
-    )
+    return not pool.live("prefill") or _stays_local(pool, prompt_tokens, threshold_tokens, short_to_idle_prefill)
 
 
-def _stays_local(
-    pool: WorkerPool,
-    prompt_tokens: int,
-    threshold_tokens: int,
-    short_to_idle_prefill: bool,
-    priority: int | None = None,
-) -> bool:
+def _stays_local(pool: WorkerPool, prompt_tokens: int, threshold_tokens: int, short_to_idle_prefill: bool) -> bool:
     """A short prompt prefills on its decode worker, unless (``short_to_idle_prefill``) a prefill
-    worker would still have at most ``threshold_tokens`` queued with it (of its lane, ``priority``,
-    and the more important ones, where the worker reports them by lane: it goes ahead of the others,
-    which keep its steps short meanwhile); so does one no prefill worker's cache holds (``choose_prefill``)."""
+    worker would still have at most ``threshold_tokens`` queued with it; so does one no prefill
+    worker's cache holds (``choose_prefill``)."""
     if not any(_holds(w, prompt_tokens) for w in pool.live("prefill")):
         return True
     if prompt_tokens >= threshold_tokens:
         return False
     return not (
-        short_to_idle_prefill
-        and any(_queued_as_important(w, priority) + prompt_tokens <= threshold_tokens for w in pool.live("prefill"))
+        short_to_idle_prefill and any(_queued(w) + prompt_tokens <= threshold_tokens for w in pool.live("prefill"))
     )
 
 
-def short_prompt_still_fits(p: WorkerHandle, threshold_tokens: int, priority: int | None = None) -> bool:
+def short_prompt_still_fits(p: WorkerHandle, threshold_tokens: int) -> bool:
     """After the decode worker's reserve (up to a decode step later): is the prefill worker chosen for
-    a short prompt still within one threshold of queued tokens (as ``_stays_local`` counts them), this
-    prompt included? A long prompt that reached it meanwhile would be computed in the same step, and
-    the short one wait for it."""
-    return _queued_as_important(p, priority) <= threshold_tokens
+    a short prompt still within one threshold of queued tokens, this prompt included? A long prompt
+    that reached it meanwhile would be computed in the same step, and the short one wait for it."""
+    return _queued(p) <= threshold_tokens
 
 
 def prefill_queue(
@@ -126,18 +111,16 @@ def prefill_queue(
     threshold_tokens: int,
     rate_of: Callable[[list[str]], float],
     short_to_idle_prefill: bool = False,
-    priority: int | None = None,
 ) -> tuple[int, float]:
     """(prompt tokens queued ahead, prefill tokens/s) where a new prompt will be computed, for the
     admission's TTFT prediction: the prefill pool, or — when conditional disaggregation will keep
     it on a decode worker (short prompt, or no prefill worker alive) — the decode worker
     ``choose_decode`` picks, at one prefill worker's measured speed when there is a prefill pool
     (a decode worker's own rate mixes in its decode steps). A short interactive prompt does not
-    wait behind the long batch prompts queued on the prefill workers. ``priority``: the prompt's lane's
-    (placement counts a prefill worker's queue by lane where it reports it: ``_stays_local``).
+    wait behind the long batch prompts queued on the prefill workers.
     ``rate_of``: worker ids -> their measured prefill tokens/s (``PrefillRate.tokens_per_s``)."""
     prefill = pool.live("prefill")
-    if prefill and not _stays_local(pool, prompt_tokens, threshold_tokens, short_to_idle_prefill, priority):
+    if prefill and not _stays_local(pool, prompt_tokens, threshold_tokens, short_to_idle_prefill):
         return sum(_queued(w) for w in prefill), rate_of([w.worker_id for w in prefill])
     decode = pool.live("decode")
     if not prefill:  # colocated: every decode worker prefills
@@ -151,16 +134,14 @@ def yielding_tokens(
 ) -> int:
     """Of ``prefill_queue``'s tokens, those of lanes less important than ``priority`` queued where the
     prompt will be computed: it goes ahead of them (every worker's waiting queue is in priority
-    order), so they are not work ahead of it. A prefill worker reports what a prompt of each lane
-    waits for (``LaneCounters.ahead``: the short steps it keeps them to, engine/lane_shares.py): the
-    rest of its queue yields. A decode worker with lane shares (it reports lane counters)
+    order), so they are not work ahead of it. A worker with lane shares (it reports lane counters)
     gives them no more than their weight's share of a step that computes a more important prompt
     (engine/lane_shares.py): all of theirs yield. Without, its waiting requests only (a running
     prompt's next chunk is scheduled before new admissions), and not what fills the rest of the step
     that computes this prompt (``WorkerLoad.step_prompt_budget`` less the prompt): that step takes as
     long as they make it."""
     prefill = pool.live("prefill")
-    if prefill and not _stays_local(pool, prompt_tokens, threshold_tokens, short_to_idle_prefill, priority):
+    if prefill and not _stays_local(pool, prompt_tokens, threshold_tokens, short_to_idle_prefill):
         workers = prefill
     elif not prefill:
         workers = pool.live("decode")
@@ -172,9 +153,6 @@ def yielding_tokens(
         load = w.load
         if load is None:
             continue
-        if load.lane_counters is not None and priority in load.lane_counters.ahead:
-            out += max(0, load.queued_prefill_tokens - load.lane_counters.ahead[priority])
-            continue
         if load.lane_counters is not None:
             out += sum(n for p, n in load.lane_counters.queued_tokens.items() if p > priority)
             continue
@@ -185,25 +163,6 @@ def yielding_tokens(
 
 def _queued(w: WorkerHandle) -> int:
     return (w.load.queued_prefill_tokens if w.load else 0) + w.dispatched_tokens
-
-
-def _ahead(w: WorkerHandle, priority: int | None) -> int:
-    """The prompt tokens a prompt of ``priority`` waits for on prefill worker ``w``: its report's
-    ``LaneCounters.ahead`` where it has one, else all it has queued; plus what was dispatched to it
-    since (of any lane: the report does not have them yet)."""
-    counters = w.load.lane_counters if w.load is not None else None
-    if priority is None or counters is None or priority not in counters.ahead:
-        return _queued(w)
-    return counters.ahead[priority] + w.dispatched_tokens
-
-
-def _queued_as_important(w: WorkerHandle, priority: int | None) -> int:
-    """Of ``_queued``, the prompts of ``priority``'s lane and the more important ones, where ``w``
-    reports them by lane (``LaneCounters.ahead`` with them); plus what was dispatched to it since."""
-    counters = w.load.lane_counters if w.load is not None else None
-    if priority is None or counters is None or priority not in counters.ahead:
-        return _queued(w)
-    return sum(n for p, n in counters.queued_tokens.items() if p <= priority) + w.dispatched_tokens
 
 
 def _queued_on_decode(d: WorkerHandle) -> int:

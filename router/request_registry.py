@@ -139,7 +139,6 @@ class RequestRegistry:
                 bd.get("prefill_queue", 0.0),
                 bd.get("prefill_compute", 0.0),
                 lane=ctx.lane,
-                disaggregated=bd.get("transfer", 0.0) > 0.0,  # (a prompt prefilled where it decodes has none)
             )
         if ctx.idempotency is not None:
             asyncio.get_running_loop().create_task(self._keep_result(*ctx.idempotency, ctx, s.final_output()))

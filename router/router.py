@@ -77,10 +77,6 @@ class RouterConfig:
     tenant_cache_isolation: bool = True  # each tenant's prompts hash into its own prefix-cache space
     initial_prefill_tokens_per_s: float = 1000.0
     drain_timeout_s: float = 30.0
-    # The prefill workers' queue is held to what they compute in this long (router.capacity): a prompt
-    # queued at its back must start well inside the decode worker's transfer watchdog (baton sets half
-    # of pools.transfer_timeout_s). None: held to their step budgets only.
-    prefill_backlog_s: float | None = 5.0
 
 
 class Router:
@@ -125,12 +121,7 @@ class Router:
         self.decode_steps = DecodeSteps()  # admission's pace prediction (router.decode_pace)
         self.queues = LaneQueues(self.policy.lanes)
         self.pace_guard = PaceGuard(self.policy.lanes, hold_at=0.8 * config.slo_headroom) if config.pace_guard else None
-        self.capacity = Capacity(
-            pool,
-            local_prefill_threshold=dispatcher.local_prefill_threshold,
-            prefill_backlog_s=config.prefill_backlog_s,
-            prefill_rate=self.prefill_rate.tokens_per_s,
-        )
+        self.capacity = Capacity(pool, local_prefill_threshold=dispatcher.local_prefill_threshold)
         self.created = int(time.time())
         self.requests = RequestRegistry(self.capacity, self.signals, self.prom, self.state.idempotency_finish)
         self.lane_dispatch = LaneDispatcher(
@@ -337,9 +328,7 @@ class Router:
         ahead = self.queues.requests_ahead(lane)
         free_slots = self.capacity.free_places(len(ids), req.sampling.max_tokens)  # slots, or KV if fewer
         threshold = self.dispatcher.local_prefill_threshold
-        local = prompt_stays_local(
-            self.pool, len(ids), threshold, self.dispatcher.short_prompts_to_idle_prefill, lane_cfg.priority
-        )
+        local = prompt_stays_local(self.pool, len(ids), threshold, self.dispatcher.short_prompts_to_idle_prefill)
         pace_in = pace_inputs(
             self.pool,
             self.decode_steps,
@@ -355,7 +344,6 @@ class Router:
             threshold,
             self.prefill_rate.tokens_per_s,
             self.dispatcher.short_prompts_to_idle_prefill,
-            lane_cfg.priority,
         )
         if local and self.pool.live("prefill"):  # beside the decodes, at most its prompt budget a step
             rate = local_prompt_rate(rate, pace_in.steps)
@@ -379,7 +367,7 @@ class Router:
                 requests_ahead=ahead,
                 free_seq_slots=free_slots,
                 completions_per_s=self.signals.completion_rate.per_s(),
-                service_s=self.signals.service_s(len(ids), rate, lane=lane, disaggregated=not local),
+                service_s=self.signals.service_s(len(ids), rate, lane=lane),
                 decode_pace_s=(
                     self.lane_pressure.pace(self.requests.decode_pace)
                     if self.lane_pressure

@@ -16,7 +16,6 @@ from ray import ObjectRef
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayError
 
 from engine.kv_events import KVCacheEvent
-from engine.lane_shares import LaneDemand
 from kv_transfer.peer import PeerInfo
 from router.request_ids import shown_request_id
 from router.tracked_request import TrackedRequest
@@ -41,7 +40,6 @@ class WorkerFailures:
         fail: Callable[[TrackedRequest, str], None],
         on_worker_reset: Callable[[str], None],
         on_kv_events: Callable[[str, list[KVCacheEvent]], None],
-        pressure: Callable[[], tuple[str, tuple[LaneDemand, ...] | None]],
         monitor_interval_s: float,
         call_timeout_s: float,
         max_migrations: int,
@@ -55,7 +53,6 @@ class WorkerFailures:
         self._fail = fail
         self.on_worker_reset = on_worker_reset  # its cache is gone
         self.on_kv_events = on_kv_events
-        self.pressure = pressure  # (this router's origin, its lanes' demand or None): with each prefill load call
         self.monitor_interval_s = monitor_interval_s
         self.call_timeout_s = call_timeout_s
         self.max_migrations = max_migrations
@@ -78,11 +75,9 @@ class WorkerFailures:
                 if w.info is None or incarnation != w.info.peer.incarnation or not w.alive:
                     self.on_restart(w)
                 if w.role == "prefill":
-                    origin, pressure = self.pressure()
                     try:
                         load, events = ray.get(
-                            [w.actor.load.remote(origin, pressure), w.actor.take_kv_events.remote()],
-                            timeout=self.call_timeout_s,
+                            [w.actor.load.remote(), w.actor.take_kv_events.remote()], timeout=self.call_timeout_s
                         )
                     except (RayError, GetTimeoutError) as e:
                         self.mark_dead(w, e)

@@ -3,7 +3,7 @@
 from engine.block_manager import BlockManager
 from engine.config import LaneShareConfig, SchedulerConfig
 from engine.fake_runner import FakeModelRunner, fake_next_token
-from engine.lane_shares import PRESSURE_TTL_S, LaneDemand, water_fill
+from engine.lane_shares import LaneDemand, water_fill
 from engine.output_processor import OutputProcessor
 from engine.request import Request, RequestState
 from engine.sampling_params import SamplingParams
@@ -348,80 +348,3 @@ def test_while_a_lane_is_short_of_pace_less_important_prompt_work_keeps_to_its_f
     sched.lane_shares.set_pressure("r", ())
     step(sched, runner)
     assert b0.num_computed_tokens == 400  # the pace is back: it is lent the step again
-
-
-def make_prefill_role(max_num_seqs=16):
-    """A prefill worker's scheduler: its lanes keep its steps short (``SchedulerConfig.lane_short_steps``)."""
-    sched = ClockedScheduler(
-        SchedulerConfig(
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=256, lane_shares=LANES, lane_short_steps=True
-        ),
-        BlockManager(512, BS),
-        512,
-        Clock(),
-    )
-    runner = FakeModelRunner(max_num_seqs=max_num_seqs, max_model_len=512, block_size=BS, vocab_size=VOCAB)
-    return sched, runner
-
-
-def prompt(rid, priority, n_prompt, start=10):
-    r = req(rid, priority, max_tokens=1, n_prompt=n_prompt, start=start)
-    r.prefill_only = True
-    return r
-
-
-def test_a_prefill_worker_keeps_batch_prompts_to_short_steps_while_interactive_streams_in_the_router():
-    """Interactive streams in the router (none of its prompts here): the batch prompts are computed in
-    steps of their floor (10% of 256), not whole steps, so the next interactive prompt waits for a short
-    one; it then takes the step beside the batch lane's floor. Several batch prompts may run (no
-    sequence caps on a prefill worker: its steps' tokens are what is shared)."""
-    sched, runner = make_prefill_role()
-    for i in range(3):
-        sched.add_request(prompt(f"b{i}", BATCH, 200, start=100 * (i + 1)))
-    sched.lane_shares.set_pressure("r", (LaneDemand(INTERACTIVE, streams=3),))
-    so = sched.schedule()
-    assert so.total_num_scheduled_tokens == 25  # floor(256 x 0.1)
-    sched.update_from_output(runner.execute(so))
-    sched.add_request(prompt("i", INTERACTIVE, 180, start=900))
-    so = sched.schedule()
-    assert so.num_scheduled_tokens["i"] == 180  # its whole prompt in one step
-    assert so.total_num_scheduled_tokens - 180 == 25  # beside it, the batch lane's floor
-    sched.update_from_output(runner.execute(so))
-
-
-def test_a_prefill_worker_lends_batch_whole_steps_once_interactive_has_been_quiet_a_while():
-    """The hold outlives the interactive lane's last report with streams by ``PRESSURE_TTL_S`` (a lane
-    between two requests still presses); after that, with no pressure, batch has the whole step."""
-    sched, runner = make_prefill_role()
-    sched.add_request(prompt("b", BATCH, 480))
-    sched.lane_shares.set_pressure("r", (LaneDemand(INTERACTIVE, streams=1),))
-    sched.clock.now += 1.0
-    sched.lane_shares.set_pressure("r", ())  # its streams ended: nothing to report
-    so = sched.schedule()
-    assert so.num_scheduled_tokens["b"] == 25
-    sched.update_from_output(runner.execute(so))
-    sched.clock.now += PRESSURE_TTL_S
-    sched.lane_shares.set_pressure("r", ())
-    assert sched.schedule().num_scheduled_tokens["b"] == 256
-
-
-def test_a_decode_worker_does_not_hold_batch_for_interactive_streams_alone():
-    """Streams are already a decode worker's own running requests: only demand it cannot see (waiting,
-    refused, short of pace) presses there."""
-    sched = make()[0]
-    sched.add_request(req("b", BATCH, max_tokens=4, n_prompt=480))
-    sched.lane_shares.set_pressure("r", (LaneDemand(INTERACTIVE, streams=5),))
-    assert sched.schedule().num_scheduled_tokens["b"] == 256
-
-
-def test_a_prefill_worker_reports_what_a_prompt_of_each_lane_waits_for():
-    """``LaneCounters.ahead``: a lane's own queue and the more important ones', plus the less important
-    lanes' floor of the step in flight and of the one beside it while a lane as important presses;
-    without pressure a whole step of theirs may be in flight."""
-    shares = make_prefill_role()[0].lane_shares
-    queued = {INTERACTIVE: 100, BATCH: 1000}
-    assert shares.counters(queued, 256).ahead == {INTERACTIVE: 100 + 256 + 25, BATCH: 1100}
-    shares.set_pressure("r", (LaneDemand(INTERACTIVE, streams=1),))
-    assert shares.counters(queued, 256).ahead == {INTERACTIVE: 100 + 25 + 25, BATCH: 1100}
-    assert shares.counters({BATCH: 10}, 256).ahead == {INTERACTIVE: 10, BATCH: 10}  # no more than there is
-    assert make()[0].lane_shares.counters(queued, 256).ahead == {}  # a decode worker: not reported

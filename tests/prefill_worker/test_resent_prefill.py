@@ -62,31 +62,3 @@ def test_a_prefill_the_engine_ends_early_calls_its_transfer_off(tiny_model_dir):
     assert w.agent.aborts == [("decode-0", 3)] and set(w._shipping) == {"r-2"}  # the other prefill ships on
     engine.abort("r-2")
     assert engine.num_free_blocks == engine.num_total_blocks
-
-
-def test_the_load_call_brings_the_lanes_pressure_and_reports_what_each_lane_waits_for(tiny_model_dir):
-    """The router's monitor sends its lanes' pressure with each load call: with an interactive lane
-    streaming there, batch prompts keep to their floor of each step, and the report says what a new
-    prompt of each lane waits for (``LaneCounters.ahead``), which the router's placement and admission read."""
-    from dataclasses import replace
-
-    from engine.config import LaneShareConfig
-    from engine.lane_shares import LaneDemand
-
-    config = EngineConfig(model=str(tiny_model_dir), max_model_len=512, cache=CacheConfig(num_blocks=64, block_size=16))
-    lanes = (LaneShareConfig(0, weight=8.0, floor=0.05), LaneShareConfig(2, weight=1.0, floor=0.05, preemptible=True))
-    scheduler = replace(config.scheduler, max_num_batched_tokens=256, lane_shares=lanes, lane_short_steps=True)
-    engine = LLMEngine(replace(config, scheduler=scheduler))
-    w = object.__new__(PrefillWorker)
-    w.worker_id, w._shipping, w._received, w.agent, w.engine = "prefill-0", {}, {}, ScriptedAgent(), engine
-    w.agent.stats, w.agent.bytes_sent = SimpleNamespace(completed=0, failed=0), lambda: 0
-    w.peer = SimpleNamespace(incarnation="i0")
-    w.loop = SimpleNamespace(call=lambda fn: fn(engine), num_steps=0, busy_seconds=0.0, busy_cpu_seconds=0.0)
-    batch = RequestSpec("b-1", tuple(range(5, 405)), SamplingParams(max_tokens=8), origin="router-0", priority=2)
-    w.prefill(PrefillTask(batch, "decode-0", 1, 0))
-    load = w.load("router-0", (LaneDemand(0, streams=2),))
-    assert load.lane_counters is not None
-    assert load.lane_counters.queued_tokens == {2: 400}
-    assert load.lane_counters.ahead == {0: 2 * 12, 2: 400}  # two steps of batch's floor (5% of 256)
-    assert engine.scheduler.schedule().total_num_scheduled_tokens == 12
-    engine.abort("b-1")

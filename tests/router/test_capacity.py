@@ -1,7 +1,5 @@
 """Capacity credits in isolation (pure Python): what one dispatch round may take."""
 
-import pytest
-
 from engine.worker_stats import WorkerLoad
 from kv_transfer.peer import PeerInfo, WorkerInfo
 from router.capacity import Capacity
@@ -159,28 +157,3 @@ def test_free_places_are_the_slots_or_what_the_free_kv_holds_if_fewer():
     big = _handle("d1", "decode", max_num_seqs=4, num_blocks=100_000)
     _load(big)
     assert Capacity(WorkerPool([], [big]), clock=Clock()).free_places(40, 200) == 4  # the slots, where fewer
-
-
-def test_the_prefill_backlog_is_held_to_what_the_pool_computes_in_prefill_backlog_s():
-    """On a slow pool two step budgets are many seconds of work: with ``prefill_backlog_s`` the backlog
-    is held to that long at the measured rate too, so a prompt at its back starts inside the decode
-    worker's transfer watchdog. A lone prompt past the limit still goes to an empty pool."""
-    prefill, decode = _handle("p0", "prefill"), _handle("d0", "decode", max_num_seqs=64)
-    _load(prefill, queued_prefill=300), _load(decode)
-    rate = {"tokens_per_s": 100.0}
-    cap = Capacity(
-        WorkerPool([prefill], [decode]),
-        local_prefill_threshold=64,
-        prefill_backlog_s=4.0,
-        prefill_rate=lambda ids: rate["tokens_per_s"] * len(ids),
-        clock=Clock(),
-    )
-    assert cap.room(100, 16) is Room.YES  # 400 <= 4 s x 100 tokens/s
-    assert cap.room(101, 16) is Room.PREFILL_FULL
-    rate["tokens_per_s"] = 1000.0  # a fast pool: the step budgets bound it (2 x 256)
-    assert cap.room(212, 16) is Room.YES and cap.room(213, 16) is Room.PREFILL_FULL
-    rate["tokens_per_s"] = 10.0
-    _load(prefill, queued_prefill=0)
-    assert cap.room(900, 16) is Room.YES  # alone on an empty pool
-    with pytest.raises(ValueError, match="prefill_backlog_s"):
-        Capacity(WorkerPool([prefill], [decode]), prefill_backlog_s=0.0)

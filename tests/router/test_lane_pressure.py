@@ -81,17 +81,15 @@ def test_the_report_carries_router_waiting_refusals_and_pace():
     slow_stream = [100.0 - 0.5 * i for i in range(9)][::-1]  # a token every 0.5 s (objective 0.25 s)
     fast_stream = [100.0 - 0.05 * i for i in range(9)][::-1]
     p = _pressure(depths={"batch": 7}, running=[("interactive", slow_stream), ("batch", fast_stream)])
-    assert p.report() == (LaneDemand(0, 0, True, streams=1), LaneDemand(2, 7, False, streams=1))
+    assert p.report() == (LaneDemand(0, 0, True), LaneDemand(2, 7, False))
     refused = _pressure(
         refusals=lambda lane, since: 3 if lane == "interactive" else 0, running=[("interactive", fast_stream)]
     )
-    assert refused.report() == (LaneDemand(0, 3, True, streams=1),)
+    assert refused.report() == (LaneDemand(0, 3, True),)
     # refused for its predicted TTFT: demand the worker cannot see, but its streams are not slow
     late = _pressure(ttft=lambda lane, since: 2 if lane == "interactive" else 0, running=[("interactive", fast_stream)])
-    assert late.report() == (LaneDemand(0, 2, False, streams=1),)
-    # streaming, nothing waiting, nothing slow: its streams are reported (a prefill worker reads them)
-    assert _pressure(running=[("batch", fast_stream), ("batch", fast_stream)]).report() == (LaneDemand(2, streams=2),)
-    assert _pressure().report() == ()  # nothing streams, waits or is slow: no pressure
+    assert late.report() == (LaneDemand(0, 2, False),)
+    assert _pressure().report() == ()  # nothing waits, nothing is slow: no pressure
 
 
 def test_decode_floor_is_validated():

@@ -18,15 +18,3 @@ def test_a_lane_predicts_its_service_from_its_own_requests_only():
     # A lane with no measurement of its own gets the model estimate (None), not another lane's.
     assert s.service_s(100, 1000.0, now=13.0, lane="long_context") is None
     assert s.service_s(100, 1000.0, now=13.0) == pytest.approx(0.1 + 3.0 * 0.8 + 0.1 * 0.2)  # all lanes
-
-
-def test_the_service_overhead_is_kept_by_lane_and_path():
-    """A prompt whose KV crosses from a prefill worker pays the transfer and the wait to join its decode
-    worker's step; one prefilled where it decodes pays neither: each path is predicted from its own."""
-    s = LoadSignals()
-    s.finished(10.0, [], 4, 0.35, 0.05, 0.1, lane="interactive", disaggregated=True)  # 0.2 s beyond its prefill
-    s.finished(10.0, [], 4, 0.16, 0.05, 0.1, lane="interactive", disaggregated=False)  # 0.01 s
-    assert s.service_s(100, 1000.0, now=11.0, lane="interactive", disaggregated=True) == pytest.approx(0.1 + 0.2)
-    assert s.service_s(100, 1000.0, now=11.0, lane="interactive", disaggregated=False) == pytest.approx(0.1 + 0.01)
-    s.finished(10.0, [], 4, 0.5, 0.1, 0.1, lane="batch")  # path not known: the lane's own only
-    assert s.service_s(100, 1000.0, now=11.0, lane="batch", disaggregated=True) == pytest.approx(0.1 + 0.3)

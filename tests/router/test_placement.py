@@ -189,32 +189,3 @@ def test_less_important_waiting_prompts_are_not_ahead_beyond_the_step_that_compu
     counters = LaneCounters({}, {}, {}, queued_tokens={0: 50, 2: 1200})
     d0.update_load(replace(d0.load, lane_counters=counters))
     assert yielding_tokens(pool, 0, 56, 256) == 1200
-
-
-def test_a_prefill_worker_s_report_by_lane_decides_what_an_interactive_prompt_waits_for():
-    """A prefill worker keeping batch prompts to short steps reports what a prompt of each lane waits
-    for (``LaneCounters.ahead``): the admission prediction counts that, the rest of its queue yields;
-    a short interactive prompt goes there when the interactive queue has room for it, the batch backlog
-    notwithstanding; a batch prompt still sees it all. Dispatches since the report count for every lane."""
-    from router.placement import yielding_tokens
-
-    p0, d0 = _handle("p0", "prefill"), _handle("d0", "decode")
-    _load(p0, queued_prefill=3040), _load(d0)
-    assert p0.load is not None
-    counters = LaneCounters({}, {}, {}, queued_tokens={0: 40, 2: 3000}, ahead={0: 40 + 2 * 102, 2: 3040})
-    p0.update_load(replace(p0.load, lane_counters=counters))
-    pool = WorkerPool([p0], [d0])
-    rates = _rates({"p0": 200.0, "d0": 50.0})
-    idle = dict(short_to_idle_prefill=True)
-    assert yielding_tokens(pool, 0, 900, 256) == 3040 - 244
-    assert yielding_tokens(pool, 2, 900, 256) == 0
-    interactive = replace(_spec(150), priority=0)
-    batch = replace(_spec(150), priority=2)
-    assert not prefill_on_decode(pool, interactive, d0, NO_HINT, 256, **idle)  # 40 + 150 <= 256
-    assert prefill_on_decode(pool, batch, d0, NO_HINT, 256, **idle)  # behind 3040: it stays local
-    assert prefill_queue(pool, 150, 256, rates, short_to_idle_prefill=True, priority=0) == (3040, 200.0)
-    assert yielding_tokens(pool, 0, 150, 256, short_to_idle_prefill=True) == 3040 - 244
-    assert short_prompt_still_fits(p0, 256, priority=0) and not short_prompt_still_fits(p0, 256, priority=2)
-    p0.count_dispatched("router-a", 100)  # not in the report yet: ahead of every lane
-    assert prefill_on_decode(pool, interactive, d0, NO_HINT, 256, **idle)  # 40 + 100 + 150 > 256
-    assert yielding_tokens(pool, 0, 900, 256) == 3040 - 244  # (the dispatch is in prefill_queue's count)

@@ -43,8 +43,6 @@ class SimConfig:
     tenant: str = "default"  # requests' tenant: its name salts the prefix cache (tenant isolation)
     dispatch_threads: int = 8  # the router's executor placing requests (blocking Ray calls)
     monitor_interval_s: float = 0.5  # the dispatcher polls prefill workers' loads this often
-    # RouterConfig.prefill_backlog_s: half of pools.transfer_timeout_s, as baton sets it
-    prefill_backlog_s: float | None = 5.0
     housekeeping_s: float = 0.25  # the router folds load reports into its prefill rate this often
     dispatch_retry_s: float = 0.01  # the dispatch loop's wait while requests are queued
     step_scale: float = 1.0  # multiplies every step time (calibration, e.g. CPU contention)
@@ -54,7 +52,6 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         _check(self.prefill_workers >= 0, "prefill_workers must be >= 0")
-        _check(self.prefill_backlog_s is None or self.prefill_backlog_s > 0, "prefill_backlog_s must be > 0 or None")
         _check(self.decode_workers >= 1, "a cluster needs at least one decode worker")
         for name in (
             "prefill_max_num_batched_tokens",
@@ -123,5 +120,4 @@ def sim_config_from_baton(cfg, cost) -> SimConfig:
         pace_guard=router.pace_guard,
         initial_prefill_tokens_per_s=router.initial_prefill_tokens_per_s,
         lane_priority=router.lane_priority,
-        prefill_backlog_s=pools.transfer_timeout_s / 2,
     )

@@ -102,7 +102,7 @@ class SimDispatcher:
             t.prefill = d
             d.actor.call(lambda w: w.add_request(spec), lambda _: self._placed(t, "local"))
             return
-        if spec.num_prompt_tokens < self.threshold and not short_prompt_still_fits(p, self.threshold, spec.priority):
+        if spec.num_prompt_tokens < self.threshold and not short_prompt_still_fits(p, self.threshold):
             p.count_dispatched(spec.origin, -spec.num_prompt_tokens)  # P got busy: prefill it on D after all
             t.prefill = d
             d.actor.call(

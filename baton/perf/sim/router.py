@@ -17,7 +17,6 @@ from baton.perf.sim.clock import EventLoop
 from baton.perf.sim.config import SimConfig
 from baton.perf.sim.dispatch import SimDispatcher, Tracked
 from baton.perf.sim.requests import RequestRecord, SimRequest, prompt_token_ids
-from baton.perf.sim.worker import SimWorker
 from engine.block_hash import hash_blocks
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
@@ -77,13 +76,7 @@ class SimRouter:
             if cfg.lane_priority
             else None
         )
-        self.capacity = Capacity(  # as Router
-            pool,
-            local_prefill_threshold=cfg.local_prefill_threshold,
-            prefill_backlog_s=cfg.prefill_backlog_s,
-            prefill_rate=self.prefill_rate.tokens_per_s,
-            clock=lambda: loop.now,
-        )
+        self.capacity = Capacity(pool, local_prefill_threshold=cfg.local_prefill_threshold, clock=lambda: loop.now)
         self.index = LocalPrefixIndex()
         self.dispatcher: SimDispatcher | None = None  # wired by the simulation
         self.records: list[RequestRecord] = []
@@ -109,11 +102,7 @@ class SimRouter:
             rec.lane = lane
             lane_cfg = self.policy.lane(lane)
             local = prompt_stays_local(
-                self.pool,
-                len(ids),
-                self.cfg.local_prefill_threshold,
-                self.cfg.short_prompts_to_idle_prefill,
-                lane_cfg.priority,
+                self.pool, len(ids), self.cfg.local_prefill_threshold, self.cfg.short_prompts_to_idle_prefill
             )
             queued, rate = prefill_queue(
                 self.pool,
@@ -121,7 +110,6 @@ class SimRouter:
                 self.cfg.local_prefill_threshold,
                 self.prefill_rate.tokens_per_s,
                 self.cfg.short_prompts_to_idle_prefill,
-                lane_cfg.priority,
             )
             if self.pace_guard is not None:
                 self.pace_guard.arrived(lane, now)
@@ -151,7 +139,7 @@ class SimRouter:
                         requests_ahead=self.queues.requests_ahead(lane),
                         free_seq_slots=self.capacity.free_places(len(ids), req.output_len),
                         completions_per_s=self.signals.completion_rate.per_s(now),
-                        service_s=self.signals.service_s(len(ids), rate, now, lane=lane, disaggregated=not local),
+                        service_s=self.signals.service_s(len(ids), rate, now, lane=lane),
                         decode_pace_s=(
                             self.lane_pressure.pace(lambda: self._pace(now)) if self.lane_pressure else self._pace(now)
                         ),
@@ -273,7 +261,6 @@ class SimRouter:
             t.prefill_queue_s,
             t.prefill_compute_s,
             lane=t.lane,
-            disaggregated=rec.placement == "disaggregated",
         )
         self.dispatch()
 
@@ -284,13 +271,6 @@ class SimRouter:
         if self.lane_pressure is not None:
             self.lane_pressure.report()
         self.loop.after(self.cfg.housekeeping_s, self.housekeeping)
-
-    def _load_call(self, worker: SimWorker) -> tuple:
-        """``PrefillWorker.load`` with the lanes' pressure, and its cache events."""
-        shares = worker.scheduler.lane_shares
-        if shares is not None and self.lane_pressure is not None:
-            shares.set_pressure("sim-router", self.lane_pressure.latest())
-        return worker.load(), worker.block_manager.take_events()
 
     def monitor(self) -> None:
         """``Dispatcher._monitor_loop``: ask each prefill worker for its load and cache events, one after
@@ -307,6 +287,6 @@ class SimRouter:
                 self.on_load(h, *result)
                 ask(i + 1)
 
-            h.actor.call(self._load_call, answered)
+            h.actor.call(lambda w: (w.load(), w.block_manager.take_events()), answered)
 
         ask(0)

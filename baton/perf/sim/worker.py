@@ -115,7 +115,6 @@ class SimWorker:
                 max_num_batched_tokens=max_num_batched_tokens,
                 prefill_token_budget=prefill_token_budget,
                 lane_shares=lane_shares,
-                lane_short_steps=role == "prefill",  # as baton.fleet
             ),
             self.block_manager,
             m.max_model_len,
@@ -275,12 +274,9 @@ class SimWorker:
             prompt_tokens_placed=dict(self.prompt_tokens_placed),
             step_prompt_budget=s.config.prefill_token_budget or s.config.max_num_batched_tokens,
             waiting_tokens_by_priority=s.waiting.tokens_by_priority(),
-            lane_counters=(  # as the real workers report them
-                s.lane_shares.counters(
-                    queued_prefill_tokens_by_priority(s),
-                    s.config.max_num_batched_tokens if self.role == "prefill" else 0,
-                )
-                if s.lane_shares is not None
+            lane_counters=(  # decode role only, as the real workers report them
+                s.lane_shares.counters(queued_prefill_tokens_by_priority(s))
+                if s.lane_shares is not None and self.role == "decode"
                 else None
             ),
         )
