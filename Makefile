@@ -48,7 +48,7 @@ test-extended: install-dev
 # 10 minutes of mixed load on `baton up` (1 prefill, 2 decode workers) while a worker is killed every
 # ~60 s and the embedded Redis once; fails on a lost batch job, a hung stream, a migrated stream off
 # by a token, a KV block held afterwards or 10% RSS growth (bench/soak.py). Not in `make test`: its
-# 60 s variant is (tests/bench/test_soak.py).
+# 40 s variant is (tests/bench/test_soak.py).
 soak: install-dev
 	mkdir -p bench/results && $(PY) -m bench.soak --duration 600 --kill-every 60 --json bench/results/soak.json
 

@@ -9,7 +9,10 @@ reports with each poll (``LaneDemand``: requests waiting in the router, or turne
 The step's token budget left after the decodes is shared the same way (``token_shares``) among the
 lanes with prompt tokens to compute here (running prompt chunks, recomputes, waiting prompts): a
 batch prompt or recompute takes its lane's share of a step, not the whole step, while an
-interactive prompt waits.
+interactive prompt waits. Except in a step that computes a more important lane's prompt: there the
+less important lanes keep to their floor, lent nothing, since that step's length is the prompt's time
+to first token (a prefill worker's steps are all prompt: lent the rest of a full step, batch
+prompts made an interactive prompt's step several times its own length).
 
 The shares act in three places:
 
@@ -123,6 +126,13 @@ def water_fill(
             out[p] += 1
             spare -= 1
     return out
+
+
+def floor_tokens(floor: float, budget: int) -> int:
+    """A lane's floor of a step's ``budget`` prompt tokens, at least one: what it keeps in a step that
+    computes a more important lane's prompt (``LaneShares.token_shares``; router.placement reads the
+    same to predict that prompt's step)."""
+    return max(1, math.floor(budget * floor))
 
 
 class LaneShares:
@@ -257,6 +267,14 @@ class LaneShares:
                 if p > plan.pressed:
                     out[p] = min(out.get(p, n), self.held_tokens(p, plan.pressed, budget))
             shares = out
+        computing = min(demand, default=None)
+        if shares is not None and computing is not None and any(p > computing for p in demand):
+            # The step computes a more important lane's prompt: its time is that prompt's time to first
+            # token, so the less important lanes keep to their floor of it, lent nothing; they have
+            # the steps after it (admission bounds how many such prompts come).
+            for p in demand:
+                if p > computing:
+                    shares[p] = min(shares.get(p, demand[p]), floor_tokens(self.floors.get(p, 0.0), budget))
         if plan.short is None:
             return shares
         # A lane short of pace: less important preemptible lanes' prompt work (their recomputes and

@@ -64,6 +64,8 @@ class LanePressure:
         ``pace_refusals(lane, since)`` / ``ttft_refusals(lane, since)``: how many of the lane's requests
         admission refused since then for pace / for their predicted time to first token."""
         self.lanes = {lane.name: lane for lane in lanes}
+        # Each lane's floor by priority, as the workers' lane shares keep it (router.placement.LaneSteps).
+        self.floors = {c.priority: c.floor for c in lane_share_configs(self.lanes.values())}
         self._depth = depth
         self._running = running
         self._pace_refusals = pace_refusals

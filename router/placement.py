@@ -15,10 +15,12 @@ disaggregation), and which prefill worker computes its prompt (pure Python).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Set
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 
+from engine.lane_shares import floor_tokens
 from engine.request_spec import RequestSpec
+from engine.worker_stats import WorkerLoad
 from router.worker_pool import WorkerHandle, WorkerPool
 
 
@@ -129,17 +131,38 @@ def prefill_queue(
     return (_queued_on_decode(d) if d else 0), rate_of([w.worker_id for w in prefill]) / len(prefill)
 
 
+@dataclass(frozen=True)
+class LaneSteps:
+    """How the workers' steps share prompt tokens by lane (``SchedulerConfig.lane_shares``): in a step
+    that computes a prompt, less important lanes keep to their floor of it (engine/lane_shares.py).
+    ``floors``: each lane's floor by priority; ``rate_of``: worker ids -> their measured prefill
+    tokens/s; ``now``: the clock ``WorkerHandle.load_at`` is on."""
+
+    floors: Mapping[int, float]
+    rate_of: Callable[[list[str]], float]
+    now: float
+
+
 def yielding_tokens(
-    pool: WorkerPool, priority: int, prompt_tokens: int, threshold_tokens: int, short_to_idle_prefill: bool = False
+    pool: WorkerPool,
+    priority: int,
+    prompt_tokens: int,
+    threshold_tokens: int,
+    short_to_idle_prefill: bool = False,
+    lanes: LaneSteps | None = None,
 ) -> int:
-    """Of ``prefill_queue``'s tokens, those of lanes less important than ``priority`` queued where the
-    prompt will be computed: it goes ahead of them (every worker's waiting queue is in priority
-    order), so they are not work ahead of it. A worker with lane shares (it reports lane counters)
-    gives them no more than their weight's share of a step that computes a more important prompt
-    (engine/lane_shares.py): all of theirs yield. Without, its waiting requests only (a running
-    prompt's next chunk is scheduled before new admissions), and not what fills the rest of the step
-    that computes this prompt (``WorkerLoad.step_prompt_budget`` less the prompt): that step takes as
-    long as they make it."""
+    """Of ``prefill_queue``'s tokens, those that are not work ahead of a prompt of lane ``priority``
+    where it will be computed. Every worker's waiting queue is in priority order, so it goes ahead of
+    less important lanes' waiting prompts, but not of a running prompt's next chunk (scheduled before
+    new admissions). A worker with lane counters (a decode worker with lane shares) gives the less
+    important lanes no more than their share of a step that computes a more important prompt: all
+    of theirs yield. Otherwise, with ``lanes`` (a prefill worker with lane shares): the step that
+    started as the worker's load report was taken is ahead whole (it computes the head of the queue,
+    up to ``WorkerLoad.step_prompt_budget``), less what the worker has computed of it since (at its
+    measured rate); after it, the less important prompts yield but for their floor of this prompt's
+    step. Without ``lanes``: the less important waiting prompts yield, but not those that fill the
+    rest of the step that computes this prompt (the budget less the prompt): that step takes as long
+    as they make it."""
     prefill = pool.live("prefill")
     if prefill and not _stays_local(pool, prompt_tokens, threshold_tokens, short_to_idle_prefill):
         workers = prefill
@@ -156,8 +179,28 @@ def yielding_tokens(
         if load.lane_counters is not None:
             out += sum(n for p, n in load.lane_counters.queued_tokens.items() if p > priority)
             continue
+        if lanes is not None:
+            out += _yielding_on_lane_steps(w, load, priority, lanes)
+            continue
         behind = sum(n for p, n in load.waiting_tokens_by_priority.items() if p > priority)
         out += max(0, behind - max(0, load.step_prompt_budget - prompt_tokens))
+    return out
+
+
+def _yielding_on_lane_steps(w: WorkerHandle, load: WorkerLoad, priority: int, lanes: LaneSteps) -> int:
+    queued = load.queued_prefill_tokens
+    budget = load.step_prompt_budget or queued
+    step = min(budget, queued)  # in flight since the report (taken between two steps)
+    less = sorted((p, n) for p, n in load.waiting_tokens_by_priority.items() if p > priority and n > 0)
+    in_step = max(0, step - (queued - sum(n for _, n in less)))  # the less important are computed last
+    out = 0
+    for p, n in less:
+        taken = min(n, in_step)
+        in_step -= taken
+        out += max(0, n - taken - floor_tokens(lanes.floors.get(p, 0.0), budget))
+    if step and w.load_at is not None:
+        done = max(0.0, lanes.now - w.load_at) * lanes.rate_of([w.worker_id])
+        out += min(step, int(done))
     return out
 
 

@@ -48,7 +48,7 @@ from router.lanes import LanePolicy, TenantConfig
 from router.load_signals import LoadSignals
 from router.metrics import RouterMetrics
 from router.pace_guard import PaceGuard
-from router.placement import NO_HINT, PlacementHint, prefill_queue, prompt_stays_local, yielding_tokens
+from router.placement import NO_HINT, LaneSteps, PlacementHint, prefill_queue, prompt_stays_local, yielding_tokens
 from router.prompt_hashes import PromptHasher
 from router.prompt_input import detokenize, request_fingerprint, token_bytes, tokenize_off_loop, tokenize_request
 from router.request_context import RequestContext
@@ -383,7 +383,16 @@ class Router:
                 prompt_token_s=pace_in.prompt_token_s,
                 decode_backlog_tokens=pace_in.backlog_tokens,
                 yielding_tokens=yielding_tokens(
-                    self.pool, lane_cfg.priority, len(ids), threshold, self.dispatcher.short_prompts_to_idle_prefill
+                    self.pool,
+                    lane_cfg.priority,
+                    len(ids),
+                    threshold,
+                    self.dispatcher.short_prompts_to_idle_prefill,
+                    (
+                        LaneSteps(self.lane_pressure.floors, self.prefill_rate.tokens_per_s, time.monotonic())
+                        if self.lane_pressure is not None
+                        else None
+                    ),
                 ),
                 lane_depth_now=lambda: self.queues.admitted_depth(lane),
                 choice_charge=req.charge,

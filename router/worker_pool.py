@@ -4,6 +4,7 @@ load report of each, and the placement choices made from them (pure Python + Ray
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,9 @@ class WorkerHandle:
     actor: Any  # a Ray ActorHandle (its remote methods are typed at run time only) or a test double
     info: WorkerInfo | None = None
     load: WorkerLoad | None = None
+    # When ``load`` arrived: a prefill worker's report is taken between two steps, so the step it
+    # started then has run since (router.placement.yielding_tokens). None: no report yet.
+    load_at: float | None = None
     alive: bool = False
     failures: int = 0
     requests: set[str] = field(default_factory=set)  # decode: requests it is serving
@@ -61,9 +65,11 @@ class WorkerHandle:
         self.dispatched_by_router.clear()
         self.placed_by_router.clear()
 
-    def update_load(self, load: WorkerLoad | None) -> None:
+    def update_load(self, load: WorkerLoad | None, at: float | None = None) -> None:
+        """``at``: when it arrived (default: now, ``time.monotonic``; the simulator passes its clock)."""
         if load is not None:
             self.load = load
+            self.load_at = time.monotonic() if at is None else at
 
     @property
     def peer(self) -> PeerInfo:

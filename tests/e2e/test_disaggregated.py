@@ -174,16 +174,15 @@ def test_2p2d_equals_colocated(c22, tiny_model_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("num_prefill, num_decode", [(1, 1), (2, 2)])
-def test_smollm2_disaggregated_equals_colocated_and_transformers(
-    ray_session, default_model_dir, num_prefill, num_decode
-):
+def test_smollm2_disaggregated_equals_colocated_and_transformers(ray_session, default_model_dir):
+    """The default model through one prefill and one decode worker (two of each run the tiny model
+    here, ``c22``, and through the CLI, tests/baton/test_generate_2p2d.py)."""
     from engine.model.tokenizer import Tokenizer
     from tests.engine.test_golden_smollm2 import MAX_NEW, QUESTIONS
 
     tok = Tokenizer.from_dir(default_model_dir)
     ps = [tok.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
-    cluster = start_cluster(default_model_dir, num_prefill, num_decode, budget=32, blocks=256, kv_data_plane=DATA_PLANE)
+    cluster = start_cluster(default_model_dir, 1, 1, budget=32, blocks=256, kv_data_plane=DATA_PLANE)
     try:
         got = [o.token_ids for o in cluster.generate(ps, [greedy(n) for n in MAX_NEW])]
         assert cluster.dispatcher.num_disaggregated == len(ps)

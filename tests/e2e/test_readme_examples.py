@@ -13,12 +13,13 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import cast
 
 import pytest
 from openai.types.chat import ChatCompletionFunctionToolParam
 
-from tests.e2e.baton_up_process import ROOT, baton_up
+from tests.e2e.baton_up_process import ROOT, BatonUp, baton_up
 
 README = (ROOT / "README.md").read_text()
 BLOCKS = re.findall(r"```(\w+)\n(.*?)```", README, flags=re.S)
@@ -102,26 +103,32 @@ def test_the_gpu_check_command_in_the_readme_parses(tmp_path):
     assert callable(gpu_check.main)
 
 
+@pytest.fixture(scope="module")
+def made_run() -> Iterator[BatonUp]:
+    """`make run`: ``baton up`` with no flags but the ports, one for the module's client examples."""
+    with baton_up() as up:
+        yield up
+
+
 @pytest.mark.slow
-def test_the_readme_openai_client_example_against_baton_up():
-    """`make run` (``baton up`` with no flags but the ports), then the README's client code as written:
-    the stock client sends ``Authorization: Bearer unused``, which a server without authentication
-    serves."""
+def test_the_readme_openai_client_example_against_baton_up(made_run: BatonUp):
+    """The README's client code as written against `make run`: the stock client sends
+    ``Authorization: Bearer unused``, which a server without authentication serves."""
     example = PYTHON[0]
     assert README_URL in example and 'api_key="unused"' in example
-    with baton_up() as up:
-        namespace: dict[str, object] = {}
-        exec(compile(example.replace(README_URL, f"{up.base}/v1"), "README.md", "exec"), namespace)
-        r = namespace["r"]
-        choice = r.choices[0]  # type: ignore[attr-defined]
-        assert choice.message.role == "assistant" and choice.message.content.strip()
-        assert choice.finish_reason in ("stop", "length")
-        assert r.model == "SmolLM2-135M-Instruct"  # type: ignore[attr-defined]
+    up = made_run
+    namespace: dict[str, object] = {}
+    exec(compile(example.replace(README_URL, f"{up.base}/v1"), "README.md", "exec"), namespace)
+    r = namespace["r"]
+    choice = r.choices[0]  # type: ignore[attr-defined]
+    assert choice.message.role == "assistant" and choice.message.content.strip()
+    assert choice.finish_reason in ("stop", "length")
+    assert r.model == "SmolLM2-135M-Instruct"  # type: ignore[attr-defined]
 
 
 @pytest.mark.slow
-def test_the_readme_structured_output_and_tool_call_example_against_baton_up():
-    """The README's structured-output and tool-calling example against ``baton up``: a JSON object
+def test_the_readme_structured_output_and_tool_call_example_against_baton_up(made_run: BatonUp):
+    """The README's structured-output and tool-calling example against `make run`: a JSON object
     valid against its schema and a call of the named function with valid arguments, then the same
     call through the client's streaming helper, assembled from the streamed deltas."""
     import jsonschema
@@ -129,33 +136,33 @@ def test_the_readme_structured_output_and_tool_call_example_against_baton_up():
 
     example = PYTHON[1]
     assert README_URL in example
-    with baton_up() as up:
-        namespace: dict[str, object] = {}
-        exec(compile(example.replace(README_URL, f"{up.base}/v1"), "README.md", "exec"), namespace)
-        jsonschema.validate(namespace["city"], namespace["schema"])
-        t = namespace["t"]
-        assert t.choices[0].finish_reason == "tool_calls"  # type: ignore[attr-defined]
-        call = namespace["call"]
-        assert call.function.name == "get_weather" and call.id  # type: ignore[attr-defined]
-        weather = cast(ChatCompletionFunctionToolParam, namespace["weather"])  # the README defines it
-        jsonschema.validate(namespace["args"], weather["function"]["parameters"])
-        client = openai.OpenAI(base_url=f"{up.base}/v1", api_key="unused", max_retries=0)
-        with client.chat.completions.stream(
-            model="SmolLM2-135M-Instruct",
-            max_tokens=64,
-            tools=[weather],
-            tool_choice="required",
-            parallel_tool_calls=False,  # (one call: the grammar allows no second)
-            messages=[{"role": "user", "content": "What is the weather in Rome?"}],
-        ) as stream:
-            for _ in stream:
-                pass
-            final = stream.get_final_completion()
-        tool_calls = final.choices[0].message.tool_calls
-        assert tool_calls is not None
-        [streamed] = tool_calls
-        assert streamed.function.name == "get_weather" and final.choices[0].finish_reason == "tool_calls"
-        jsonschema.validate(json.loads(streamed.function.arguments), weather["function"]["parameters"])
+    up = made_run
+    namespace: dict[str, object] = {}
+    exec(compile(example.replace(README_URL, f"{up.base}/v1"), "README.md", "exec"), namespace)
+    jsonschema.validate(namespace["city"], namespace["schema"])
+    t = namespace["t"]
+    assert t.choices[0].finish_reason == "tool_calls"  # type: ignore[attr-defined]
+    call = namespace["call"]
+    assert call.function.name == "get_weather" and call.id  # type: ignore[attr-defined]
+    weather = cast(ChatCompletionFunctionToolParam, namespace["weather"])  # the README defines it
+    jsonschema.validate(namespace["args"], weather["function"]["parameters"])
+    client = openai.OpenAI(base_url=f"{up.base}/v1", api_key="unused", max_retries=0)
+    with client.chat.completions.stream(
+        model="SmolLM2-135M-Instruct",
+        max_tokens=64,
+        tools=[weather],
+        tool_choice="required",
+        parallel_tool_calls=False,  # (one call: the grammar allows no second)
+        messages=[{"role": "user", "content": "What is the weather in Rome?"}],
+    ) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion()
+    tool_calls = final.choices[0].message.tool_calls
+    assert tool_calls is not None
+    [streamed] = tool_calls
+    assert streamed.function.name == "get_weather" and final.choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(streamed.function.arguments), weather["function"]["parameters"])
 
 
 @pytest.mark.slow

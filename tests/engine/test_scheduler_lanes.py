@@ -198,9 +198,11 @@ def test_off_by_default():
     assert sched.lane_shares is None
 
 
-def test_the_prompt_token_budget_is_shared_by_weight_with_floors_and_lending():
-    """A step's prompt tokens (256 here, no decodes yet) go by lane weight among the lanes with a
-    prompt to compute, each at least its floor, each lending what it does not want."""
+def test_a_step_computing_a_more_important_prompt_gives_the_less_important_lanes_their_floor():
+    """A step's prompt tokens (256 here, no decodes yet) go to the most important lane computing a
+    prompt; the less important lanes keep their floor of the step (10% for batch), lent nothing even
+    when that prompt is short: the step's length is its time to first token. Alone, a lane takes
+    the whole step."""
 
     sched, runner = make()
     b = req("b", BATCH, max_tokens=4, n_prompt=500)
@@ -211,23 +213,32 @@ def test_the_prompt_token_budget_is_shared_by_weight_with_floors_and_lending():
     i = req("i", INTERACTIVE, max_tokens=4, n_prompt=400, start=100)
     sched.add_request(i)
     so = sched.schedule()
-    # 8:1 of 256: the interactive prompt 227 (+ the rounding's spare token), the batch chunk 28
-    assert so.num_scheduled_tokens == {"b": 28, "i": 228}
+    # 8:1 of 256 gives the interactive prompt 227 (+ the rounding's spare token); the batch chunk its floor
+    assert so.num_scheduled_tokens == {"b": 25, "i": 228}
     sched.update_from_output(runner.execute(so))
     step(sched, runner, 40)
     assert not sched.has_unfinished()  # both prompts computed in pieces: the same tokens as alone
     for r in (b, i):
         assert r.output_token_ids == expected_output(r.prompt_token_ids, 4), r.request_id
 
-    # Lending: a short interactive prompt takes what it needs; the batch chunk the rest.
+    # A short interactive prompt: the batch chunk is not lent the rest of the step, and has the next.
     sched, runner = make()
     b = req("b", BATCH, max_tokens=4, n_prompt=500)
     sched.add_request(b)
     sched.update_from_output(runner.execute(sched.schedule()))
     sched.add_request(req("i", INTERACTIVE, max_tokens=4, n_prompt=40, start=100))
-    assert sched.schedule().num_scheduled_tokens == {"b": 216, "i": 40}
+    so = sched.schedule()
+    assert so.num_scheduled_tokens == {"b": 25, "i": 40}
+    sched.update_from_output(runner.execute(so))
+    assert sched.schedule().num_scheduled_tokens["b"] == 500 - 256 - 25  # its whole rest
 
-    # Floors: against a far heavier lane, the batch chunk keeps 10% of the step.
+    # A waiting batch prompt is held the same way (a prefill worker's queue: prompts only).
+    sched, runner = make()
+    sched.add_request(req("i", INTERACTIVE, max_tokens=4, n_prompt=60, start=100))
+    sched.add_request(req("b", BATCH, max_tokens=4, n_prompt=300))
+    assert sched.schedule().num_scheduled_tokens == {"i": 60, "b": 25}
+
+    # Floors: against a far heavier lane, the batch chunk keeps its 10% of the step.
     heavy = (LaneShareConfig(INTERACTIVE, weight=1000.0, floor=0.05), LANES[1])
     sched, runner = make(lanes=heavy)
     sched.add_request(req("b", BATCH, max_tokens=4, n_prompt=500))

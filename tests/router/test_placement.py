@@ -5,6 +5,7 @@ from dataclasses import replace
 from engine.lane_shares import LaneCounters
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
+from engine.worker_stats import WorkerLoad
 from router.placement import NO_HINT, choose_prefill, prefill_on_decode, prefill_queue, short_prompt_still_fits
 from router.worker_pool import WorkerPool
 from tests.router.test_capacity import _handle, _load
@@ -189,3 +190,41 @@ def test_less_important_waiting_prompts_are_not_ahead_beyond_the_step_that_compu
     counters = LaneCounters({}, {}, {}, queued_tokens={0: 50, 2: 1200})
     d0.update_load(replace(d0.load, lane_counters=counters))
     assert yielding_tokens(pool, 0, 56, 256) == 1200
+
+
+def test_with_lane_steps_the_step_in_flight_is_ahead_and_the_less_important_keep_their_floor_after_it():
+    """A prefill worker with lane shares: its report is taken between two steps, so the step it then
+    started (the head of its queue, up to its budget) is ahead of a new interactive prompt whatever
+    its lanes, less what the worker has computed of it since; after it, the batch prompts yield but
+    for their floor of the interactive prompt's step (engine/lane_shares.py)."""
+    from router.placement import LaneSteps, yielding_tokens
+
+    p0, d0 = _handle("p0", "prefill"), _handle("d0", "decode")
+    _load(d0)
+    pool = WorkerPool([p0], [d0])
+    lanes = {0: 0.05, 2: 0.1}
+
+    def report(queued: int, waiting: dict[int, int], at: float) -> None:
+        load = WorkerLoad("p0", "i0", "prefill", 0, 0, 1000, 1000, queued_prefill_tokens=queued)
+        p0.update_load(replace(load, waiting_tokens_by_priority=waiting, step_prompt_budget=2048), at=at)
+
+    def ahead(now: float, rate: float = 400.0) -> int:
+        queued, _ = prefill_queue(pool, 548, 256, lambda ids: rate)
+        return queued - yielding_tokens(pool, 0, 548, 256, lanes=LaneSteps(lanes, lambda ids: rate, now))
+
+    # 300 tokens of a running batch prompt, 4,000 waiting: the step in flight is 2,048 of them.
+    report(4300, {2: 4000}, at=10.0)
+    assert ahead(now=10.0) == 2048 + 204  # the step in flight, then batch's floor of this prompt's step
+    assert ahead(now=12.0) == 2048 - 800 + 204  # two seconds of it computed at 400 tokens/s
+    assert ahead(now=30.0) == 204  # (at most the step: the next one is counted whole)
+    # An interactive prompt waiting there too, and a short queue: the whole queue is in the step.
+    report(700, {0: 200, 2: 500}, at=10.0)
+    assert ahead(now=10.0) == 700
+    # Idle at the report: nothing in flight; a batch prompt dispatched since is ahead whole.
+    report(0, {}, at=10.0)
+    p0.count_dispatched("router-a", 900)
+    assert ahead(now=11.0) == 900
+    # Without lane steps the old model: batch fills this prompt's step (2,048 - 548), the rest yields.
+    p0.forget_dispatched()
+    report(4300, {2: 4000}, at=10.0)
+    assert prefill_queue(pool, 548, 256, lambda ids: 400.0)[0] - yielding_tokens(pool, 0, 548, 256) == 300 + 1500

@@ -29,7 +29,7 @@ from router.lane_pressure import LanePressure
 from router.lane_queues import LaneQueues, Pending, Room
 from router.load_signals import LoadSignals
 from router.pace_guard import PaceGuard
-from router.placement import NO_HINT, PlacementHint, prefill_queue, prompt_stays_local, yielding_tokens
+from router.placement import NO_HINT, LaneSteps, PlacementHint, prefill_queue, prompt_stays_local, yielding_tokens
 from router.state.prefix_index import LocalPrefixIndex
 from router.worker_pool import WorkerHandle, WorkerPool
 
@@ -157,6 +157,11 @@ class SimRouter:
                             len(ids),
                             self.cfg.local_prefill_threshold,
                             self.cfg.short_prompts_to_idle_prefill,
+                            (
+                                LaneSteps(self.lane_pressure.floors, self.prefill_rate.tokens_per_s, now)
+                                if self.lane_pressure is not None
+                                else None
+                            ),
                         ),
                     )
                 )
@@ -240,7 +245,7 @@ class SimRouter:
 
     # -- feedback from the workers -----------------------------------------------------------------
     def on_load(self, handle: WorkerHandle, load, events: list) -> None:
-        handle.update_load(load)
+        handle.update_load(load, self.loop.now)
         if events:
             run_sync(self.index.apply(handle.worker_id, events))
         self.dispatch()  # fresh credits may let queued requests go
