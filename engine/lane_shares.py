@@ -128,11 +128,11 @@ def water_fill(
     return out
 
 
-def floor_tokens(floor: float, budget: int) -> int:
-    """A lane's floor of a step's ``budget`` prompt tokens, at least one: what it keeps in a step that
-    computes a more important lane's prompt (``LaneShares.token_shares``; router.placement reads the
-    same to predict that prompt's step)."""
-    return max(1, math.floor(budget * floor))
+def floor_tokens(share: float, budget: int) -> int:
+    """``share`` of a step's ``budget`` prompt tokens, at least one: a lane's floor is what it keeps in
+    a step that computes a more important lane's prompt (``LaneShares.token_shares``; router.placement
+    reads the same to predict that prompt's step), and its held share beside one pressing in the routers."""
+    return max(1, math.floor(budget * share))
 
 
 class LaneShares:
@@ -283,7 +283,7 @@ class LaneShares:
         for p, n in demand.items():
             lane = self.lanes.get(p)
             if lane is not None and lane.preemptible and p > plan.short:
-                out[p] = min(out.get(p, n), max(1, math.floor(lane.floor * budget)))
+                out[p] = min(out.get(p, n), floor_tokens(lane.floor, budget))
         return out or None
 
     def held_tokens(self, priority: int, above: int, budget: int) -> int:
@@ -291,7 +291,7 @@ class LaneShares:
         important lane ``above``: its weight's share of the two, at least its floor and one token."""
         w = self.weights.get(priority, 1.0)
         share = max(self.floors.get(priority, 0.0), w / (w + self.weights.get(above, 1.0)))
-        return max(1, math.floor(budget * share))
+        return floor_tokens(share, budget)
 
     @staticmethod
     def _newest(running: list[Request], lanes: set[int]) -> Request | None:
