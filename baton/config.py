@@ -169,8 +169,15 @@ class RouterSection(_Model):
         0.75,
         gt=0,
         le=1,
-        description="queue-wait estimates / this must fit the TTFT SLO; "
-        "the live decode pace must stay under this x the TPOT SLO",
+        description="queue-wait estimates / this must fit the TTFT SLO; the predicted decode pace must stay "
+        "under this x the TPOT SLO where nothing can be preempted for it",
+    )
+    pace_headroom: float = Field(
+        0.95,
+        gt=0,
+        le=1,
+        description="while less important lanes can be preempted for a lane's pace (lane_priority), the "
+        "predicted decode pace must stay under this x its TPOT SLO (else: slo_headroom x it)",
     )
     pace_guard: bool = Field(
         True,

@@ -91,6 +91,7 @@ class RouterFrontend:
                 lanes=self.policy,
                 slo_rejection=rc.slo_rejection,
                 slo_headroom=rc.slo_headroom,
+                pace_headroom=rc.pace_headroom,
                 pace_guard=rc.pace_guard,
                 lane_priority=rc.lane_priority,
                 tenant_cache_isolation=rc.tenant_cache_isolation,

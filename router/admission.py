@@ -313,6 +313,7 @@ class Admission:
         *,
         slo_rejection: bool = True,
         slo_headroom: float = 0.75,
+        pace_headroom: float = 0.95,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_model_len = max_model_len
@@ -324,6 +325,13 @@ class Admission:
         # its SLO costs more than a quick 503. The service time is mostly measured, so it is not inflated:
         # inflating it too rejected 78% at 1.7x capacity for a third of the goodput (BENCHMARKS).
         self.slo_headroom = slo_headroom
+        # The pace check's headroom while less important lanes can be preempted for this lane's
+        # pace (``freeable_seqs``): a pace that slips after admission is then restored by the
+        # decode worker, so the guard need only cover the prediction's own error; at the TTFT
+        # headroom it refused requests whose streams kept the pace, for a tenth of the lane's
+        # goodput (BENCHMARKS, lanes under overload). Where nothing can be preempted, nothing
+        # restores a slipping pace, and ``slo_headroom`` guards it.
+        self.pace_headroom = pace_headroom
         self.rejections: dict[tuple[str, str], int] = {}
         # (lane, reason) -> when its recent requests were refused for the SLO predictions (router.lane_pressure)
         self._refused_at: dict[tuple[str, str], deque[float]] = {}
@@ -444,9 +452,9 @@ class Admission:
                 code="slo_predicted_violation",
                 retry_after_s=self._retry_after(x),
             )
-        # The pace is measured, but one more sequence slows it: the same headroom guards it.
         pace = predict_pace(x)
-        if self.slo_rejection and busy and pace is not None and pace > x.lane.tpot_slo_s * self.slo_headroom:
+        headroom = self.pace_headroom if x.freeable_seqs > 0 else self.slo_headroom
+        if self.slo_rejection and busy and pace is not None and pace > x.lane.tpot_slo_s * headroom:
             self._count(lane, "slo_tpot", timed=True)
             raise RouterError(
                 ErrorKind.OVERLOADED,

@@ -72,6 +72,7 @@ class RouterConfig:
     lanes: LanePolicy = field(default_factory=LanePolicy)
     slo_rejection: bool = True
     slo_headroom: float = 0.75  # queue-wait estimates are divided by this before the TTFT check
+    pace_headroom: float = 0.95  # the pace check's, while less important lanes can be preempted for the pace
     pace_guard: bool = True  # router.pace_guard: looser lanes wait while tight streams are slow
     lane_priority: bool = True  # router.lane_pressure: decode workers share slots by lane, preempt for pace
     tenant_cache_isolation: bool = True  # each tenant's prompts hash into its own prefix-cache space
@@ -115,6 +116,7 @@ class Router:
             self.prom,
             slo_rejection=config.slo_rejection,
             slo_headroom=config.slo_headroom,
+            pace_headroom=config.pace_headroom,
         )
         self.prefill_rate = PrefillRate(config.initial_prefill_tokens_per_s)
         self.signals = LoadSignals()

@@ -124,6 +124,24 @@ def test_a_slow_decode_pace_rejects_until_it_recovers():
     _admit(Admission(4096, None, slo_rejection=False), _input(service_s=0.2, decode_pace_s=0.4, running=busy))
 
 
+def test_the_pace_has_its_own_headroom_while_less_important_lanes_can_be_preempted_for_it():
+    """With sequences of less important lanes to preempt (``freeable_seqs``) the predicted pace is
+    compared with ``pace_headroom`` x the TPOT objective (the decode worker restores a slipping
+    pace); with none, nothing would restore it and ``slo_headroom`` guards it."""
+    busy = ((5, 20), (9, 20), (1, 20))
+    # three streams at 0.22 s a token, one of them freeable: with it preempted and this one joining,
+    # three again, at 0.22 s
+    near = _input(service_s=0.2, decode_pace_s=0.22, running=busy, freeable_seqs=1)
+    _admit(Admission(4096, None, slo_headroom=0.5), near)  # under 0.95 x 0.25
+    with pytest.raises(RouterError) as e:
+        _admit(Admission(4096, None, pace_headroom=0.85), near)
+    assert "time-per-output-token" in str(e.value) and "0.22 s each" in str(e.value)
+    with pytest.raises(RouterError):  # nothing to preempt: 0.22 s > 0.75 x 0.25
+        _admit(Admission(4096, None), _input(service_s=0.2, decode_pace_s=0.22, running=busy))
+    with pytest.raises(RouterError):  # the default's limit: 0.95 x 0.25 = 0.2375 s
+        _admit(Admission(4096, None), _input(service_s=0.2, decode_pace_s=0.24, running=busy, freeable_seqs=1))
+
+
 def test_idle_pools_admit_even_a_request_that_cannot_meet_the_objective():
     adm = Admission(4096, None)
     # 5 s of its own prefill (a long prompt on a slow machine): nothing ahead, nothing running, so

@@ -37,6 +37,8 @@ class SimConfig:
     short_prompts_to_idle_prefill: bool = True  # pools.short_prompts_to_idle_prefill
     lanes: LanePolicy = field(default_factory=LanePolicy)
     slo_rejection: bool = True
+    slo_headroom: float = 0.75  # router.slo_headroom
+    pace_headroom: float = 0.95  # router.pace_headroom
     pace_guard: bool = True  # router.pace_guard
     lane_priority: bool = True  # router.lane_priority: decode slots by lane weight, preemption for pace
     initial_prefill_tokens_per_s: float = 1000.0
@@ -117,6 +119,8 @@ def sim_config_from_baton(cfg, cost) -> SimConfig:
         short_prompts_to_idle_prefill=pools.short_prompts_to_idle_prefill,
         lanes=cfg.lane_policy(),
         slo_rejection=router.slo_rejection,
+        slo_headroom=router.slo_headroom,
+        pace_headroom=router.pace_headroom,
         pace_guard=router.pace_guard,
         initial_prefill_tokens_per_s=router.initial_prefill_tokens_per_s,
         lane_priority=router.lane_priority,

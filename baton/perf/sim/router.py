@@ -55,14 +55,20 @@ class SimRouter:
         self.tenant = next((t for t in self.policy.tenants if t.name == cfg.tenant), self.policy.tenants[0])
         self.block_size = cost.model.block_size
         self.admission = Admission(
-            cost.model.max_model_len, None, slo_rejection=cfg.slo_rejection, clock=lambda: loop.now
+            cost.model.max_model_len,
+            None,
+            slo_rejection=cfg.slo_rejection,
+            slo_headroom=cfg.slo_headroom,
+            pace_headroom=cfg.pace_headroom,
+            clock=lambda: loop.now,
         )
         self.prefill_rate = PrefillRate(cfg.initial_prefill_tokens_per_s)
         self.signals = LoadSignals()  # as router.Router
         self.decode_steps = DecodeSteps()
         self.running: dict[str, Tracked] = {}  # dispatched, not finished
         self.queues = LaneQueues(self.policy.lanes)
-        self.pace_guard = PaceGuard(self.policy.lanes, hold_at=0.8 * 0.75) if cfg.pace_guard else None  # as Router
+        hold_at = 0.8 * cfg.slo_headroom  # as Router
+        self.pace_guard = PaceGuard(self.policy.lanes, hold_at=hold_at) if cfg.pace_guard else None
         self.lane_pressure = (
             LanePressure(
                 self.policy.lanes,
@@ -70,7 +76,7 @@ class SimRouter:
                 lambda: [(t.lane, t.record.token_times) for t in self.running.values()],
                 self.admission.pace_refusals,
                 self.admission.ttft_refusals,
-                hold_at=0.8 * 0.75,
+                hold_at=hold_at,
                 clock=lambda: loop.now,
             )
             if cfg.lane_priority
