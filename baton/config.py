@@ -170,14 +170,14 @@ class RouterSection(_Model):
         gt=0,
         le=1,
         description="queue-wait estimates / this must fit the TTFT SLO; the predicted decode pace must stay "
-        "under this x the TPOT SLO where nothing can be preempted for it",
+        "under this x the TPOT SLO (loosened towards pace_headroom while the lane's streams keep within it)",
     )
     pace_headroom: float = Field(
         0.95,
         gt=0,
         le=1,
-        description="while less important lanes can be preempted for a lane's pace (lane_priority), the "
-        "predicted decode pace must stay under this x its TPOT SLO (else: slo_headroom x it)",
+        description="the most the pace check's headroom loosens to, while the lane's recently finished "
+        "streams ran faster than slo_headroom x its TPOT SLO",
     )
     pace_guard: bool = Field(
         True,

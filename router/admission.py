@@ -197,6 +197,9 @@ class AdmissionInput:
     decode_steps: StepSplit | None = None
     prompt_token_s: float = 0.0
     decode_backlog_tokens: int = 0
+    # The time per output token the lane's recently finished streams got, 90th percentile
+    # (LoadSignals.recent_tpot_s; None: too few lately): how far the pace check's headroom may loosen.
+    recent_tpot_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -325,12 +328,7 @@ class Admission:
         # its SLO costs more than a quick 503. The service time is mostly measured, so it is not inflated:
         # inflating it too rejected 78% at 1.7x capacity for a third of the goodput (BENCHMARKS).
         self.slo_headroom = slo_headroom
-        # The pace check's headroom while less important lanes can be preempted for this lane's
-        # pace (``freeable_seqs``): a pace that slips after admission is then restored by the
-        # decode worker, so the guard need only cover the prediction's own error; at the TTFT
-        # headroom it refused requests whose streams kept the pace, for a tenth of the lane's
-        # goodput (BENCHMARKS, lanes under overload). Where nothing can be preempted, nothing
-        # restores a slipping pace, and ``slo_headroom`` guards it.
+        # The most the pace check's headroom loosens to (``pace_check_headroom``).
         self.pace_headroom = pace_headroom
         self.rejections: dict[tuple[str, str], int] = {}
         # (lane, reason) -> when its recent requests were refused for the SLO predictions (router.lane_pressure)
@@ -453,8 +451,7 @@ class Admission:
                 retry_after_s=self._retry_after(x),
             )
         pace = predict_pace(x)
-        headroom = self.pace_headroom if x.freeable_seqs > 0 else self.slo_headroom
-        if self.slo_rejection and busy and pace is not None and pace > x.lane.tpot_slo_s * headroom:
+        if self.slo_rejection and busy and pace is not None and pace > x.lane.tpot_slo_s * self.pace_check_headroom(x):
             self._count(lane, "slo_tpot", timed=True)
             raise RouterError(
                 ErrorKind.OVERLOADED,
@@ -464,6 +461,18 @@ class Admission:
                 retry_after_s=self._retry_after(x),
             )
         return ttft
+
+    def pace_check_headroom(self, x: AdmissionInput) -> float:
+        """``slo_headroom``, loosened up to ``pace_headroom`` in proportion as the lane's recently
+        finished streams ran faster than ``slo_headroom`` x its TPOT objective (``recent_tpot_s``).
+        The predicted pace errs high while the lane's streams are short and its decode batch thins
+        out as they end: at a fixed headroom it refused requests whose streams would have kept the
+        pace (BENCHMARKS, lanes under overload). Outcomes, not the prediction, loosen it, and only
+        while they keep their margin: a lane whose streams run near the guard gets the fixed one."""
+        base, recent = self.slo_headroom, x.recent_tpot_s
+        if recent is None or recent <= 0 or self.pace_headroom <= base:
+            return base
+        return min(self.pace_headroom, max(base, base * base * x.lane.tpot_slo_s / recent))
 
     def pace_refusals(self, lane: str, since: float) -> int:
         """How many of ``lane``'s requests were refused for pace since ``since`` (router.lane_pressure)."""

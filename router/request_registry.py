@@ -139,6 +139,7 @@ class RequestRegistry:
                 bd.get("prefill_queue", 0.0),
                 bd.get("prefill_compute", 0.0),
                 lane=ctx.lane,
+                first_token_time=first,
             )
         if ctx.idempotency is not None:
             asyncio.get_running_loop().create_task(self._keep_result(*ctx.idempotency, ctx, s.final_output()))

@@ -72,7 +72,7 @@ class RouterConfig:
     lanes: LanePolicy = field(default_factory=LanePolicy)
     slo_rejection: bool = True
     slo_headroom: float = 0.75  # queue-wait estimates are divided by this before the TTFT check
-    pace_headroom: float = 0.95  # the pace check's, while less important lanes can be preempted for the pace
+    pace_headroom: float = 0.95  # the most the pace check's headroom loosens to (Admission.pace_check_headroom)
     pace_guard: bool = True  # router.pace_guard: looser lanes wait while tight streams are slow
     lane_priority: bool = True  # router.lane_pressure: decode workers share slots by lane, preempt for pace
     tenant_cache_isolation: bool = True  # each tenant's prompts hash into its own prefix-cache space
@@ -384,6 +384,7 @@ class Router:
                 decode_steps=pace_in.steps,
                 prompt_token_s=pace_in.prompt_token_s,
                 decode_backlog_tokens=pace_in.backlog_tokens,
+                recent_tpot_s=self.signals.recent_tpot_s(lane),
                 yielding_tokens=yielding_tokens(
                     self.pool,
                     lane_cfg.priority,

@@ -124,22 +124,26 @@ def test_a_slow_decode_pace_rejects_until_it_recovers():
     _admit(Admission(4096, None, slo_rejection=False), _input(service_s=0.2, decode_pace_s=0.4, running=busy))
 
 
-def test_the_pace_has_its_own_headroom_while_less_important_lanes_can_be_preempted_for_it():
-    """With sequences of less important lanes to preempt (``freeable_seqs``) the predicted pace is
-    compared with ``pace_headroom`` x the TPOT objective (the decode worker restores a slipping
-    pace); with none, nothing would restore it and ``slo_headroom`` guards it."""
-    busy = ((5, 20), (9, 20), (1, 20))
-    # three streams at 0.22 s a token, one of them freeable: with it preempted and this one joining,
-    # three again, at 0.22 s
-    near = _input(service_s=0.2, decode_pace_s=0.22, running=busy, freeable_seqs=1)
-    _admit(Admission(4096, None, slo_headroom=0.5), near)  # under 0.95 x 0.25
-    with pytest.raises(RouterError) as e:
-        _admit(Admission(4096, None, pace_headroom=0.85), near)
+def test_the_pace_checks_headroom_loosens_while_the_lanes_streams_keep_well_within_their_objective():
+    """The predicted pace is compared with ``slo_headroom`` x the TPOT objective, loosened up to
+    ``pace_headroom`` x it in proportion as the lane's recently finished streams ran faster than the
+    fixed guard (``recent_tpot_s``, their 90th percentile); never tighter than the fixed guard."""
+    adm = Admission(4096, None)  # slo_headroom 0.75, pace_headroom 0.95: guards at 0.1875 and 0.2375 s
+    near = dict(service_s=0.2, decode_pace_s=0.22, running=((5, 20),))
+    with pytest.raises(RouterError) as e:  # no outcomes yet: the fixed guard
+        _admit(adm, _input(**near))
     assert "time-per-output-token" in str(e.value) and "0.22 s each" in str(e.value)
-    with pytest.raises(RouterError):  # nothing to preempt: 0.22 s > 0.75 x 0.25
-        _admit(Admission(4096, None), _input(service_s=0.2, decode_pace_s=0.22, running=busy))
-    with pytest.raises(RouterError):  # the default's limit: 0.95 x 0.25 = 0.2375 s
-        _admit(Admission(4096, None), _input(service_s=0.2, decode_pace_s=0.24, running=busy, freeable_seqs=1))
+    with pytest.raises(RouterError):  # its streams ran at the fixed guard: no margin to loosen with
+        _admit(adm, _input(**near, recent_tpot_s=0.19))
+    # They ran at 0.15 s: 0.75 x 0.1875 / 0.15 = 0.9375, a 0.234 s guard
+    assert adm.pace_check_headroom(_input(recent_tpot_s=0.15)) == pytest.approx(0.9375)
+    _admit(adm, _input(**near, recent_tpot_s=0.15))
+    assert adm.pace_check_headroom(_input(recent_tpot_s=0.05)) == 0.95  # at most pace_headroom
+    assert adm.pace_check_headroom(_input(recent_tpot_s=0.4)) == 0.75  # never tighter than slo_headroom
+    with pytest.raises(RouterError):  # pace_headroom at slo_headroom: the fixed guard whatever the outcomes
+        _admit(Admission(4096, None, pace_headroom=0.75), _input(**near, recent_tpot_s=0.05))
+    with pytest.raises(RouterError):  # the most it loosens to: 0.24 s > 0.2375 s
+        _admit(adm, _input(service_s=0.2, decode_pace_s=0.24, running=((5, 20),), recent_tpot_s=0.05))
 
 
 def test_idle_pools_admit_even_a_request_that_cannot_meet_the_objective():

@@ -157,6 +157,7 @@ class SimRouter:
                         decode_steps=pace_in.steps,
                         prompt_token_s=pace_in.prompt_token_s,
                         decode_backlog_tokens=pace_in.backlog_tokens,
+                        recent_tpot_s=self.signals.recent_tpot_s(lane, now),
                         yielding_tokens=yielding_tokens(
                             self.pool,
                             lane_cfg.priority,
@@ -272,6 +273,7 @@ class SimRouter:
             t.prefill_queue_s,
             t.prefill_compute_s,
             lane=t.lane,
+            first_token_time=rec.token_times[0] if rec.token_times else None,
         )
         self.dispatch()
 
