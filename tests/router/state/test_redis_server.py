@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from baton.redis_server import EmbeddedRedis, RedisServerError, _ping, find_redis_server
+from baton.redis_server import EmbeddedRedis, RedisServerError, _ping, find_redis_server, remove_orphaned_dirs
 from tests.waiting import wait_until
 
 
@@ -132,6 +132,48 @@ def test_atexit_stops_a_forgotten_server() -> None:
     assert not _ping(port)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_the_private_dir_of_a_killed_owner_is_removed_by_the_next_start() -> None:
+    """A process SIGKILLed with a server running (no atexit hook runs) leaves its private dir behind;
+    the next start anywhere on the machine removes it."""
+    code = (
+        "import time\n"
+        "from baton.redis_server import EmbeddedRedis\n"
+        "s = EmbeddedRedis().start()\n"
+        "print(s.dir, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    root = Path(__file__).resolve().parents[3]
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=root)
+    try:
+        assert owner.stdout is not None
+        left = owner.stdout.readline().strip()
+        assert Path(left).is_dir() and (Path(left) / "owner.pid").read_text() == str(owner.pid)
+    finally:
+        owner.kill()
+        owner.wait()
+    assert Path(left).is_dir()
+    with EmbeddedRedis() as srv:
+        assert not Path(left).exists()
+        assert srv.dir is not None and srv.dir.is_dir()  # its own is made after the sweep
+
+
+def test_only_dirs_naming_an_owner_that_has_exited_are_removed(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dirs = {name: tmp_path / f"baton-redis-{name}" for name in ("gone", "alive", "unnamed", "garbled")}
+    for d in dirs.values():
+        d.mkdir()
+    (dirs["gone"] / "owner.pid").write_text(str(gone.pid))
+    (dirs["alive"] / "owner.pid").write_text(str(os.getpid()))
+    (dirs["garbled"] / "owner.pid").write_text("not a pid")
+    other = tmp_path / "other-tool-1"
+    other.mkdir()
+    (other / "owner.pid").write_text(str(gone.pid))
+    remove_orphaned_dirs(tmp_path)
+    assert not dirs["gone"].exists()
+    assert dirs["alive"].is_dir() and dirs["unnamed"].is_dir() and dirs["garbled"].is_dir() and other.is_dir()
 
 
 def test_password_protected_server_for_other_nodes() -> None:
