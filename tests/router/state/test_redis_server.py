@@ -149,7 +149,7 @@ def test_the_private_dir_of_a_killed_owner_is_removed_by_the_next_start() -> Non
     try:
         assert owner.stdout is not None
         left = owner.stdout.readline().strip()
-        assert Path(left).is_dir() and (Path(left) / "owner.pid").read_text() == str(owner.pid)
+        assert (Path(left) / "owner.pid").read_text() == f"{socket.gethostname()} {owner.pid}"
     finally:
         owner.kill()
         owner.wait()
@@ -162,18 +162,25 @@ def test_the_private_dir_of_a_killed_owner_is_removed_by_the_next_start() -> Non
 def test_only_dirs_naming_an_owner_that_has_exited_are_removed(tmp_path: Path) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    dirs = {name: tmp_path / f"baton-redis-{name}" for name in ("gone", "alive", "unnamed", "garbled")}
-    for d in dirs.values():
-        d.mkdir()
-    (dirs["gone"] / "owner.pid").write_text(str(gone.pid))
-    (dirs["alive"] / "owner.pid").write_text(str(os.getpid()))
-    (dirs["garbled"] / "owner.pid").write_text("not a pid")
+    host = socket.gethostname()
+    owners: dict[str, str | None] = {
+        "gone": f"{host} {gone.pid}",
+        "alive": f"{host} {os.getpid()}",
+        "elsewhere": f"another-{host} {gone.pid}",  # a container sharing /tmp: its pids are not ours
+        "garbled": "not an owner",
+        "unnamed": None,
+    }
+    dirs = {name: tmp_path / f"baton-redis-{name}" for name in owners}
+    for name, owner in owners.items():
+        dirs[name].mkdir()
+        if owner is not None:
+            (dirs[name] / "owner.pid").write_text(owner)
     other = tmp_path / "other-tool-1"
     other.mkdir()
-    (other / "owner.pid").write_text(str(gone.pid))
+    (other / "owner.pid").write_text(f"{host} {gone.pid}")
     remove_orphaned_dirs(tmp_path)
     assert not dirs["gone"].exists()
-    assert dirs["alive"].is_dir() and dirs["unnamed"].is_dir() and dirs["garbled"].is_dir() and other.is_dir()
+    assert all(d.is_dir() for name, d in dirs.items() if name != "gone") and other.is_dir()
 
 
 def test_password_protected_server_for_other_nodes() -> None:
