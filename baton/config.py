@@ -27,6 +27,7 @@ from engine.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
+from router.admission import PACE_HEADROOM, SLO_HEADROOM
 from router.lane_pressure import lane_share_configs
 from router.lanes import ClassificationRules, LaneConfig, LanePolicy, TenantConfig, default_lanes
 from router.tool_calls.parsers import ToolFormatSetting
@@ -166,14 +167,14 @@ class RouterSection(_Model):
     grpc_port: int = Field(50051, ge=0, le=65535)
     slo_rejection: bool = True
     slo_headroom: float = Field(
-        0.75,
+        SLO_HEADROOM,
         gt=0,
         le=1,
         description="queue-wait estimates / this must fit the TTFT SLO; the predicted decode pace must stay "
         "under this x the TPOT SLO (loosened towards pace_headroom while the lane's streams keep within it)",
     )
     pace_headroom: float = Field(
-        0.95,
+        PACE_HEADROOM,
         gt=0,
         le=1,
         description="the most the pace check's headroom loosens to, while the lane's recently finished "

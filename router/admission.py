@@ -95,6 +95,9 @@ class PrefillRate:
         return sum(rates) / len(rates) * max(len(live_workers), len(rates))
 
 
+# The headrooms' defaults (Admission; the router's and the simulator's configs take them from here).
+SLO_HEADROOM = 0.75
+PACE_HEADROOM = 0.95
 # Admission trusts a measured dispatch -> first-token time for this long (see Ewma.fresh).
 SERVICE_TIME_MAX_AGE_S = 15.0
 # In the message of a refusal for pace (the load generator tells the two SLO refusals apart by it).
@@ -315,8 +318,8 @@ class Admission:
         metrics: RejectionMetrics | None = None,
         *,
         slo_rejection: bool = True,
-        slo_headroom: float = 0.75,
-        pace_headroom: float = 0.95,
+        slo_headroom: float = SLO_HEADROOM,
+        pace_headroom: float = PACE_HEADROOM,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_model_len = max_model_len

@@ -23,6 +23,12 @@ from collections.abc import Iterable
 from router.lanes import LaneConfig
 
 
+def hold_at_for(slo_headroom: float) -> float:
+    """The pace guard's (and lane pressure's) threshold for an admission headroom: below it, so lanes
+    are held before admission starts refusing for pace."""
+    return 0.8 * slo_headroom
+
+
 class PaceGuard:
     def __init__(
         self,

@@ -32,7 +32,7 @@ from engine.model.tokenizer import Tokenizer
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
 from engine.worker_stats import WorkerLoad
-from router.admission import Admission, AdmissionInput, PrefillRate
+from router.admission import PACE_HEADROOM, SLO_HEADROOM, Admission, AdmissionInput, PrefillRate
 from router.api import ErrorKind, GenerateRequest, GenerationResult, ModelInfo, Readiness, RouterError
 from router.capacity import Capacity
 from router.classify import classify
@@ -47,7 +47,7 @@ from router.lane_queues import LaneQueues, Pending
 from router.lanes import LanePolicy, TenantConfig
 from router.load_signals import LoadSignals
 from router.metrics import RouterMetrics
-from router.pace_guard import PaceGuard
+from router.pace_guard import PaceGuard, hold_at_for
 from router.placement import NO_HINT, LaneSteps, PlacementHint, prefill_queue, prompt_stays_local, yielding_tokens
 from router.prompt_hashes import PromptHasher
 from router.prompt_input import detokenize, request_fingerprint, token_bytes, tokenize_off_loop, tokenize_request
@@ -71,8 +71,10 @@ class RouterConfig:
     model_dir: Path
     lanes: LanePolicy = field(default_factory=LanePolicy)
     slo_rejection: bool = True
-    slo_headroom: float = 0.75  # queue-wait estimates are divided by this before the TTFT check
-    pace_headroom: float = 0.95  # the most the pace check's headroom loosens to (Admission.pace_check_headroom)
+    slo_headroom: float = SLO_HEADROOM  # queue-wait estimates are divided by this before the TTFT check
+    pace_headroom: float = (
+        PACE_HEADROOM  # the most the pace check's headroom loosens to (Admission.pace_check_headroom)
+    )
     pace_guard: bool = True  # router.pace_guard: looser lanes wait while tight streams are slow
     lane_priority: bool = True  # router.lane_pressure: decode workers share slots by lane, preempt for pace
     tenant_cache_isolation: bool = True  # each tenant's prompts hash into its own prefix-cache space
@@ -122,7 +124,8 @@ class Router:
         self.signals = LoadSignals()
         self.decode_steps = DecodeSteps()  # admission's pace prediction (router.decode_pace)
         self.queues = LaneQueues(self.policy.lanes)
-        self.pace_guard = PaceGuard(self.policy.lanes, hold_at=0.8 * config.slo_headroom) if config.pace_guard else None
+        hold_at = hold_at_for(config.slo_headroom)
+        self.pace_guard = PaceGuard(self.policy.lanes, hold_at=hold_at) if config.pace_guard else None
         self.capacity = Capacity(pool, local_prefill_threshold=dispatcher.local_prefill_threshold)
         self.created = int(time.time())
         self.requests = RequestRegistry(self.capacity, self.signals, self.prom, self.state.idempotency_finish)
@@ -143,7 +146,7 @@ class Router:
                 lambda: [(c.lane, c.stream.token_times) for c in self.requests.running()],
                 self.admission.pace_refusals,
                 self.admission.ttft_refusals,
-                hold_at=0.8 * config.slo_headroom,
+                hold_at=hold_at,
             )
             if config.lane_priority
             else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from router.admission import PACE_HEADROOM, SLO_HEADROOM
 from router.lanes import LanePolicy
 
 
@@ -37,8 +38,8 @@ class SimConfig:
     short_prompts_to_idle_prefill: bool = True  # pools.short_prompts_to_idle_prefill
     lanes: LanePolicy = field(default_factory=LanePolicy)
     slo_rejection: bool = True
-    slo_headroom: float = 0.75  # router.slo_headroom
-    pace_headroom: float = 0.95  # router.pace_headroom
+    slo_headroom: float = SLO_HEADROOM  # router.slo_headroom
+    pace_headroom: float = PACE_HEADROOM  # router.pace_headroom
     pace_guard: bool = True  # router.pace_guard
     lane_priority: bool = True  # router.lane_priority: decode slots by lane weight, preemption for pace
     initial_prefill_tokens_per_s: float = 1000.0

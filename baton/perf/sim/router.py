@@ -28,7 +28,7 @@ from router.decode_pace import DecodeSteps, local_prompt_rate, pace_inputs
 from router.lane_pressure import LanePressure
 from router.lane_queues import LaneQueues, Pending, Room
 from router.load_signals import LoadSignals
-from router.pace_guard import PaceGuard
+from router.pace_guard import PaceGuard, hold_at_for
 from router.placement import NO_HINT, LaneSteps, PlacementHint, prefill_queue, prompt_stays_local, yielding_tokens
 from router.state.prefix_index import LocalPrefixIndex
 from router.worker_pool import WorkerHandle, WorkerPool
@@ -67,7 +67,7 @@ class SimRouter:
         self.decode_steps = DecodeSteps()
         self.running: dict[str, Tracked] = {}  # dispatched, not finished
         self.queues = LaneQueues(self.policy.lanes)
-        hold_at = 0.8 * cfg.slo_headroom  # as Router
+        hold_at = hold_at_for(cfg.slo_headroom)
         self.pace_guard = PaceGuard(self.policy.lanes, hold_at=hold_at) if cfg.pace_guard else None
         self.lane_pressure = (
             LanePressure(
