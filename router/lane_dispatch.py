@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -18,6 +19,7 @@ from engine.outputs import RequestOutput
 from engine.request import FinishReason
 from engine.request_spec import RequestSpec
 from router.capacity import Capacity
+from router.decode_backlog import merge_holds
 from router.lane_queues import LaneQueues, Pending, Room
 from router.lanes import LanePolicy
 from router.metrics import RouterMetrics
@@ -52,7 +54,10 @@ class LaneDispatcher:
         metrics: RouterMetrics,
         pace_guard: PaceGuard | None,
         block_size: int,
+        decode_backlog: Callable[[], dict[str, float]] | None = None,
     ) -> None:
+        """``decode_backlog``: lanes the decode pool already holds back -> their longest hold
+        (``router.decode_backlog``; None: lane priority off)."""
         self._queues = queues
         self._capacity = capacity
         self._dispatcher = dispatcher
@@ -61,6 +66,7 @@ class LaneDispatcher:
         self._metrics = metrics
         self._pace_guard = pace_guard
         self._block_size = block_size
+        self._decode_backlog = decode_backlog
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dispatch")
         # Aborts on their own threads: a placement may wait for a decode worker to come back
@@ -101,13 +107,14 @@ class LaneDispatcher:
                 await self._wake.wait()
 
     def _held_lanes(self) -> dict[str, float]:
+        backlog = self._decode_backlog() if self._decode_backlog is not None else {}
         guard = self._pace_guard
         if guard is None or not any(self._queues.depth(n) for n in guard.holdable):
-            return {}
+            return backlog
         active = {c.lane for c in self._requests.dispatched_contexts()} | {
             n for n, q in self._queues.queues.items() if q
         }
-        return guard.held(self._requests.decode_pace(), active, time.monotonic())
+        return merge_holds(backlog, guard.held(self._requests.decode_pace(), active, time.monotonic()))
 
     def _has_room(self, p: Pending) -> Room:
         return self._capacity.reserve(p.payload.prompt_tokens, p.payload.max_tokens, self._block_size)

@@ -37,6 +37,7 @@ from router.api import ErrorKind, GenerateRequest, GenerationResult, ModelInfo, 
 from router.capacity import Capacity
 from router.classify import classify
 from router.cluster_state import ClusterState
+from router.decode_backlog import backlogged_lanes
 from router.decode_pace import DecodeSteps, local_prompt_rate, pace_inputs
 from router.dispatcher import Dispatcher
 from router.durable_batch import DurableBatch, JobWaitStream, job_payload
@@ -138,6 +139,7 @@ class Router:
             self.prom,
             self.pace_guard,
             self.block_size,
+            self._decode_backlog if config.lane_priority else None,
         )
         self.lane_pressure = (
             LanePressure(
@@ -577,6 +579,9 @@ class Router:
             "draining": self.draining,
             "lanes": {lane.name: self.queues.depth(lane.name) for lane in self.policy.lanes},
         }
+
+    def _decode_backlog(self) -> dict[str, float]:
+        return backlogged_lanes(self.policy.lanes, [w.load for w in self.pool.live("decode")])
 
     def _loads(self) -> list[WorkerLoad]:
         return [w.load for w in self.pool.all() if w.alive and w.load is not None]

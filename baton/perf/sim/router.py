@@ -24,6 +24,7 @@ from router.admission import Admission, AdmissionInput, PrefillRate
 from router.api import RouterError
 from router.capacity import Capacity
 from router.classify import classify
+from router.decode_backlog import backlogged_lanes, merge_holds
 from router.decode_pace import DecodeSteps, local_prompt_rate, pace_inputs
 from router.lane_pressure import LanePressure
 from router.lane_queues import LaneQueues, Pending, Room
@@ -235,13 +236,18 @@ class SimRouter:
 
     def _held_lanes(self, now: float) -> dict[str, float]:
         """``Router._held_lanes``."""
+        backlog = (
+            backlogged_lanes(self.policy.lanes, [w.load for w in self.pool.live("decode")])
+            if self.lane_pressure is not None
+            else {}
+        )
         guard = self.pace_guard
         if guard is None or not any(self.queues.depth(n) for n in guard.holdable):
-            return {}
+            return backlog
         running = self.running.values()
         pace = self.signals.decode_pace_s([t.record.token_times[-9:] for t in running], now)
         active = {t.lane for t in running} | {n for n, q in self.queues.queues.items() if q}
-        return guard.held(pace, active, now)
+        return merge_holds(backlog, guard.held(pace, active, now))
 
     def _pace(self, now: float) -> float | None:
         return self.signals.decode_pace_s([t.record.token_times[-9:] for t in self.running.values()], now)
