@@ -97,6 +97,7 @@ class RouterFrontend:
                 tenant_cache_isolation=rc.tenant_cache_isolation,
                 initial_prefill_tokens_per_s=rc.initial_prefill_tokens_per_s,
                 drain_timeout_s=rc.drain_timeout_s,
+                transfer_timeout_s=self.cfg.pools.transfer_timeout_s,
             ),
             self.dispatcher.pool,
             self.dispatcher,

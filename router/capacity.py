@@ -13,7 +13,11 @@ router's own unfinished dispatches, which is exact and current for one router.
 Keeping the backlog in the router, where lanes are visible, rather than in the workers' queues is
 what lets weighted fair sharing and admission work.
 
-The prefill backlog limits only prompts that need the prefill pool: one shorter than
+The prefill backlog is at most ``prefill_backlog_chunks`` step budgets a worker, and at most what
+the pool computes in ``prefill_backlog_s`` at its measured rate: a prompt queued behind more than
+the decode workers' transfer deadline allows is taken for a stalled transfer there and computed a
+second time, on the decode worker (on a slow host two 2,048-token steps took over 10 s).
+It limits only prompts that need the prefill pool: one shorter than
 ``local_prefill_threshold`` prefills on a decode worker whenever the prefill pool is busy, so it
 does not wait for that pool's backlog (``Room.PREFILL_FULL`` tells the lane queues that such
 requests may pass a long prompt waiting for it). Holding them too let a burst of long prompts hold
@@ -30,6 +34,10 @@ from collections.abc import Callable
 from router.lane_queues import Room
 from router.worker_pool import WorkerHandle, WorkerPool
 
+# The share of the decode workers' transfer deadline a prompt may wait on a prefill worker for the
+# prompts queued ahead of it: its own first chunk takes up to a step more.
+PREFILL_BACKLOG_SHARE = 0.5
+
 
 class Capacity:
     def __init__(
@@ -40,8 +48,14 @@ class Capacity:
         kv_reserve_fraction: float = 0.05,
         charge_ttl_s: float = 0.25,
         local_prefill_threshold: int = 0,
+        prefill_backlog_s: float | None = None,
+        prefill_rate: Callable[[list[str]], float] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``prefill_backlog_s`` with ``prefill_rate`` (the pool's measured prompt tokens/s for these
+        live prefill workers): the time bound on the prefill backlog (None: step budgets only)."""
+        if prefill_backlog_s is not None and (prefill_backlog_s <= 0 or prefill_rate is None):
+            raise ValueError(f"prefill_backlog_s must be > 0 and come with a prefill rate, got {prefill_backlog_s!r}")
         self.pool = pool
         self.local_prefill_threshold = local_prefill_threshold  # shorter prompts may prefill on decode workers
         self._clock = clock  # the simulator passes its own
@@ -49,6 +63,8 @@ class Capacity:
         # current lower bound on the decode slots in use, where load reports lag by a polling interval.
         self.in_flight = 0
         self.prefill_backlog_chunks = prefill_backlog_chunks  # queued prefill per worker, in step budgets
+        self.prefill_backlog_s = prefill_backlog_s
+        self._prefill_rate = prefill_rate
         self.kv_reserve_fraction = kv_reserve_fraction
         self.charge_ttl_s = charge_ttl_s
         self._charges: deque[tuple[float, int, int]] = deque()  # (time, blocks, prefill tokens)
@@ -131,13 +147,20 @@ class Capacity:
             return Room.NO
         prefill = self.pool.live("prefill")
         if prefill and prompt_tokens >= self.local_prefill_threshold:
-            limit = sum(self.prefill_backlog_chunks * w.reported_info.max_num_batched_tokens for w in prefill)
+            limit = self.prefill_backlog_limit(prefill)
             # dispatched_tokens: placed since that worker's last report (which will include them).
             queued = sum((w.load.queued_prefill_tokens if w.load else 0) + w.dispatched_tokens for w in prefill)
             # A lone prompt bigger than the limit still goes when the pool is empty.
             if queued + p_tokens > 0 and queued + p_tokens + prompt_tokens > limit:
                 return Room.PREFILL_FULL
         return Room.YES
+
+    def prefill_backlog_limit(self, prefill: list[WorkerHandle]) -> float:
+        """The most prompt tokens queued on these prefill workers that more may join."""
+        limit: float = sum(self.prefill_backlog_chunks * w.reported_info.max_num_batched_tokens for w in prefill)
+        if self.prefill_backlog_s is not None and self._prefill_rate is not None:
+            limit = min(limit, self.prefill_backlog_s * self._prefill_rate([w.worker_id for w in prefill]))
+        return limit
 
     def charge(self, prompt_tokens: int, max_tokens: int, block_size: int) -> None:
         blocks = -(-(prompt_tokens + min(max_tokens, 64)) // block_size)

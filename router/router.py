@@ -34,7 +34,7 @@ from engine.sampling_params import SamplingParams
 from engine.worker_stats import WorkerLoad
 from router.admission import PACE_HEADROOM, SLO_HEADROOM, Admission, AdmissionInput, PrefillRate
 from router.api import ErrorKind, GenerateRequest, GenerationResult, ModelInfo, Readiness, RouterError
-from router.capacity import Capacity
+from router.capacity import PREFILL_BACKLOG_SHARE, Capacity
 from router.classify import classify
 from router.cluster_state import ClusterState
 from router.decode_backlog import backlogged_lanes
@@ -81,6 +81,9 @@ class RouterConfig:
     tenant_cache_isolation: bool = True  # each tenant's prompts hash into its own prefix-cache space
     initial_prefill_tokens_per_s: float = 1000.0
     drain_timeout_s: float = 30.0
+    # The decode workers' KV transfer deadline (pools.transfer_timeout_s): the prefill backlog a
+    # prompt may queue behind is kept to PREFILL_BACKLOG_SHARE of it (router.capacity).
+    transfer_timeout_s: float = 10.0
 
 
 class Router:
@@ -127,7 +130,12 @@ class Router:
         self.queues = LaneQueues(self.policy.lanes)
         hold_at = hold_at_for(config.slo_headroom)
         self.pace_guard = PaceGuard(self.policy.lanes, hold_at=hold_at) if config.pace_guard else None
-        self.capacity = Capacity(pool, local_prefill_threshold=dispatcher.local_prefill_threshold)
+        self.capacity = Capacity(
+            pool,
+            local_prefill_threshold=dispatcher.local_prefill_threshold,
+            prefill_backlog_s=PREFILL_BACKLOG_SHARE * config.transfer_timeout_s,
+            prefill_rate=self.prefill_rate.tokens_per_s,
+        )
         self.created = int(time.time())
         self.requests = RequestRegistry(self.capacity, self.signals, self.prom, self.state.idempotency_finish)
         self.lane_dispatch = LaneDispatcher(

@@ -1,5 +1,7 @@
 """Capacity credits in isolation (pure Python): what one dispatch round may take."""
 
+import pytest
+
 from engine.worker_stats import WorkerLoad
 from kv_transfer.peer import PeerInfo, WorkerInfo
 from router.capacity import Capacity
@@ -157,3 +159,28 @@ def test_free_places_are_the_slots_or_what_the_free_kv_holds_if_fewer():
     big = _handle("d1", "decode", max_num_seqs=4, num_blocks=100_000)
     _load(big)
     assert Capacity(WorkerPool([], [big]), clock=Clock()).free_places(40, 200) == 4  # the slots, where fewer
+
+
+def test_the_prefill_backlog_is_kept_to_what_the_pool_computes_within_its_share_of_the_transfer_deadline():
+    """On a slow host two step budgets of queued prompts took past the decode workers' transfer
+    deadline: the prompt behind them was taken for a stalled transfer and computed twice."""
+    prefill, decode = _handle("p0", "prefill"), _handle("d0", "decode", max_num_seqs=64)
+    _load(prefill, queued_prefill=100), _load(decode)
+    rates: list[list[str]] = []
+
+    def rate(workers: list[str]) -> float:
+        rates.append(workers)
+        return 40.0  # tokens/s over these prefill workers
+
+    slow = Capacity(WorkerPool([prefill], [decode]), prefill_backlog_s=5.0, prefill_rate=rate, clock=Clock())
+    assert slow.prefill_backlog_limit([prefill]) == 200.0  # 5 s x 40 tokens/s, under 2 x 256
+    assert slow.reserve(100, 16, 16) is Room.YES  # 100 queued + 100
+    assert slow.reserve(10, 16, 16) is Room.PREFILL_FULL
+    assert rates[-1] == ["p0"]
+    fast = Capacity(WorkerPool([prefill], [decode]), prefill_backlog_s=5.0, prefill_rate=lambda w: 1e6, clock=Clock())
+    assert fast.prefill_backlog_limit([prefill]) == 512  # the step budgets bound it
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match="prefill_backlog_s"):
+            Capacity(WorkerPool([prefill], [decode]), prefill_backlog_s=bad, prefill_rate=rate)
+    with pytest.raises(ValueError, match="prefill_backlog_s"):
+        Capacity(WorkerPool([prefill], [decode]), prefill_backlog_s=5.0)

@@ -43,6 +43,9 @@ class SimConfig:
     pace_guard: bool = True  # router.pace_guard
     lane_priority: bool = True  # router.lane_priority: decode slots by lane weight, preemption for pace
     initial_prefill_tokens_per_s: float = 1000.0
+    # pools.transfer_timeout_s: the router keeps the prefill backlog within its share of it (the
+    # decode workers' deadline itself is not simulated: a transfer here never stalls)
+    transfer_timeout_s: float = 10.0
     tenant: str = "default"  # requests' tenant: its name salts the prefix cache (tenant isolation)
     dispatch_threads: int = 8  # the router's executor placing requests (blocking Ray calls)
     monitor_interval_s: float = 0.5  # the dispatcher polls prefill workers' loads this often
@@ -79,6 +82,7 @@ class SimConfig:
             f"prefill_step_scale must be a finite number > 0, got {self.prefill_step_scale!r}",
         )
         _check(self.initial_prefill_tokens_per_s > 0, "initial_prefill_tokens_per_s must be > 0")
+        _check(self.transfer_timeout_s > 0, f"transfer_timeout_s must be > 0, got {self.transfer_timeout_s!r}")
 
     @property
     def colocated(self) -> bool:
@@ -125,4 +129,5 @@ def sim_config_from_baton(cfg, cost) -> SimConfig:
         pace_guard=router.pace_guard,
         initial_prefill_tokens_per_s=router.initial_prefill_tokens_per_s,
         lane_priority=router.lane_priority,
+        transfer_timeout_s=pools.transfer_timeout_s,
     )

@@ -22,7 +22,7 @@ from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
 from router.admission import Admission, AdmissionInput, PrefillRate
 from router.api import RouterError
-from router.capacity import Capacity
+from router.capacity import PREFILL_BACKLOG_SHARE, Capacity
 from router.classify import classify
 from router.decode_backlog import backlogged_lanes, merge_holds
 from router.decode_pace import DecodeSteps, local_prompt_rate, pace_inputs
@@ -83,7 +83,13 @@ class SimRouter:
             if cfg.lane_priority
             else None
         )
-        self.capacity = Capacity(pool, local_prefill_threshold=cfg.local_prefill_threshold, clock=lambda: loop.now)
+        self.capacity = Capacity(
+            pool,
+            local_prefill_threshold=cfg.local_prefill_threshold,
+            prefill_backlog_s=PREFILL_BACKLOG_SHARE * cfg.transfer_timeout_s,
+            prefill_rate=self.prefill_rate.tokens_per_s,
+            clock=lambda: loop.now,
+        )
         self.index = LocalPrefixIndex()
         self.dispatcher: SimDispatcher | None = None  # wired by the simulation
         self.records: list[RequestRecord] = []
@@ -236,9 +242,10 @@ class SimRouter:
 
     def _held_lanes(self, now: float) -> dict[str, float]:
         """``Router._held_lanes``."""
+        queued_preemptible = any(self.queues.depth(lane.name) for lane in self.policy.lanes if lane.preemptible)
         backlog = (
             backlogged_lanes(self.policy.lanes, [w.load for w in self.pool.live("decode")])
-            if self.lane_pressure is not None
+            if self.lane_pressure is not None and queued_preemptible
             else {}
         )
         guard = self.pace_guard
