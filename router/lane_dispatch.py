@@ -67,7 +67,7 @@ class LaneDispatcher:
         self._pace_guard = pace_guard
         self._block_size = block_size
         self._decode_backlog = decode_backlog
-        self._preemptible = [lane.name for lane in policy.lanes if lane.preemptible]
+        self._preemptible = [lane.name for lane in policy.lanes if lane.preemptible] if decode_backlog else []
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dispatch")
         # Aborts on their own threads: a placement may wait for a decode worker to come back
