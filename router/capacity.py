@@ -16,8 +16,8 @@ what lets weighted fair sharing and admission work.
 The prefill backlog is at most ``prefill_backlog_chunks`` step budgets a worker, and at most what
 the pool computes in ``prefill_backlog_s`` at its measured rate: a prompt queued behind more than
 the decode workers' transfer deadline allows is taken for a stalled transfer there and computed a
-second time, on the decode worker (on a slow host two 2,048-token steps took over 10 s).
-It limits only prompts that need the prefill pool: one shorter than
+second time, on the decode worker (docs/BENCHMARKS.md, "Lanes under overload"). It limits only
+prompts that need the prefill pool: one shorter than
 ``local_prefill_threshold`` prefills on a decode worker whenever the prefill pool is busy, so it
 does not wait for that pool's backlog (``Room.PREFILL_FULL`` tells the lane queues that such
 requests may pass a long prompt waiting for it). Holding them too let a burst of long prompts hold
