@@ -1,7 +1,8 @@
 """Admission control, before anything reaches an accelerator (pure Python + an optional rate limiter).
 
-(Over 400 lines as one concept: the ordered checks one request passes, which share the charge taken
-in (2) and given back by any later refusal; queues, capacity and pressure are their own modules.)
+(The ordered checks one request passes, which share the charge taken in (2) and given back by any
+later refusal, and the predictions they compare with the objectives; what they predict from is
+measured in router.load_signals; queues, capacity and pressure are their own modules.)
 
 In order: (1) the context length (prompt + max_tokens) -> 400; (2) the tenant's token buckets
 (requests/min, tokens/min; in Redis, shared by router replicas) -> 429 + Retry-After; a request
@@ -57,109 +58,11 @@ class RejectionMetrics(Protocol):
     def rejection(self, lane: str, reason: str) -> None: ...
 
 
-class PrefillRate:
-    """Measured prefill throughput of the pool (tokens/s), an EWMA over worker reports.
-
-    Each prefill-capable worker reports cumulative prompt tokens computed and busy seconds; the rate
-    is summed over workers of Δtokens / Δbusy (throughput while working), so idle time does not
-    dilute it. Until the first measurement, ``initial`` (e.g. from a ``baton profile`` cost model).
-    """
-
-    def __init__(self, initial_tokens_per_s: float = 1000.0, alpha: float = 0.3) -> None:
-        self.alpha = alpha
-        self._per_worker: dict[str, float] = {}
-        self._last: dict[str, tuple[int, float]] = {}
-        self.initial = initial_tokens_per_s
-
-    def observe(self, worker_id: str, tokens_computed: int, busy_seconds: float) -> None:
-        last = self._last.get(worker_id)
-        self._last[worker_id] = (tokens_computed, busy_seconds)
-        if last is None:
-            return
-        dt, dbusy = tokens_computed - last[0], busy_seconds - last[1]
-        if dt <= 0 or dbusy <= 0.05:
-            return
-        rate = dt / dbusy
-        old = self._per_worker.get(worker_id)
-        self._per_worker[worker_id] = rate if old is None else (1 - self.alpha) * old + self.alpha * rate
-
-    def forget(self, worker_id: str) -> None:
-        self._per_worker.pop(worker_id, None)
-        self._last.pop(worker_id, None)
-
-    def tokens_per_s(self, live_workers: list[str]) -> float:
-        rates = [self._per_worker[w] for w in live_workers if w in self._per_worker]
-        if not rates:
-            return self.initial * max(1, len(live_workers))
-        # Workers without a measurement yet count at the measured average.
-        return sum(rates) / len(rates) * max(len(live_workers), len(rates))
-
-
 # The headrooms' defaults (Admission; the router's and the simulator's configs take them from here).
 SLO_HEADROOM = 0.75
 PACE_HEADROOM = 0.95
-# Admission trusts a measured dispatch -> first-token time for this long (see Ewma.fresh).
-SERVICE_TIME_MAX_AGE_S = 15.0
 # In the message of a refusal for pace (the load generator tells the two SLO refusals apart by it).
 PACE_REFUSAL = "time-per-output-token objective"
-
-
-def live_decode_pace(token_times: list[list[float]], now: float, window: int = 8) -> float | None:
-    """Seconds per output token that running requests get right now: per stream, the mean gap over
-    its last ``window`` tokens, or the time since its last token if that is longer (a step in
-    progress); the median over streams with at least 4 tokens. None when there are none."""
-    paces = []
-    for tt in token_times:
-        n = len(tt)
-        if n < 4:
-            continue
-        k = min(n, window + 1)
-        paces.append(max((tt[-1] - tt[-k]) / (k - 1), now - tt[-1]))
-    if not paces:
-        return None
-    paces.sort()
-    return paces[len(paces) // 2]
-
-
-class Ewma:
-    def __init__(self, alpha: float = 0.2) -> None:
-        self.alpha = alpha
-        self.value: float | None = None
-        self.observed_at: float | None = None
-
-    def observe(self, x: float, now: float | None = None) -> None:
-        self.value = x if self.value is None else (1 - self.alpha) * self.value + self.alpha * x
-        self.observed_at = time.monotonic() if now is None else now
-
-    def fresh(self, max_age_s: float, now: float | None = None) -> float | None:
-        """The value if observed within ``max_age_s``, else None. Admission uses it so that a high
-        service time cannot lock a lane out for good: it is only updated by admitted requests, so
-        once nothing is admitted it would never come down; stale, the model estimate takes over and
-        lets a probe request through, whose measurement refreshes it."""
-        now = time.monotonic() if now is None else now
-        if self.observed_at is None or now - self.observed_at > max_age_s:
-            return None
-        return self.value
-
-
-class CompletionRate:
-    """Requests finished per second over a sliding window (how fast queued requests get a slot)."""
-
-    def __init__(self, window_s: float = 10.0) -> None:
-        self.window_s = window_s
-        self._times: deque[float] = deque()  # popped from the left as they leave the window
-
-    def tick(self, now: float | None = None) -> None:
-        self._times.append(time.monotonic() if now is None else now)
-
-    def per_s(self, now: float | None = None) -> float | None:
-        now = time.monotonic() if now is None else now
-        cut = now - self.window_s
-        while self._times and self._times[0] < cut:
-            self._times.popleft()
-        if len(self._times) < 3:
-            return None
-        return len(self._times) / max(now - self._times[0], 1e-3)
 
 
 @dataclass(frozen=True)
@@ -231,15 +134,6 @@ def slot_free_after(remaining_s: list[float], needed: int, refill_s: float) -> f
     return heap[0]
 
 
-def service_overhead(dispatch_to_first_token_s: float, prefill_queue_s: float, prefill_compute_s: float) -> float:
-    """What a request's first token took beyond queueing for and computing its prefill: placement
-    calls, the KV transfer, joining the decode batch. Admission predicts the service time as the
-    prompt at the measured prefill rate plus this (recent mean): a mean of whole dispatch -> first
-    token times mixes short and long prompts and counts queueing that the wait term already has,
-    and a burst's high value then rejected everything on an idle cluster."""
-    return max(0.0, dispatch_to_first_token_s - prefill_queue_s - prefill_compute_s)
-
-
 def predict_ttft(x: AdmissionInput) -> TtftPrediction:
     """Queue wait + service time + batch window.
 
@@ -263,15 +157,6 @@ def predict_ttft(x: AdmissionInput) -> TtftPrediction:
     elif short > 0 and x.completions_per_s:
         slot_wait = short / x.completions_per_s
     return TtftPrediction(max(prefill_wait, slot_wait), service, x.lane.batch_window_s)
-
-
-def expected_total_tokens(generated: int, max_tokens: int, mean_output_tokens: float | None) -> int:
-    """A running request's expected output length: the recent mean, but at least one more than it
-    has and at most its max_tokens (max_tokens alone is far too pessimistic for chat requests that
-    ask for "up to the context length" and stop after a few hundred)."""
-    if mean_output_tokens is None:
-        return max_tokens
-    return min(max_tokens, max(round(mean_output_tokens), generated + 1))
 
 
 def freed_pace(x: AdmissionInput) -> float | None:

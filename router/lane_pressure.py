@@ -27,8 +27,8 @@ from itertools import pairwise
 
 from engine.config import LaneShareConfig
 from engine.lane_shares import LaneDemand
-from router.admission import live_decode_pace
 from router.lanes import LaneConfig
+from router.load_signals import live_decode_pace
 
 
 def lane_share_configs(lanes: Iterable[LaneConfig]) -> tuple[LaneShareConfig, ...]:

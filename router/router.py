@@ -32,7 +32,7 @@ from engine.model.tokenizer import Tokenizer
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
 from engine.worker_stats import WorkerLoad
-from router.admission import PACE_HEADROOM, SLO_HEADROOM, Admission, AdmissionInput, PrefillRate
+from router.admission import PACE_HEADROOM, SLO_HEADROOM, Admission, AdmissionInput
 from router.api import ErrorKind, GenerateRequest, GenerationResult, ModelInfo, Readiness, RouterError
 from router.capacity import PREFILL_BACKLOG_SHARE, Capacity
 from router.classify import classify
@@ -46,7 +46,7 @@ from router.lane_dispatch import LaneDispatcher
 from router.lane_pressure import LanePressure
 from router.lane_queues import LaneQueues, Pending
 from router.lanes import LanePolicy, TenantConfig
-from router.load_signals import LoadSignals
+from router.load_signals import LoadSignals, PrefillRate
 from router.metrics import RouterMetrics
 from router.pace_guard import PaceGuard, hold_at_for
 from router.placement import NO_HINT, LaneSteps, PlacementHint, prefill_queue, prompt_stays_local, yielding_tokens

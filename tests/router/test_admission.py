@@ -4,14 +4,7 @@ import asyncio
 
 import pytest
 
-from router.admission import (
-    Admission,
-    AdmissionInput,
-    expected_total_tokens,
-    predict_ttft,
-    service_overhead,
-    slot_free_after,
-)
+from router.admission import Admission, AdmissionInput, predict_ttft, slot_free_after
 from router.api import ErrorKind, RouterError
 from router.lanes import LaneConfig, TenantConfig
 
@@ -97,7 +90,7 @@ def test_a_context_length_error_names_the_field_at_fault(prompt, max_tokens, giv
 
 
 def test_a_stale_service_time_cannot_lock_a_lane_out():
-    from router.admission import Ewma
+    from router.load_signals import Ewma
 
     service = Ewma()
     service.observe(6.6, now=100.0)  # one slow burst: above the 2 s objective
@@ -157,24 +150,6 @@ def test_idle_pools_admit_even_a_request_that_cannot_meet_the_objective():
         _admit(adm, _input(service_s=5.0, pool_queued_tokens=10))
 
 
-def test_service_overhead_leaves_out_prefill_queueing_and_compute():
-    assert service_overhead(2.5, prefill_queue_s=1.9, prefill_compute_s=0.4) == pytest.approx(0.2)
-    assert service_overhead(0.3, prefill_queue_s=0.2, prefill_compute_s=0.2) == 0.0  # clock skew: never negative
-
-
-def test_live_decode_pace_is_the_median_stream_pace_and_sees_stalls():
-    from router.admission import live_decode_pace
-
-    steady = [0.0, 0.1, 0.2, 0.3, 0.4]  # 0.1 s per token
-    slow = [0.0, 0.5, 1.0, 1.5, 2.0]  # 0.5 s per token
-    assert live_decode_pace([], now=2.0) is None
-    assert live_decode_pace([[0.0, 1.0]], now=2.0) is None  # too few tokens to tell
-    assert live_decode_pace([steady, steady, slow], now=0.45) == pytest.approx(0.1)
-    assert live_decode_pace([slow, slow, steady], now=2.05) == pytest.approx(0.5)
-    # Tokens delivered in one poll (zero gaps) and then nothing for 0.8 s: the step in progress counts.
-    assert live_decode_pace([[1.0, 1.0, 1.0, 1.0]], now=1.8) == pytest.approx(0.8)
-
-
 def test_slots_free_when_running_requests_finish_not_at_an_average_rate():
     # 8 requests started together, 40 of 48 tokens left at 50 ms/token: no slot frees for 2 s.
     running = tuple((8, 48) for _ in range(8))
@@ -219,13 +194,6 @@ def test_slots_free_when_running_requests_finish_not_at_an_average_rate():
     p = predict_ttft(_input(free_seq_slots=0, running=staggered, decode_pace_s=0.05, service_s=0.1))
     assert p.wait_s == pytest.approx(0.05)
     assert slot_free_after([], 2, 1.5) == pytest.approx(3.0) and slot_free_after([1.0], 0, 1.0) == 0.0
-
-
-def test_expected_length_of_a_running_request():
-    assert expected_total_tokens(10, 4096, None) == 4096  # nothing measured: its max_tokens
-    assert expected_total_tokens(10, 4096, 120.0) == 120  # typical length, within its budget
-    assert expected_total_tokens(150, 4096, 120.0) == 151  # already longer: at least one more
-    assert expected_total_tokens(3, 16, 120.0) == 16  # never beyond max_tokens
 
 
 def test_the_queue_bound_holds_for_a_burst_whose_admission_awaits():

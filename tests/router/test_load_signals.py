@@ -1,9 +1,9 @@
-"""What admission measures from finished requests (pure Python): the service overhead and the time
-per output token by lane."""
+"""What admission measures (pure Python): the service overhead and the time per output token by
+lane from finished requests, the live decode pace, a running request's expected length."""
 
 import pytest
 
-from router.load_signals import LoadSignals
+from router.load_signals import LoadSignals, expected_total_tokens, live_decode_pace, service_overhead
 
 
 def test_a_lane_predicts_its_service_from_its_own_requests_only():
@@ -41,3 +41,26 @@ def test_a_lanes_recent_time_per_output_token_is_the_90th_percentile_of_its_rece
     s.finished(90.0, [89.0, 89.1, 89.2], 3, 0.5, lane="interactive", first_token_time=89.0)
     s.finished(90.0, [80.0 + 0.1 * k for k in range(16)], 16, 0.5, lane="interactive")
     assert s.recent_tpot_s("interactive", now=90.0) is None
+
+
+def test_service_overhead_leaves_out_prefill_queueing_and_compute():
+    assert service_overhead(2.5, prefill_queue_s=1.9, prefill_compute_s=0.4) == pytest.approx(0.2)
+    assert service_overhead(0.3, prefill_queue_s=0.2, prefill_compute_s=0.2) == 0.0  # clock skew: never negative
+
+
+def test_live_decode_pace_is_the_median_stream_pace_and_sees_stalls():
+    steady = [0.0, 0.1, 0.2, 0.3, 0.4]  # 0.1 s per token
+    slow = [0.0, 0.5, 1.0, 1.5, 2.0]  # 0.5 s per token
+    assert live_decode_pace([], now=2.0) is None
+    assert live_decode_pace([[0.0, 1.0]], now=2.0) is None  # too few tokens to tell
+    assert live_decode_pace([steady, steady, slow], now=0.45) == pytest.approx(0.1)
+    assert live_decode_pace([slow, slow, steady], now=2.05) == pytest.approx(0.5)
+    # Tokens delivered in one poll (zero gaps) and then nothing for 0.8 s: the step in progress counts.
+    assert live_decode_pace([[1.0, 1.0, 1.0, 1.0]], now=1.8) == pytest.approx(0.8)
+
+
+def test_expected_length_of_a_running_request():
+    assert expected_total_tokens(10, 4096, None) == 4096  # nothing measured: its max_tokens
+    assert expected_total_tokens(10, 4096, 120.0) == 120  # typical length, within its budget
+    assert expected_total_tokens(150, 4096, 120.0) == 151  # already longer: at least one more
+    assert expected_total_tokens(3, 16, 120.0) == 16  # never beyond max_tokens

@@ -20,7 +20,7 @@ from baton.perf.sim.requests import RequestRecord, SimRequest, prompt_token_ids
 from engine.block_hash import hash_blocks
 from engine.request_spec import RequestSpec
 from engine.sampling_params import SamplingParams
-from router.admission import Admission, AdmissionInput, PrefillRate
+from router.admission import Admission, AdmissionInput
 from router.api import RouterError
 from router.capacity import PREFILL_BACKLOG_SHARE, Capacity
 from router.classify import classify
@@ -28,7 +28,7 @@ from router.decode_backlog import backlogged_lanes, merge_holds
 from router.decode_pace import DecodeSteps, local_prompt_rate, pace_inputs
 from router.lane_pressure import LanePressure
 from router.lane_queues import LaneQueues, Pending, Room
-from router.load_signals import LoadSignals
+from router.load_signals import LoadSignals, PrefillRate
 from router.pace_guard import PaceGuard, hold_at_for
 from router.placement import NO_HINT, LaneSteps, PlacementHint, prefill_queue, prompt_stays_local, yielding_tokens
 from router.state.prefix_index import LocalPrefixIndex
