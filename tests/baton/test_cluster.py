@@ -12,7 +12,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,16 +21,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.ports import free_port
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _group_members(pgid: int) -> list[str]:
@@ -55,7 +49,7 @@ def _ray_cli() -> str:
 def ray_head():
     """A Ray head offering one unit of each Baton resource; stopped by terminating ``--block``."""
     temp_dir = tempfile.mkdtemp(prefix="brt-", dir="/tmp")  # short: Ray's socket paths have a limit
-    gcs_port, dashboard_port = _free_port(), _free_port()
+    gcs_port, dashboard_port = free_port(), free_port()
     env = {
         **os.environ,
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -81,8 +75,8 @@ def ray_head():
             "--include-dashboard=true",
             "--dashboard-host=127.0.0.1",
             f"--dashboard-port={dashboard_port}",
-            f"--dashboard-agent-listen-port={_free_port()}",
-            f"--ray-client-server-port={_free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--ray-client-server-port={free_port()}",
             "--disable-usage-stats",
         ],
         # Ray drains a node on SIGTERM (up to 30 s, for Serve's proxies); nothing here drains.
@@ -222,7 +216,7 @@ def _complete(base: str, prompt: str) -> dict:
 
 @pytest.mark.slow
 def test_ray_job_submit_serves_supervises_and_stops(ray_head):
-    http_port, grpc_port = _free_port(), _free_port()
+    http_port, grpc_port = free_port(), free_port()
     job_id = f"baton-test-{secrets.token_hex(4)}"
     _submit(
         ray_head,

@@ -3,9 +3,7 @@ SIGTERM drains — /ready and new requests get 503 + Retry-After, the request in
 then exits cleanly."""
 
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -14,27 +12,14 @@ from pathlib import Path
 
 import httpx
 
+from tests.ports import free_port
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    """A free port below the kernel's ephemeral range (32768+) and above Ray's worker ports (10002-19999):
-    an ephemeral one can be handed to the server's own Redis or Ray processes after this check, before
-    baton binds it (seen once: the gRPC port taken, "Address already in use")."""
-    for port in random.sample(range(20000, 32000), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-32000")
-
-
 def test_baton_up_serves_then_drains_on_sigterm(tiny_model_dir):
-    http_port, grpc_port = _free_port(), _free_port()
+    http_port, grpc_port = free_port(), free_port()
     proc = subprocess.Popen(
         [
             sys.executable,

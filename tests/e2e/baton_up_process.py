@@ -4,8 +4,6 @@ it running. Shared by the tests that drive the command as a whole."""
 from __future__ import annotations
 
 import os
-import random
-import socket
 import subprocess
 import sys
 import threading
@@ -15,21 +13,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range (32768+) and above Ray's worker ports (10002-19999):
-    an ephemeral one can be handed to the server's own Redis or Ray processes after this check, before
-    baton binds it (seen once: the gRPC port taken, "Address already in use")."""
-    for port in random.sample(range(20000, 32000), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-32000")
 
 
 @dataclass
