@@ -63,8 +63,10 @@ class Capacity:
         # current lower bound on the decode slots in use, where load reports lag by a polling interval.
         self.in_flight = 0
         self.prefill_backlog_chunks = prefill_backlog_chunks  # queued prefill per worker, in step budgets
-        self.prefill_backlog_s = prefill_backlog_s
-        self._prefill_rate = prefill_rate
+        # (seconds, rate): the time bound on the prefill backlog (None: step budgets only)
+        self._prefill_backlog_time = (
+            (prefill_backlog_s, prefill_rate) if prefill_backlog_s is not None and prefill_rate is not None else None
+        )
         self.kv_reserve_fraction = kv_reserve_fraction
         self.charge_ttl_s = charge_ttl_s
         self._charges: deque[tuple[float, int, int]] = deque()  # (time, blocks, prefill tokens)
@@ -158,8 +160,9 @@ class Capacity:
     def prefill_backlog_limit(self, prefill: list[WorkerHandle]) -> float:
         """The most prompt tokens queued on these prefill workers that more may join."""
         limit: float = sum(self.prefill_backlog_chunks * w.reported_info.max_num_batched_tokens for w in prefill)
-        if self.prefill_backlog_s is not None and self._prefill_rate is not None:
-            limit = min(limit, self.prefill_backlog_s * self._prefill_rate([w.worker_id for w in prefill]))
+        if self._prefill_backlog_time is not None:
+            seconds, rate = self._prefill_backlog_time
+            limit = min(limit, seconds * rate([w.worker_id for w in prefill]))
         return limit
 
     def charge(self, prompt_tokens: int, max_tokens: int, block_size: int) -> None:

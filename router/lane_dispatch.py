@@ -67,7 +67,6 @@ class LaneDispatcher:
         self._pace_guard = pace_guard
         self._block_size = block_size
         self._decode_backlog = decode_backlog
-        self._preemptible = [lane.name for lane in policy.lanes if lane.preemptible] if decode_backlog else []
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dispatch")
         # Aborts on their own threads: a placement may wait for a decode worker to come back
@@ -108,11 +107,7 @@ class LaneDispatcher:
                 await self._wake.wait()
 
     def _held_lanes(self) -> dict[str, float]:
-        backlog = (
-            self._decode_backlog()
-            if self._decode_backlog is not None and any(self._queues.depth(n) for n in self._preemptible)
-            else {}
-        )
+        backlog = self._decode_backlog() if self._decode_backlog is not None else {}
         guard = self._pace_guard
         if guard is None or not any(self._queues.depth(n) for n in guard.holdable):
             return backlog

@@ -241,11 +241,10 @@ class SimRouter:
             self.dispatch()
 
     def _held_lanes(self, now: float) -> dict[str, float]:
-        """``Router._held_lanes``."""
-        queued_preemptible = any(self.queues.depth(lane.name) for lane in self.policy.lanes if lane.preemptible)
+        """``router.lane_dispatch.LaneDispatcher._held_lanes``."""
         backlog = (
             backlogged_lanes(self.policy.lanes, [w.load for w in self.pool.live("decode")])
-            if self.lane_pressure is not None and queued_preemptible
+            if self.lane_pressure is not None
             else {}
         )
         guard = self.pace_guard
